@@ -1,0 +1,80 @@
+"""The one reduction order of cupyglm ("lane-16"), in NumPy: every sum over a model dimension uses it.
+
+A sum over K terms puts term k in lane k % 16; each lane adds its terms in increasing k from +0.0; the 16
+lanes then fold as a butterfly: lane i += lane i+8, then +4, +2, +1. The order depends only on K, never on
+how many rows share the call, so every result row is bit-identical whatever batch it sits in. A CUDA kernel
+gets the same order from 16 threads each summing a strided lane, then __shfl_down_sync by 8, 4, 2, 1.
+Products of two bf16 values are exact in fp32, so a GEMM of bf16 inputs is fixed by this order alone.
+"""
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+
+LANES = 16
+BF16 = ml_dtypes.bfloat16
+
+
+def bf16(x: np.ndarray) -> np.ndarray:
+    """Round float32 to bf16 (nearest even) and back: float32 arrays holding bf16 values."""
+    return np.asarray(x, dtype=np.float32).astype(BF16).astype(np.float32)
+
+
+def _fold(acc: np.ndarray) -> np.ndarray:
+    """[..., 16] lanes -> [...] by the butterfly 8, 4, 2, 1."""
+    width = LANES
+    while width > 1:
+        width //= 2
+        acc = acc[..., :width] + acc[..., width:2 * width]
+    return acc[..., 0]
+
+
+def _pad_lanes(x: np.ndarray) -> np.ndarray:
+    k = x.shape[-1]
+    if k % LANES == 0:
+        return x
+    pad = [(0, 0)] * (x.ndim - 1) + [(0, LANES - k % LANES)]
+    return np.pad(x, pad)
+
+
+def lane_sum(x: np.ndarray) -> np.ndarray:
+    """Sum over the last axis in lane-16 order. x: [..., K] float32 -> [...] float32."""
+    x = _pad_lanes(np.asarray(x, dtype=np.float32))
+    blocks = x.reshape(x.shape[:-1] + (x.shape[-1] // LANES, LANES))
+    acc = np.zeros(x.shape[:-1] + (LANES,), dtype=np.float32)
+    for j in range(blocks.shape[-2]):
+        acc += blocks[..., j, :]
+    return _fold(acc)
+
+
+def gemm(x: np.ndarray, w: np.ndarray) -> np.ndarray:
+    """y[m, n] = sum_k x[m, k] * w[n, k] in lane-16 order, fp32.
+
+    x: [M, K] float32 (bf16 values), w: [N, K] float32 (bf16 values) -> [M, N] float32.
+    """
+    m, k = x.shape
+    n, k2 = w.shape
+    if k != k2:
+        raise ValueError(f"gemm: x has K={k} but w has K={k2}")
+    xb = _pad_lanes(x).reshape(m, -1, LANES)          # [M, K/16, 16]
+    wb = _pad_lanes(w).reshape(n, -1, LANES)          # [N, K/16, 16]
+    acc = np.zeros((m, n, LANES), dtype=np.float32)   # [M, N, 16] lane partials
+    prod = np.empty_like(acc)
+    for j in range(xb.shape[1]):
+        np.multiply(xb[:, None, j, :], wb[None, :, j, :], out=prod)
+        acc += prod
+    return _fold(acc)
+
+
+def gemm_batched(x: np.ndarray, w: np.ndarray) -> np.ndarray:
+    """Per-group GEMM: x [G, M, K], w [G, N, K] -> [G, M, N], lane-16 order (heads of attention)."""
+    g, m, k = x.shape
+    g2, n, k2 = w.shape
+    if (g, k) != (g2, k2):
+        raise ValueError(f"gemm_batched: x {x.shape} and w {w.shape} disagree")
+    xb = _pad_lanes(x).reshape(g, m, -1, LANES)
+    wb = _pad_lanes(w).reshape(g, n, -1, LANES)
+    acc = np.zeros((g, m, n, LANES), dtype=np.float32)
+    for j in range(xb.shape[2]):
+        acc += xb[:, :, None, j, :] * wb[:, None, :, j, :]
+    return _fold(acc)

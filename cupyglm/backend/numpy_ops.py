@@ -1,0 +1,287 @@
+"""The `numpy` backend: every op of the model as vectorised NumPy, row-invariant. It is the reference
+the CUDA kernels in cuda_src/ are checked against.
+
+Arrays are float32 holding bf16 values wherever the model stores bf16 (rounded by `bf16`). Every sum over a
+model dimension is in lane-16 order (backend/lanes.py); short fixed sums (4 streams, 4 taps) run left to
+right. Each output row is computed from that row's inputs alone.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from cupyglm.backend.lanes import bf16, gemm, gemm_batched, lane_sum
+
+NEG_INF = np.float32(-np.inf)
+
+
+def _sigmoid(x: np.ndarray) -> np.ndarray:
+    return (np.float32(1.0) / (np.float32(1.0) + np.exp(-x))).astype(np.float32)
+
+
+def _rsqrt(x: np.ndarray) -> np.ndarray:
+    return (np.float32(1.0) / np.sqrt(x)).astype(np.float32)
+
+
+def _seq_sum(parts) -> np.ndarray:
+    """Left-to-right sum of a short list of arrays (streams, taps)."""
+    acc = parts[0]
+    for p in parts[1:]:
+        acc = acc + p
+    return acc
+
+
+def expand_pools(pools: np.ndarray, q: int, kpool: int) -> np.ndarray:
+    """Ascending pools -> their tokens, then the tail tokens of the incomplete pool up to position q."""
+    pools = np.asarray(pools, dtype=np.int32)
+    toks = (pools[:, None] * kpool + np.arange(kpool, dtype=np.int32)).reshape(-1)
+    tail = np.arange((q + 1) // kpool * kpool, q + 1, dtype=np.int32)
+    return np.concatenate([toks, tail])
+
+
+class NumpyOps:
+    """The ops interface (DESIGN §2). Backends subclass it and replace ops with kernels."""
+
+    name = "numpy"
+    xp = np
+
+    # ---- storage ---------------------------------------------------------------------------------
+    def weight(self, array: np.ndarray) -> np.ndarray:
+        """A checkpoint tensor as the backend keeps it: float32 holding bf16 values."""
+        return np.ascontiguousarray(array, dtype=np.float32)
+
+    def asnumpy(self, x) -> np.ndarray:
+        return np.asarray(x)
+
+    def write_rows(self, store: np.ndarray, rows: np.ndarray, values: np.ndarray) -> None:
+        """store[rows[i]] = values[i]. store: [N, C], rows: [n] int32, values: [n, C]."""
+        store[rows] = values
+
+    def read_rows(self, store: np.ndarray, rows: np.ndarray) -> np.ndarray:
+        """store[rows] -> [n, C]."""
+        return store[rows]
+
+    def sigmoid(self, x: np.ndarray) -> np.ndarray:
+        return _sigmoid(x)
+
+    # ---- dense algebra ---------------------------------------------------------------------------
+    def gemm(self, x: np.ndarray, w: np.ndarray) -> np.ndarray:
+        """[M, K] bf16 x [N, K] bf16 -> [M, N] fp32, lane-16 order over K."""
+        return gemm(x, w)
+
+    def gemm_heads(self, x: np.ndarray, w: np.ndarray) -> np.ndarray:
+        """Per-head GEMM: [H, M, K] x [H, N, K] -> [H, M, N] fp32."""
+        return gemm_batched(x, w)
+
+    def embed(self, table: np.ndarray, ids: np.ndarray) -> np.ndarray:
+        """[V, D] bf16, [T] int32 -> [T, D] bf16."""
+        return table[ids]
+
+    def rmsnorm(self, x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
+        """Llama form per row: bf16(w * bf16(x * rsqrt(mean(x^2) + eps))). x: [..., D]."""
+        ms = lane_sum(x * x) / np.float32(x.shape[-1])
+        r = _rsqrt(ms + np.float32(eps))
+        return bf16(w * bf16(x * r[..., None]))
+
+    def layernorm(self, x: np.ndarray, w: np.ndarray, b: np.ndarray, eps: float) -> np.ndarray:
+        """bf16(((x - mean) * rsqrt(var + eps)) * w + b), population variance, per row."""
+        n = np.float32(x.shape[-1])
+        mean = lane_sum(x) / n
+        d = x - mean[..., None]
+        var = lane_sum(d * d) / n
+        return bf16(d * _rsqrt(var + np.float32(eps))[..., None] * w + b)
+
+    # ---- hyper-connections -----------------------------------------------------------------------
+    def hc_pre(self, X: np.ndarray, fn: np.ndarray, base: np.ndarray, scale: np.ndarray,
+               norm_eps: float, hc_eps: float, iters: int):
+        """X: [T, 4, D] bf16 streams -> (x [T, D] bf16 sublayer input, post [T, 4], comb [T, 4, 4]) fp32."""
+        t, s, d = X.shape
+        flat = X.reshape(t, s * d)
+        r = _rsqrt(lane_sum(flat * flat) / np.float32(s * d) + np.float32(norm_eps))
+        mix = gemm(flat, fn) * r[:, None]                                   # [T, 24]
+        pre = _sigmoid(mix[:, 0:s] * scale[0] + base[0:s]) + np.float32(hc_eps)
+        post = np.float32(2.0) * _sigmoid(mix[:, s:2 * s] * scale[1] + base[s:2 * s])
+        logit = (mix[:, 2 * s:] * scale[2] + base[2 * s:]).reshape(t, s, s)
+        comb = self._sinkhorn(logit, hc_eps, iters)
+        x = bf16(_seq_sum([pre[:, i:i + 1] * X[:, i, :] for i in range(s)]))
+        return x, post, comb
+
+    @staticmethod
+    def _sinkhorn(logit: np.ndarray, eps: float, iters: int) -> np.ndarray:
+        """Row softmax + eps, normalise columns once, then (rows, columns) iters - 1 times. [T, 4, 4]."""
+        eps = np.float32(eps)
+        n = logit.shape[-1]
+        m = np.max(logit, axis=-1, keepdims=True)
+        e = np.exp(logit - m).astype(np.float32)
+        rows = _seq_sum([e[..., j:j + 1] for j in range(n)])
+        c = e / rows + eps
+
+        def norm_cols(c):
+            return c / (_seq_sum([c[..., i:i + 1, :] for i in range(n)]) + eps)
+
+        def norm_rows(c):
+            return c / (_seq_sum([c[..., j:j + 1] for j in range(n)]) + eps)
+
+        c = norm_cols(c)
+        for _ in range(iters - 1):
+            c = norm_cols(norm_rows(c))
+        return c.astype(np.float32)
+
+    def hc_post(self, X: np.ndarray, branch: np.ndarray, post: np.ndarray, comb: np.ndarray) -> np.ndarray:
+        """X'[s] = bf16(post_s * branch + sum_j comb[j, s] * X[j]), j left to right. -> [T, 4, D] bf16."""
+        s = X.shape[1]
+        out = np.empty_like(X)
+        for i in range(s):
+            acc = post[:, i:i + 1] * branch
+            for j in range(s):
+                acc = acc + comb[:, j, i:i + 1] * X[:, j, :]
+            out[:, i, :] = bf16(acc)
+        return out
+
+    def stream_mean(self, X: np.ndarray) -> np.ndarray:
+        """[T, 4, D] -> bf16(((X0 + X1) + X2) + X3) * 0.25)."""
+        return bf16(_seq_sum([X[:, i, :] for i in range(X.shape[1])]) * np.float32(1.0 / X.shape[1]))
+
+    # ---- KDA -------------------------------------------------------------------------------------
+    def kda_conv(self, x: np.ndarray, window: np.ndarray, w: np.ndarray):
+        """Depthwise causal conv over [saved rows; new rows], taps oldest first, fp32, then SiLU, bf16.
+
+        x: [n, C] bf16, window: [taps - 1, C] bf16 (oldest first), w: [C, taps] -> (y [n, C], window').
+        """
+        taps = w.shape[1]
+        full = np.concatenate([window, x], axis=0)                           # [taps - 1 + n, C]
+        n = x.shape[0]
+        acc = _seq_sum([full[j:j + n] * w[:, j] for j in range(taps)])
+        y = bf16(acc * _sigmoid(acc))
+        return y, full[n:].copy()
+
+    def kda_gate(self, a: np.ndarray, a_log: np.ndarray, dt_bias: np.ndarray, lower: float) -> np.ndarray:
+        """Per-channel decay g = exp(lower * sigmoid(exp(A_log) * (a + dt_bias))). a: [n, H, K] -> fp32."""
+        inner = np.exp(a_log)[None, :, None] * (a + dt_bias)
+        return np.exp(np.float32(lower) * _sigmoid(inner)).astype(np.float32)
+
+    def l2norm(self, x: np.ndarray, eps: float) -> np.ndarray:
+        """x / sqrt(sum(x^2) + eps) over the last axis, fp32."""
+        return (x * _rsqrt(lane_sum(x * x) + np.float32(eps))[..., None]).astype(np.float32)
+
+    def kda_recurrence(self, S: np.ndarray, q: np.ndarray, k: np.ndarray, v: np.ndarray, g: np.ndarray,
+                       beta: np.ndarray):
+        """The per-token delta rule, the same for prefill and decode.
+
+        S: [H, V, K] fp32 (value rows x key columns); q, k, g: [n, H, K] fp32; v: [n, H, V]; beta: [n, H].
+        Per token: S *= g (along K); kv = S k; S += ((v - kv) * beta) outer k; y = S q.
+        Returns (y [n, H, V] bf16, S').
+        """
+        S = S.copy()
+        n = q.shape[0]
+        y = np.empty(v.shape, dtype=np.float32)
+        for t in range(n):
+            S *= g[t][:, None, :]
+            kv = lane_sum(S * k[t][:, None, :])                              # [H, V]
+            u = (v[t] - kv) * beta[t][:, None]
+            S += u[:, :, None] * k[t][:, None, :]
+            y[t] = lane_sum(S * q[t][:, None, :])
+        return bf16(y), S
+
+    def kda_out(self, y: np.ndarray, w: np.ndarray, gate: np.ndarray, eps: float) -> np.ndarray:
+        """Per head: bf16(w * y * rsqrt(mean(y^2) + eps) * sigmoid(gate)). y, gate: [n, H, V]."""
+        r = _rsqrt(lane_sum(y * y) / np.float32(y.shape[-1]) + np.float32(eps))
+        return bf16(w * (y * r[..., None]) * _sigmoid(gate))
+
+    # ---- DSA indexer -----------------------------------------------------------------------------
+    def index_pool(self, ik: np.ndarray, ig: np.ndarray, ape: np.ndarray) -> np.ndarray:
+        """Pooled keys of complete pools. ik, ig: [P, 4, I] bf16, ape: [4, I] -> [P, I] bf16.
+
+        l_j = ig_j + ape_j; e_j = exp(l_j - max l); s = ((e0 + e1) + e2) + e3;
+        pk = bf16(sum_j bf16(bf16(e_j / s) * ik_j)), j left to right.
+        """
+        l = ig + ape[None]
+        e = np.exp(l - np.max(l, axis=1, keepdims=True)).astype(np.float32)
+        s = _seq_sum([e[:, j] for j in range(e.shape[1])])
+        t = bf16(bf16(e / s[:, None]) * ik)
+        return bf16(_seq_sum([t[:, j] for j in range(t.shape[1])]))
+
+    def index_scores(self, qi: np.ndarray, hw: np.ndarray, pk: np.ndarray) -> np.ndarray:
+        """Score of every pool for every row: s = sum_h hw_h * relu(I^-0.5 * qi_h . pk).
+
+        qi: [T, Hi, I] bf16, hw: [T, Hi] fp32 (already scaled), pk: [P, I] bf16 -> [T, P] fp32.
+        The caller masks pools a row cannot see.
+        """
+        t, h, i = qi.shape
+        dots = gemm(qi.reshape(t * h, i), pk).reshape(t, h, -1)             # [T, Hi, P]
+        r = np.maximum(dots * np.float32(i ** -0.5), np.float32(0.0)) * hw[:, :, None]
+        return lane_sum(np.moveaxis(r, 1, 2))                                # sum over heads
+
+    def pick(self, scores: np.ndarray, positions: np.ndarray, npools: int, kpool: int, width: int):
+        """Token lists for attention. scores: [T, P] fp32 (P >= visible pools), positions: [T] int.
+
+        Visible pools v = (q + 1) // kpool. v <= npools: dense, tokens 0..q. Else the top npools pools by
+        score (exact; ties to the lower pool), ascending, expanded to their tokens, then the tail tokens
+        v*kpool..q. Returns (tokens [T, width] int32 padded with -1, counts [T] int32).
+        """
+        t = positions.shape[0]
+        out = np.full((t, width), -1, dtype=np.int32)
+        counts = np.zeros(t, dtype=np.int32)
+        for r, q in enumerate(positions.tolist()):
+            visible = (q + 1) // kpool
+            if visible <= npools:
+                toks = np.arange(q + 1, dtype=np.int32)
+            else:
+                top = np.argsort(-scores[r, :visible], kind="stable")[:npools]
+                toks = expand_pools(np.sort(top), q, kpool)
+            out[r, :toks.size] = toks
+            counts[r] = toks.size
+        return out, counts
+
+    # ---- DSA attention ---------------------------------------------------------------------------
+    def attention(self, qa: np.ndarray, store: np.ndarray, rows: np.ndarray, counts: np.ndarray,
+                  scale: float, chunk: int) -> np.ndarray:
+        """Absorbed MLA over latent rows read through row ids.
+
+        qa: [T, H, R] bf16 (queries absorbed into latent space), store: [rows_total, R] bf16 (latent rows;
+        keys equal values), rows: [T, W] int32 physical row ids (-1 padded), counts: [T] int32.
+        Online softmax over `chunk`-key chunks of the row's list, merged in list order; fp32 m, l, o;
+        P rounded to bf16 before P.V and the sum l. Returns [T, H, R] bf16 (o / l).
+        """
+        t, h, r = qa.shape
+        out = np.empty((t, h, r), dtype=np.float32)
+        sc = np.float32(scale)
+        for i in range(t):
+            m = np.full(h, NEG_INF, dtype=np.float32)
+            l = np.zeros(h, dtype=np.float32)
+            o = np.zeros((h, r), dtype=np.float32)
+            for c0 in range(0, int(counts[i]), chunk):
+                ids = rows[i, c0:min(c0 + chunk, int(counts[i]))]
+                kv = store[ids]                                              # [n, R]
+                s = gemm(qa[i], kv) * sc                                     # [H, n]
+                m_new = np.maximum(m, np.max(s, axis=1))
+                p = bf16(np.exp(s - m_new[:, None]))
+                alpha = np.exp(m - m_new).astype(np.float32)
+                l = l * alpha + lane_sum(p)
+                o = o * alpha[:, None] + gemm(p, np.ascontiguousarray(kv.T))  # [H, R]
+                m = m_new
+            out[i] = o / l[:, None]
+        return bf16(out)
+
+    # ---- MoE -------------------------------------------------------------------------------------
+    def moe_route(self, logits: np.ndarray, bias: np.ndarray, k: int, scale: float):
+        """Sigmoid scores; top k of (score + bias), ties to the lower id; weights renormalised in pick
+        order and scaled. logits: [T, E] fp32 -> (ids [T, k] int32, weights [T, k] fp32)."""
+        score = _sigmoid(logits)
+        order = np.argsort(-(score + bias), axis=1, kind="stable")[:, :k].astype(np.int32)
+        chosen = np.take_along_axis(score, order, axis=1)
+        total = _seq_sum([chosen[:, j] for j in range(k)]) + np.float32(1e-20)
+        return order, (chosen / total[:, None] * np.float32(scale)).astype(np.float32)
+
+    def swiglu(self, gate: np.ndarray, up: np.ndarray, limit: float | None) -> np.ndarray:
+        """bf16(bf16(silu(min(gate, L))) * clip(up, -L, L)); no clamp when limit is None."""
+        if limit is not None:
+            gate = np.minimum(gate, np.float32(limit))
+            up = np.clip(up, np.float32(-limit), np.float32(limit))
+        return bf16(bf16(gate * _sigmoid(gate)) * up)
+
+    def moe_combine(self, y: np.ndarray, weights: np.ndarray, shared: np.ndarray) -> np.ndarray:
+        """sum_k w_k y_k in slot order, then + shared; fp32. y: [T, k, D], weights: [T, k], shared: [T, D]."""
+        acc = np.zeros_like(shared)
+        for j in range(y.shape[1]):
+            acc = acc + weights[:, j:j + 1] * y[:, j]
+        return acc + shared

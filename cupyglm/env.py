@@ -1,0 +1,54 @@
+"""The only reader of os.environ: every CUPYGLM_* variable (and the few outside ones we honour) is read here.
+
+Settings validation lives in cupyglm.settings; this module only returns raw strings and paths.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+# name -> (default, meaning); README's environment table is generated from this list.
+VARIABLES: dict[str, tuple[str, str]] = {
+    "CUPYGLM_BACKEND": ("auto", "backend when --backend is not given: auto|numpy|sim|cuda"),
+    "CUPYGLM_CACHE_DIR": ("$XDG_CACHE_HOME/cupyglm", "where the tiny checkpoint, compiled kernels and emulator builds are cached"),
+    "CUPYGLM_HOST_CACHE": ("0", "1: the prompt-cache arena lives in pinned host memory mapped into the device"),
+    "CUPYGLM_KV_SHARE": ("0", "1: kept prompts stay in the KV pool as ref-counted pages"),
+    "CUPYGLM_KV_HOST": ("0", "1: latent KV rows live in pinned host pages mapped into every device"),
+    "CUPYGLM_KV_HOST_SHARED": ("0", "1: ranks of one host map one /dev/shm file for the host KV pages (needs CUPYGLM_KV_HOST=1)"),
+    "CUPYGLM_KV_HOST_GIB": ("", "size of the host KV pages in GiB (needs CUPYGLM_KV_HOST=1; default one full window)"),
+    "CUPYGLM_MEMORY_RESERVE_GIB": ("1.0", "memory each rank keeps free after weights, scratch and KV pages"),
+    "CUPYGLM_SIM_ORDER": ("forward", "thread order of the sim backend: forward|reverse|shuffled"),
+    "CUPYGLM_DEBUG": ("0", "1: a failing rank prints its full traceback, not only its one error line"),
+    "CUPYGLM_SHM_DIR": ("/dev/shm", "where shared host-memory segments (cupyglm-<token>-<purpose>) are made"),
+}
+
+
+def get(name: str) -> str | None:
+    """Raw value of a documented variable, or None when unset."""
+    if name not in VARIABLES:
+        raise KeyError(f"undocumented environment variable {name}")
+    return os.environ.get(name)
+
+
+def cache_dir() -> Path:
+    """Root of cupyglm's on-disk caches."""
+    explicit = os.environ.get("CUPYGLM_CACHE_DIR")
+    if explicit:
+        return Path(explicit)
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "cupyglm"
+
+
+def launcher_world() -> tuple[int, int] | None:
+    """(rank, size) when started by an MPI launcher (MPICH/Hydra, Open MPI, Slurm PMI), else None."""
+    for rank_var, size_var in (("PMI_RANK", "PMI_SIZE"), ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"),
+                               ("PMIX_RANK", "PMIX_SIZE")):
+        if rank_var in os.environ and size_var in os.environ:
+            return int(os.environ[rank_var]), int(os.environ[size_var])
+    return None
+
+
+def table_markdown() -> str:
+    rows = ["| variable | default | meaning |", "|---|---|---|"]
+    rows += [f"| `{k}` | `{d}` | {m} |" for k, (d, m) in VARIABLES.items()]
+    return "\n".join(rows)

@@ -1,0 +1,56 @@
+"""Page accounting: plain CPU data. Pages are leased lowest id first, released, and ref-counted.
+
+What must stay true: a page is either on the free list (refcount 0) or held (refcount > 0), never both.
+"""
+from __future__ import annotations
+
+import heapq
+
+
+class OutOfPages(RuntimeError):
+    pass
+
+
+class PagePool:
+    def __init__(self, num_pages: int):
+        if num_pages <= 0:
+            raise ValueError(f"num_pages must be positive, got {num_pages}")
+        self.num_pages = num_pages
+        self._free = list(range(num_pages))        # min-heap of free page ids
+        self._refs = [0] * num_pages
+
+    @property
+    def free_count(self) -> int:
+        return len(self._free)
+
+    def free_ids(self) -> list[int]:
+        return sorted(self._free)
+
+    def refcount(self, page: int) -> int:
+        return self._refs[page]
+
+    def lease(self, n: int) -> list[int]:
+        """n fresh pages, lowest ids first; all or nothing."""
+        if n > len(self._free):
+            raise OutOfPages(f"need {n} KV pages, {len(self._free)} free of {self.num_pages}")
+        pages = [heapq.heappop(self._free) for _ in range(n)]
+        for p in pages:
+            self._refs[p] = 1
+        return pages
+
+    def share(self, pages: list[int]) -> None:
+        """One more holder for pages already held."""
+        for p in pages:
+            if self._refs[p] <= 0:
+                raise ValueError(f"page {p} is free; only held pages can be shared")
+        for p in pages:
+            self._refs[p] += 1
+
+    def release(self, pages: list[int]) -> None:
+        for p in pages:
+            if self._refs[p] <= 0:
+                raise ValueError(f"page {p} released while free")
+        for p in pages:
+            self._refs[p] -= 1
+            if self._refs[p] == 0:
+                heapq.heappush(self._free, p)

@@ -1,0 +1,51 @@
+"""The KV store: per KV layer, latent rows and pooled keys on pages, read and written through page tables.
+
+A page of `page_tokens` tokens holds, per KV layer, latent rows [page_tokens, R] and pooled keys
+[page_tokens / kpool, I], each array with its own page stride. Position p of a sequence lives at
+row pages[p // page_tokens] * page_tokens + p % page_tokens.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from cupyglm.config import ModelConfig
+from cupyglm.kv.pool import PagePool
+
+
+class KVStore:
+    def __init__(self, cfg: ModelConfig, ops, num_pages: int, page_tokens: int, poison: bool = False):
+        if page_tokens <= 0 or page_tokens % cfg.index_kpool:
+            raise ValueError(f"page_tokens must be a positive multiple of {cfg.index_kpool}, got {page_tokens}")
+        self.cfg = cfg
+        self.page_tokens = page_tokens
+        self.pool = PagePool(num_pages)
+        xp = ops.xp
+        fill = np.nan if poison else 0.0
+        rows, pools = num_pages * page_tokens, num_pages * page_tokens // cfg.index_kpool
+        # latent[layer]: [pages * page_tokens, R] bf16 values; pooled[layer]: [pages * page_tokens / 4, I]
+        self.latent = {l: xp.full((rows, cfg.kv_lora_rank), fill, dtype=xp.float32) for l in cfg.kv_layers}
+        self.pooled = {l: xp.full((pools, cfg.index_head_dim), fill, dtype=xp.float32) for l in cfg.kv_layers}
+
+    def pages_needed(self, length: int) -> int:
+        return -(-length // self.page_tokens)
+
+    def ensure(self, pages: list[int], length: int) -> None:
+        """Grow a page table in place to hold `length` positions."""
+        need = self.pages_needed(length) - len(pages)
+        if need > 0:
+            pages.extend(self.pool.lease(need))
+
+    def rows(self, pages: list[int], positions: np.ndarray) -> np.ndarray:
+        """Physical latent rows of positions (int32); -1 stays -1."""
+        table = np.asarray(pages, dtype=np.int64)
+        pos = np.asarray(positions, dtype=np.int64)
+        safe = np.maximum(pos, 0)
+        out = table[safe // self.page_tokens] * self.page_tokens + safe % self.page_tokens
+        return np.where(pos < 0, -1, out).astype(np.int32)
+
+    def pool_rows(self, pages: list[int], pools: np.ndarray) -> np.ndarray:
+        """Physical pooled-key rows of pool indices (int32)."""
+        per_page = self.page_tokens // self.cfg.index_kpool
+        table = np.asarray(pages, dtype=np.int64)
+        pools = np.asarray(pools, dtype=np.int64)
+        return (table[pools // per_page] * per_page + pools % per_page).astype(np.int32)

@@ -1,0 +1,54 @@
+"""DSA layer: NoPE MLA with a shared latent row (keys = values), sparse over the indexer's picked tokens.
+
+q_a, kv_a and the indexer are replicated (so the latent rows are identical on every rank); q_b and kv_b
+are split by head; the output is this rank's o_proj partial (fp32).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from cupyglm.backend.lanes import bf16
+from cupyglm.config import ModelConfig
+from cupyglm.model.batch import Segment, Weights
+from cupyglm.model.indexer import Indexer
+
+
+class DSALayer:
+    def __init__(self, cfg: ModelConfig, w: Weights, ops, layer: int, tp: int):
+        self.cfg, self.ops, self.layer = cfg, ops, layer
+        self.heads = cfg.num_attention_heads // tp
+        nope, v, r = cfg.qk_nope_head_dim, cfg.v_head_dim, cfg.kv_lora_rank
+        xp = ops.xp
+        self.q_a, self.q_a_norm = w("q_a_proj.weight"), w("q_a_layernorm.weight")
+        self.q_b = w("q_b_proj.weight")                                   # [H_rank * nope, q_lora]
+        self.kv_a, self.kv_a_norm = w("kv_a_proj_with_mqa.weight"), w("kv_a_layernorm.weight")
+        kv_b = w("kv_b_proj.weight").reshape(self.heads, nope + v, r)      # per head: key rows, value rows
+        self.w_k_t = xp.ascontiguousarray(kv_b[:, :nope, :].transpose(0, 2, 1))   # [H, R, nope]
+        self.w_v = xp.ascontiguousarray(kv_b[:, nope:, :])                        # [H, V, R]
+        self.o_proj = w("o_proj.weight")                                  # [D, H_rank * V]
+        self.indexer = Indexer(cfg, w.sub("indexer"), ops)
+
+    def __call__(self, x, segs: list[Segment], kv):
+        """x: [T, D] bf16 (normed). Writes latent rows and pooled keys; returns the o_proj partial [T, D]."""
+        ops, c, h = self.ops, self.cfg, self.heads
+        xp = ops.xp
+        t = x.shape[0]
+        qn = ops.rmsnorm(bf16(ops.gemm(x, self.q_a)), self.q_a_norm, c.rms_norm_eps)      # [T, q_lora]
+        q = bf16(ops.gemm(qn, self.q_b)).reshape(t, h, c.qk_nope_head_dim)
+        latent = ops.rmsnorm(bf16(ops.gemm(x, self.kv_a)), self.kv_a_norm, c.rms_norm_eps)  # [T, R]
+        ik, ig = self.indexer.keys(x)
+        qi, hw = self.indexer.queries(x, qn)
+        store = kv.latent[self.layer]
+        rows = xp.full((t, c.max_pick), -1, dtype=xp.int32)
+        counts = xp.zeros(t, dtype=xp.int32)
+        for seg in segs:
+            ops.write_rows(store, kv.rows(seg.state.pages, seg.positions), latent[seg.rows])
+            self.indexer.write_pools(kv, self.layer, seg, ik, ig)
+            tokens, n = self.indexer.pick(kv, self.layer, seg, qi, hw)
+            rows[seg.rows] = kv.rows(seg.state.pages, tokens)
+            counts[seg.rows] = n
+        qa = bf16(ops.gemm_heads(q.transpose(1, 0, 2), self.w_k_t)).transpose(1, 0, 2)      # [T, H, R]
+        o = ops.attention(xp.ascontiguousarray(qa), store, rows, counts,
+                          c.qk_nope_head_dim ** -0.5, c.attn_chunk)                         # [T, H, R]
+        out = bf16(ops.gemm_heads(xp.ascontiguousarray(o.transpose(1, 0, 2)), self.w_v))    # [H, T, V]
+        return ops.gemm(xp.ascontiguousarray(out.transpose(1, 0, 2)).reshape(t, -1), self.o_proj)

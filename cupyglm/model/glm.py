@@ -1,0 +1,132 @@
+"""The GLM-5.3-Flash forward on one rank's shard: embeddings, 4 hyper-connection streams, KDA / DSA
+attention, dense MLP / MoE, the final stream mean and norm, the vocab-split lm_head, and the MTP head.
+
+Collectives are written here, where they happen: each sublayer's partial is summed across ranks in rank
+order, and the lm_head's vocab slices are gathered in rank order.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from cupyglm.backend.lanes import bf16
+from cupyglm.config import ModelConfig
+from cupyglm.kv.state import SeqState
+from cupyglm.kv.store import KVStore
+from cupyglm.model.batch import Weights, segments
+from cupyglm.model.dsa import DSALayer
+from cupyglm.model.kda import KDALayer
+from cupyglm.model.moe import MLP, MoE
+from cupyglm.model.mtp import MTPLayer
+
+
+@dataclasses.dataclass
+class SeqInput:
+    tokens: np.ndarray            # [n] int32 new tokens, at positions state.length ..
+    state: SeqState
+    all_logits: bool = False      # logits for every row, else only the last
+
+
+@dataclasses.dataclass
+class SeqOutput:
+    logits: np.ndarray            # [n or 1, V] fp32
+    mtp_logits: np.ndarray | None  # [n', V] fp32 for the MTP rows this call completed (mtp on)
+
+
+class HyperConnection:
+    def __init__(self, cfg: ModelConfig, w: Weights, ops, sub: str):
+        self.cfg, self.ops = cfg, ops
+        self.fn, self.base, self.scale = w(f"hc_{sub}_fn"), w(f"hc_{sub}_base"), w(f"hc_{sub}_scale")
+
+    def pre(self, X):
+        c = self.cfg
+        return self.ops.hc_pre(X, self.fn, self.base, self.scale, c.rms_norm_eps, c.hc_eps, c.hc_sinkhorn_iters)
+
+
+class Block:
+    """One main layer: hc_pre -> norm -> attention -> all-reduce -> hc_post, then the same for the FFN."""
+
+    def __init__(self, cfg: ModelConfig, w: Weights, ops, layer: int, tp: int):
+        self.cfg, self.ops, self.layer = cfg, ops, layer
+        self.hc_attn, self.hc_ffn = HyperConnection(cfg, w, ops, "attn"), HyperConnection(cfg, w, ops, "ffn")
+        self.in_norm, self.post_norm = w("input_layernorm.weight"), w("post_attention_layernorm.weight")
+        self.is_kda = cfg.layer_types[layer] == "linear_attention"
+        attn = KDALayer if self.is_kda else DSALayer
+        self.attn = attn(cfg, w.sub("self_attn"), ops, layer, tp)
+        self.mlp = MoE(cfg, w.sub("mlp"), ops) if cfg.is_moe(layer) else MLP(w.sub("mlp"), ops, None)
+
+    def __call__(self, X, segs, kv, comm):
+        ops, eps = self.ops, self.cfg.rms_norm_eps
+        x, post, comb = self.hc_attn.pre(X)
+        h = ops.rmsnorm(x, self.in_norm, eps)
+        partial = self.attn(h, segs) if self.is_kda else self.attn(h, segs, kv)
+        X = ops.hc_post(X, bf16(comm.allreduce_sum(partial)), post, comb)
+        x, post, comb = self.hc_ffn.pre(X)
+        partial = self.mlp(ops.rmsnorm(x, self.post_norm, eps))
+        return ops.hc_post(X, bf16(comm.allreduce_sum(partial)), post, comb)
+
+
+class GLMModel:
+    def __init__(self, cfg: ModelConfig, shard: dict, ops, comm, kv: KVStore, mtp: bool = False):
+        self.cfg, self.ops, self.comm, self.kv = cfg, ops, comm, kv
+        tp = comm.size
+        root = Weights(shard, ops, "model")
+        self.embed = root("embed_tokens.weight")                  # [V, D] replicated
+        self.norm = root("norm.weight")
+        self.lm_head = ops.weight(shard["lm_head.weight"])        # [V / tp, D]
+        self.blocks = [Block(cfg, root.sub(f"layers.{i}"), ops, i, tp) for i in range(cfg.num_hidden_layers)]
+        self.mtp = MTPLayer(cfg, root.sub(f"layers.{cfg.mtp_layer}"), ops, cfg.mtp_layer, tp) if mtp else None
+
+    def new_state(self) -> SeqState:
+        st = SeqState()
+        for b in self.blocks:
+            if b.is_kda:
+                st.kda_state[b.layer], st.kda_conv[b.layer] = b.attn.new_state()
+        return st
+
+    def release(self, state: SeqState) -> None:
+        """Give a finished sequence's pages back."""
+        self.kv.pool.release(state.pages)
+        state.pages.clear()
+
+    def logits(self, h):
+        """Final-normed rows [R, D] -> full-vocab logits [R, V] fp32 (vocab slices gathered in rank order)."""
+        return self.comm.concat_last(self.ops.gemm(h, self.lm_head))
+
+    def forward(self, batch: list[SeqInput]) -> list[SeqOutput]:
+        ops, xp = self.ops, self.ops.xp
+        for item in batch:
+            if item.tokens.size == 0:
+                raise ValueError("a sequence in the batch has no new tokens")
+            self.kv.ensure(item.state.pages, item.state.length + item.tokens.size)
+        segs = segments([b.state for b in batch], [b.state.length for b in batch], [b.tokens.size for b in batch])
+        tokens = np.concatenate([b.tokens.astype(np.int32) for b in batch])
+        x = ops.embed(self.embed, xp.asarray(tokens))                                # [T, D] bf16
+        X = xp.repeat(x[:, None, :], self.cfg.hc_mult, axis=1)                      # [T, 4, D] streams
+        for block in self.blocks:
+            X = block(X, segs, self.kv, self.comm)
+        h = ops.rmsnorm(ops.stream_mean(X), self.norm, self.cfg.rms_norm_eps)       # [T, D]
+        pick = [np.arange(s.off, s.off + s.n) if b.all_logits else np.array([s.off + s.n - 1])
+                for s, b in zip(segs, batch)]
+        logits = self.logits(h[np.concatenate(pick)])
+        mtp_logits = self._mtp(segs, tokens, h)
+        for item in batch:
+            item.state.length += item.tokens.size
+        out, at = [], 0
+        for i, p in enumerate(pick):
+            out.append(SeqOutput(logits[at:at + p.size], mtp_logits[i]))
+            at += p.size
+        return out
+
+    def _mtp(self, segs, tokens, h) -> list:
+        if self.mtp is None:
+            return [None] * len(segs)
+        msegs, hrows, ids, positions = self.mtp.rows(segs, tokens, h)
+        out = {}
+        if msegs:
+            hm = self.mtp(self.embed, hrows, self.ops.xp.asarray(ids), positions, msegs, self.kv, self.comm)
+            lg = self.logits(hm)
+            for s in msegs:
+                out[id(s.state)] = lg[s.rows]
+        return [out.get(id(s.state)) for s in segs]

@@ -1,0 +1,65 @@
+"""DSA indexer: per-token index keys and gates, pooled keys of complete pools, pool scores, the pick.
+
+The indexer is replicated on every rank, so every rank picks the same tokens.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from cupyglm.backend.lanes import bf16
+from cupyglm.config import ModelConfig
+from cupyglm.model.batch import Segment, Weights
+
+LN_EPS = 1e-6
+
+
+class Indexer:
+    def __init__(self, cfg: ModelConfig, w: Weights, ops):
+        self.cfg, self.ops = cfg, ops
+        self.wq_b = w("wq_b.weight")                              # [Hi * I, q_lora]
+        self.wk = w("wk.weight")                                  # [I, D]
+        self.k_norm_w, self.k_norm_b = w("k_norm.weight"), w("k_norm.bias")
+        self.weights_proj = w("weights_proj.weight")              # [Hi, D]
+        self.compress_gate = w("compress_gate.weight")            # [I, D]
+        self.ape = w("ape")                                       # [kpool, I]
+
+    def keys(self, x):
+        """Per-token index keys and gates. x: [T, D] bf16 -> (ik, ig) [T, I] bf16."""
+        ops = self.ops
+        ik = ops.layernorm(bf16(ops.gemm(x, self.wk)), self.k_norm_w, self.k_norm_b, LN_EPS)
+        return ik, bf16(ops.gemm(x, self.compress_gate))
+
+    def queries(self, x, qn):
+        """Index queries [T, Hi, I] bf16 and head weights [T, Hi] fp32 (scaled by Hi^-0.5)."""
+        ops, c = self.ops, self.cfg
+        qi = bf16(ops.gemm(qn, self.wq_b)).reshape(-1, c.index_n_heads, c.index_head_dim)
+        hw = ops.gemm(x, self.weights_proj) * np.float32(c.index_n_heads ** -0.5)
+        return qi, hw
+
+    def write_pools(self, kv, layer: int, seg: Segment, ik, ig) -> None:
+        """Pool the segment's complete pools into the store; keep the incomplete pool's tail in state."""
+        ops, kp = self.ops, self.cfg.index_kpool
+        xp = ops.xp
+        tail_ik, tail_ig = seg.state.index_tail.get(layer, (ik[:0], ig[:0]))
+        first = seg.start - tail_ik.shape[0]                       # a multiple of kpool
+        all_ik = xp.concatenate([tail_ik, ik[seg.rows]])
+        all_ig = xp.concatenate([tail_ig, ig[seg.rows]])
+        complete = all_ik.shape[0] // kp
+        if complete:
+            pk = ops.index_pool(all_ik[:complete * kp].reshape(complete, kp, -1),
+                                all_ig[:complete * kp].reshape(complete, kp, -1), self.ape)
+            pools = np.arange(first // kp, first // kp + complete)
+            ops.write_rows(kv.pooled[layer], kv.pool_rows(seg.state.pages, pools), pk)
+        seg.state.index_tail[layer] = (all_ik[complete * kp:].copy(), all_ig[complete * kp:].copy())
+
+    def pick(self, kv, layer: int, seg: Segment, qi, hw):
+        """Token lists (positions) for the segment's rows: [n, max_pick] int32, -1 padded, and counts."""
+        ops, c = self.ops, self.cfg
+        positions = seg.positions
+        visible_last = (seg.start + seg.n) // c.index_kpool
+        if visible_last > c.index_pools:
+            pk = ops.read_rows(kv.pooled[layer], kv.pool_rows(seg.state.pages, np.arange(visible_last)))
+            scores = ops.index_scores(qi[seg.rows], hw[seg.rows], pk)
+        else:
+            scores = ops.xp.zeros((seg.n, 0), dtype=ops.xp.float32)   # every row is dense
+        return ops.pick(scores, positions, c.index_pools, c.index_kpool, c.max_pick)

@@ -1,0 +1,57 @@
+"""KDA (Kimi Delta Attention) layer: projections, 4-tap short conv, the per-token delta rule, gated norm.
+
+Heads are this rank's share (q/k/v, conv, f_b, g_b, b, A_log, dt_bias split by head); the output is this
+rank's o_proj partial (fp32), summed across ranks by the caller.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from cupyglm.backend.lanes import bf16
+from cupyglm.config import ModelConfig
+from cupyglm.model.batch import Segment, Weights
+
+L2_EPS = 1e-6
+
+
+class KDALayer:
+    def __init__(self, cfg: ModelConfig, w: Weights, ops, layer: int, tp: int):
+        self.cfg, self.ops, self.layer = cfg, ops, layer
+        self.heads = cfg.kda_num_heads // tp
+        self.dk = cfg.kda_head_dim
+        xp = ops.xp
+        self.w_qkv = xp.concatenate([w("q_proj.weight"), w("k_proj.weight"), w("v_proj.weight")])
+        self.conv = xp.concatenate([w("q_conv1d.weight"), w("k_conv1d.weight"), w("v_conv1d.weight")])
+        self.f_a, self.f_b = w("f_a_proj.weight"), w("f_b_proj.weight")
+        self.g_a, self.g_b = w("g_a_proj.weight"), w("g_b_proj.weight")
+        self.b = w("b_proj.weight")
+        self.a_log = w("A_log")                                   # [H_rank]
+        self.dt_bias = w("dt_bias").reshape(self.heads, self.dk)  # [H_rank, K]
+        self.o_norm = w("o_norm.weight")                          # [K]
+        self.o_proj = w("o_proj.weight")                          # [D, H_rank * K]
+
+    def new_state(self) -> tuple[np.ndarray, np.ndarray]:
+        xp = self.ops.xp
+        h, k = self.heads, self.dk
+        return (xp.zeros((h, k, k), dtype=xp.float32),                                # [H, V, K] fp32
+                xp.zeros((self.cfg.kda_conv_size - 1, 3 * h * k), dtype=xp.float32))  # [3, 3HK] bf16
+
+    def __call__(self, x, segs: list[Segment]):
+        """x: [T, D] bf16 (normed). Returns this rank's o_proj partial [T, D] fp32."""
+        ops, h, k = self.ops, self.heads, self.dk
+        qkv = bf16(ops.gemm(x, self.w_qkv))                                            # [T, 3HK]
+        a = bf16(ops.gemm(bf16(ops.gemm(x, self.f_a)), self.f_b)).reshape(-1, h, k)
+        gate_out = bf16(ops.gemm(bf16(ops.gemm(x, self.g_a)), self.g_b)).reshape(-1, h, k)
+        beta = bf16(ops.sigmoid(ops.gemm(x, self.b)))                                  # [T, H]
+        decay = ops.kda_gate(a, self.a_log, self.dt_bias, self.cfg.kda_gate_lower_bound)
+        y = ops.xp.empty((x.shape[0], h, k), dtype=ops.xp.float32)
+        for seg in segs:
+            S, window = seg.state.kda_state[self.layer], seg.state.kda_conv[self.layer]
+            conv, window = ops.kda_conv(qkv[seg.rows], window, self.conv)
+            q, kk, v = (conv[:, i * h * k:(i + 1) * h * k].reshape(-1, h, k) for i in range(3))
+            q = ops.l2norm(q, L2_EPS) * np.float32(k ** -0.5)
+            kk = ops.l2norm(kk, L2_EPS)
+            y[seg.rows], S = ops.kda_recurrence(S, q, kk, v, decay[seg.rows], beta[seg.rows])
+            seg.state.kda_state[self.layer], seg.state.kda_conv[self.layer] = S, window
+        o = ops.kda_out(y, self.o_norm, gate_out, self.cfg.rms_norm_eps)
+        return ops.gemm(o.reshape(x.shape[0], h * k), self.o_proj)

@@ -1,0 +1,80 @@
+"""Test support: tensor parallelism simulated with threads in one process, and small model builders.
+
+ThreadComm has the communicator interface of cupyglm.dist.comm (rank, size, allreduce_sum in rank order,
+concat_last) so the model code runs unchanged on N simulated shards.
+"""
+from __future__ import annotations
+
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+
+from cupyglm.backend.numpy_ops import NumpyOps
+from cupyglm.kv.store import KVStore
+from cupyglm.model.glm import GLMModel
+
+
+class ThreadGroup:
+    def __init__(self, size: int):
+        self.size = size
+        self.slots: list = [None] * size
+        self.barrier = threading.Barrier(size, timeout=120)
+
+    def exchange(self, rank: int, value) -> list:
+        self.slots[rank] = value
+        self.barrier.wait()
+        out = list(self.slots)
+        self.barrier.wait()
+        return out
+
+
+class ThreadComm:
+    def __init__(self, group: ThreadGroup, rank: int):
+        self.group, self.rank, self.size = group, rank, group.size
+
+    def allreduce_sum(self, x: np.ndarray) -> np.ndarray:
+        parts = self.group.exchange(self.rank, x)
+        acc = parts[0]
+        for p in parts[1:]:
+            acc = acc + p
+        return acc
+
+    def concat_last(self, x: np.ndarray) -> np.ndarray:
+        return np.concatenate(self.group.exchange(self.rank, x), axis=-1)
+
+
+def build_models(ckpt, tp: int = 1, num_pages: int = 64, page_tokens: int | None = None, mtp: bool = False,
+                 poison: bool = True, ops=None) -> list[GLMModel]:
+    """One model per simulated rank, each with its own KV store (latent rows are replicated per rank)."""
+    ops = ops or NumpyOps()
+    group = ThreadGroup(tp)
+    cfg = ckpt.config
+    pt = page_tokens or cfg.page_tokens
+    return [GLMModel(cfg, ckpt.shard(r, tp), ops, ThreadComm(group, r), KVStore(cfg, ops, num_pages, pt, poison),
+                     mtp=mtp) for r in range(tp)]
+
+
+def run_ranks(models: list[GLMModel], fn):
+    """fn(rank, model) on every simulated rank at once; returns the per-rank results."""
+    if len(models) == 1:
+        return [fn(0, models[0])]
+    with ThreadPoolExecutor(len(models)) as ex:
+        futures = [ex.submit(fn, r, m) for r, m in enumerate(models)]
+        return [f.result() for f in futures]
+
+
+def prefill_and_decode(model: GLMModel, prompts: list[list[int]], steps: int) -> list[list[int]]:
+    """Greedy: prompts prefilled together, then decoded together; returns the new token ids per prompt."""
+    from cupyglm.model.glm import SeqInput
+
+    states = [model.new_state() for _ in prompts]
+    outs = model.forward([SeqInput(np.asarray(p, np.int32), s) for p, s in zip(prompts, states)])
+    tokens = [[int(np.argmax(o.logits[-1]))] for o in outs]
+    for _ in range(steps - 1):
+        outs = model.forward([SeqInput(np.array([t[-1]], np.int32), s) for t, s in zip(tokens, states)])
+        for t, o in zip(tokens, outs):
+            t.append(int(np.argmax(o.logits[-1])))
+    for s in states:
+        model.release(s)
+    return tokens
