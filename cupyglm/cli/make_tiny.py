@@ -1,0 +1,32 @@
+"""cupyglm-make-tiny DIR [--seed N]: write the deterministic tiny checkpoint into DIR."""
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="cupyglm-make-tiny",
+        description="Write a deterministic random checkpoint of the GLM-5.3-Flash architecture at tiny sizes "
+                    "(config.json, bf16 safetensors shards, byte-level BPE tokenizer, GLM chat template).")
+    parser.add_argument("dir", help="output directory (created if missing; its checkpoint files are overwritten)")
+    parser.add_argument("--seed", type=int, default=0, help="random seed (default 0); same seed, same bytes")
+    args = parser.parse_args(argv)
+    if args.seed < 0:
+        parser.error("--seed must be non-negative")
+
+    from cupyglm.checkpoint.loader import Checkpoint
+    from cupyglm.checkpoint.tiny import write_tiny
+
+    out = write_tiny(args.dir, seed=args.seed)
+    ckpt = Checkpoint.open(out)
+    n = len(ckpt.names())
+    mib = ckpt.nbytes() / 2**20
+    print(f"wrote {out}: {n} tensors, {mib:.1f} MiB bf16, vocab {ckpt.tokenizer.vocab_size}, "
+          f"seed {args.seed}, identity {ckpt.identity}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,41 @@
+"""One rank's model: its checkpoint shard on a backend, its KV store, and forward calls on it."""
+from __future__ import annotations
+
+import numpy as np
+
+from cupyglm.checkpoint.loader import Checkpoint
+from cupyglm.kv.store import KVStore
+from cupyglm.model.glm import GLMModel, SeqInput, SeqOutput
+
+
+class ModelRunner:
+    def __init__(self, ckpt: Checkpoint, ops, comm, num_pages: int, page_tokens: int, mtp: bool = False,
+                 poison: bool = False):
+        self.cfg = ckpt.config
+        self.ops, self.comm = ops, comm
+        self.kv = KVStore(self.cfg, ops, num_pages, page_tokens, poison)
+        self.model = GLMModel(self.cfg, ckpt.shard(comm.rank, comm.size), ops, comm, self.kv, mtp=mtp)
+
+    def new_state(self):
+        return self.model.new_state()
+
+    def release(self, state) -> None:
+        self.model.release(state)
+
+    def forward(self, batch: list[SeqInput]) -> list[SeqOutput]:
+        return self.model.forward(batch)
+
+    def greedy(self, prompt: list[int], max_tokens: int, stop_ids=()):
+        """Yield greedy tokens one at a time (argmax, ties to the lower id); frees the pages at the end."""
+        state = self.new_state()
+        try:
+            tokens = np.asarray(prompt, dtype=np.int32)
+            for _ in range(max_tokens):
+                logits = self.ops.asnumpy(self.forward([SeqInput(tokens, state)])[0].logits[-1])
+                tok = int(np.argmax(logits))
+                yield tok
+                if tok in stop_ids:
+                    return
+                tokens = np.array([tok], dtype=np.int32)
+        finally:
+            self.release(state)
