@@ -18,6 +18,10 @@ VARIABLES: dict[str, tuple[str, str]] = {
     "CUPYGLM_KV_HOST_GIB": ("", "size of the host KV pages in GiB (needs CUPYGLM_KV_HOST=1; default one full window)"),
     "CUPYGLM_MEMORY_RESERVE_GIB": ("1.0", "memory each rank keeps free after weights, scratch and KV pages"),
     "CUPYGLM_SIM_ORDER": ("forward", "thread order of the sim backend: forward|reverse|shuffled"),
+    "CUPYGLM_SIM_SEED": ("0", "seed of the sim backend's shuffled thread order"),
+    "CUPYGLM_SIM_TIMEOUT": ("300", "seconds before an emulated kernel launch is reported as hung"),
+    "CUPYGLM_SIM_CXX": ("g++", "C++17 compiler the emulator builds kernels with (else $CXX)"),
+    "CUEMU_STACK_KB": ("64", "per-thread fiber stack of the emulator, KiB"),
     "CUPYGLM_DEBUG": ("0", "1: a failing rank prints its full traceback, not only its one error line"),
     "CUPYGLM_SHM_DIR": ("/dev/shm", "where shared host-memory segments (cupyglm-<token>-<purpose>) are made"),
 }
@@ -37,6 +41,21 @@ def cache_dir() -> Path:
         return Path(explicit)
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return Path(base) / "cupyglm"
+
+
+def get_or(name: str) -> str:
+    """A documented variable's value, or its default."""
+    value = get(name)
+    return VARIABLES[name][0] if value is None else value
+
+
+def cxx() -> str:
+    return os.environ.get("CUPYGLM_SIM_CXX") or os.environ.get("CXX") or "g++"
+
+
+def cuda_homes() -> list[Path]:
+    """CUDA toolkit roots named by CUDA_PATH / CUDA_HOME, in that order."""
+    return [Path(os.environ[v]) for v in ("CUDA_PATH", "CUDA_HOME") if os.environ.get(v)]
 
 
 def launcher_world() -> tuple[int, int] | None:

@@ -1,0 +1,45 @@
+// common.cuh -- helpers shared by every kernel file (#include "common.cuh").
+//
+// Compiles under NVRTC (no host headers: cuda_bf16.h is found through -I
+// <site-packages>/nvidia/cuda_runtime/include) and under the CPU emulator
+// (cuda_src/sim/cuemu.h is force-included and defines __CUEMU__).
+#pragma once
+
+#ifndef __CUEMU__
+#include <cuda_bf16.h>
+#endif
+
+#ifndef INFINITY
+#define INFINITY __int_as_float(0x7f800000)
+#endif
+#ifndef NAN
+#define NAN __int_as_float(0x7fffffff)
+#endif
+
+#define FULL_MASK 0xffffffffu
+
+// Load element i of a bf16 array as float (exact).
+static __device__ __forceinline__ float ld_bf16(const __nv_bfloat16* __restrict__ p, long long i) {
+  return __bfloat162float(p[i]);
+}
+
+// float -> bf16, round to nearest even (NaN -> 0x7FFF), same bits on GPU and CPU.
+static __device__ __forceinline__ __nv_bfloat16 to_bf16(float x) { return __float2bfloat16_rn(x); }
+
+// Sum over the 32 lanes of a warp with a fixed butterfly order (offsets 16, 8,
+// 4, 2, 1).  Every lane gets the same, order-deterministic result.  Must be
+// called by all 32 lanes (full-mask, convergent).
+static __device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(FULL_MASK, v, off);
+  return v;
+}
+
+static __device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) v = fmaxf(v, __shfl_xor_sync(FULL_MASK, v, off));
+  return v;
+}
+
+// Integer ceil-div for launch-shape arithmetic inside kernels.
+static __device__ __forceinline__ int ceil_div(int a, int b) { return (a + b - 1) / b; }

@@ -1,0 +1,101 @@
+"""GPU loader: one ``cupy.RawModule`` per ``cuda_src`` file.
+
+* NVRTC options are fixed (shared with the compile gate):
+  ``--gpu-architecture=sm_XY`` of the current device, ``--fmad=false``,
+  ``-std=c++17``, ``-I<cuda_src>``, ``-I<dir of the .cu>`` and the include dir
+  of ``cuda_bf16.h`` (the nvidia-cuda-runtime-cu12 wheel).
+* The source is prefixed with ``#line 1 "<path>"`` so NVRTC errors name the
+  ``.cu`` file and line; a failed compile raises :class:`CudaCompileError` with
+  the NVRTC log.
+* We compile to a cubin ourselves through ``cupy.cuda.nvrtc`` and load it with
+  ``cupy.RawModule(path=...)``; cupy's own kernel cache is not involved.  Cubins
+  are cached on disk under ``env.cache_dir()/cuda`` (``$CUPYGLM_CACHE_DIR``,
+  default ``~/.cache/cupyglm/cuda``), keyed
+  by sha256 of (source + local includes + options + arch + NVRTC version),
+  written to a temporary name and renamed into place.  Within a process each
+  (file, device arch) is loaded once.
+
+``import cupy`` happens only inside functions: this module imports without cupy.
+"""
+
+from __future__ import annotations
+
+from cupyglm import env
+import functools
+import hashlib
+import os
+import tempfile
+from pathlib import Path
+
+from . import nvrtc_gate
+from .sim_build import local_includes
+
+
+class CudaCompileError(RuntimeError):
+    """NVRTC rejected a kernel file; the message holds the NVRTC log."""
+
+
+def cache_dir() -> Path:
+    d = env.cache_dir() / "cuda"
+    d.mkdir(parents=True, exist_ok=True)
+    return d
+
+
+def device_arch() -> str:
+    """``sm_XY`` of the current cupy device."""
+    import cupy
+
+    cc = cupy.cuda.Device().compute_capability  # e.g. "90"
+    return f"sm_{cc}"
+
+
+def compile_cubin(path: str | os.PathLike, arch: str) -> Path:
+    """Compile (or fetch from the disk cache) the cubin of path for arch."""
+    p = Path(path).resolve()
+    opts = [*nvrtc_gate.compile_options(arch), f"-I{p.parent}"]
+    h = hashlib.sha256()
+    h.update(repr((opts, nvrtc_gate.nvrtc_version())).encode())
+    h.update(nvrtc_gate.source_with_line(p).encode())
+    for inc in local_includes(p, [p.parent, nvrtc_gate.CUDA_SRC]):
+        h.update(str(inc).encode() + b"\0" + inc.read_bytes())
+    out = cache_dir() / f"{p.stem}-{arch}-{h.hexdigest()[:32]}.cubin"
+    if out.is_file():
+        return out
+    ok, log, cubin = nvrtc_gate.compile_ptx_or_cubin(p, arch)
+    if not ok:
+        raise CudaCompileError(f"NVRTC failed to compile {p} for {arch}:\n{log}")
+    fd, tmp = tempfile.mkstemp(dir=out.parent, prefix=out.name + ".", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(cubin)
+        os.replace(tmp, out)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return out
+
+
+class CudaModule:
+    """A compiled ``.cu`` file on the current GPU; ``get_function`` returns a ``cupy.RawKernel``."""
+
+    def __init__(self, path: str | os.PathLike, arch: str | None = None):
+        import cupy
+
+        self.path = Path(path).resolve()
+        self.arch = arch or device_arch()
+        self.cubin_path = compile_cubin(self.path, self.arch)
+        self.raw_module = cupy.RawModule(path=str(self.cubin_path))
+
+    def get_function(self, name: str):
+        return self.raw_module.get_function(name)
+
+
+@functools.lru_cache(maxsize=None)
+def _load(path: Path, arch: str, mtime_ns: int) -> CudaModule:
+    return CudaModule(path, arch)
+
+
+def load_module(path: str | os.PathLike) -> CudaModule:
+    """Process-wide cached :class:`CudaModule` for path on the current device."""
+    p = Path(path).resolve()
+    return _load(p, device_arch(), p.stat().st_mtime_ns)
