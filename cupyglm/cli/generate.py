@@ -64,8 +64,8 @@ def generate(args: argparse.Namespace) -> None:
 def main(argv: list[str] | None = None) -> int:
     from cupyglm.dist.failure import run_rank_main
 
-    args = build_parser().parse_args(argv)
-    return run_rank_main(lambda: generate(args))
+    # flags are parsed inside the wrapper: a typo on one rank must bring every rank down, not hang them
+    return run_rank_main(lambda: generate(build_parser().parse_args(argv)))
 
 
 if __name__ == "__main__":

@@ -1,0 +1,117 @@
+"""The rank handshake: before any weight is read, every rank all-gathers a versioned fingerprint of the settings
+that must agree, and all ranks refuse together, with one line naming the setting and how it is set, on any
+difference or on any rank's invalid setting.
+
+Fingerprint (a JSON object; VERSION is bumped whenever a key is added, removed or changes meaning):
+
+    version             VERSION
+    model               model_identity(--model): SHA-256 of the checkpoint's config.json bytes, or "builtin-tiny"
+    backend             the resolved backend (auto resolved on each rank, so a cuda rank never pairs with a numpy one)
+    context, parallel, page_tokens, kv_cache, kv_pages, kv_gib, prompt_cache_gib,
+    host_cache, kv_share, kv_host_gib, mtp_drafts, memory_reserve_gib, max_queue, seed
+                        the Settings fields of those names
+    kv_host             the combined kv host mode (0 off, 1 per-rank host rows, 2 shared per host), so a rank
+                        that differs in CUPYGLM_KV_HOST or CUPYGLM_KV_HOST_SHARED is named by both variables
+
+Left out on purpose, because they differ per rank: the rank's own device index (its node-local rank),
+CUDA_VISIBLE_DEVICES and other device-selection variables, host names, process ids, CUPYGLM_CACHE_DIR,
+CUPYGLM_DEBUG and CUPYGLM_SIM_ORDER (which changes no result), and the per-launch token (rank 0's is used).
+
+Each rank contributes a payload {"ok": true, "fingerprint": {...}} or {"ok": false, "error": "<message>"} (a rank
+whose settings are invalid still takes part, so nobody hangs); `decide` turns the gathered payloads into the
+refusal line or None, identically on every rank.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any
+
+from cupyglm.settings import SOURCES, Settings, SettingsError
+
+VERSION = 1
+BUILTIN_MODEL = "builtin-tiny"
+PREFIX = "REFUSE rank settings: "
+
+# Keys compared, in the order a refusal looks at them.
+FIELDS: tuple[str, ...] = ("model", "backend", "context", "parallel", "page_tokens", "kv_cache", "kv_pages", "kv_gib",
+                           "prompt_cache_gib", "host_cache", "kv_share", "kv_host", "kv_host_gib", "mtp_drafts",
+                           "memory_reserve_gib", "max_queue", "seed")
+
+
+def model_identity(model_dir: str | Path | None) -> str:
+    """SHA-256 (hex) of the checkpoint's config.json bytes; reads nothing else. None -> "builtin-tiny"."""
+    if model_dir is None:
+        return BUILTIN_MODEL
+    path = Path(model_dir) / "config.json"
+    try:
+        blob = path.read_bytes()
+    except FileNotFoundError:
+        raise SettingsError(f"--model {model_dir}: no config.json there") from None
+    except OSError as e:
+        raise SettingsError(f"--model {model_dir}: cannot read config.json ({e.strerror or e})") from None
+    return hashlib.sha256(blob).hexdigest()
+
+
+def fingerprint(settings: Settings, *, backend: str | None = None) -> dict[str, Any]:
+    """The fingerprint of `settings` (model identity from settings.model_id, else computed from config.json)."""
+    model = settings.model_id if settings.model_id is not None else model_identity(settings.model)
+    fp: dict[str, Any] = {"version": VERSION, "model": model, "backend": backend or settings.backend}
+    for name in FIELDS[2:]:
+        fp[name] = settings.kv_host_mode if name == "kv_host" else getattr(settings, name)
+    return fp
+
+
+def fingerprint_hash(fp: dict[str, Any]) -> str:
+    """SHA-256 (hex) of the fingerprint's canonical JSON; stamped into shared-memory headers."""
+    return hashlib.sha256(json.dumps(fp, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+def _how(key: str) -> str:
+    return SOURCES.get(key, key)
+
+
+def compare(fingerprints: list[dict[str, Any]]) -> str | None:
+    """The refusal line for the first rank (in rank order) whose fingerprint differs from rank 0's, else None."""
+    if not fingerprints:
+        return None
+    base = fingerprints[0]
+    for rank, fp in enumerate(fingerprints[1:], start=1):
+        if fp.get("version") != base.get("version"):
+            return (f"{PREFIX}rank {rank}'s fingerprint version {fp.get('version')} differs from rank 0's "
+                    f"{base.get('version')} (the ranks run different cupyglm builds)")
+        keys = list(base) + [k for k in fp if k not in base]
+        for key in keys:
+            if key == "version":
+                continue
+            if key not in fp or key not in base or fp[key] != base[key]:
+                return f"{PREFIX}rank {rank}'s {key} differs from rank 0's ({_how(key)})"
+    return None
+
+
+def payload_ok(fp: dict[str, Any]) -> str:
+    return json.dumps({"ok": True, "fingerprint": fp}, sort_keys=True)
+
+
+def payload_error(message: str) -> str:
+    return json.dumps({"ok": False, "error": message}, sort_keys=True)
+
+
+def decide(payloads: list[str]) -> str | None:
+    """From every rank's payload (JSON text, in rank order): the one refusal line all ranks print, or None.
+
+    A rank's invalid setting wins over differences (the lowest such rank's message), then `compare`.
+    """
+    decoded = []
+    for rank, text in enumerate(payloads):
+        try:
+            p = json.loads(text)
+            ok = bool(p["ok"])
+        except (ValueError, KeyError, TypeError):
+            return f"{PREFIX}rank {rank} sent an unreadable fingerprint (the ranks run different cupyglm builds)"
+        if not ok:
+            msg = str(p.get("error", "invalid settings"))
+            return msg if msg.startswith("REFUSE ") else PREFIX + msg
+        decoded.append(p["fingerprint"])
+    return compare(decoded)

@@ -1,0 +1,335 @@
+"""Shared host memory: one /dev/shm segment mapped by every rank of a host, gone from /dev/shm once all have it.
+
+A segment is named `cupyglm-<token>-<purpose>`, the token being a per-launch random string rank 0 broadcasts in
+the handshake, so two jobs (or two tests) never meet. The file starts with a header (little-endian):
+
+    offset  size  field
+    0       8     magic b"CUPYGLMS"
+    8       4     version u32 (VERSION)
+    12      4     header_size u32 (HEADER_SIZE; the payload starts there, page-aligned)
+    16      8     creator pid u64
+    24      8     creator start time u64 (clock ticks after boot, /proc/<pid>/stat field 22; 0 unknown)
+    32      8     created at u64 (ns since the epoch)
+    40      8     payload bytes u64
+    48      4     local size u32 (mappings expected: the ranks of this host)
+    52      4     mapped u32 (mappings so far; updated under fcntl.flock on the file)
+    56      64    host name (utf-8, NUL-padded)
+    120     64    fingerprint hash (hex, NUL-padded)
+    184     32    purpose (ascii, NUL-padded)
+
+The creator writes the magic last, so a half-made file has none. Every local rank opens and maps the file, then
+adds one to `mapped` under the lock; the rank whose mapping makes it equal `local size` unlinks the file. The
+mappings stay valid, and from then on a crash or kill leaves nothing behind. A creation that fails partway
+unlinks its file. `cupyglm-cleanup-shm` removes segments whose creator is gone (a job that died before every
+rank had mapped).
+"""
+from __future__ import annotations
+
+import dataclasses
+import fcntl
+import mmap
+import os
+import re
+import secrets
+import socket
+import struct
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from cupyglm import env
+
+MAGIC = b"CUPYGLMS"
+VERSION = 1
+HEADER_SIZE = 4096
+PREFIX = "cupyglm-"
+_FIELDS = struct.Struct("<8sIIQQQQII64s64s32s")
+_MAPPED_OFFSET = 52
+_PURPOSE = re.compile(r"^[a-z0-9_]{1,32}$")
+
+
+class ShmError(RuntimeError):
+    pass
+
+
+def shm_dir() -> Path:
+    return Path(env.get("CUPYGLM_SHM_DIR") or "/dev/shm")
+
+
+def new_token() -> str:
+    """A per-launch token (rank 0 makes it; the handshake carries it to every rank)."""
+    return secrets.token_hex(6)
+
+
+def segment_name(token: str, purpose: str) -> str:
+    if not re.fullmatch(r"[0-9a-z]{4,32}", token):
+        raise ShmError(f"bad shared-memory token {token!r}")
+    if not _PURPOSE.match(purpose):
+        raise ShmError(f"bad shared-memory purpose {purpose!r} (use a-z, 0-9, _; at most 32)")
+    return f"{PREFIX}{token}-{purpose}"
+
+
+def process_start(pid: int) -> int:
+    """Start time of `pid` in clock ticks after boot, 0 when unknown."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        return int(stat[stat.rindex(")") + 2:].split()[19])
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+def process_alive(pid: int, start: int = 0) -> bool:
+    """Whether `pid` runs and (when `start` is known) is the same process that had that start time."""
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    if start:
+        now = process_start(pid)
+        return now == 0 or now == start
+    return True
+
+
+@dataclasses.dataclass(frozen=True)
+class Header:
+    magic: bytes
+    version: int
+    header_size: int
+    creator_pid: int
+    creator_start: int
+    created_ns: int
+    payload_bytes: int
+    local_size: int
+    mapped: int
+    host: str
+    fingerprint_hash: str
+    purpose: str
+
+    def pack(self) -> bytes:
+        return _FIELDS.pack(self.magic, self.version, self.header_size, self.creator_pid, self.creator_start,
+                            self.created_ns, self.payload_bytes, self.local_size, self.mapped,
+                            self.host.encode()[:64], self.fingerprint_hash.encode()[:64], self.purpose.encode()[:32])
+
+    @classmethod
+    def unpack(cls, blob: bytes) -> "Header":
+        if len(blob) < _FIELDS.size:
+            raise ShmError(f"header truncated ({len(blob)} bytes)")
+        f = _FIELDS.unpack_from(blob, 0)
+        text = [x.rstrip(b"\0").decode(errors="replace") for x in f[9:]]
+        return cls(f[0], *f[1:9], *text)
+
+
+def read_header(path: str | Path) -> Header:
+    """The header of a segment file; ShmError when it is not (or not yet) a cupyglm segment."""
+    with open(path, "rb") as fh:
+        blob = fh.read(_FIELDS.size)
+    h = Header.unpack(blob)
+    if h.magic != MAGIC:
+        raise ShmError("no cupyglm segment header (magic missing: made partway, or not ours)")
+    if h.version != VERSION:
+        raise ShmError(f"segment header version {h.version}, this build reads {VERSION}")
+    return h
+
+
+class SharedSegment:
+    """A mapped segment: `payload` is a writable memoryview of `payload_bytes` after the header."""
+
+    def __init__(self, name: str, path: Path, mm: mmap.mmap, header: Header):
+        self.name = name
+        self.path = path
+        self._mm = mm
+        self.header = header
+        self.payload = memoryview(mm)[HEADER_SIZE:HEADER_SIZE + header.payload_bytes]
+        self.unlinked_here = False
+
+    @property
+    def nbytes(self) -> int:
+        return self.header.payload_bytes
+
+    def array(self, dtype: Any, shape: tuple[int, ...], offset: int = 0) -> np.ndarray:
+        """A numpy view of the payload."""
+        count = int(np.prod(shape, dtype=np.int64))
+        return np.frombuffer(self.payload, dtype=dtype, count=count, offset=offset).reshape(shape)
+
+    def mapped(self) -> int:
+        return struct.unpack_from("<I", self._mm, _MAPPED_OFFSET)[0]
+
+    def close(self) -> None:
+        try:
+            self.payload.release()
+            self._mm.close()
+        except BufferError:
+            pass  # numpy views still use it; the mapping goes when they do
+
+    # ---- the two halves of the protocol ----------------------------------------------------------------------
+    @classmethod
+    def create(cls, token: str, purpose: str, nbytes: int, *, local_size: int,
+               fingerprint_hash: str = "") -> "SharedSegment":
+        """Make and map the file (header written, `mapped` 0). A failure partway unlinks it."""
+        if nbytes < 0 or local_size < 1:
+            raise ShmError(f"bad segment size {nbytes} or local size {local_size}")
+        name = segment_name(token, purpose)
+        path = shm_dir() / name
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+        mm = None
+        try:
+            total = HEADER_SIZE + nbytes
+            os.ftruncate(fd, total)
+            mm = mmap.mmap(fd, total, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+            header = Header(MAGIC, VERSION, HEADER_SIZE, os.getpid(), process_start(os.getpid()), time.time_ns(),
+                            nbytes, local_size, 0, socket.gethostname(), fingerprint_hash, purpose)
+            blob = header.pack()
+            mm[8:len(blob)] = blob[8:]
+            mm[0:8] = MAGIC
+            return cls(name, path, mm, header)
+        except BaseException:
+            if mm is not None:
+                mm.close()
+            try:
+                os.unlink(path)
+            except FileNotFoundError:
+                pass
+            raise
+        finally:
+            os.close(fd)
+
+    @classmethod
+    def attach(cls, token: str, purpose: str, *, fingerprint_hash: str | None = None) -> "SharedSegment":
+        """Open and map an existing segment, checking its header (and fingerprint when given). Not yet counted."""
+        name = segment_name(token, purpose)
+        path = shm_dir() / name
+        fd = os.open(path, os.O_RDWR)
+        try:
+            size = os.fstat(fd).st_size
+            if size < HEADER_SIZE:
+                raise ShmError(f"{path}: {size} bytes, shorter than its header")
+            mm = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+        finally:
+            os.close(fd)
+        try:
+            header = Header.unpack(bytes(mm[:_FIELDS.size]))
+            if header.magic != MAGIC or header.version != VERSION:
+                raise ShmError(f"{path}: not a version {VERSION} cupyglm segment")
+            if HEADER_SIZE + header.payload_bytes != size:
+                raise ShmError(f"{path}: {size} bytes, its header says {HEADER_SIZE + header.payload_bytes}")
+            if fingerprint_hash is not None and header.fingerprint_hash != fingerprint_hash:
+                raise ShmError(f"{path}: made for fingerprint {header.fingerprint_hash[:12]}, "
+                               f"this rank's is {fingerprint_hash[:12]}")
+        except BaseException:
+            mm.close()
+            raise
+        return cls(name, path, mm, header)
+
+    def count_mapping(self) -> bool:
+        """Record this rank's mapping; the rank that completes the count unlinks the file. True if it did."""
+        try:
+            fd = os.open(self.path, os.O_RDWR)
+        except FileNotFoundError:
+            raise ShmError(f"{self.path} was unlinked before every rank mapped it") from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            try:
+                mapped = self.mapped() + 1
+                struct.pack_into("<I", self._mm, _MAPPED_OFFSET, mapped)
+                if mapped >= self.header.local_size:
+                    os.unlink(self.path)
+                    self.unlinked_here = True
+            finally:
+                fcntl.flock(fd, fcntl.LOCK_UN)
+        finally:
+            os.close(fd)
+        return self.unlinked_here
+
+    def remove_name(self) -> None:
+        """Unlink the file if it still has its name (a failed setup)."""
+        try:
+            os.unlink(self.path)
+        except FileNotFoundError:
+            pass
+
+
+def open_local(token: str, purpose: str, nbytes: int, *, local_rank: int, local_size: int,
+               local_comm: Any = None, fingerprint_hash: str = "") -> SharedSegment:
+    """The collective protocol on one host: local rank 0 creates, every local rank maps and counts.
+
+    `local_comm` is the node-local mpi4py communicator (None when local_size is 1). Every local rank calls this;
+    all raise ShmError if any fails, and the file is unlinked.
+    """
+    seg = None
+    error = ""
+    if local_rank == 0:
+        try:
+            seg = SharedSegment.create(token, purpose, nbytes, local_size=local_size,
+                                       fingerprint_hash=fingerprint_hash)
+        except Exception as e:  # noqa: BLE001 - reported to every local rank
+            error = f"local rank 0 could not create {segment_name(token, purpose)}: {type(e).__name__}: {e}"
+    if local_comm is not None:
+        error = local_comm.bcast(error, root=0)
+    if error:
+        raise ShmError(error)
+    try:
+        if seg is None:
+            seg = SharedSegment.attach(token, purpose, fingerprint_hash=fingerprint_hash)
+        mine = ""
+    except Exception as e:  # noqa: BLE001
+        mine = f"local rank {local_rank} could not map {segment_name(token, purpose)}: {type(e).__name__}: {e}"
+    errors = local_comm.allgather(mine) if local_comm is not None else [mine]
+    failed = [m for m in errors if m]
+    if failed:
+        if seg is not None:
+            if local_rank == 0:
+                seg.remove_name()
+            seg.close()
+        raise ShmError(failed[0])
+    assert seg is not None
+    seg.count_mapping()
+    if local_comm is not None:
+        local_comm.Barrier()
+    return seg
+
+
+# ---- cleanup ----------------------------------------------------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class Verdict:
+    path: Path
+    stale: bool
+    reason: str
+    nbytes: int
+
+
+def judge(path: Path, *, min_age_s: float = 60.0, now: float | None = None) -> Verdict:
+    """Whether a `cupyglm-*` file is stale: its creator is gone, or it was left half-made over min_age_s ago."""
+    now = time.time() if now is None else now
+    try:
+        st = path.stat()
+    except FileNotFoundError:
+        return Verdict(path, False, "gone already", 0)
+    try:
+        h = read_header(path)
+    except (ShmError, OSError) as e:
+        age = now - st.st_mtime
+        if age >= min_age_s:
+            return Verdict(path, True, f"{e}; {age:.0f} s old", st.st_size)
+        return Verdict(path, False, f"{e}; only {age:.0f} s old, may be being made", st.st_size)
+    if h.host and h.host != socket.gethostname():
+        return Verdict(path, False, f"made on host {h.host}, not judged here", st.st_size)
+    if process_alive(h.creator_pid, h.creator_start):
+        return Verdict(path, False, f"creator pid {h.creator_pid} alive", st.st_size)
+    return Verdict(path, True, f"creator pid {h.creator_pid} gone, {h.mapped}/{h.local_size} ranks had mapped it",
+                   st.st_size)
+
+
+def stale_segments(directory: Path | None = None, *, min_age_s: float = 60.0) -> list[Verdict]:
+    directory = shm_dir() if directory is None else directory
+    try:
+        names = sorted(p for p in directory.iterdir() if p.name.startswith(PREFIX))
+    except FileNotFoundError:
+        return []
+    return [judge(p, min_age_s=min_age_s) for p in names]

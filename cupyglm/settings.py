@@ -1,0 +1,291 @@
+"""Settings: every serve/generate setting, from flags and the environment, in one frozen dataclass.
+
+Flags come from `add_arguments`; environment variables are read through `cupyglm.env.get` only. Every invalid
+value raises `SettingsError` naming the flag or variable that set it. Features that are validated but not built
+yet are refused by name in `Settings.refuse_unavailable()`, called after the rank handshake; nothing is accepted
+and ignored.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import math
+from collections.abc import Collection
+from typing import Any
+
+from cupyglm import env
+
+BACKENDS = ("auto", "numpy", "sim", "cuda")
+KV_CACHE_DTYPES = ("bf16", "fp8")
+MAX_MTP_DRAFTS = 15
+
+# How each fingerprinted setting is set; the rank handshake names it in its refusal line.
+SOURCES: dict[str, str] = {
+    "model": "--model",
+    "backend": "--backend or CUPYGLM_BACKEND",
+    "context": "--context",
+    "parallel": "--parallel",
+    "page_tokens": "--page-tokens",
+    "kv_cache": "--kv-cache",
+    "kv_pages": "--kv-pages",
+    "kv_gib": "--kv-gib",
+    "prompt_cache_gib": "--prompt-cache-gib",
+    "host_cache": "CUPYGLM_HOST_CACHE",
+    "kv_share": "CUPYGLM_KV_SHARE",
+    "kv_host": "CUPYGLM_KV_HOST or CUPYGLM_KV_HOST_SHARED",
+    "kv_host_shared": "CUPYGLM_KV_HOST_SHARED",
+    "kv_host_gib": "CUPYGLM_KV_HOST_GIB",
+    "mtp_drafts": "--mtp-drafts",
+    "memory_reserve_gib": "CUPYGLM_MEMORY_RESERVE_GIB",
+    "max_queue": "--max-queue",
+    "seed": "--seed",
+}
+
+# Features validated and fingerprinted but not built yet: name -> why it is refused.
+UNAVAILABLE: dict[str, str] = {
+    "kv_cache_fp8": "fp8 KV is not available yet",
+    "kv_host": "KV rows in host memory are not available yet",
+    "kv_host_shared": "shared host KV pages are not available yet",
+    "kv_host_gib": "host KV pages are not available yet",
+    "host_cache": "the host prompt cache is not available yet",
+    "kv_share": "prompt pages shared with the KV pool are not available yet",
+    "prompt_cache": "the prompt cache is not available yet",
+    "mtp_drafts": "MTP drafts are not available yet",
+}
+
+
+class SettingsError(ValueError):
+    """A setting that is invalid, disagrees across ranks, or is not available; its message names the flag or variable.
+
+    `agreed` is True when every rank raises the same error (it depends only on settings the ranks agreed on), so
+    one rank prints it and all exit together.
+    """
+
+    def __init__(self, message: str, *, agreed: bool = False):
+        super().__init__(message)
+        self.agreed = agreed
+
+    @property
+    def line(self) -> str:
+        """The one line printed for this error."""
+        msg = str(self)
+        return msg if msg.startswith("REFUSE ") else f"REFUSE rank settings: {msg}"
+
+
+# ---- parsing helpers: each names its source (a flag or a variable) ---------------------------------------------
+
+def _int(label: str, raw: Any, lo: int, hi: int | None = None, what: str = "") -> int:
+    if isinstance(raw, bool):
+        raise SettingsError(f"{label} must be an integer, got {raw!r}")
+    if isinstance(raw, int):
+        value = raw
+    else:
+        try:
+            value = int(str(raw).strip(), 10)
+        except ValueError:
+            raise SettingsError(f"{label} must be an integer, got {str(raw)!r}") from None
+    if value < lo or (hi is not None and value > hi):
+        rng = f"{lo}..{hi}" if hi is not None else f">= {lo}"
+        raise SettingsError(f"{label} must be {what or 'an integer'} {rng}, got {value}")
+    return value
+
+
+def _float(label: str, raw: Any, *, positive: bool) -> float:
+    try:
+        value = float(raw) if isinstance(raw, (int, float)) and not isinstance(raw, bool) else float(str(raw).strip())
+    except ValueError:
+        value = math.nan
+    kind = "a positive number" if positive else "a number >= 0"
+    if not math.isfinite(value) or value < 0 or (positive and value == 0):
+        shown = repr(raw) if isinstance(raw, str) else str(raw)
+        raise SettingsError(f"{label} must be {kind}, got {shown}")
+    return value
+
+
+def _bool01(name: str) -> bool:
+    raw = env.get(name)
+    if raw is None or raw == "":
+        return False
+    if raw in ("0", "1"):
+        return raw == "1"
+    raise SettingsError(f"{name} must be 0 or 1, got {raw!r}")
+
+
+def _choice(label: str, raw: Any, choices: tuple[str, ...]) -> str:
+    value = str(raw)
+    if value not in choices:
+        raise SettingsError(f"{label} must be one of {', '.join(choices)}, got {value!r}")
+    return value
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+    """Every setting of a serve/generate run; frozen. Build with `Settings.from_args` (flags + environment)."""
+
+    model: str | None = None              # checkpoint dir; None = the built-in tiny checkpoint
+    model_id: str | None = None           # hash of config.json (fingerprint.model_identity), filled by world.start
+    backend: str = "auto"                 # auto|numpy|sim|cuda
+    context: int = 0                      # tokens a sequence may hold; 0 = the largest that fits
+    parallel: int = 4                     # concurrent streams
+    page_tokens: int = 0                  # KV page size; 0 = the model's default, else a multiple of 4
+    kv_cache: str = "bf16"                # bf16|fp8
+    kv_pages: int = 0                     # KV pages; 0 = from the memory plan
+    kv_gib: float | None = None           # explicit KV budget on CPU backends
+    prompt_cache_gib: float = 0.0         # prompt-cache budget; 0 = no prompt cache
+    host_cache: bool = False              # CUPYGLM_HOST_CACHE
+    kv_share: bool = False                # CUPYGLM_KV_SHARE
+    kv_host: bool = False                 # CUPYGLM_KV_HOST
+    kv_host_shared: bool = False          # CUPYGLM_KV_HOST_SHARED (needs kv_host)
+    kv_host_gib: float | None = None      # CUPYGLM_KV_HOST_GIB (needs kv_host); None = one full window
+    mtp_drafts: int = 0                   # MTP draft tokens per step, 0..15
+    memory_reserve_gib: float = 1.0       # CUPYGLM_MEMORY_RESERVE_GIB
+    max_queue: int = 256                  # waiting requests before 429
+    seed: int = 0                         # default sampling seed
+
+    def __post_init__(self) -> None:
+        # Direct construction gets the same checks as from_args, named by flag or variable.
+        _choice(SOURCES["backend"].split(" or ")[0], self.backend, BACKENDS)
+        _int("--context", self.context, 0)
+        _int("--parallel", self.parallel, 1)
+        _check_page_tokens("--page-tokens", self.page_tokens)
+        _choice("--kv-cache", self.kv_cache, KV_CACHE_DTYPES)
+        _int("--kv-pages", self.kv_pages, 0)
+        if self.kv_gib is not None:
+            _float("--kv-gib", self.kv_gib, positive=True)
+        _float("--prompt-cache-gib", self.prompt_cache_gib, positive=False)
+        _int("--mtp-drafts", self.mtp_drafts, 0, MAX_MTP_DRAFTS)
+        _float("CUPYGLM_MEMORY_RESERVE_GIB", self.memory_reserve_gib, positive=False)
+        _int("--max-queue", self.max_queue, 0)
+        _int("--seed", self.seed, 0, 2**64 - 1)
+        if self.kv_host_shared and not self.kv_host:
+            raise SettingsError("CUPYGLM_KV_HOST_SHARED=1 needs CUPYGLM_KV_HOST=1")
+        if self.kv_host_gib is not None:
+            _float("CUPYGLM_KV_HOST_GIB", self.kv_host_gib, positive=True)
+            if not self.kv_host:
+                raise SettingsError("CUPYGLM_KV_HOST_GIB needs CUPYGLM_KV_HOST=1")
+
+    # ---- building ------------------------------------------------------------------------------------------------
+    @classmethod
+    def from_args(cls, ns: argparse.Namespace) -> "Settings":
+        """Settings from parsed flags (add_arguments) and the environment; SettingsError names the source."""
+        def flag(name: str, default: Any) -> Any:
+            value = getattr(ns, name, None)
+            return default if value is None else value
+
+        model = flag("model", None)
+        if model is not None:
+            model = str(model)
+            if not model.strip():
+                raise SettingsError("--model must be a checkpoint directory, got ''")
+
+        backend_flag = getattr(ns, "backend", None)
+        if backend_flag is not None:
+            backend = _choice("--backend", backend_flag, BACKENDS)
+        else:
+            raw = env.get("CUPYGLM_BACKEND")
+            backend = _choice("CUPYGLM_BACKEND", raw, BACKENDS) if raw else "auto"
+
+        context = _int("--context", flag("context", 0), 0)
+        parallel = _int("--parallel", flag("parallel", 4), 1)
+        page_tokens = _check_page_tokens("--page-tokens", flag("page_tokens", 0))
+        kv_cache = _choice("--kv-cache", flag("kv_cache", "bf16"), KV_CACHE_DTYPES)
+        kv_pages = _int("--kv-pages", flag("kv_pages", 0), 0)
+        kv_gib_raw = getattr(ns, "kv_gib", None)
+        kv_gib = None if kv_gib_raw is None else _float("--kv-gib", kv_gib_raw, positive=True)
+        prompt_cache_gib = _float("--prompt-cache-gib", flag("prompt_cache_gib", 0.0), positive=False)
+        mtp_drafts = _int("--mtp-drafts", flag("mtp_drafts", 0), 0, MAX_MTP_DRAFTS)
+        max_queue = _int("--max-queue", flag("max_queue", 256), 0)
+        seed = _int("--seed", flag("seed", 0), 0, 2**64 - 1)
+
+        host_cache = _bool01("CUPYGLM_HOST_CACHE")
+        kv_share = _bool01("CUPYGLM_KV_SHARE")
+        kv_host = _bool01("CUPYGLM_KV_HOST")
+        kv_host_shared = _bool01("CUPYGLM_KV_HOST_SHARED")
+        if kv_host_shared and not kv_host:
+            raise SettingsError("CUPYGLM_KV_HOST_SHARED=1 needs CUPYGLM_KV_HOST=1")
+        gib_raw = env.get("CUPYGLM_KV_HOST_GIB")
+        kv_host_gib = None
+        if gib_raw not in (None, ""):
+            kv_host_gib = _float("CUPYGLM_KV_HOST_GIB", gib_raw, positive=True)
+            if not kv_host:
+                raise SettingsError("CUPYGLM_KV_HOST_GIB needs CUPYGLM_KV_HOST=1")
+        reserve_raw = env.get("CUPYGLM_MEMORY_RESERVE_GIB")
+        if reserve_raw in (None, ""):
+            reserve_raw = env.VARIABLES["CUPYGLM_MEMORY_RESERVE_GIB"][0]
+        memory_reserve_gib = _float("CUPYGLM_MEMORY_RESERVE_GIB", reserve_raw, positive=False)
+
+        return cls(model=model, backend=backend, context=context, parallel=parallel, page_tokens=page_tokens,
+                   kv_cache=kv_cache, kv_pages=kv_pages, kv_gib=kv_gib, prompt_cache_gib=prompt_cache_gib,
+                   host_cache=host_cache, kv_share=kv_share, kv_host=kv_host, kv_host_shared=kv_host_shared,
+                   kv_host_gib=kv_host_gib, mtp_drafts=mtp_drafts, memory_reserve_gib=memory_reserve_gib,
+                   max_queue=max_queue, seed=seed)
+
+    @classmethod
+    def from_argv(cls, argv: list[str]) -> "Settings":
+        """Settings from a command line of the shared flags only (tests, the offline API)."""
+        parser = argparse.ArgumentParser(add_help=False)
+        add_arguments(parser)
+        return cls.from_args(parser.parse_args(argv))
+
+    # ---- facts ---------------------------------------------------------------------------------------------------
+    @property
+    def kv_host_mode(self) -> int:
+        """0: device KV rows; 1: host KV rows per rank; 2: host KV rows shared by the ranks of a host."""
+        return 2 if self.kv_host_shared else (1 if self.kv_host else 0)
+
+    @staticmethod
+    def how_set(name: str) -> str:
+        """How a fingerprinted setting is set: its flag and/or environment variable names."""
+        return SOURCES[name]
+
+    def refuse_unavailable(self, available: Collection[str] = ()) -> None:
+        """Refuse, by name, a requested feature that is not built yet (keys of UNAVAILABLE not in `available`)."""
+        def refuse(feature: str, setting: str) -> None:
+            if feature not in available:
+                raise SettingsError(f"{setting}: {UNAVAILABLE[feature]}", agreed=True)
+
+        if self.kv_cache == "fp8":
+            refuse("kv_cache_fp8", "--kv-cache fp8")
+        if self.kv_host:
+            refuse("kv_host", "CUPYGLM_KV_HOST=1")
+        if self.kv_host_shared:
+            refuse("kv_host_shared", "CUPYGLM_KV_HOST_SHARED=1")
+        if self.kv_host_gib is not None:
+            refuse("kv_host_gib", f"CUPYGLM_KV_HOST_GIB={self.kv_host_gib:g}")
+        if self.host_cache:
+            refuse("host_cache", "CUPYGLM_HOST_CACHE=1")
+        if self.kv_share:
+            refuse("kv_share", "CUPYGLM_KV_SHARE=1")
+        if self.prompt_cache_gib > 0:
+            refuse("prompt_cache", f"--prompt-cache-gib {self.prompt_cache_gib:g}")
+        if self.mtp_drafts > 0:
+            refuse("mtp_drafts", f"--mtp-drafts {self.mtp_drafts}")
+
+
+def _check_page_tokens(label: str, raw: Any) -> int:
+    value = _int(label, raw, 0)
+    if value % 4:
+        raise SettingsError(f"{label} must be 0 (the model's default) or a positive multiple of 4, got {value}")
+    return value
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The shared serve/generate flags. Values are checked by Settings.from_args, so errors name the flag."""
+    g = parser.add_argument_group("model and memory (must agree on every rank)")
+    g.add_argument("--model", default=None, metavar="DIR",
+                   help="Hugging Face checkpoint directory (default: the built-in tiny checkpoint)")
+    g.add_argument("--backend", default=None, metavar="{auto,numpy,sim,cuda}",
+                   help="compute backend (default: $CUPYGLM_BACKEND, else auto)")
+    g.add_argument("--context", default=None, metavar="TOKENS",
+                   help="tokens a sequence may hold (default 0: the largest that fits)")
+    g.add_argument("--parallel", default=None, metavar="N", help="concurrent streams (default 4)")
+    g.add_argument("--page-tokens", default=None, metavar="N",
+                   help="KV page size in tokens, a multiple of 4 (default 0: the model's)")
+    g.add_argument("--kv-cache", default=None, metavar="{bf16,fp8}", help="KV cache dtype (default bf16)")
+    g.add_argument("--kv-pages", default=None, metavar="N", help="KV pages (default 0: from the memory plan)")
+    g.add_argument("--kv-gib", default=None, metavar="GIB", help="KV budget in GiB on CPU backends")
+    g.add_argument("--prompt-cache-gib", default=None, metavar="GIB",
+                   help="prompt-cache budget in GiB (default 0: no prompt cache)")
+    g.add_argument("--mtp-drafts", default=None, metavar="N", help="MTP draft tokens per step, 0..15 (default 0)")
+    g.add_argument("--max-queue", default=None, metavar="N", help="waiting requests before 429 (default 256)")
+    g.add_argument("--seed", default=None, metavar="N", help="default sampling seed (default 0)")

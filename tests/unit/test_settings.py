@@ -1,0 +1,195 @@
+"""Settings from flags and the environment: defaults, every invalid value named, unavailable features refused."""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+
+import pytest
+
+from cupyglm import env
+from cupyglm.settings import SOURCES, UNAVAILABLE, Settings, SettingsError, add_arguments
+
+
+@pytest.fixture(autouse=True)
+def clean_env(monkeypatch):
+    for name in env.VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+    return monkeypatch
+
+
+def settings(*argv: str, **environ: str) -> Settings:
+    with pytest.MonkeyPatch.context() as mp:
+        for k, v in environ.items():
+            mp.setenv(k, v)
+        return Settings.from_argv(list(argv))
+
+
+def refused(*argv: str, **environ: str) -> str:
+    with pytest.raises(SettingsError) as info:
+        settings(*argv, **environ)
+    return str(info.value)
+
+
+def test_defaults():
+    s = settings()
+    assert s == Settings()
+    assert (s.model, s.backend, s.context, s.parallel, s.page_tokens, s.kv_cache, s.kv_pages, s.kv_gib) == \
+        (None, "auto", 0, 4, 0, "bf16", 0, None)
+    assert (s.prompt_cache_gib, s.host_cache, s.kv_share, s.kv_host, s.kv_host_shared, s.kv_host_gib) == \
+        (0.0, False, False, False, False, None)
+    assert (s.mtp_drafts, s.memory_reserve_gib, s.max_queue, s.seed, s.model_id) == (0, 1.0, 256, 0, None)
+    assert s.kv_host_mode == 0
+
+
+def test_flags_and_env_parse():
+    s = settings("--model", "/m", "--backend", "sim", "--context", "4096", "--parallel", "2", "--page-tokens", "16",
+                 "--kv-cache", "fp8", "--kv-pages", "9", "--kv-gib", "1.5", "--prompt-cache-gib", "0.25",
+                 "--mtp-drafts", "15", "--max-queue", "0", "--seed", "18446744073709551615",
+                 CUPYGLM_HOST_CACHE="1", CUPYGLM_KV_SHARE="1", CUPYGLM_KV_HOST="1", CUPYGLM_KV_HOST_SHARED="1",
+                 CUPYGLM_KV_HOST_GIB="2.5", CUPYGLM_MEMORY_RESERVE_GIB="0")
+    assert s == Settings(model="/m", backend="sim", context=4096, parallel=2, page_tokens=16, kv_cache="fp8",
+                         kv_pages=9, kv_gib=1.5, prompt_cache_gib=0.25, host_cache=True, kv_share=True, kv_host=True,
+                         kv_host_shared=True, kv_host_gib=2.5, mtp_drafts=15, memory_reserve_gib=0.0, max_queue=0,
+                         seed=2**64 - 1)
+    assert s.kv_host_mode == 2
+    assert settings(CUPYGLM_KV_HOST="1").kv_host_mode == 1
+
+
+def test_backend_flag_beats_env():
+    assert settings(CUPYGLM_BACKEND="sim").backend == "sim"
+    assert settings("--backend", "numpy", CUPYGLM_BACKEND="sim").backend == "numpy"
+
+
+def test_empty_variable_counts_as_unset():
+    assert settings(CUPYGLM_KV_HOST="", CUPYGLM_KV_HOST_GIB="").kv_host is False
+
+
+@pytest.mark.parametrize("name", ["CUPYGLM_HOST_CACHE", "CUPYGLM_KV_SHARE", "CUPYGLM_KV_HOST",
+                                  "CUPYGLM_KV_HOST_SHARED"])
+@pytest.mark.parametrize("value", ["yes", "2", "true", " 1", "01"])
+def test_bool_variables_take_only_0_or_1(name, value):
+    extra = {"CUPYGLM_KV_HOST": "1"} if name == "CUPYGLM_KV_HOST_SHARED" else {}
+    assert refused(**extra, **{name: value}) == f"{name} must be 0 or 1, got {value!r}"
+
+
+def test_kv_host_yes_message():
+    assert refused(CUPYGLM_KV_HOST="yes") == "CUPYGLM_KV_HOST must be 0 or 1, got 'yes'"
+
+
+def test_shared_needs_base():
+    assert refused(CUPYGLM_KV_HOST_SHARED="1") == "CUPYGLM_KV_HOST_SHARED=1 needs CUPYGLM_KV_HOST=1"
+    assert refused(CUPYGLM_KV_HOST="0", CUPYGLM_KV_HOST_SHARED="1") == \
+        "CUPYGLM_KV_HOST_SHARED=1 needs CUPYGLM_KV_HOST=1"
+    assert settings(CUPYGLM_KV_HOST_SHARED="0").kv_host_shared is False
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "abc", "nan", "inf"])
+def test_kv_host_gib_positive(value):
+    assert refused(CUPYGLM_KV_HOST="1", CUPYGLM_KV_HOST_GIB=value) == \
+        f"CUPYGLM_KV_HOST_GIB must be a positive number, got {value!r}"
+
+
+def test_kv_host_gib_needs_base():
+    assert refused(CUPYGLM_KV_HOST_GIB="4") == "CUPYGLM_KV_HOST_GIB needs CUPYGLM_KV_HOST=1"
+
+
+@pytest.mark.parametrize("value", ["-0.5", "x", "nan"])
+def test_memory_reserve(value):
+    assert refused(CUPYGLM_MEMORY_RESERVE_GIB=value) == \
+        f"CUPYGLM_MEMORY_RESERVE_GIB must be a number >= 0, got {value!r}"
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--backend", "tpu"], "--backend must be one of auto, numpy, sim, cuda, got 'tpu'"),
+    (["--context", "-1"], "--context must be an integer >= 0, got -1"),
+    (["--context", "1k"], "--context must be an integer, got '1k'"),
+    (["--parallel", "0"], "--parallel must be an integer >= 1, got 0"),
+    (["--page-tokens", "6"], "--page-tokens must be 0 (the model's default) or a positive multiple of 4, got 6"),
+    (["--page-tokens", "-4"], "--page-tokens must be an integer >= 0, got -4"),
+    (["--kv-cache", "fp16"], "--kv-cache must be one of bf16, fp8, got 'fp16'"),
+    (["--kv-pages", "-2"], "--kv-pages must be an integer >= 0, got -2"),
+    (["--kv-gib", "0"], "--kv-gib must be a positive number, got '0'"),
+    (["--prompt-cache-gib", "-1"], "--prompt-cache-gib must be a number >= 0, got '-1'"),
+    (["--mtp-drafts", "16"], "--mtp-drafts must be an integer 0..15, got 16"),
+    (["--max-queue", "-1"], "--max-queue must be an integer >= 0, got -1"),
+    (["--seed", "-1"], "--seed must be an integer 0..18446744073709551615, got -1"),
+    (["--model", ""], "--model must be a checkpoint directory, got ''"),
+])
+def test_invalid_flags_named(argv, message):
+    assert refused(*argv) == message
+
+
+def test_backend_env_named():
+    assert refused(CUPYGLM_BACKEND="gpu") == "CUPYGLM_BACKEND must be one of auto, numpy, sim, cuda, got 'gpu'"
+
+
+def test_direct_construction_is_checked():
+    with pytest.raises(SettingsError, match="--context"):
+        Settings(context=-1)
+    with pytest.raises(SettingsError, match="CUPYGLM_KV_HOST_SHARED=1 needs"):
+        Settings(kv_host_shared=True)
+    with pytest.raises(SettingsError, match="CUPYGLM_KV_HOST_GIB needs"):
+        Settings(kv_host_gib=1.0)
+    s = dataclasses.replace(Settings(), model_id="abc")
+    assert s.model_id == "abc"
+
+
+def test_frozen():
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        Settings().context = 5  # type: ignore[misc]
+
+
+def test_from_args_tolerates_missing_flags():
+    assert Settings.from_args(argparse.Namespace(context=8)) == Settings(context=8)
+
+
+def test_add_arguments_does_not_validate_itself():
+    p = argparse.ArgumentParser()
+    add_arguments(p)
+    ns = p.parse_args(["--context", "nope"])
+    with pytest.raises(SettingsError, match="--context"):
+        Settings.from_args(ns)
+
+
+def test_every_field_says_how_it_is_set():
+    fields = {f.name for f in dataclasses.fields(Settings)} - {"model_id"}
+    assert fields <= set(SOURCES)
+    assert Settings.how_set("kv_host") == "CUPYGLM_KV_HOST or CUPYGLM_KV_HOST_SHARED"
+    assert Settings.how_set("context") == "--context"
+    for name, how in SOURCES.items():
+        for part in how.split(" or "):
+            assert part.startswith("--") or part in env.VARIABLES, (name, part)
+
+
+def test_line():
+    assert SettingsError("X must be 0 or 1, got '2'").line == "REFUSE rank settings: X must be 0 or 1, got '2'"
+    assert SettingsError("REFUSE rank settings: already").line == "REFUSE rank settings: already"
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"kv_cache": "fp8"}, "--kv-cache fp8: fp8 KV is not available yet"),
+    ({"kv_host": True}, "CUPYGLM_KV_HOST=1: KV rows in host memory are not available yet"),
+    ({"host_cache": True}, "CUPYGLM_HOST_CACHE=1: the host prompt cache is not available yet"),
+    ({"kv_share": True}, "CUPYGLM_KV_SHARE=1: prompt pages shared with the KV pool are not available yet"),
+    ({"prompt_cache_gib": 2.0}, "--prompt-cache-gib 2: the prompt cache is not available yet"),
+    ({"mtp_drafts": 3}, "--mtp-drafts 3: MTP drafts are not available yet"),
+])
+def test_refuse_unavailable(kwargs, message):
+    with pytest.raises(SettingsError) as info:
+        Settings(**kwargs).refuse_unavailable()
+    assert str(info.value) == message
+    assert info.value.agreed
+
+
+def test_refuse_unavailable_names_each_part_of_kv_host():
+    s = Settings(kv_host=True, kv_host_shared=True, kv_host_gib=3.0)
+    with pytest.raises(SettingsError, match="CUPYGLM_KV_HOST_SHARED=1: shared host KV pages"):
+        s.refuse_unavailable(available={"kv_host"})
+    with pytest.raises(SettingsError, match="CUPYGLM_KV_HOST_GIB=3: host KV pages"):
+        s.refuse_unavailable(available={"kv_host", "kv_host_shared"})
+    s.refuse_unavailable(available=set(UNAVAILABLE))
+
+
+def test_plain_settings_pass_refuse_unavailable():
+    Settings().refuse_unavailable()
+    Settings(prompt_cache_gib=0.0, mtp_drafts=0).refuse_unavailable()
