@@ -15,9 +15,20 @@ LANES = 16
 BF16 = ml_dtypes.bfloat16
 
 
-def bf16(x: np.ndarray) -> np.ndarray:
-    """Round float32 to bf16 (nearest even) and back: float32 arrays holding bf16 values."""
+def bf16(x):
+    """Round float32 to bf16 (nearest even; NaN stays NaN) and back: float32 arrays holding bf16 values."""
+    if type(x).__module__.startswith("cupy"):
+        import cupy
+        return bf16_bits(x, cupy)
     return np.asarray(x, dtype=np.float32).astype(BF16).astype(np.float32)
+
+
+def bf16_bits(x, xp):
+    """The same rounding by integer bit arithmetic, for device arrays (cupy has no bf16 dtype)."""
+    x = xp.ascontiguousarray(x, dtype=xp.float32)
+    u = x.view(xp.uint32)
+    rounded = ((u + (((u >> 16) & 1) + 0x7FFF)) & 0xFFFF0000).astype(xp.uint32)
+    return xp.where(xp.isnan(x), xp.float32("nan"), rounded.view(xp.float32))
 
 
 def _fold(acc: np.ndarray) -> np.ndarray:

@@ -28,6 +28,7 @@ from cupyglm import env
 from cupyglm.settings import SettingsError
 
 NONROOT_PRINT_DELAY_S = 1.0
+OUTPUT_GRACE_S = 0.5
 AGREED_EXIT_TIMEOUT_S = 8.0
 
 _stop = {"requested": False, "signal": 0}
@@ -113,6 +114,7 @@ def _exit_failure(line: str, mpi: tuple[Any, int, int] | None, code: int = 1) ->
     if rank != 0:
         time.sleep(NONROOT_PRINT_DELAY_S)
     _say(line)
+    time.sleep(OUTPUT_GRACE_S)      # let the launcher forward the line before Abort tears the job down
     w.Abort(code)
     return code  # not reached
 

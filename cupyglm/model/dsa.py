@@ -39,14 +39,15 @@ class DSALayer:
         ik, ig = self.indexer.keys(x)
         qi, hw = self.indexer.queries(x, qn)
         store = kv.latent[self.layer]
-        rows = xp.full((t, c.max_pick), -1, dtype=xp.int32)
-        counts = xp.zeros(t, dtype=xp.int32)
+        rows = np.full((t, c.max_pick), -1, dtype=np.int32)       # [T, max_pick] latent row ids, -1 padded
+        counts = np.zeros(t, dtype=np.int32)
         for seg in segs:
-            ops.write_rows(store, kv.rows(seg.state.pages, seg.positions), latent[seg.rows])
+            ops.write_rows(store, xp.asarray(kv.rows(seg.state.pages, seg.positions)), latent[seg.rows])
             self.indexer.write_pools(kv, self.layer, seg, ik, ig)
             tokens, n = self.indexer.pick(kv, self.layer, seg, qi, hw)
-            rows[seg.rows] = kv.rows(seg.state.pages, tokens)
-            counts[seg.rows] = n
+            rows[seg.rows] = kv.rows(seg.state.pages, ops.asnumpy(tokens))
+            counts[seg.rows] = ops.asnumpy(n)
+        rows, counts = xp.asarray(rows), xp.asarray(counts)
         qa = bf16(ops.gemm_heads(q.transpose(1, 0, 2), self.w_k_t)).transpose(1, 0, 2)      # [T, H, R]
         o = ops.attention(xp.ascontiguousarray(qa), store, rows, counts,
                           c.qk_nope_head_dim ** -0.5, c.attn_chunk)                         # [T, H, R]

@@ -49,7 +49,7 @@ class Indexer:
             pk = ops.index_pool(all_ik[:complete * kp].reshape(complete, kp, -1),
                                 all_ig[:complete * kp].reshape(complete, kp, -1), self.ape)
             pools = np.arange(first // kp, first // kp + complete)
-            ops.write_rows(kv.pooled[layer], kv.pool_rows(seg.state.pages, pools), pk)
+            ops.write_rows(kv.pooled[layer], xp.asarray(kv.pool_rows(seg.state.pages, pools)), pk)
         seg.state.index_tail[layer] = (all_ik[complete * kp:].copy(), all_ig[complete * kp:].copy())
 
     def pick(self, kv, layer: int, seg: Segment, qi, hw):
@@ -58,7 +58,7 @@ class Indexer:
         positions = seg.positions
         visible_last = (seg.start + seg.n) // c.index_kpool
         if visible_last > c.index_pools:
-            pk = ops.read_rows(kv.pooled[layer], kv.pool_rows(seg.state.pages, np.arange(visible_last)))
+            pk = ops.read_rows(kv.pooled[layer], ops.xp.asarray(kv.pool_rows(seg.state.pages, np.arange(visible_last))))
             scores = ops.index_scores(qi[seg.rows], hw[seg.rows], pk)
         else:
             scores = ops.xp.zeros((seg.n, 0), dtype=ops.xp.float32)   # every row is dense

@@ -54,3 +54,18 @@ def test_lane_sum_pads_with_exact_zeros():
     x = np.arange(1, 20, dtype=np.float32)
     assert lane_sum(x) == np.float32(190)
     assert lane_sum(np.zeros((3, 0), np.float32)).tolist() == [0, 0, 0]
+
+
+def test_device_bf16_rounding_matches_ml_dtypes():
+    """The integer-arithmetic rounding used for cupy arrays, run here on numpy, equals ml_dtypes bit for bit."""
+    from cupyglm.backend.lanes import bf16_bits
+
+    rng = np.random.default_rng(7)
+    bits = rng.integers(0, 2**32, 200_000, dtype=np.uint64).astype(np.uint32)
+    edges = np.array([0x3F808000, 0x3F818000, 0x7F7FFFFF, 0x00008000, 0x80000001, 0x7F800000, 0xFF800000],
+                     dtype=np.uint32)
+    x = np.concatenate([bits, edges]).view(np.float32)
+    got, want = bf16_bits(x, np), bf16(x)
+    finite = ~np.isnan(want)
+    assert np.array_equal(got[finite].view(np.uint32), want[finite].view(np.uint32))
+    assert np.isnan(got[~finite]).all()

@@ -1,0 +1,75 @@
+"""A larger random model of the tiny preset's architecture (about 1B parameters), weights generated on the fly
+(no checkpoint written): for speed runs on a GPU.
+
+    from bench.big_random import big_config, RandomCheckpoint
+    ckpt = RandomCheckpoint(big_config())            # duck-types Checkpoint for ModelRunner
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping
+
+import numpy as np
+
+from cupyglm.checkpoint import names
+from cupyglm.checkpoint.tiny import init_tensor
+from cupyglm.config import ModelConfig, preset
+
+# ~1.0B parameters (0.96B without the MTP layer): hidden 1024, 16 layers (12 KDA + 4 DSA), 32 experts.
+BIG = dict(hidden_size=1024, num_hidden_layers=16, vocab_size=32768, num_attention_heads=16, q_lora_rank=384,
+           kv_lora_rank=256, qk_nope_head_dim=64, v_head_dim=64, index_n_heads=8, index_head_dim=64,
+           index_topk=256, kda_num_heads=8, kda_head_dim=128, n_routed_experts=32, num_experts_per_tok=4,
+           moe_intermediate_size=576, intermediate_size=4096, attn_chunk=256, page_tokens=64, keep_grid=2048)
+# The same shape of config at sizes a CPU runs in seconds (gpu-check --dry-run).
+SMALL = dict(hidden_size=128, num_hidden_layers=4, vocab_size=1024, num_attention_heads=2, q_lora_rank=64,
+             kv_lora_rank=64, qk_nope_head_dim=32, v_head_dim=32, index_n_heads=2, index_head_dim=32,
+             index_topk=32, kda_num_heads=2, kda_head_dim=32, n_routed_experts=8, num_experts_per_tok=2,
+             moe_intermediate_size=64, intermediate_size=256, attn_chunk=32, page_tokens=16, keep_grid=64)
+
+
+def big_config(size: str = "big", **overrides) -> ModelConfig:
+    """The tiny preset with larger sizes ("big": ~1B parameters; "small": a CPU-sized stand-in)."""
+    sizes = {"big": BIG, "small": SMALL}[size] | overrides
+    n = sizes["num_hidden_layers"]
+    types = tuple("full_attention" if i % 4 == 3 else "linear_attention" for i in range(n))
+    return dataclasses.replace(preset("tiny"), layer_types=types, first_k_dense_replace=min(3, n), **sizes)
+
+
+def param_count(cfg: ModelConfig) -> int:
+    return sum(math.prod(s.shape) for s in names.all_specs(cfg))
+
+
+class _LazyShard(Mapping):
+    """name -> tensor, each generated when the model asks for it (never all of them held on the host)."""
+
+    def __init__(self, cfg: ModelConfig, seed: int):
+        self.cfg, self.seed = cfg, seed
+        self.specs = {s.name: s for s in names.all_specs(cfg)}
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        return init_tensor(self.specs[name], self.cfg, self.seed)
+
+    def __iter__(self):
+        return iter(self.specs)
+
+    def __len__(self) -> int:
+        return len(self.specs)
+
+
+class RandomCheckpoint:
+    """What ModelRunner needs of a Checkpoint (config, shard, path), with random weights (tp = 1)."""
+
+    def __init__(self, cfg: ModelConfig, seed: int = 0):
+        self.config = cfg
+        self.seed = seed
+        self.identity = f"random-{cfg.identity()}-{seed}"
+
+        class _P:
+            name = f"random-{param_count(cfg) / 1e9:.2f}B"
+        self.path = _P()
+
+    def shard(self, rank: int, tp: int):
+        if tp != 1:
+            raise ValueError("RandomCheckpoint serves tp = 1 only")
+        return _LazyShard(self.config, self.seed)

@@ -1,0 +1,52 @@
+"""The `cuda` backend: CuPy arrays on the device, every op a cuda_src/*.cu kernel through cupy.RawModule.
+
+An op of the interface that has no kernel yet raises NotImplementedError naming it: nothing compute runs on
+the host behind the user's back. `import cupy` happens when a CudaOps is made, not when this module is
+imported.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from cupyglm.backend._dispatch import bind_kernel_ops, numpy_op_names
+from cupyglm.backend.numpy_ops import NumpyOps
+from cupyglm.kernels import ops as kops
+from cupyglm.kernels.ops import Kernels
+
+
+class CudaOps(NumpyOps):
+    name = "cuda"
+
+    def __init__(self):
+        import cupy
+
+        self.cupy = cupy
+        self.xp = cupy
+        self.kernels = Kernels("cuda", cupy)
+
+        def device(a):
+            if isinstance(a, np.ndarray):
+                return cupy.asarray(np.ascontiguousarray(a))
+            if isinstance(a, cupy.ndarray) and not a.flags.c_contiguous:
+                return cupy.ascontiguousarray(a)
+            return a
+
+        self.kernel_ops = bind_kernel_ops(self, self.kernels, device)
+        for name in numpy_op_names():
+            if name not in kops.OPS and name not in kops.KERNEL_FREE:
+                setattr(self, name, _missing(name))
+
+    def weight(self, array):
+        """A checkpoint tensor on the device as float32 holding bf16 values."""
+        return self.cupy.asarray(np.ascontiguousarray(array, dtype=np.float32))
+
+    def asnumpy(self, x) -> np.ndarray:
+        return self.cupy.asnumpy(x)
+
+
+def _missing(name: str):
+    def refuse(*args, **kwargs):
+        raise NotImplementedError(f"cuda backend: op {name!r} has no kernel in cuda_src/ yet; "
+                                  "refusing to run it on the host (use --backend numpy or sim)")
+    refuse.__name__ = name
+    return refuse

@@ -1,0 +1,70 @@
+"""Contract cases of cuda_src/gemm.cu (ops gemm, gemm_heads): the shapes the tiny and full models run at.
+
+Controls: a kernel variant folding the 16 lanes in the wrong order (compiled with -DCONTROL_WRONG_ORDER)
+where K is long enough for the order to change bits; for short K (a sum of a few exact bf16 products is
+exact in fp32 whatever the order) a dropped last K term, i.e. an off-by-one in the K tail.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from cupyglm.backend.lanes import bf16
+from cupyglm.backend.numpy_ops import NumpyOps
+from cupyglm.contract.registry import Case, case
+from cupyglm.kernels import ops_gemm
+
+REF = NumpyOps()
+
+
+def _bf(rng, shape, std=1.0):
+    return bf16(rng.standard_normal(shape).astype(np.float32) * np.float32(std))
+
+
+def _gemm_case(label: str, m: int, n: int, k: int, control: str) -> Case:
+    def make(rng):
+        return {"x": _bf(rng, (m, k)), "w": _bf(rng, (n, k), k ** -0.5)}
+
+    def run(kn, d):
+        return {"y": ops_gemm.gemm(kn, d["x"], d["w"])}
+
+    def replay(d):
+        return {"y": REF.gemm(d["x"], d["w"])}
+
+    if control == "order":
+        def ctl(kn, d):
+            return {"y": ops_gemm.gemm(kn.variant("CONTROL_WRONG_ORDER"), d["x"], d["w"])}
+    else:
+        def ctl(kn, d):
+            x = d["x"].copy()
+            x[:, -1] = 0                       # the last K term dropped (tail off-by-one)
+            return {"y": ops_gemm.gemm(kn, kn.xp.asarray(x), d["w"])}
+
+    return case(Case(f"gemm[{label}]", ("gemm_lane16",), make, run, replay, ctl))
+
+
+def _heads_case(label: str, h: int, m: int, n: int, k: int) -> Case:
+    def make(rng):
+        return {"x": _bf(rng, (h, m, k)), "w": _bf(rng, (h, n, k), k ** -0.5)}
+
+    def run(kn, d):
+        return {"y": ops_gemm.gemm_heads(kn, d["x"], d["w"])}
+
+    def replay(d):
+        return {"y": REF.gemm_heads(d["x"], d["w"])}
+
+    def ctl(kn, d):
+        return {"y": ops_gemm.gemm_heads(kn.variant("CONTROL_WRONG_ORDER"), d["x"], d["w"])}
+
+    return case(Case(f"gemm_heads[{label}]", ("gemm_lane16",), make, run, replay, ctl))
+
+
+#            label            M    N    K    control
+_gemm_case("decode",           1, 256, 256, "order")      # one token, hidden 256
+_gemm_case("verify",          16,  96, 256, "order")      # MTP verify: 16 rows
+_gemm_case("prompt64",        64,  64, 256, "order")      # a prompt chunk
+_gemm_case("prompt100",      100,  40, 160, "order")      # rows not a multiple of the 8 rows per block
+_gemm_case("odd-k",            7,  33, 100, "order")      # K % 16 = 4, N % 16 = 1
+_gemm_case("n1",               5,   1, 300, "order")      # one output column (a gate)
+_gemm_case("short-k",          3,  20,   5, "tail")       # K < 16: lanes 5..15 empty
+_heads_case("decode",          4,   1,  32,  64)          # absorbed q x w_k_t, one token
+_heads_case("prompt",          4,  37,  64,  32)          # 37 rows, per head

@@ -1,0 +1,92 @@
+"""Contract cases of cuda_src/kv.cu (ops write_rows, read_rows): latent rows (C = R = 64) and pooled keys
+(C = I = 32) through a shuffled page table of 16-token pages, like kv/store.py.
+
+Rows the call must not touch are NaN: a write must leave them NaN, a read must never return them.
+Controls: write_rows with two slots swapped; read_rows through a wrong page mapping (two pages swapped).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from cupyglm.backend.lanes import bf16
+from cupyglm.backend.numpy_ops import NumpyOps
+from cupyglm.contract.registry import Case, case
+from cupyglm.kernels import ops_kv
+
+REF = NumpyOps()
+PAGE = 16
+
+
+def _rows(pages: np.ndarray, positions: np.ndarray) -> np.ndarray:
+    return (pages[positions // PAGE] * PAGE + positions % PAGE).astype(np.int32)
+
+
+def _layout(rng, num_pages: int, start: int, n: int):
+    pages = rng.permutation(num_pages)[: -(-(start + n) // PAGE)].astype(np.int64)
+    return pages, np.arange(start, start + n)
+
+
+def _write(label: str, num_pages: int, cols: int, start: int, n: int) -> Case:
+    def make(rng):
+        pages, pos = _layout(rng, num_pages, start, n)
+        store = np.full((num_pages * PAGE, cols), np.nan, dtype=np.float32)
+        old = _rows(pages, np.arange(start))                         # earlier positions: kept values
+        store[old] = bf16(rng.standard_normal((old.size, cols)).astype(np.float32))
+        return {"store": store, "rows": _rows(pages, pos),
+                "values": bf16(rng.standard_normal((n, cols)).astype(np.float32)), "pages": pages}
+
+    def run(k, d):
+        ops_kv.write_rows(k, d["store"], d["rows"], d["values"])
+        return {"store": d["store"]}
+
+    def replay(d):
+        REF.write_rows(d["store"], d["rows"], d["values"])
+        return {"store": d["store"]}
+
+    def ctl(k, d):
+        rows = d["rows"].copy()
+        if rows.shape[0] > 1:
+            rows[[0, -1]] = rows[[-1, 0]]                            # two slots swapped
+        else:
+            rows[0] = rows[0] + 1 if int(rows[0]) % PAGE < PAGE - 1 else rows[0] - 1   # the neighbour slot
+        ops_kv.write_rows(k, d["store"], rows, d["values"])
+        return {"store": d["store"]}
+
+    return case(Case(f"write_rows[{label}]", ("kv_write_rows",), make, run, replay, ctl))
+
+
+def _read(label: str, num_pages: int, cols: int, start: int, n: int) -> Case:
+    def make(rng):
+        pages, pos = _layout(rng, num_pages, start, n)
+        store = np.full((num_pages * PAGE, cols), np.nan, dtype=np.float32)
+        live = _rows(pages, np.arange(start + n))
+        store[live] = bf16(rng.standard_normal((live.size, cols)).astype(np.float32))
+        return {"store": store, "rows": _rows(pages, pos), "pages": pages, "pos": pos}
+
+    def run(k, d):
+        return {"y": ops_kv.read_rows(k, d["store"], d["rows"])}
+
+    def replay(d):
+        return {"y": REF.read_rows(d["store"], d["rows"])}
+
+    def ctl(k, d):
+        pages = np.array(d["pages"]) if isinstance(d["pages"], np.ndarray) else k.xp.asnumpy(d["pages"])
+        pos = np.array(d["pos"]) if isinstance(d["pos"], np.ndarray) else k.xp.asnumpy(d["pos"])
+        wrong = pages.copy()
+        if wrong.size > 1:
+            wrong[[0, -1]] = wrong[[-1, 0]]                          # two pages swapped in the table
+        else:
+            wrong[0] = (wrong[0] + 1) % num_pages                    # the page table names another page
+        return {"y": ops_kv.read_rows(k, d["store"], k.xp.asarray(_rows(wrong, pos)))}
+
+    return case(Case(f"read_rows[{label}]", ("kv_read_rows",), make, run, replay, ctl))
+
+
+#       label              pages cols start  n
+_write("latent-decode",      8,  64,   37,   1)     # one token's latent row
+_write("latent-verify",      8,  64,   40,  16)     # 16 rows crossing a page boundary
+_write("latent-prompt100",  10,  64,    0, 100)     # a prompt from position 0, 7 pages
+_write("pooled-odd",         8,  32,    5,  11)     # pooled keys, odd count
+_read("pooled-decode",       8,  32,   20,   1)
+_read("pooled-prompt64",     8,  32,    0,  64)
+_read("latent-odd",          8,  64,   13,  37)

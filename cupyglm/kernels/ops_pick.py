@@ -1,0 +1,50 @@
+"""Launchers of cuda_src/pick.cu: the DSA pick (token lists for sparse attention)."""
+from __future__ import annotations
+
+import numpy as np
+
+from cupyglm.kernels.ops import Kernels, check, i32, op
+
+SRC = "pick.cu"
+THREADS = 128
+MAX_SMEM = 48 * 1024          # one flag byte per pool, in dynamic shared memory
+
+
+@op("pick")
+def pick(k: Kernels, scores, positions, npools: int, kpool: int, width: int):
+    """scores: [T, P] fp32 (P >= visible pools of every row), positions: [T] int ->
+    (tokens [T, width] int32 padded with -1, counts [T] int32)."""
+    xp = k.xp
+    check("pick", "scores", scores, (None, None), np.float32)
+    if positions.ndim != 1 or positions.shape[0] != scores.shape[0]:
+        raise ValueError(f"pick: parameter positions must have shape ({scores.shape[0]},), got {positions.shape}")
+    if positions.dtype.kind not in "iu":
+        raise ValueError(f"pick: parameter positions must be integers, got {positions.dtype}")
+    npools, kpool, width = int(npools), int(kpool), int(width)
+    if npools < 1 or kpool < 1 or width < 1:
+        raise ValueError(f"pick: npools, kpool, width must be positive, got {npools}, {kpool}, {width}")
+    if width < npools * kpool:
+        raise ValueError(f"pick: parameter width={width} must be at least npools * kpool = {npools * kpool}")
+    t, p = scores.shape
+    if p > MAX_SMEM:
+        raise ValueError(f"pick: parameter scores has {p} pools; at most {MAX_SMEM} fit the kernel's flags")
+    pos = xp.ascontiguousarray(positions, dtype=xp.int32)
+    tokens = k.empty((t, width), np.int32)
+    counts = k.empty((t,), np.int32)
+    if t == 0:
+        return tokens, counts
+    if isinstance(pos, np.ndarray):
+        q = int(pos.max())
+        if int(pos.min()) < 0:
+            raise ValueError("pick: parameter positions must be >= 0")
+        v = (pos.astype(np.int64) + 1) // kpool
+        sparse = v > npools
+        need = np.where(sparse, npools * kpool + (pos + 1 - v * kpool), pos.astype(np.int64) + 1)
+        if int(need.max()) > width:
+            raise ValueError(f"pick: parameter width={width} is too small for position {q} "
+                             f"(needs {int(need.max())})")
+        if sparse.any() and int(v[sparse].max()) > p:
+            raise ValueError(f"pick: parameter scores has {p} pools but a row sees {int(v[sparse].max())}")
+    k.launch(SRC, "dsa_pick", (t,), (THREADS,),
+             (scores, pos, tokens, counts, i32(p), i32(npools), i32(kpool), i32(width)), shared_mem=p)
+    return tokens, counts

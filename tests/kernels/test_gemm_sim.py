@@ -1,0 +1,100 @@
+"""The row-invariant GEMM (cuda_src/gemm.cu) on the CPU emulator: a row's result does not depend on how many
+rows share the call or where the row sits, and equals the numpy backend's lanes.gemm bit for bit."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from cupyglm.backend.lanes import bf16, gemm as lanes_gemm, gemm_batched
+from cupyglm.kernels import ops_gemm
+from cupyglm.kernels.ops import Kernels
+
+K = Kernels("sim", np)
+
+
+def _bf(rng, shape, std=1.0):
+    return bf16(rng.standard_normal(shape).astype(np.float32) * np.float32(std))
+
+
+def _bits(a):
+    return np.ascontiguousarray(a, dtype=np.float32).view(np.uint32)
+
+
+@pytest.fixture(scope="module")
+def weights():
+    rng = np.random.default_rng(7)
+    return {kk: _bf(rng, (40, kk), kk ** -0.5) for kk in (100, 256)}
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(m=st.integers(1, 64), where=st.floats(0, 1), kk=st.sampled_from([100, 256]), seed=st.integers(0, 2**16))
+def test_row_bits_do_not_depend_on_batch_size_or_position(weights, m, where, kk, seed):
+    rng = np.random.default_rng(seed)
+    w = weights[kk]
+    row = _bf(rng, (1, kk), 2.0)
+    solo = ops_gemm.gemm(K, row, w)
+    batch = _bf(rng, (m, kk), 2.0)
+    at = min(int(where * m), m - 1)
+    batch[at] = row[0]
+    y = ops_gemm.gemm(K, batch, w)
+    assert np.array_equal(_bits(y[at]), _bits(solo[0])), f"row {at} of {m} differs from the row alone"
+    assert np.array_equal(_bits(y), _bits(lanes_gemm(batch, w))), "sim differs from lanes.gemm"
+
+
+def test_every_batch_size_1_to_64_for_one_row(weights):
+    rng = np.random.default_rng(3)
+    w = weights[256]
+    big = _bf(rng, (64, 256), 2.0)
+    want = _bits(lanes_gemm(big[:1], w))[0]
+    for m in range(1, 65):
+        y = ops_gemm.gemm(K, np.ascontiguousarray(big[:m]), w)
+        assert np.array_equal(_bits(y[0]), want), f"batch size {m}"
+        if m in (1, 8, 9, 17, 64):
+            assert np.array_equal(_bits(y), _bits(lanes_gemm(big[:m], w)))
+
+
+def test_long_k_equals_lanes_gemm():
+    """K long enough that the summation order shows in the bits (K = 1000, 62.5 terms per lane)."""
+    rng = np.random.default_rng(11)
+    x, w = _bf(rng, (33, 1000), 3.0), _bf(rng, (17, 1000))
+    y = ops_gemm.gemm(K, x, w)
+    assert np.array_equal(_bits(y), _bits(lanes_gemm(x, w)))
+    wrong = ops_gemm.gemm(K.variant("CONTROL_WRONG_ORDER"), x, w)     # the planted mutant: a wrong fold
+    assert not np.array_equal(_bits(wrong), _bits(y))
+
+
+def test_heads_equal_gemm_batched_and_per_head_gemm():
+    rng = np.random.default_rng(5)
+    x, w = _bf(rng, (3, 9, 70)), _bf(rng, (3, 20, 70))
+    y = ops_gemm.gemm_heads(K, x, w)
+    assert np.array_equal(_bits(y), _bits(gemm_batched(x, w)))
+    for h in range(3):
+        assert np.array_equal(_bits(y[h]), _bits(ops_gemm.gemm(K, x[h], w[h])))
+
+
+@pytest.mark.parametrize("order", ["forward", "reverse", "shuffled"])
+def test_thread_order_changes_no_bit(order):
+    rng = np.random.default_rng(2)
+    x, w = _bf(rng, (19, 130)), _bf(rng, (35, 130))
+    y = ops_gemm.gemm(Kernels("sim", np, order=order), x, w)
+    assert np.array_equal(_bits(y), _bits(lanes_gemm(x, w)))
+
+
+def test_wrong_calls_name_the_parameter():
+    x = np.zeros((2, 8), np.float32)
+    with pytest.raises(ValueError, match="x must be float32"):
+        ops_gemm.gemm(K, x.astype(np.float64), np.zeros((3, 8), np.float32))
+    with pytest.raises(ValueError, match="parameter w must have shape"):
+        ops_gemm.gemm(K, x, np.zeros((3, 9), np.float32))
+    with pytest.raises(ValueError, match="x must be C-contiguous"):
+        ops_gemm.gemm(K, np.zeros((8, 2), np.float32).T, np.zeros((3, 8), np.float32))
+    with pytest.raises(ValueError, match="gemm_heads: parameter w"):
+        ops_gemm.gemm_heads(K, np.zeros((2, 2, 8), np.float32), np.zeros((3, 2, 8), np.float32))
+
+
+def test_empty_shapes():
+    assert ops_gemm.gemm(K, np.zeros((0, 8), np.float32), np.zeros((3, 8), np.float32)).shape == (0, 3)
+    y = ops_gemm.gemm(K, np.ones((2, 0), np.float32), np.ones((3, 0), np.float32))
+    assert y.shape == (2, 3) and not y.any()
