@@ -89,3 +89,32 @@ def gemm_batched(x: np.ndarray, w: np.ndarray) -> np.ndarray:
     for j in range(xb.shape[2]):
         acc += xb[:, :, None, j, :] * wb[:, None, :, j, :]
     return _fold(acc)
+
+
+# ---- exp: the same bits on every backend (twin of cuda_src/exp_f32.cuh) ------------------------------------
+
+_LOG2E = np.float32(float.fromhex("0x1.715476p+0"))
+_LN2_HI = np.float32(float.fromhex("0x1.63p-1"))
+_LN2_LO = np.float32(float.fromhex("-0x1.bd0106p-13"))
+_C = [np.float32(float.fromhex(h)) for h in ("0x1.a01a02p-13", "0x1.6c16c2p-10", "0x1.111112p-7", "0x1.555556p-5",
+                                              "0x1.555556p-3", "0x1p-1", "0x1p+0", "0x1p+0")]
+_LO, _HI = np.float32(-104.0), np.float32(89.0)
+
+
+def exp_f32(x):
+    """exp in float32 from +, *, rint and exact 2**k scaling: bit-identical to cuda_src/exp_f32.cuh."""
+    x = np.asarray(x, dtype=np.float32)
+    nan = np.isnan(x)
+    xc = np.where(nan, np.float32(0.0), np.where(x < _LO, _LO, np.where(x > _HI, _HI, x)))
+    n = np.rint(xc * _LOG2E)
+    r = (xc - n * _LN2_HI) - n * _LN2_LO
+    p = np.full_like(r, _C[0])
+    for c in _C[1:]:
+        p = p * r + c
+    ni = n.astype(np.int32)
+    h = ni >> 1
+    s1 = ((h + 127) << 23).astype(np.int32).view(np.float32)
+    s2 = ((ni - h + 127) << 23).astype(np.int32).view(np.float32)
+    with np.errstate(over="ignore", under="ignore"):
+        y = (p * s1) * s2
+    return np.where(nan, x, y).astype(np.float32)

@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import numpy as np
 
-from cupyglm.backend.lanes import bf16, gemm, gemm_batched, lane_sum
+from cupyglm.backend.lanes import bf16, exp_f32, gemm, gemm_batched, lane_sum
 
 NEG_INF = np.float32(-np.inf)
 
 
 def _sigmoid(x: np.ndarray) -> np.ndarray:
-    return (np.float32(1.0) / (np.float32(1.0) + np.exp(-x))).astype(np.float32)
+    return (np.float32(1.0) / (np.float32(1.0) + exp_f32(-x))).astype(np.float32)
 
 
 def _rsqrt(x: np.ndarray) -> np.ndarray:
@@ -111,7 +111,7 @@ class NumpyOps:
         eps = np.float32(eps)
         n = logit.shape[-1]
         m = np.max(logit, axis=-1, keepdims=True)
-        e = np.exp(logit - m).astype(np.float32)
+        e = exp_f32(logit - m).astype(np.float32)
         rows = _seq_sum([e[..., j:j + 1] for j in range(n)])
         c = e / rows + eps
 
@@ -156,8 +156,8 @@ class NumpyOps:
 
     def kda_gate(self, a: np.ndarray, a_log: np.ndarray, dt_bias: np.ndarray, lower: float) -> np.ndarray:
         """Per-channel decay g = exp(lower * sigmoid(exp(A_log) * (a + dt_bias))). a: [n, H, K] -> fp32."""
-        inner = np.exp(a_log)[None, :, None] * (a + dt_bias)
-        return np.exp(np.float32(lower) * _sigmoid(inner)).astype(np.float32)
+        inner = exp_f32(a_log)[None, :, None] * (a + dt_bias)
+        return exp_f32(np.float32(lower) * _sigmoid(inner)).astype(np.float32)
 
     def l2norm(self, x: np.ndarray, eps: float) -> np.ndarray:
         """x / sqrt(sum(x^2) + eps) over the last axis, fp32."""
@@ -195,7 +195,7 @@ class NumpyOps:
         pk = bf16(sum_j bf16(bf16(e_j / s) * ik_j)), j left to right.
         """
         l = ig + ape[None]
-        e = np.exp(l - np.max(l, axis=1, keepdims=True)).astype(np.float32)
+        e = exp_f32(l - np.max(l, axis=1, keepdims=True)).astype(np.float32)
         s = _seq_sum([e[:, j] for j in range(e.shape[1])])
         t = bf16(bf16(e / s[:, None]) * ik)
         return bf16(_seq_sum([t[:, j] for j in range(t.shape[1])]))
@@ -254,8 +254,8 @@ class NumpyOps:
                 kv = store[ids]                                              # [n, R]
                 s = gemm(qa[i], kv) * sc                                     # [H, n]
                 m_new = np.maximum(m, np.max(s, axis=1))
-                p = bf16(np.exp(s - m_new[:, None]))
-                alpha = np.exp(m - m_new).astype(np.float32)
+                p = bf16(exp_f32(s - m_new[:, None]))
+                alpha = exp_f32(m - m_new).astype(np.float32)
                 l = l * alpha + lane_sum(p)
                 o = o * alpha[:, None] + gemm(p, np.ascontiguousarray(kv.T))  # [H, R]
                 m = m_new

@@ -69,3 +69,15 @@ def test_device_bf16_rounding_matches_ml_dtypes():
     finite = ~np.isnan(want)
     assert np.array_equal(got[finite].view(np.uint32), want[finite].view(np.uint32))
     assert np.isnan(got[~finite]).all()
+
+
+def test_exp_f32_is_within_one_ulp_of_exp():
+    """The shared exp (twin of cuda_src/exp_f32.cuh) against float64 exp rounded to float32."""
+    from cupyglm.backend.lanes import exp_f32
+
+    x = np.linspace(-87, 88, 400_001, dtype=np.float32)
+    got = exp_f32(x)
+    want = np.exp(x.astype(np.float64)).astype(np.float32)
+    assert np.max(np.abs(got.view(np.int32).astype(np.int64) - want.view(np.int32).astype(np.int64))) <= 1
+    edge = exp_f32(np.array([np.nan, np.inf, -np.inf, -200.0, 0.0], np.float32))
+    assert np.isnan(edge[0]) and edge[1] == np.inf and edge[2] == 0 and edge[3] == 0 and edge[4] == 1

@@ -1,0 +1,109 @@
+// attention.cu -- absorbed MLA attention over latent rows read through row ids (keys equal values).
+// Reference: NumpyOps.attention in cupyglm/backend/numpy_ops.py.  Each (row, head) is computed alone by one
+// block: online softmax over `chunk`-key chunks of the row's list, merged in list order; fp32 m, l, o; P
+// rounded to bf16 before P.V and before the sum l; every sum (the q.k dot over R, the sum of P, P.V over the
+// chunk's keys) in lane-16 order.  Only the first counts[t] ids of a row are ever read, and only those store
+// rows: the rest of the store may hold anything (tests fill it with NaN).
+#include "common.cuh"
+#include "exp_f32.cuh"
+
+#define ATT_MAX_RT 8  // R <= 8 * blockDim.x output columns per thread
+
+static __device__ __forceinline__ float att_bf16(float x) { return __bfloat162float(to_bf16(x)); }
+
+// Lane-16 fold inside each aligned group of 16 threads (every lane ends with the reference's bits; see
+// hc.cu).  Full-mask: all 32 lanes of the warp must call it.
+static __device__ __forceinline__ float att_fold16(float v) {
+  v += __shfl_xor_sync(FULL_MASK, v, 8, 16);
+  v += __shfl_xor_sync(FULL_MASK, v, 4, 16);
+  v += __shfl_xor_sync(FULL_MASK, v, 2, 16);
+  v += __shfl_xor_sync(FULL_MASK, v, 1, 16);
+  return v;
+}
+
+// grid (H, T); blockDim.x a multiple of 32 with R <= ATT_MAX_RT * blockDim.x.
+// Dynamic shared memory: chunk floats (scores, then P) + chunk ints (row ids) + 1 float (running max).
+extern "C" __global__ void attention(const float* __restrict__ qa,     // [T, H, R] f32 (bf16 values)
+                                     const float* __restrict__ store,  // [N, R] f32 (bf16 values)
+                                     const int* __restrict__ rows,     // [T, W] i32 store row ids, -1 padded
+                                     const int* __restrict__ counts,   // [T] i32 ids used per row
+                                     float* __restrict__ out,          // [T, H, R] f32 (bf16 values)
+                                     int T, int H, int R, int W, float scale, int chunk) {
+  extern __shared__ float att_sh[];
+  float* sp = att_sh;                          // [chunk] scores, then P (bf16 values)
+  int* ids = (int*)(att_sh + chunk);           // [chunk] row ids of the chunk
+  float* m_sh = att_sh + 2 * chunk;            // [1] max of the chunk merged with the running max
+  const int t = blockIdx.y;
+  const int h = blockIdx.x;
+  const int tid = threadIdx.x;
+  const int lane = tid & 15;
+  const int groups = blockDim.x >> 4;
+  const float* q = qa + ((long long)t * H + h) * R;
+  const int count = counts[t];
+
+  float m = -INFINITY, l = 0.0f;
+  float o[ATT_MAX_RT];
+#pragma unroll
+  for (int c = 0; c < ATT_MAX_RT; ++c) o[c] = 0.0f;
+
+  for (int c0 = 0; c0 < count; c0 += chunk) {
+    const int n = min(chunk, count - c0);
+    for (int j = tid; j < n; j += blockDim.x) ids[j] = rows[(long long)t * W + c0 + j];
+    __syncthreads();
+    // Scores: a group of 16 threads per key; rounds are block-uniform so the shuffles stay convergent.
+    for (int j0 = 0; j0 < n; j0 += groups) {
+      const int j = j0 + (tid >> 4);
+      float acc = 0.0f;
+      if (j < n) {
+        const float* kr = store + (long long)ids[j] * R;
+        for (int r = lane; r < R; r += 16) acc += q[r] * kr[r];
+      }
+      acc = att_fold16(acc);
+      if (j < n && lane == 0) sp[j] = acc * scale;
+    }
+    __syncthreads();
+    if (tid < 32) {  // warp 0: the chunk max merged with the running max (exact in any order)
+      float mx = m;
+      for (int j = tid; j < n; j += 32) mx = fmaxf(mx, sp[j]);
+      mx = warp_max(mx);
+      if (tid == 0) *m_sh = mx;
+    }
+    __syncthreads();
+    const float m_new = *m_sh;
+    for (int j = tid; j < n; j += blockDim.x) sp[j] = att_bf16(exp_f32(sp[j] - m_new));
+    __syncthreads();
+    const float alpha = exp_f32(m - m_new);
+    // l = l * alpha + sum(P): every group computes the lane-16 sum (same bits everywhere, no barrier).
+    float ps = 0.0f;
+    for (int j = lane; j < n; j += 16) ps += sp[j];
+    ps = att_fold16(ps);
+    l = l * alpha + ps;
+    // o = o * alpha + P.V: one thread per output column, 16 partials (key j in partial j % 16), folded.
+#pragma unroll
+    for (int c = 0; c < ATT_MAX_RT; ++c) {
+      const int r = tid + c * blockDim.x;
+      if (r < R) {
+        float a[16];
+#pragma unroll
+        for (int u = 0; u < 16; ++u) a[u] = 0.0f;
+        for (int j0 = 0; j0 < n; j0 += 16) {
+#pragma unroll
+          for (int u = 0; u < 16; ++u)
+            if (j0 + u < n) a[u] += sp[j0 + u] * store[(long long)ids[j0 + u] * R + r];
+        }
+#pragma unroll
+        for (int w = 8; w > 0; w >>= 1)
+#pragma unroll
+          for (int u = 0; u < w; ++u) a[u] = a[u] + a[u + w];
+        o[c] = o[c] * alpha + a[0];
+      }
+    }
+    m = m_new;
+    __syncthreads();  // sp / ids are rewritten by the next chunk
+  }
+#pragma unroll
+  for (int c = 0; c < ATT_MAX_RT; ++c) {
+    const int r = tid + c * blockDim.x;
+    if (r < R) out[((long long)t * H + h) * R + r] = att_bf16(o[c] / l);
+  }
+}

@@ -1,0 +1,156 @@
+// hc.cu -- hyper-connections: hc_pre (mix GEMM + RMS scale, pre/post gates, Sinkhorn comb, collapse),
+// hc_post (stream update) and stream_mean (final collapse).  Reference: NumpyOps.hc_pre / hc_post /
+// stream_mean in cupyglm/backend/numpy_ops.py; every sum over 4D runs in lane-16 order (backend/lanes.py),
+// short sums over the streams left to right.  Storage: float arrays holding bf16 values.
+#include "common.cuh"
+#include "exp_f32.cuh"
+
+#define HC_MAX_S 8  // streams supported by hc_pre's per-thread Sinkhorn (the model has 4)
+
+// float -> bf16 (RN) -> float: the reference's bf16().
+static __device__ __forceinline__ float hc_bf16(float x) { return __bfloat162float(to_bf16(x)); }
+
+static __device__ __forceinline__ float hc_sigmoid(float x) { return 1.0f / (1.0f + exp_f32(-x)); }
+
+// Lane-16 fold inside each aligned group of 16 threads: lane i += lane i^8, ^4, ^2, ^1.  Lane i < 8 gets
+// lane i + lane i+8 exactly as the reference's fold, and IEEE addition is commutative, so every lane of
+// the group ends with the reference's bits.  Full-mask: all 32 lanes of the warp must call it.
+static __device__ __forceinline__ float hc_fold16(float v) {
+  v += __shfl_xor_sync(FULL_MASK, v, 8, 16);
+  v += __shfl_xor_sync(FULL_MASK, v, 4, 16);
+  v += __shfl_xor_sync(FULL_MASK, v, 2, 16);
+  v += __shfl_xor_sync(FULL_MASK, v, 1, 16);
+  return v;
+}
+
+// One block per token row; blockDim.x a multiple of 32 (launcher: 128).  Groups of 16 threads each
+// compute one of the NM = S*(S+2) mix dots (or, as output NM, the sum of squares) in lane-16 order, thread 0
+// turns them into pre/post/comb (Sinkhorn), then all threads collapse the streams.
+// Dynamic shared memory: (NM + 1 + S) floats.
+extern "C" __global__ void hc_pre(const float* __restrict__ X,      // [T, S, D] f32 (bf16 values)
+                                  const float* __restrict__ fn,     // [NM, S*D] f32 (bf16 values)
+                                  const float* __restrict__ base,   // [NM] f32
+                                  const float* __restrict__ scale,  // [3] f32
+                                  float* __restrict__ x_out,        // [T, D] f32 (bf16 values)
+                                  float* __restrict__ post,         // [T, S] f32
+                                  float* __restrict__ comb,         // [T, S, S] f32
+                                  int T, int S, int D, float norm_eps, float hc_eps, int iters) {
+  extern __shared__ float hc_sh[];  // [NM] mix dots, [1] sum of squares, [S] pre
+  const int t = blockIdx.x;
+  const int tid = threadIdx.x;
+  const int lane = tid & 15;
+  const int groups = blockDim.x >> 4;
+  const int NM = S * (S + 2);
+  const int K = S * D;
+  const float* xr = X + (long long)t * K;
+  float* pre_sh = hc_sh + NM + 1;
+
+  // Mix dots and the sum of squares: output o in group o % groups; rounds are block-uniform so the
+  // shuffles stay convergent.
+  for (int o0 = 0; o0 < NM + 1; o0 += groups) {
+    const int o = o0 + (tid >> 4);
+    float acc = 0.0f;
+    if (o < NM) {
+      const float* wr = fn + (long long)o * K;
+      for (int k = lane; k < K; k += 16) acc += xr[k] * wr[k];
+    } else if (o == NM) {
+      for (int k = lane; k < K; k += 16) acc += xr[k] * xr[k];
+    }
+    acc = hc_fold16(acc);
+    if (lane == 0 && o <= NM) hc_sh[o] = acc;
+  }
+  __syncthreads();
+
+  if (tid == 0) {
+    const float r = 1.0f / sqrtf(hc_sh[NM] / (float)K + norm_eps);
+    float c[HC_MAX_S][HC_MAX_S];
+    for (int i = 0; i < S; ++i) {
+      pre_sh[i] = hc_sigmoid(hc_sh[i] * r * scale[0] + base[i]) + hc_eps;
+      post[(long long)t * S + i] = 2.0f * hc_sigmoid(hc_sh[S + i] * r * scale[1] + base[S + i]);
+    }
+    // Row softmax + eps.
+    for (int i = 0; i < S; ++i) {
+      float lg[HC_MAX_S];
+      float m = 0.0f;
+      for (int j = 0; j < S; ++j) {
+        const int o = 2 * S + i * S + j;
+        lg[j] = hc_sh[o] * r * scale[2] + base[o];
+        m = (j == 0 || lg[j] > m) ? lg[j] : m;
+      }
+      float rows = 0.0f;
+      for (int j = 0; j < S; ++j) {
+        lg[j] = exp_f32(lg[j] - m);
+        rows = (j == 0) ? lg[j] : rows + lg[j];
+      }
+      for (int j = 0; j < S; ++j) c[i][j] = lg[j] / rows + hc_eps;
+    }
+    // Columns once, then (rows, columns) iters - 1 times; sums left to right, + eps in the denominators.
+    for (int it = 0; it < iters; ++it) {
+      if (it > 0) {
+        for (int i = 0; i < S; ++i) {
+          float s = c[i][0];
+          for (int j = 1; j < S; ++j) s = s + c[i][j];
+          const float den = s + hc_eps;
+          for (int j = 0; j < S; ++j) c[i][j] = c[i][j] / den;
+        }
+      }
+      for (int j = 0; j < S; ++j) {
+        float s = c[0][j];
+        for (int i = 1; i < S; ++i) s = s + c[i][j];
+        const float den = s + hc_eps;
+        for (int i = 0; i < S; ++i) c[i][j] = c[i][j] / den;
+      }
+    }
+    if (iters <= 0) {  // the reference still normalises the columns once
+      for (int j = 0; j < S; ++j) {
+        float s = c[0][j];
+        for (int i = 1; i < S; ++i) s = s + c[i][j];
+        const float den = s + hc_eps;
+        for (int i = 0; i < S; ++i) c[i][j] = c[i][j] / den;
+      }
+    }
+    for (int i = 0; i < S; ++i)
+      for (int j = 0; j < S; ++j) comb[((long long)t * S + i) * S + j] = c[i][j];
+  }
+  __syncthreads();
+
+  // x = bf16(((pre0 X0 + pre1 X1) + pre2 X2) + pre3 X3).
+  for (int d = tid; d < D; d += blockDim.x) {
+    float acc = pre_sh[0] * xr[d];
+    for (int s = 1; s < S; ++s) acc = acc + pre_sh[s] * xr[(long long)s * D + d];
+    x_out[(long long)t * D + d] = hc_bf16(acc);
+  }
+}
+
+// X'[t, s, d] = bf16(post[t, s] * branch[t, d] + sum_j comb[t, j, s] * X[t, j, d]), j left to right.
+// grid (ceil(D / blockDim.x), T).
+extern "C" __global__ void hc_post(const float* __restrict__ X,       // [T, S, D] f32 (bf16 values)
+                                   const float* __restrict__ branch,  // [T, D] f32 (bf16 values)
+                                   const float* __restrict__ post,    // [T, S] f32
+                                   const float* __restrict__ comb,    // [T, S, S] f32
+                                   float* __restrict__ out,           // [T, S, D] f32 (bf16 values)
+                                   int T, int S, int D) {
+  const int t = blockIdx.y;
+  const int d = blockIdx.x * blockDim.x + threadIdx.x;
+  if (d >= D) return;
+  const float b = branch[(long long)t * D + d];
+  const float* xr = X + (long long)t * S * D + d;
+  for (int s = 0; s < S; ++s) {
+    float acc = post[(long long)t * S + s] * b;
+    for (int j = 0; j < S; ++j) acc = acc + comb[((long long)t * S + j) * S + s] * xr[(long long)j * D];
+    out[((long long)t * S + s) * D + d] = hc_bf16(acc);
+  }
+}
+
+// out[t, d] = bf16(((X0 + X1) + X2 + X3) * inv_s), streams left to right.  grid (ceil(D / blockDim.x), T).
+extern "C" __global__ void stream_mean(const float* __restrict__ X,  // [T, S, D] f32 (bf16 values)
+                                       float* __restrict__ out,      // [T, D] f32 (bf16 values)
+                                       int T, int S, int D, float inv_s) {
+  const int t = blockIdx.y;
+  const int d = blockIdx.x * blockDim.x + threadIdx.x;
+  if (d >= D) return;
+  const float* xr = X + (long long)t * S * D + d;
+  float acc = xr[0];
+  for (int s = 1; s < S; ++s) acc = acc + xr[(long long)s * D];
+  out[(long long)t * D + d] = hc_bf16(acc * inv_s);
+}

@@ -1,0 +1,161 @@
+// kda.cu -- Kimi Delta Attention: short conv + SiLU (kda_conv), per-channel decay (kda_gate), L2 norm
+// (l2norm), the per-token delta rule with an fp32 state (kda_recurrence; the same recurrence for prefill and
+// decode, so a state computed by prefill equals one computed token by token), and the gated RMS norm of the
+// output (kda_out).  Reference: NumpyOps.kda_* / l2norm in cupyglm/backend/numpy_ops.py; sums over a head
+// dimension in lane-16 order, the 4 taps left to right.  Storage: float arrays holding bf16 values where the
+// model stores bf16.
+#include "common.cuh"
+#include "exp_f32.cuh"
+
+#define KDA_MAX_TAPS 8   // kda_conv: taps <= 8 (the model has 4)
+#define KDA_MAX_J 16     // kda_recurrence: K <= 16 * 16 = 256 key columns (the model has 128)
+
+static __device__ __forceinline__ float kda_bf16(float x) { return __bfloat162float(to_bf16(x)); }
+
+static __device__ __forceinline__ float kda_sigmoid(float x) { return 1.0f / (1.0f + exp_f32(-x)); }
+
+// Lane-16 fold inside each aligned group of 16 threads (every lane ends with the reference's bits; see
+// hc.cu).  Full-mask: all 32 lanes of the warp must call it.
+static __device__ __forceinline__ float kda_fold16(float v) {
+  v += __shfl_xor_sync(FULL_MASK, v, 8, 16);
+  v += __shfl_xor_sync(FULL_MASK, v, 4, 16);
+  v += __shfl_xor_sync(FULL_MASK, v, 2, 16);
+  v += __shfl_xor_sync(FULL_MASK, v, 1, 16);
+  return v;
+}
+
+// Depthwise causal conv over [window; x], taps oldest first, fp32, then SiLU, bf16.  One thread per channel
+// walks the tokens in order.  grid ceil(C / blockDim.x).
+extern "C" __global__ void kda_conv(const float* __restrict__ x,       // [n, C] f32 (bf16 values)
+                                    const float* __restrict__ window,  // [taps-1, C] f32 (bf16), oldest first
+                                    const float* __restrict__ w,       // [C, taps] f32 (bf16 values)
+                                    float* __restrict__ y,             // [n, C] f32 (bf16 values)
+                                    float* __restrict__ window_out,    // [taps-1, C] f32 (bf16 values)
+                                    int n, int C, int taps) {
+  const int c = blockIdx.x * blockDim.x + threadIdx.x;
+  if (c >= C) return;
+  float hist[KDA_MAX_TAPS];
+  float wc[KDA_MAX_TAPS];
+  for (int j = 0; j < taps; ++j) wc[j] = w[(long long)c * taps + j];
+  for (int j = 0; j < taps - 1; ++j) hist[j] = window[(long long)j * C + c];
+  for (int t = 0; t < n; ++t) {
+    const float xt = x[(long long)t * C + c];
+    float acc = (taps == 1) ? xt * wc[0] : hist[0] * wc[0];
+    for (int j = 1; j < taps; ++j) acc = acc + ((j < taps - 1) ? hist[j] : xt) * wc[j];
+    y[(long long)t * C + c] = kda_bf16(acc * kda_sigmoid(acc));
+    for (int j = 0; j + 1 < taps - 1; ++j) hist[j] = hist[j + 1];
+    if (taps > 1) hist[taps - 2] = xt;
+  }
+  for (int j = 0; j < taps - 1; ++j) window_out[(long long)j * C + c] = hist[j];
+}
+
+// g = exp(lower * sigmoid(exp(A_log[h]) * (a + dt_bias[h, k]))), elementwise, fp32.
+extern "C" __global__ void kda_gate(const float* __restrict__ a,        // [n, H, K] f32 (bf16 values)
+                                    const float* __restrict__ a_log,    // [H] f32
+                                    const float* __restrict__ dt_bias,  // [H, K] f32
+                                    float* __restrict__ g,              // [n, H, K] f32
+                                    long long total, int H, int K, float lower) {
+  const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= total) return;
+  const int kk = (int)(i % K);
+  const int h = (int)((i / K) % H);
+  const float inner = exp_f32(a_log[h]) * (a[i] + dt_bias[(long long)h * K + kk]);
+  g[i] = exp_f32(lower * kda_sigmoid(inner));
+}
+
+// out = x / sqrt(sum(x^2) + eps) per row of K, the sum in lane-16 order.  One group of 16 threads per
+// row; grid ceil(rows / (blockDim.x / 16)).
+extern "C" __global__ void l2norm(const float* __restrict__ x,  // [rows, K] f32
+                                  float* __restrict__ out,      // [rows, K] f32
+                                  long long rows, int K, float eps) {
+  const long long row = (long long)blockIdx.x * (blockDim.x >> 4) + (threadIdx.x >> 4);
+  const int lane = threadIdx.x & 15;
+  const bool active = row < rows;
+  const float* xr = x + (active ? row : 0) * K;
+  float acc = 0.0f;
+  if (active)
+    for (int k = lane; k < K; k += 16) acc += xr[k] * xr[k];
+  acc = kda_fold16(acc);
+  if (!active) return;
+  const float r = 1.0f / sqrtf(acc + eps);
+  for (int k = lane; k < K; k += 16) out[row * K + k] = xr[k] * r;
+}
+
+// The delta rule, token by token.  Value row v of head h is independent of every other row, so a group of
+// 16 threads owns one row: lane l keeps S[h, v, k] for k = l, l+16, ... in registers (the lane-16 order of
+// the sums over k comes for free).  Per token: S *= g; kv = S k; S += ((v - kv) * beta) k; y = bf16(S q).
+// grid (ceil(V / (blockDim.x / 16)), H); blockDim.x a multiple of 32.
+extern "C" __global__ void kda_recurrence(const float* __restrict__ S_in,  // [H, V, K] f32
+                                          const float* __restrict__ q,     // [n, H, K] f32
+                                          const float* __restrict__ k,     // [n, H, K] f32
+                                          const float* __restrict__ v,     // [n, H, V] f32 (bf16 values)
+                                          const float* __restrict__ g,     // [n, H, K] f32
+                                          const float* __restrict__ beta,  // [n, H] f32 (bf16 values)
+                                          float* __restrict__ y,           // [n, H, V] f32 (bf16 values)
+                                          float* __restrict__ S_out,       // [H, V, K] f32
+                                          int n, int H, int V, int K) {
+  const int h = blockIdx.y;
+  const int vr = blockIdx.x * (blockDim.x >> 4) + (threadIdx.x >> 4);
+  const int lane = threadIdx.x & 15;
+  const bool active = vr < V;
+  float s[KDA_MAX_J];
+  const long long srow = ((long long)h * V + (active ? vr : 0)) * K;
+#pragma unroll
+  for (int j = 0; j < KDA_MAX_J; ++j) {
+    const int kk = lane + 16 * j;
+    s[j] = (active && kk < K) ? S_in[srow + kk] : 0.0f;
+  }
+  for (int t = 0; t < n; ++t) {
+    const long long hk = ((long long)t * H + h) * K;
+    float acc = 0.0f;
+#pragma unroll
+    for (int j = 0; j < KDA_MAX_J; ++j) {
+      const int kk = lane + 16 * j;
+      if (kk < K) {
+        s[j] = s[j] * g[hk + kk];
+        acc += s[j] * k[hk + kk];
+      }
+    }
+    const float kv = kda_fold16(acc);
+    const float u = active ? (v[((long long)t * H + h) * V + vr] - kv) * beta[(long long)t * H + h] : 0.0f;
+    acc = 0.0f;
+#pragma unroll
+    for (int j = 0; j < KDA_MAX_J; ++j) {
+      const int kk = lane + 16 * j;
+      if (kk < K) {
+        s[j] = s[j] + u * k[hk + kk];
+        acc += s[j] * q[hk + kk];
+      }
+    }
+    const float yv = kda_fold16(acc);
+    if (active && lane == 0) y[((long long)t * H + h) * V + vr] = kda_bf16(yv);
+  }
+  if (active) {
+#pragma unroll
+    for (int j = 0; j < KDA_MAX_J; ++j) {
+      const int kk = lane + 16 * j;
+      if (kk < K) S_out[srow + kk] = s[j];
+    }
+  }
+}
+
+// Gated RMS norm per (token, head) row of V: out = bf16(w * (y * r) * sigmoid(gate)),
+// r = 1 / sqrt(sum(y^2) / V + eps), the sum in lane-16 order.  One group of 16 threads per row.
+extern "C" __global__ void kda_out(const float* __restrict__ y,     // [rows, V] f32 (bf16 values)
+                                   const float* __restrict__ w,     // [V] f32 (bf16 values)
+                                   const float* __restrict__ gate,  // [rows, V] f32 (bf16 values)
+                                   float* __restrict__ out,         // [rows, V] f32 (bf16 values)
+                                   long long rows, int V, float eps) {
+  const long long row = (long long)blockIdx.x * (blockDim.x >> 4) + (threadIdx.x >> 4);
+  const int lane = threadIdx.x & 15;
+  const bool active = row < rows;
+  const float* yr = y + (active ? row : 0) * V;
+  float acc = 0.0f;
+  if (active)
+    for (int k = lane; k < V; k += 16) acc += yr[k] * yr[k];
+  acc = kda_fold16(acc);
+  if (!active) return;
+  const float r = 1.0f / sqrtf(acc / (float)V + eps);
+  for (int k = lane; k < V; k += 16)
+    out[row * V + k] = kda_bf16(w[k] * (yr[k] * r) * kda_sigmoid(gate[row * V + k]));
+}

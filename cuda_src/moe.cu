@@ -1,0 +1,108 @@
+// moe.cu -- MoE routing (sigmoid scores + correction bias, top-k with ties to the lower id, weights
+// renormalised in pick order), SwiGLU with a limit, the weighted combine in slot order, and the plain
+// elementwise sigmoid.  Reference: NumpyOps.moe_route / swiglu / moe_combine / sigmoid in
+// cupyglm/backend/numpy_ops.py.  Storage: float arrays holding bf16 values where the model stores bf16.
+#include "common.cuh"
+#include "exp_f32.cuh"
+
+#define MOE_MAX_K 32  // moe_route: experts per token <= 32 (the model has 8)
+
+static __device__ __forceinline__ float moe_bf16(float x) { return __bfloat162float(to_bf16(x)); }
+
+static __device__ __forceinline__ float moe_sigmoid(float x) { return 1.0f / (1.0f + exp_f32(-x)); }
+
+// Total order of the pick: larger value first, NaN after every number, ties to the lower id; id < 0 is
+// "nothing yet".  The same order as numpy's stable argsort of -(score + bias).
+static __device__ __forceinline__ bool moe_better(float a, int ia, float b, int ib) {
+  if (ia < 0) return false;
+  if (ib < 0) return true;
+  const bool na = a != a, nb = b != b;
+  if (na != nb) return nb;
+  if (!na && a != b) return a > b;
+  return ia < ib;
+}
+
+// One warp per token row (blockDim.x = 32 * rows per block).  Dynamic shared memory: 2 * E floats per warp.
+extern "C" __global__ void moe_route(const float* __restrict__ logits,  // [T, E] f32
+                                     const float* __restrict__ bias,    // [E] f32
+                                     int* __restrict__ ids,             // [T, k] i32 experts in pick order
+                                     float* __restrict__ weights,       // [T, k] f32
+                                     int T, int E, int k, float scale) {
+  extern __shared__ float moe_sh[];
+  const int warp = threadIdx.x >> 5;
+  const int lane = threadIdx.x & 31;
+  const int t = blockIdx.x * (blockDim.x >> 5) + warp;
+  if (t >= T) return;  // warp-uniform
+  float* score = moe_sh + (long long)warp * 2 * E;
+  float* sel = score + E;
+  for (int e = lane; e < E; e += 32) {
+    const float s = moe_sigmoid(logits[(long long)t * E + e]);
+    score[e] = s;
+    sel[e] = s + bias[e];
+  }
+  __syncwarp();
+  int pick[MOE_MAX_K];
+  for (int r = 0; r < k; ++r) {
+    float bv = 0.0f;
+    int bi = -1;
+    for (int e = lane; e < E; e += 32) {
+      bool taken = false;
+      for (int q = 0; q < r; ++q) taken = taken || pick[q] == e;
+      if (!taken && moe_better(sel[e], e, bv, bi)) { bv = sel[e]; bi = e; }
+    }
+    for (int off = 16; off > 0; off >>= 1) {
+      const float ov = __shfl_xor_sync(FULL_MASK, bv, off);
+      const int oi = __shfl_xor_sync(FULL_MASK, bi, off);
+      if (moe_better(ov, oi, bv, bi)) { bv = ov; bi = oi; }
+    }
+    pick[r] = bi;
+  }
+  if (lane == 0) {
+    float total = 0.0f;
+    for (int r = 0; r < k; ++r) total = (r == 0) ? score[pick[r]] : total + score[pick[r]];
+    total = total + 1e-20f;
+    for (int r = 0; r < k; ++r) {
+      ids[(long long)t * k + r] = pick[r];
+      weights[(long long)t * k + r] = score[pick[r]] / total * scale;
+    }
+  }
+}
+
+// out = bf16(bf16(silu(min(gate, L))) * clip(up, -L, L)); no clamp when has_limit == 0.  Elementwise.
+extern "C" __global__ void swiglu(const float* __restrict__ gate,  // [n] f32 (bf16 values)
+                                  const float* __restrict__ up,    // [n] f32 (bf16 values)
+                                  float* __restrict__ out,         // [n] f32 (bf16 values)
+                                  long long n, int has_limit, float limit) {
+  const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= n) return;
+  float g = gate[i], u = up[i];
+  if (has_limit) {  // comparisons written so that NaN passes through, as np.minimum / np.clip do
+    g = (g > limit) ? limit : g;
+    u = (u < -limit) ? -limit : u;
+    u = (u > limit) ? limit : u;
+  }
+  out[i] = moe_bf16(moe_bf16(g * moe_sigmoid(g)) * u);
+}
+
+// out[t, d] = (sum_j w[t, j] * y[t, j, d], j in slot order from 0.0) + shared[t, d], fp32.
+extern "C" __global__ void moe_combine(const float* __restrict__ y,        // [T, k, D] f32 (bf16 values)
+                                       const float* __restrict__ w,        // [T, k] f32
+                                       const float* __restrict__ shared,   // [T, D] f32
+                                       float* __restrict__ out,            // [T, D] f32
+                                       int T, int k, int D) {
+  const int t = blockIdx.y;
+  const int d = blockIdx.x * blockDim.x + threadIdx.x;
+  if (d >= D) return;
+  float acc = 0.0f;
+  for (int j = 0; j < k; ++j) acc = acc + w[(long long)t * k + j] * y[((long long)t * k + j) * D + d];
+  out[(long long)t * D + d] = acc + shared[(long long)t * D + d];
+}
+
+// out = 1 / (1 + exp(-x)), elementwise fp32.
+extern "C" __global__ void sigmoid(const float* __restrict__ x,  // [n] f32
+                                   float* __restrict__ out,      // [n] f32
+                                   long long n) {
+  const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= n) return;
+  out[i] = moe_sigmoid(x[i]);
+}

@@ -1,0 +1,114 @@
+"""Contract cases of cuda_src/attention.cu (op attention).
+
+Token lists are mapped to store rows through a random page table (pages of 16 rows); every store row no list
+points at is NaN, and list entries past a row's count are -1, so a kernel that reads outside the lists
+poisons its output. Lists are dense (positions 0..q) below the sparse limit and picked pools + tail tokens
+above it, as the model builds them.
+
+Controls: `attention[..]` with a wrong page mapping (16 list entries read another page's rows);
+`attention.chunks[..]` with the chunks of each list merged in reverse order (same keys, other merge order).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from cupyglm.backend import lanes
+from cupyglm.backend.lanes import bf16
+from cupyglm.backend.numpy_ops import NumpyOps, expand_pools
+from cupyglm.contract.registry import Case, case
+from cupyglm.kernels import ops_attention
+
+REF = NumpyOps()
+PAGE = 16
+BF16_ULP = 1 << 16
+# The kernels compute exp with exp_f32 (cuda_src/exp_f32.cuh: +, *, rint and 2**k only, the same bits on GPU,
+# emulator and NumPy). While the NumPy reference still uses np.exp (SIMD, <= 2 ULP, rounds differently) the
+# tolerances below hold; once lanes.exp_f32 (the NumPy twin) is the reference's exp they are all 0.
+EXACT_EXP = hasattr(lanes, "exp_f32")
+
+# Outputs near 0 (heads whose values cancel) can move by many of their own ULPs when one P flips: over 40 other
+# seeds up to 20 bf16 ULPs were seen, while the contract's fixed inputs move <= 1. 4 bf16 ULPs keeps the
+# chunk-order control red (it moves outputs by 7-15 bf16 ULPs); with EXACT_EXP the tolerance is 0.
+ULPS = 0 if EXACT_EXP else 4 * BF16_ULP
+WHY = ("P = bf16(exp(s - m)) and alpha = exp(m - m'): exp_f32 vs NumPy exp (<= 2 fp32 ULPs) flips a bf16 rounding "
+       "of P now and then, which moves outputs near 0 by a few of their ULPs (measured <= 1 bf16 ULP here)")
+
+
+def _lists(rng, positions, npools, kpool=4):
+    """Per row: dense tokens 0..q, or npools random visible pools (ascending) expanded + the tail."""
+    out = []
+    for q in positions:
+        visible = (q + 1) // kpool
+        if visible <= npools:
+            out.append(np.arange(q + 1, dtype=np.int32))
+        else:
+            pools = np.sort(rng.choice(visible, npools, replace=False))
+            out.append(expand_pools(pools, q, kpool))
+    return out
+
+
+def _inputs(rng, positions, h, r, npools, qstd):
+    t = len(positions)
+    width = npools * 4 + 3
+    lists = _lists(rng, positions, npools)
+    length = max(positions) + 1
+    pages = (length + PAGE - 1) // PAGE
+    table = rng.permutation(pages + 3)[:pages]                      # page -> physical page (3 spare pages)
+    store = np.full(((pages + 3) * PAGE, r), np.nan, dtype=np.float32)
+    rows = np.full((t, width), -1, dtype=np.int32)
+    counts = np.zeros(t, dtype=np.int32)
+    for i, toks in enumerate(lists):
+        phys = (table[toks // PAGE] * PAGE + toks % PAGE).astype(np.int32)
+        rows[i, :phys.size] = phys
+        counts[i] = phys.size
+    used = np.unique(rows[rows >= 0])
+    store[used] = bf16(rng.standard_normal((used.size, r)).astype(np.float32))
+    qa = bf16(rng.standard_normal((t, h, r)).astype(np.float32) * np.float32(qstd))
+    return {"qa": qa, "store": store, "rows": rows, "counts": counts}
+
+
+def _attention(label: str, positions, h: int, r: int, chunk: int, npools: int, qstd: float = 1.0) -> None:
+    positions = list(positions)
+    scale = r ** -0.5 if r < 256 else 256 ** -0.5
+
+    def make(rng):
+        return _inputs(rng, positions, h, r, npools, qstd)
+
+    def run(k, d):
+        return {"o": ops_attention.attention(k, d["qa"], d["store"], d["rows"], d["counts"], scale, chunk)}
+
+    def replay(d):
+        return {"o": REF.attention(d["qa"], d["store"], d["rows"], d["counts"], scale, chunk)}
+
+    def ctl_page(k, d):                                # a wrong page: list entries 0..15 read entries 16..31's rows
+        rows = d["rows"].copy()                        # (lists shorter than 32: entry 1 reads entry 0's row)
+        host_counts = np.asarray(d["counts"].get() if hasattr(d["counts"], "get") else d["counts"])
+        for i, c in enumerate(host_counts.tolist()):
+            if c >= 2 * PAGE:
+                rows[i, :PAGE] = d["rows"][i, PAGE:2 * PAGE]
+            elif c > 1:
+                rows[i, 1] = d["rows"][i, 0]
+        return {"o": ops_attention.attention(k, d["qa"], d["store"], rows, d["counts"], scale, chunk)}
+
+    def ctl_chunks(k, d):                              # the chunks of every list merged last to first
+        rows = d["rows"].copy()
+        host_counts = np.asarray(d["counts"].get() if hasattr(d["counts"], "get") else d["counts"])
+        for i, c in enumerate(host_counts.tolist()):
+            starts = list(range(0, c, chunk))
+            order = [j for s in reversed(starts) for j in range(s, min(s + chunk, c))]
+            rows[i, :c] = d["rows"][i, order]
+        return {"o": ops_attention.attention(k, d["qa"], d["store"], rows, d["counts"], scale, chunk)}
+
+    case(Case(f"attention[{label}]", ("attention",), make, run, replay, ctl_page, ULPS, WHY))
+    if any(p + 1 > chunk for p in positions):
+        case(Case(f"attention.chunks[{label}]", ("attention",), make, run, replay, ctl_chunks, ULPS, WHY))
+
+
+# tiny model: 4 heads, latent 64, chunks of 32, 8 pools of 4 (sparse from position 35), width 35
+#           label       positions              H    R  chunk npools
+_attention("decode",    [100],                  4,  64,  32,  8, 2.0)
+_attention("verify",    range(30, 46),          4,  64,  32,  8, 2.0)
+_attention("prompt37",  range(37),              4,  64,  32,  8, 2.0)
+_attention("odd",       [0, 5, 77, 200],        3,  72,  20,  8, 2.0)   # R % 16 = 8, chunk 20
+# full model: latent 512, chunks of 512, 512 pools (sparse from 2051), two of its heads
+_attention("full",      [2050, 2051, 3000],     2, 512, 512, 512, 6.0)

@@ -1,0 +1,134 @@
+"""Contract cases of cuda_src/hc.cu (ops hc_pre, hc_post, stream_mean).
+
+hc_pre is registered twice per shape: `hc_pre[..]` checks the fp32 gates (post, comb) and `hc_pre.x[..]` the
+bf16 collapsed input x, because their tolerances differ in fp32 units (see TOL below).
+Controls: hc_pre and hc_pre.x with two streams swapped (one Sinkhorn step dropped is no control: 20 steps have
+converged, measured within 3 ULPs), hc_post with two streams swapped, stream_mean with the last stream dropped.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from cupyglm.backend import lanes
+from cupyglm.backend.lanes import bf16
+from cupyglm.backend.numpy_ops import NumpyOps
+from cupyglm.contract.registry import Case, case
+from cupyglm.kernels import ops_hc
+
+REF = NumpyOps()
+NORM_EPS, HC_EPS, ITERS = 1e-5, 1e-6, 20
+BF16_ULP = 1 << 16
+# The kernels compute exp with exp_f32 (cuda_src/exp_f32.cuh: +, *, rint and 2**k only, the same bits on GPU,
+# emulator and NumPy). While the NumPy reference still uses np.exp (SIMD, <= 2 ULP, rounds differently) the
+# tolerances below hold; once lanes.exp_f32 (the NumPy twin) is the reference's exp they are all 0.
+EXACT_EXP = hasattr(lanes, "exp_f32")
+
+# post/comb go through exp (sigmoid, the row softmax): the kernels' exp_f32 and NumPy's SIMD exp differ by
+# up to 2 fp32 ULPs; Sinkhorn's 20 normalisations carry that into comb. Measured max over 60
+# seeds at these shapes: post 3, comb 10 ULPs (stated with margin).
+GATE_ULPS = 0 if EXACT_EXP else 32
+GATE_WHY = "exp_f32 (sigmoid, row softmax) differs from NumPy's exp by <= 2 ULP; Sinkhorn carries it (measured <= 10)"
+# x = bf16(sum pre_s X_s): pre is 1-2 fp32 ULPs off, which flips a bf16 rounding now and then; where the 4
+# terms cancel the flip is worth more ULPs of the small result (measured <= 2 bf16 ULPs).
+X_ULPS = 0 if EXACT_EXP else 4 * BF16_ULP
+X_WHY = "pre = sigmoid(..) is <= 2 fp32 ULPs off (exp_f32 vs NumPy exp): flipped bf16 roundings (measured <= 2 bf16 ULPs)"
+
+
+def _bf(rng, shape, std=1.0, mean=0.0):
+    return bf16(rng.standard_normal(shape).astype(np.float32) * np.float32(std) + np.float32(mean))
+
+
+def _inputs(rng, t, s, d):
+    nm = s * (s + 2)
+    return {"X": _bf(rng, (t, s, d)), "fn": _bf(rng, (nm, s * d), 0.5 / np.sqrt(s * d)),
+            "base": _bf(rng, (nm,), 0.5), "scale": bf16(rng.uniform(0.5, 1.5, 3).astype(np.float32))}
+
+
+def _swap01(xp, X):
+    Y = X.copy()
+    Y[:, 0], Y[:, 1] = X[:, 1], X[:, 0]
+    return xp.ascontiguousarray(Y)
+
+
+def _hc_pre(label: str, t: int, d: int, s: int = 4) -> None:
+    def make(rng):
+        return _inputs(rng, t, s, d)
+
+    def pre(k, d_, iters=ITERS, X=None):
+        return ops_hc.hc_pre(k, d_["X"] if X is None else X, d_["fn"], d_["base"], d_["scale"], NORM_EPS, HC_EPS,
+                             iters)
+
+    def run_gates(k, d_):
+        _, post, comb = pre(k, d_)
+        return {"post": post, "comb": comb}
+
+    def replay_gates(d_):
+        _, post, comb = REF.hc_pre(d_["X"], d_["fn"], d_["base"], d_["scale"], NORM_EPS, HC_EPS, ITERS)
+        return {"post": post, "comb": comb}
+
+    def ctl_gates(k, d_):                               # streams 0 and 1 swapped
+        _, post, comb = pre(k, d_, X=_swap01(k.xp, d_["X"]))
+        return {"post": post, "comb": comb}
+
+    def run_x(k, d_):
+        return {"x": pre(k, d_)[0]}
+
+    def replay_x(d_):
+        return {"x": REF.hc_pre(d_["X"], d_["fn"], d_["base"], d_["scale"], NORM_EPS, HC_EPS, ITERS)[0]}
+
+    def ctl_x(k, d_):                                   # streams 0 and 1 swapped
+        return {"x": pre(k, d_, X=_swap01(k.xp, d_["X"]))[0]}
+
+    case(Case(f"hc_pre[{label}]", ("hc_pre",), make, run_gates, replay_gates, ctl_gates, GATE_ULPS, GATE_WHY))
+    case(Case(f"hc_pre.x[{label}]", ("hc_pre",), make, run_x, replay_x, ctl_x, X_ULPS, X_WHY))
+
+
+def _hc_post(label: str, t: int, d: int, s: int = 4) -> None:
+    def make(rng):
+        inp = _inputs(rng, t, s, d)
+        _, post, comb = REF.hc_pre(inp["X"], inp["fn"], inp["base"], inp["scale"], NORM_EPS, HC_EPS, ITERS)
+        return {"X": inp["X"], "branch": _bf(rng, (t, d), 2.0), "post": post, "comb": comb}
+
+    def run(k, d_):
+        return {"X": ops_hc.hc_post(k, d_["X"], d_["branch"], d_["post"], d_["comb"])}
+
+    def replay(d_):
+        return {"X": REF.hc_post(d_["X"], d_["branch"], d_["post"], d_["comb"])}
+
+    def ctl(k, d_):                                     # streams 0 and 1 swapped
+        return {"X": ops_hc.hc_post(k, _swap01(k.xp, d_["X"]), d_["branch"], d_["post"], d_["comb"])}
+
+    case(Case(f"hc_post[{label}]", ("hc_post",), make, run, replay, ctl))
+
+
+def _stream_mean(label: str, t: int, d: int, s: int = 4) -> None:
+    def make(rng):
+        return {"X": _bf(rng, (t, s, d), 2.0)}
+
+    def run(k, d_):
+        return {"y": ops_hc.stream_mean(k, d_["X"])}
+
+    def replay(d_):
+        return {"y": REF.stream_mean(d_["X"])}
+
+    def ctl(k, d_):                                     # the last stream dropped
+        X = d_["X"].copy()
+        X[:, -1] = 0
+        return {"y": ops_hc.stream_mean(k, X)}
+
+    case(Case(f"stream_mean[{label}]", ("stream_mean",), make, run, replay, ctl))
+
+
+#         label        T    D
+_hc_pre("decode",      1,  256)      # tiny model, one token
+_hc_pre("verify",     16,  256)      # 16 verify rows
+_hc_pre("prompt37",   37,  256)      # a prompt chunk
+_hc_pre("odd",         3,   72)      # 4D = 288: K % 256 != 0
+_hc_pre("full",        2, 4096)      # full-model width (K = 16384)
+_hc_post("decode",     1,  256)
+_hc_post("verify",    16,  256)
+_hc_post("prompt37",  37,  256)
+_hc_post("odd",        3,  300)      # D not a multiple of the block
+_stream_mean("decode", 1,  256)
+_stream_mean("prompt37", 37, 256)
+_stream_mean("odd",    3,  300)

@@ -1,0 +1,104 @@
+"""KDA launchers (cuda_src/kda.cu): kda_conv, kda_gate, l2norm, kda_recurrence, kda_out, with NumpyOps'
+signatures."""
+from __future__ import annotations
+
+import numpy as np
+
+from cupyglm.kernels.ops import Kernels, check, f32, i32, op
+
+SRC = "kda.cu"
+F32 = np.float32
+
+
+def _arg(k: Kernels, kernel: str, name: str, a, shape=None, dtype=F32):
+    """An input as the kernel takes it: C-contiguous (views are copied), shape and dtype checked."""
+    return check(kernel, name, k.xp.ascontiguousarray(a), shape, dtype)
+
+
+def _rows(shape) -> int:
+    n = 1
+    for s in shape[:-1]:
+        n *= int(s)
+    return n
+
+
+@op("kda_conv")
+def kda_conv(k: Kernels, x, window, w):
+    """x: [n, C] bf16, window: [taps - 1, C] bf16, w: [C, taps] -> (y [n, C] bf16, window' [taps - 1, C])."""
+    x = _arg(k, "kda_conv", "x", x, (None, None))
+    n, c = x.shape
+    w = _arg(k, "kda_conv", "w", w, (c, None))
+    taps = w.shape[1]
+    if not 1 <= taps <= 8:
+        raise ValueError(f"kda_conv: 1..8 taps supported, got {taps}")
+    window = _arg(k, "kda_conv", "window", window, (taps - 1, c))
+    y = k.empty((n, c))
+    win = k.empty((taps - 1, c))
+    if c:
+        k.launch(SRC, "kda_conv", ((c + 127) // 128,), (128,), (x, window, w, y, win, i32(n), i32(c), i32(taps)))
+    return y, win
+
+
+@op("kda_gate")
+def kda_gate(k: Kernels, a, a_log, dt_bias, lower):
+    """g = exp(lower * sigmoid(exp(A_log) * (a + dt_bias))). a: [n, H, K] -> [n, H, K] fp32."""
+    a = _arg(k, "kda_gate", "a", a, (None, None, None))
+    n, h, kk = a.shape
+    a_log = _arg(k, "kda_gate", "a_log", a_log, (h,))
+    dt_bias = _arg(k, "kda_gate", "dt_bias", dt_bias, (h, kk))
+    g = k.empty(a.shape)
+    total = n * h * kk
+    if total:
+        k.launch(SRC, "kda_gate", ((total + 255) // 256,), (256,),
+                 (a, a_log, dt_bias, g, np.int64(total), i32(h), i32(kk), f32(lower)))
+    return g
+
+
+@op("l2norm")
+def l2norm(k: Kernels, x, eps):
+    """x / sqrt(sum(x^2) + eps) over the last axis, fp32."""
+    x = _arg(k, "l2norm", "x", x)
+    if x.ndim < 1:
+        raise ValueError("l2norm: parameter x must have at least one axis")
+    rows, kk = _rows(x.shape), x.shape[-1]
+    out = k.empty(x.shape)
+    if rows and kk:
+        k.launch(SRC, "l2norm", ((rows + 7) // 8,), (128,), (x, out, np.int64(rows), i32(kk), f32(eps)))
+    return out
+
+
+@op("kda_recurrence")
+def kda_recurrence(k: Kernels, S, q, kk, v, g, beta):
+    """S: [H, V, K] fp32; q, k, g: [n, H, K]; v: [n, H, V]; beta: [n, H] -> (y [n, H, V] bf16, S')."""
+    S = _arg(k, "kda_recurrence", "S", S, (None, None, None))
+    h, vd, kd = S.shape
+    if kd > 256:
+        raise ValueError(f"kda_recurrence: K <= 256 supported, got {kd}")
+    q = _arg(k, "kda_recurrence", "q", q, (None, h, kd))
+    n = q.shape[0]
+    kk = _arg(k, "kda_recurrence", "k", kk, (n, h, kd))
+    g = _arg(k, "kda_recurrence", "g", g, (n, h, kd))
+    v = _arg(k, "kda_recurrence", "v", v, (n, h, vd))
+    beta = _arg(k, "kda_recurrence", "beta", beta, (n, h))
+    y = k.empty((n, h, vd))
+    S_out = k.empty(S.shape)
+    if h and vd:
+        k.launch(SRC, "kda_recurrence", ((vd + 7) // 8, h), (128,),
+                 (S, q, kk, v, g, beta, y, S_out, i32(n), i32(h), i32(vd), i32(kd)))
+    else:
+        S_out[...] = S
+    return y, S_out
+
+
+@op("kda_out")
+def kda_out(k: Kernels, y, w, gate, eps):
+    """Per head: bf16(w * (y * rsqrt(mean(y^2) + eps)) * sigmoid(gate)). y, gate: [n, H, V]."""
+    y = _arg(k, "kda_out", "y", y)
+    vd = y.shape[-1]
+    w = _arg(k, "kda_out", "w", w, (vd,))
+    gate = _arg(k, "kda_out", "gate", gate, tuple(y.shape))
+    rows = _rows(y.shape)
+    out = k.empty(y.shape)
+    if rows and vd:
+        k.launch(SRC, "kda_out", ((rows + 7) // 8,), (128,), (y, w, gate, out, np.int64(rows), i32(vd), f32(eps)))
+    return out

@@ -1,0 +1,70 @@
+"""MoE launchers (cuda_src/moe.cu): moe_route, swiglu, moe_combine and the elementwise sigmoid, with
+NumpyOps' signatures."""
+from __future__ import annotations
+
+import numpy as np
+
+from cupyglm.kernels.ops import Kernels, check, f32, i32, op
+
+SRC = "moe.cu"
+F32 = np.float32
+ROUTE_WARPS = 4      # token rows per moe_route block (one warp each)
+
+
+def _arg(k: Kernels, kernel: str, name: str, a, shape=None, dtype=F32):
+    """An input as the kernel takes it: C-contiguous (views are copied), shape and dtype checked."""
+    return check(kernel, name, k.xp.ascontiguousarray(a), shape, dtype)
+
+
+@op("moe_route")
+def moe_route(k: Kernels, logits, bias, topk, scale):
+    """logits: [T, E] fp32, bias: [E] -> (ids [T, k] int32 in pick order, weights [T, k] fp32)."""
+    logits = _arg(k, "moe_route", "logits", logits, (None, None))
+    t, e = logits.shape
+    bias = _arg(k, "moe_route", "bias", bias, (e,))
+    topk = int(topk)
+    if not 1 <= topk <= min(32, e):
+        raise ValueError(f"moe_route: k must be in 1..min(32, E={e}), got {topk}")
+    ids = k.empty((t, topk), np.int32)
+    weights = k.empty((t, topk))
+    if t:
+        k.launch(SRC, "moe_route", ((t + ROUTE_WARPS - 1) // ROUTE_WARPS,), (32 * ROUTE_WARPS,),
+                 (logits, bias, ids, weights, i32(t), i32(e), i32(topk), f32(scale)),
+                 shared_mem=ROUTE_WARPS * 2 * e * 4)
+    return ids, weights
+
+
+@op("swiglu")
+def swiglu(k: Kernels, gate, up, limit):
+    """bf16(bf16(silu(min(gate, L))) * clip(up, -L, L)); no clamp when limit is None."""
+    gate = _arg(k, "swiglu", "gate", gate)
+    up = _arg(k, "swiglu", "up", up, tuple(gate.shape))
+    out = k.empty(gate.shape)
+    n = gate.size
+    if n:
+        k.launch(SRC, "swiglu", ((n + 255) // 256,), (256,),
+                 (gate, up, out, np.int64(n), i32(limit is not None), f32(0.0 if limit is None else limit)))
+    return out
+
+
+@op("moe_combine")
+def moe_combine(k: Kernels, y, weights, shared):
+    """sum_k w_k y_k in slot order, then + shared; fp32. y: [T, k, D], weights: [T, k], shared: [T, D]."""
+    y = _arg(k, "moe_combine", "y", y, (None, None, None))
+    t, kk, d = y.shape
+    weights = _arg(k, "moe_combine", "weights", weights, (t, kk))
+    shared = _arg(k, "moe_combine", "shared", shared, (t, d))
+    out = k.empty((t, d))
+    if t and d:
+        k.launch(SRC, "moe_combine", ((d + 255) // 256, t), (256,), (y, weights, shared, out, i32(t), i32(kk), i32(d)))
+    return out
+
+
+@op("sigmoid")
+def sigmoid(k: Kernels, x):
+    """1 / (1 + exp(-x)) elementwise, fp32."""
+    x = _arg(k, "sigmoid", "x", x)
+    out = k.empty(x.shape)
+    if x.size:
+        k.launch(SRC, "sigmoid", ((x.size + 255) // 256,), (256,), (x, out, np.int64(x.size)))
+    return out
