@@ -39,6 +39,7 @@ SOURCES: dict[str, str] = {
     "memory_reserve_gib": "CUPYGLM_MEMORY_RESERVE_GIB",
     "max_queue": "--max-queue",
     "seed": "--seed",
+    "prefill_chunk": "--prefill-chunk",
 }
 
 # Features validated and fingerprinted but not built yet: name -> why it is refused.
@@ -141,6 +142,7 @@ class Settings:
     memory_reserve_gib: float = 1.0       # CUPYGLM_MEMORY_RESERVE_GIB
     max_queue: int = 256                  # waiting requests before 429
     seed: int = 0                         # default sampling seed
+    prefill_chunk: int = 0                # prompt tokens per step (a multiple of the keep grid); 0 = default
 
     def __post_init__(self) -> None:
         # Direct construction gets the same checks as from_args, named by flag or variable.
@@ -157,6 +159,7 @@ class Settings:
         _float("CUPYGLM_MEMORY_RESERVE_GIB", self.memory_reserve_gib, positive=False)
         _int("--max-queue", self.max_queue, 0)
         _int("--seed", self.seed, 0, 2**64 - 1)
+        _int("--prefill-chunk", self.prefill_chunk, 0)
         if self.kv_host_shared and not self.kv_host:
             raise SettingsError("CUPYGLM_KV_HOST_SHARED=1 needs CUPYGLM_KV_HOST=1")
         if self.kv_host_gib is not None:
@@ -196,6 +199,7 @@ class Settings:
         mtp_drafts = _int("--mtp-drafts", flag("mtp_drafts", 0), 0, MAX_MTP_DRAFTS)
         max_queue = _int("--max-queue", flag("max_queue", 256), 0)
         seed = _int("--seed", flag("seed", 0), 0, 2**64 - 1)
+        prefill_chunk = _int("--prefill-chunk", flag("prefill_chunk", 0), 0)
 
         host_cache = _bool01("CUPYGLM_HOST_CACHE")
         kv_share = _bool01("CUPYGLM_KV_SHARE")
@@ -218,7 +222,7 @@ class Settings:
                    kv_cache=kv_cache, kv_pages=kv_pages, kv_gib=kv_gib, prompt_cache_gib=prompt_cache_gib,
                    host_cache=host_cache, kv_share=kv_share, kv_host=kv_host, kv_host_shared=kv_host_shared,
                    kv_host_gib=kv_host_gib, mtp_drafts=mtp_drafts, memory_reserve_gib=memory_reserve_gib,
-                   max_queue=max_queue, seed=seed)
+                   max_queue=max_queue, seed=seed, prefill_chunk=prefill_chunk)
 
     @classmethod
     def from_argv(cls, argv: list[str]) -> "Settings":
@@ -289,3 +293,5 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--mtp-drafts", default=None, metavar="N", help="MTP draft tokens per step, 0..15 (default 0)")
     g.add_argument("--max-queue", default=None, metavar="N", help="waiting requests before 429 (default 256)")
     g.add_argument("--seed", default=None, metavar="N", help="default sampling seed (default 0)")
+    g.add_argument("--prefill-chunk", default=None, metavar="N",
+                   help="prompt tokens per step, a multiple of the keep grid (default 0: 512 or the grid above)")

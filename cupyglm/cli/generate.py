@@ -1,4 +1,4 @@
-"""cupyglm-generate: greedy generation from one prompt, text streamed to stdout (rank 0).
+"""cupyglm-generate: greedy generation from one prompt through the engine, text streamed to stdout (rank 0).
 
     cupyglm-generate [--model DIR] --prompt TEXT [--chat] [--max-tokens N] [--backend numpy]
     mpirun -n 2 cupyglm-generate --prompt TEXT
@@ -21,11 +21,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def generate(args: argparse.Namespace) -> None:
-    from cupyglm.backend import make_ops, resolve
+    import dataclasses
+
+    from cupyglm.backend import resolve
     from cupyglm.checkpoint.loader import open_model
-    from cupyglm.checkpoint.tokenizer import IncrementalDecoder
     from cupyglm.dist import world as world_mod
-    from cupyglm.engine.runner import ModelRunner
+    from cupyglm.engine.engine import build
+    from cupyglm.engine.sampling import SamplingParams
 
     if args.max_tokens < 1:
         raise settings_mod.SettingsError("--max-tokens must be at least 1")
@@ -42,23 +44,31 @@ def generate(args: argparse.Namespace) -> None:
     prompt = tok.encode(text)
     if not prompt:
         raise settings_mod.SettingsError("--prompt is empty after tokenization")
-    page_tokens = st.page_tokens or ckpt.config.page_tokens
     length = len(prompt) + args.max_tokens
     if st.context and length > st.context:
         raise settings_mod.SettingsError(f"prompt ({len(prompt)} tokens) + --max-tokens {args.max_tokens} "
                                          f"exceeds --context {st.context}")
-    runner = ModelRunner(ckpt, make_ops(backend), world.comm, -(-length // page_tokens), page_tokens)
-    if world.rank == 0:
-        print(f"# {note}; tp {world.size}; {len(prompt)} prompt tokens", file=sys.stderr)
-    decoder = IncrementalDecoder(tok)
-    for t in runner.greedy(prompt, args.max_tokens, stop_ids=set(ckpt.config.eos_token_ids)):
-        piece = decoder.push(t)
-        if world.rank == 0 and piece:
-            sys.stdout.write(piece)
-            sys.stdout.flush()
-    if world.rank == 0:
-        sys.stdout.write(decoder.flush() + "\n")
+    if not (st.context or st.kv_pages or st.kv_gib):      # one prompt: a window of just what it needs
+        page = st.page_tokens or ckpt.config.page_tokens
+        sized = dataclasses.replace(world.settings, context=-(-length // page) * page, parallel=1)
+        world = dataclasses.replace(world, settings=sized)
+    engine, _ = build(world, ckpt, log=lambda line: print(f"# {line}", file=sys.stderr, flush=True))
+    if world.rank != 0:
+        engine.worker_loop()
+        return
+    print(f"# {note}; tp {world.size}; {len(prompt)} prompt tokens", file=sys.stderr)
+    try:
+        engine.add_request(prompt, SamplingParams(temperature=0, max_tokens=args.max_tokens,
+                                                  skip_special_tokens=False))
+        while engine.has_work():
+            for out in engine.step():
+                if out.new_text:
+                    sys.stdout.write(out.new_text)
+                    sys.stdout.flush()
+        sys.stdout.write("\n")
         sys.stdout.flush()
+    finally:
+        engine.shutdown()
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -37,7 +37,7 @@ PREFIX = "REFUSE rank settings: "
 # Keys compared, in the order a refusal looks at them.
 FIELDS: tuple[str, ...] = ("model", "backend", "context", "parallel", "page_tokens", "kv_cache", "kv_pages", "kv_gib",
                            "prompt_cache_gib", "host_cache", "kv_share", "kv_host", "kv_host_gib", "mtp_drafts",
-                           "memory_reserve_gib", "max_queue", "seed")
+                           "memory_reserve_gib", "max_queue", "seed", "prefill_chunk")
 
 
 def model_identity(model_dir: str | Path | None) -> str:

@@ -1,0 +1,83 @@
+"""cupyglm-plan: the memory plan for any config and card size, without weights.
+
+    cupyglm-plan --config glm-5.3-flash --tp 2 --card-gib 96 [--kv-host] [--context N] [--page-tokens N]
+
+Prints the bytes per token, one plan line per rank (weights, pages x bytes, window, prompt cache, reserve,
+free) and the pages and window; exits 1 with `PlanError: ...` when the plan does not fit.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from cupyglm import env
+from cupyglm.config import ConfigError, ModelConfig, PRESETS, preset
+
+
+def _config(name: str) -> ModelConfig:
+    if name in PRESETS:
+        return preset(name)
+    path = Path(name).expanduser()
+    if path.is_dir():
+        path = path / "config.json"
+    if not path.is_file():
+        raise ConfigError(f"--config {name}: not a preset ({', '.join(PRESETS)}) nor a config.json")
+    return ModelConfig.from_file(path)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="cupyglm-plan", description=__doc__.splitlines()[0])
+    p.add_argument("--config", default="glm-5.3-flash",
+                   help=f"a preset ({', '.join(PRESETS)}), a checkpoint directory or a config.json")
+    p.add_argument("--tp", type=int, default=1, help="tensor-parallel ranks (default 1)")
+    p.add_argument("--card-gib", type=float, required=True, help="memory of each rank's card in GiB")
+    p.add_argument("--kv-host", action="store_true", help="latent KV rows in host memory (CUPYGLM_KV_HOST=1)")
+    p.add_argument("--kv-host-gib", type=float, default=None, help="host memory for the latent rows, GiB")
+    p.add_argument("--context", type=int, default=0, help="window in tokens (default 0: the largest that fits)")
+    p.add_argument("--page-tokens", type=int, default=0, help="tokens per KV page (default: the model's)")
+    p.add_argument("--parallel", type=int, default=4, help="concurrent streams (default 4)")
+    p.add_argument("--prefill-chunk", type=int, default=2048, help="rows of the largest step (default 2048)")
+    p.add_argument("--prompt-cache-gib", type=float, default=0.0, help="prompt cache in GiB (default 0: none)")
+    p.add_argument("--host-cache", action="store_true", help="prompt cache in host memory (CUPYGLM_HOST_CACHE=1)")
+    reserve = env.get("CUPYGLM_MEMORY_RESERVE_GIB") or env.VARIABLES["CUPYGLM_MEMORY_RESERVE_GIB"][0]
+    p.add_argument("--reserve-gib", type=float, default=float(reserve),
+                   help=f"memory kept free per rank (default $CUPYGLM_MEMORY_RESERVE_GIB, {reserve})")
+    p.add_argument("--weights-gib", type=float, default=None,
+                   help="per-rank weights in GiB (a quantised checkpoint); default: bf16 shard shapes")
+    p.add_argument("--weight-bits", type=int, default=None, help="bits per matrix element (default 16)")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    from cupyglm.engine.plan import GIB, PlanError, kv_bytes_per_token, plan_memory
+
+    args = build_parser().parse_args(argv)
+    try:
+        cfg = _config(args.config)
+    except ConfigError as e:
+        print(f"ConfigError: {e}", file=sys.stderr)
+        return 2
+    bpt = kv_bytes_per_token(cfg, args.kv_host)
+    where = "pooled keys on the card, latent rows in host memory" if args.kv_host else "device-resident KV"
+    print(f"{args.config}: tp {args.tp}, card {args.card_gib:g} GiB: {bpt:,} bytes/token on the card ({where})")
+    try:
+        plans = [plan_memory(cfg, tp=args.tp, rank=r, budget_bytes=int(args.card_gib * GIB), parallel=args.parallel,
+                             context=args.context, page_tokens=args.page_tokens, kv_host=args.kv_host,
+                             kv_host_bytes=None if args.kv_host_gib is None else int(args.kv_host_gib * GIB),
+                             reserve_gib=args.reserve_gib, prompt_cache_gib=args.prompt_cache_gib,
+                             host_cache=args.host_cache, chunk_rows=args.prefill_chunk,
+                             weights=None if args.weights_gib is None else int(args.weights_gib * GIB),
+                             weight_bits=args.weight_bits)
+                 for r in range(args.tp)]
+    except (PlanError, ValueError) as e:
+        print(f"PlanError: {e}", file=sys.stderr)
+        return 1
+    for p in plans:
+        print(p.line())
+    print(plans[0].summary())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

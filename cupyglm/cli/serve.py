@@ -1,0 +1,275 @@
+"""cupyglm-serve: the OpenAI-compatible server. Every rank runs this; rank 0 serves HTTP.
+
+    mpirun -n 2 cupyglm-serve [--model DIR] [--host 127.0.0.1] [--port 8000] [--api-key KEY | --api-key-file PATH]
+                              [--max-body-bytes N] [shared flags: --parallel N --context N --backend ...]
+
+Every rank parses the same flags and takes part in the settings handshake, then loads its shard. Rank 0 binds its
+socket first (so a taken port fails before any weight is read), serves `/health` (503 while loading) and builds
+the engine in the engine thread; the other ranks build theirs and run the worker loop in lockstep. Once loaded,
+rank 0 prints one line `serving <model> at http://HOST:PORT/v1 (...)` (with --port 0, the port the system gave).
+SIGTERM/SIGINT: stop accepting, drain running requests (at most --drain-seconds), stop the engine (the stop
+broadcast reaches every rank), every rank exits 0.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import ipaddress
+import os
+import socket
+import stat
+import sys
+import time
+from pathlib import Path
+
+from cupyglm import settings as settings_mod
+from cupyglm.settings import SettingsError
+
+DEFAULT_PORT = 8000
+DEFAULT_DRAIN_S = 10.0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="cupyglm-serve", description=__doc__.splitlines()[0])
+    settings_mod.add_arguments(p)
+    g = p.add_argument_group("HTTP (rank 0)")
+    g.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1, loopback only)")
+    g.add_argument("--port", default=str(DEFAULT_PORT), metavar="PORT",
+                   help=f"port to bind (default {DEFAULT_PORT}; 0 = any free port, printed in the serving line)")
+    k = g.add_mutually_exclusive_group()
+    k.add_argument("--api-key", default=None, metavar="KEY", help="require 'Authorization: Bearer KEY'")
+    k.add_argument("--api-key-file", default=None, metavar="PATH",
+                   help="read the key (first line) from PATH; refused if group or others can read it")
+    g.add_argument("--max-body-bytes", default=str(16 * 1024 * 1024), metavar="N",
+                   help="largest request body accepted (default 16 MiB); larger ones get 413")
+    g.add_argument("--served-model-name", default=None, metavar="NAME",
+                   help="model id in the API (default: --model as given, or 'cupyglm-tiny')")
+    g.add_argument("--drain-seconds", default=str(DEFAULT_DRAIN_S), metavar="S",
+                   help=f"on SIGTERM, how long running requests may finish (default {DEFAULT_DRAIN_S:g})")
+    return p
+
+
+# ---- flag checks (each error names its flag) ---------------------------------------------------------------------
+
+def _int_flag(flag: str, raw: str, lo: int, hi: int | None = None) -> int:
+    try:
+        v = int(str(raw), 10)
+    except ValueError:
+        raise SettingsError(f"{flag} must be an integer, got {raw!r}") from None
+    if v < lo or (hi is not None and v > hi):
+        raise SettingsError(f"{flag} must be in {lo}..{hi if hi is not None else ''}, got {v}")
+    return v
+
+
+def _float_flag(flag: str, raw: str) -> float:
+    try:
+        v = float(raw)
+    except ValueError:
+        v = -1.0
+    if not v >= 0 or v == float("inf"):
+        raise SettingsError(f"{flag} must be a number of seconds >= 0, got {raw!r}")
+    return v
+
+
+def read_key_file(path: str) -> str:
+    """The key in `path` (first line); refused when group or others may read it, naming the file and its mode."""
+    p = Path(path).expanduser()
+    try:
+        st = p.stat()
+    except OSError as e:
+        raise SettingsError(f"--api-key-file {path}: cannot read it ({e.strerror})") from None
+    if not stat.S_ISREG(st.st_mode):
+        raise SettingsError(f"--api-key-file {path}: not a regular file")
+    mode = stat.S_IMODE(st.st_mode)
+    if mode & 0o077:
+        raise SettingsError(f"--api-key-file {path}: mode {mode:04o} lets group or others read it; "
+                            f"chmod 600 {path}")
+    try:
+        text = p.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise SettingsError(f"--api-key-file {path}: cannot read it ({e})") from None
+    key = text.splitlines()[0].strip() if text.strip() else ""
+    if not key:
+        raise SettingsError(f"--api-key-file {path}: the file is empty")
+    return key
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def bind(host: str, port: int) -> socket.socket:
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror as e:
+        raise SettingsError(f"--host {host}: cannot resolve it ({e.strerror})") from None
+    family, _, _, _, addr = infos[0]
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind(addr)
+    except OSError as e:
+        sock.close()
+        raise SettingsError(f"--host {host} --port {port}: cannot bind ({e.strerror})") from None
+    sock.listen(2048)
+    sock.set_inheritable(True)
+    return sock
+
+
+# ---- the engine ------------------------------------------------------------------------------------------------
+
+def make_engine(world, ckpt, settings):
+    """This rank's engine (a collective: every rank builds its own in the same order; each prints its plan line)."""
+    from cupyglm.engine.engine import build
+
+    engine, _plan = build(world, ckpt)
+    return engine
+
+
+def engine_context(engine, settings) -> int:
+    for name in ("max_model_len", "context"):
+        v = getattr(engine, name, None)
+        if isinstance(v, int) and not isinstance(v, bool) and v > 0:
+            return v
+    cfg = getattr(engine, "config", None) or getattr(engine, "cfg", None)
+    v = getattr(cfg, "context", None)
+    if isinstance(v, int) and v > 0:
+        return v
+    return settings.context
+
+
+def _say(line: str) -> None:
+    print(line, flush=True)
+
+
+def serve(args: argparse.Namespace) -> int:
+    from cupyglm.backend import resolve
+    from cupyglm.dist import world as world_mod
+
+    t0 = time.monotonic()
+    # Every flag is checked on every rank before the handshake, so a bad one is refused by all ranks together.
+    st = settings_mod.Settings.from_args(args)
+    port = _int_flag("--port", args.port, 0, 65535)
+    max_body = _int_flag("--max-body-bytes", args.max_body_bytes, 1)
+    drain_s = _float_flag("--drain-seconds", args.drain_seconds)
+    key = args.api_key
+    if key is not None and not key.strip():
+        raise SettingsError("--api-key must not be empty")
+    if args.api_key_file is not None:
+        key = read_key_file(args.api_key_file)
+    if args.served_model_name is not None and not args.served_model_name.strip():
+        raise SettingsError("--served-model-name must not be empty")
+
+    backend, note = resolve(st.backend)
+    world = world_mod.start(st, backend=backend)          # the fingerprint handshake, before any weight
+    world.settings.refuse_unavailable()
+
+    if world.rank != 0:
+        from cupyglm.checkpoint.loader import open_model
+
+        ckpt = open_model(st.model)
+        engine = make_engine(world, ckpt, world.settings)
+        _say(f"rank {world.rank}: pid {os.getpid()} ready")
+        engine.worker_loop()
+        return 0
+
+    sock = bind(args.host, port)
+    host, bound_port = sock.getsockname()[:2]
+    if not is_loopback(args.host) and key is None:
+        print(f"WARNING: serving on {args.host}, which is not loopback, without an API key: anyone who can reach "
+              f"this port can use the model (set --api-key or --api-key-file)", file=sys.stderr, flush=True)
+    _say(f"# {note}; tp {world.size}; rank 0: pid {os.getpid()}")
+    served_id = args.served_model_name or (st.model if st.model is not None else "cupyglm-tiny")
+    return asyncio.run(_serve_rank0(world, st, sock, args.host, bound_port, served_id, key, max_body, drain_s, t0))
+
+
+async def _serve_rank0(world, st, sock, host, port, served_id, key, max_body, drain_s, t0) -> int:
+    import uvicorn
+
+    from cupyglm.checkpoint.loader import open_model
+    from cupyglm.engine.sampling import SamplingParams
+    from cupyglm.server.app import ServerState, create_app, model_info
+    from cupyglm.server.bridge import EngineBridge
+    from cupyglm.server.metrics import Metrics
+
+    loop = asyncio.get_running_loop()
+    metrics = Metrics(served_id)
+    bridge = EngineBridge(loop, metrics)
+    state = ServerState(bridge=bridge, metrics=metrics, served_id=served_id, root=served_id,
+                        api_keys=(key.encode(),) if key else (), max_body_bytes=max_body, make_params=SamplingParams)
+    server_box: dict = {}
+    holder: dict = {}
+
+    def factory():
+        ckpt = open_model(st.model)
+        holder["ckpt"] = ckpt
+        return make_engine(world, ckpt, world.settings)
+
+    def on_ready(engine) -> None:        # engine thread
+        ckpt = holder["ckpt"]
+        context = engine_context(engine, world.settings)
+        root = str(ckpt.path)
+        info = model_info(served_id, root, context, ckpt.config.vocab_size)
+
+        def publish() -> None:
+            state.root = root
+            state.tokenizer = ckpt.tokenizer
+            state.info = info
+            shown = f"[{host}]" if ":" in host else host
+            _say(f"serving {served_id} at http://{shown}:{port}/v1 (backend {world.backend}; tp {world.size}; "
+                 f"context {context}; loaded in {time.monotonic() - t0:.1f} s)")
+
+        loop.call_soon_threadsafe(publish)
+
+    def on_dead(exc: BaseException) -> None:     # event loop thread
+        server = server_box.get("server")
+        if server is not None:
+            server.should_exit = True
+
+    bridge.on_dead = on_dead
+    config = uvicorn.Config(create_app(state), http="h11", lifespan="off", log_level="warning",
+                            access_log=False, timeout_graceful_shutdown=max(drain_s, 0.1) + 5,
+                            timeout_keep_alive=5)
+    server = uvicorn.Server(config)
+    server_box["server"] = server
+    bridge.start(factory, on_ready)
+
+    from cupyglm.dist.failure import request_stop, stop_requested
+
+    async def watch_stop() -> None:
+        # run_rank_main's handlers are replaced by uvicorn's while it serves; both paths end up here.
+        while not server.should_exit:
+            if stop_requested():
+                server.should_exit = True
+            await asyncio.sleep(0.1)
+        bridge.closing = True
+        return await bridge.drain(drain_s)
+
+    watcher = asyncio.ensure_future(watch_stop())
+    try:
+        await server.serve(sockets=[sock])
+    finally:
+        server.should_exit = True
+        aborted = await watcher
+        request_stop()
+        bridge.stop(timeout=60)
+    if bridge.dead is not None:
+        raise bridge.dead
+    _say(f"stopped: {aborted} running request(s) aborted after the drain; every rank told to stop")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    from cupyglm.dist.failure import run_rank_main
+
+    args = build_parser().parse_args(argv)
+    return run_rank_main(lambda: serve(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,383 @@
+"""The engine: rank 0's scheduling loop and every rank's lockstep execution of the same step.
+
+Each `step()` on rank 0: admit and schedule (`Scheduler.schedule`, which leases the step's pages), encode the
+plan as a versioned step message (`cupyglm.dist.step`: new requests' prompts and sampling parameters once,
+row groups after, with the sampled token of each decode row; finished and aborted requests as `cancelled`),
+broadcast it, run it, sample on rank 0, then `Scheduler.update` and detokenize (stop strings, on rank 0).
+Ranks other than 0 run `worker_loop()`: receive, run the same message on their shard, until the stop flag.
+
+Every rank runs a message the same way (`_run`), rank 0 included (it runs the decoded bytes it sent): release
+the cancelled requests' pages, create states for new requests, lease pages for each row group in order, run
+the model. Page ids stay identical on every rank because every rank's pool sees the same releases and then
+the same leases in the same order (lowest free id first); each row group's flags carry a 24-bit hash of rank
+0's page table and every rank checks its own against it.
+
+Thread safety: `add_request`, `abort`, `has_work` and the page counts may be called from any thread; `step`
+from one thread at a time. An abort that arrives while a step runs is applied when the step's model call
+returns (its token is dropped); otherwise its pages go back at once.
+"""
+from __future__ import annotations
+
+import itertools
+import sys
+import threading
+import zlib
+
+import numpy as np
+
+from cupyglm.dist import step as stepmod
+from cupyglm.engine.config import EngineConfig
+from cupyglm.engine.request import EngineError, Request, RequestOutput
+from cupyglm.engine.sampling import FINISH_ABORT, FINISH_STOP, SamplingParams, find_stop, holdback, sample
+from cupyglm.engine.scheduler import Scheduler, StepPlan
+from cupyglm.model.glm import SeqInput
+
+FLAG_LOGITS = 1
+FLAG_DECODE = 2
+HASH_SHIFT = 8
+
+
+def page_hash(pages: list[int]) -> int:
+    """24-bit hash of a page table (the check every rank makes against rank 0's)."""
+    return zlib.crc32(np.asarray(pages, dtype="<i4").tobytes()) & 0xFFFFFF
+
+
+class _Text:
+    """Rank 0's detokenization of one request: incremental text, stop strings, what was returned."""
+
+    def __init__(self, tokenizer, params: SamplingParams):
+        from cupyglm.checkpoint.tokenizer import IncrementalDecoder
+
+        self.decoder = IncrementalDecoder(tokenizer, skip_special_tokens=params.skip_special_tokens) \
+            if tokenizer is not None else None
+        self.stops = params.stop
+        self.hold = holdback(self.stops) if self.stops else 0
+        self.text = ""
+        self.sent = 0
+        self.stopped = False
+
+    def push(self, token: int, last: bool, include: bool) -> bool:
+        """Add a generated token (include=False: a stop/EOS token whose text is not returned); True when a
+        stop string matched (the text is cut before it)."""
+        if self.decoder is None or self.stopped:
+            return False
+        before = len(self.text)
+        if include:
+            self.text += self.decoder.push(token)
+        if last:
+            self.text += self.decoder.flush()
+        if self.stops and len(self.text) > before:
+            i = find_stop(self.text, self.stops, before)
+            if i >= 0:
+                self.text = self.text[:i]
+                self.stopped = True
+        return self.stopped
+
+    def take(self, finished: bool) -> str:
+        end = len(self.text) if finished else max(self.sent, len(self.text) - self.hold)
+        piece = self.text[self.sent:end]
+        self.sent = end
+        return piece
+
+
+class Engine:
+    """Rank 0: the API below. Other ranks: `worker_loop()`."""
+
+    def __init__(self, runner, comm, cfg: EngineConfig, tokenizer=None, log=None):
+        if runner.kv.pool.num_pages != cfg.num_pages or runner.kv.page_tokens != cfg.page_tokens:
+            raise ValueError("the runner's KV store does not match the EngineConfig's pages")
+        self.runner, self.comm, self.cfg, self.tokenizer = runner, comm, cfg, tokenizer
+        self.rank, self.size = comm.rank, comm.size
+        self.ops = runner.ops
+        self.log = log
+        self.scheduler = Scheduler(cfg, runner.kv.pool) if self.rank == 0 else None
+        self._mirror = stepmod.Mirror()
+        self._states: dict = {}
+        self._lock = threading.RLock()
+        self._in_step = False
+        self._pending_aborts: list[int] = []
+        self._ready: list[RequestOutput] = []          # abort outputs waiting for the next step()
+        self._texts: dict[int, _Text] = {}
+        self._ids = itertools.count()
+        self._seeds = itertools.count()
+        self._stopped = False
+        self.steps = 0
+
+    # ---- rank 0 API --------------------------------------------------------------------------------------------
+    def _root(self, what: str) -> None:
+        if self.rank != 0:
+            raise EngineError(f"Engine.{what} runs on rank 0 only (rank {self.rank} runs worker_loop)")
+        if self._stopped:
+            raise EngineError("the engine is shut down")
+
+    def add_request(self, prompt_ids, params: SamplingParams | None = None, request_id: int | None = None) -> int:
+        """Queue a request; returns its id. Raises QueueFull, RequestTooLong (before it takes a page) or
+        ValueError (bad ids) at once."""
+        self._root("add_request")
+        params = params or SamplingParams()
+        prompt = tuple(int(t) for t in prompt_ids)
+        vocab = self.cfg.vocab_size
+        if vocab and any(not 0 <= t < vocab for t in prompt):
+            bad = next(t for t in prompt if not 0 <= t < vocab)
+            raise ValueError(f"prompt token id {bad} is outside the vocabulary (0..{vocab - 1})")
+        if params.stop and self.tokenizer is None:
+            raise ValueError("stop strings need a tokenizer")
+        with self._lock:
+            if request_id is None:
+                request_id = next(self._ids)
+                while request_id in self.scheduler.requests:
+                    request_id = next(self._ids)
+            elif not 0 <= int(request_id) < 2**64:
+                raise ValueError(f"request_id must be in 0..2**64-1, got {request_id}")
+            max_tokens = self.scheduler.resolve_max_tokens(len(prompt), params.max_tokens)
+            seed = params.seed if params.seed is not None else None
+            req = Request(int(request_id), prompt, params, 0, max_tokens)
+            self.scheduler.add(req)                       # QueueFull / duplicate id raise before a seed is used
+            req.seed = seed if seed is not None else (self.cfg.seed + next(self._seeds)) % 2**64
+            self._texts[req.id] = _Text(self.tokenizer, params)
+            return req.id
+
+    def abort(self, request_id: int) -> bool:
+        """Cancel a request; False when it is not waiting or running."""
+        self._root("abort")
+        with self._lock:
+            if request_id not in self.scheduler.requests:
+                return False
+            if self._in_step:
+                self._pending_aborts.append(request_id)
+            else:
+                self._abort_now(request_id)
+            return True
+
+    def _abort_now(self, request_id: int) -> None:
+        r = self.scheduler.abort(request_id)
+        if r is not None:
+            self._texts.pop(r.id, None)
+            self._ready.append(RequestOutput(r.id, [], "", True, FINISH_ABORT, r.prompt_len, len(r.output)))
+
+    def has_work(self) -> bool:
+        with self._lock:
+            return bool(self.scheduler and self.scheduler.has_work()) or bool(self._ready or self._pending_aborts)
+
+    @property
+    def free_pages(self) -> int:
+        return self.runner.kv.pool.free_count
+
+    @property
+    def total_pages(self) -> int:
+        return self.runner.kv.pool.num_pages
+
+    @property
+    def context(self) -> int:
+        """The context window (max_model_len)."""
+        return self.cfg.context
+
+    @property
+    def running(self) -> int:
+        return len(self.scheduler.running) if self.scheduler else 0
+
+    @property
+    def waiting(self) -> int:
+        return len(self.scheduler.waiting) if self.scheduler else 0
+
+    def step(self) -> list[RequestOutput]:
+        """One lockstep step; the outputs (deltas) of the requests it advanced or ended."""
+        self._root("step")
+        with self._lock:
+            for rid in self._pending_aborts:
+                self._abort_now(rid)
+            self._pending_aborts.clear()
+            plan = self.scheduler.schedule()
+            ready, self._ready = self._ready, []
+            if plan.empty:
+                return ready
+            msg = self._message(plan)
+            reqs = {g.request_id: self.scheduler.requests[g.request_id] for g in plan.groups}
+            self._in_step = True
+        try:
+            data = stepmod.encode(msg)
+            if self.size > 1:
+                self.comm.bcast_bytes(data)
+            outs = self._run(stepmod.decode(data))
+            sampled = self._sample(plan, outs, reqs)
+        finally:
+            with self._lock:
+                self._in_step = False
+        with self._lock:
+            for rid in self._pending_aborts:
+                self._abort_now(rid)
+            self._pending_aborts.clear()
+            events = self.scheduler.update(plan, sampled)
+            outputs = ready + self._outputs(events)
+            outputs += self._ready
+            self._ready = []
+        self.steps += 1
+        return outputs
+
+    def shutdown(self) -> None:
+        """Rank 0: abort what is left and broadcast the stop flag (other ranks leave worker_loop). Idempotent."""
+        if self.rank != 0 or self._stopped:
+            return
+        with self._lock:
+            for r in list(self.scheduler.requests.values()):
+                self.scheduler.abort(r.id)
+            plan = self.scheduler.schedule()
+            msg = stepmod.StepMessage(step=plan.step, new=(), cancelled=plan.released, schedule=(), stop=True)
+            self._stopped = True
+        data = stepmod.encode(msg)
+        if self.size > 1:
+            self.comm.bcast_bytes(data)
+        self._run(stepmod.decode(data))
+
+    # ---- every rank --------------------------------------------------------------------------------------------
+    def worker_loop(self) -> None:
+        """Ranks other than 0: run rank 0's step messages until the stop flag."""
+        if self.rank == 0:
+            raise EngineError("worker_loop runs on ranks other than 0")
+        while True:
+            msg = stepmod.decode(self.comm.bcast_bytes(None))
+            self._run(msg)
+            if msg.stop:
+                self._stopped = True
+                return
+
+    def _message(self, plan: StepPlan) -> stepmod.StepMessage:
+        sch = self.scheduler
+        new = []
+        for rid in plan.admitted:
+            r = sch.requests[rid]
+            p = r.params
+            new.append(stepmod.NewRequest(rid, r.prompt, stepmod.Sampling(
+                temperature=p.temperature, top_p=p.top_p, top_k=p.top_k, min_p=p.min_p, seed=r.seed,
+                max_tokens=r.max_tokens, min_tokens=p.min_tokens, ignore_eos=p.ignore_eos,
+                stop_token_ids=p.stop_token_ids)))
+        entries = []
+        for g in plan.groups:
+            r = sch.requests[g.request_id]
+            flags = (FLAG_LOGITS if g.logits else 0) | (FLAG_DECODE if g.decode else 0)
+            flags |= page_hash(r.pages) << HASH_SHIFT
+            entries.append(stepmod.ScheduleEntry(g.request_id, g.start, g.count,
+                                                  g.tokens if g.decode else (), flags))
+        return stepmod.StepMessage(step=plan.step, new=tuple(new), cancelled=plan.released,
+                                   schedule=tuple(entries))
+
+    def _run(self, msg: stepmod.StepMessage):
+        """Apply a step message on this rank and run its rows; the model's outputs, one per row group."""
+        self._mirror.apply(msg)
+        for rid in msg.cancelled:
+            state = self._states.pop(rid, None)
+            if state is not None:
+                self.runner.release(state)      # on rank 0 the scheduler already released: its table is empty
+        for req in msg.new:
+            state = self.runner.new_state()
+            if self.rank == 0:
+                state.pages = self.scheduler.requests[req.request_id].pages   # leased by the scheduler
+            self._states[req.request_id] = state
+        batch = []
+        kv = self.runner.kv
+        for e in msg.schedule:
+            state = self._states[e.request_id]
+            if state.length != e.start:
+                raise EngineError(f"rank {self.rank}: request {e.request_id} is at position {state.length}, "
+                                  f"step {msg.step} feeds position {e.start}")
+            tokens = e.tokens if e.tokens else self._mirror.requests[e.request_id].prompt[e.start:e.start + e.count]
+            if len(tokens) != e.count:
+                raise EngineError(f"rank {self.rank}: step {msg.step} gives request {e.request_id} "
+                                  f"{len(tokens)} tokens for {e.count} rows")
+            kv.ensure(state.pages, e.start + e.count)
+            if page_hash(state.pages) != e.flags >> HASH_SHIFT:
+                raise EngineError(f"rank {self.rank}: request {e.request_id}'s page table {state.pages} differs "
+                                  f"from rank 0's (step {msg.step})")
+            batch.append(SeqInput(np.asarray(tokens, dtype=np.int32), state))
+        return self.runner.forward(batch) if batch else []
+
+    # ---- rank 0: sampling and outputs --------------------------------------------------------------------------
+    def _sample(self, plan: StepPlan, outs, reqs: dict[int, Request]) -> dict[int, int]:
+        sampled = {}
+        for g, out in zip(plan.groups, outs):
+            if not g.logits:
+                continue
+            r = reqs[g.request_id]
+            row = self.ops.asnumpy(out.logits[-1])
+            try:
+                sampled[g.request_id] = sample(row, r.params, r.seed, g.end, len(r.output), self.cfg.eos_token_ids)
+            except ValueError as e:
+                raise EngineError(f"request {r.id} at position {g.end}: {e}") from None
+        return sampled
+
+    def _outputs(self, events) -> list[RequestOutput]:
+        out = []
+        for r, tok, reason in events:
+            text = self._texts.get(r.id)
+            finished = reason is not None
+            if text is not None:
+                include = reason != FINISH_STOP                 # a stop id / EOS adds no text
+                if text.push(tok, finished, include) and not finished:
+                    self.scheduler.finish(r.id, FINISH_STOP)
+                    finished, reason = True, FINISH_STOP
+                elif text.stopped:
+                    reason = FINISH_STOP                        # the last token also completed a stop string
+                    r.finish_reason = reason
+                piece = text.take(finished)
+            else:
+                piece = ""
+            if finished:
+                self._texts.pop(r.id, None)
+            out.append(RequestOutput(r.id, [tok], piece, finished, reason, r.prompt_len, len(r.output)))
+        return out
+
+
+def log_line(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+def plan_for(world, ckpt, *, parallel: int | None = None):
+    """The memory plan of this rank for `world.settings`, agreed across ranks (the minimum of their fits)."""
+    from cupyglm.engine.plan import GIB, PlanError, agree, mem_available, plan_memory
+
+    st, cfg = world.settings, ckpt.config
+    parallel = parallel or st.parallel
+    grid = cfg.keep_grid
+    chunk = EngineConfig(context=1, num_pages=1, page_tokens=1, keep_grid=grid, prefill_chunk=st.prefill_chunk).chunk
+    cpu = world.backend in ("numpy", "sim")
+    if cpu:
+        itemsize = dict(kv_itemsize=4, act_itemsize=4, weight_itemsize=4)   # float32 arrays holding bf16 values
+        budget = None if st.kv_gib is not None else mem_available()
+        max_window = getattr(ckpt.tokenizer, "model_max_length", None)
+        max_window = int(max_window) if isinstance(max_window, int) and max_window > 0 else None
+    else:
+        import cupy
+
+        itemsize = {}
+        budget = None if st.kv_gib is not None else int(cupy.cuda.runtime.memGetInfo()[0])
+        max_window = None
+    kw = dict(tp=world.size, rank=world.rank, budget_bytes=budget,
+              kv_budget_bytes=None if st.kv_gib is None else int(st.kv_gib * GIB), parallel=parallel,
+              context=st.context, page_tokens=st.page_tokens, kv_pages=st.kv_pages, kv_host=st.kv_host,
+              reserve_gib=st.memory_reserve_gib, prompt_cache_gib=st.prompt_cache_gib, host_cache=st.host_cache,
+              chunk_rows=chunk, pool_cap=cpu, max_window=max_window, **itemsize)
+    try:                                   # what fits this rank; refusals wait until the ranks agree
+        local_fit, local_error = plan_memory(cfg, **{**kw, "context": 0, "kv_pages": 0}).fit_pages, None
+    except PlanError as e:
+        local_fit, local_error = 0, e
+    fit = agree(local_fit, world.host_comm)
+    if fit < 1:
+        raise local_error or PlanError("another rank has no room for KV pages")
+    return plan_memory(cfg, **kw, fit_pages=fit)
+
+
+def build(world, ckpt, *, poison: bool = False, log=log_line):
+    """The engine of this rank (plan, runner, engine); prints this rank's plan line. Returns (engine, plan)."""
+    from cupyglm.backend import make_ops
+    from cupyglm.engine.runner import ModelRunner
+
+    st, cfg = world.settings, ckpt.config
+    plan = plan_for(world, ckpt)
+    if log is not None:
+        log(plan.line())
+    runner = ModelRunner(ckpt, make_ops(world.backend), world.comm, plan.num_pages, plan.page_tokens, poison=poison)
+    ecfg = EngineConfig(context=plan.context, num_pages=plan.num_pages, page_tokens=plan.page_tokens,
+                        keep_grid=cfg.keep_grid, parallel=st.parallel, max_queue=st.max_queue,
+                        prefill_chunk=st.prefill_chunk, seed=st.seed, eos_token_ids=cfg.eos_token_ids,
+                        vocab_size=cfg.vocab_size, poison=poison)
+    return Engine(runner, world.comm, ecfg, ckpt.tokenizer if world.rank == 0 else None, log=log), plan

@@ -1,0 +1,226 @@
+"""The memory plan: how many KV pages fit beside the weights, the scratch buffers and the reserve.
+
+    budget (card or host memory, per rank)
+      - weights      (this rank's shard: the split table's shard shapes x bytes per element)
+      - scratch      (activations for the step's rows + the fixed state of `parallel` sequences)
+      - reserve      (CUPYGLM_MEMORY_RESERVE_GIB)
+      - prompt cache (--prompt-cache-gib, unless CUPYGLM_HOST_CACHE puts it in host memory)
+      = room for KV pages of page_tokens x bytes-per-token each
+
+Bytes per token: ModelConfig.kv_bytes_per_token() (every KV layer's latent row + its share of a pooled key;
+13,056 for glm-5.3-flash). With --kv-host the card keeps only the pooled keys (12 x 64 = 768 B/token) and the
+latent rows live in host memory. `context 0` is the largest window that fits (a sequence may use every page);
+a context that does not fit is refused naming the largest that does. Under MPI each rank plans from its own
+free memory and the ranks take the minimum (`agree`). The activation share is an estimate (named terms below).
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+
+import numpy as np
+
+from cupyglm.checkpoint.names import all_specs
+from cupyglm.config import ModelConfig
+
+GIB = 1 << 30
+MIB = 1 << 20
+
+
+class PlanError(ValueError):
+    """A plan that does not fit; the message names the setting and the largest value that fits."""
+
+
+# ---- sizes ----------------------------------------------------------------------------------------------------
+
+@functools.lru_cache(maxsize=32)
+def weight_bytes(cfg: ModelConfig, tp: int, itemsize: float = 2, weight_bits: int | None = None) -> int:
+    """One rank's weights: every tensor's shard shape x itemsize (matrices at weight_bits when given)."""
+    total = 0
+    for spec in all_specs(cfg):
+        n = math.prod(spec.shard_shape(tp))
+        size = weight_bits / 8 if weight_bits and len(spec.shape) >= 2 else itemsize
+        total += n * size
+    return int(math.ceil(total))
+
+
+def kv_bytes_per_token(cfg: ModelConfig, kv_host: bool = False, itemsize: int = 2) -> int:
+    """Bytes a token takes in the rank's KV pool (latent row + pooled-key share per KV layer; with kv_host the
+    pooled keys only). itemsize 2 is bf16 (the device layout); the numpy backend stores float32 (4)."""
+    pooled = cfg.index_head_dim * itemsize // cfg.index_kpool
+    latent = 0 if kv_host else cfg.kv_lora_rank * itemsize
+    return len(cfg.kv_layers) * (latent + pooled)
+
+
+def host_kv_bytes_per_token(cfg: ModelConfig, itemsize: int = 2) -> int:
+    """With --kv-host: the latent rows each token keeps in host memory."""
+    return len(cfg.kv_layers) * cfg.kv_lora_rank * itemsize
+
+
+def fixed_state_bytes(cfg: ModelConfig, tp: int, act_itemsize: int = 2) -> int:
+    """One sequence's fixed state: per KDA layer the fp32 state [H/tp, K, K] and the conv window
+    [taps - 1, 3 H/tp K]; per KV layer the incomplete pool's index keys and gates (3 rows each); the MTP row."""
+    h, k = cfg.kda_num_heads // tp, cfg.kda_head_dim
+    kda = len(cfg.kda_layers) * (h * k * k * 4 + (cfg.kda_conv_size - 1) * 3 * h * k * act_itemsize)
+    tail = len(cfg.kv_layers) * 2 * (cfg.index_kpool - 1) * cfg.index_head_dim * act_itemsize
+    return kda + tail + cfg.hidden_size * act_itemsize
+
+
+def activation_bytes(cfg: ModelConfig, tp: int, rows: int, logit_rows: int, itemsize: int = 4) -> int:
+    """Scratch for one step of `rows` rows (an estimate): the 4 hyper-connection streams (3 live copies), the
+    widest sublayer's intermediates, sparse attention scores, and full-vocab logits for `logit_rows` rows."""
+    d = cfg.hidden_size
+    streams = 3 * cfg.hc_mult * d
+    kda = 7 * cfg.kda_num_heads * cfg.kda_head_dim // tp + 4 * cfg.kda_head_dim
+    heads = cfg.num_attention_heads // tp
+    dsa = 2 * heads * cfg.kv_lora_rank + heads * cfg.qk_nope_head_dim + cfg.q_lora_rank + cfg.kv_lora_rank \
+        + cfg.index_n_heads * cfg.index_head_dim + heads * cfg.max_pick
+    moe = cfg.num_experts_per_tok * d + 3 * cfg.moe_intermediate_size // tp + cfg.n_routed_experts
+    mlp = 2 * cfg.intermediate_size // tp
+    per_row = streams + max(kda, dsa, moe, mlp) + 2 * d
+    logits = logit_rows * (cfg.vocab_size + cfg.vocab_size // tp)
+    return int((rows * per_row + logits) * itemsize)
+
+
+def mem_available() -> int:
+    """MemAvailable from /proc/meminfo, in bytes."""
+    with open("/proc/meminfo") as fh:
+        for line in fh:
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    raise PlanError("cannot read MemAvailable from /proc/meminfo; set --kv-gib")
+
+
+# ---- the plan -------------------------------------------------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class MemoryPlan:
+    rank: int
+    tp: int
+    budget_bytes: int                 # card or host memory considered (0: an explicit KV budget was given)
+    weights_bytes: int
+    scratch_bytes: int
+    reserve_bytes: int
+    prompt_cache_bytes: int           # set aside on this budget (0 with the host cache)
+    prompt_cache_host: bool
+    page_tokens: int
+    bytes_per_token: int              # in the pool (on the card)
+    host_bytes_per_token: int         # latent rows in host memory (--kv-host), else 0
+    fit_pages: int                    # pages that fit this rank (before the ranks agree)
+    num_pages: int                    # pages in the pool
+    context: int                      # the window
+    free_bytes: int                   # left over after everything
+    explicit_kv_bytes: int = 0        # --kv-gib
+
+    @property
+    def page_bytes(self) -> int:
+        return self.page_tokens * self.bytes_per_token
+
+    @property
+    def kv_bytes(self) -> int:
+        return self.num_pages * self.page_bytes
+
+    @property
+    def largest_window(self) -> int:
+        return self.num_pages * self.page_tokens
+
+    def line(self) -> str:
+        """The startup line of this rank."""
+        cache = "no prompt cache"
+        if self.prompt_cache_bytes or self.prompt_cache_host:
+            where = " in host memory" if self.prompt_cache_host else ""
+            cache = f"prompt cache {_gib(self.prompt_cache_bytes)}{where}"
+        kv = f"pages {self.num_pages:,} x {_size(self.page_bytes)} = {_gib(self.kv_bytes)}"
+        if self.host_bytes_per_token:
+            kv += f" (pooled keys; latent rows in host memory at {self.host_bytes_per_token:,} B/token)"
+        budget = f" of {_gib(self.budget_bytes)}" if self.budget_bytes else f" (--kv-gib {_gib(self.explicit_kv_bytes)})"
+        return (f"rank {self.rank} plan: weights {_gib(self.weights_bytes)}, scratch {_gib(self.scratch_bytes)}, "
+                f"{kv}, window {self.context:,} tokens, {cache}, reserve {_gib(self.reserve_bytes)}, "
+                f"free {_gib(self.free_bytes)}{budget}")
+
+    def summary(self) -> str:
+        return (f"{self.bytes_per_token:,} bytes/token, {self.page_tokens} tokens/page, "
+                f"{self.num_pages:,} pages, window {self.context:,} tokens")
+
+
+def _gib(n: int) -> str:
+    return f"{n / GIB:.2f} GiB"
+
+
+def _size(n: int) -> str:
+    return f"{n / MIB:.2f} MiB" if n >= MIB else f"{n / 1024:.1f} KiB"
+
+
+def plan_memory(cfg: ModelConfig, *, tp: int = 1, rank: int = 0, budget_bytes: int | None = None,
+                kv_budget_bytes: int | None = None, parallel: int = 4, context: int = 0, page_tokens: int = 0,
+                kv_pages: int = 0, kv_host: bool = False, kv_host_bytes: int | None = None,
+                reserve_gib: float = 1.0, prompt_cache_gib: float = 0.0, host_cache: bool = False,
+                chunk_rows: int = 2048, weights: int | None = None, weight_bits: int | None = None,
+                kv_itemsize: int = 2, act_itemsize: int = 2, weight_itemsize: int = 2,
+                pool_cap: bool = False, max_window: int | None = None, fit_pages: int | None = None) -> MemoryPlan:
+    """The plan of one rank. `budget_bytes`: the memory this rank plans in (card or host); `kv_budget_bytes`
+    (--kv-gib) replaces the arithmetic with an explicit KV budget. `fit_pages` overrides the pages that fit
+    (the minimum over ranks, see `agree`). `pool_cap` (CPU backends) sizes the pool to `parallel` full windows
+    rather than all memory; `max_window` caps the window of `context 0` (the model's maximum length)."""
+    if tp < 1 or parallel < 1:
+        raise PlanError(f"tp and parallel must be positive (got tp {tp}, parallel {parallel})")
+    page_tokens = page_tokens or cfg.page_tokens
+    if page_tokens % cfg.index_kpool:
+        raise PlanError(f"--page-tokens must be a multiple of {cfg.index_kpool}, got {page_tokens}")
+    bpt = kv_bytes_per_token(cfg, kv_host, kv_itemsize)
+    host_bpt = host_kv_bytes_per_token(cfg, kv_itemsize) if kv_host else 0
+    page_bytes = page_tokens * bpt
+    wbytes = weights if weights is not None else weight_bytes(cfg, tp, weight_itemsize, weight_bits)
+    scratch = activation_bytes(cfg, tp, chunk_rows + parallel, parallel, act_itemsize) \
+        + parallel * fixed_state_bytes(cfg, tp, act_itemsize)
+    reserve = int(reserve_gib * GIB)
+    cache = int(prompt_cache_gib * GIB)
+    cache_here = 0 if host_cache else cache
+    if kv_budget_bytes is not None:
+        budget, room = 0, int(kv_budget_bytes)
+    else:
+        if budget_bytes is None:
+            raise PlanError("no memory budget: give the card size or --kv-gib")
+        budget = int(budget_bytes)
+        room = budget - wbytes - scratch - reserve - cache_here
+        if room < page_bytes and fit_pages is None:
+            raise PlanError(f"no room for KV pages on rank {rank}: weights {_gib(wbytes)} + scratch "
+                            f"{_gib(scratch)} + reserve {_gib(reserve)}"
+                            + (f" + prompt cache {_gib(cache_here)}" if cache_here else "")
+                            + f" exceed the {_gib(budget)} budget (a quantised checkpoint: --weight-bits or "
+                            f"--weights-gib in cupyglm-plan)")
+    fit = max(0, room // page_bytes) if fit_pages is None else fit_pages
+    if kv_host and kv_host_bytes is not None:
+        fit = min(fit, kv_host_bytes // (page_tokens * host_bpt))
+    if fit < 1:
+        raise PlanError(f"no room for KV pages on rank {rank} (a page is {_size(page_bytes)})")
+    if kv_pages:
+        if kv_pages > fit:
+            raise PlanError(f"--kv-pages {kv_pages} does not fit: at most {fit:,} pages fit")
+        pages = kv_pages
+    else:
+        pages = fit
+    largest = pages * page_tokens
+    if context:
+        if context > largest:
+            raise PlanError(f"--context {context} does not fit: the largest window is {largest:,} tokens")
+        window = context
+    else:
+        window = min(largest, max_window) if max_window else largest
+    if pool_cap and not kv_pages:
+        pages = min(pages, parallel * -(-window // page_tokens))
+    free = room - pages * page_bytes
+    return MemoryPlan(rank=rank, tp=tp, budget_bytes=budget, weights_bytes=wbytes, scratch_bytes=scratch,
+                      reserve_bytes=reserve, prompt_cache_bytes=cache, prompt_cache_host=host_cache and cache > 0,
+                      page_tokens=page_tokens, bytes_per_token=bpt, host_bytes_per_token=host_bpt,
+                      fit_pages=fit, num_pages=pages, context=window, free_bytes=free,
+                      explicit_kv_bytes=int(kv_budget_bytes or 0))
+
+
+def agree(local_fit: int, host_comm) -> int:
+    """The pages that fit every rank: the minimum of the ranks' fits (an all-gather)."""
+    if host_comm is None or getattr(host_comm, "size", 1) == 1:
+        return local_fit
+    fits = host_comm.allgather(np.array([local_fit], dtype=np.int64))
+    return int(np.min(fits))

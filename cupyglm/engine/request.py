@@ -1,0 +1,72 @@
+"""A request's life in the engine: its prompt, parameters, pages, generated tokens and outputs."""
+from __future__ import annotations
+
+import dataclasses
+import enum
+
+from cupyglm.engine.sampling import SamplingParams
+
+
+class EngineError(RuntimeError):
+    pass
+
+
+class QueueFull(EngineError):
+    """The waiting queue is at --max-queue (HTTP 429)."""
+
+
+class RequestTooLong(ValueError):
+    """A request that can never fit the context window or the KV pool; refused before it takes any page."""
+
+
+class Status(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+@dataclasses.dataclass(eq=False)
+class Request:
+    id: int
+    prompt: tuple[int, ...]
+    params: SamplingParams
+    seed: int                               # the RNG seed (params.seed, or one from the engine's sequence)
+    max_tokens: int                         # resolved (params.max_tokens, or what the window leaves)
+    status: Status = Status.WAITING
+    pages: list[int] = dataclasses.field(default_factory=list)   # page table (exact pool ids)
+    fed: int = 0                            # positions whose KV is written (the model state's length)
+    output: list[int] = dataclasses.field(default_factory=list)  # generated token ids
+    announced: bool = False                 # admitted: every rank knows it
+    finish_reason: str | None = None
+    arrival: int = 0
+
+    @property
+    def prompt_len(self) -> int:
+        return len(self.prompt)
+
+    @property
+    def max_positions(self) -> int:
+        """Positions this request can ever write: the prompt and every generated token but the last."""
+        return self.prompt_len + self.max_tokens - 1
+
+    @property
+    def prefilling(self) -> bool:
+        return self.fed < self.prompt_len
+
+    @property
+    def finished(self) -> bool:
+        return self.status is Status.FINISHED
+
+
+@dataclasses.dataclass
+class RequestOutput:
+    """What one engine step produced for one request (deltas)."""
+
+    request_id: int
+    new_token_ids: list[int]
+    new_text: str
+    finished: bool
+    finish_reason: str | None
+    prompt_tokens: int
+    completion_tokens: int                  # generated so far, this step included
+    cached_tokens: int = 0

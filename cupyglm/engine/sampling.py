@@ -1,0 +1,226 @@
+"""Sampling: parameters, the counter-based RNG, the fp32 sampling algorithm, and stop rules.
+
+A draw depends only on the row's logits, the request's parameters, its seed and the position of the token being
+drawn, never on the batch, so a CUDA kernel can reproduce it bit for bit by following these steps.
+
+RNG (counter-based, keyed by (seed, position); u64 arithmetic modulo 2**64):
+
+    splitmix64(x):  x += 0x9E3779B97F4A7C15; z = x
+                    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9
+                    z = (z ^ (z >> 27)) * 0x94D049BB133111EB
+                    return z ^ (z >> 31)
+    bits(seed, position) = splitmix64(splitmix64(seed) + position)
+    u = float32(bits >> 40) * 2**-24          a float32 uniform in [0, 1) with 24 random bits, exact
+
+`position` is the absolute position the drawn token will take in the sequence (prompt length + tokens
+generated before it). A request without a seed gets one from the engine: (settings.seed + request counter).
+
+The algorithm on one row of fp32 logits x[V] (every step in float32, sums strictly left to right):
+
+ 0. min_tokens: while fewer than min_tokens tokens are generated, x[id] = -inf for every stop token id and,
+    unless ignore_eos, every EOS id.
+ 1. greedy when temperature < 1e-5 (0 in practice): the lowest id among the maxima of x; done.
+ 2. x = x / float32(temperature).
+ 3. order the ids by (x desc, id asc); with top_k > 0 keep the first top_k. Call the kept values s[0..n).
+ 4. softmax: e[i] = exp(s[i] - s[0]); S = e[0] + e[1] + ... (left to right); p[i] = e[i] / S.
+ 5. top_p < 1: c[i] = p[0] + ... + p[i] (left to right); keep i = 0 and every i >= 1 with c[i - 1] < top_p
+    (the smallest prefix whose mass reaches top_p).
+ 6. min_p > 0: keep the prefix with p[i] >= float32(min_p) * p[0].
+ 7. renormalise and draw: q[i] = p[0] + ... + p[i] over the kept n' ids (left to right); r = u * q[n' - 1];
+    the drawn token is the first kept i (in the order of step 3) with q[i] > r, else the last kept one.
+
+Ids whose e[i] underflows to 0 change no sum and are never drawn, so a kernel may skip them.
+
+Stops: a stop token id or an EOS id (unless ignore_eos) ends the request with "stop" once min_tokens tokens
+came before it; max_tokens ends it with "length"; a stop string (matched on rank 0's detokenized text) ends it
+with "stop" and the text is cut before the match (OpenAI/vLLM behaviour; the token ids keep every token).
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Iterable, Sequence
+
+import numpy as np
+
+from cupyglm.backend.lanes import exp_f32
+
+MASK64 = (1 << 64) - 1
+GREEDY_EPS = 1e-5
+FINISH_STOP, FINISH_LENGTH, FINISH_ABORT = "stop", "length", "abort"
+
+
+@dataclasses.dataclass(frozen=True)
+class SamplingParams:
+    """Per-request sampling settings (vLLM / OpenAI defaults). Invalid values raise ValueError naming the field.
+
+    max_tokens None means "up to the context window". top_k 0 or -1 is off. stop is a string or a list of
+    strings; stop_token_ids a list of ids.
+    """
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    min_p: float = 0.0
+    seed: int | None = None
+    max_tokens: int | None = 16
+    min_tokens: int = 0
+    stop: tuple[str, ...] = ()
+    stop_token_ids: tuple[int, ...] = ()
+    ignore_eos: bool = False
+    skip_special_tokens: bool = True
+
+    def __post_init__(self) -> None:
+        def num(name: str) -> float:
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+                raise ValueError(f"{name} must be a finite number, got {v!r}")
+            return float(v)
+
+        def integer(name: str, v) -> int:
+            if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
+                raise ValueError(f"{name} must be an integer, got {v!r}")
+            return int(v)
+
+        if num("temperature") < 0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if not 0 < num("top_p") <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        k = integer("top_k", self.top_k)
+        if k < -1:
+            raise ValueError(f"top_k must be -1 or 0 (off) or a positive integer, got {k}")
+        if not 0 <= num("min_p") <= 1:
+            raise ValueError(f"min_p must be in [0, 1], got {self.min_p}")
+        if self.seed is not None and not 0 <= integer("seed", self.seed) <= MASK64:
+            raise ValueError(f"seed must be in 0..2**64-1, got {self.seed}")
+        if self.max_tokens is not None and integer("max_tokens", self.max_tokens) < 1:
+            raise ValueError(f"max_tokens must be at least 1, got {self.max_tokens}")
+        if integer("min_tokens", self.min_tokens) < 0:
+            raise ValueError(f"min_tokens must be >= 0, got {self.min_tokens}")
+        if self.max_tokens is not None and self.min_tokens > self.max_tokens:
+            raise ValueError(f"min_tokens ({self.min_tokens}) must not exceed max_tokens ({self.max_tokens})")
+        stop = self.stop
+        if stop is None:
+            stop = ()
+        elif isinstance(stop, str):
+            stop = (stop,)
+        stop = tuple(stop)
+        for s in stop:
+            if not isinstance(s, str) or not s:
+                raise ValueError(f"stop must hold non-empty strings, got {s!r}")
+        ids = tuple(integer("stop_token_ids", i) for i in (self.stop_token_ids or ()))
+        for i in ids:
+            if not 0 <= i < 2**32:
+                raise ValueError(f"stop_token_ids must hold token ids >= 0, got {i}")
+        for name in ("ignore_eos", "skip_special_tokens"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name} must be true or false, got {getattr(self, name)!r}")
+        object.__setattr__(self, "stop", stop)
+        object.__setattr__(self, "stop_token_ids", ids)
+        object.__setattr__(self, "top_k", max(k, 0))
+        if self.seed is not None:
+            object.__setattr__(self, "seed", int(self.seed))
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature < GREEDY_EPS
+
+
+# ---- the RNG --------------------------------------------------------------------------------------------------
+
+def splitmix64(x: int) -> int:
+    x = (x + 0x9E3779B97F4A7C15) & MASK64
+    z = x
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & MASK64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & MASK64
+    return z ^ (z >> 31)
+
+
+def rng_bits(seed: int, position: int) -> int:
+    return splitmix64((splitmix64(seed & MASK64) + position) & MASK64)
+
+
+def uniform(seed: int, position: int) -> np.float32:
+    """The float32 uniform in [0, 1) of (seed, position): the top 24 bits of rng_bits, exact."""
+    return np.float32(rng_bits(seed, position) >> 40) * np.float32(2.0 ** -24)
+
+
+# ---- the algorithm --------------------------------------------------------------------------------------------
+
+def banned_ids(params: SamplingParams, n_generated: int, eos_ids: Iterable[int]) -> list[int]:
+    """Ids masked to -inf while fewer than min_tokens tokens are generated (stop ids, and EOS unless ignored)."""
+    if n_generated >= params.min_tokens:
+        return []
+    ids = list(params.stop_token_ids)
+    if not params.ignore_eos:
+        ids += list(eos_ids)
+    return ids
+
+
+def _ordered(x: np.ndarray, top_k: int) -> np.ndarray:
+    """Ids by (x desc, id asc); with top_k > 0 only the first top_k (exact, ties at the cut by lower id)."""
+    v = x.shape[0]
+    if 0 < top_k < v:
+        thr = np.partition(x, v - top_k)[v - top_k]          # the top_k-th largest value
+        cand = np.nonzero(x >= thr)[0]
+        order = cand[np.lexsort((cand, -x[cand]))]
+        return order[:top_k]
+    return np.lexsort((np.arange(v), -x))
+
+
+def sample(logits: np.ndarray, params: SamplingParams, seed: int, position: int, n_generated: int = 0,
+           eos_ids: Sequence[int] = ()) -> int:
+    """One token from one row of logits [V] (module docstring); raises ValueError on NaN logits."""
+    x = np.array(logits, dtype=np.float32, copy=True).reshape(-1)
+    if np.isnan(x).any():
+        raise ValueError("logits hold NaN")
+    ban = [i for i in banned_ids(params, n_generated, eos_ids) if 0 <= i < x.shape[0]]
+    if ban:
+        x[ban] = -np.inf
+    if params.greedy:
+        return int(np.argmax(x))                            # first maximum: ties go to the lower id
+    x = x / np.float32(params.temperature)
+    order = _ordered(x, params.top_k)
+    s = x[order]
+    e = exp_f32(s - s[0])
+    p = (e / np.cumsum(e, dtype=np.float32)[-1]).astype(np.float32)
+    keep = p.shape[0]
+    if params.top_p < 1.0:
+        c = np.cumsum(p, dtype=np.float32)
+        keep = min(keep, 1 + int(np.count_nonzero(c[:-1] < np.float32(params.top_p))))
+    if params.min_p > 0.0:
+        thr = np.float32(params.min_p) * p[0]
+        keep = min(keep, max(1, int(np.count_nonzero(p[:keep] >= thr))))
+    q = np.cumsum(p[:keep], dtype=np.float32)
+    r = uniform(seed, position) * q[-1]
+    idx = int(np.searchsorted(q, r, side="right"))
+    return int(order[min(idx, keep - 1)])
+
+
+# ---- stops ----------------------------------------------------------------------------------------------------
+
+def token_finish(params: SamplingParams, token: int, n_generated: int, max_tokens: int,
+                 eos_ids: Iterable[int]) -> str | None:
+    """Finish reason after `token` became the n_generated-th generated token, or None to go on."""
+    if n_generated > params.min_tokens:
+        if token in params.stop_token_ids or (not params.ignore_eos and token in tuple(eos_ids)):
+            return FINISH_STOP
+    if n_generated >= max_tokens:
+        return FINISH_LENGTH
+    return None
+
+
+def find_stop(text: str, stops: Sequence[str], start: int = 0) -> int:
+    """Index where the earliest stop string match in text[start':] begins (start' lets a match straddle the
+    previous end), or -1."""
+    best = -1
+    for s in stops:
+        i = text.find(s, max(0, start - len(s) + 1))
+        if i >= 0 and (best < 0 or i < best):
+            best = i
+    return best
+
+
+def holdback(stops: Sequence[str]) -> int:
+    """Characters a stream keeps back while a stop string might still complete."""
+    return max((len(s) for s in stops), default=1) - 1

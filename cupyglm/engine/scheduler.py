@@ -1,0 +1,208 @@
+"""The scheduler (pure CPU): which rows of which requests run in the next step, and their KV pages.
+
+Two calls a step: `schedule() -> StepPlan`, then `update(plan, sampled)` with the tokens sampled from the rows
+that asked for logits.
+
+- `parallel` running streams; a bounded waiting queue (`QueueFull`), admitted first come first served.
+- Pages are leased (exact ids, lowest first) in `schedule()`, in row-group order, just before the step that
+  writes them, and released the moment a request finishes or is aborted.
+- Admission reserves a request's worst case: it is admitted only when the free pages, less what running
+  requests may still lease, hold all it can ever write (prompt + max_tokens - 1 positions). So a running
+  request never meets an empty pool, nothing is preempted, and a request that does not fit yet waits.
+- A request that can never fit (over the context window, or more pages than the pool has) is refused with
+  `RequestTooLong` in `add()`, before it takes anything.
+- Prefill is chunked: one step feeds at most `cfg.chunk` prompt tokens (all requests together), and a chunk
+  ends on a multiple of the keep grid unless it ends the prompt. Decode rows (one per request) ride along.
+"""
+from __future__ import annotations
+
+import collections
+import dataclasses
+
+from cupyglm.engine.config import EngineConfig
+from cupyglm.engine.request import QueueFull, Request, RequestTooLong, Status
+from cupyglm.engine.sampling import FINISH_ABORT, token_finish
+from cupyglm.kv.pool import OutOfPages, PagePool
+
+__all__ = ["Scheduler", "StepPlan", "RowGroup", "QueueFull", "RequestTooLong"]
+
+
+@dataclasses.dataclass(frozen=True)
+class RowGroup:
+    """Rows of one request in one step: `tokens` fed at positions start, start + 1, ..."""
+
+    request_id: int
+    tokens: tuple[int, ...]
+    start: int
+    logits: bool               # sample after this group (the prompt's last chunk, or a decode row)
+    decode: bool               # a decode row (its token was sampled on rank 0), else a prompt chunk
+
+    @property
+    def count(self) -> int:
+        return len(self.tokens)
+
+    @property
+    def end(self) -> int:
+        return self.start + len(self.tokens)
+
+
+@dataclasses.dataclass(frozen=True)
+class StepPlan:
+    step: int
+    groups: tuple[RowGroup, ...] = ()
+    admitted: tuple[int, ...] = ()       # requests every rank learns of in this step
+    released: tuple[int, ...] = ()       # admitted requests finished or aborted since the last plan
+
+    @property
+    def empty(self) -> bool:
+        return not (self.groups or self.admitted or self.released)
+
+    @property
+    def rows(self) -> int:
+        return sum(g.count for g in self.groups)
+
+
+class Scheduler:
+    def __init__(self, cfg: EngineConfig, pool: PagePool | None = None):
+        self.cfg = cfg
+        self.pool = pool if pool is not None else PagePool(cfg.num_pages)
+        self.waiting: collections.deque[Request] = collections.deque()
+        self.running: list[Request] = []
+        self.requests: dict[int, Request] = {}          # waiting and running
+        self._released: list[int] = []
+        self.step = 0
+
+    # ---- admission ---------------------------------------------------------------------------------------------
+    def resolve_max_tokens(self, prompt_len: int, max_tokens: int | None) -> int:
+        """max_tokens for a prompt (None: what the window leaves); RequestTooLong when it can never fit."""
+        cfg = self.cfg
+        if prompt_len < 1:
+            raise ValueError("prompt must hold at least one token")
+        if max_tokens is None:
+            max_tokens = cfg.context - prompt_len
+            if max_tokens < 1:
+                raise RequestTooLong(f"prompt of {prompt_len} tokens leaves no room to generate in the context "
+                                     f"window of {cfg.context}")
+        if prompt_len + max_tokens > cfg.context:
+            raise RequestTooLong(f"prompt of {prompt_len} tokens + max_tokens {max_tokens} exceeds the context "
+                                 f"window of {cfg.context}")
+        need = cfg.pages_needed(prompt_len + max_tokens - 1)
+        if need > self.pool.num_pages:
+            raise RequestTooLong(f"prompt of {prompt_len} tokens + max_tokens {max_tokens} needs {need} KV pages "
+                                 f"of {cfg.page_tokens} tokens; the pool has {self.pool.num_pages}")
+        return max_tokens
+
+    def add(self, req: Request) -> None:
+        """Queue a request (its max_tokens already resolved); QueueFull when the queue is at its bound."""
+        if req.id in self.requests:
+            raise ValueError(f"request id {req.id} is already in use")
+        self.resolve_max_tokens(req.prompt_len, req.max_tokens)
+        free_streams = max(0, self.cfg.parallel - len(self.running))
+        if len(self.waiting) >= self.cfg.max_queue + free_streams:
+            raise QueueFull(f"the queue is full ({self.cfg.max_queue} waiting requests)")
+        req.status = Status.WAITING
+        self.waiting.append(req)
+        self.requests[req.id] = req
+
+    def reserved_pages(self) -> int:
+        """Pages running requests may still lease."""
+        return sum(self.cfg.pages_needed(r.max_positions) - len(r.pages) for r in self.running)
+
+    def _admit(self) -> list[int]:
+        admitted = []
+        while self.waiting and len(self.running) < self.cfg.parallel:
+            head = self.waiting[0]
+            if self.pool.free_count - self.reserved_pages() < self.cfg.pages_needed(head.max_positions):
+                break                                      # first come first served: the head waits for pages
+            self.waiting.popleft()
+            head.status = Status.RUNNING
+            head.announced = True
+            self.running.append(head)
+            admitted.append(head.id)
+        return admitted
+
+    # ---- the two calls -----------------------------------------------------------------------------------------
+    def schedule(self) -> StepPlan:
+        """The next step: admit, then per running request (admission order) a decode row or a prompt chunk,
+        leasing its pages."""
+        cfg = self.cfg
+        self.step += 1
+        admitted = self._admit()
+        budget = cfg.chunk
+        groups = []
+        for r in self.running:
+            if r.prefilling:
+                end = min(r.prompt_len, r.fed + budget)
+                if end < r.prompt_len:
+                    end = end // cfg.keep_grid * cfg.keep_grid
+                if end <= r.fed:
+                    continue
+                group = RowGroup(r.id, r.prompt[r.fed:end], r.fed, end == r.prompt_len, False)
+            else:
+                group = RowGroup(r.id, (r.output[-1],), r.fed, True, True)
+            if not self._lease(r, group.end):
+                continue
+            if not group.decode:
+                budget -= group.count
+            groups.append(group)
+        released, self._released = tuple(self._released), []
+        return StepPlan(self.step, tuple(groups), tuple(admitted), released)
+
+    def _lease(self, r: Request, positions: int) -> bool:
+        need = self.cfg.pages_needed(positions) - len(r.pages)
+        if need > 0:
+            try:
+                r.pages.extend(self.pool.lease(need))
+            except OutOfPages:                              # not reached: admission reserved the pages
+                return False
+        return True
+
+    def update(self, plan: StepPlan, sampled: dict[int, int]) -> list[tuple[Request, int, str | None]]:
+        """Apply a step's results: positions fed, sampled tokens, token-level finishes (pages released at
+        once). Returns (request, token, finish reason or None) for each sampled row, in plan order."""
+        events = []
+        for g in plan.groups:
+            r = self.requests.get(g.request_id)
+            if r is None or r.status is not Status.RUNNING:
+                continue                                   # aborted while the step ran
+            if r.fed != g.start:
+                raise RuntimeError(f"request {r.id}: step {plan.step} fed position {g.start}, expected {r.fed}")
+            r.fed = g.end
+            if not g.logits:
+                continue
+            tok = int(sampled[g.request_id])
+            r.output.append(tok)
+            reason = token_finish(r.params, tok, len(r.output), r.max_tokens, self.cfg.eos_token_ids)
+            if reason is not None:
+                self._finish(r, reason)
+            events.append((r, tok, reason))
+        return events
+
+    # ---- endings -----------------------------------------------------------------------------------------------
+    def finish(self, request_id: int, reason: str) -> Request | None:
+        """End a request now (e.g. a stop string matched on rank 0); its pages go back at once."""
+        r = self.requests.get(request_id)
+        if r is None:
+            return None
+        self._finish(r, reason)
+        return r
+
+    def abort(self, request_id: int) -> Request | None:
+        """Cancel a waiting or running request; its pages go back at once. None when it is not live."""
+        return self.finish(request_id, FINISH_ABORT)
+
+    def _finish(self, r: Request, reason: str) -> None:
+        if r.status is Status.WAITING:
+            self.waiting.remove(r)
+        elif r.status is Status.RUNNING:
+            self.running.remove(r)
+            self.pool.release(r.pages)
+            r.pages.clear()
+        r.status = Status.FINISHED
+        r.finish_reason = reason
+        self.requests.pop(r.id, None)
+        if r.announced:
+            self._released.append(r.id)
+
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running or self._released)

@@ -1,0 +1,254 @@
+"""The bridge between the asyncio server and the engine, which runs in a dedicated thread on rank 0.
+
+The engine thread builds the engine (a collective with the other ranks), then loops: apply pending aborts, run
+`engine.step()` while there is work, hand each step's outputs to the event loop with `call_soon_threadsafe`,
+sleep on an event while idle. Each request has an asyncio queue that receives its `Delta`s; the last one has
+`finished` set. Aborts are queued and applied by the engine thread itself, between steps, so the engine is
+only ever stepped and aborted from one thread. If the engine thread dies every open request receives the error,
+`/health` turns 503, and `on_dead` is called (the server then shuts down and the job exits non-zero).
+"""
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import itertools
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from cupyglm.server.metrics import Metrics
+
+
+@dataclasses.dataclass
+class Delta:
+    """One request's share of one engine step, normalized from the engine's RequestOutput."""
+
+    request_id: int
+    token_ids: list[int]
+    text: str
+    finished: bool
+    finish_reason: str | None
+    prompt_tokens: int | None
+    cached_tokens: int
+
+
+class EngineDied(RuntimeError):
+    pass
+
+
+def _first(obj: Any, names: tuple[str, ...], default: Any = None) -> Any:
+    for n in names:
+        if hasattr(obj, n):
+            v = getattr(obj, n)
+            if v is not None:
+                return v
+    return default
+
+
+def normalize(out: Any) -> Delta:
+    return Delta(request_id=_first(out, ("request_id", "id")),
+                 token_ids=[int(t) for t in _first(out, ("new_token_ids", "token_ids", "tokens"), ())],
+                 text=_first(out, ("new_text", "text", "delta_text"), "") or "",
+                 finished=bool(_first(out, ("finished",), False)),
+                 finish_reason=_first(out, ("finish_reason",), None),
+                 prompt_tokens=_first(out, ("prompt_tokens", "num_prompt_tokens", "prompt_len"), None),
+                 cached_tokens=int(_first(out, ("cached_tokens", "num_cached_tokens"), 0) or 0))
+
+
+class RequestStream:
+    """The asyncio side of one request: `await next()` gives Deltas; raises EngineDied if the engine died."""
+
+    def __init__(self, bridge: "EngineBridge", request_id: int, prompt_len: int, arrival: float):
+        self.bridge = bridge
+        self.request_id = request_id
+        self.prompt_len = prompt_len
+        self.arrival = arrival
+        self.queue: asyncio.Queue = asyncio.Queue()
+        self.finished = False
+        self.first_token_at: float | None = None
+        self.last_token_at: float | None = None
+        self.generated = 0
+
+    async def next(self) -> Delta:
+        item = await self.queue.get()
+        if isinstance(item, BaseException):
+            self.finished = True
+            raise item
+        if item.finished:
+            self.finished = True
+        return item
+
+    def abort(self) -> None:
+        """Abort this request if it has not finished (client gone); its pages are freed by the engine thread."""
+        if not self.finished:
+            self.finished = True
+            self.bridge.abort(self.request_id)
+
+
+class EngineBridge:
+    IDLE_WAIT_S = 0.05
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, metrics: Metrics):
+        self.loop = loop
+        self.metrics = metrics
+        self.engine: Any = None
+        self.ready = False
+        self.dead: BaseException | None = None
+        self.closing = False
+        self._streams: dict[int, RequestStream] = {}
+        self._ids = itertools.count(1)
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self._aborts: list[int] = []
+        self._thread: threading.Thread | None = None
+        self.on_dead: Callable[[BaseException], None] | None = None
+        self.step_count = 0
+
+    # ---- the engine thread --------------------------------------------------------------------------------------
+    def start(self, factory: Callable[[], Any], on_ready: Callable[[Any], None] | None = None) -> None:
+        """Build the engine with `factory()` in the engine thread, then run the loop there."""
+        self._thread = threading.Thread(target=self._main, args=(factory, on_ready), name="cupyglm-engine",
+                                        daemon=True)
+        self._thread.start()
+
+    def _main(self, factory: Callable[[], Any], on_ready: Callable[[Any], None] | None) -> None:
+        try:
+            self.engine = factory()
+            self._snapshot_pages()
+            self.ready = True
+            if on_ready is not None:
+                on_ready(self.engine)
+            self._loop()
+        except BaseException as e:  # noqa: BLE001 - reported to every open request and to the server
+            self.ready = False
+            self.dead = e
+            try:
+                self.loop.call_soon_threadsafe(self._fail_all, e)
+            except RuntimeError:      # the loop is closed already
+                pass
+            return
+        try:
+            shutdown = getattr(self.engine, "shutdown", None)
+            if shutdown is not None:
+                shutdown()
+        except BaseException as e:  # noqa: BLE001
+            self.dead = e
+
+    def _loop(self) -> None:
+        engine = self.engine
+        while not self._stop.is_set():
+            with self._lock:
+                aborts, self._aborts = self._aborts, []
+            for rid in aborts:
+                engine.abort(rid)
+            if aborts:
+                self._snapshot_pages()
+            if engine.has_work():
+                t0 = time.monotonic()
+                outs = engine.step()
+                t1 = time.monotonic()
+                self.step_count += 1
+                self._snapshot_pages()
+                if outs:
+                    self.loop.call_soon_threadsafe(self._deliver, [normalize(o) for o in outs], t0, t1)
+            else:
+                self._wake.wait(self.IDLE_WAIT_S)
+                self._wake.clear()
+
+    def _snapshot_pages(self) -> None:
+        e = self.engine
+        free, total = getattr(e, "free_pages", None), getattr(e, "total_pages", None)
+        if free is not None and total is not None:
+            self.metrics.set_pages(int(free), int(total))
+
+    # ---- the event loop side ------------------------------------------------------------------------------------
+    def submit(self, prompt_ids: list[int], params: Any) -> RequestStream:
+        """Enqueue a request (event loop thread); the engine's QueueFull / RequestTooLong / ValueError propagate."""
+        if self.dead is not None:
+            raise EngineDied(f"the engine stopped: {self.dead}")
+        rid = next(self._ids)
+        stream = RequestStream(self, rid, len(prompt_ids), time.monotonic())
+        self._streams[rid] = stream
+        try:
+            self.engine.add_request(list(prompt_ids), params, request_id=rid)
+        except BaseException:
+            self._streams.pop(rid, None)
+            raise
+        self.metrics.on_arrival(len(prompt_ids))
+        self._update_counts()
+        self._wake.set()
+        return stream
+
+    def abort(self, request_id: int) -> None:
+        stream = self._streams.pop(request_id, None)
+        if stream is not None:
+            self.metrics.on_finish(stream, "abort", time.monotonic())
+        self._update_counts()
+        with self._lock:
+            self._aborts.append(request_id)
+        self._wake.set()
+
+    def _deliver(self, deltas: list[Delta], t_start: float, t_end: float) -> None:
+        now = time.monotonic()
+        for d in deltas:
+            stream = self._streams.get(d.request_id)
+            if stream is None:
+                continue         # aborted meanwhile
+            if d.token_ids:
+                if stream.first_token_at is None:
+                    stream.first_token_at = now
+                    self.metrics.on_first_token(stream, max(0.0, t_start - stream.arrival), now - stream.arrival)
+                else:
+                    self.metrics.on_tokens(stream, now - (stream.last_token_at or now), len(d.token_ids))
+                stream.last_token_at = now
+                stream.generated += len(d.token_ids)
+                self.metrics.generation_tokens.inc(len(d.token_ids))
+            if d.finished:
+                self._streams.pop(d.request_id, None)
+                self.metrics.on_finish(stream, d.finish_reason or "stop", now, cached=d.cached_tokens)
+            stream.queue.put_nowait(d)
+        self._update_counts()
+
+    def _update_counts(self) -> None:
+        running = sum(1 for s in self._streams.values() if s.first_token_at is not None)
+        self.metrics.set_counts(running, len(self._streams) - running)
+
+    def _fail_all(self, exc: BaseException) -> None:
+        err = EngineDied(f"the engine stopped: {type(exc).__name__}: {exc}")
+        for stream in list(self._streams.values()):
+            stream.queue.put_nowait(err)
+        self._streams.clear()
+        self._update_counts()
+        if self.on_dead is not None:
+            self.on_dead(exc)
+
+    @property
+    def open_requests(self) -> int:
+        return len(self._streams)
+
+    async def drain(self, timeout: float) -> int:
+        """Wait up to `timeout` s for open requests to finish; abort the rest. Returns how many were aborted."""
+        self.closing = True
+        deadline = time.monotonic() + timeout
+        while self._streams and time.monotonic() < deadline and self.dead is None:
+            await asyncio.sleep(0.05)
+        left = list(self._streams)
+        for rid in left:
+            stream = self._streams.get(rid)
+            if stream is not None:
+                stream.queue.put_nowait(EngineDied("the server is shutting down"))
+            self.abort(rid)
+        return len(left)
+
+    def stop(self, timeout: float = 30.0) -> None:
+        """Stop the engine thread (it shuts the engine down: the stop broadcast to the other ranks) and join it."""
+        self._stop.set()
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    @property
+    def alive(self) -> bool:
+        return self._thread is not None and self._thread.is_alive() and self.dead is None

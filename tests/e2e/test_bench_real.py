@@ -1,0 +1,67 @@
+"""cupyglm-bench end to end against the real tiny server (`mpirun -n 2 python -m cupyglm.cli.serve`, numpy backend):
+every subcommand with small sizes passes and writes a report that validates."""
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+try:
+    import cupyglm_bench  # noqa: F401
+except ImportError:      # not installed yet: the package lives in bench/
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+
+from cupyglm_bench.cli import main  # noqa: E402
+from cupyglm_bench.report import validate_report  # noqa: E402
+
+if importlib.util.find_spec("cupyglm.cli.serve") is None:
+    pytest.skip("cupyglm.cli.serve not available yet", allow_module_level=True)
+
+pytestmark = pytest.mark.mpi
+
+RUNS = {
+    "decode": ["--tokens", "16", "--reps", "2", "--warmup", "0"],
+    "cache": ["--lengths", "64,128", "--tokens", "8", "--require-cold"],
+    "concurrent": ["--levels", "1,2", "--tokens", "8", "--alone"],
+    "resume": ["--turns", "3", "--max-tokens", "8", "--system", "short"],
+    "load": ["--num-prompts", "8", "--request-rate", "8", "--max-concurrency", "4", "--input-len", "32",
+             "--output-len", "8", "--percentiles", "50,90"],
+}
+
+
+@pytest.fixture(scope="module")
+def bench_server(start_server):
+    s = start_server(["--context", "512", "--parallel", "4", "--max-queue", "16"])
+    yield s
+    s.kill()
+
+
+@pytest.mark.parametrize("sub", list(RUNS))
+def test_subcommand_passes_against_the_real_server(bench_server, sub, tmp_path, capsys):
+    out = tmp_path / f"{sub}.json"
+    rc = main([sub, "--base-url", bench_server.url, "--no-progress", "--output", str(out), *RUNS[sub]])
+    printed = capsys.readouterr()
+    assert rc == 0, printed.out + printed.err
+    rep = json.loads(out.read_text())
+    assert validate_report(rep) == []
+    assert rep["passed"] and rep["server"]["model"] == bench_server.model
+    assert rep["server"]["models_entry"]["max_model_len"] == 512
+    res = rep["results"]
+    if sub == "decode":
+        assert all(c["sha_status"] == "equal" and c["reps"][0]["token_sha_source"] == "server"
+                   for c in res["cells"])
+        assert all(c["completion_tokens"] == 16 for c in res["cells"])
+    elif sub == "cache":
+        assert [d["prompt_tokens"] for d in res["lengths"]] == [64, 128]
+        assert all(d["cached_tokens"] == [0] for d in res["lengths"])
+    elif sub == "concurrent":
+        assert res["summary"]["alone"]["equal"] == res["summary"]["alone"]["total"] == 6
+    elif sub == "resume":
+        assert [t["status"] for t in res["turns"]] == ["equal"] * 3
+    else:
+        assert (res["completed"], res["failed"]) == (8, 0)
+        assert res["total_input_tokens"] == 8 * 32 and res["total_output_tokens"] == 8 * 8
+        assert res["max_in_flight"] <= 4
