@@ -3,7 +3,7 @@
 For every case (and every requested order): make the inputs, launch through the typed launchers, compare with
 the host replay within the case's ULPs; under several orders also require bit-identical outputs across them;
 then run the planted control once and require it to come out red (different from the replay). One line per
-case, then
+case (a kernel at one shape), then
 
     SUMMARY <n> kernels: <p> pass, <f> fail; <c> controls: <r> red as planted, <m> missed
 
@@ -61,9 +61,12 @@ class Report:
 
     @property
     def summary(self) -> str:
-        n = len(self.results)
-        return (f"SUMMARY {n} kernels: {self.passed} pass, {n - self.passed} fail; "
-                f"{n} controls: {self.red} red as planted, {n - self.red} missed")
+        """Kernels count once each (a kernel passes when every case naming it passes); controls count per case."""
+        kernels = {k for r in self.results for k in r.case.kernels}
+        failed = {k for r in self.results if not r.ok for k in r.case.kernels}
+        n, c = len(kernels), len(self.results)
+        return (f"SUMMARY {n} kernels: {n - len(failed)} pass, {len(failed)} fail; "
+                f"{c} controls: {self.red} red as planted, {c - self.red} missed")
 
 
 def select(cases: Iterable[Case], pattern: str | None) -> list[Case]:
