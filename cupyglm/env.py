@@ -9,7 +9,7 @@ from pathlib import Path
 
 # name -> (default, meaning); README's environment table is generated from this list.
 VARIABLES: dict[str, tuple[str, str]] = {
-    "CUPYGLM_BACKEND": ("auto", "backend when --backend is not given: auto|numpy|sim|cuda"),
+    "CUPYGLM_BACKEND": ("auto", "backend when --backend is not given: auto, numpy, sim or cuda"),
     "CUPYGLM_CACHE_DIR": ("$XDG_CACHE_HOME/cupyglm", "where the tiny checkpoint, compiled kernels and emulator builds are cached"),
     "CUPYGLM_HOST_CACHE": ("0", "1: the prompt-cache arena lives in pinned host memory mapped into the device"),
     "CUPYGLM_KV_SHARE": ("0", "1: kept prompts stay in the KV pool as ref-counted pages"),
@@ -17,7 +17,7 @@ VARIABLES: dict[str, tuple[str, str]] = {
     "CUPYGLM_KV_HOST_SHARED": ("0", "1: ranks of one host map one /dev/shm file for the host KV pages (needs CUPYGLM_KV_HOST=1)"),
     "CUPYGLM_KV_HOST_GIB": ("", "size of the host KV pages in GiB (needs CUPYGLM_KV_HOST=1; default one full window)"),
     "CUPYGLM_MEMORY_RESERVE_GIB": ("1.0", "memory each rank keeps free after weights, scratch and KV pages"),
-    "CUPYGLM_SIM_ORDER": ("forward", "thread order of the sim backend: forward|reverse|shuffled"),
+    "CUPYGLM_SIM_ORDER": ("forward", "thread order of the sim backend: forward, reverse or shuffled"),
     "CUPYGLM_SIM_SEED": ("0", "seed of the sim backend's shuffled thread order"),
     "CUPYGLM_SIM_TIMEOUT": ("300", "seconds before an emulated kernel launch is reported as hung"),
     "CUPYGLM_SIM_CXX": ("g++", "C++17 compiler the emulator builds kernels with (else $CXX)"),
