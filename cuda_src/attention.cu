@@ -9,18 +9,6 @@
 
 #define ATT_MAX_RT 8  // R <= 8 * blockDim.x output columns per thread
 
-static __device__ __forceinline__ float att_bf16(float x) { return __bfloat162float(to_bf16(x)); }
-
-// Lane-16 fold inside each aligned group of 16 threads (every lane ends with the reference's bits; see
-// hc.cu).  Full-mask: all 32 lanes of the warp must call it.
-static __device__ __forceinline__ float att_fold16(float v) {
-  v += __shfl_xor_sync(FULL_MASK, v, 8, 16);
-  v += __shfl_xor_sync(FULL_MASK, v, 4, 16);
-  v += __shfl_xor_sync(FULL_MASK, v, 2, 16);
-  v += __shfl_xor_sync(FULL_MASK, v, 1, 16);
-  return v;
-}
-
 // grid (H, T); blockDim.x a multiple of 32 with R <= ATT_MAX_RT * blockDim.x.
 // Dynamic shared memory: chunk floats (scores, then P) + chunk ints (row ids) + 1 float (running max).
 extern "C" __global__ void attention(const float* __restrict__ qa,     // [T, H, R] f32 (bf16 values)
@@ -58,7 +46,7 @@ extern "C" __global__ void attention(const float* __restrict__ qa,     // [T, H,
         const float* kr = store + (long long)ids[j] * R;
         for (int r = lane; r < R; r += 16) acc += q[r] * kr[r];
       }
-      acc = att_fold16(acc);
+      acc = lane16_fold(acc);
       if (j < n && lane == 0) sp[j] = acc * scale;
     }
     __syncthreads();
@@ -70,13 +58,13 @@ extern "C" __global__ void attention(const float* __restrict__ qa,     // [T, H,
     }
     __syncthreads();
     const float m_new = *m_sh;
-    for (int j = tid; j < n; j += blockDim.x) sp[j] = att_bf16(exp_f32(sp[j] - m_new));
+    for (int j = tid; j < n; j += blockDim.x) sp[j] = bf16_round(exp_f32(sp[j] - m_new));
     __syncthreads();
     const float alpha = exp_f32(m - m_new);
     // l = l * alpha + sum(P): every group computes the lane-16 sum (same bits everywhere, no barrier).
     float ps = 0.0f;
     for (int j = lane; j < n; j += 16) ps += sp[j];
-    ps = att_fold16(ps);
+    ps = lane16_fold(ps);
     l = l * alpha + ps;
     // o = o * alpha + P.V: one thread per output column, 16 partials (key j in partial j % 16), folded.
 #pragma unroll
@@ -104,6 +92,6 @@ extern "C" __global__ void attention(const float* __restrict__ qa,     // [T, H,
 #pragma unroll
   for (int c = 0; c < ATT_MAX_RT; ++c) {
     const int r = tid + c * blockDim.x;
-    if (r < R) out[((long long)t * H + h) * R + r] = att_bf16(o[c] / l);
+    if (r < R) out[((long long)t * H + h) * R + r] = bf16_round(o[c] / l);
   }
 }

@@ -26,6 +26,20 @@ static __device__ __forceinline__ float ld_bf16(const __nv_bfloat16* __restrict_
 // float -> bf16, round to nearest even (NaN -> 0x7FFF), same bits on GPU and CPU.
 static __device__ __forceinline__ __nv_bfloat16 to_bf16(float x) { return __float2bfloat16_rn(x); }
 
+// float -> bf16 (RN) -> float: the NumPy reference's bf16().
+static __device__ __forceinline__ float bf16_round(float x) { return __bfloat162float(to_bf16(x)); }
+
+// Lane-16 fold inside each aligned group of 16 threads: lane i += lane i^8, ^4, ^2, ^1. Lane i < 8 gets
+// lane i + lane i+8 exactly as the reference's fold (backend/lanes.py), and IEEE addition is commutative,
+// so every lane of the group ends with the reference's bits. Full-mask: all 32 lanes of the warp must call it.
+static __device__ __forceinline__ float lane16_fold(float v) {
+  v += __shfl_xor_sync(FULL_MASK, v, 8, 16);
+  v += __shfl_xor_sync(FULL_MASK, v, 4, 16);
+  v += __shfl_xor_sync(FULL_MASK, v, 2, 16);
+  v += __shfl_xor_sync(FULL_MASK, v, 1, 16);
+  return v;
+}
+
 // Sum over the 32 lanes of a warp with a fixed butterfly order (offsets 16, 8,
 // 4, 2, 1).  Every lane gets the same, order-deterministic result.  Must be
 // called by all 32 lanes (full-mask, convergent).

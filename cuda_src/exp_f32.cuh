@@ -27,3 +27,6 @@ static __device__ __forceinline__ float exp_f32(float x) {
   const int h = ni >> 1;                                          // both scales stay normal floats
   return (p * __int_as_float((h + 127) << 23)) * __int_as_float((ni - h + 127) << 23);
 }
+
+// The reference's sigmoid: 1 / (1 + exp(-x)) with exp_f32.
+static __device__ __forceinline__ float sigmoid_f32(float x) { return 1.0f / (1.0f + exp_f32(-x)); }

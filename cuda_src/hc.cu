@@ -8,20 +8,6 @@
 #define HC_MAX_S 8  // streams supported by hc_pre's per-thread Sinkhorn (the model has 4)
 
 // float -> bf16 (RN) -> float: the reference's bf16().
-static __device__ __forceinline__ float hc_bf16(float x) { return __bfloat162float(to_bf16(x)); }
-
-static __device__ __forceinline__ float hc_sigmoid(float x) { return 1.0f / (1.0f + exp_f32(-x)); }
-
-// Lane-16 fold inside each aligned group of 16 threads: lane i += lane i^8, ^4, ^2, ^1.  Lane i < 8 gets
-// lane i + lane i+8 exactly as the reference's fold, and IEEE addition is commutative, so every lane of
-// the group ends with the reference's bits.  Full-mask: all 32 lanes of the warp must call it.
-static __device__ __forceinline__ float hc_fold16(float v) {
-  v += __shfl_xor_sync(FULL_MASK, v, 8, 16);
-  v += __shfl_xor_sync(FULL_MASK, v, 4, 16);
-  v += __shfl_xor_sync(FULL_MASK, v, 2, 16);
-  v += __shfl_xor_sync(FULL_MASK, v, 1, 16);
-  return v;
-}
 
 // One block per token row; blockDim.x a multiple of 32 (launcher: 128).  Groups of 16 threads each
 // compute one of the NM = S*(S+2) mix dots (or, as output NM, the sum of squares) in lane-16 order, thread 0
@@ -56,7 +42,7 @@ extern "C" __global__ void hc_pre(const float* __restrict__ X,      // [T, S, D]
     } else if (o == NM) {
       for (int k = lane; k < K; k += 16) acc += xr[k] * xr[k];
     }
-    acc = hc_fold16(acc);
+    acc = lane16_fold(acc);
     if (lane == 0 && o <= NM) hc_sh[o] = acc;
   }
   __syncthreads();
@@ -65,8 +51,8 @@ extern "C" __global__ void hc_pre(const float* __restrict__ X,      // [T, S, D]
     const float r = 1.0f / sqrtf(hc_sh[NM] / (float)K + norm_eps);
     float c[HC_MAX_S][HC_MAX_S];
     for (int i = 0; i < S; ++i) {
-      pre_sh[i] = hc_sigmoid(hc_sh[i] * r * scale[0] + base[i]) + hc_eps;
-      post[(long long)t * S + i] = 2.0f * hc_sigmoid(hc_sh[S + i] * r * scale[1] + base[S + i]);
+      pre_sh[i] = sigmoid_f32(hc_sh[i] * r * scale[0] + base[i]) + hc_eps;
+      post[(long long)t * S + i] = 2.0f * sigmoid_f32(hc_sh[S + i] * r * scale[1] + base[S + i]);
     }
     // Row softmax + eps.
     for (int i = 0; i < S; ++i) {
@@ -118,7 +104,7 @@ extern "C" __global__ void hc_pre(const float* __restrict__ X,      // [T, S, D]
   for (int d = tid; d < D; d += blockDim.x) {
     float acc = pre_sh[0] * xr[d];
     for (int s = 1; s < S; ++s) acc = acc + pre_sh[s] * xr[(long long)s * D + d];
-    x_out[(long long)t * D + d] = hc_bf16(acc);
+    x_out[(long long)t * D + d] = bf16_round(acc);
   }
 }
 
@@ -138,7 +124,7 @@ extern "C" __global__ void hc_post(const float* __restrict__ X,       // [T, S, 
   for (int s = 0; s < S; ++s) {
     float acc = post[(long long)t * S + s] * b;
     for (int j = 0; j < S; ++j) acc = acc + comb[((long long)t * S + j) * S + s] * xr[(long long)j * D];
-    out[((long long)t * S + s) * D + d] = hc_bf16(acc);
+    out[((long long)t * S + s) * D + d] = bf16_round(acc);
   }
 }
 
@@ -152,5 +138,5 @@ extern "C" __global__ void stream_mean(const float* __restrict__ X,  // [T, S, D
   const float* xr = X + (long long)t * S * D + d;
   float acc = xr[0];
   for (int s = 1; s < S; ++s) acc = acc + xr[(long long)s * D];
-  out[(long long)t * D + d] = hc_bf16(acc * inv_s);
+  out[(long long)t * D + d] = bf16_round(acc * inv_s);
 }

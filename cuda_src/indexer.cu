@@ -7,18 +7,6 @@
 
 #define IDX_MAX_KPOOL 8  // index_pool: pool members <= 8 (the model has 4)
 
-static __device__ __forceinline__ float idx_bf16(float x) { return __bfloat162float(to_bf16(x)); }
-
-// Lane-16 fold inside each aligned group of 16 threads (every lane ends with the reference's bits; see
-// hc.cu).  Full-mask: all 32 lanes of the warp must call it.
-static __device__ __forceinline__ float idx_fold16(float v) {
-  v += __shfl_xor_sync(FULL_MASK, v, 8, 16);
-  v += __shfl_xor_sync(FULL_MASK, v, 4, 16);
-  v += __shfl_xor_sync(FULL_MASK, v, 2, 16);
-  v += __shfl_xor_sync(FULL_MASK, v, 1, 16);
-  return v;
-}
-
 // Per pool p and channel d: l_j = ig[p, j, d] + ape[j, d]; e_j = exp(l_j - max l);
 // s = ((e0 + e1) + e2) + e3; pk = bf16(sum_j bf16(bf16(e_j / s) * ik[p, j, d])), j left to right.
 // One thread per (p, d).
@@ -44,10 +32,10 @@ extern "C" __global__ void index_pool(const float* __restrict__ ik,   // [P, KP,
   }
   float acc = 0.0f;
   for (int j = 0; j < KP; ++j) {
-    const float tj = idx_bf16(idx_bf16(l[j] / s) * ik[(p * KP + j) * I + d]);
+    const float tj = bf16_round(bf16_round(l[j] / s) * ik[(p * KP + j) * I + d]);
     acc = (j == 0) ? tj : acc + tj;
   }
-  pk[i] = idx_bf16(acc);
+  pk[i] = bf16_round(acc);
 }
 
 // scores[t, p] = sum_h hw[t, h] * relu(qscale * (qi[t, h] . pk[p])), heads summed in lane-16 order (head h
@@ -84,6 +72,6 @@ extern "C" __global__ void index_scores(const float* __restrict__ qi,  // [T, Hi
       acc += z * hw[(long long)t * Hi + h];
     }
   }
-  acc = idx_fold16(acc);
+  acc = lane16_fold(acc);
   if (p < P && lane == 0) scores[(long long)t * P + p] = acc;
 }

@@ -10,20 +10,6 @@
 #define KDA_MAX_TAPS 8   // kda_conv: taps <= 8 (the model has 4)
 #define KDA_MAX_J 16     // kda_recurrence: K <= 16 * 16 = 256 key columns (the model has 128)
 
-static __device__ __forceinline__ float kda_bf16(float x) { return __bfloat162float(to_bf16(x)); }
-
-static __device__ __forceinline__ float kda_sigmoid(float x) { return 1.0f / (1.0f + exp_f32(-x)); }
-
-// Lane-16 fold inside each aligned group of 16 threads (every lane ends with the reference's bits; see
-// hc.cu).  Full-mask: all 32 lanes of the warp must call it.
-static __device__ __forceinline__ float kda_fold16(float v) {
-  v += __shfl_xor_sync(FULL_MASK, v, 8, 16);
-  v += __shfl_xor_sync(FULL_MASK, v, 4, 16);
-  v += __shfl_xor_sync(FULL_MASK, v, 2, 16);
-  v += __shfl_xor_sync(FULL_MASK, v, 1, 16);
-  return v;
-}
-
 // Depthwise causal conv over [window; x], taps oldest first, fp32, then SiLU, bf16.  One thread per channel
 // walks the tokens in order.  grid ceil(C / blockDim.x).
 extern "C" __global__ void kda_conv(const float* __restrict__ x,       // [n, C] f32 (bf16 values)
@@ -42,7 +28,7 @@ extern "C" __global__ void kda_conv(const float* __restrict__ x,       // [n, C]
     const float xt = x[(long long)t * C + c];
     float acc = (taps == 1) ? xt * wc[0] : hist[0] * wc[0];
     for (int j = 1; j < taps; ++j) acc = acc + ((j < taps - 1) ? hist[j] : xt) * wc[j];
-    y[(long long)t * C + c] = kda_bf16(acc * kda_sigmoid(acc));
+    y[(long long)t * C + c] = bf16_round(acc * sigmoid_f32(acc));
     for (int j = 0; j + 1 < taps - 1; ++j) hist[j] = hist[j + 1];
     if (taps > 1) hist[taps - 2] = xt;
   }
@@ -60,7 +46,7 @@ extern "C" __global__ void kda_gate(const float* __restrict__ a,        // [n, H
   const int kk = (int)(i % K);
   const int h = (int)((i / K) % H);
   const float inner = exp_f32(a_log[h]) * (a[i] + dt_bias[(long long)h * K + kk]);
-  g[i] = exp_f32(lower * kda_sigmoid(inner));
+  g[i] = exp_f32(lower * sigmoid_f32(inner));
 }
 
 // out = x / sqrt(sum(x^2) + eps) per row of K, the sum in lane-16 order.  One group of 16 threads per
@@ -75,7 +61,7 @@ extern "C" __global__ void l2norm(const float* __restrict__ x,  // [rows, K] f32
   float acc = 0.0f;
   if (active)
     for (int k = lane; k < K; k += 16) acc += xr[k] * xr[k];
-  acc = kda_fold16(acc);
+  acc = lane16_fold(acc);
   if (!active) return;
   const float r = 1.0f / sqrtf(acc + eps);
   for (int k = lane; k < K; k += 16) out[row * K + k] = xr[k] * r;
@@ -116,7 +102,7 @@ extern "C" __global__ void kda_recurrence(const float* __restrict__ S_in,  // [H
         acc += s[j] * k[hk + kk];
       }
     }
-    const float kv = kda_fold16(acc);
+    const float kv = lane16_fold(acc);
     const float u = active ? (v[((long long)t * H + h) * V + vr] - kv) * beta[(long long)t * H + h] : 0.0f;
     acc = 0.0f;
 #pragma unroll
@@ -127,8 +113,8 @@ extern "C" __global__ void kda_recurrence(const float* __restrict__ S_in,  // [H
         acc += s[j] * q[hk + kk];
       }
     }
-    const float yv = kda_fold16(acc);
-    if (active && lane == 0) y[((long long)t * H + h) * V + vr] = kda_bf16(yv);
+    const float yv = lane16_fold(acc);
+    if (active && lane == 0) y[((long long)t * H + h) * V + vr] = bf16_round(yv);
   }
   if (active) {
 #pragma unroll
@@ -153,9 +139,9 @@ extern "C" __global__ void kda_out(const float* __restrict__ y,     // [rows, V]
   float acc = 0.0f;
   if (active)
     for (int k = lane; k < V; k += 16) acc += yr[k] * yr[k];
-  acc = kda_fold16(acc);
+  acc = lane16_fold(acc);
   if (!active) return;
   const float r = 1.0f / sqrtf(acc / (float)V + eps);
   for (int k = lane; k < V; k += 16)
-    out[row * V + k] = kda_bf16(w[k] * (yr[k] * r) * kda_sigmoid(gate[row * V + k]));
+    out[row * V + k] = bf16_round(w[k] * (yr[k] * r) * sigmoid_f32(gate[row * V + k]));
 }

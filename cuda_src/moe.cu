@@ -7,10 +7,6 @@
 
 #define MOE_MAX_K 32  // moe_route: experts per token <= 32 (the model has 8)
 
-static __device__ __forceinline__ float moe_bf16(float x) { return __bfloat162float(to_bf16(x)); }
-
-static __device__ __forceinline__ float moe_sigmoid(float x) { return 1.0f / (1.0f + exp_f32(-x)); }
-
 // Total order of the pick: larger value first, NaN after every number, ties to the lower id; id < 0 is
 // "nothing yet".  The same order as numpy's stable argsort of -(score + bias).
 static __device__ __forceinline__ bool moe_better(float a, int ia, float b, int ib) {
@@ -36,7 +32,7 @@ extern "C" __global__ void moe_route(const float* __restrict__ logits,  // [T, E
   float* score = moe_sh + (long long)warp * 2 * E;
   float* sel = score + E;
   for (int e = lane; e < E; e += 32) {
-    const float s = moe_sigmoid(logits[(long long)t * E + e]);
+    const float s = sigmoid_f32(logits[(long long)t * E + e]);
     score[e] = s;
     sel[e] = s + bias[e];
   }
@@ -81,7 +77,7 @@ extern "C" __global__ void swiglu(const float* __restrict__ gate,  // [n] f32 (b
     u = (u < -limit) ? -limit : u;
     u = (u > limit) ? limit : u;
   }
-  out[i] = moe_bf16(moe_bf16(g * moe_sigmoid(g)) * u);
+  out[i] = bf16_round(bf16_round(g * sigmoid_f32(g)) * u);
 }
 
 // out[t, d] = (sum_j w[t, j] * y[t, j, d], j in slot order from 0.0) + shared[t, d], fp32.
@@ -104,5 +100,5 @@ extern "C" __global__ void sigmoid(const float* __restrict__ x,  // [n] f32
                                    long long n) {
   const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
   if (i >= n) return;
-  out[i] = moe_sigmoid(x[i]);
+  out[i] = sigmoid_f32(x[i]);
 }

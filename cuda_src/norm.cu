@@ -9,8 +9,6 @@
 
 #define NORM_LANES 16
 
-static __device__ __forceinline__ float round_bf16(float v) { return __bfloat162float(__float2bfloat16_rn(v)); }
-
 static __device__ __forceinline__ float fold16(const float* t_in) {
   float t[NORM_LANES];
 #pragma unroll
@@ -47,7 +45,7 @@ extern "C" __global__ void rmsnorm_rows(const float* __restrict__ x,   // [rows,
   }
   __syncthreads();
   const float r = scale;
-  for (int i = tid; i < D; i += blockDim.x) orow[i] = round_bf16(w[i] * round_bf16(xr[i] * r));
+  for (int i = tid; i < D; i += blockDim.x) orow[i] = bf16_round(w[i] * bf16_round(xr[i] * r));
 }
 
 // out = bf16(((x - mean) * (1 / sqrt(var + eps))) * w + b), population variance, per row.
@@ -90,6 +88,6 @@ extern "C" __global__ void layernorm_rows(const float* __restrict__ x,   // [row
   for (int i = tid; i < D; i += blockDim.x) {
     const float d = xr[i] - mean;
     const float t = (d * r) * w[i];
-    orow[i] = round_bf16(t + b[i]);
+    orow[i] = bf16_round(t + b[i]);
   }
 }
