@@ -78,3 +78,55 @@ def prefill_and_decode(model: GLMModel, prompts: list[list[int]], steps: int) ->
     for s in states:
         model.release(s)
     return tokens
+
+
+def bits(a) -> np.ndarray:
+    """A float array's bit patterns, for bit-for-bit comparisons."""
+    return np.ascontiguousarray(a, dtype=np.float32).view(np.uint32)
+
+
+def prefill_all(model: GLMModel, seqs: list[list[int]]):
+    """Prefill sequences together with every row's logits; frees their pages. -> (logits, mtp logits) lists."""
+    from cupyglm.model.glm import SeqInput
+
+    states = [model.new_state() for _ in seqs]
+    outs = model.forward([SeqInput(np.asarray(s, np.int32), st, all_logits=True) for s, st in zip(seqs, states)])
+    for st in states:
+        model.release(st)
+    return [o.logits for o in outs], [o.mtp_logits for o in outs]
+
+
+def snapshot(model: GLMModel, state) -> dict:
+    """Everything a sequence has written: latent rows and pooled keys through its pages, and its fixed state."""
+    kv, cfg = model.kv, model.cfg
+    pos = np.arange(state.length)
+    snap = {f"latent{l}": kv.latent[l][kv.rows(state.pages, pos)] for l in cfg.kv_layers}
+    snap.update({f"pooled{l}": kv.pooled[l][kv.pool_rows(state.pages, np.arange(state.length // 4))]
+                 for l in cfg.dsa_layers})
+    snap.update({f"kda{l}": s for l, s in state.kda_state.items()})
+    snap.update({f"conv{l}": s for l, s in state.kda_conv.items()})
+    snap.update({f"tail{l}": np.concatenate(t) for l, t in state.index_tail.items()})
+    snap["mtp_pending"] = state.mtp_pending
+    return snap
+
+
+def check_prefill_equals_decode(model: GLMModel, tokens: np.ndarray, splits: list[int]) -> None:
+    """Feeding `tokens` in calls of `splits` sizes leaves bit-identical state, KV and last logits as one call."""
+    from cupyglm.model.glm import SeqInput
+
+    state = model.new_state()
+    at, last = 0, None
+    for n in splits:
+        last = model.forward([SeqInput(tokens[at:at + n], state)])[0].logits[-1]
+        at += n
+    snap = snapshot(model, state)
+    model.release(state)
+    ref_state = model.new_state()
+    ref_last = model.forward([SeqInput(tokens, ref_state)])[0].logits[-1]
+    ref = snapshot(model, ref_state)
+    model.release(ref_state)
+    assert np.array_equal(bits(last), bits(ref_last)), "last logits differ"
+    assert snap.keys() == ref.keys()
+    for k in ref:
+        assert np.array_equal(bits(snap[k]), bits(ref[k])), k
+    assert not np.isnan(ref_last).any()
