@@ -10,6 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from cupyglm.backend.lanes import bf16, exp_f32, gemm, gemm_batched, lane_sum
+from cupyglm.engine.sampling import sample_rows
 
 NEG_INF = np.float32(-np.inf)
 
@@ -285,3 +286,13 @@ class NumpyOps:
         for j in range(y.shape[1]):
             acc = acc + weights[:, j:j + 1] * y[:, j]
         return acc + shared
+
+    # ---- sampling --------------------------------------------------------------------------------
+    def sample(self, logits: np.ndarray, temperature: np.ndarray, top_k: np.ndarray, top_p: np.ndarray,
+               min_p: np.ndarray, seed: np.ndarray, position: np.ndarray) -> np.ndarray:
+        """One token per row: cupyglm.engine.sampling.draw (the one definition) on each row of logits [R, V]
+        fp32. temperature [R] f32 (< 1e-5: greedy, the lowest id among the maxima), top_k [R] i32 (0 = off),
+        top_p [R] f32, min_p [R] f32, seed [R] u64, position [R] i32 (the drawn token's position: the RNG's
+        counter) -> tokens [R] int32, -1 for a row holding NaN. Bans (min_tokens) are logits edits made by the
+        caller before the op."""
+        return sample_rows(logits, temperature, top_k, top_p, min_p, seed, position)

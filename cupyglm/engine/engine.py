@@ -3,7 +3,8 @@
 Each `step()` on rank 0: admit and schedule (`Scheduler.schedule`, which leases the step's pages), encode the
 plan as a versioned step message (`cupyglm.dist.step`: new requests' prompts and sampling parameters once,
 row groups after, with the sampled token of each decode row; finished and aborted requests as `cancelled`),
-broadcast it, run it, sample on rank 0, then `Scheduler.update` and detokenize (stop strings, on rank 0).
+broadcast it, run it, sample on rank 0 (every row of the step in one `ops.sample` call: on the
+device on cuda, the kernel on sim), then `Scheduler.update` and detokenize (stop strings, on rank 0).
 Ranks other than 0 run `worker_loop()`: receive, run the same message on their shard, until the stop flag.
 
 Every rank runs a message the same way (`_run`), rank 0 included (it runs the decoded bytes it sent): release
@@ -28,7 +29,7 @@ import numpy as np
 from cupyglm.dist import step as stepmod
 from cupyglm.engine.config import EngineConfig
 from cupyglm.engine.request import EngineError, Request, RequestOutput
-from cupyglm.engine.sampling import FINISH_ABORT, FINISH_STOP, SamplingParams, find_stop, holdback, sample
+from cupyglm.engine.sampling import FINISH_ABORT, FINISH_STOP, SamplingParams, banned_ids, find_stop, holdback
 from cupyglm.engine.scheduler import Scheduler, StepPlan
 from cupyglm.model.glm import SeqInput
 
@@ -293,16 +294,34 @@ class Engine:
 
     # ---- rank 0: sampling and outputs --------------------------------------------------------------------------
     def _sample(self, plan: StepPlan, outs, reqs: dict[int, Request]) -> dict[int, int]:
-        sampled = {}
-        for g, out in zip(plan.groups, outs):
-            if not g.logits:
-                continue
+        """Every logits row of the step at once through `ops.sample` (a kernel on sim and cuda, the NumPy
+        reference on numpy). min_tokens bans are logits edits before the op (a NaN stays NaN, so a NaN row is
+        still refused); the tokens come back to the host for the stops and the bookkeeping."""
+        rows = [(g, out) for g, out in zip(plan.groups, outs) if g.logits]
+        if not rows:
+            return {}
+        ops, xp = self.ops, self.ops.xp
+        logits = xp.stack([xp.asarray(out.logits[-1], dtype=xp.float32).reshape(-1) for _, out in rows])
+        vocab = logits.shape[1]
+        params = []
+        for i, (g, _) in enumerate(rows):
             r = reqs[g.request_id]
-            row = self.ops.asnumpy(out.logits[-1])
-            try:
-                sampled[g.request_id] = sample(row, r.params, r.seed, g.end, len(r.output), self.cfg.eos_token_ids)
-            except ValueError as e:
-                raise EngineError(f"request {r.id} at position {g.end}: {e}") from None
+            p = r.params
+            ban = [b for b in banned_ids(p, len(r.output), self.cfg.eos_token_ids) if 0 <= b < vocab]
+            if ban:
+                ban = xp.asarray(ban, dtype=xp.int64)
+                cur = logits[i, ban]
+                logits[i, ban] = xp.where(xp.isnan(cur), cur, xp.float32(-np.inf))
+            params.append((0.0 if p.greedy else p.temperature, p.top_k, p.top_p, p.min_p, r.seed, g.end))
+        temperature, top_k, top_p, min_p, seed, position = (
+            np.array(col, dtype=dt) for col, dt in zip(zip(*params), (np.float32, np.int32, np.float32,
+                                                                       np.float32, np.uint64, np.int32)))
+        tokens = ops.asnumpy(ops.sample(logits, temperature, top_k, top_p, min_p, seed, position))
+        sampled = {}
+        for (g, _), tok in zip(rows, tokens):
+            if tok < 0:
+                raise EngineError(f"request {g.request_id} at position {g.end}: logits hold NaN")
+            sampled[g.request_id] = int(tok)
         return sampled
 
     def _outputs(self, events) -> list[RequestOutput]:

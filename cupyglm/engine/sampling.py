@@ -31,6 +31,15 @@ The algorithm on one row of fp32 logits x[V] (every step in float32, sums strict
 
 Ids whose e[i] underflows to 0 change no sum and are never drawn, so a kernel may skip them.
 
+Where it runs: `draw` is steps 1-7 on one row (bans already applied), the one NumPy definition; `sample` is one
+request (bans + draw, for tests and tools); `sample_rows` (= NumpyOps.sample, the op `sample`) is a batch of
+rows with per-row float32 temperature / top_p / min_p, int32 top_k, uint64 seed and int32 position. The engine
+applies step 0 on rank 0 as logits edits (a NaN stays NaN) and samples every row of a step with one
+`ops.sample` call: the NumPy reference on `numpy`, the kernel cuda_src/sample.cu (sample_rows) on `sim` and
+`cuda`, token ids identical (the kernel contract, cupyglm/contract/cases_sample.py). The op takes the
+parameters in float32: greedy iff float32(temperature) < float32(1e-5) (the engine passes 0 for a greedy
+request), top_p applies iff float32(top_p) < 1, min_p iff float32(min_p) > 0. A row holding NaN gives -1.
+
 Stops: a stop token id or an EOS id (unless ignore_eos) ends the request with "stop" once min_tokens tokens
 came before it; max_tokens ends it with "length"; a stop string (matched on rank 0's detokenized text) ends it
 with "stop" and the text is cut before the match (OpenAI/vLLM behaviour; the token ids keep every token).
@@ -168,6 +177,55 @@ def _ordered(x: np.ndarray, top_k: int) -> np.ndarray:
     return np.lexsort((np.arange(v), -x))
 
 
+def draw(x: np.ndarray, temperature, top_k, top_p, min_p, seed: int, position: int) -> int:
+    """Steps 1-7 on one row of fp32 logits x[V] (bans already applied): a pure function of the row, its
+    parameters, its seed and the position of the drawn token. -1 when x holds NaN.
+
+    This is THE definition: `sample` (one request), `sample_rows` / NumpyOps.sample (a batch) and the kernel
+    cuda_src/sample.cu (sample_rows) all follow it. The parameters are taken as float32 / int32 / uint64 as
+    the op passes them: greedy iff float32(temperature) < float32(1e-5) (the engine passes 0 for greedy
+    requests), top_p is applied iff float32(top_p) < 1, min_p iff float32(min_p) > 0."""
+    x = np.asarray(x, dtype=np.float32).reshape(-1)
+    if np.isnan(x).any():
+        return -1
+    t = np.float32(temperature)
+    if t < np.float32(GREEDY_EPS):
+        return int(np.argmax(x))                            # first maximum: ties go to the lower id
+    x = x / t
+    order = _ordered(x, int(top_k))
+    s = x[order]
+    e = exp_f32(s - s[0])
+    p = (e / np.cumsum(e, dtype=np.float32)[-1]).astype(np.float32)
+    keep = p.shape[0]
+    top_p, min_p = np.float32(top_p), np.float32(min_p)
+    if top_p < np.float32(1.0):
+        c = np.cumsum(p, dtype=np.float32)
+        keep = min(keep, 1 + int(np.count_nonzero(c[:-1] < top_p)))
+    if min_p > np.float32(0.0):
+        thr = min_p * p[0]
+        keep = min(keep, max(1, int(np.count_nonzero(p[:keep] >= thr))))
+    q = np.cumsum(p[:keep], dtype=np.float32)
+    r = uniform(int(seed), int(position)) * q[-1]
+    idx = int(np.searchsorted(q, r, side="right"))
+    return int(order[min(idx, keep - 1)])
+
+
+def sample_rows(logits: np.ndarray, temperature, top_k, top_p, min_p, seed, position) -> np.ndarray:
+    """`draw` on every row of logits [R, V] fp32 with per-row temperature [R] f32 (0 = greedy), top_k [R] i32
+    (0 = off), top_p [R] f32, min_p [R] f32, seed [R] u64 and position [R] i32 -> tokens [R] int32 (-1 for
+    a row holding NaN). Row i's token depends on row i's inputs alone."""
+    x = np.asarray(logits, dtype=np.float32)
+    if x.ndim != 2:
+        raise ValueError(f"sample: logits must be [R, V], got shape {x.shape}")
+    cols = [np.asarray(a).reshape(-1) for a in (temperature, top_k, top_p, min_p, seed, position)]
+    for name, a in zip(("temperature", "top_k", "top_p", "min_p", "seed", "position"), cols):
+        if a.shape[0] != x.shape[0]:
+            raise ValueError(f"sample: {name} must have {x.shape[0]} entries, got {a.shape[0]}")
+    t, k, tp, mp, sd, pos = cols
+    return np.array([draw(x[i], np.float32(t[i]), int(k[i]), np.float32(tp[i]), np.float32(mp[i]),
+                          int(np.uint64(sd[i])), int(pos[i])) for i in range(x.shape[0])], dtype=np.int32)
+
+
 def sample(logits: np.ndarray, params: SamplingParams, seed: int, position: int, n_generated: int = 0,
            eos_ids: Sequence[int] = ()) -> int:
     """One token from one row of logits [V] (module docstring); raises ValueError on NaN logits."""
@@ -177,24 +235,8 @@ def sample(logits: np.ndarray, params: SamplingParams, seed: int, position: int,
     ban = [i for i in banned_ids(params, n_generated, eos_ids) if 0 <= i < x.shape[0]]
     if ban:
         x[ban] = -np.inf
-    if params.greedy:
-        return int(np.argmax(x))                            # first maximum: ties go to the lower id
-    x = x / np.float32(params.temperature)
-    order = _ordered(x, params.top_k)
-    s = x[order]
-    e = exp_f32(s - s[0])
-    p = (e / np.cumsum(e, dtype=np.float32)[-1]).astype(np.float32)
-    keep = p.shape[0]
-    if params.top_p < 1.0:
-        c = np.cumsum(p, dtype=np.float32)
-        keep = min(keep, 1 + int(np.count_nonzero(c[:-1] < np.float32(params.top_p))))
-    if params.min_p > 0.0:
-        thr = np.float32(params.min_p) * p[0]
-        keep = min(keep, max(1, int(np.count_nonzero(p[:keep] >= thr))))
-    q = np.cumsum(p[:keep], dtype=np.float32)
-    r = uniform(seed, position) * q[-1]
-    idx = int(np.searchsorted(q, r, side="right"))
-    return int(order[min(idx, keep - 1)])
+    return draw(x, 0.0 if params.greedy else params.temperature, params.top_k, params.top_p, params.min_p,
+                seed, position)
 
 
 # ---- stops ----------------------------------------------------------------------------------------------------

@@ -1,0 +1,231 @@
+// sample.cu -- sampling one token per row of logits.  Reference: cupyglm.engine.sampling.draw (NumpyOps.sample,
+// the algorithm in the docstring of cupyglm/engine/sampling.py), followed step for step so the token ids are
+// identical on GPU, emulator and NumPy:
+//
+//  * NaN anywhere in the row: token -1 (the engine reports it).
+//  * greedy (temperature < 1e-5f): argmax, ties to the lower id (block reduction with a total order).
+//  * sampled: x = logits / temperature (IEEE division); the ids sorted by (x desc, id asc) -- a bitonic sort of
+//    64-bit keys (ordered value bits, id) in global scratch, the passes whose stride fits a tile done in shared
+//    memory; exact, -0 and +0 tie as they do in NumPy; keep the first top_k; e = exp_f32(s - s[0]) (the
+//    same bits as lanes.exp_f32), p = e / S.  Every sum that the reference takes with np.cumsum in float32
+//    (S, the top-p prefix sums c, the draw's q) runs strictly left to right in one thread, in sorted order.
+//  * the RNG: u64 splitmix64(splitmix64(seed) + position), u = float(bits >> 40) * 2**-24, r = u * q[n'-1];
+//    the token is the first kept id with q[i] > r, else the last kept one (np.searchsorted(side="right")).
+//
+// One block per row (blockDim.x a multiple of 32, power of two, <= 1024).  Scratch (the launcher allocates it):
+// keys [R, Vp] u64 with Vp the power of two >= V, probs [R, V] f32.  The sort costs O(Vp log^2 Vp) per row
+// and the three sums are sequential over the kept ids (a full sort per row: fine for now; a radix select of
+// the non-underflowing candidates is the upgrade).
+//
+// Planted control (contract): -DSAMPLE_CTL_REVERSED_SUMS runs every cumulative sum right to left (smallest
+// probability first), the "wrong cumsum order" the contract must catch.
+#include "common.cuh"
+#include "exp_f32.cuh"
+
+#define SAMPLE_TILE 2048  // keys per shared-memory tile of the sort (16 KiB)
+
+static __device__ __forceinline__ unsigned long long smp_splitmix64(unsigned long long x) {
+  x += 0x9E3779B97F4A7C15ull;
+  unsigned long long z = x;
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
+// Sort key: ascending keys = (value desc, id asc).  High word: the float's bits mapped to an unsigned order
+// (ascending with the value), complemented; low word: the id.  -0 is made +0 first (NumPy's order ties them).
+// No NaN reaches here (the row is refused first).
+static __device__ __forceinline__ unsigned long long smp_key(float v, int id) {
+  if (v == 0.0f) v = 0.0f;
+  unsigned u = __float_as_uint(v);
+  u = (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+  return ((unsigned long long)(~u) << 32) | (unsigned long long)(unsigned)id;
+}
+
+// The value of a key (exact; a -0 comes back as +0, which changes no later step: s - s0 and exp_f32 give
+// the same bits for either sign of zero).
+static __device__ __forceinline__ float smp_value(unsigned long long key) {
+  unsigned u = ~(unsigned)(key >> 32);
+  u = (u & 0x80000000u) ? (u & 0x7fffffffu) : ~u;
+  return __uint_as_float(u);
+}
+
+static __device__ __forceinline__ int smp_id(unsigned long long key) { return (int)(unsigned)(key & 0xffffffffull); }
+
+// Argmax order: larger value first, ties to the lower id.  NaN never enters.
+static __device__ __forceinline__ bool smp_better(float a, int ia, float b, int ib) {
+  return a > b || (a == b && ia < ib);
+}
+
+// One compare-exchange of the bitonic network on pair index p of stage k, stride j (pairs i, i + j with
+// bit j of i clear); the direction comes from the global index (ascending when bit k of it is clear).
+static __device__ __forceinline__ void smp_cmpx(unsigned long long* a, int p, int j, int k, int base) {
+  const int i = ((p / j) * 2 * j) + (p % j);
+  const int l = i + j;
+  const bool up = ((base + i) & k) == 0;
+  const unsigned long long x = a[i], y = a[l];
+  if ((x > y) == up && x != y) {
+    a[i] = y;
+    a[l] = x;
+  }
+}
+
+// Stages k_lo..k_hi of the network on each tile of T keys in shared memory: stage k_lo starts at stride j_lo,
+// every later one at k / 2.  Called by the whole block (barriers are uniform).
+static __device__ void smp_tiles(unsigned long long* __restrict__ key, unsigned long long* sh, int Vp, int T,
+                                 int k_lo, int k_hi, int j_lo) {
+  for (int base = 0; base < Vp; base += T) {
+    for (int i = threadIdx.x; i < T; i += blockDim.x) sh[i] = key[base + i];
+    __syncthreads();
+    for (int k = k_lo; k <= k_hi; k <<= 1) {
+      for (int j = (k == k_lo ? j_lo : (k >> 1)); j > 0; j >>= 1) {
+        for (int p = threadIdx.x; p < (T >> 1); p += blockDim.x) smp_cmpx(sh, p, j, k, base);
+        __syncthreads();
+      }
+    }
+    for (int i = threadIdx.x; i < T; i += blockDim.x) key[base + i] = sh[i];
+    __syncthreads();
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(1024) sample_rows(
+    const float* __restrict__ logits,                // [R, V] f32
+    const float* __restrict__ temperature,           // [R] f32, < 1e-5 = greedy
+    const int* __restrict__ top_k,                   // [R] i32, 0 = off
+    const float* __restrict__ top_p,                 // [R] f32, >= 1 = off
+    const float* __restrict__ min_p,                 // [R] f32, 0 = off
+    const unsigned long long* __restrict__ seed,     // [R] u64
+    const int* __restrict__ position,                // [R] i32, the drawn token's position
+    unsigned long long* __restrict__ keys,           // [R, Vp] u64 scratch
+    float* __restrict__ probs,                       // [R, V] f32 scratch
+    int* __restrict__ tokens,                        // [R] i32 out (-1: the row holds NaN)
+    int V, int Vp) {
+  __shared__ unsigned long long smp_tile[SAMPLE_TILE];
+  __shared__ float smp_wv[32];
+  __shared__ int smp_wi[32];
+  __shared__ int smp_wn[32];
+  __shared__ int smp_best_i, smp_nan;
+  __shared__ float smp_sum;
+
+  const int row = blockIdx.x;
+  const int tid = threadIdx.x, nt = blockDim.x;
+  const int lane = tid & 31, warp = tid >> 5;
+  const float* x = logits + (long long)row * V;
+
+  // ---- NaN check and argmax (ties to the lower id) -------------------------------------------------------
+  float bv = -INFINITY;
+  int bi = 0x7fffffff, nan = 0;
+  for (int i = tid; i < V; i += nt) {
+    const float v = x[i];
+    if (v != v) nan = 1;
+    else if (smp_better(v, i, bv, bi)) { bv = v; bi = i; }
+  }
+  for (int off = 16; off > 0; off >>= 1) {
+    const float ov = __shfl_xor_sync(FULL_MASK, bv, off);
+    const int oi = __shfl_xor_sync(FULL_MASK, bi, off);
+    const int on = __shfl_xor_sync(FULL_MASK, nan, off);
+    if (smp_better(ov, oi, bv, bi)) { bv = ov; bi = oi; }
+    nan |= on;
+  }
+  if (lane == 0) { smp_wv[warp] = bv; smp_wi[warp] = bi; smp_wn[warp] = nan; }
+  __syncthreads();
+  if (tid == 0) {
+    float v = smp_wv[0];
+    int id = smp_wi[0], n = smp_wn[0];
+    for (int w = 1; w < (nt >> 5); ++w) {
+      if (smp_better(smp_wv[w], smp_wi[w], v, id)) { v = smp_wv[w]; id = smp_wi[w]; }
+      n |= smp_wn[w];
+    }
+    smp_best_i = id;
+    smp_nan = n;
+  }
+  __syncthreads();
+  const float t = temperature[row];
+  if (smp_nan) {                                      // block-uniform exits
+    if (tid == 0) tokens[row] = -1;
+    return;
+  }
+  if (t < 1e-5f) {
+    if (tid == 0) tokens[row] = smp_best_i;
+    return;
+  }
+
+  // ---- sort the ids by (x / t desc, id asc) -------------------------------------------------------------
+  unsigned long long* key = keys + (long long)row * Vp;
+  for (int i = tid; i < Vp; i += nt) key[i] = i < V ? smp_key(x[i] / t, i) : ~0ull;   // padding sorts last
+  __syncthreads();
+  const int T = Vp < SAMPLE_TILE ? Vp : SAMPLE_TILE;
+  if (T >= 2) smp_tiles(key, smp_tile, Vp, T, 2, T, 1);                  // stages k <= T inside tiles
+  for (int k = 2 * T; k <= Vp; k <<= 1) {
+    for (int j = k >> 1; j >= T; j >>= 1) {                                // strides beyond a tile: global
+      for (int p = tid; p < (Vp >> 1); p += nt) smp_cmpx(key, p, j, k, 0);
+      __syncthreads();
+    }
+    smp_tiles(key, smp_tile, Vp, T, k, k, T >> 1);                         // the rest of stage k in tiles
+  }
+
+  // ---- softmax over the first n, filters, draw ------------------------------------------------------------
+  const int kk = top_k[row];
+  const int n = (kk > 0 && kk < V) ? kk : V;
+  float* p = probs + (long long)row * V;
+  const float s0 = smp_value(key[0]);
+  for (int i = tid; i < n; i += nt) p[i] = exp_f32(smp_value(key[i]) - s0);
+  __syncthreads();
+  if (tid == 0) {
+    float S = 0.0f;
+#ifdef SAMPLE_CTL_REVERSED_SUMS
+    for (int i = n - 1; i >= 0; --i) S = S + p[i];
+#else
+    for (int i = 0; i < n; ++i) S = S + p[i];
+#endif
+    smp_sum = S;
+  }
+  __syncthreads();
+  const float S = smp_sum;
+  for (int i = tid; i < n; i += nt) p[i] = p[i] / S;
+  __syncthreads();
+  if (tid == 0) {
+    int keep = n;
+    const float tp = top_p[row];
+    if (tp < 1.0f) {                 // 1 + #{i < n - 1: c[i] < top_p}; c never decreases, so stop at the first miss
+      float c = 0.0f;
+      int cnt = 0;
+      for (int i = 0; i < n - 1; ++i) {
+        c = c + p[i];
+        if (!(c < tp)) break;
+        ++cnt;
+      }
+      keep = min(keep, 1 + cnt);
+    }
+    const float mp = min_p[row];
+    if (mp > 0.0f) {                 // #{i < keep: p[i] >= min_p * p[0]} (a count: exp_f32 need not be monotonic)
+      const float thr = mp * p[0];
+      int cnt = 0;
+      for (int i = 0; i < keep; ++i) cnt += p[i] >= thr ? 1 : 0;
+      keep = min(keep, max(1, cnt));
+    }
+    const unsigned long long bits =
+        smp_splitmix64(smp_splitmix64(seed[row]) + (unsigned long long)(long long)position[row]);
+    const float u = (float)(unsigned)(bits >> 40) * 0x1p-24f;
+    float q = 0.0f;
+    int idx = keep;
+#ifdef SAMPLE_CTL_REVERSED_SUMS
+    for (int i = keep - 1; i >= 0; --i) q = q + p[i];
+    const float r = u * q;
+    q = 0.0f;
+    for (int i = keep - 1; i >= 0; --i) {
+      q = q + p[i];
+      if (q > r) { idx = i; break; }
+    }
+#else
+    for (int i = 0; i < keep; ++i) q = q + p[i];
+    const float r = u * q;
+    q = 0.0f;
+    for (int i = 0; i < keep; ++i) {
+      q = q + p[i];
+      if (q > r) { idx = i; break; }
+    }
+#endif
+    tokens[row] = smp_id(key[min(idx, keep - 1)]);
+  }
+}

@@ -1,0 +1,110 @@
+"""Contract cases of cuda_src/sample.cu (op sample: one token per row; reference NumpyOps.sample, i.e.
+cupyglm.engine.sampling.draw on every row). Token ids must be identical (integer output: 0 ULPs).
+
+Inputs plant exact ties: greedy rows share their maximum among three ids (the lowest must win); sampled rows
+hold tie groups across the top-k cut and at the top, -0.0 next to +0.0, and some -inf entries (what the
+engine's min_tokens bans leave). Batches of decode (1, 4, 8 rows) and verify (16 rows) sizes, vocabularies of
+512 (the tiny model) and 1000 (odd: the sort pads to 1024).
+
+Controls: ties broken to the higher id (the kernel run on the reversed vocabulary, ids mapped back); the RNG
+keyed by the row's index in the batch instead of its position; every cumulative sum taken right to left (the
+kernel compiled with -DSAMPLE_CTL_REVERSED_SUMS).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from cupyglm.backend.numpy_ops import NumpyOps
+from cupyglm.contract.registry import Case, case
+from cupyglm.kernels import ops_sample
+
+REF = NumpyOps()
+KEYS = ("logits", "temperature", "top_k", "top_p", "min_p", "seed", "position")
+
+GREEDY = (0.0, 0, 1.0, 0.0)                 # (temperature, top_k, top_p, min_p)
+
+
+def _make(v: int, rows: list[tuple], scale: float = 2.0):
+    def make(rng):
+        r = len(rows)
+        x = (rng.standard_normal((r, v)) * scale).astype(np.float32)
+        for i, (t, k, _, _) in enumerate(rows):
+            ids = rng.permutation(v)
+            if t == 0.0:                                   # greedy: a three-way tie at the maximum
+                x[i, ids[:3]] = x[i].max() + np.float32(1.0)
+                continue
+            order = np.lexsort((np.arange(v), -x[i]))
+            cut = k if 0 < k < v else 8
+            lo, hi = max(cut - 2, 0), min(cut + 2, v)     # a tie group across the top-k cut
+            x[i, order[lo:hi]] = x[i, order[cut - 1]]
+            x[i, order[1:3]] = x[i, order[0]]             # and one at the top
+            x[i, ids[-6:-3]] = np.float32(0.0)
+            x[i, ids[-3:]] = np.float32(-0.0)
+            x[i, ids[-8:-6]] = -np.inf
+        return {
+            "logits": x,
+            "temperature": np.array([p[0] for p in rows], np.float32),
+            "top_k": np.array([p[1] for p in rows], np.int32),
+            "top_p": np.array([p[2] for p in rows], np.float32),
+            "min_p": np.array([p[3] for p in rows], np.float32),
+            "seed": rng.integers(0, 2**64, r, dtype=np.uint64),
+            "position": rng.integers(0, 200_000, r).astype(np.int32),
+        }
+    return make
+
+
+def _run(k, d):
+    return {"tokens": ops_sample.sample(k, *(d[n] for n in KEYS))}
+
+
+def _replay(d):
+    return {"tokens": REF.sample(*(d[n] for n in KEYS))}
+
+
+def _ctl_ties_high(k, d):
+    """Ties to the higher id: the kernel on the reversed vocabulary, ids mapped back."""
+    xp = k.xp
+    v = d["logits"].shape[1]
+    args = [xp.ascontiguousarray(d["logits"][:, ::-1])] + [d[n] for n in KEYS[1:]]
+    return {"tokens": (v - 1 - ops_sample.sample(k, *args)).astype(np.int32)}
+
+
+def _ctl_rng_row(k, d):
+    """The RNG keyed by the row's index in the batch instead of the token's position."""
+    r = d["logits"].shape[0]
+    args = [d[n] for n in KEYS[:-1]] + [k.xp.arange(r, dtype=np.int32)]
+    return {"tokens": ops_sample.sample(k, *args)}
+
+
+def _ctl_reversed_sums(k, d):
+    """Every cumulative sum (S, top-p's c, the draw's q) right to left."""
+    return {"tokens": ops_sample.sample(k.variant("SAMPLE_CTL_REVERSED_SUMS"), *(d[n] for n in KEYS))}
+
+
+CONTROLS = {"ties_high": _ctl_ties_high, "rng_row": _ctl_rng_row, "reversed_sums": _ctl_reversed_sums}
+
+
+def _sample(label: str, v: int, rows: list[tuple], control: str) -> None:
+    case(Case(f"sample[{label}]", ("sample_rows",), _make(v, rows), _run, _replay, CONTROLS[control]))
+
+
+_TEMPS = [(t, 0, 1.0, 0.0) for t in (0.7, 1.0, 1.3, 2.0)]
+_TOPK = [(t, k, 1.0, 0.0) for t, k in zip((1.0, 0.8, 1.2, 1.0, 0.9, 1.5, 1.0, 1.1) * 2,
+                                          (1, 2, 5, 20, 50, 999, 1000, 5000, 3, 7, 100, 400, 10, 30, 64, 128))]
+_TOPP = [(1.0, 0, p, 0.0) for p in (0.1, 0.3, 0.5, 0.7, 0.8, 0.9, 0.95, 0.99)]
+_MINP = [(1.0, 0, 1.0, m) for m in (0.001, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0)]
+_MIXED = [GREEDY, (0.7, 0, 0.9, 0.0), (1.0, 20, 1.0, 0.0), (0.7, 0, 1.0, 0.1),
+          GREEDY, (1.2, 0, 1.0, 0.0), (0.9, 50, 0.95, 0.02), (1.0, 0, 1.0, 0.0),
+          (1.5, 20, 0.8, 0.05), GREEDY, (0.6, 5, 1.0, 0.0), (1.0, 0, 0.5, 0.0),
+          (2.0, 0, 0.99, 0.001), (0.8, 1, 1.0, 0.0), GREEDY, (1.1, 200, 0.9, 0.01)]
+
+#        label                       V     rows                      control
+_sample("greedy,decode1,v512",       512,  [GREEDY],                 "ties_high")
+_sample("greedy,verify16,v1000",     1000, [GREEDY] * 16,            "ties_high")
+_sample("temperature,decode4,v512",  512,  _TEMPS,                   "rng_row")
+_sample("top_k,verify16,v1000",      1000, _TOPK,                    "reversed_sums")
+_sample("top_p,decode8,v1000",       1000, _TOPP,                    "reversed_sums")
+_sample("min_p,decode8,v512",        512,  _MINP,                    "rng_row")
+_sample("mixed,decode4,v512",        512,  _MIXED[:4],               "reversed_sums")
+_sample("mixed,verify16,v1000",      1000, _MIXED,                   "ties_high")
+_sample("mixed,verify16,v512",       512,  _MIXED[::-1],             "rng_row")

@@ -1,0 +1,43 @@
+"""Sampling launcher (cuda_src/sample.cu): one token per row of logits, NumpyOps.sample's signature."""
+from __future__ import annotations
+
+import numpy as np
+
+from cupyglm.kernels.ops import Kernels, check, i32, op
+
+SRC = "sample.cu"
+THREADS = 1024       # one block per row (the sort's passes spread over the whole block); a power of two, <= 1024
+
+
+def _arg(k: Kernels, name: str, a, shape, dtype):
+    """An input as the kernel takes it: C-contiguous (views are copied), shape and dtype checked."""
+    return check("sample_rows", name, k.xp.ascontiguousarray(a), shape, dtype)
+
+
+def sort_width(v: int) -> int:
+    """Vp: the power of two >= V that the kernel's bitonic sort runs over."""
+    return 1 << max(0, (int(v) - 1).bit_length())
+
+
+@op("sample")
+def sample(k: Kernels, logits, temperature, top_k, top_p, min_p, seed, position):
+    """logits [R, V] f32, temperature [R] f32 (< 1e-5: greedy), top_k [R] i32, top_p [R] f32, min_p [R] f32,
+    seed [R] u64, position [R] i32 -> tokens [R] int32 (-1: the row holds NaN)."""
+    logits = _arg(k, "logits", logits, (None, None), np.float32)
+    r, v = logits.shape
+    if not 1 <= v < 2**30:
+        raise ValueError(f"sample_rows: the vocabulary must hold 1..2**30-1 ids, got V={v}")
+    temperature = _arg(k, "temperature", temperature, (r,), np.float32)
+    top_k = _arg(k, "top_k", top_k, (r,), np.int32)
+    top_p = _arg(k, "top_p", top_p, (r,), np.float32)
+    min_p = _arg(k, "min_p", min_p, (r,), np.float32)
+    seed = _arg(k, "seed", seed, (r,), np.uint64)
+    position = _arg(k, "position", position, (r,), np.int32)
+    vp = sort_width(v)
+    tokens = k.empty((r,), np.int32)
+    if r:
+        keys = k.empty((r, vp), np.uint64)            # scratch: the sort's keys
+        probs = k.empty((r, v), np.float32)           # scratch: e, then p
+        k.launch(SRC, "sample_rows", (r,), (THREADS,),
+                 (logits, temperature, top_k, top_p, min_p, seed, position, keys, probs, tokens, i32(v), i32(vp)))
+    return tokens
