@@ -58,7 +58,8 @@ class Indexer:
         positions = seg.positions
         visible_last = (seg.start + seg.n) // c.index_kpool
         if visible_last > c.index_pools:
-            pk = ops.read_rows(kv.pooled[layer], ops.xp.asarray(kv.pool_rows(seg.state.pages, np.arange(visible_last))))
+            rows = ops.xp.asarray(kv.pool_rows(seg.state.pages, np.arange(visible_last)))
+            pk = ops.read_rows(kv.pooled[layer], rows)                     # [visible pools, I] bf16
             scores = ops.index_scores(qi[seg.rows], hw[seg.rows], pk)
         else:
             scores = ops.xp.zeros((seg.n, 0), dtype=ops.xp.float32)   # every row is dense
