@@ -7,7 +7,7 @@ from __future__ import annotations
 _EXPORTS = {
     "Checkpoint": "loader", "CheckpointError": "loader", "open_model": "loader", "SafetensorsFile": "loader",
     "write_safetensors": "loader",
-    "Tokenizer": "tokenizer", "IncrementalDecoder": "tokenizer", "ChatTemplateError": "tokenizer",
+    "Tokenizer": "tokenizer", "IncrementalDecoder": "incremental_decoder", "ChatTemplateError": "chat_template",
     "default_tiny_dir": "tiny", "write_tiny": "tiny", "tiny_tensors": "tiny",
 }
 

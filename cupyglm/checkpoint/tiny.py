@@ -27,7 +27,7 @@ import numpy as np
 from cupyglm import env
 from cupyglm.checkpoint import names
 from cupyglm.checkpoint.loader import INDEX_FILE, write_safetensors
-from cupyglm.checkpoint.tokenizer import build_tiny_tokenizer, tiny_eos_token_ids, tiny_tokenizer_config
+from cupyglm.checkpoint.tiny_tokenizer import build_tiny_tokenizer, tiny_eos_token_ids, tiny_tokenizer_config
 from cupyglm.config import ModelConfig, preset
 
 # Bump when the generator (init rules, tokenizer, file layout) changes: cached tiny dirs are keyed by it.

@@ -47,7 +47,7 @@ class _Text:
     """Rank 0's detokenization of one request: incremental text, stop strings, what was returned."""
 
     def __init__(self, tokenizer, params: SamplingParams):
-        from cupyglm.checkpoint.tokenizer import IncrementalDecoder
+        from cupyglm.checkpoint.incremental_decoder import IncrementalDecoder
 
         self.decoder = IncrementalDecoder(tokenizer, skip_special_tokens=params.skip_special_tokens) \
             if tokenizer is not None else None

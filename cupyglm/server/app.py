@@ -21,9 +21,15 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from cupyglm.server import protocol as P
 from cupyglm.server.bridge import EngineBridge, EngineDied, RequestStream
+from cupyglm.server.errors import ApiError, bad
+from cupyglm.server.fields import parse_json_object
 from cupyglm.server.metrics import CONTENT_TYPE, Metrics
+from cupyglm.server.requests import (GenRequest, ModelInfo, fit_context, parse_chat, parse_completion,
+                                     parse_detokenize, parse_tokenize)
+from cupyglm.server.responses import (Reply, chat_response, chunk, completion_response, models_response, new_id,
+                                      now, usage_chunk)
+from cupyglm.server.sse import SSE_DONE, sse, sse_error
 
 DEFAULT_MAX_BODY_BYTES = 16 * 1024 * 1024
 RETRY_AFTER_S = 1
@@ -40,17 +46,17 @@ class ServerState:
     root: str
     api_keys: tuple[bytes, ...] = ()
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
-    info: P.ModelInfo | None = None
+    info: ModelInfo | None = None
     tokenizer: Any = None
     make_params: Callable[..., Any] | None = None
-    created: int = dataclasses.field(default_factory=P.now)
+    created: int = dataclasses.field(default_factory=now)
 
     @property
     def ready(self) -> bool:
         return self.bridge.ready and self.bridge.dead is None and not self.bridge.closing and self.info is not None
 
 
-def json_error(err: P.ApiError) -> JSONResponse:
+def json_error(err: ApiError) -> JSONResponse:
     return JSONResponse(err.body(), status_code=err.status, headers=err.headers)
 
 
@@ -81,7 +87,7 @@ class ApiKeyMiddleware:
             await self.app(scope, receive, send)
             return
         msg = "missing API key (send 'Authorization: Bearer <key>')" if not auth else "invalid API key"
-        err = P.ApiError(401, msg, code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"})
+        err = ApiError(401, msg, code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"})
         await json_error(err)(scope, receive, send)
 
 
@@ -94,29 +100,29 @@ async def read_body(request: Request, limit: int) -> bytes:
         try:
             n = int(cl)
         except ValueError:
-            raise P.bad(None, f"invalid Content-Length header {cl!r}", "invalid_header") from None
+            raise bad(None, f"invalid Content-Length header {cl!r}", "invalid_header") from None
         if n > limit:
             raise _too_large(n, limit)
     chunks: list[bytes] = []
     total = 0
     try:
-        async for chunk in request.stream():
-            total += len(chunk)
+        async for part in request.stream():
+            total += len(part)
             if total > limit:
                 raise _too_large(total, limit, at_least=True)
-            chunks.append(chunk)
+            chunks.append(part)
     except ClientDisconnect:
         raise
     return b"".join(chunks)
 
 
-def _too_large(n: int, limit: int, at_least: bool = False) -> P.ApiError:
+def _too_large(n: int, limit: int, at_least: bool = False) -> ApiError:
     size = f"at least {n}" if at_least else str(n)
-    return P.ApiError(413, f"request body of {size} bytes exceeds the limit of {limit} bytes (--max-body-bytes)",
-                      code="request_too_large")
+    return ApiError(413, f"request body of {size} bytes exceeds the limit of {limit} bytes (--max-body-bytes)",
+                    code="request_too_large")
 
 
-def _not_ready(state: ServerState) -> P.ApiError:
+def _not_ready(state: ServerState) -> ApiError:
     b = state.bridge
     if b.dead is not None:
         why = "the engine stopped"
@@ -124,7 +130,7 @@ def _not_ready(state: ServerState) -> P.ApiError:
         why = "the server is shutting down"
     else:
         why = "the model is loading"
-    return P.ApiError(503, f"not ready: {why}", code="service_unavailable", headers={"Retry-After": "1"})
+    return ApiError(503, f"not ready: {why}", code="service_unavailable", headers={"Retry-After": "1"})
 
 
 async def _wait_disconnect(request: Request) -> None:
@@ -138,43 +144,43 @@ _FIELD = re.compile(r"\b(temperature|top_p|top_k|min_p|seed|max_tokens|min_token
                     r"ignore_eos)\b")
 
 
-def _engine_error(e: BaseException, req: P.GenRequest | None = None) -> P.ApiError:
+def _engine_error(e: BaseException, req: GenRequest | None = None) -> ApiError:
     name = type(e).__name__
     if name == "QueueFull":
-        return P.ApiError(429, f"the request queue is full ({e}); retry later", code="queue_full",
-                          headers={"Retry-After": str(RETRY_AFTER_S)})
+        return ApiError(429, f"the request queue is full ({e}); retry later", code="queue_full",
+                        headers={"Retry-After": str(RETRY_AFTER_S)})
     if name == "RequestTooLong":
-        return P.ApiError(400, str(e), param=req.prompt_param if req else None, code="context_length_exceeded")
+        return ApiError(400, str(e), param=req.prompt_param if req else None, code="context_length_exceeded")
     if isinstance(e, EngineDied):
-        return P.ApiError(503, str(e), code="service_unavailable")
+        return ApiError(503, str(e), code="service_unavailable")
     if isinstance(e, ValueError):
         m = _FIELD.search(str(e))
-        return P.bad(m.group(1) if m else None, str(e))
-    return P.ApiError(500, f"internal error: {name}: {e}", code="internal_error")
+        return bad(m.group(1) if m else None, str(e))
+    return ApiError(500, f"internal error: {name}: {e}", code="internal_error")
 
 
 # ---- the app ----------------------------------------------------------------------------------------------------
 
 def create_app(state: ServerState, *, lifespan: Any = None) -> Starlette:
     async def body_json(request: Request) -> dict:
-        return P.parse_json_object(await read_body(request, state.max_body_bytes))
+        return parse_json_object(await read_body(request, state.max_body_bytes))
 
-    def need_ready() -> P.ModelInfo:
+    def need_ready() -> ModelInfo:
         if not state.ready:
             raise _not_ready(state)
         assert state.info is not None
         return state.info
 
-    def prompt_ids_of(req: P.GenRequest) -> list[int]:
+    def prompt_ids_of(req: GenRequest) -> list[int]:
         tok = state.tokenizer
         if req.kind == "chat":
             try:
                 text = tok.apply_chat_template(req.messages, add_generation_prompt=req.add_generation_prompt,
                                                **req.chat_kwargs)
             except (ValueError, TypeError) as e:
-                raise P.bad("messages", f"cannot render the chat template: {e}") from None
+                raise bad("messages", f"cannot render the chat template: {e}") from None
             except Exception as e:  # noqa: BLE001 - jinja errors raised by the template itself
-                raise P.bad("messages", f"cannot render the chat template: {type(e).__name__}: {e}") from None
+                raise bad("messages", f"cannot render the chat template: {type(e).__name__}: {e}") from None
             return tok.encode(text)
         if req.prompt_ids is not None:
             return list(req.prompt_ids)
@@ -184,9 +190,9 @@ def create_app(state: ServerState, *, lifespan: Any = None) -> Starlette:
         try:
             body = await body_json(request)
             info = need_ready()
-            req = P.parse_chat(body, info) if kind == "chat" else P.parse_completion(body, info)
+            req = parse_chat(body, info) if kind == "chat" else parse_completion(body, info)
             prompt = prompt_ids_of(req)
-            sampling = P.fit_context(req, len(prompt), info)
+            sampling = fit_context(req, len(prompt), info)
             try:
                 params = state.make_params(**sampling)
             except ValueError as e:
@@ -196,26 +202,26 @@ def create_app(state: ServerState, *, lifespan: Any = None) -> Starlette:
                 stream = state.bridge.submit(prompt, params)
             except Exception as e:  # noqa: BLE001 - QueueFull, RequestTooLong, ValueError, EngineDied
                 raise _engine_error(e, req) from None
-        except P.ApiError as e:
+        except ApiError as e:
             return json_error(e)
         except ClientDisconnect:
             return Response(status_code=499)
-        reply = P.Reply(id=P.new_id("chatcmpl" if kind == "chat" else "cmpl"), model=req.model, created=P.now(),
-                        prompt_ids=prompt)
+        reply = Reply(id=new_id("chatcmpl" if kind == "chat" else "cmpl"), model=req.model, created=now(),
+                      prompt_ids=prompt)
         if req.stream:
             return StreamingResponse(_stream(req, stream, reply), media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
         return await _collect(request, req, stream, reply)
 
-    async def _stream(req: P.GenRequest, stream: RequestStream, reply: P.Reply):
+    async def _stream(req: GenRequest, stream: RequestStream, reply: Reply):
         first = True
         try:
             while True:
                 try:
                     d = await stream.next()
                 except EngineDied as e:
-                    yield P.sse_error(P.ApiError(503, str(e), code="service_unavailable"))
-                    yield P.SSE_DONE
+                    yield sse_error(ApiError(503, str(e), code="service_unavailable"))
+                    yield SSE_DONE
                     return
                 reply.token_ids.extend(d.token_ids)
                 reply.text += d.text
@@ -223,20 +229,20 @@ def create_app(state: ServerState, *, lifespan: Any = None) -> Starlette:
                 if d.finished:
                     reply.finish_reason = d.finish_reason or "stop"
                 if first or d.text or d.finished or (req.return_token_ids and d.token_ids):
-                    yield P.sse(P.chunk(req.kind, reply, text=d.text, first=first,
-                                        token_ids=d.token_ids if req.return_token_ids else None,
-                                        prompt_ids=reply.prompt_ids if (first and req.return_token_ids) else None,
-                                        finish_reason=reply.finish_reason if d.finished else None))
+                    yield sse(chunk(req.kind, reply, text=d.text, first=first,
+                                    token_ids=d.token_ids if req.return_token_ids else None,
+                                    prompt_ids=reply.prompt_ids if (first and req.return_token_ids) else None,
+                                    finish_reason=reply.finish_reason if d.finished else None))
                     first = False
                 if d.finished:
                     break
             if req.include_usage:
-                yield P.sse(P.usage_chunk(req.kind, reply))
-            yield P.SSE_DONE
+                yield sse(usage_chunk(req.kind, reply))
+            yield SSE_DONE
         finally:
             stream.abort()       # no-op once finished; a client gone mid-stream frees its pages
 
-    async def _collect(request: Request, req: P.GenRequest, stream: RequestStream, reply: P.Reply) -> Response:
+    async def _collect(request: Request, req: GenRequest, stream: RequestStream, reply: Reply) -> Response:
         async def watch() -> None:
             await _wait_disconnect(request)
             stream.abort()
@@ -248,7 +254,7 @@ def create_app(state: ServerState, *, lifespan: Any = None) -> Starlette:
                 try:
                     d = await stream.next()
                 except EngineDied as e:
-                    return json_error(P.ApiError(503, str(e), code="service_unavailable"))
+                    return json_error(ApiError(503, str(e), code="service_unavailable"))
                 reply.token_ids.extend(d.token_ids)
                 reply.text += d.text
                 reply.cached_tokens = d.cached_tokens or reply.cached_tokens
@@ -258,7 +264,7 @@ def create_app(state: ServerState, *, lifespan: Any = None) -> Starlette:
         finally:
             watcher.cancel()
             stream.abort()
-        build = P.chat_response if req.kind == "chat" else P.completion_response
+        build = chat_response if req.kind == "chat" else completion_response
         return JSONResponse(build(reply, req.return_token_ids))
 
     async def chat(request: Request) -> Response:
@@ -270,9 +276,9 @@ def create_app(state: ServerState, *, lifespan: Any = None) -> Starlette:
     async def models(request: Request) -> Response:
         try:
             info = need_ready()
-        except P.ApiError as e:
+        except ApiError as e:
             return json_error(e)
-        return JSONResponse(P.models_response(info, state.root, state.created))
+        return JSONResponse(models_response(info, state.root, state.created))
 
     async def health(request: Request) -> Response:
         b = state.bridge
@@ -288,20 +294,20 @@ def create_app(state: ServerState, *, lifespan: Any = None) -> Starlette:
         try:
             body = await body_json(request)
             info = need_ready()
-            t = P.parse_tokenize(body, info)
+            t = parse_tokenize(body, info)
             tok = state.tokenizer
             if "messages" in t:
                 try:
                     text = tok.apply_chat_template(t["messages"], add_generation_prompt=t["add_generation_prompt"],
                                                    **t["chat_kwargs"])
                 except Exception as e:  # noqa: BLE001
-                    raise P.bad("messages", f"cannot render the chat template: {e}") from None
+                    raise bad("messages", f"cannot render the chat template: {e}") from None
                 ids = tok.encode(text)
             elif "ids" in t:
                 ids = t["ids"]
             else:
                 ids = tok.encode(t["text"])
-        except P.ApiError as e:
+        except ApiError as e:
             return json_error(e)
         return JSONResponse({"tokens": ids, "count": len(ids), "max_model_len": info.max_model_len})
 
@@ -309,8 +315,8 @@ def create_app(state: ServerState, *, lifespan: Any = None) -> Starlette:
         try:
             body = await body_json(request)
             info = need_ready()
-            ids = P.parse_detokenize(body, info)
-        except P.ApiError as e:
+            ids = parse_detokenize(body, info)
+        except ApiError as e:
             return json_error(e)
         return JSONResponse({"prompt": state.tokenizer.decode(ids)})
 
@@ -318,10 +324,10 @@ def create_app(state: ServerState, *, lifespan: Any = None) -> Starlette:
         code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code)
         msg = f"{request.method} {request.url.path}: " + (
             "no such route" if exc.status_code == 404 else str(exc.detail))
-        return json_error(P.ApiError(exc.status_code, msg, code=code, headers=getattr(exc, "headers", None)))
+        return json_error(ApiError(exc.status_code, msg, code=code, headers=getattr(exc, "headers", None)))
 
     async def server_error(request: Request, exc: Exception) -> Response:
-        return json_error(P.ApiError(500, f"internal error: {type(exc).__name__}: {exc}", code="internal_error"))
+        return json_error(ApiError(500, f"internal error: {type(exc).__name__}: {exc}", code="internal_error"))
 
     routes = [
         Route("/v1/chat/completions", chat, methods=["POST"]),
@@ -337,10 +343,10 @@ def create_app(state: ServerState, *, lifespan: Any = None) -> Starlette:
                      exception_handlers={HTTPException: http_error, Exception: server_error})
 
 
-def model_info(served_id: str, root: str, max_model_len: int, vocab_size: int) -> P.ModelInfo:
+def model_info(served_id: str, root: str, max_model_len: int, vocab_size: int) -> ModelInfo:
     import os
 
     aliases = {root, os.path.basename(root.rstrip("/"))} - {""}
-    return P.ModelInfo(served_id=served_id, aliases=frozenset(aliases), max_model_len=max_model_len,
-                       vocab_size=vocab_size)
+    return ModelInfo(served_id=served_id, aliases=frozenset(aliases), max_model_len=max_model_len,
+                     vocab_size=vocab_size)
 

@@ -10,7 +10,7 @@ import httpx
 import openai
 import pytest
 
-from cupyglm.server.protocol import token_sha
+from cupyglm.server.responses import token_sha
 
 pytestmark = pytest.mark.mpi
 

@@ -11,12 +11,12 @@ import httpx
 import pytest
 import uvicorn
 
-from cupyglm.checkpoint.tokenizer import IncrementalDecoder
+from cupyglm.checkpoint.incremental_decoder import IncrementalDecoder
 from cupyglm.engine.sampling import SamplingParams
 from cupyglm.server.app import ServerState, create_app, model_info
 from cupyglm.server.bridge import EngineBridge
 from cupyglm.server.metrics import Metrics
-from cupyglm.server.protocol import token_sha
+from cupyglm.server.responses import token_sha
 
 
 class QueueFull(RuntimeError):

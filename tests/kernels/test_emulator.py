@@ -9,17 +9,10 @@ import numpy as np
 import pytest
 
 from cupyglm.kernels import CUDA_SRC, kernel_names, load_module
-from cupyglm.kernels.sim import (
-    SimCompileError,
-    SimCrash,
-    SimDeadlock,
-    SimKernelError,
-    SimLaunchError,
-    SimModule,
-    SimTimeout,
-    get_thread_order,
-    set_thread_order,
-)
+from cupyglm.kernels.sim import SimModule
+from cupyglm.kernels.sim_build import SimCompileError
+from cupyglm.kernels.sim_errors import SimCrash, SimDeadlock, SimKernelError, SimLaunchError, SimTimeout
+from cupyglm.kernels.sim_order import get_thread_order, set_thread_order
 
 FIXTURES = Path(__file__).parent / "fixtures"
 ORDERS = [("forward", 0), ("reverse", 0), ("shuffled", 1), ("shuffled", 2)]

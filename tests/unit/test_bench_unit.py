@@ -34,7 +34,7 @@ def test_token_sha_is_sha256_of_comma_joined_decimals_first_12_hex():
 
 
 def test_token_sha_matches_the_servers_when_present():
-    proto = pytest.importorskip("cupyglm.server.protocol")
+    proto = pytest.importorskip("cupyglm.server.responses")
     ids = [5, 0, 4095, 17]
     assert token_sha(ids) == proto.token_sha(ids)
 

@@ -1,4 +1,4 @@
-"""Pure checks of the OpenAI wire format (cupyglm.server.protocol)."""
+"""Pure checks of the OpenAI wire format (cupyglm.server: errors, fields, requests, responses, sse)."""
 from __future__ import annotations
 
 import hashlib
@@ -6,55 +6,59 @@ import json
 
 import pytest
 
-from cupyglm.server import protocol as P
+from cupyglm.server.errors import ApiError
+from cupyglm.server.fields import parse_json_object
+from cupyglm.server.requests import ModelInfo, fit_context, parse_chat, parse_completion
+from cupyglm.server.responses import Reply, chat_response, chunk, token_sha, usage_chunk
+from cupyglm.server.sse import SSE_DONE, sse, sse_error
 
-INFO = P.ModelInfo(served_id="m", aliases=frozenset({"dir", "/x/dir"}), max_model_len=100, vocab_size=50)
+INFO = ModelInfo(served_id="m", aliases=frozenset({"dir", "/x/dir"}), max_model_len=100, vocab_size=50)
 
 
 def err(fn, *a):
-    with pytest.raises(P.ApiError) as e:
+    with pytest.raises(ApiError) as e:
         fn(*a)
     return e.value
 
 
 def test_token_sha_definition():
     ids = [1, 22, 333]
-    assert P.token_sha(ids) == hashlib.sha256(b"1,22,333").hexdigest()[:12]
-    assert P.token_sha([]) == hashlib.sha256(b"").hexdigest()[:12]
+    assert token_sha(ids) == hashlib.sha256(b"1,22,333").hexdigest()[:12]
+    assert token_sha([]) == hashlib.sha256(b"").hexdigest()[:12]
 
 
 def test_sse_framing_and_error_body():
-    assert P.sse({"a": 1}) == b'data: {"a":1}\n\n'
-    assert P.SSE_DONE == b"data: [DONE]\n\n"
-    e = P.ApiError(400, "bad", param="x", code="invalid_value")
+    assert sse({"a": 1}) == b'data: {"a":1}\n\n'
+    assert SSE_DONE == b"data: [DONE]\n\n"
+    e = ApiError(400, "bad", param="x", code="invalid_value")
     assert e.body() == {"error": {"message": "bad", "type": "invalid_request_error", "param": "x",
                                   "code": "invalid_value"}}
-    assert json.loads(P.sse_error(e)[6:]) == e.body()
+    assert json.loads(sse_error(e)[6:]) == e.body()
 
 
 @pytest.mark.parametrize("raw, code", [(b"\xff", "invalid_utf8"), (b"{", "invalid_json"), (b"[]", "invalid_type"),
                                        (b"Infinity", "invalid_json"), (b"", "invalid_json")])
 def test_body_refusals(raw, code):
-    e = err(P.parse_json_object, raw)
+    e = err(parse_json_object, raw)
     assert e.status == 400 and e.code == code
 
 
 def test_body_accepts_bom():
-    assert P.parse_json_object(b"\xef\xbb\xbf{}") == {}
+    assert parse_json_object(b"\xef\xbb\xbf{}") == {}
 
 
 def test_completion_defaults_and_aliases():
     for model in (None, "m", "dir", "/x/dir"):
-        r = P.parse_completion({"prompt": "hi", **({"model": model} if model else {})}, INFO)
+        r = parse_completion({"prompt": "hi", **({"model": model} if model else {})}, INFO)
         assert r.model == "m" and r.prompt_text == "hi" and not r.stream
     s = r.sampling
     assert s["temperature"] == 1.0 and s["top_p"] == 1.0 and s["max_tokens"] is None and s["stop"] == ()
-    assert P.parse_completion({"prompt": [[1, 2]]}, INFO).prompt_ids == [1, 2]
-    assert P.parse_completion({"prompt": ["a"]}, INFO).prompt_text == "a"
-    assert P.parse_completion({"prompt": "x", "top_k": -1}, INFO).sampling["top_k"] == 0
-    assert P.parse_completion({"prompt": "x", "stop": "z"}, INFO).sampling["stop"] == ("z",)
-    assert P.parse_completion({"prompt": "x", "max_tokens": 3.0}, INFO).sampling["max_tokens"] == 3
-    e = err(P.parse_completion, {"prompt": "x", "model": "other"}, INFO)
+    assert parse_completion({"prompt": [[1, 2]]}, INFO).prompt_ids == [1, 2]
+    assert parse_completion({"prompt": ["a"]}, INFO).prompt_text == "a"
+    assert parse_completion({"prompt": "x", "top_k": -1}, INFO).sampling["top_k"] == 0
+    assert parse_completion({"prompt": "x", "stop": "z"}, INFO).sampling["stop"] == ("z",)
+    assert parse_completion({"prompt": "x", "max_tokens": 3.0}, INFO).sampling["max_tokens"] == 3
+    e = err(parse_completion, {"prompt": "x", "model": "other"}, INFO)
     assert e.status == 404 and e.code == "model_not_found" and e.param == "model"
 
 
@@ -72,60 +76,60 @@ def test_completion_defaults_and_aliases():
     ("return_token_ids", 1, "invalid_type"), ("stream", "yes", "invalid_type"),
 ])
 def test_completion_field_refusals(field, value, code):
-    e = err(P.parse_completion, {"prompt": "x", field: value}, INFO)
+    e = err(parse_completion, {"prompt": "x", field: value}, INFO)
     assert (e.status, e.param, e.code) == (400, field, code)
 
 
 def test_accepted_neutral_fields():
-    r = P.parse_completion({"prompt": "x", "draft": False, "logprobs": None, "n": 1, "presence_penalty": 0,
-                            "user": "u", "cache_salt": "s", "stream": True,
-                            "stream_options": {"include_usage": True}}, INFO)
+    r = parse_completion({"prompt": "x", "draft": False, "logprobs": None, "n": 1, "presence_penalty": 0,
+                          "user": "u", "cache_salt": "s", "stream": True,
+                          "stream_options": {"include_usage": True}}, INFO)
     assert r.include_usage and r.stream and r.cache_salt == "s"
 
 
 def test_chat_messages():
-    r = P.parse_chat({"messages": [{"role": "system", "content": "s"},
-                                   {"role": "user", "content": [{"type": "text", "text": "a"},
-                                                                {"type": "text", "text": "b"}]},
-                                   {"role": "assistant", "content": None}, {"role": "tool", "content": "t"}]}, INFO)
+    r = parse_chat({"messages": [{"role": "system", "content": "s"},
+                                 {"role": "user", "content": [{"type": "text", "text": "a"},
+                                                              {"type": "text", "text": "b"}]},
+                                 {"role": "assistant", "content": None}, {"role": "tool", "content": "t"}]}, INFO)
     assert r.messages[1]["content"] == "ab"
     assert r.chat_kwargs == {"enable_thinking": True}
-    off = P.parse_chat({"messages": [{"role": "user", "content": "x"}],
-                        "chat_template_kwargs": {"enable_thinking": False}}, INFO)
+    off = parse_chat({"messages": [{"role": "user", "content": "x"}],
+                      "chat_template_kwargs": {"enable_thinking": False}}, INFO)
     assert off.chat_kwargs["enable_thinking"] is False
     for messages, param in (([], "messages"), ("x", "messages"), ([{"role": "bot", "content": "x"}],
                             "messages[0].role"), ([{"role": "user"}], "messages[0].content"), ([5], "messages[0]")):
-        assert err(P.parse_chat, {"messages": messages}, INFO).param == param
-    e = err(P.parse_chat, {"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function"}]}, INFO)
+        assert err(parse_chat, {"messages": messages}, INFO).param == param
+    e = err(parse_chat, {"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function"}]}, INFO)
     assert e.param == "tools"
 
 
 def test_fit_context():
-    r = P.parse_completion({"prompt": "x"}, INFO)
-    assert P.fit_context(r, 10, INFO)["max_tokens"] == 90
-    e = err(P.fit_context, r, 100, INFO)
+    r = parse_completion({"prompt": "x"}, INFO)
+    assert fit_context(r, 10, INFO)["max_tokens"] == 90
+    e = err(fit_context, r, 100, INFO)
     assert e.code == "context_length_exceeded" and e.param == "prompt"
-    r2 = P.parse_completion({"prompt": "x", "max_tokens": 50}, INFO)
-    assert err(P.fit_context, r2, 60, INFO).param == "max_tokens"
-    assert P.fit_context(r2, 50, INFO)["max_tokens"] == 50
+    r2 = parse_completion({"prompt": "x", "max_tokens": 50}, INFO)
+    assert err(fit_context, r2, 60, INFO).param == "max_tokens"
+    assert fit_context(r2, 50, INFO)["max_tokens"] == 50
 
 
 def test_stop_limits():
-    assert P.parse_completion({"prompt": "x", "stop": ["a"] * 4}, INFO).sampling["stop"] == ("a",) * 4
-    assert err(P.parse_completion, {"prompt": "x", "stop": ["a"] * 5}, INFO).param == "stop"
-    assert err(P.parse_completion, {"prompt": "x", "stop": [""]}, INFO).param == "stop"
+    assert parse_completion({"prompt": "x", "stop": ["a"] * 4}, INFO).sampling["stop"] == ("a",) * 4
+    assert err(parse_completion, {"prompt": "x", "stop": ["a"] * 5}, INFO).param == "stop"
+    assert err(parse_completion, {"prompt": "x", "stop": [""]}, INFO).param == "stop"
 
 
 def test_reply_shapes():
-    r = P.Reply(id="c1", model="m", created=1, prompt_ids=[1, 2], token_ids=[3, 4], text="hi", finish_reason="stop")
-    chat = P.chat_response(r, return_token_ids=True)
+    r = Reply(id="c1", model="m", created=1, prompt_ids=[1, 2], token_ids=[3, 4], text="hi", finish_reason="stop")
+    chat = chat_response(r, return_token_ids=True)
     assert chat["choices"][0]["message"] == {"role": "assistant", "content": "hi"}
     assert chat["choices"][0]["token_ids"] == [3, 4] and chat["choices"][0]["prompt_token_ids"] == [1, 2]
     assert chat["usage"] == {"prompt_tokens": 2, "completion_tokens": 2, "total_tokens": 4,
                              "prompt_tokens_details": {"cached_tokens": 0}}
-    assert chat["token_sha"] == P.token_sha([3, 4])
-    first = P.chunk("chat", r, text="h", first=True, prompt_ids=[1, 2], token_ids=[3])
+    assert chat["token_sha"] == token_sha([3, 4])
+    first = chunk("chat", r, text="h", first=True, prompt_ids=[1, 2], token_ids=[3])
     assert first["choices"][0]["delta"] == {"role": "assistant", "content": "h"} and "token_sha" not in first
-    last = P.chunk("completion", r, text="i", finish_reason="stop")
-    assert last["token_sha"] == P.token_sha([3, 4]) and last["choices"][0]["text"] == "i"
-    assert P.usage_chunk("chat", r)["choices"] == []
+    last = chunk("completion", r, text="i", finish_reason="stop")
+    assert last["token_sha"] == token_sha([3, 4]) and last["choices"][0]["text"] == "i"
+    assert usage_chunk("chat", r)["choices"] == []

@@ -7,10 +7,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cupyglm.checkpoint.tokenizer import (
-    ADDED_TOKENS, GLM_CHAT_TEMPLATE, ChatTemplateError, IncrementalDecoder, Tokenizer, build_tiny_tokenizer,
-    tiny_eos_token_ids, tiny_tokenizer_config,
+from cupyglm.checkpoint.chat_template import GLM_CHAT_TEMPLATE, ChatTemplateError
+from cupyglm.checkpoint.incremental_decoder import IncrementalDecoder
+from cupyglm.checkpoint.tiny_tokenizer import (
+    ADDED_TOKENS, build_tiny_tokenizer, tiny_eos_token_ids, tiny_tokenizer_config,
 )
+from cupyglm.checkpoint.tokenizer import Tokenizer
 from cupyglm.config import preset
 
 
@@ -150,7 +152,7 @@ def test_unknown_role_is_refused(tok, role):
 
 def test_template_raise_exception_reaches_the_caller():
     # The template's own guard (for roles the Python check would let through, e.g. a custom template caller).
-    from cupyglm.checkpoint.tokenizer import compile_chat_template
+    from cupyglm.checkpoint.chat_template import compile_chat_template
 
     with pytest.raises(ChatTemplateError, match="unknown message role: ghost"):
         compile_chat_template(GLM_CHAT_TEMPLATE).render(messages=[{"role": "ghost", "content": "x"}])

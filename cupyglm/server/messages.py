@@ -1,0 +1,59 @@
+"""Validation of a chat request's `messages`: roles, text-only content parts, string names; parts joined to text."""
+from __future__ import annotations
+
+from typing import Any
+
+from cupyglm.checkpoint.chat_template import CHAT_ROLES
+from cupyglm.server.errors import bad
+from cupyglm.server.fields import json_kind
+
+
+def _check_message(i: int, m: Any) -> dict:
+    p = f"messages[{i}]"
+    if not isinstance(m, dict):
+        raise bad(p, f"'{p}' must be an object, got {json_kind(m)}", "invalid_type")
+    role = m.get("role")
+    if not isinstance(role, str):
+        raise bad(f"{p}.role", f"'{p}.role' must be a string, got {json_kind(role)}", "invalid_type")
+    if role not in CHAT_ROLES:
+        raise bad(f"{p}.role", f"'{p}.role' = {role!r} is not a supported role ({', '.join(CHAT_ROLES)})")
+    content = m.get("content")
+    if content is None:
+        if role != "assistant":
+            raise bad(f"{p}.content", f"'{p}.content' is required for role {role!r}", "missing_required_parameter")
+    elif isinstance(content, list):
+        for j, part in enumerate(content):
+            pp = f"{p}.content[{j}]"
+            if not isinstance(part, dict):
+                raise bad(pp, f"'{pp}' must be an object, got {json_kind(part)}", "invalid_type")
+            if part.get("type") != "text":
+                raise bad(pp, f"'{pp}.type' = {part.get('type')!r} is not supported (only 'text')",
+                          "unsupported_parameter")
+            if not isinstance(part.get("text"), str):
+                raise bad(pp, f"'{pp}.text' must be a string", "invalid_type")
+    elif not isinstance(content, str):
+        raise bad(f"{p}.content",
+                  f"'{p}.content' must be a string or an array of text parts, got {json_kind(content)}",
+                  "invalid_type")
+    for key in ("name", "tool_call_id"):
+        if m.get(key) is not None and not isinstance(m.get(key), str):
+            raise bad(f"{p}.{key}", f"'{p}.{key}' must be a string", "invalid_type")
+    return m
+
+
+def _flatten(m: dict) -> dict:
+    """A message with list-of-text-parts content joined into one string (what the chat template expects)."""
+    c = m.get("content")
+    if isinstance(c, list):
+        m = {**m, "content": "".join(part["text"] for part in c)}
+    return m
+
+
+def check_messages(v: Any) -> list[dict]:
+    if v is None:
+        raise bad("messages", "'messages' is required", "missing_required_parameter")
+    if not isinstance(v, list):
+        raise bad("messages", f"'messages' must be an array, got {json_kind(v)}", "invalid_type")
+    if not v:
+        raise bad("messages", "'messages' must not be empty")
+    return [_flatten(_check_message(i, m)) for i, m in enumerate(v)]

@@ -1,0 +1,221 @@
+"""Validation of the OpenAI generation, tokenize and detokenize requests into what the engine runs.
+
+Pure functions, no I/O: every check raises `ApiError` (cupyglm.server.errors) naming the offending field.
+"""
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+
+from cupyglm.server.errors import ApiError, bad
+from cupyglm.server.fields import check_token_ids, get_bool, get_dict, get_float, get_int, get_str, json_kind
+from cupyglm.server.messages import check_messages
+from cupyglm.server.unsupported import refuse_unsupported
+
+MAX_STOP_STRINGS = 4
+MAX_STOP_TOKEN_IDS = 64
+MAX_SEED = 2**64 - 1
+MAX_INT32 = 2**31 - 1
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelInfo:
+    """What validation needs to know about the served model."""
+
+    served_id: str
+    aliases: frozenset[str]          # names also accepted in `model` (checkpoint dir basename, path)
+    max_model_len: int
+    vocab_size: int
+
+
+@dataclasses.dataclass
+class GenRequest:
+    """A validated generation request (chat or completion) before tokenization of its prompt."""
+
+    kind: str                                   # "chat" | "completion"
+    model: str
+    stream: bool
+    include_usage: bool
+    return_token_ids: bool
+    sampling: dict                              # SamplingParams kwargs (max_tokens may be None: fill later)
+    messages: list[dict] | None = None          # chat
+    chat_kwargs: dict = dataclasses.field(default_factory=dict)
+    add_generation_prompt: bool = True
+    prompt_text: str | None = None              # completion, text prompt
+    prompt_ids: list[int] | None = None         # completion, token prompt
+    cache_salt: str | None = None
+
+    @property
+    def prompt_param(self) -> str:
+        return "messages" if self.kind == "chat" else "prompt"
+
+
+def check_model(body: Mapping, info: ModelInfo) -> str:
+    name = body.get("model")
+    if name is None:
+        return info.served_id
+    if not isinstance(name, str):
+        raise bad("model", f"'model' must be a string, got {json_kind(name)}", "invalid_type")
+    if name != info.served_id and name not in info.aliases:
+        raise ApiError(404, f"The model '{name}' does not exist; this server serves '{info.served_id}'",
+                       param="model", code="model_not_found")
+    return info.served_id
+
+
+def _stop(body: Mapping) -> tuple[str, ...]:
+    v = body.get("stop")
+    if v is None:
+        return ()
+    if isinstance(v, str):
+        v = [v]
+    if not isinstance(v, list):
+        raise bad("stop", f"'stop' must be a string or an array of strings, got {json_kind(v)}", "invalid_type")
+    if len(v) > MAX_STOP_STRINGS:
+        raise bad("stop", f"'stop' has {len(v)} strings; at most {MAX_STOP_STRINGS} are allowed")
+    for i, s in enumerate(v):
+        if not isinstance(s, str):
+            raise bad("stop", f"'stop[{i}]' must be a string, got {json_kind(s)}", "invalid_type")
+        if not s:
+            raise bad("stop", f"'stop[{i}]' must not be empty")
+    return tuple(v)
+
+
+def _sampling(body: Mapping, info: ModelInfo) -> dict:
+    max_tokens = get_int(body, "max_tokens", None, lo=1)
+    mct = get_int(body, "max_completion_tokens", None, lo=1)
+    if mct is not None:
+        max_tokens = mct
+    param_max = "max_completion_tokens" if mct is not None else "max_tokens"
+    if max_tokens is not None and max_tokens > info.max_model_len:
+        raise ApiError(400, f"'{param_max}' = {max_tokens} exceeds this model's maximum context length of "
+                       f"{info.max_model_len} tokens", param=param_max, code="context_length_exceeded")
+    min_tokens = get_int(body, "min_tokens", 0, lo=0, hi=info.max_model_len)
+    if max_tokens is not None and min_tokens > max_tokens:
+        raise bad("min_tokens", f"'min_tokens' = {min_tokens} exceeds '{param_max}' = {max_tokens}")
+    temperature = get_float(body, "temperature", 1.0, lo=0.0, hi=2.0)
+    top_p = get_float(body, "top_p", 1.0, lo=0.0, hi=1.0, lo_open=True)
+    top_k = get_int(body, "top_k", 0, lo=-1, hi=MAX_INT32)
+    min_p = get_float(body, "min_p", 0.0, lo=0.0, hi=1.0)
+    seed = get_int(body, "seed", None, lo=0, hi=MAX_SEED)
+    ignore_eos = get_bool(body, "ignore_eos", False)
+    skip_special = get_bool(body, "skip_special_tokens", True)
+    stop_ids = body.get("stop_token_ids")
+    stop_ids = () if stop_ids is None else tuple(
+        check_token_ids(stop_ids, "stop_token_ids", info.vocab_size, allow_empty=True))
+    if len(stop_ids) > MAX_STOP_TOKEN_IDS:
+        raise bad("stop_token_ids", f"'stop_token_ids' has {len(stop_ids)} ids; at most {MAX_STOP_TOKEN_IDS}")
+    return dict(temperature=temperature, top_p=top_p, top_k=max(top_k, 0), min_p=min_p, seed=seed,
+                max_tokens=max_tokens, min_tokens=min_tokens, stop=_stop(body), stop_token_ids=stop_ids,
+                ignore_eos=ignore_eos, skip_special_tokens=skip_special)
+
+
+def _common(body: Mapping, kind: str, info: ModelInfo) -> dict:
+    model = check_model(body, info)
+    refuse_unsupported(body, kind)
+    stream = get_bool(body, "stream", False)
+    so = body.get("stream_options")
+    include_usage = False
+    if so is not None:
+        if not isinstance(so, dict):
+            raise bad("stream_options", f"'stream_options' must be an object, got {json_kind(so)}", "invalid_type")
+        if not stream:
+            raise bad("stream_options", "'stream_options' is only allowed when 'stream' is true")
+        include_usage = bool(get_bool(so, "include_usage", False, param="stream_options.include_usage"))
+        get_bool(so, "continuous_usage_stats", False, param="stream_options.continuous_usage_stats")
+    return dict(model=model, stream=stream, include_usage=include_usage,
+                return_token_ids=bool(get_bool(body, "return_token_ids", False)),
+                sampling=_sampling(body, info), cache_salt=get_str(body, "cache_salt"))
+
+
+def _chat_template_kwargs(body: Mapping, reserved: tuple[str, ...] = ()) -> dict:
+    kwargs = dict(get_dict(body, "chat_template_kwargs"))
+    for name in reserved:
+        if name in kwargs:
+            raise bad(f"chat_template_kwargs.{name}", f"'chat_template_kwargs.{name}' cannot be set here")
+    kwargs["enable_thinking"] = get_bool(kwargs, "enable_thinking", True,
+                                         param="chat_template_kwargs.enable_thinking")
+    return kwargs
+
+
+def _bad_prompt_type(prompt: object) -> ApiError:
+    return bad("prompt", f"'prompt' must be a string or an array of token ids, got {json_kind(prompt)}",
+               "invalid_type")
+
+
+def parse_chat(body: Mapping, info: ModelInfo) -> GenRequest:
+    messages = check_messages(body.get("messages"))
+    c = _common(body, "chat", info)
+    kwargs = _chat_template_kwargs(body, reserved=("messages", "tools", "add_generation_prompt"))
+    agp = get_bool(body, "add_generation_prompt", True)
+    return GenRequest(kind="chat", messages=messages, chat_kwargs=kwargs, add_generation_prompt=bool(agp), **c)
+
+
+def parse_completion(body: Mapping, info: ModelInfo) -> GenRequest:
+    prompt = body.get("prompt")
+    text: str | None = None
+    ids: list[int] | None = None
+    if prompt is None:
+        raise bad("prompt", "'prompt' is required", "missing_required_parameter")
+    if isinstance(prompt, list) and prompt and all(isinstance(p, (list, str)) for p in prompt):
+        if len(prompt) != 1:
+            raise bad("prompt", f"'prompt' holds {len(prompt)} prompts; one prompt per request is supported",
+                      "unsupported_parameter")
+        prompt = prompt[0]
+    if isinstance(prompt, str):
+        if not prompt:
+            raise bad("prompt", "'prompt' must not be empty")
+        text = prompt
+    elif isinstance(prompt, list):
+        ids = check_token_ids(prompt, "prompt", info.vocab_size)
+    else:
+        raise _bad_prompt_type(prompt)
+    c = _common(body, "completion", info)
+    return GenRequest(kind="completion", prompt_text=text, prompt_ids=ids, **c)
+
+
+def fit_context(req: GenRequest, prompt_len: int, info: ModelInfo) -> dict:
+    """The request's sampling kwargs with max_tokens filled in; 400 context_length_exceeded when it cannot fit."""
+    s = dict(req.sampling)
+    if prompt_len == 0:
+        raise bad(req.prompt_param, f"'{req.prompt_param}' is empty after tokenization")
+    room = info.max_model_len - prompt_len
+    if room < 1:
+        raise ApiError(400, f"This model's maximum context length is {info.max_model_len} tokens. However, your "
+                       f"prompt has {prompt_len} tokens, leaving no room for a completion.",
+                       param=req.prompt_param, code="context_length_exceeded")
+    if s["max_tokens"] is None:
+        s["max_tokens"] = room
+    elif s["max_tokens"] > room:
+        raise ApiError(400, f"This model's maximum context length is {info.max_model_len} tokens. However, you "
+                       f"requested {prompt_len + s['max_tokens']} tokens ({prompt_len} in the "
+                       f"{req.prompt_param}, {s['max_tokens']} in the completion).",
+                       param="max_tokens", code="context_length_exceeded")
+    if s["min_tokens"] > s["max_tokens"]:
+        s["min_tokens"] = s["max_tokens"]
+    return s
+
+
+def parse_tokenize(body: Mapping, info: ModelInfo) -> dict:
+    """{'prompt': str | [ids]} or {'messages': [...]} (+ chat_template_kwargs, add_generation_prompt)."""
+    if body.get("model") is not None:
+        check_model(body, info)
+    if "messages" in body and body.get("messages") is not None:
+        kwargs = _chat_template_kwargs(body)
+        return {"messages": check_messages(body["messages"]), "chat_kwargs": kwargs,
+                "add_generation_prompt": bool(get_bool(body, "add_generation_prompt", True))}
+    prompt = body.get("prompt")
+    if prompt is None:
+        raise bad("prompt", "'prompt' or 'messages' is required", "missing_required_parameter")
+    if isinstance(prompt, str):
+        return {"text": prompt}
+    if isinstance(prompt, list):
+        return {"ids": check_token_ids(prompt, "prompt", info.vocab_size, allow_empty=True)}
+    raise _bad_prompt_type(prompt)
+
+
+def parse_detokenize(body: Mapping, info: ModelInfo) -> list[int]:
+    if body.get("model") is not None:
+        check_model(body, info)
+    if body.get("tokens") is None:
+        raise bad("tokens", "'tokens' is required", "missing_required_parameter")
+    return check_token_ids(body["tokens"], "tokens", info.vocab_size, allow_empty=True)

@@ -1,0 +1,101 @@
+"""The OpenAI reply shapes: chat/completion responses, streamed chunks, usage, the model list, ids and token_sha."""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import time
+import uuid
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from cupyglm.server.requests import ModelInfo
+
+
+def token_sha(ids: Sequence[int]) -> str:
+    """First 12 hex chars of SHA-256 over the token ids joined by commas (the receipts' exactness hash)."""
+    return hashlib.sha256(",".join(str(int(i)) for i in ids).encode()).hexdigest()[:12]
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:24]}"
+
+
+def now() -> int:
+    return int(time.time())
+
+
+def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) -> dict:
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": cached_tokens}}
+
+
+@dataclasses.dataclass
+class Reply:
+    """What one finished request produced (filled by the app from the bridge's outputs)."""
+
+    id: str
+    model: str
+    created: int
+    prompt_ids: list[int]
+    token_ids: list[int] = dataclasses.field(default_factory=list)
+    text: str = ""
+    finish_reason: str | None = None
+    cached_tokens: int = 0
+
+    def usage(self) -> dict:
+        return usage(len(self.prompt_ids), len(self.token_ids), self.cached_tokens)
+
+
+def _response(r: Reply, obj: str, choice: dict[str, Any], return_token_ids: bool) -> dict:
+    if return_token_ids:
+        choice["token_ids"] = list(r.token_ids)
+        choice["prompt_token_ids"] = list(r.prompt_ids)
+    return {"id": r.id, "object": obj, "created": r.created, "model": r.model,
+            "choices": [choice], "usage": r.usage(), "token_sha": token_sha(r.token_ids)}
+
+
+def chat_response(r: Reply, return_token_ids: bool) -> dict:
+    choice = {"index": 0, "message": {"role": "assistant", "content": r.text},
+              "logprobs": None, "finish_reason": r.finish_reason}
+    return _response(r, "chat.completion", choice, return_token_ids)
+
+
+def completion_response(r: Reply, return_token_ids: bool) -> dict:
+    choice = {"index": 0, "text": r.text, "logprobs": None, "finish_reason": r.finish_reason}
+    return _response(r, "text_completion", choice, return_token_ids)
+
+
+def chunk(kind: str, r: Reply, *, text: str, token_ids: Sequence[int] | None = None, first: bool = False,
+          finish_reason: str | None = None, prompt_ids: Sequence[int] | None = None) -> dict:
+    """One streamed chunk: chat deltas (with `role` in the first) or completion text."""
+    if kind == "chat":
+        delta: dict[str, Any] = {"role": "assistant", "content": text} if first else {"content": text}
+        choice: dict[str, Any] = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
+    else:
+        choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
+    if token_ids is not None:
+        choice["token_ids"] = list(token_ids)
+    out: dict[str, Any] = {"id": r.id, "object": _chunk_object(kind), "created": r.created, "model": r.model,
+                           "choices": [choice]}
+    if prompt_ids is not None:
+        out["prompt_token_ids"] = list(prompt_ids)
+    if finish_reason is not None:
+        out["token_sha"] = token_sha(r.token_ids)
+    return out
+
+
+def usage_chunk(kind: str, r: Reply) -> dict:
+    return {"id": r.id, "object": _chunk_object(kind), "created": r.created, "model": r.model, "choices": [],
+            "usage": r.usage()}
+
+
+def _chunk_object(kind: str) -> str:
+    return "chat.completion.chunk" if kind == "chat" else "text_completion"
+
+
+def models_response(info: ModelInfo, root: str, created: int) -> dict:
+    return {"object": "list", "data": [{"id": info.served_id, "object": "model", "created": created,
+                                        "owned_by": "cupyglm", "root": root, "parent": None,
+                                        "max_model_len": info.max_model_len}]}
