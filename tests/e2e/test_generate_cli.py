@@ -40,3 +40,16 @@ def test_generate_refuses_bad_input_by_name(tiny_dir, args, needle):
     assert r.returncode != 0
     assert needle in r.stderr
     assert "Traceback" not in r.stderr
+
+
+def test_backend_cuda_refuses_without_a_device_and_auto_says_numpy(tiny_dir):
+    from cupyglm.backend import cuda_available
+
+    if cuda_available():
+        pytest.skip("a CUDA device is present")
+    cuda = _generate("--prompt", "x", "--backend", "cuda", "--max-tokens", "2")
+    assert cuda.returncode != 0
+    assert "--backend cuda: no CUDA device" in cuda.stderr and "Traceback" not in cuda.stderr
+    auto = _generate("--prompt", "x", "--backend", "auto", "--max-tokens", "2")
+    assert auto.returncode == 0, auto.stderr
+    assert "backend auto: no CUDA device, using numpy" in auto.stderr
