@@ -73,6 +73,32 @@ class NumpyOps:
         """Per-head GEMM: [H, M, K] x [H, N, K] -> [H, M, N] fp32."""
         return gemm_batched(x, w)
 
+    def gemm_grouped(self, x: np.ndarray, w: np.ndarray, group: np.ndarray) -> np.ndarray:
+        """Grouped expert GEMM: x [M, K] bf16, w [E, N, K] bf16, group [M] int32 expert of each row -> [M, N]
+        fp32. Row m is exactly gemm(x[m:m+1], w[group[m]]) (lane-16 order over K): one gemm per expert present
+        on its rows, scattered back."""
+        m, k = x.shape
+        e, n, k2 = w.shape
+        if k != k2:
+            raise ValueError(f"gemm_grouped: x has K={k} but w has K={k2}")
+        group = np.asarray(group)
+        if group.shape != (m,):
+            raise ValueError(f"gemm_grouped: group must have shape ({m},), got {group.shape}")
+        y = np.empty((m, n), dtype=np.float32)
+        if m == 0:
+            return y
+        if int(group.min()) < 0 or int(group.max()) >= e:
+            raise ValueError(f"gemm_grouped: group holds expert ids outside [0, {e})")
+        if m == 1 or bool((group[1:] >= group[:-1]).all()):      # sorted by expert: one slice per expert
+            cuts = np.flatnonzero(group[1:] != group[:-1]) + 1
+            for a, b in zip([0, *cuts.tolist()], [*cuts.tolist(), m]):
+                y[a:b] = gemm(x[a:b], w[group[a]])
+            return y
+        for ex in np.unique(group):
+            rows = np.nonzero(group == ex)[0]
+            y[rows] = gemm(x[rows], w[ex])
+        return y
+
     def embed(self, table: np.ndarray, ids: np.ndarray) -> np.ndarray:
         """[V, D] bf16, [T] int32 -> [T, D] bf16."""
         return table[ids]

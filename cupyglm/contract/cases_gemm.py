@@ -1,8 +1,11 @@
-"""Contract cases of cuda_src/gemm.cu (ops gemm, gemm_heads): the shapes the tiny and full models run at.
+"""Contract cases of cuda_src/gemm.cu (ops gemm, gemm_heads, gemm_grouped): the shapes the tiny and full
+models run at.
 
 Controls: a kernel variant folding the 16 lanes in the wrong order (compiled with -DCONTROL_WRONG_ORDER)
 where K is long enough for the order to change bits; for short K (a sum of a few exact bf16 products is
-exact in fp32 whatever the order) a dropped last K term, i.e. an off-by-one in the K tail.
+exact in fp32 whatever the order) a dropped last K term, i.e. an off-by-one in the K tail. The grouped expert
+GEMM also has a misrouted row (one row's expert id changed) as control; the weights of experts no row uses are
+NaN, so a kernel reading the wrong slice shows.
 """
 from __future__ import annotations
 
@@ -68,3 +71,40 @@ _gemm_case("n1",               5,   1, 300, "order")      # one output column (a
 _gemm_case("short-k",          3,  20,   5, "tail")       # K < 16: lanes 5..15 empty
 _heads_case("decode",          4,   1,  32,  64)          # absorbed q x w_k_t, one token
 _heads_case("prompt",          4,  37,  64,  32)          # 37 rows, per head
+
+
+def _grouped_case(label: str, m: int, e: int, used: int, n: int, k: int, control: str) -> Case:
+    """m rows over the first `used` of e experts (ids shuffled; experts >= used get NaN weights)."""
+    def make(rng):
+        w = _bf(rng, (e, n, k), k ** -0.5)
+        group = rng.permutation(np.arange(m) % used).astype(np.int32)
+        absent = np.setdiff1d(np.arange(e), group)
+        w[absent] = np.nan                        # poisoned: no row may read them
+        return {"x": _bf(rng, (m, k)), "w": w, "group": group}
+
+    def run(kn, d):
+        return {"y": ops_gemm.gemm_grouped(kn, d["x"], d["w"], d["group"])}
+
+    def replay(d):
+        return {"y": REF.gemm_grouped(d["x"], d["w"], d["group"])}
+
+    if control == "order":
+        def ctl(kn, d):
+            return {"y": ops_gemm.gemm_grouped(kn.variant("CONTROL_WRONG_ORDER"), d["x"], d["w"], d["group"])}
+    else:
+        def ctl(kn, d):
+            group = d["group"].copy()
+            r = m // 2
+            group[r] = (group[r] + 1) % max(used, 2)  # one row routed to the wrong expert
+            return {"y": ops_gemm.gemm_grouped(kn, d["x"], d["w"], kn.xp.asarray(group))}
+
+    return case(Case(f"gemm_grouped[{label}]", ("gemm_grouped_lane16",), make, run, replay, ctl))
+
+
+#               label              M    E  used   N    K    control
+_grouped_case("decode",            1,   8,   1,  64, 256, "route")    # one (token, slot) pair
+_grouped_case("verify-4e",        16,   4,   4,  96, 256, "order")    # 16 rows over 4 experts
+_grouped_case("prompt100-8e",    100,   8,   5,  40, 160, "route")    # 100 rows, experts 5..7 absent
+_grouped_case("prompt100-order", 100,   8,   6,  40, 160, "order")    # 100 rows, experts 6, 7 absent
+_grouped_case("odd-k",            23,   6,   3,  33, 100, "order")    # K % 16 = 4, N % 16 = 1
+_grouped_case("odd-k-route",      23,   6,   3,  33, 100, "route")

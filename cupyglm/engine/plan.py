@@ -76,7 +76,10 @@ def activation_bytes(cfg: ModelConfig, tp: int, rows: int, logit_rows: int, item
     heads = cfg.num_attention_heads // tp
     dsa = 2 * heads * cfg.kv_lora_rank + heads * cfg.qk_nope_head_dim + cfg.q_lora_rank + cfg.kv_lora_rank \
         + cfg.index_n_heads * cfg.index_head_dim + heads * cfg.max_pick
-    moe = cfg.num_experts_per_tok * d + 3 * cfg.moe_intermediate_size // tp + cfg.n_routed_experts
+    # MoE: all k (row, slot) pairs at once (grouped GEMMs): gathered rows, routed outputs and their scatter
+    # (3 k D), gate/up fp32 + bf16 copies and the SwiGLU product (4 k inter/tp), router logits (E)
+    kx = cfg.num_experts_per_tok
+    moe = 3 * kx * d + 4 * kx * cfg.moe_intermediate_size // tp + cfg.n_routed_experts
     mlp = 2 * cfg.intermediate_size // tp
     per_row = streams + max(kda, dsa, moe, mlp) + 2 * d
     logits = logit_rows * (cfg.vocab_size + cfg.vocab_size // tp)

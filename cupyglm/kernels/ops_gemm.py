@@ -1,4 +1,5 @@
-"""Launchers of cuda_src/gemm.cu: the row-invariant GEMM (lane-16 order over K, DESIGN §1)."""
+"""Launchers of cuda_src/gemm.cu: the row-invariant GEMM (lane-16 order over K, DESIGN §1) and its grouped
+(per-row expert) form for the MoE."""
 from __future__ import annotations
 
 import numpy as np
@@ -45,4 +46,30 @@ def gemm_heads(k: Kernels, x, w):
             y[...] = 0
         else:
             _launch(k, x, w, y, h, m, n, kk)
+    return y
+
+
+@op("gemm_grouped")
+def gemm_grouped(k: Kernels, x, w, group):
+    """Grouped expert GEMM: x [M, K] bf16, w [E, N, K] bf16, group [M] int32 -> [M, N] fp32; row m is
+    gemm(x[m:m+1], w[group[m]]) bit for bit (lane-16 order over K), whatever else shares the call."""
+    check("gemm_grouped", "x", x, (None, None), np.float32)
+    check("gemm_grouped", "w", w, (None, None, x.shape[1]), np.float32)
+    check("gemm_grouped", "group", group, (x.shape[0],), np.int32)
+    m, kk = x.shape
+    e, n = w.shape[0], w.shape[1]
+    if m:
+        lo, hi = int(group.min()), int(group.max())
+        if lo < 0 or hi >= e:
+            raise ValueError(f"gemm_grouped: parameter group holds expert ids outside [0, {e}) "
+                             f"(min {lo}, max {hi})")
+    y = k.empty((m, n), np.float32)
+    if m and n:
+        if kk == 0:
+            y[...] = 0
+        else:
+            rows = min(MAX_ROWS, m)
+            grid = (-(-n // OUTS), -(-m // rows), 1)
+            k.launch(SRC, "gemm_grouped_lane16", grid, (16, OUTS),
+                     (x, w, group, y, i32(m), i32(n), i32(kk), i32(e), i32(rows)))
     return y

@@ -5,8 +5,6 @@ The swiglu limit clamps routed and shared experts; the dense MLP of the first la
 """
 from __future__ import annotations
 
-import numpy as np
-
 from cupyglm.backend.lanes import bf16
 from cupyglm.config import ModelConfig
 from cupyglm.model.batch import Weights
@@ -25,11 +23,18 @@ class MLP:
 
 
 class MoE:
+    """Routed experts run as one grouped GEMM per projection over all (row, slot) pairs (ops.gemm_grouped, row-
+    invariant: each pair's bits are those of its expert's own gemm), stacked once at init per rank shard."""
+
     def __init__(self, cfg: ModelConfig, w: Weights, ops):
         self.cfg, self.ops = cfg, ops
         self.router = w("gate.weight")                          # [E, D]
         self.bias = w("gate.e_score_correction_bias")           # [E]
-        self.experts = [MLP(w.sub(f"experts.{e}"), ops, cfg.swiglu_limit) for e in range(cfg.n_routed_experts)]
+        ex = range(cfg.n_routed_experts)
+        self.gate = w.stack([f"experts.{e}.gate_proj.weight" for e in ex])    # [E, inter, D]
+        self.up = w.stack([f"experts.{e}.up_proj.weight" for e in ex])        # [E, inter, D]
+        self.down = w.stack([f"experts.{e}.down_proj.weight" for e in ex])    # [E, D, inter]
+        self.limit = cfg.swiglu_limit
         self.shared = MLP(w.sub("shared_experts"), ops, cfg.swiglu_limit)
 
     def __call__(self, x):
@@ -37,9 +42,16 @@ class MoE:
         xp = ops.xp
         ids, weights = ops.moe_route(ops.gemm(x, self.router), self.bias, c.num_experts_per_tok,
                                      c.routed_scaling_factor)
-        ids_host = ops.asnumpy(ids)
-        y = xp.zeros((x.shape[0], c.num_experts_per_tok, x.shape[1]), dtype=xp.float32)   # [T, k, D]
-        for e in np.unique(ids_host):
-            rows, slots = np.nonzero(ids_host == e)
-            y[rows, slots] = self.experts[int(e)](x[rows])
-        return ops.moe_combine(y, weights, self.shared(x))
+        t, k = ids.shape
+        flat = ids.reshape(-1)                                   # pair p = (row p // k, slot p % k)
+        # pairs sorted by expert, in pair order within one expert (unique keys: any sort gives this order)
+        pairs = xp.arange(t * k, dtype=xp.int64)
+        order = xp.argsort(flat.astype(xp.int64) * (t * k) + pairs)
+        group = xp.ascontiguousarray(flat[order], dtype=xp.int32)
+        xs = x[order // k]                                       # [T*k, D] bf16
+        a = ops.swiglu(bf16(ops.gemm_grouped(xs, self.gate, group)),
+                       bf16(ops.gemm_grouped(xs, self.up, group)), self.limit)
+        ys = ops.gemm_grouped(a, self.down, group)               # [T*k, D] fp32
+        y = xp.empty((t * k, x.shape[1]), dtype=xp.float32)
+        y[order] = ys
+        return ops.moe_combine(y.reshape(t, k, x.shape[1]), weights, self.shared(x))

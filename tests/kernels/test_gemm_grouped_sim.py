@@ -1,0 +1,132 @@
+"""The grouped expert GEMM (cuda_src/gemm.cu gemm_grouped_lane16) on the CPU emulator: equals the numpy
+backend's gemm_grouped bit for bit (itself row m = lanes.gemm(x[m], w[group[m]])), under every thread order,
+and a row's result does not depend on which other rows or experts share the call."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from cupyglm.backend.lanes import bf16, gemm as lanes_gemm
+from cupyglm.backend.numpy_ops import NumpyOps
+from cupyglm.kernels import ops_gemm
+from cupyglm.kernels.ops import Kernels
+
+K = Kernels("sim", np)
+REF = NumpyOps()
+
+
+def _bf(rng, shape, std=1.0):
+    return bf16(rng.standard_normal(shape).astype(np.float32) * np.float32(std))
+
+
+def _bits(a):
+    return np.ascontiguousarray(a, dtype=np.float32).view(np.uint32)
+
+
+def _case(seed, m, e, n, k, used=None, sort=False):
+    rng = np.random.default_rng(seed)
+    used = e if used is None else used
+    x, w = _bf(rng, (m, k), 2.0), _bf(rng, (e, n, k), k ** -0.5)
+    group = rng.integers(0, used, m).astype(np.int32)
+    if sort:
+        group = np.sort(group)
+    w[np.setdiff1d(np.arange(e), group)] = np.nan        # experts no row uses: NaN, must not be read
+    return x, w, group
+
+
+@pytest.mark.parametrize("order", ["forward", "reverse", "shuffled"])
+@pytest.mark.parametrize("m,e,n,k,used,sort", [
+    (1, 8, 64, 256, 8, False),        # decode: one (token, slot) pair
+    (16, 4, 96, 256, 4, True),        # 16 rows over 4 experts, sorted as the MoE sends them
+    (100, 8, 40, 160, 5, False),      # 100 rows, experts 5..7 absent, unsorted
+    (23, 6, 33, 100, 3, True),        # K % 16 = 4, N % 16 = 1
+    (9, 3, 17, 1000, 3, False),       # long K: the order shows in the bits
+])
+def test_equals_numpy_reference(order, m, e, n, k, used, sort):
+    x, w, group = _case(m * 1000 + k, m, e, n, k, used, sort)
+    y = ops_gemm.gemm_grouped(Kernels("sim", np, order=order), x, w, group)
+    want = REF.gemm_grouped(x, w, group)
+    assert not np.isnan(want).any()
+    assert np.array_equal(_bits(y), _bits(want))
+
+
+def test_reference_is_per_row_gemm_and_sort_free():
+    x, w, group = _case(1, 40, 5, 24, 130)
+    want = np.concatenate([lanes_gemm(x[i:i + 1], w[group[i]]) for i in range(40)])
+    got = REF.gemm_grouped(x, w, group)
+    assert np.array_equal(_bits(got), _bits(want))
+    perm = np.argsort(group, kind="stable")                   # the sorted fast path gives the same rows
+    assert np.array_equal(_bits(REF.gemm_grouped(x[perm], w, group[perm])), _bits(want[perm]))
+
+
+def test_long_k_wrong_order_variant_differs():
+    x, w, group = _case(4, 12, 3, 20, 1000)
+    y = ops_gemm.gemm_grouped(K, x, w, group)
+    bad = ops_gemm.gemm_grouped(K.variant("CONTROL_WRONG_ORDER"), x, w, group)
+    assert not np.array_equal(_bits(bad), _bits(y))
+
+
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(m=st.integers(1, 40), e=st.integers(1, 6), where=st.floats(0, 1), kk=st.sampled_from([100, 256]),
+       seed=st.integers(0, 2**16))
+def test_row_bits_do_not_depend_on_other_rows_or_experts(m, e, where, kk, seed):
+    rng = np.random.default_rng(seed)
+    w = _bf(rng, (e, 24, kk), kk ** -0.5)
+    ex = int(rng.integers(0, e))
+    row = _bf(rng, (1, kk), 2.0)
+    solo = ops_gemm.gemm_grouped(K, row, w, np.array([ex], np.int32))
+    assert np.array_equal(_bits(solo), _bits(lanes_gemm(row, w[ex])))
+    batch = _bf(rng, (m, kk), 2.0)
+    group = rng.integers(0, e, m).astype(np.int32)
+    at = min(int(where * m), m - 1)
+    batch[at], group[at] = row[0], ex
+    y = ops_gemm.gemm_grouped(K, batch, w, group)
+    assert np.array_equal(_bits(y[at]), _bits(solo[0])), f"row {at} of {m} differs from the row alone"
+    assert np.array_equal(_bits(y), _bits(REF.gemm_grouped(batch, w, group)))
+
+
+def test_every_batch_size_and_neighbour_expert():
+    """One row at position 0 of 1..24 rows, the others on every other expert: its bits never move."""
+    rng = np.random.default_rng(9)
+    w = _bf(rng, (4, 40, 256), 1 / 16)
+    big = _bf(rng, (24, 256), 2.0)
+    want = _bits(lanes_gemm(big[:1], w[2]))[0]
+    for m in range(1, 25):
+        for other in range(4):
+            group = np.full(m, other, np.int32)
+            group[0] = 2
+            y = ops_gemm.gemm_grouped(K, np.ascontiguousarray(big[:m]), w, group)
+            assert np.array_equal(_bits(y[0]), want), f"batch {m}, neighbours on expert {other}"
+
+
+def test_wrong_calls_name_the_parameter():
+    x, w, g = np.zeros((2, 8), np.float32), np.zeros((3, 4, 8), np.float32), np.zeros(2, np.int32)
+    with pytest.raises(ValueError, match="x must be float32"):
+        ops_gemm.gemm_grouped(K, x.astype(np.float64), w, g)
+    with pytest.raises(ValueError, match="parameter w must have shape"):
+        ops_gemm.gemm_grouped(K, x, np.zeros((3, 4, 9), np.float32), g)
+    with pytest.raises(ValueError, match="parameter w must have shape"):
+        ops_gemm.gemm_grouped(K, x, np.zeros((4, 8), np.float32), g)
+    with pytest.raises(ValueError, match="parameter group must be int32"):
+        ops_gemm.gemm_grouped(K, x, w, g.astype(np.int64))
+    with pytest.raises(ValueError, match="parameter group must have shape"):
+        ops_gemm.gemm_grouped(K, x, w, np.zeros(3, np.int32))
+    with pytest.raises(ValueError, match="x must be C-contiguous"):
+        ops_gemm.gemm_grouped(K, np.zeros((8, 2), np.float32).T, w, g)
+    for bad in (3, -1):
+        with pytest.raises(ValueError, match="parameter group holds expert ids outside"):
+            ops_gemm.gemm_grouped(K, x, w, np.array([0, bad], np.int32))
+        with pytest.raises(ValueError, match="group holds expert ids outside"):
+            REF.gemm_grouped(x, w, np.array([0, bad], np.int32))
+
+
+def test_empty_shapes():
+    w = np.zeros((3, 4, 8), np.float32)
+    assert ops_gemm.gemm_grouped(K, np.zeros((0, 8), np.float32), w, np.zeros(0, np.int32)).shape == (0, 4)
+    y = ops_gemm.gemm_grouped(K, np.ones((2, 0), np.float32), np.ones((3, 4, 0), np.float32),
+                              np.array([2, 0], np.int32))
+    assert y.shape == (2, 4) and not y.any()
+    assert REF.gemm_grouped(np.ones((2, 0), np.float32), np.ones((3, 4, 0), np.float32),
+                            np.array([2, 0], np.int32)).shape == (2, 4)

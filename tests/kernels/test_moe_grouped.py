@@ -1,0 +1,43 @@
+"""The MoE's routed experts as grouped GEMMs (ops.gemm_grouped over all (row, slot) pairs) give exactly the bits
+of the per-expert loop of ops.gemm they replaced, on the numpy and sim backends, for full and TP shards."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from cupyglm.backend.lanes import bf16
+from cupyglm.backend.numpy_ops import NumpyOps
+from cupyglm.backend.sim_ops import SimOps
+from cupyglm.model.batch import Weights
+from cupyglm.model.moe import MLP, MoE
+
+
+def _per_expert_loop(moe: MoE, experts: list[MLP], x):
+    """The MoE as it was: one MLP (three ops.gemm) per expert present, on that expert's rows."""
+    ops, c = moe.ops, moe.cfg
+    ids, weights = ops.moe_route(ops.gemm(x, moe.router), moe.bias, c.num_experts_per_tok, c.routed_scaling_factor)
+    y = np.zeros((x.shape[0], c.num_experts_per_tok, x.shape[1]), dtype=np.float32)
+    for e in np.unique(ids):
+        rows, slots = np.nonzero(ids == e)
+        y[rows, slots] = experts[int(e)](np.ascontiguousarray(x[rows]))
+    return ops.moe_combine(y, weights, moe.shared(x))
+
+
+@pytest.mark.parametrize("backend,rank,tp,t", [("numpy", 0, 1, 1), ("numpy", 0, 1, 97), ("numpy", 1, 2, 40),
+                                               ("sim", 0, 1, 1), ("sim", 0, 1, 29)])
+def test_grouped_moe_equals_per_expert_gemm_loop(tiny_ckpt, backend, rank, tp, t):
+    cfg = tiny_ckpt.config
+    ops = NumpyOps() if backend == "numpy" else SimOps()
+    prefix = next(n for n in tiny_ckpt.names() if ".mlp.experts.0.gate_proj.weight" in n).split(".experts.")[0]
+    w = Weights(tiny_ckpt.shard(rank, tp), ops, prefix)
+    moe = MoE(cfg, w, ops)
+    assert moe.gate.shape == (cfg.n_routed_experts, cfg.moe_intermediate_size // tp, cfg.hidden_size)
+    assert moe.down.shape == (cfg.n_routed_experts, cfg.hidden_size, cfg.moe_intermediate_size // tp)
+    experts = [MLP(w.sub(f"experts.{e}"), ops, cfg.swiglu_limit) for e in range(cfg.n_routed_experts)]
+    x = bf16(np.random.default_rng(t * 10 + rank).standard_normal((t, cfg.hidden_size)).astype(np.float32))
+    got = moe(x)
+    want = _per_expert_loop(moe, experts, x)
+    assert got.dtype == np.float32 and got.shape == (t, cfg.hidden_size)
+    assert np.array_equal(got.view(np.uint32), want.view(np.uint32))
+    if t > 1:   # a row's output does not depend on the batch it sits in
+        assert np.array_equal(moe(x[t // 2:t // 2 + 1]).view(np.uint32), got[t // 2:t // 2 + 1].view(np.uint32))
