@@ -1,4 +1,5 @@
-// kv.cu -- KV rows through row ids (cupyglm/backend/numpy_ops.py: write_rows, read_rows).
+// kv.cu -- rows through row ids (cupyglm/backend/numpy_ops.py: write_rows, read_rows): KV rows through page
+// tables, and the token embedding gather (read_rows on the embedding table).
 //
 // Row ids come from the page table (kv/store.py: pages[p // page_tokens] * page_tokens + p % page_tokens).
 // One block per listed row (grid = n), threads stride over the C columns.  The launchers refuse ids

@@ -58,7 +58,7 @@ class NumpyOps:
         store[rows] = values
 
     def read_rows(self, store: np.ndarray, rows: np.ndarray) -> np.ndarray:
-        """store[rows] -> [n, C]."""
+        """store[rows] -> [n, C]: KV rows through page tables, and the token embedding gather."""
         return store[rows]
 
     def sigmoid(self, x: np.ndarray) -> np.ndarray:
@@ -98,10 +98,6 @@ class NumpyOps:
             rows = np.nonzero(group == ex)[0]
             y[rows] = gemm(x[rows], w[ex])
         return y
-
-    def embed(self, table: np.ndarray, ids: np.ndarray) -> np.ndarray:
-        """[V, D] bf16, [T] int32 -> [T, D] bf16."""
-        return table[ids]
 
     def rmsnorm(self, x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
         """Llama form per row: bf16(w * bf16(x * rsqrt(mean(x^2) + eps))). x: [..., D]."""

@@ -3,6 +3,7 @@
 
 Rows the call must not touch are NaN: a write must leave them NaN, a read must never return them.
 Controls: write_rows with two slots swapped; read_rows through a wrong page mapping (two pages swapped).
+read_rows is also the token embedding gather (embed[...] cases at vocabulary shapes).
 """
 from __future__ import annotations
 
@@ -90,3 +91,30 @@ _write("pooled-odd",         8,  32,    5,  11)     # pooled keys, odd count
 _read("pooled-decode",       8,  32,   20,   1)
 _read("pooled-prompt64",     8,  32,    0,  64)
 _read("latent-odd",          8,  64,   13,  37)
+
+
+def _embed(label: str, vocab: int, dim: int, t: int) -> Case:
+    """read_rows as the token embedding gather; table rows no id names are NaN (never read).
+    Control: an off-by-one gather (every id + 1)."""
+    def make(rng):
+        table = bf16(rng.standard_normal((vocab, dim)).astype(np.float32))
+        ids = rng.integers(0, vocab - 1, t).astype(np.int32)
+        unused = np.setdiff1d(np.arange(vocab), ids)
+        table[unused[: len(unused) // 2]] = np.nan
+        return {"table": table, "ids": ids}
+
+    def run(k, d):
+        return {"y": ops_kv.read_rows(k, d["table"], d["ids"])}
+
+    def replay(d):
+        return {"y": REF.read_rows(d["table"], d["ids"])}
+
+    def ctl(k, d):
+        return {"y": ops_kv.read_rows(k, d["table"], d["ids"] + 1)}
+
+    return case(Case(f"embed[{label}]", ("kv_read_rows",), make, run, replay, ctl))
+
+
+_embed("decode", 512, 256, 1)
+_embed("prompt64", 512, 256, 64)
+_embed("odd", 300, 100, 7)

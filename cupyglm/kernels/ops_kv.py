@@ -1,13 +1,20 @@
-"""Launchers of cuda_src/kv.cu: KV rows written and read through row ids (page-table mapped)."""
+"""Launchers of cuda_src/kv.cu: rows written and read through row ids (KV pages; the embedding gather)."""
 from __future__ import annotations
 
 import numpy as np
 
 from cupyglm.kernels.ops import Kernels, check, i32, op
-from cupyglm.kernels.ops_embed import check_ids
 
 SRC = "kv.cu"
 THREADS = 128
+
+
+def check_ids(kernel: str, param: str, ids, limit: int) -> None:
+    """Host-side arrays: every id in [0, limit) (a device array is left to the kernel's guard)."""
+    if isinstance(ids, np.ndarray) and ids.size:
+        lo, hi = int(ids.min()), int(ids.max())
+        if lo < 0 or hi >= limit:
+            raise ValueError(f"{kernel}: parameter {param} holds ids outside [0, {limit}): {lo}..{hi}")
 
 
 @op("write_rows", inplace=(0,))

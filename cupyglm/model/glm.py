@@ -102,7 +102,7 @@ class GLMModel:
             self.kv.ensure(item.state.pages, item.state.length + item.tokens.size)
         segs = segments([b.state for b in batch], [b.state.length for b in batch], [b.tokens.size for b in batch])
         tokens = np.concatenate([b.tokens.astype(np.int32) for b in batch])
-        x = ops.embed(self.embed, xp.asarray(tokens))                                # [T, D] bf16
+        x = ops.read_rows(self.embed, xp.asarray(tokens))                            # [T, D] bf16
         X = xp.repeat(x[:, None, :], self.cfg.hc_mult, axis=1)                      # [T, 4, D] streams
         for block in self.blocks:
             X = block(X, segs, self.kv, self.comm)

@@ -56,7 +56,7 @@ class MTPLayer:
     def __call__(self, embed, h, ids, positions, segs, kv, comm):
         """h: [T', D] final-normed main rows; ids: [T'] next tokens -> the MTP row before its head [T', D]."""
         ops, c = self.ops, self.cfg
-        e = ops.embed(embed, ids)
+        e = ops.read_rows(embed, ids)
         e = e * ops.xp.asarray((positions != 0)[:, None], dtype=ops.xp.float32)
         x = ops.xp.concatenate([ops.rmsnorm(e, self.enorm, c.rms_norm_eps),
                                 ops.rmsnorm(h, self.hnorm, c.rms_norm_eps)], axis=1)

@@ -9,7 +9,7 @@ from cupyglm.backend.lanes import bf16
 from cupyglm.backend.numpy_ops import NumpyOps
 from cupyglm.kernels import ops as kops
 
-FRAMEWORK = {"gemm", "gemm_heads", "embed", "rmsnorm", "layernorm", "write_rows", "read_rows", "pick"}
+FRAMEWORK = {"gemm", "gemm_heads", "rmsnorm", "layernorm", "write_rows", "read_rows", "pick"}
 
 
 def test_sim_ops_binds_every_registered_op():
@@ -87,10 +87,10 @@ def test_launchers_refuse_wrong_calls_naming_the_parameter():
         ops.rmsnorm(f, np.zeros(15, np.float32), 1e-5)
     with pytest.raises(ValueError, match="layernorm: parameter b"):
         ops.layernorm(f, np.zeros(16, np.float32), np.zeros(16, np.float64), 1e-6)
-    with pytest.raises(ValueError, match="embed: parameter ids must be int32"):
-        ops.embed(f, np.zeros(1, np.int64))
-    with pytest.raises(ValueError, match="embed: parameter ids holds ids outside"):
-        ops.embed(f, np.array([2], np.int32))
+    with pytest.raises(ValueError, match="read_rows: parameter rows must be int32"):
+        ops.read_rows(f, np.zeros(1, np.int64))
+    with pytest.raises(ValueError, match="read_rows: parameter rows holds ids outside"):
+        ops.read_rows(f, np.array([2], np.int32))
     with pytest.raises(ValueError, match="pick: parameter width"):
         ops.pick(np.zeros((1, 40), np.float32), np.array([100]), 8, 4, 20)
     with pytest.raises(ValueError, match="pick: parameter scores has 10 pools"):
