@@ -40,6 +40,15 @@ static __device__ __forceinline__ float lane16_fold(float v) {
   return v;
 }
 
+// Sum of squares of xr[0..n) in lane-16 order by one aligned group of 16 threads (lane = thread & 15), folded.
+// Inactive groups pass active=false and still take part in the fold (full-mask).
+static __device__ __forceinline__ float lane16_sum_squares(const float* xr, int n, int lane, bool active) {
+  float acc = 0.0f;
+  if (active)
+    for (int k = lane; k < n; k += 16) acc += xr[k] * xr[k];
+  return lane16_fold(acc);
+}
+
 // Sum over the 32 lanes of a warp with a fixed butterfly order (offsets 16, 8,
 // 4, 2, 1).  Every lane gets the same, order-deterministic result.  Must be
 // called by all 32 lanes (full-mask, convergent).

@@ -58,10 +58,7 @@ extern "C" __global__ void l2norm(const float* __restrict__ x,  // [rows, K] f32
   const int lane = threadIdx.x & 15;
   const bool active = row < rows;
   const float* xr = x + (active ? row : 0) * K;
-  float acc = 0.0f;
-  if (active)
-    for (int k = lane; k < K; k += 16) acc += xr[k] * xr[k];
-  acc = lane16_fold(acc);
+  const float acc = lane16_sum_squares(xr, K, lane, active);
   if (!active) return;
   const float r = 1.0f / sqrtf(acc + eps);
   for (int k = lane; k < K; k += 16) out[row * K + k] = xr[k] * r;
@@ -136,10 +133,7 @@ extern "C" __global__ void kda_out(const float* __restrict__ y,     // [rows, V]
   const int lane = threadIdx.x & 15;
   const bool active = row < rows;
   const float* yr = y + (active ? row : 0) * V;
-  float acc = 0.0f;
-  if (active)
-    for (int k = lane; k < V; k += 16) acc += yr[k] * yr[k];
-  acc = lane16_fold(acc);
+  const float acc = lane16_sum_squares(yr, V, lane, active);
   if (!active) return;
   const float r = 1.0f / sqrtf(acc / (float)V + eps);
   for (int k = lane; k < V; k += 16)
