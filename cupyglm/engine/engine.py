@@ -29,7 +29,8 @@ import numpy as np
 from cupyglm.dist import step as stepmod
 from cupyglm.engine.config import EngineConfig
 from cupyglm.engine.request import EngineError, Request, RequestOutput
-from cupyglm.engine.sampling import FINISH_ABORT, FINISH_STOP, SamplingParams, banned_ids, find_stop, holdback
+from cupyglm.engine.sampling import FINISH_ABORT, FINISH_STOP, SamplingParams, banned_ids
+from cupyglm.engine.text import RequestText
 from cupyglm.engine.scheduler import Scheduler, StepPlan
 from cupyglm.model.glm import SeqInput
 
@@ -41,44 +42,6 @@ HASH_SHIFT = 8
 def page_hash(pages: list[int]) -> int:
     """24-bit hash of a page table (the check every rank makes against rank 0's)."""
     return zlib.crc32(np.asarray(pages, dtype="<i4").tobytes()) & 0xFFFFFF
-
-
-class _Text:
-    """Rank 0's detokenization of one request: incremental text, stop strings, what was returned."""
-
-    def __init__(self, tokenizer, params: SamplingParams):
-        from cupyglm.checkpoint.incremental_decoder import IncrementalDecoder
-
-        self.decoder = IncrementalDecoder(tokenizer, skip_special_tokens=params.skip_special_tokens) \
-            if tokenizer is not None else None
-        self.stops = params.stop
-        self.hold = holdback(self.stops) if self.stops else 0
-        self.text = ""
-        self.sent = 0
-        self.stopped = False
-
-    def push(self, token: int, last: bool, include: bool) -> bool:
-        """Add a generated token (include=False: a stop/EOS token whose text is not returned); True when a
-        stop string matched (the text is cut before it)."""
-        if self.decoder is None or self.stopped:
-            return False
-        before = len(self.text)
-        if include:
-            self.text += self.decoder.push(token)
-        if last:
-            self.text += self.decoder.flush()
-        if self.stops and len(self.text) > before:
-            i = find_stop(self.text, self.stops, before)
-            if i >= 0:
-                self.text = self.text[:i]
-                self.stopped = True
-        return self.stopped
-
-    def take(self, finished: bool) -> str:
-        end = len(self.text) if finished else max(self.sent, len(self.text) - self.hold)
-        piece = self.text[self.sent:end]
-        self.sent = end
-        return piece
 
 
 class Engine:
@@ -98,7 +61,7 @@ class Engine:
         self._in_step = False
         self._pending_aborts: list[int] = []
         self._ready: list[RequestOutput] = []          # abort outputs waiting for the next step()
-        self._texts: dict[int, _Text] = {}
+        self._texts: dict[int, RequestText] = {}
         self._ids = itertools.count()
         self._seeds = itertools.count()
         self._stopped = False
@@ -135,7 +98,7 @@ class Engine:
             req = Request(int(request_id), prompt, params, 0, max_tokens)
             self.scheduler.add(req)                       # QueueFull / duplicate id raise before a seed is used
             req.seed = seed if seed is not None else (self.cfg.seed + next(self._seeds)) % 2**64
-            self._texts[req.id] = _Text(self.tokenizer, params)
+            self._texts[req.id] = RequestText(self.tokenizer, params)
             return req.id
 
     def abort(self, request_id: int) -> bool:

@@ -4,18 +4,11 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import sys
-from pathlib import Path
 
 import pytest
 
-try:
-    import cupyglm_bench  # noqa: F401
-except ImportError:      # not installed yet: the package lives in bench/
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
-
-from cupyglm_bench.cli import main  # noqa: E402
-from cupyglm_bench.report import validate_report  # noqa: E402
+from cupyglm_bench.cli import main
+from cupyglm_bench.report import validate_report
 
 if importlib.util.find_spec("cupyglm.cli.serve") is None:
     pytest.skip("cupyglm.cli.serve not available yet", allow_module_level=True)

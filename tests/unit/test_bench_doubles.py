@@ -11,15 +11,10 @@ from pathlib import Path
 import pytest
 
 BENCH = Path(__file__).resolve().parents[2] / "bench"
-try:
-    import cupyglm_bench  # noqa: F401
-except ImportError:      # not installed yet: the package lives in bench/
-    sys.path.insert(0, str(BENCH))
-
-from cupyglm_bench.cli import main  # noqa: E402
-from cupyglm_bench.doubles import DoubleConfig, FakeServer  # noqa: E402
-from cupyglm_bench.load import arrival_offsets  # noqa: E402
-from cupyglm_bench.report import validate_report  # noqa: E402
+from cupyglm_bench.cli import main
+from cupyglm_bench.doubles import DoubleConfig, FakeServer
+from cupyglm_bench.load import arrival_offsets
+from cupyglm_bench.report import validate_report
 
 SMALL = {
     "decode": ["--tokens", "12", "--reps", "2", "--temperatures", "0,0.7", "--warmup", "1"],

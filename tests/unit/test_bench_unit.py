@@ -5,23 +5,16 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 
-try:
-    import cupyglm_bench  # noqa: F401
-except ImportError:      # not installed yet: the package lives in bench/
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
-
-from cupyglm_bench import report, stats  # noqa: E402
+from cupyglm_bench import report, stats
 from cupyglm_bench.client import StreamResult, decode_tok_s, first_difference, normalize_base_url, \
-    root_url, token_sha  # noqa: E402
-from cupyglm_bench.common import exact_tokens, salted_tokens  # noqa: E402
-from cupyglm_bench.load import arrival_offsets, parse_rate, random_prompts  # noqa: E402
-from cupyglm_bench.common import UsageError  # noqa: E402
+    root_url, token_sha
+from cupyglm_bench.common import exact_tokens, salted_tokens
+from cupyglm_bench.load import arrival_offsets, parse_rate, random_prompts
+from cupyglm_bench.common import UsageError
 
 
 # ---- token_sha and per-request derived numbers -------------------------------------------------------------------
