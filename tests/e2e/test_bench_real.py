@@ -2,7 +2,6 @@
 every subcommand with small sizes passes and writes a report that validates."""
 from __future__ import annotations
 
-import importlib.util
 import json
 
 import pytest
@@ -10,8 +9,6 @@ import pytest
 from cupyglm_bench.cli import main
 from cupyglm_bench.report import validate_report
 
-if importlib.util.find_spec("cupyglm.cli.serve") is None:
-    pytest.skip("cupyglm.cli.serve not available yet", allow_module_level=True)
 
 pytestmark = pytest.mark.mpi
 
