@@ -109,7 +109,7 @@ class GLMModel:
         h = ops.rmsnorm(ops.stream_mean(X), self.norm, self.cfg.rms_norm_eps)       # [T, D]
         pick = [np.arange(s.off, s.off + s.n) if b.all_logits else np.array([s.off + s.n - 1])
                 for s, b in zip(segs, batch)]
-        logits = self.logits(h[np.concatenate(pick)])
+        logits = self.logits(h[xp.asarray(np.concatenate(pick))])
         mtp_logits = self._mtp(segs, tokens, h)
         for item in batch:
             item.state.length += item.tokens.size
