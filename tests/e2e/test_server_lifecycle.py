@@ -18,7 +18,7 @@ def test_api_key_file(start_server, server_args, tmp_path):
     key.write_text("s3cret-key\n")
     key.chmod(0o644)
     refused = start_server(["--api-key-file", str(key)], wait=False)
-    rc = refused.wait(60)
+    rc, _ = refused.wait(60)
     assert rc != 0
     assert f"--api-key-file {key}: mode 0644" in refused.output and "Traceback" not in refused.output
 
@@ -60,7 +60,7 @@ def test_rank_killed_brings_the_job_down(start_server, server_args):
             break
         assert time.monotonic() - t0 < 10, "/health still ok 10 s after rank 1 was killed"
         time.sleep(0.1)
-    rc = s.wait(30)
+    rc, _ = s.wait(30)
     assert rc != 0
 
 
@@ -82,7 +82,7 @@ def test_sigterm_drains_and_every_rank_exits_0(start_server, server_args):
         assert time.monotonic() < deadline
         time.sleep(0.05)
     s.proc.send_signal(signal.SIGTERM)
-    rc = s.wait(40)
+    rc, _ = s.wait(40)
     t.join(30)
     assert rc == 0, s.output
     assert result["text"].endswith("data: [DONE]\n\n")

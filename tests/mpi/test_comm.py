@@ -11,7 +11,7 @@ import pytest
 
 from cupyglm.dist.comm import LocalComm, MpiComm, ordered_sum
 
-from .helpers import REPO, job_env
+from procjob import REPO, job_env
 
 
 def test_ordered_sum_is_left_to_right():

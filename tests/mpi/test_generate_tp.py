@@ -22,7 +22,7 @@ def test_tp_generate_repeats_exactly(mpirun, tiny_dir, n):
     """stdout (the generated text) is compared alone: stderr's log lines interleave with it differently."""
     import subprocess
 
-    from .helpers import job_env
+    from procjob import job_env
 
     args = [str(mpirun), "-n", str(n), *GENERATE, "--prompt", "def fib(n):", "--max-tokens", "16"]
     runs = [subprocess.run(args, capture_output=True, text=True, env=job_env(_cache()), timeout=120)
