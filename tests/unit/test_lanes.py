@@ -1,5 +1,6 @@
 """The row-invariant GEMM: a row's bits never depend on the batch around it (numpy.matmul's do)."""
 import numpy as np
+import pytest
 from hypothesis import given, settings, strategies as st
 
 from cupyglm.backend.lanes import bf16, gemm, lane_sum
@@ -56,6 +57,7 @@ def test_lane_sum_pads_with_exact_zeros():
     assert lane_sum(np.zeros((3, 0), np.float32)).tolist() == [0, 0, 0]
 
 
+@pytest.mark.filterwarnings("ignore:invalid value encountered in cast:RuntimeWarning")
 def test_device_bf16_rounding_matches_ml_dtypes():
     """The integer-arithmetic rounding used for cupy arrays, run here on numpy, equals ml_dtypes bit for bit."""
     from cupyglm.backend.lanes import bf16_bits
