@@ -123,24 +123,12 @@ def bind(host: str, port: int) -> socket.socket:
 
 # ---- the engine ------------------------------------------------------------------------------------------------
 
-def make_engine(world, ckpt, settings):
+def make_engine(world, ckpt):
     """This rank's engine (a collective: every rank builds its own in the same order; each prints its plan line)."""
     from cupyglm.engine.engine import build
 
     engine, _plan = build(world, ckpt)
     return engine
-
-
-def engine_context(engine, settings) -> int:
-    for name in ("max_model_len", "context"):
-        v = getattr(engine, name, None)
-        if isinstance(v, int) and not isinstance(v, bool) and v > 0:
-            return v
-    cfg = getattr(engine, "config", None) or getattr(engine, "cfg", None)
-    v = getattr(cfg, "context", None)
-    if isinstance(v, int) and v > 0:
-        return v
-    return settings.context
 
 
 def _say(line: str) -> None:
@@ -173,7 +161,7 @@ def serve(args: argparse.Namespace) -> int:
         from cupyglm.checkpoint.loader import open_model
 
         ckpt = open_model(st.model)
-        engine = make_engine(world, ckpt, world.settings)
+        engine = make_engine(world, ckpt)
         _say(f"rank {world.rank}: pid {os.getpid()} ready")
         engine.worker_loop()
         return 0
@@ -208,11 +196,11 @@ async def _serve_rank0(world, st, sock, host, port, served_id, key, max_body, dr
     def factory():
         ckpt = open_model(st.model)
         holder["ckpt"] = ckpt
-        return make_engine(world, ckpt, world.settings)
+        return make_engine(world, ckpt)
 
     def on_ready(engine) -> None:        # engine thread
         ckpt = holder["ckpt"]
-        context = engine_context(engine, world.settings)
+        context = engine.context
         root = str(ckpt.path)
         info = model_info(served_id, root, context, ckpt.config.vocab_size)
 
@@ -267,8 +255,8 @@ async def _serve_rank0(world, st, sock, host, port, served_id, key, max_body, dr
 def main(argv: list[str] | None = None) -> int:
     from cupyglm.dist.failure import run_rank_main
 
-    args = build_parser().parse_args(argv)
-    return run_rank_main(lambda: serve(args))
+    # flags are parsed inside the wrapper: a typo on one rank must bring every rank down, not hang them
+    return run_rank_main(lambda: serve(build_parser().parse_args(argv)))
 
 
 if __name__ == "__main__":
