@@ -37,23 +37,11 @@ class EngineDied(RuntimeError):
     pass
 
 
-def _first(obj: Any, names: tuple[str, ...], default: Any = None) -> Any:
-    for n in names:
-        if hasattr(obj, n):
-            v = getattr(obj, n)
-            if v is not None:
-                return v
-    return default
-
-
-def normalize(out: Any) -> Delta:
-    return Delta(request_id=_first(out, ("request_id", "id")),
-                 token_ids=[int(t) for t in _first(out, ("new_token_ids", "token_ids", "tokens"), ())],
-                 text=_first(out, ("new_text", "text", "delta_text"), "") or "",
-                 finished=bool(_first(out, ("finished",), False)),
-                 finish_reason=_first(out, ("finish_reason",), None),
-                 prompt_tokens=_first(out, ("prompt_tokens", "num_prompt_tokens", "prompt_len"), None),
-                 cached_tokens=int(_first(out, ("cached_tokens", "num_cached_tokens"), 0) or 0))
+def normalize(out) -> Delta:
+    """An engine RequestOutput as the server's Delta."""
+    return Delta(request_id=out.request_id, token_ids=[int(t) for t in out.new_token_ids], text=out.new_text or "",
+                 finished=bool(out.finished), finish_reason=out.finish_reason, prompt_tokens=out.prompt_tokens,
+                 cached_tokens=int(out.cached_tokens or 0))
 
 
 class RequestStream:

@@ -12,6 +12,7 @@ import pytest
 import uvicorn
 
 from cupyglm.checkpoint.incremental_decoder import IncrementalDecoder
+from cupyglm.engine.request import RequestOutput
 from cupyglm.engine.sampling import SamplingParams
 from cupyglm.server.app import ServerState, create_app, model_info
 from cupyglm.server.bridge import EngineBridge
@@ -21,11 +22,6 @@ from cupyglm.server.responses import token_sha
 
 class QueueFull(RuntimeError):
     pass
-
-
-class Out:
-    def __init__(self, **kw):
-        self.__dict__.update(kw)
 
 
 class FakeEngine:
@@ -85,7 +81,7 @@ class FakeEngine:
                     self.order.remove(rid)
                     self.reqs.pop(rid)
                     self.free_pages += r["pages"]
-                outs.append(Out(request_id=rid, new_token_ids=[t], new_text=text, finished=done,
+                outs.append(RequestOutput(request_id=rid, new_token_ids=[t], new_text=text, finished=done,
                                 finish_reason="length" if done else None, prompt_tokens=len(r["prompt"]),
                                 completion_tokens=len(r["out"]), cached_tokens=0))
         return outs
