@@ -104,7 +104,7 @@ class EngineBridge:
     def _main(self, factory: Callable[[], Any], on_ready: Callable[[Any], None] | None) -> None:
         try:
             self.engine = factory()
-            self._snapshot_pages()
+            self._snapshot()
             self.ready = True
             if on_ready is not None:
                 on_ready(self.engine)
@@ -118,9 +118,7 @@ class EngineBridge:
                 pass
             return
         try:
-            shutdown = getattr(self.engine, "shutdown", None)
-            if shutdown is not None:
-                shutdown()
+            self.engine.shutdown()
         except BaseException as e:  # noqa: BLE001
             self.dead = e
 
@@ -132,24 +130,22 @@ class EngineBridge:
             for rid in aborts:
                 engine.abort(rid)
             if aborts:
-                self._snapshot_pages()
+                self._snapshot()
             if engine.has_work():
                 t0 = time.monotonic()
                 outs = engine.step()
                 t1 = time.monotonic()
                 self.step_count += 1
-                self._snapshot_pages()
+                self._snapshot()
                 if outs:
                     self.loop.call_soon_threadsafe(self._deliver, [normalize(o) for o in outs], t0, t1)
             else:
                 self._wake.wait(self.IDLE_WAIT_S)
                 self._wake.clear()
 
-    def _snapshot_pages(self) -> None:
-        e = self.engine
-        free, total = getattr(e, "free_pages", None), getattr(e, "total_pages", None)
-        if free is not None and total is not None:
-            self.metrics.set_pages(int(free), int(total))
+    def _snapshot(self) -> None:
+        """KV pages as the engine has them (engine thread)."""
+        self.metrics.set_pages(self.engine.free_pages, self.engine.total_pages)
 
     # ---- the event loop side ------------------------------------------------------------------------------------
     def submit(self, prompt_ids: list[int], params: Any) -> RequestStream:

@@ -62,6 +62,9 @@ class FakeEngine:
     def has_work(self):
         return bool(self.order) and self.gate.is_set()
 
+    def shutdown(self):
+        pass
+
     def step(self):
         if self.fail:
             raise RuntimeError("planted engine failure")
