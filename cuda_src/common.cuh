@@ -40,6 +40,19 @@ static __device__ __forceinline__ float lane16_fold(float v) {
   return v;
 }
 
+// The 16 lane partials p[0..15] folded in the reference's butterfly (lane i += lane i+8, +4, +2, +1), by one
+// thread: the same bits as lane16_fold, for partials gathered in shared memory.
+static __device__ __forceinline__ float lane16_fold_array(const float* p) {
+  float t[16];
+#pragma unroll
+  for (int i = 0; i < 16; ++i) t[i] = p[i];
+#pragma unroll
+  for (int width = 8; width > 0; width >>= 1)
+#pragma unroll
+    for (int i = 0; i < width; ++i) t[i] = t[i] + t[i + width];
+  return t[0];
+}
+
 // Sum of squares of xr[0..n) in lane-16 order by one aligned group of 16 threads (lane = thread & 15), folded.
 // Inactive groups pass active=false and still take part in the fold (full-mask).
 static __device__ __forceinline__ float lane16_sum_squares(const float* xr, int n, int lane, bool active) {

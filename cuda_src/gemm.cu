@@ -18,24 +18,20 @@
 #define GEMM_OUTS 16
 #define GEMM_ROWS 8
 
-// The 16 lane partials p[0..15] of one (row, column) folded in the reference's butterfly: lane i += lane i+8,
-// then +4, +2, +1 (backend/lanes.py _fold).
+// The 16 lane partials of one (row, column) folded as the reference does (common.cuh), or, in the planted
+// control variant of the contract, in the wrong order (1, 2, 4, 8 instead of 8, 4, 2, 1).
 static __device__ __forceinline__ float gemm_fold16(const float* p) {
+#ifdef CONTROL_WRONG_ORDER
   float t[GEMM_LANES];
 #pragma unroll
   for (int i = 0; i < GEMM_LANES; ++i) t[i] = p[i];
-#ifdef CONTROL_WRONG_ORDER
-  // Planted control (contract): fold 1, 2, 4, 8 instead of 8, 4, 2, 1.
 #pragma unroll
   for (int s = 1; s < GEMM_LANES; s <<= 1)
     for (int i = 0; i < GEMM_LANES; i += 2 * s) t[i] = t[i] + t[i + s];
-#else
-#pragma unroll
-  for (int width = GEMM_LANES / 2; width > 0; width >>= 1)
-#pragma unroll
-    for (int i = 0; i < width; ++i) t[i] = t[i] + t[i + width];
-#endif
   return t[0];
+#else
+  return lane16_fold_array(p);
+#endif
 }
 
 extern "C" __global__ void __launch_bounds__(256) gemm_lane16(

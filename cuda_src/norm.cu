@@ -9,17 +9,6 @@
 
 #define NORM_LANES 16
 
-static __device__ __forceinline__ float fold16(const float* t_in) {
-  float t[NORM_LANES];
-#pragma unroll
-  for (int i = 0; i < NORM_LANES; ++i) t[i] = t_in[i];
-#pragma unroll
-  for (int width = NORM_LANES / 2; width > 0; width >>= 1)
-#pragma unroll
-    for (int i = 0; i < width; ++i) t[i] = t[i] + t[i + width];
-  return t[0];
-}
-
 // out = bf16(w * bf16(x * (1 / sqrt(sum(x*x) / D + eps)))), per row.
 extern "C" __global__ void rmsnorm_rows(const float* __restrict__ x,   // [rows, D] f32 (bf16 values)
                                         const float* __restrict__ w,   // [D] f32 (bf16 values)
@@ -40,7 +29,7 @@ extern "C" __global__ void rmsnorm_rows(const float* __restrict__ x,   // [rows,
   }
   __syncthreads();
   if (tid == 0) {
-    const float ms = fold16(lanes) / (float)D;
+    const float ms = lane16_fold_array(lanes) / (float)D;
     scale = 1.0f / sqrtf(ms + eps);
   }
   __syncthreads();
@@ -66,7 +55,7 @@ extern "C" __global__ void layernorm_rows(const float* __restrict__ x,   // [row
     lanes[tid] = acc;
   }
   __syncthreads();
-  if (tid == 0) mean_s = fold16(lanes) / n;
+  if (tid == 0) mean_s = lane16_fold_array(lanes) / n;
   __syncthreads();
   const float mean = mean_s;
   if (tid < NORM_LANES) {
@@ -80,7 +69,7 @@ extern "C" __global__ void layernorm_rows(const float* __restrict__ x,   // [row
   }
   __syncthreads();
   if (tid == 0) {
-    const float var = fold16(lanes) / n;
+    const float var = lane16_fold_array(lanes) / n;
     scale_s = 1.0f / sqrtf(var + eps);
   }
   __syncthreads();

@@ -223,11 +223,7 @@ def create_app(state: ServerState, *, lifespan: Any = None) -> Starlette:
                     yield sse_error(ApiError(503, str(e), code="service_unavailable"))
                     yield SSE_DONE
                     return
-                reply.token_ids.extend(d.token_ids)
-                reply.text += d.text
-                reply.cached_tokens = d.cached_tokens or reply.cached_tokens
-                if d.finished:
-                    reply.finish_reason = d.finish_reason or "stop"
+                reply.add(d)
                 if first or d.text or d.finished or (req.return_token_ids and d.token_ids):
                     yield sse(chunk(req.kind, reply, text=d.text, first=first,
                                     token_ids=d.token_ids if req.return_token_ids else None,
@@ -255,11 +251,8 @@ def create_app(state: ServerState, *, lifespan: Any = None) -> Starlette:
                     d = await stream.next()
                 except EngineDied as e:
                     return json_error(ApiError(503, str(e), code="service_unavailable"))
-                reply.token_ids.extend(d.token_ids)
-                reply.text += d.text
-                reply.cached_tokens = d.cached_tokens or reply.cached_tokens
+                reply.add(d)
                 if d.finished:
-                    reply.finish_reason = d.finish_reason or "stop"
                     break
         finally:
             watcher.cancel()

@@ -47,6 +47,14 @@ class Reply:
     def usage(self) -> dict:
         return usage(len(self.prompt_ids), len(self.token_ids), self.cached_tokens)
 
+    def add(self, delta) -> None:
+        """Fold one engine step's Delta for this request into the reply."""
+        self.token_ids.extend(delta.token_ids)
+        self.text += delta.text
+        self.cached_tokens = delta.cached_tokens or self.cached_tokens
+        if delta.finished:
+            self.finish_reason = delta.finish_reason or "stop"
+
 
 def _response(r: Reply, obj: str, choice: dict[str, Any], return_token_ids: bool) -> dict:
     if return_token_ids:
