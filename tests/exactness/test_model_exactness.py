@@ -4,7 +4,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from cupyglm.model.glm import SeqInput
-from cupyglm.testing import (bits, build_models, check_prefill_equals_decode, prefill_all,
+from model_helpers import (bits, build_models, check_prefill_equals_decode, prefill_all,
                              prefill_and_decode)
 
 
@@ -45,7 +45,7 @@ def test_prefill_equals_decode(model, splits):
 @pytest.mark.parametrize("tp", [2, 4])
 def test_tensor_parallel_shards(tiny_ckpt, tp):
     """TP=N as simulated shards: bit-identical run to run and on every rank, within tolerance of TP=1."""
-    from cupyglm.testing import run_ranks
+    from model_helpers import run_ranks
 
     tokens = np.arange(100, 150, dtype=np.int32)
 

@@ -13,7 +13,7 @@ import pytest
 
 from cupyglm.backend.sim_ops import SimOps
 from cupyglm.model.glm import SeqInput
-from cupyglm.testing import bits, build_models, check_prefill_equals_decode, prefill_all
+from model_helpers import bits, build_models, check_prefill_equals_decode, prefill_all
 
 PROMPTS = [[5, 17, 300, 42], list(range(60, 100)), [7] * 13]
 STEPS = 32

@@ -102,7 +102,7 @@ def test_tp_logits_repeat_and_stay_near_tp1(launch, tiny_ckpt, tmp_path, n):
     import numpy as np
 
     from cupyglm.model.glm import SeqInput
-    from cupyglm.testing import build_models
+    from model_helpers import build_models
 
     script = os.path.join(os.path.dirname(__file__), "tp_logits.py")
     outs = []
