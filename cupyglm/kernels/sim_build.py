@@ -25,8 +25,9 @@ function type with templates and exports them as strings; only parameter
 
 Libraries are cached under ``env.cache_dir()/sim`` (``$CUPYGLM_CACHE_DIR``, default
 ``~/.cache/cupyglm/sim``), keyed by the
-sha256 of the compiler identity, flags, cuemu.h, the rewritten source and every
-local ``#include "..."`` it pulls in (recursively).  Outputs are written to a
+sha256 of the compiler identity, flags, cuemu.h and every part it includes
+(``cuda_src/sim/cuemu_*.h``), the rewritten source and every local
+``#include "..."`` it pulls in (recursively).  Outputs are written to a
 unique temporary name and renamed into place, so concurrent builds (pytest-xdist
 workers) never see a partial file.
 """
@@ -241,6 +242,12 @@ def local_includes(path: Path, include_dirs: list[Path]) -> list[Path]:
 # ---------------------------------------------------------------------------
 
 
+def header_parts() -> list[Path]:
+    """The files cuemu.h includes (its parts): a change to any of them is a new build key."""
+    return local_includes(HEADER, [HEADER.parent])
+
+
+
 def cache_dir() -> Path:
     d = env.cache_dir() / "sim"
     d.mkdir(parents=True, exist_ok=True)
@@ -327,7 +334,7 @@ def prepare(path: str | os.PathLike, extra_flags: tuple[str, ...] = ()) -> tuple
     for part in (ABI_VERSION, _compiler_identity(cxx), " ".join(argv[1:]), HEADER.read_text(), tu):
         h.update(part.encode())
         h.update(b"\0")
-    for inc in local_includes(src_path, include_dirs):
+    for inc in (*header_parts(), *local_includes(src_path, include_dirs)):
         h.update(str(inc).encode() + b"\0" + inc.read_bytes() + b"\0")
     return h.hexdigest()[:32], tu, kernels, argv
 
