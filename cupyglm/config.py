@@ -51,6 +51,7 @@ class ModelConfig:
     attn_chunk: int = 512                 # keys per online-softmax chunk (cupyglm_attn_chunk; tiny uses less)
     keep_grid: int = 2048                 # prompt-cache keep points (cupyglm_keep_grid)
     page_tokens: int = 512                # default KV page size (cupyglm_page_tokens)
+    max_position_embeddings: int = 1048576  # the model's own maximum context (tokens); no window exceeds it
 
     # ---- derived facts the model code uses -------------------------------------------------------
     @property
@@ -87,12 +88,6 @@ class ModelConfig:
 
     def is_moe(self, layer: int) -> bool:
         return layer >= self.first_k_dense_replace
-
-    def kv_bytes_per_token(self) -> int:
-        """Device bytes per token per rank: latent row + pooled-key share, every KV layer."""
-        latent = self.kv_lora_rank * 2
-        pooled = self.index_head_dim * 2 // self.index_kpool
-        return len(self.kv_layers) * (latent + pooled)
 
     def identity(self) -> str:
         blob = json.dumps(dataclasses.asdict(self), sort_keys=True).encode()
@@ -165,6 +160,7 @@ class ModelConfig:
             "cupyglm_attn_chunk": self.attn_chunk,
             "cupyglm_keep_grid": self.keep_grid,
             "cupyglm_page_tokens": self.page_tokens,
+            "max_position_embeddings": self.max_position_embeddings,
         }
 
 
@@ -245,6 +241,7 @@ def _parse(c: dict) -> ModelConfig:
         attn_chunk=int(c.get("cupyglm_attn_chunk", 512)),
         keep_grid=int(c.get("cupyglm_keep_grid", 2048)),
         page_tokens=int(c.get("cupyglm_page_tokens", 512)),
+        max_position_embeddings=int(c.get("max_position_embeddings", 1048576)),
     )
     _check(cfg)
     return cfg
@@ -262,6 +259,7 @@ def _check(cfg: ModelConfig) -> None:
         ("cupyglm_page_tokens", cfg.page_tokens > 0 and cfg.page_tokens % 4 == 0, "must be a positive multiple of 4"),
         ("cupyglm_attn_chunk", cfg.attn_chunk > 0, "must be positive"),
         ("first_k_dense_replace", 0 <= cfg.first_k_dense_replace <= cfg.num_hidden_layers, "out of range"),
+        ("max_position_embeddings", cfg.max_position_embeddings > 0, "must be positive"),
     ]
     for field, ok, why in checks:
         if not ok:
@@ -297,7 +295,8 @@ PRESETS: dict[str, ModelConfig] = {
         n_routed_experts=8, num_experts_per_tok=2, n_shared_experts=1, moe_intermediate_size=64,
         intermediate_size=256, routed_scaling_factor=2.5, norm_topk_prob=True, swiglu_limit=10.0,
         hc_mult=4, hc_sinkhorn_iters=20, hc_eps=1e-6, num_nextn_predict_layers=1, rms_norm_eps=1e-5,
-        eos_token_ids=(496, 503, 505), attn_chunk=32, keep_grid=64, page_tokens=16),
+        eos_token_ids=(496, 503, 505), attn_chunk=32, keep_grid=64, page_tokens=16,
+        max_position_embeddings=131072),
 }
 
 

@@ -2,7 +2,8 @@
 
     cupyglm-plan --config glm-5.3-flash --tp 2 --card-gib 96 [--kv-host] [--context N] [--page-tokens N]
 
-Prints the bytes per token, one plan line per rank (weights, pages x bytes, window, prompt cache, reserve,
+The plan counts every array as `cupyglm.memory` describes it at the backends' storage (--storage to state
+another). Prints the bytes per token, one plan line per rank (weights, pages x bytes, window, prompt cache, reserve,
 free) and the pages and window; exits 1 with `PlanError: ...` when the plan does not fit.
 """
 from __future__ import annotations
@@ -45,8 +46,27 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"memory kept free per rank (default $CUPYGLM_MEMORY_RESERVE_GIB, {reserve})")
     p.add_argument("--weights-gib", type=float, default=None,
                    help="per-rank weights in GiB (a quantised checkpoint); default: bf16 shard shapes")
-    p.add_argument("--weight-bits", type=int, default=None, help="bits per matrix element (default 16)")
+    p.add_argument("--weight-bits", type=int, default=None,
+                   help="bits per matrix element of a quantised checkpoint (default: the bf16 storage)")
+    p.add_argument("--storage", choices=STORAGE_CHOICES, default="backend",
+                   help="how bf16 values are stored: backend (what this install's backends allocate, default), "
+                        "bf16 (2 bytes) or fp32 (4 bytes)")
     return p
+
+
+STORAGE_CHOICES = ("backend", "bf16", "fp32")
+
+
+def storage(choice: str):
+    """The storage the plan counts: the backends' own (read from the numpy backend, which stores as every
+    backend does) or a stated one."""
+    from cupyglm.memory import BF16_STORAGE, FP32_STORAGE, storage_of
+
+    if choice == "backend":
+        from cupyglm.backend.numpy_ops import NumpyOps
+
+        return storage_of(NumpyOps())
+    return {"bf16": BF16_STORAGE, "fp32": FP32_STORAGE}[choice]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -58,11 +78,13 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as e:
         print(f"ConfigError: {e}", file=sys.stderr)
         return 2
-    bpt = kv_bytes_per_token(cfg, args.kv_host)
+    st = storage(args.storage)
+    bpt = kv_bytes_per_token(cfg, st, args.kv_host)
     where = "pooled keys on the card, latent rows in host memory" if args.kv_host else "device-resident KV"
-    print(f"{args.config}: tp {args.tp}, card {args.card_gib:g} GiB: {bpt:,} bytes/token on the card ({where})")
+    print(f"{args.config}: tp {args.tp}, card {args.card_gib:g} GiB, {st.describe()}: {bpt:,} bytes/token on "
+          f"the card ({where})")
     try:
-        plans = [plan_memory(cfg, tp=args.tp, rank=r, budget_bytes=int(args.card_gib * GIB), parallel=args.parallel,
+        plans = [plan_memory(cfg, storage=st, tp=args.tp, rank=r, budget_bytes=int(args.card_gib * GIB), parallel=args.parallel,
                              context=args.context, page_tokens=args.page_tokens, kv_host=args.kv_host,
                              kv_host_bytes=None if args.kv_host_gib is None else int(args.kv_host_gib * GIB),
                              reserve_gib=args.reserve_gib, prompt_cache_gib=args.prompt_cache_gib,

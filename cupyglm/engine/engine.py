@@ -313,31 +313,30 @@ def log_line(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
 
 
-def plan_for(world, ckpt, *, parallel: int | None = None):
-    """The memory plan of this rank for `world.settings`, agreed across ranks (the minimum of their fits)."""
+def plan_for(world, ckpt, ops, *, parallel: int | None = None, mtp: bool = False):
+    """The memory plan of this rank for `world.settings`, every array at `ops`'s storage, agreed across ranks
+    (the minimum of their fits)."""
     from cupyglm.engine.plan import GIB, PlanError, agree, mem_available, plan_memory
+    from cupyglm.memory import storage_of
 
     st, cfg = world.settings, ckpt.config
     parallel = parallel or st.parallel
     grid = cfg.keep_grid
     chunk = EngineConfig(context=1, num_pages=1, page_tokens=1, keep_grid=grid, prefill_chunk=st.prefill_chunk).chunk
     cpu = world.backend in ("numpy", "sim")
-    if cpu:
-        itemsize = dict(kv_itemsize=4, act_itemsize=4, weight_itemsize=4)   # float32 arrays holding bf16 values
-        budget = None if st.kv_gib is not None else mem_available()
-        max_window = getattr(ckpt.tokenizer, "model_max_length", None)
-        max_window = int(max_window) if isinstance(max_window, int) and max_window > 0 else None
+    if st.kv_gib is not None:
+        budget = None
+    elif cpu:
+        budget = mem_available()
     else:
         import cupy
 
-        itemsize = {}
-        budget = None if st.kv_gib is not None else int(cupy.cuda.runtime.memGetInfo()[0])
-        max_window = None
-    kw = dict(tp=world.size, rank=world.rank, budget_bytes=budget,
+        budget = int(cupy.cuda.runtime.memGetInfo()[0])
+    kw = dict(storage=storage_of(ops), tp=world.size, rank=world.rank, budget_bytes=budget,
               kv_budget_bytes=None if st.kv_gib is None else int(st.kv_gib * GIB), parallel=parallel,
               context=st.context, page_tokens=st.page_tokens, kv_pages=st.kv_pages, kv_host=st.kv_host,
               reserve_gib=st.memory_reserve_gib, prompt_cache_gib=st.prompt_cache_gib, host_cache=st.host_cache,
-              chunk_rows=chunk, pool_cap=cpu, max_window=max_window, **itemsize)
+              chunk_rows=chunk, mtp=mtp, pool_cap=cpu)
     try:                                   # what fits this rank; refusals wait until the ranks agree
         local_fit, local_error = plan_memory(cfg, **{**kw, "context": 0, "kv_pages": 0}).fit_pages, None
     except PlanError as e:
@@ -354,10 +353,11 @@ def build(world, ckpt, *, poison: bool = False, log=log_line):
     from cupyglm.engine.runner import ModelRunner
 
     st, cfg = world.settings, ckpt.config
-    plan = plan_for(world, ckpt)
+    ops = make_ops(world.backend)
+    plan = plan_for(world, ckpt, ops)
     if log is not None:
         log(plan.line())
-    runner = ModelRunner(ckpt, make_ops(world.backend), world.comm, plan.num_pages, plan.page_tokens, poison=poison)
+    runner = ModelRunner(ckpt, ops, world.comm, plan.num_pages, plan.page_tokens, poison=poison)
     ecfg = EngineConfig(context=plan.context, num_pages=plan.num_pages, page_tokens=plan.page_tokens,
                         keep_grid=cfg.keep_grid, parallel=st.parallel, max_queue=st.max_queue,
                         prefill_chunk=st.prefill_chunk, seed=st.seed, eos_token_ids=cfg.eos_token_ids,

@@ -1,17 +1,19 @@
 """The memory plan: how many KV pages fit beside the weights, the scratch buffers and the reserve.
 
     budget (card or host memory, per rank)
-      - weights      (this rank's shard: the split table's shard shapes x bytes per element)
+      - weights      (this rank's shard: the split table's shard shapes at the backend's storage)
       - scratch      (activations for the step's rows + the fixed state of `parallel` sequences)
       - reserve      (CUPYGLM_MEMORY_RESERVE_GIB)
       - prompt cache (--prompt-cache-gib, unless CUPYGLM_HOST_CACHE puts it in host memory)
-      = room for KV pages of page_tokens x bytes-per-token each
+      = room for KV pages (`cupyglm.memory.kv_arrays` of one page each)
 
-Bytes per token: ModelConfig.kv_bytes_per_token() (every KV layer's latent row + its share of a pooled key;
-13,056 for glm-5.3-flash). With --kv-host the card keeps only the pooled keys (12 x 64 = 768 B/token) and the
-latent rows live in host memory. `context 0` is the largest window that fits (a sequence may use every page);
-a context that does not fit is refused naming the largest that does. Under MPI each rank plans from its own
-free memory and the ranks take the minimum (`agree`). The activation share is an estimate (named terms below).
+Every array's bytes come from `cupyglm.memory`, at the storage of the backend that allocates them, so the plan
+is what the weights, the KV store and the states allocate. With 16-bit storage a token takes 13,056 bytes for
+glm-5.3-flash (every KV layer's latent row + its share of a pooled key); with --kv-host the card keeps only the
+pooled keys (12 x 64 = 768 B/token) and the latent rows live in host memory. `context 0` is the largest window
+that fits, capped at the model's maximum context and at the pick kernel's limit; a context past any of the
+three is refused by name. Under MPI each rank plans from its own free memory and the ranks take the minimum
+(`agree`). The activation share is an estimate (named terms below).
 """
 from __future__ import annotations
 
@@ -21,8 +23,9 @@ import math
 
 import numpy as np
 
-from cupyglm.checkpoint.names import all_specs
 from cupyglm.config import ModelConfig
+from cupyglm.memory import (FP32, Storage, host_latent_arrays, kv_arrays, state_arrays, total_bytes,
+                            weight_arrays)
 
 GIB = 1 << 30
 MIB = 1 << 20
@@ -32,44 +35,45 @@ class PlanError(ValueError):
     """A plan that does not fit; the message names the setting and the largest value that fits."""
 
 
-# ---- sizes ----------------------------------------------------------------------------------------------------
+# ---- sizes (every array's bytes come from cupyglm.memory) ------------------------------------------------------
 
 @functools.lru_cache(maxsize=32)
-def weight_bytes(cfg: ModelConfig, tp: int, itemsize: float = 2, weight_bits: int | None = None) -> int:
-    """One rank's weights: every tensor's shard shape x itemsize (matrices at weight_bits when given)."""
-    total = 0
-    for spec in all_specs(cfg):
-        n = math.prod(spec.shard_shape(tp))
-        size = weight_bits / 8 if weight_bits and len(spec.shape) >= 2 else itemsize
-        total += n * size
+def weight_bytes(cfg: ModelConfig, tp: int, storage: Storage, weight_bits: int | None = None,
+                 mtp: bool = False) -> int:
+    """One rank's weights (`memory.weight_arrays`); matrices at weight_bits when given (a quantised checkpoint)."""
+    if not weight_bits:
+        return total_bytes(weight_arrays(cfg, tp, mtp), storage)
+    total = 0.0
+    for a in weight_arrays(cfg, tp, mtp):
+        total += math.prod(a.shape) * weight_bits / 8 if len(a.shape) >= 2 else a.nbytes(storage)
     return int(math.ceil(total))
 
 
-def kv_bytes_per_token(cfg: ModelConfig, kv_host: bool = False, itemsize: int = 2) -> int:
-    """Bytes a token takes in the rank's KV pool (latent row + pooled-key share per KV layer; with kv_host the
-    pooled keys only). itemsize 2 is bf16 (the device layout); the numpy backend stores float32 (4)."""
-    pooled = cfg.index_head_dim * itemsize // cfg.index_kpool
-    latent = 0 if kv_host else cfg.kv_lora_rank * itemsize
-    return len(cfg.kv_layers) * (latent + pooled)
+def kv_page_bytes(cfg: ModelConfig, page_tokens: int, storage: Storage, kv_host: bool = False) -> int:
+    """Bytes one page takes in the rank's KV pool (`memory.kv_arrays` of one page)."""
+    return total_bytes(kv_arrays(cfg, 1, page_tokens, kv_host), storage)
 
 
-def host_kv_bytes_per_token(cfg: ModelConfig, itemsize: int = 2) -> int:
+def kv_bytes_per_token(cfg: ModelConfig, storage: Storage, kv_host: bool = False) -> int:
+    """Bytes a token takes in the rank's KV pool: latent row + pooled-key share per KV layer (with kv_host the
+    pooled keys only)."""
+    return kv_page_bytes(cfg, cfg.index_kpool, storage, kv_host) // cfg.index_kpool
+
+
+def host_kv_bytes_per_token(cfg: ModelConfig, storage: Storage) -> int:
     """With --kv-host: the latent rows each token keeps in host memory."""
-    return len(cfg.kv_layers) * cfg.kv_lora_rank * itemsize
+    return total_bytes(host_latent_arrays(cfg, 1, 1), storage)
 
 
-def fixed_state_bytes(cfg: ModelConfig, tp: int, act_itemsize: int = 2) -> int:
-    """One sequence's fixed state: per KDA layer the fp32 state [H/tp, K, K] and the conv window
-    [taps - 1, 3 H/tp K]; per KV layer the incomplete pool's index keys and gates (3 rows each); the MTP row."""
-    h, k = cfg.kda_num_heads // tp, cfg.kda_head_dim
-    kda = len(cfg.kda_layers) * (h * k * k * 4 + (cfg.kda_conv_size - 1) * 3 * h * k * act_itemsize)
-    tail = len(cfg.kv_layers) * 2 * (cfg.index_kpool - 1) * cfg.index_head_dim * act_itemsize
-    return kda + tail + cfg.hidden_size * act_itemsize
+def fixed_state_bytes(cfg: ModelConfig, tp: int, storage: Storage, mtp: bool = False) -> int:
+    """One sequence's fixed state at its largest (`memory.state_arrays`)."""
+    return total_bytes(state_arrays(cfg, tp, mtp), storage)
 
 
 def activation_bytes(cfg: ModelConfig, tp: int, rows: int, logit_rows: int, itemsize: int = 4) -> int:
-    """Scratch for one step of `rows` rows (an estimate): the 4 hyper-connection streams (3 live copies), the
-    widest sublayer's intermediates, sparse attention scores, and full-vocab logits for `logit_rows` rows."""
+    """Scratch for one step of `rows` rows (an estimate, every term at fp32 width): the 4 hyper-connection
+    streams (3 live copies), the widest sublayer's intermediates, sparse attention scores, and full-vocab
+    logits for `logit_rows` rows."""
     d = cfg.hidden_size
     streams = 3 * cfg.hc_mult * d
     kda = 7 * cfg.kda_num_heads * cfg.kda_head_dim // tp + 4 * cfg.kda_head_dim
@@ -84,6 +88,20 @@ def activation_bytes(cfg: ModelConfig, tp: int, rows: int, logit_rows: int, item
     per_row = streams + max(kda, dsa, moe, mlp) + 2 * d
     logits = logit_rows * (cfg.vocab_size + cfg.vocab_size // tp)
     return int((rows * per_row + logits) * itemsize)
+
+
+def pick_window_limit(cfg: ModelConfig) -> int:
+    """The longest window the DSA pick kernel serves: it keeps one flag byte per pool in its shared memory."""
+    from cupyglm.kernels.ops_pick import MAX_SMEM
+
+    return MAX_SMEM * cfg.index_kpool
+
+
+def _pick_limit_reason(cfg: ModelConfig) -> str:
+    from cupyglm.kernels.ops_pick import MAX_SMEM
+
+    return (f"the DSA pick keeps one flag byte per pool of {cfg.index_kpool} tokens in {MAX_SMEM // 1024} KiB of "
+            f"shared memory, so it serves at most {MAX_SMEM:,} pools = {pick_window_limit(cfg):,} tokens")
 
 
 def mem_available() -> int:
@@ -101,24 +119,24 @@ def mem_available() -> int:
 class MemoryPlan:
     rank: int
     tp: int
+    storage: str                      # how bf16 is stored ("bf16 stored in 2 bytes")
     budget_bytes: int                 # card or host memory considered (0: an explicit KV budget was given)
     weights_bytes: int
-    scratch_bytes: int
+    scratch_bytes: int                # activations of the largest step + `parallel` fixed states
+    state_bytes: int                  # one sequence's fixed state at its largest (in the scratch)
     reserve_bytes: int
     prompt_cache_bytes: int           # set aside on this budget (0 with the host cache)
     prompt_cache_host: bool
     page_tokens: int
+    page_bytes: int                   # one page in the pool (on the card)
     bytes_per_token: int              # in the pool (on the card)
     host_bytes_per_token: int         # latent rows in host memory (--kv-host), else 0
     fit_pages: int                    # pages that fit this rank (before the ranks agree)
     num_pages: int                    # pages in the pool
     context: int                      # the window
+    window_cap: str                   # what capped the window of `context 0` ("" when memory did)
     free_bytes: int                   # left over after everything
     explicit_kv_bytes: int = 0        # --kv-gib
-
-    @property
-    def page_bytes(self) -> int:
-        return self.page_tokens * self.bytes_per_token
 
     @property
     def kv_bytes(self) -> int:
@@ -138,9 +156,10 @@ class MemoryPlan:
         if self.host_bytes_per_token:
             kv += f" (pooled keys; latent rows in host memory at {self.host_bytes_per_token:,} B/token)"
         budget = f" of {_gib(self.budget_bytes)}" if self.budget_bytes else f" (--kv-gib {_gib(self.explicit_kv_bytes)})"
-        return (f"rank {self.rank} plan: weights {_gib(self.weights_bytes)}, scratch {_gib(self.scratch_bytes)}, "
-                f"{kv}, window {self.context:,} tokens, {cache}, reserve {_gib(self.reserve_bytes)}, "
-                f"free {_gib(self.free_bytes)}{budget}")
+        cap = f" ({self.window_cap})" if self.window_cap else ""
+        return (f"rank {self.rank} plan ({self.storage}): weights {_gib(self.weights_bytes)}, scratch "
+                f"{_gib(self.scratch_bytes)}, {kv}, window {self.context:,} tokens{cap}, {cache}, reserve "
+                f"{_gib(self.reserve_bytes)}, free {_gib(self.free_bytes)}{budget}")
 
     def summary(self) -> str:
         return (f"{self.bytes_per_token:,} bytes/token, {self.page_tokens} tokens/page, "
@@ -155,28 +174,45 @@ def _size(n: int) -> str:
     return f"{n / MIB:.2f} MiB" if n >= MIB else f"{n / 1024:.1f} KiB"
 
 
-def plan_memory(cfg: ModelConfig, *, tp: int = 1, rank: int = 0, budget_bytes: int | None = None,
+def _window(cfg: ModelConfig, context: int, largest: int) -> tuple[int, str]:
+    """The window and what capped it: an explicit --context is refused past the model's maximum, the pick's
+    limit or the largest window that fits; context 0 is the largest that fits under the first two."""
+    model_max, pick_max = cfg.max_position_embeddings, pick_window_limit(cfg)
+    if context:
+        if context > model_max:
+            raise PlanError(f"--context {context:,} exceeds the model's maximum context of {model_max:,} tokens "
+                            f"(max_position_embeddings in its config.json)")
+        if context > pick_max:
+            raise PlanError(f"--context {context:,} exceeds the pick's limit of {pick_max:,} tokens: "
+                            f"{_pick_limit_reason(cfg)}")
+        if context > largest:
+            raise PlanError(f"--context {context} does not fit: the largest window is {largest:,} tokens")
+        return context, ""
+    caps = [(largest, ""), (model_max, "the model's maximum context"), (pick_max, "the pick's limit")]
+    return min(caps, key=lambda c: c[0])
+
+
+def plan_memory(cfg: ModelConfig, *, storage: Storage, tp: int = 1, rank: int = 0, budget_bytes: int | None = None,
                 kv_budget_bytes: int | None = None, parallel: int = 4, context: int = 0, page_tokens: int = 0,
                 kv_pages: int = 0, kv_host: bool = False, kv_host_bytes: int | None = None,
                 reserve_gib: float = 1.0, prompt_cache_gib: float = 0.0, host_cache: bool = False,
                 chunk_rows: int = 2048, weights: int | None = None, weight_bits: int | None = None,
-                kv_itemsize: int = 2, act_itemsize: int = 2, weight_itemsize: int = 2,
-                pool_cap: bool = False, max_window: int | None = None, fit_pages: int | None = None) -> MemoryPlan:
-    """The plan of one rank. `budget_bytes`: the memory this rank plans in (card or host); `kv_budget_bytes`
-    (--kv-gib) replaces the arithmetic with an explicit KV budget. `fit_pages` overrides the pages that fit
-    (the minimum over ranks, see `agree`). `pool_cap` (CPU backends) sizes the pool to `parallel` full windows
-    rather than all memory; `max_window` caps the window of `context 0` (the model's maximum length)."""
+                mtp: bool = False, pool_cap: bool = False, fit_pages: int | None = None) -> MemoryPlan:
+    """The plan of one rank, every array at the backend's `storage` (`memory.storage_of(ops)`). `budget_bytes`:
+    the memory this rank plans in (card or host); `kv_budget_bytes` (--kv-gib) replaces the arithmetic with an
+    explicit KV budget. `fit_pages` overrides the pages that fit (the minimum over ranks, see `agree`).
+    `pool_cap` (CPU backends) sizes the pool to `parallel` full windows rather than all memory; `mtp`: the
+    MTP head is built (its weights and state rows counted)."""
     if tp < 1 or parallel < 1:
         raise PlanError(f"tp and parallel must be positive (got tp {tp}, parallel {parallel})")
     page_tokens = page_tokens or cfg.page_tokens
     if page_tokens % cfg.index_kpool:
         raise PlanError(f"--page-tokens must be a multiple of {cfg.index_kpool}, got {page_tokens}")
-    bpt = kv_bytes_per_token(cfg, kv_host, kv_itemsize)
-    host_bpt = host_kv_bytes_per_token(cfg, kv_itemsize) if kv_host else 0
-    page_bytes = page_tokens * bpt
-    wbytes = weights if weights is not None else weight_bytes(cfg, tp, weight_itemsize, weight_bits)
-    scratch = activation_bytes(cfg, tp, chunk_rows + parallel, parallel, act_itemsize) \
-        + parallel * fixed_state_bytes(cfg, tp, act_itemsize)
+    page_bytes = kv_page_bytes(cfg, page_tokens, storage, kv_host)
+    host_bpt = host_kv_bytes_per_token(cfg, storage) if kv_host else 0
+    wbytes = weights if weights is not None else weight_bytes(cfg, tp, storage, weight_bits, mtp)
+    state = fixed_state_bytes(cfg, tp, storage, mtp)
+    scratch = activation_bytes(cfg, tp, chunk_rows + parallel, parallel, storage.itemsize(FP32)) + parallel * state
     reserve = int(reserve_gib * GIB)
     cache = int(prompt_cache_gib * GIB)
     cache_here = 0 if host_cache else cache
@@ -204,20 +240,15 @@ def plan_memory(cfg: ModelConfig, *, tp: int = 1, rank: int = 0, budget_bytes: i
         pages = kv_pages
     else:
         pages = fit
-    largest = pages * page_tokens
-    if context:
-        if context > largest:
-            raise PlanError(f"--context {context} does not fit: the largest window is {largest:,} tokens")
-        window = context
-    else:
-        window = min(largest, max_window) if max_window else largest
+    window, cap = _window(cfg, context, pages * page_tokens)
     if pool_cap and not kv_pages:
         pages = min(pages, parallel * -(-window // page_tokens))
     free = room - pages * page_bytes
-    return MemoryPlan(rank=rank, tp=tp, budget_bytes=budget, weights_bytes=wbytes, scratch_bytes=scratch,
-                      reserve_bytes=reserve, prompt_cache_bytes=cache, prompt_cache_host=host_cache and cache > 0,
-                      page_tokens=page_tokens, bytes_per_token=bpt, host_bytes_per_token=host_bpt,
-                      fit_pages=fit, num_pages=pages, context=window, free_bytes=free,
+    return MemoryPlan(rank=rank, tp=tp, storage=storage.describe(), budget_bytes=budget, weights_bytes=wbytes,
+                      scratch_bytes=scratch, state_bytes=state, reserve_bytes=reserve, prompt_cache_bytes=cache,
+                      prompt_cache_host=host_cache and cache > 0, page_tokens=page_tokens, page_bytes=page_bytes,
+                      bytes_per_token=page_bytes // page_tokens, host_bytes_per_token=host_bpt, fit_pages=fit,
+                      num_pages=pages, context=window, window_cap=cap, free_bytes=free,
                       explicit_kv_bytes=int(kv_budget_bytes or 0))
 
 

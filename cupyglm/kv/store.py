@@ -2,7 +2,8 @@
 
 A page of `page_tokens` tokens holds, per KV layer, latent rows [page_tokens, R] and pooled keys
 [page_tokens / kpool, I], each array with its own page stride. Position p of a sequence lives at
-row pages[p // page_tokens] * page_tokens + p % page_tokens.
+row pages[p // page_tokens] * page_tokens + p % page_tokens. The arrays are those `cupyglm.memory.kv_arrays`
+describes (the plan counts the same description).
 """
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import numpy as np
 
 from cupyglm.config import ModelConfig
 from cupyglm.kv.pool import PagePool
+from cupyglm.memory import alloc, latent_array, pooled_array, storage_of
 
 
 class KVStore:
@@ -19,12 +21,11 @@ class KVStore:
         self.cfg = cfg
         self.page_tokens = page_tokens
         self.pool = PagePool(num_pages)
-        xp = ops.xp
-        fill = np.nan if poison else 0.0
+        xp, storage = ops.xp, storage_of(ops)
         rows, pools = num_pages * page_tokens, num_pages * page_tokens // cfg.index_kpool
-        # latent[layer]: [pages * page_tokens, R] bf16 values; pooled[layer]: [pages * page_tokens / 4, I]
-        self.latent = {l: xp.full((rows, cfg.kv_lora_rank), fill, dtype=xp.float32) for l in cfg.kv_layers}
-        self.pooled = {l: xp.full((pools, cfg.index_head_dim), fill, dtype=xp.float32) for l in cfg.kv_layers}
+        # latent[layer]: [pages * page_tokens, R] bf16; pooled[layer]: [pages * page_tokens / 4, I] bf16
+        self.latent = {l: alloc(xp, latent_array(cfg, l, rows), storage, poison) for l in cfg.kv_layers}
+        self.pooled = {l: alloc(xp, pooled_array(cfg, l, pools), storage, poison) for l in cfg.kv_layers}
 
     def pages_needed(self, length: int) -> int:
         return -(-length // self.page_tokens)

@@ -9,6 +9,7 @@ import numpy as np
 
 from cupyglm.backend.lanes import bf16
 from cupyglm.config import ModelConfig
+from cupyglm.memory import alloc, kda_state_arrays, storage_of
 from cupyglm.model.batch import Segment, Weights
 
 L2_EPS = 1e-6
@@ -16,7 +17,7 @@ L2_EPS = 1e-6
 
 class KDALayer:
     def __init__(self, cfg: ModelConfig, w: Weights, ops, layer: int, tp: int):
-        self.cfg, self.ops, self.layer = cfg, ops, layer
+        self.cfg, self.ops, self.layer, self.tp = cfg, ops, layer, tp
         self.heads = cfg.kda_num_heads // tp
         self.dk = cfg.kda_head_dim
         xp = ops.xp
@@ -31,10 +32,10 @@ class KDALayer:
         self.o_proj = w("o_proj.weight")                          # [D, H_rank * K]
 
     def new_state(self) -> tuple[np.ndarray, np.ndarray]:
-        xp = self.ops.xp
-        h, k = self.heads, self.dk
-        return (xp.zeros((h, k, k), dtype=xp.float32),                                # [H, V, K] fp32
-                xp.zeros((self.cfg.kda_conv_size - 1, 3 * h * k), dtype=xp.float32))  # [3, 3HK] bf16
+        """Zeroed ([H, V, K] fp32 state, [3, 3HK] bf16 conv window), as cupyglm.memory describes them."""
+        state, conv = kda_state_arrays(self.cfg, self.tp, self.layer)
+        storage = storage_of(self.ops)
+        return alloc(self.ops.xp, state, storage), alloc(self.ops.xp, conv, storage)
 
     def __call__(self, x, segs: list[Segment]):
         """x: [T, D] bf16 (normed). Returns this rank's o_proj partial [T, D] fp32."""

@@ -20,7 +20,7 @@ def test_full_preset_facts():
     full = preset("glm-5.3-flash")
     assert full.dsa_layers == tuple(range(3, 45, 4)) and len(full.kda_layers) == 34
     assert full.kv_layers == full.dsa_layers + (45,)
-    assert full.kv_bytes_per_token() == 13_056
+    assert full.max_position_embeddings == 1_048_576 and preset("tiny").max_position_embeddings == 131_072
     assert full.dense_limit == 2051 and full.max_pick == 2051
     tiny = preset("tiny")
     assert tiny.dense_limit == 35 and tiny.dsa_layers == (3, 7) and tiny.page_tokens == 16

@@ -1,4 +1,5 @@
 """The memory plan and cupyglm-plan."""
+import dataclasses
 import subprocess
 import sys
 
@@ -7,88 +8,129 @@ import pytest
 from cupyglm.cli.plan import main as plan_main
 from cupyglm.config import preset
 from cupyglm.engine.plan import (
-    GIB, MIB, PlanError, fixed_state_bytes, kv_bytes_per_token, plan_memory, weight_bytes,
+    GIB, MIB, PlanError, fixed_state_bytes, kv_bytes_per_token, pick_window_limit, plan_memory, weight_bytes,
 )
+from cupyglm.kernels.ops_pick import MAX_SMEM
+from cupyglm.memory import BF16_STORAGE as B16, FP32_STORAGE as F32
 
 FULL = preset("glm-5.3-flash")
+BF16 = ["--storage", "bf16"]
 
 
 def test_bytes_per_token():
-    assert kv_bytes_per_token(FULL) == 13056
-    assert kv_bytes_per_token(FULL, kv_host=True) == 768
-    assert kv_bytes_per_token(preset("tiny")) == 432
+    assert kv_bytes_per_token(FULL, B16) == 13056
+    assert kv_bytes_per_token(FULL, B16, kv_host=True) == 768
+    assert kv_bytes_per_token(preset("tiny"), B16) == 432
+    assert kv_bytes_per_token(preset("tiny"), F32) == 864           # bf16 values held in float32 arrays
 
 
 def test_fixed_state_and_weights():
     kda = 34 * 64 * 128 * 128 * 4
     assert kda == 136 * MIB
-    one, two = fixed_state_bytes(FULL, 1), fixed_state_bytes(FULL, 2)
+    one, two = fixed_state_bytes(FULL, 1, B16), fixed_state_bytes(FULL, 2, B16)
     assert kda <= one < kda + 8 * MIB
     assert kda // 2 <= two < kda // 2 + 4 * MIB
-    assert weight_bytes(FULL, 2) < weight_bytes(FULL, 1) < 2 * weight_bytes(FULL, 2) + GIB
-    assert weight_bytes(FULL, 2, weight_bits=4) < weight_bytes(FULL, 2) / 3
+    assert weight_bytes(FULL, 2, B16) < weight_bytes(FULL, 1, B16) < 2 * weight_bytes(FULL, 2, B16) + GIB
+    assert weight_bytes(FULL, 2, B16, weight_bits=4) < weight_bytes(FULL, 2, B16) / 3
+    assert weight_bytes(FULL, 8, F32) == 2 * weight_bytes(FULL, 8, B16)
+    assert weight_bytes(FULL, 8, B16) < weight_bytes(FULL, 8, B16, mtp=True)      # the MTP layer when built
 
 
 def test_cli_prints_bytes_per_token(capsys):
-    rc = plan_main(["--config", "glm-5.3-flash", "--tp", "2", "--card-gib", "96"])
+    rc = plan_main(["--config", "glm-5.3-flash", "--tp", "2", "--card-gib", "96", *BF16])
     out, err = capsys.readouterr()
-    assert "13,056 bytes/token" in out
+    assert "13,056 bytes/token" in out and "bf16 stored in 2 bytes" in out
     assert rc == 1 and "PlanError: no room for KV pages" in err     # bf16 weights (~300 GiB a rank) do not fit
-    rc = plan_main(["--config", "glm-5.3-flash", "--tp", "2", "--card-gib", "96", "--weights-gib", "86.2"])
+    rc = plan_main(["--config", "glm-5.3-flash", "--tp", "2", "--card-gib", "96", "--weights-gib", "86.2", *BF16])
     out, _ = capsys.readouterr()
     assert rc == 0
-    assert "13,056 bytes/token" in out and "rank 0 plan: weights 86.20 GiB" in out and "rank 1 plan:" in out
+    assert "13,056 bytes/token" in out and "rank 0 plan (bf16 stored in 2 bytes): weights 86.20 GiB" in out
+    assert "rank 1 plan" in out
     assert "no prompt cache" in out and "reserve 1.00 GiB" in out
     rc = plan_main(["--config", "glm-5.3-flash", "--tp", "2", "--card-gib", "96", "--weights-gib", "86.2",
-                    "--kv-host"])
+                    "--kv-host", *BF16])
     out, _ = capsys.readouterr()
     assert rc == 0 and "768 bytes/token" in out
 
 
 def test_cli_refuses_an_oversize_context(capsys):
-    base = ["--config", "glm-5.3-flash", "--tp", "2", "--card-gib", "96", "--weight-bits", "4"]
+    base = ["--config", "glm-5.3-flash", "--tp", "2", "--card-gib", "77", "--weight-bits", "4", *BF16]
     assert plan_main(base) == 0
     out, _ = capsys.readouterr()
     window = int(out.strip().splitlines()[-1].split("window ")[1].split(" tokens")[0].replace(",", ""))
+    assert 0 < window < pick_window_limit(FULL)               # memory, not a cap, decides this window
+    assert plan_main(base + ["--context", str(window + 1)]) == 1
+    _, err = capsys.readouterr()
+    assert err.strip() == f"PlanError: --context {window + 1} does not fit: the largest window is {window:,} tokens"
+    assert plan_main(base + ["--context", str(window)]) == 0
     assert plan_main(base + ["--context", "2000000"]) == 1
     _, err = capsys.readouterr()
-    assert err.strip() == f"PlanError: --context 2000000 does not fit: the largest window is {window:,} tokens"
-    assert plan_main(base + ["--context", str(window)]) == 0
+    assert "exceeds the model's maximum context of 1,048,576 tokens" in err
+
+
+def test_the_window_never_exceeds_the_pick_limit():
+    """The pick's flags (one byte per pool) fill MAX_SMEM bytes of shared memory: 49,152 pools of 4 tokens."""
+    limit = pick_window_limit(FULL)
+    assert limit == MAX_SMEM * 4 == 196_608
+    kw = dict(storage=B16, tp=8, budget_bytes=141 * GIB)
+    p = plan_memory(FULL, **kw)
+    assert p.largest_window > limit                           # memory holds more tokens than one window
+    assert p.context == limit and "the pick's limit" in p.line()
+    assert plan_memory(FULL, context=limit, **kw).context == limit
+    with pytest.raises(PlanError, match=r"--context 196,609 exceeds the pick's limit of 196,608 tokens: the DSA "
+                                        r"pick keeps one flag byte per pool of 4 tokens in 48 KiB of shared "
+                                        r"memory, so it serves at most 49,152 pools"):
+        plan_memory(FULL, context=limit + 1, **kw)
+
+
+def test_the_window_never_exceeds_the_models_maximum():
+    small = dataclasses.replace(FULL, max_position_embeddings=100_000)
+    kw = dict(storage=B16, tp=8, budget_bytes=141 * GIB)
+    p = plan_memory(small, **kw)
+    assert p.context == 100_000 and "the model's maximum context" in p.line()
+    assert plan_memory(small, context=100_000, **kw).context == 100_000
+    with pytest.raises(PlanError, match=r"--context 100,001 exceeds the model's maximum context of 100,000 tokens "
+                                        r"\(max_position_embeddings"):
+        plan_memory(small, context=100_001, **kw)
+    with pytest.raises(PlanError, match="exceeds the model's maximum context of 1,048,576 tokens"):
+        plan_memory(FULL, context=2_000_000, **kw)
 
 
 def test_context_zero_is_the_largest_window():
-    kw = dict(tp=2, budget_bytes=96 * GIB, weights=int(86.2 * GIB), parallel=2)
+    kw = dict(storage=B16, tp=2, budget_bytes=96 * GIB, weights=int(91.5 * GIB), parallel=2)
     p = plan_memory(FULL, **kw)
-    assert p.context == p.num_pages * 512 == p.largest_window
+    assert p.context == p.num_pages * 512 == p.largest_window < pick_window_limit(FULL)
     assert p.free_bytes < p.page_bytes                        # every page that fits is in the pool
     assert plan_memory(FULL, context=p.context, **kw).context == p.context
     with pytest.raises(PlanError, match=f"--context {p.context + 1} does not fit: the largest window is "
                                         f"{p.context:,} tokens"):
         plan_memory(FULL, context=p.context + 1, **kw)
-    # --kv-host: only pooled keys on the card, so the window is ~17x longer
+    # --kv-host: only pooled keys on the card, so ~17x more tokens fit (the window stops at the pick's limit)
     h = plan_memory(FULL, kv_host=True, **kw)
-    assert h.bytes_per_token == 768 and h.context > 16 * p.context
+    assert h.bytes_per_token == 768 and h.largest_window > 16 * p.largest_window
+    assert h.context == pick_window_limit(FULL)
     assert "latent rows in host memory" in h.line()
     # a device prompt cache takes from the pool; the host cache does not
-    c = plan_memory(FULL, prompt_cache_gib=2, **kw)
-    assert c.num_pages < p.num_pages and "prompt cache 2.00 GiB" in c.line()
-    hc = plan_memory(FULL, prompt_cache_gib=2, host_cache=True, **kw)
+    c = plan_memory(FULL, prompt_cache_gib=1, **kw)
+    assert c.num_pages < p.num_pages and "prompt cache 1.00 GiB" in c.line()
+    hc = plan_memory(FULL, prompt_cache_gib=1, host_cache=True, **kw)
     assert hc.num_pages == p.num_pages and "in host memory" in hc.line()
 
 
 def test_explicit_kv_budget_pool_cap_and_pages():
     tiny = preset("tiny")
-    p = plan_memory(tiny, kv_budget_bytes=MIB, kv_itemsize=4, page_tokens=16)
+    p = plan_memory(tiny, storage=F32, kv_budget_bytes=MIB, page_tokens=16)
     assert p.num_pages == MIB // (16 * 864) and "--kv-gib" in p.line()
-    capped = plan_memory(tiny, budget_bytes=8 * GIB, parallel=2, pool_cap=True, max_window=1024)
+    capped = plan_memory(dataclasses.replace(tiny, max_position_embeddings=1024), storage=B16, budget_bytes=8 * GIB,
+                         parallel=2, pool_cap=True)
     assert capped.context == 1024 and capped.num_pages == 2 * 1024 // 16
-    assert plan_memory(tiny, budget_bytes=8 * GIB, kv_pages=40).num_pages == 40
+    assert plan_memory(tiny, storage=B16, budget_bytes=8 * GIB, kv_pages=40).num_pages == 40
     with pytest.raises(PlanError, match="--kv-pages 41 does not fit: at most 40 pages fit"):
-        plan_memory(tiny, kv_budget_bytes=40 * 16 * 432, kv_pages=41)
+        plan_memory(tiny, storage=B16, kv_budget_bytes=40 * 16 * 432, kv_pages=41)
 
 
 def test_cli_runs_as_a_module():
     r = subprocess.run([sys.executable, "-m", "cupyglm.cli.plan", "--config", "glm-5.3-flash", "--tp", "2",
-                        "--card-gib", "96", "--kv-host", "--weight-bits", "4"], capture_output=True, text=True)
+                        "--card-gib", "96", "--kv-host", "--weight-bits", "4", *BF16], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     assert "768 bytes/token" in r.stdout

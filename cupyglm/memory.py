@@ -1,0 +1,148 @@
+"""Every array a rank holds, as names, shapes and logical dtypes: the one place that knows each array's bytes.
+
+The memory plan (`cupyglm.engine.plan`) sums these descriptions; the KV store and the per-sequence state
+allocate from them, so what the plan counts and what gets allocated cannot drift. A logical dtype (`BF16`,
+`FP32`) is stored as the backend stores it: `storage_of(ops)` reads the widths from the backend itself, so the
+plan of every backend counts the bytes that backend allocates.
+
+    weights      every tensor of the split table at its shard shape (the MTP layer's only when it is built)
+    KV pages     per KV layer: latent rows [pages * page_tokens, kv_lora_rank] bf16 and pooled keys
+                 [pages * page_tokens / index_kpool, index_head_dim] bf16, each with its own page stride
+    state        per sequence: per KDA layer the recurrent state [H/tp, K, K] fp32 and the conv window
+                 [taps - 1, 3 H/tp K] bf16; per KV layer the incomplete pool's index keys and gates
+                 (at most kpool - 1 rows each) bf16; with MTP the pending row [D] bf16
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import ml_dtypes
+import numpy as np
+
+from cupyglm.checkpoint.names import all_specs, layer_specs
+from cupyglm.config import ModelConfig
+
+BF16 = "bf16"
+FP32 = "fp32"
+_BF16_NAN_BITS = 0x7FC0                 # the quiet NaN of bf16, for storage that keeps bf16 as uint16 bits
+
+
+@dataclasses.dataclass(frozen=True)
+class Storage:
+    """The dtype each logical dtype is stored in on one backend."""
+    bf16: np.dtype
+    fp32: np.dtype = np.dtype(np.float32)
+
+    def dtype(self, kind: str) -> np.dtype:
+        if kind == BF16:
+            return self.bf16
+        if kind == FP32:
+            return self.fp32
+        raise ValueError(f"unknown logical dtype {kind!r} (bf16 or fp32)")
+
+    def itemsize(self, kind: str) -> int:
+        return self.dtype(kind).itemsize
+
+    def describe(self) -> str:
+        return f"bf16 stored in {self.bf16.itemsize} bytes"
+
+
+BF16_STORAGE = Storage(np.dtype(ml_dtypes.bfloat16))      # 16-bit storage: 2 bytes a bf16 value
+FP32_STORAGE = Storage(np.dtype(np.float32))             # bf16 values held in float32 arrays: 4 bytes
+
+_STORAGE: dict[type, Storage] = {}
+
+
+def storage_of(ops) -> Storage:
+    """A backend's storage, read from the backend: a bf16 value takes the bytes of the array `ops.weight`
+    makes of a bf16 tensor (every bf16 array of a backend is stored alike). Cached per ops class."""
+    cls = type(ops)
+    if cls not in _STORAGE:
+        probe = ops.weight(np.zeros((1,), dtype=ml_dtypes.bfloat16))
+        _STORAGE[cls] = Storage(np.dtype(probe.dtype))
+    return _STORAGE[cls]
+
+
+@dataclasses.dataclass(frozen=True)
+class ArraySpec:
+    name: str
+    shape: tuple[int, ...]
+    kind: str                           # BF16 | FP32
+
+    def nbytes(self, storage: Storage) -> int:
+        return math.prod(self.shape) * storage.itemsize(self.kind)
+
+
+def total_bytes(specs, storage: Storage) -> int:
+    return sum(s.nbytes(storage) for s in specs)
+
+
+def alloc(xp, spec: ArraySpec, storage: Storage, poison: bool = False):
+    """A new array of `spec` in the backend's storage: zeros, or NaN everywhere with poison."""
+    dtype = storage.dtype(spec.kind)
+    if not poison:
+        return xp.zeros(spec.shape, dtype=dtype)
+    fill = _BF16_NAN_BITS if dtype.kind in "iu" else np.nan
+    return xp.full(spec.shape, fill, dtype=dtype)
+
+
+# ---- weights ----------------------------------------------------------------------------------------------------
+
+def weight_arrays(cfg: ModelConfig, tp: int, mtp: bool = False) -> list[ArraySpec]:
+    """One rank's weights as the model holds them: every tensor of the split table at its shard shape, bf16;
+    the MTP layer's tensors only when the MTP head is built."""
+    skip = set()
+    if cfg.mtp_layer is not None and not mtp:
+        skip = {s.name for s in layer_specs(cfg, cfg.mtp_layer)}
+    return [ArraySpec(s.name, s.shard_shape(tp), BF16) for s in all_specs(cfg) if s.name not in skip]
+
+
+# ---- KV pages ---------------------------------------------------------------------------------------------------
+
+def kv_arrays(cfg: ModelConfig, num_pages: int, page_tokens: int, kv_host: bool = False) -> list[ArraySpec]:
+    """The KV store's arrays, per KV layer; with kv_host the pooled keys only (latent rows in host memory)."""
+    if page_tokens <= 0 or page_tokens % cfg.index_kpool:
+        raise ValueError(f"page_tokens must be a positive multiple of {cfg.index_kpool}, got {page_tokens}")
+    rows, pools = num_pages * page_tokens, num_pages * page_tokens // cfg.index_kpool
+    out = []
+    for layer in cfg.kv_layers:
+        if not kv_host:
+            out.append(latent_array(cfg, layer, rows))
+        out.append(pooled_array(cfg, layer, pools))
+    return out
+
+
+def latent_array(cfg: ModelConfig, layer: int, rows: int) -> ArraySpec:
+    return ArraySpec(f"kv.latent.{layer}", (rows, cfg.kv_lora_rank), BF16)        # [pages * page_tokens, R]
+
+
+def pooled_array(cfg: ModelConfig, layer: int, pools: int) -> ArraySpec:
+    return ArraySpec(f"kv.pooled.{layer}", (pools, cfg.index_head_dim), BF16)     # [pages * page_tokens / 4, I]
+
+
+def host_latent_arrays(cfg: ModelConfig, num_pages: int, page_tokens: int) -> list[ArraySpec]:
+    """With kv_host: the latent rows kept in host memory."""
+    return [latent_array(cfg, layer, num_pages * page_tokens) for layer in cfg.kv_layers]
+
+
+# ---- per-sequence state -----------------------------------------------------------------------------------------
+
+def kda_state_arrays(cfg: ModelConfig, tp: int, layer: int) -> tuple[ArraySpec, ArraySpec]:
+    """A KDA layer's fixed state of one sequence: the recurrent state and the conv window."""
+    h, k = cfg.kda_num_heads // tp, cfg.kda_head_dim
+    return (ArraySpec(f"state.kda.{layer}", (h, k, k), FP32),                         # [H_rank, V, K] fp32
+            ArraySpec(f"state.conv.{layer}", (cfg.kda_conv_size - 1, 3 * h * k), BF16))  # [taps - 1, 3 H_rank K]
+
+
+def state_arrays(cfg: ModelConfig, tp: int, mtp: bool = False) -> list[ArraySpec]:
+    """One sequence's state at its largest: KDA states and windows, each KV layer's incomplete-pool tail
+    (index keys and gates, kpool - 1 rows each), the MTP pending row when the MTP head is built."""
+    out = [a for layer in cfg.kda_layers for a in kda_state_arrays(cfg, tp, layer)]
+    tail = (cfg.index_kpool - 1, cfg.index_head_dim)
+    layers = cfg.kv_layers if mtp else cfg.dsa_layers
+    for layer in layers:
+        out += [ArraySpec(f"state.tail_ik.{layer}", tail, BF16), ArraySpec(f"state.tail_ig.{layer}", tail, BF16)]
+    if mtp:
+        out.append(ArraySpec("state.mtp_pending", (cfg.hidden_size,), BF16))
+    return out
