@@ -54,3 +54,14 @@ def test_missing_field_and_bad_file(tmp_path):
         preset("glm-9")
     (tmp_path / "ok.json").write_text(json.dumps(_raw()))
     assert ModelConfig.from_file(tmp_path / "ok.json") == preset("tiny")
+
+
+def test_max_position_embeddings_is_read_and_defaulted():
+    raw = _raw()
+    raw["max_position_embeddings"] = 202_752
+    assert ModelConfig.from_dict(raw).max_position_embeddings == 202_752
+    del raw["max_position_embeddings"]
+    assert ModelConfig.from_dict(raw).max_position_embeddings == 1_048_576      # the default: 1M tokens
+    raw["max_position_embeddings"] = 0
+    with pytest.raises(ConfigError, match="max_position_embeddings"):
+        ModelConfig.from_dict(raw)
