@@ -49,6 +49,9 @@ DTYPE_NAMES: dict[np.dtype, str] = {v: k for k, v in DTYPES.items()}
 INDEX_FILE = "model.safetensors.index.json"
 SINGLE_FILE = "model.safetensors"
 MAX_HEADER_BYTES = 100 * 1024 * 1024
+# A read fault maps the cached pages of its whole aligned 64 KiB block (Linux's default fault-around), so a
+# release drops whole blocks: the neighbours' pages it also drops fault back in when they are read.
+FAULT_AROUND = max(64 * 1024, mmap.PAGESIZE)
 
 
 @dataclass(frozen=True)
@@ -134,8 +137,9 @@ class SafetensorsFile:
         info = self.tensors.get(name)
         if info is None or self._mm is None or info.end == info.start or not hasattr(mmap, "MADV_DONTNEED"):
             return
-        start = info.start - info.start % mmap.PAGESIZE        # madvise needs a page-aligned start
-        self._mm.madvise(mmap.MADV_DONTNEED, start, info.end - start)
+        start = info.start - info.start % FAULT_AROUND
+        end = min(len(self._mm), -(-info.end // FAULT_AROUND) * FAULT_AROUND)
+        self._mm.madvise(mmap.MADV_DONTNEED, start, end - start)
 
 
 def write_safetensors(path: str | Path, tensors: dict[str, np.ndarray], metadata: dict[str, str] | None = None) -> int:

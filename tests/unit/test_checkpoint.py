@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 import os
 import shutil
 import subprocess
@@ -233,42 +232,6 @@ def test_shards_reassemble(tiny_ckpt, tp):
             axis = 0 if spec.split == "row" else 1
             assert np.array_equal(_bits(np.concatenate(parts, axis=axis)), _bits(full)), spec.name
     assert kinds == {"rep", "row", "col"}
-
-
-def test_read_shard_owns_its_slice(tiny_ckpt):
-    """A slice is the rank's bytes only, copied out of the map (nothing keeps the full tensor alive)."""
-    s = tiny_ckpt.read_shard("lm_head.weight", 1, 2)
-    full = tiny_ckpt.tensor("lm_head.weight")
-    assert s.flags.owndata and s.flags.c_contiguous and s.shape == (256, 256) and s.dtype == BF16
-    assert not np.shares_memory(s, full) and np.array_equal(_bits(s), _bits(full[256:]))
-    down = TEXT + "layers.0.mlp.down_proj.weight"
-    assert np.array_equal(_bits(tiny_ckpt.read_shard(down, 0, 2)), _bits(tiny_ckpt.tensor(down)[:, :128]))
-    assert tiny_ckpt.read_shard(TEXT + "layers.0.self_attn.A_log", 1, 2).dtype == np.float32
-    assert tiny_ckpt.shard_nbytes(0, 2) == sum(
-        math.prod(s.shard_shape(2)) * np.dtype(DTYPES[s.dtype]).itemsize for s in names.all_specs(tiny_ckpt.config))
-
-
-def test_the_model_reads_each_tensor_once_through_read_shard(tiny_ckpt, monkeypatch):
-    """Building a rank's model streams its weights: one read_shard per text tensor, none of the vision tower,
-    and no call to the full-tensor accessor outside read_shard."""
-    from cupyglm.backend.numpy_ops import NumpyOps
-    from cupyglm.dist.comm import LocalComm
-    from cupyglm.kv.store import KVStore
-    from cupyglm.model.glm import GLMModel
-
-    reads: list[str] = []
-    real = Checkpoint.read_shard
-
-    def counting(self, name, rank, tp):
-        reads.append(name)
-        return real(self, name, rank, tp)
-
-    monkeypatch.setattr(Checkpoint, "read_shard", counting)
-    cfg = tiny_ckpt.config
-    ops = NumpyOps()
-    comm = LocalComm()
-    GLMModel(cfg, tiny_ckpt.shard(comm.rank, comm.size), ops, comm, KVStore(cfg, ops, 4, cfg.page_tokens), mtp=True)
-    assert sorted(reads) == sorted(tiny_ckpt.names())
 
 
 def test_shard_bad_rank(tiny_ckpt):
