@@ -1,9 +1,12 @@
-"""Checkpoint: a Hugging Face directory (config.json, safetensors, tokenizer) opened zero-copy, sharded by
-the split table in `cupyglm.checkpoint.names`.
+"""Checkpoint: a Hugging Face directory (config.json, safetensors, tokenizer) checked against the split table in
+`cupyglm.checkpoint.names` and read by each rank one tensor slice at a time.
 
 Safetensors files are parsed here (8-byte little-endian header length, JSON header, raw bytes) and
-memory-mapped; each tensor is an `np.frombuffer` view over the map (bf16 as `ml_dtypes.bfloat16`).
-Every error names the file it is about (CheckpointError, a ValueError).
+memory-mapped; each tensor is an `np.frombuffer` view over the map (bf16 as `ml_dtypes.bfloat16`). Opening reads
+headers only: every stored tensor must be in the table and every table tensor stored with its shape and dtype.
+A rank's weights are read through `read_shard` (its slice copied out, the mapped pages released), so no rank
+ever holds the unsplit tensor set in host memory. Every error names the file and tensor it is about
+(CheckpointError, a ValueError).
 """
 from __future__ import annotations
 
