@@ -74,7 +74,7 @@ class ModelConfig:
     attn_chunk: int = 512                 # keys per online-softmax chunk (cupyglm_attn_chunk; tiny uses less)
     keep_grid: int = 2048                 # prompt-cache keep points (cupyglm_keep_grid)
     page_tokens: int = 512                # default KV page size (cupyglm_page_tokens)
-    max_position_embeddings: int = 1_048_576   # the model's own maximum context (positions 0 .. this - 1)
+    max_position_embeddings: int = 1048576  # the model's own maximum context (tokens); no window exceeds it
     vision: VisionConfig | None = None    # the vision tower beside the text model (None: a text-only checkpoint)
 
     # ---- derived facts the model code uses -------------------------------------------------------
@@ -176,6 +176,7 @@ PRESETS: dict[str, ModelConfig] = {
         intermediate_size=256, routed_scaling_factor=2.5, norm_topk_prob=True, swiglu_limit=10.0,
         hc_mult=4, hc_sinkhorn_iters=20, hc_eps=1e-6, num_nextn_predict_layers=1, rms_norm_eps=1e-5,
         eos_token_ids=(496, 503, 505), attn_chunk=32, keep_grid=64, page_tokens=16,
+        max_position_embeddings=131072,
         vision=VisionConfig(depth=2, hidden_size=64, intermediate_size=128, num_heads=4, patch_size=14,
                             temporal_patch_size=2, spatial_merge_size=2, out_hidden_size=256,
                             projection_intermediate_size=320, image_size=112)),

@@ -31,9 +31,8 @@ def test_full_preset_facts():
     full = preset("glm-5.3-flash")
     assert full.dsa_layers == tuple(range(3, 45, 4)) and len(full.kda_layers) == 34
     assert full.kv_layers == full.dsa_layers + (45,)
-    assert full.kv_bytes_per_token() == 13_056
     assert full.dense_limit == 2051 and full.max_pick == 2051
-    assert full.max_position_embeddings == 1_048_576
+    assert full.max_position_embeddings == 1_048_576 and preset("tiny").max_position_embeddings == 131_072
     text = _raw("glm-5.3-flash")["text_config"]
     assert text["mlp_layer_types"] == ["dense"] * 3 + ["sparse"] * 42
     assert set(text["layer_types"]) == {"linear_attention", "deepseek_sparse_attention"}
@@ -146,3 +145,14 @@ def test_missing_field_and_bad_file(tmp_path):
         preset("glm-9")
     (tmp_path / "ok.json").write_text(json.dumps(_raw()))
     assert ModelConfig.from_file(tmp_path / "ok.json") == preset("tiny")
+
+
+def test_max_position_embeddings_is_read_and_defaulted():
+    raw = _raw()
+    raw["text_config"]["max_position_embeddings"] = 202_752
+    assert ModelConfig.from_dict(raw).max_position_embeddings == 202_752
+    del raw["text_config"]["max_position_embeddings"]
+    assert ModelConfig.from_dict(raw).max_position_embeddings == 1_048_576      # the released value: 1M tokens
+    raw["text_config"]["max_position_embeddings"] = 0
+    with pytest.raises(ConfigError, match="max_position_embeddings"):
+        ModelConfig.from_dict(raw)
