@@ -14,7 +14,7 @@ import numpy as np
 
 from cupyglm.checkpoint import names
 from cupyglm.checkpoint.tiny import init_tensor
-from cupyglm.config import ModelConfig, preset
+from cupyglm.config import DSA, KDA, ModelConfig, preset
 
 # ~1.0B parameters (0.96B without the MTP layer): hidden 1024, 16 layers (12 KDA + 4 DSA), 32 experts.
 BIG = dict(hidden_size=1024, num_hidden_layers=16, vocab_size=32768, num_attention_heads=16, q_lora_rank=384,
@@ -32,8 +32,10 @@ def big_config(size: str = "big", **overrides) -> ModelConfig:
     """The tiny preset with larger sizes ("big": ~1B parameters; "small": a CPU-sized stand-in)."""
     sizes = {"big": BIG, "small": SMALL}[size] | overrides
     n = sizes["num_hidden_layers"]
-    types = tuple("full_attention" if i % 4 == 3 else "linear_attention" for i in range(n))
-    return dataclasses.replace(preset("tiny"), layer_types=types, first_k_dense_replace=min(3, n), **sizes)
+    types = tuple(DSA if i % 4 == 3 else KDA for i in range(n))
+    tiny = preset("tiny")
+    vision = dataclasses.replace(tiny.vision, out_hidden_size=sizes["hidden_size"])    # the merger feeds the text width
+    return dataclasses.replace(tiny, layer_types=types, first_k_dense_replace=min(3, n), vision=vision, **sizes)
 
 
 def param_count(cfg: ModelConfig) -> int:

@@ -90,12 +90,14 @@ def alloc(xp, spec: ArraySpec, storage: Storage, poison: bool = False):
 # ---- weights ----------------------------------------------------------------------------------------------------
 
 def weight_arrays(cfg: ModelConfig, tp: int, mtp: bool = False) -> list[ArraySpec]:
-    """One rank's weights as the model holds them: every tensor of the split table at its shard shape, bf16;
-    the MTP layer's tensors only when the MTP head is built."""
+    """One rank's weights as the model holds them: every tensor of the split table at its shard shape, in its
+    stored dtype (bf16, or fp32 where the checkpoint stores F32); the MTP layer's tensors only when the MTP head
+    is built."""
     skip = set()
     if cfg.mtp_layer is not None and not mtp:
         skip = {s.name for s in layer_specs(cfg, cfg.mtp_layer)}
-    return [ArraySpec(s.name, s.shard_shape(tp), BF16) for s in all_specs(cfg) if s.name not in skip]
+    return [ArraySpec(s.name, s.shard_shape(tp), FP32 if s.dtype == "F32" else BF16)
+            for s in all_specs(cfg) if s.name not in skip]
 
 
 # ---- KV pages ---------------------------------------------------------------------------------------------------

@@ -1,17 +1,22 @@
-"""Checkpoint: a Hugging Face directory (config.json, safetensors, tokenizer) opened zero-copy, sharded by
-the split table in `cupyglm.checkpoint.names`.
+"""Checkpoint: a Hugging Face directory (config.json, safetensors, tokenizer) checked against the split table in
+`cupyglm.checkpoint.names` and read by each rank one tensor slice at a time.
 
 Safetensors files are parsed here (8-byte little-endian header length, JSON header, raw bytes) and
-memory-mapped; each tensor is an `np.frombuffer` view over the map (bf16 as `ml_dtypes.bfloat16`).
-Every error names the file it is about (CheckpointError, a ValueError).
+memory-mapped; each tensor is an `np.frombuffer` view over the map (bf16 as `ml_dtypes.bfloat16`). Opening reads
+headers only: every stored tensor must be in the table and every table tensor stored with its shape and dtype.
+A rank's weights are read through `read_shard` (its slice copied out, the mapped pages released), so no rank
+ever holds the unsplit tensor set in host memory. Every error names the file and tensor it is about
+(CheckpointError, a ValueError).
 """
 from __future__ import annotations
 
 import hashlib
 import json
+import math
 import mmap
 import os
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -47,6 +52,9 @@ DTYPE_NAMES: dict[np.dtype, str] = {v: k for k, v in DTYPES.items()}
 INDEX_FILE = "model.safetensors.index.json"
 SINGLE_FILE = "model.safetensors"
 MAX_HEADER_BYTES = 100 * 1024 * 1024
+# A read fault maps the cached pages of its whole aligned 64 KiB block (Linux's default fault-around), so a
+# release drops whole blocks: the neighbours' pages it also drops fault back in when they are read.
+FAULT_AROUND = max(64 * 1024, mmap.PAGESIZE)
 
 
 @dataclass(frozen=True)
@@ -126,6 +134,16 @@ class SafetensorsFile:
         arr = np.frombuffer(self._mm, dtype=dtype, count=count, offset=info.start)
         return arr.reshape(info.shape)
 
+    def release(self, name: str) -> None:
+        """Drop the mapped pages under `name` from this process (they stay in the page cache; a later read
+        faults them back), so a tensor already copied out no longer counts in the host's resident set."""
+        info = self.tensors.get(name)
+        if info is None or self._mm is None or info.end == info.start or not hasattr(mmap, "MADV_DONTNEED"):
+            return
+        start = info.start - info.start % FAULT_AROUND
+        end = min(len(self._mm), -(-info.end // FAULT_AROUND) * FAULT_AROUND)
+        self._mm.madvise(mmap.MADV_DONTNEED, start, end - start)
+
 
 def write_safetensors(path: str | Path, tensors: dict[str, np.ndarray], metadata: dict[str, str] | None = None) -> int:
     """Write `tensors` as a safetensors file (sorted by name, header padded to 8 bytes). Returns bytes written.
@@ -159,7 +177,10 @@ def write_safetensors(path: str | Path, tensors: dict[str, np.ndarray], metadata
 
 
 class Checkpoint:
-    """An opened checkpoint directory. Tensors are zero-copy views over memory-mapped files."""
+    """An opened checkpoint directory: headers parsed and checked against the split table, data left mapped.
+
+    `read_shard` reads one tensor's rank slice at a time; `shard` is the lazy name -> slice view the model's
+    weight construction reads through, so no rank ever holds the unsplit tensor set in host memory."""
 
     def __init__(self, path: Path, config: ModelConfig, tokenizer, files: dict[str, SafetensorsFile],
                  weight_map: dict[str, str], identity: str):
@@ -169,7 +190,8 @@ class Checkpoint:
         self.files = files
         self.weight_map = weight_map
         self.identity = identity
-        self.specs = {s.name: s for s in names.all_specs(config)}
+        self.specs = {s.name: s for s in names.all_specs(config)}            # what the text model loads
+        self.table = {s.name: s for s in names.checkpoint_specs(config)}     # every stored tensor
 
     @classmethod
     def open(cls, path: str | Path) -> "Checkpoint":
@@ -220,63 +242,115 @@ class Checkpoint:
             raise CheckpointError(f"{path}: no {INDEX_FILE} and no {SINGLE_FILE}")
 
         ckpt = cls(path, config, tokenizer, files, dict(weight_map), identity)
-        for spec in ckpt.specs.values():
-            fname = weight_map.get(spec.name)
-            if fname is None:
-                raise CheckpointError(f"{path / where}: missing tensor {spec.name!r} (not in the weight map)")
-            info = files[fname].tensors.get(spec.name)
-            if info is None:
-                raise CheckpointError(f"{path / fname}: missing tensor {spec.name!r} "
-                                      f"({where} says it is in {fname})")
-            if info.shape != spec.shape:
-                raise CheckpointError(f"{path / fname}: tensor {spec.name!r} has shape {info.shape}, "
-                                      f"expected {spec.shape}")
+        ckpt._check_layout(path / where)
         return ckpt
+
+    def _check_layout(self, where: Path) -> None:
+        """Every stored tensor is in the table, and every table tensor is stored with its shape and dtype."""
+        stored = set(self.weight_map)
+        for fname, f in self.files.items():
+            stored.update(f.keys())
+        unknown = sorted(stored - self.table.keys())
+        if unknown:
+            first = unknown[0]
+            hint = ""
+            moved = names.TEXT_PREFIX + first.removeprefix("model.")
+            if first.startswith("model.") and moved in self.table:
+                hint = f"; the text model's tensors are under {names.TEXT_PREFIX!r} (e.g. {moved!r})"
+            raise CheckpointError(f"{where}: unknown tensor {first!r}, not in the GLM-5.3-Flash table "
+                                  f"({len(unknown)} unknown in all){hint}")
+        for spec in self.table.values():
+            fname = self.weight_map.get(spec.name)
+            if fname is None:
+                raise CheckpointError(f"{where}: missing tensor {spec.name!r} (not in the weight map)")
+            info = self.files[fname].tensors.get(spec.name)
+            if info is None:
+                raise CheckpointError(f"{self.path / fname}: missing tensor {spec.name!r} "
+                                      f"({where.name} says it is in {fname})")
+            if info.shape != spec.shape:
+                raise CheckpointError(f"{self.path / fname}: tensor {spec.name!r} has shape {info.shape}, "
+                                      f"expected {spec.shape}")
+            if info.dtype != spec.dtype:
+                raise CheckpointError(f"{self.path / fname}: tensor {spec.name!r} is stored as {info.dtype}, "
+                                      f"expected {spec.dtype}")
 
     # -- access --
     def names(self) -> list[str]:
-        """Every tensor the model reads, in split-table order."""
+        """Every tensor the text model reads, in split-table order."""
         return list(self.specs)
 
     def tensor(self, name: str) -> np.ndarray:
-        """The full tensor (zero-copy, read-only)."""
+        """The full tensor (zero-copy, read-only view over the map)."""
         fname = self.weight_map.get(name)
         if fname is None:
             raise CheckpointError(f"{self.path}: no tensor {name!r}")
         return self.files[fname].get(name)
 
-    def shard(self, rank: int, tp: int) -> dict[str, np.ndarray]:
-        """This rank's slice of every tensor by the split table: rep whole, row/col a contiguous block of
-        dim 0/1. Row and rep slices are zero-copy views; col slices are C-contiguous copies (tp > 1)."""
-        if tp < 1 or not 0 <= rank < tp:
-            raise ValueError(f"rank {rank} is outside tp={tp}")
-        out: dict[str, np.ndarray] = {}
-        for spec in self.specs.values():
-            full = self.tensor(spec.name)
-            if spec.split == "rep" or tp == 1:
-                out[spec.name] = full
-                continue
+    def read_shard(self, name: str, rank: int, tp: int) -> np.ndarray:
+        """This rank's slice of one tensor by the split table (rep whole, row/col a contiguous block of dim
+        0/1) as an owned C-contiguous array in the stored dtype. Only the slice's bytes are read, and the
+        mapped pages it touched are released, so the host keeps nothing of the tensor but the returned array."""
+        _check_rank(rank, tp)
+        spec = self.table.get(name)
+        if spec is None:
+            raise CheckpointError(f"{self.path}: no tensor {name!r} in the table")
+        full = self.tensor(name)
+        if spec.split == "rep" or tp == 1:
+            part = full
+        else:
             shape = spec.shard_shape(tp)        # raises ValueError naming the tensor when it does not divide
             if spec.split == "row":
-                n = shape[0]
-                out[spec.name] = full[rank * n:(rank + 1) * n]
+                part = full[rank * shape[0]:(rank + 1) * shape[0]]
             elif spec.split == "col":
-                n = shape[1]
-                out[spec.name] = np.ascontiguousarray(full[:, rank * n:(rank + 1) * n])
+                part = full[:, rank * shape[1]:(rank + 1) * shape[1]]
             else:
                 raise ValueError(f"{spec.name}: unknown split kind {spec.split!r}")
+        out = np.array(part, order="C")
+        self.files[self.weight_map[name]].release(name)
         return out
 
+    def shard(self, rank: int, tp: int) -> "Shard":
+        """The lazy view of this rank's slices of every tensor the text model loads (read on access)."""
+        return Shard(self, rank, tp)
+
     def nbytes(self) -> int:
-        """Bytes of the tensors the model reads (full, unsharded)."""
-        total = 0
-        for name in self.specs:
-            info = self.files[self.weight_map[name]].tensors[name]
-            total += info.end - info.start
-        return total
+        """Bytes of the tensors the text model reads (full, unsharded, as stored)."""
+        return sum(self._stored(name).end - self._stored(name).start for name in self.specs)
+
+    def shard_nbytes(self, rank: int, tp: int) -> int:
+        """Bytes of this rank's slices of the tensors the text model reads, in the stored dtypes."""
+        _check_rank(rank, tp)
+        return sum(math.prod(s.shard_shape(tp)) * DTYPES[s.dtype].itemsize for s in self.specs.values())
+
+    def _stored(self, name: str) -> TensorInfo:
+        return self.files[self.weight_map[name]].tensors[name]
 
     def __repr__(self) -> str:
         return f"Checkpoint({str(self.path)!r}, identity={self.identity})"
+
+
+class Shard(Mapping):
+    """name -> this rank's slice (Checkpoint.read_shard), read when asked for: one tensor in flight at a time."""
+
+    def __init__(self, ckpt: Checkpoint, rank: int, tp: int):
+        _check_rank(rank, tp)
+        self.ckpt, self.rank, self.tp = ckpt, rank, tp
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        if name not in self.ckpt.specs:
+            raise KeyError(name)
+        return self.ckpt.read_shard(name, self.rank, self.tp)
+
+    def __iter__(self):
+        return iter(self.ckpt.specs)
+
+    def __len__(self) -> int:
+        return len(self.ckpt.specs)
+
+
+def _check_rank(rank: int, tp: int) -> None:
+    if tp < 1 or not 0 <= rank < tp:
+        raise ValueError(f"rank {rank} is outside tp={tp}")
 
 
 def open_model(model: str | Path | None) -> Checkpoint:

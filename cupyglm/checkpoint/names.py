@@ -1,6 +1,9 @@
-"""Every tensor of a GLM-5.3-Flash checkpoint: name, full shape, and how tensor parallelism splits it.
+"""Every tensor of a GLM-5.3-Flash checkpoint as the published files store it: name, shape, dtype, and how
+tensor parallelism splits it.
 
-This is the one split table: the loader shards by it, make-tiny writes by it, the model reads these names.
+This is the one split table: the loader checks and shards by it, make-tiny writes by it, the model reads these
+names. The text model lives under TEXT_PREFIX (layers 0..N-1, the MTP layer as layer N, embeddings, final norm),
+`lm_head.weight` sits at the top level, the vision tower under VISION_PREFIX (stored, checked, not yet loaded).
 Split kinds:
   rep  replicated on every rank
   row  split along dim 0 (output rows; heads, channels, vocab) into `tp` equal contiguous blocks
@@ -10,7 +13,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from cupyglm.config import ModelConfig
+from cupyglm.config import ModelConfig, VisionConfig
+
+TEXT_PREFIX = "model.language_model."
+VISION_PREFIX = "model.visual."
+F32 = "F32"
+BF16 = "BF16"
 
 
 @dataclass(frozen=True)
@@ -18,6 +26,8 @@ class TensorSpec:
     name: str
     shape: tuple[int, ...]
     split: str                      # rep | row | col
+    dtype: str = BF16               # the safetensors dtype the checkpoint stores it in
+    part: str = "text"              # text (the model loads it) | vision (stored and checked; loaded by nobody yet)
 
     def shard_shape(self, tp: int) -> tuple[int, ...]:
         if self.split == "rep":
@@ -44,16 +54,16 @@ def _kda(p: str, c: ModelConfig) -> list[TensorSpec]:
         TensorSpec(f"{p}.q_proj.weight", (h * k, d), "row"),
         TensorSpec(f"{p}.k_proj.weight", (h * k, d), "row"),
         TensorSpec(f"{p}.v_proj.weight", (h * k, d), "row"),
-        TensorSpec(f"{p}.q_conv1d.weight", (h * k, c.kda_conv_size), "row"),   # depthwise taps, oldest first
-        TensorSpec(f"{p}.k_conv1d.weight", (h * k, c.kda_conv_size), "row"),
-        TensorSpec(f"{p}.v_conv1d.weight", (h * k, c.kda_conv_size), "row"),
+        TensorSpec(f"{p}.q_conv1d.weight", (h * k, 1, c.kda_conv_size), "row"),   # depthwise Conv1d, oldest tap first
+        TensorSpec(f"{p}.k_conv1d.weight", (h * k, 1, c.kda_conv_size), "row"),
+        TensorSpec(f"{p}.v_conv1d.weight", (h * k, 1, c.kda_conv_size), "row"),
         TensorSpec(f"{p}.f_a_proj.weight", (k, d), "rep"),
         TensorSpec(f"{p}.f_b_proj.weight", (h * k, k), "row"),
         TensorSpec(f"{p}.g_a_proj.weight", (k, d), "rep"),
         TensorSpec(f"{p}.g_b_proj.weight", (h * k, k), "row"),
         TensorSpec(f"{p}.b_proj.weight", (h, d), "row"),
-        TensorSpec(f"{p}.A_log", (h,), "row"),
-        TensorSpec(f"{p}.dt_bias", (h * k,), "row"),
+        TensorSpec(f"{p}.A_log", (h,), "row", F32),                 # one per head
+        TensorSpec(f"{p}.dt_bias", (h * k,), "row", F32),           # one per channel
         TensorSpec(f"{p}.o_norm.weight", (k,), "rep"),
         TensorSpec(f"{p}.o_proj.weight", (d, h * k), "col"),
     ]
@@ -76,8 +86,8 @@ def _dsa(p: str, c: ModelConfig) -> list[TensorSpec]:
         TensorSpec(f"{p}.indexer.k_norm.weight", (idim,), "rep"),
         TensorSpec(f"{p}.indexer.k_norm.bias", (idim,), "rep"),
         TensorSpec(f"{p}.indexer.weights_proj.weight", (ih, d), "rep"),
-        TensorSpec(f"{p}.indexer.compress_gate.weight", (idim, d), "rep"),
-        TensorSpec(f"{p}.indexer.ape", (c.index_kpool, idim), "rep"),
+        TensorSpec(f"{p}.indexer.index_kpool_compress_gate", (idim, d), "rep"),        # [out, in], a raw tensor
+        TensorSpec(f"{p}.indexer.index_kpool_compress_ape", (c.index_kpool, idim), "rep"),
     ]
 
 
@@ -85,7 +95,7 @@ def _moe(p: str, c: ModelConfig) -> list[TensorSpec]:
     d, e = c.hidden_size, c.n_routed_experts
     specs = [
         TensorSpec(f"{p}.gate.weight", (e, d), "rep"),
-        TensorSpec(f"{p}.gate.e_score_correction_bias", (e,), "rep"),
+        TensorSpec(f"{p}.gate.e_score_correction_bias", (e,), "rep", F32),
     ]
     for i in range(e):
         specs += _mlp(f"{p}.experts.{i}", d, c.moe_intermediate_size)
@@ -97,13 +107,14 @@ def _hc(p: str, c: ModelConfig, sub: str) -> list[TensorSpec]:
     mix = c.hc_mult * 2 + c.hc_mult * c.hc_mult       # pre (4) + post (4) + comb (16) = 24
     return [
         TensorSpec(f"{p}.hc_{sub}_fn", (mix, c.hc_mult * c.hidden_size), "rep"),
-        TensorSpec(f"{p}.hc_{sub}_base", (mix,), "rep"),
-        TensorSpec(f"{p}.hc_{sub}_scale", (3,), "rep"),
+        TensorSpec(f"{p}.hc_{sub}_base", (mix,), "rep", F32),
+        TensorSpec(f"{p}.hc_{sub}_scale", (3,), "rep", F32),                 # pre, post, comb
     ]
 
 
 def layer_specs(c: ModelConfig, i: int) -> list[TensorSpec]:
-    p = f"model.layers.{i}"
+    """Layer i's tensors; i == num_hidden_layers is the MTP layer (DSA + MoE, plain residuals, no hc_*)."""
+    p = f"{TEXT_PREFIX}layers.{i}"
     specs = [
         TensorSpec(f"{p}.input_layernorm.weight", (c.hidden_size,), "rep"),
         TensorSpec(f"{p}.post_attention_layernorm.weight", (c.hidden_size,), "rep"),
@@ -112,7 +123,7 @@ def layer_specs(c: ModelConfig, i: int) -> list[TensorSpec]:
         specs += [
             TensorSpec(f"{p}.enorm.weight", (c.hidden_size,), "rep"),
             TensorSpec(f"{p}.hnorm.weight", (c.hidden_size,), "rep"),
-            TensorSpec(f"{p}.eh_proj.weight", (c.hidden_size, 2 * c.hidden_size), "rep"),
+            TensorSpec(f"{p}.eh_proj.weight", (c.hidden_size, 2 * c.hidden_size), "rep"),   # in: [embed | hidden]
             TensorSpec(f"{p}.shared_head.norm.weight", (c.hidden_size,), "rep"),
         ]
         return specs + _dsa(f"{p}.self_attn", c) + _moe(f"{p}.mlp", c)
@@ -123,11 +134,48 @@ def layer_specs(c: ModelConfig, i: int) -> list[TensorSpec]:
 
 
 def all_specs(c: ModelConfig) -> list[TensorSpec]:
-    specs = [TensorSpec("model.embed_tokens.weight", (c.vocab_size, c.hidden_size), "rep")]
+    """Every tensor the text model loads (what a rank's shard holds), in table order."""
+    specs = [TensorSpec(f"{TEXT_PREFIX}embed_tokens.weight", (c.vocab_size, c.hidden_size), "rep")]
     for i in range(c.num_hidden_layers + c.num_nextn_predict_layers):
         specs += layer_specs(c, i)
     specs += [
-        TensorSpec("model.norm.weight", (c.hidden_size,), "rep"),
+        TensorSpec(f"{TEXT_PREFIX}norm.weight", (c.hidden_size,), "rep"),
         TensorSpec("lm_head.weight", (c.vocab_size, c.hidden_size), "row"),
     ]
     return specs
+
+
+def vision_specs(c: ModelConfig) -> list[TensorSpec]:
+    """The vision tower's tensors (none for a text-only config): replicated, stored, not loaded by the text model."""
+    v = c.vision
+    if v is None:
+        return []
+    return [TensorSpec(name, shape, "rep", BF16, "vision") for name, shape in _vision_shapes(v)]
+
+
+def _vision_shapes(v: VisionConfig) -> list[tuple[str, tuple[int, ...]]]:
+    p, d, f, o, m = VISION_PREFIX, v.hidden_size, v.intermediate_size, v.out_hidden_size, v.spatial_merge_size
+    bias = v.attention_bias
+    out = [(f"{p}patch_embed.proj.weight", (d, v.in_channels, v.temporal_patch_size, v.patch_size, v.patch_size)),
+           (f"{p}patch_embed.proj.bias", (d,))]                                 # Conv3d over (t, p, p) patches
+    for n in range(v.depth):
+        b = f"{p}blocks.{n}"
+        out += [(f"{b}.norm1.weight", (d,)), (f"{b}.norm2.weight", (d,)),
+                (f"{b}.attn.qkv.weight", (3 * d, d))] + ([(f"{b}.attn.qkv.bias", (3 * d,))] if bias else [])
+        out += [(f"{b}.attn.proj.weight", (d, d))] + ([(f"{b}.attn.proj.bias", (d,))] if bias else [])
+        out += [(f"{b}.attn.q_norm.weight", (d // v.num_heads,)), (f"{b}.attn.k_norm.weight", (d // v.num_heads,))]
+        for proj, shape in (("gate_proj", (f, d)), ("up_proj", (f, d)), ("down_proj", (d, f))):
+            out += [(f"{b}.mlp.{proj}.weight", shape), (f"{b}.mlp.{proj}.bias", (shape[0],))]
+    out += [(f"{p}post_layernorm.weight", (d,)),
+            (f"{p}downsample.weight", (o, d, m, m)), (f"{p}downsample.bias", (o,)),      # Conv2d, stride m
+            (f"{p}merger.proj.weight", (o, o)),
+            (f"{p}merger.post_projection_norm.weight", (o,)), (f"{p}merger.post_projection_norm.bias", (o,)),
+            (f"{p}merger.gate_proj.weight", (v.projection_intermediate_size, o)),
+            (f"{p}merger.up_proj.weight", (v.projection_intermediate_size, o)),
+            (f"{p}merger.down_proj.weight", (o, v.projection_intermediate_size))]
+    return out
+
+
+def checkpoint_specs(c: ModelConfig) -> list[TensorSpec]:
+    """Every tensor the checkpoint stores: the text model's, then the vision tower's."""
+    return all_specs(c) + vision_specs(c)

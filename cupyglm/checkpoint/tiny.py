@@ -1,7 +1,8 @@
 """The tiny checkpoint: a deterministic random model of the full architecture at tiny sizes.
 
-`write_tiny(dir, seed)` writes a Hugging Face directory (config.json, two bf16 safetensors shards + index,
-tokenizer.json, tokenizer_config.json). Each tensor draws from its own generator seeded by (seed, a hash of
+`write_tiny(dir, seed)` writes a Hugging Face directory laid out as the published checkpoint (config.json with
+text_config and vision_config; two safetensors shards + index holding every tensor of the split table, the tiny
+vision tower's too, under the real names and in the real dtypes; tokenizer.json, tokenizer_config.json). Each tensor draws from its own generator seeded by (seed, a hash of
 its name), so adding a tensor shifts no other. Same seed -> byte-identical files.
 
 `default_tiny_dir()` builds it once into the cache (`env.cache_dir()`) and returns the directory; several
@@ -21,25 +22,30 @@ import shutil
 import tempfile
 from pathlib import Path
 
-import ml_dtypes
 import numpy as np
 
 from cupyglm import env
 from cupyglm.checkpoint import names
-from cupyglm.checkpoint.loader import INDEX_FILE, write_safetensors
+from cupyglm.checkpoint.loader import DTYPES, INDEX_FILE, write_safetensors
 from cupyglm.checkpoint.tiny_tokenizer import build_tiny_tokenizer, tiny_eos_token_ids, tiny_tokenizer_config
 from cupyglm.config import ModelConfig, preset
 
 # Bump when the generator (init rules, tokenizer, file layout) changes: cached tiny dirs are keyed by it.
-TINY_FORMAT_VERSION = 1
+TINY_FORMAT_VERSION = 2
 MARKER = ".cupyglm-complete"
 N_SHARDS = 2
-BF16 = np.dtype(ml_dtypes.bfloat16)
 
 # Hyper-connection mix weights: X_flat is RMS-normalised over 4D values, so a row of fn drawn with std
 # HC_FN_GAIN / sqrt(4D) gives mix logits ~ N(0, HC_FN_GAIN): token-dependent, and with the base
 # (N(0, 0.5)) and scale (U(0.5, 1.5)) the Sinkhorn-balanced 4x4 comb is far from uniform and from identity.
 HC_FN_GAIN = 0.5
+
+# Dense-layer MLP (layers below first_k_dense_replace): gate/up pre-activations ~ N(0, GAIN^2) on RMS-normed
+# rows, so about 1% of them pass the swiglu limit (10) and the clamp shapes these layers' output; down_proj is
+# scaled by 1 / GAIN^2 so that output stays O(1).
+DENSE_MLP_GAIN = 4.0
+DENSE_UP = re.compile(r"\.layers\.\d+\.mlp\.(gate|up)_proj\.weight$")
+DENSE_DOWN = re.compile(r"\.layers\.\d+\.mlp\.down_proj\.weight$")
 
 BUILD_COUNT = 0          # times this process built a default tiny dir (tests read it)
 
@@ -59,12 +65,12 @@ def _uniform(rng, shape, lo, hi) -> np.ndarray:
 
 
 def init_tensor(spec: names.TensorSpec, config: ModelConfig, seed: int) -> np.ndarray:
-    """The tiny checkpoint's value of one tensor (bf16), chosen so the random model's activations stay O(1)
-    and its logits are not degenerate."""
+    """The tiny checkpoint's value of one tensor in its stored dtype, chosen so the random model's activations
+    stay O(1) and its logits are not degenerate."""
     name, shape = spec.name, spec.shape
     rng = _rng(seed, name)
     d = config.hidden_size
-    if name == "model.embed_tokens.weight":
+    if name == f"{names.TEXT_PREFIX}embed_tokens.weight":
         x = _normal(rng, shape, 1.0)
     elif name == "lm_head.weight":
         x = _normal(rng, shape, 1.0 / math.sqrt(d))
@@ -82,16 +88,24 @@ def init_tensor(spec: names.TensorSpec, config: ModelConfig, seed: int) -> np.nd
         x = _normal(rng, shape, 0.5)
     elif re.search(r"\.hc_[a-z]+_scale$", name):
         x = _uniform(rng, shape, 0.5, 1.5)
-    elif name.endswith(".indexer.ape"):
+    elif name.endswith(".indexer.index_kpool_compress_ape"):
         x = _normal(rng, shape, 0.5)
+    elif name.endswith(".indexer.index_kpool_compress_gate"):                # [I, D] projection
+        x = _normal(rng, shape, 1.0 / math.sqrt(shape[1]))
+    elif DENSE_UP.search(name):
+        x = _normal(rng, shape, DENSE_MLP_GAIN / math.sqrt(shape[1]))
+    elif DENSE_DOWN.search(name):
+        x = _normal(rng, shape, 1.0 / (DENSE_MLP_GAIN ** 2 * math.sqrt(shape[1])))
+    elif name.endswith(".bias"):                                            # the vision tower's biases
+        x = _normal(rng, shape, 0.02)
     elif name.endswith(".weight") and len(shape) == 1:          # every norm weight
         x = _normal(rng, shape, 0.1, mean=1.0)
-    elif name.endswith(".weight") and len(shape) == 2:          # projections, routers, conv taps: [out, in]
-        x = _normal(rng, shape, 1.0 / math.sqrt(shape[1]))
+    elif name.endswith(".weight") and len(shape) >= 2:          # projections, routers, convs: [out, in...]
+        x = _normal(rng, shape, 1.0 / math.sqrt(math.prod(shape[1:])))
     else:
         raise ValueError(f"tiny checkpoint: no init rule for tensor {name!r} of shape {shape}")
     x = np.asarray(x, dtype=np.float32).reshape(shape)
-    return x.astype(BF16)
+    return x.astype(DTYPES[spec.dtype])
 
 
 def tiny_config(config: ModelConfig | None = None) -> ModelConfig:
@@ -101,9 +115,9 @@ def tiny_config(config: ModelConfig | None = None) -> ModelConfig:
 
 
 def tiny_tensors(config: ModelConfig | None = None, seed: int = 0) -> dict[str, np.ndarray]:
-    """Every tensor of `names.all_specs(config)` as the generator makes it (bf16), in split-table order."""
+    """Every tensor of `names.checkpoint_specs(config)` as the generator makes it, in split-table order."""
     cfg = tiny_config(config)
-    return {s.name: init_tensor(s, cfg, seed) for s in names.all_specs(cfg)}
+    return {s.name: init_tensor(s, cfg, seed) for s in names.checkpoint_specs(cfg)}
 
 
 def shard_file_name(i: int, n: int = N_SHARDS) -> str:
@@ -126,8 +140,8 @@ def write_tiny(out_dir: str | Path, seed: int = 0, config: ModelConfig | None = 
         cfg = dataclasses.replace(cfg, eos_token_ids=eos)
 
     # Tensors: split-table order, cut into N_SHARDS files of about equal bytes.
-    specs = names.all_specs(cfg)
-    sizes = [math.prod(s.shape) * BF16.itemsize for s in specs]
+    specs = names.checkpoint_specs(cfg)
+    sizes = [math.prod(s.shape) * DTYPES[s.dtype].itemsize for s in specs]
     total = sum(sizes)
     groups: list[list[names.TensorSpec]] = [[] for _ in range(N_SHARDS)]
     acc = 0

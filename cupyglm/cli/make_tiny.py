@@ -8,8 +8,10 @@ import sys
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="cupyglm-make-tiny",
-        description="Write a deterministic random checkpoint of the GLM-5.3-Flash architecture at tiny sizes "
-                    "(config.json, bf16 safetensors shards, byte-level BPE tokenizer, GLM chat template).")
+        description="Write a deterministic random checkpoint of the GLM-5.3-Flash architecture at tiny sizes, "
+                    "laid out as the published checkpoint (config.json with text_config and vision_config, "
+                    "safetensors shards under the real tensor names and dtypes, a tiny vision tower's tensors, "
+                    "byte-level BPE tokenizer, GLM chat template).")
     parser.add_argument("dir", help="output directory (created if missing; its checkpoint files are overwritten)")
     parser.add_argument("--seed", type=int, default=0, help="random seed (default 0); same seed, same bytes")
     args = parser.parse_args(argv)
@@ -21,10 +23,10 @@ def main(argv: list[str] | None = None) -> int:
 
     out = write_tiny(args.dir, seed=args.seed)
     ckpt = Checkpoint.open(out)
-    n = len(ckpt.names())
+    vision = len(ckpt.table) - len(ckpt.names())
     mib = ckpt.nbytes() / 2**20
-    print(f"wrote {out}: {n} tensors, {mib:.1f} MiB bf16, vocab {ckpt.tokenizer.vocab_size}, "
-          f"seed {args.seed}, identity {ckpt.identity}")
+    print(f"wrote {out}: {len(ckpt.table)} tensors ({vision} of the vision tower), {mib:.1f} MiB of text weights, "
+          f"vocab {ckpt.tokenizer.vocab_size}, seed {args.seed}, identity {ckpt.identity}")
     return 0
 
 

@@ -42,13 +42,15 @@ class Weights:
         return self._ops.weight(self._shard[f"{self._prefix}.{name}"])
 
     def stack(self, names: list[str]):
-        """The tensors `prefix.name` for each name (equal shapes) stacked on a new leading axis, assembled on the
-        host and converted once: [len(names), *shape] in the backend's storage."""
-        first = self._shard[f"{self._prefix}.{names[0]}"]
-        out = np.empty((len(names),) + tuple(first.shape), dtype=np.float32)
-        for i, name in enumerate(names):
-            out[i] = self._shard[f"{self._prefix}.{name}"]
-        return self._ops.weight(out)
+        """The tensors `prefix.name` for each name (equal shapes) stacked on a new leading axis in the backend's
+        storage: [len(names), *shape], filled one converted tensor at a time (no host-side stack)."""
+        first = self(names[0])
+        out = self._ops.xp.empty((len(names),) + tuple(first.shape), dtype=first.dtype)
+        out[0] = first
+        del first
+        for i, name in enumerate(names[1:], 1):
+            out[i] = self(name)
+        return out
 
     def sub(self, name: str) -> "Weights":
         return Weights(self._shard, self._ops, f"{self._prefix}.{name}")

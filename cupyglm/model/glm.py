@@ -11,6 +11,7 @@ import dataclasses
 import numpy as np
 
 from cupyglm.backend.lanes import bf16
+from cupyglm.checkpoint.names import TEXT_PREFIX
 from cupyglm.config import ModelConfig
 from cupyglm.kv.state import SeqState
 from cupyglm.kv.store import KVStore
@@ -54,7 +55,7 @@ class Block:
         self.is_kda = cfg.layer_types[layer] == "linear_attention"
         attn = KDALayer if self.is_kda else DSALayer
         self.attn = attn(cfg, w.sub("self_attn"), ops, layer, tp)
-        self.mlp = MoE(cfg, w.sub("mlp"), ops) if cfg.is_moe(layer) else MLP(w.sub("mlp"), ops, None)
+        self.mlp = MoE(cfg, w.sub("mlp"), ops) if cfg.is_moe(layer) else MLP(w.sub("mlp"), ops, cfg.swiglu_limit)
 
     def __call__(self, X, segs, kv, comm):
         ops, eps = self.ops, self.cfg.rms_norm_eps
@@ -71,7 +72,7 @@ class GLMModel:
     def __init__(self, cfg: ModelConfig, shard: dict, ops, comm, kv: KVStore, mtp: bool = False):
         self.cfg, self.ops, self.comm, self.kv = cfg, ops, comm, kv
         tp = comm.size
-        root = Weights(shard, ops, "model")
+        root = Weights(shard, ops, TEXT_PREFIX.rstrip("."))
         self.embed = root("embed_tokens.weight")                  # [V, D] replicated
         self.norm = root("norm.weight")
         self.lm_head = ops.weight(shard["lm_head.weight"])        # [V / tp, D]

@@ -20,8 +20,8 @@ class Indexer:
         self.wk = w("wk.weight")                                  # [I, D]
         self.k_norm_w, self.k_norm_b = w("k_norm.weight"), w("k_norm.bias")
         self.weights_proj = w("weights_proj.weight")              # [Hi, D]
-        self.compress_gate = w("compress_gate.weight")            # [I, D]
-        self.ape = w("ape")                                       # [kpool, I]
+        self.compress_gate = w("index_kpool_compress_gate")       # [I, D]
+        self.ape = w("index_kpool_compress_ape")                  # [kpool, I]
 
     def keys(self, x):
         """Per-token index keys and gates. x: [T, D] bf16 -> (ik, ig) [T, I] bf16."""

@@ -22,7 +22,8 @@ class KDALayer:
         self.dk = cfg.kda_head_dim
         xp = ops.xp
         self.w_qkv = xp.concatenate([w("q_proj.weight"), w("k_proj.weight"), w("v_proj.weight")])
-        self.conv = xp.concatenate([w("q_conv1d.weight"), w("k_conv1d.weight"), w("v_conv1d.weight")])
+        conv = [w(f"{x}_conv1d.weight").reshape(-1, cfg.kda_conv_size) for x in "qkv"]   # stored [C, 1, taps]
+        self.conv = xp.concatenate(conv)
         self.f_a, self.f_b = w("f_a_proj.weight"), w("f_b_proj.weight")
         self.g_a, self.g_b = w("g_a_proj.weight"), w("g_b_proj.weight")
         self.b = w("b_proj.weight")

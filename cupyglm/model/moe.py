@@ -1,7 +1,7 @@
 """Feed-forward sublayers: the dense SwiGLU MLP and the MoE (sigmoid router + correction bias, top-k,
 one shared expert, SwiGLU with a limit). Outputs are this rank's down_proj partial (fp32).
 
-The swiglu limit clamps routed and shared experts; the dense MLP of the first layers is plain SwiGLU.
+The swiglu limit clamps every SwiGLU alike: routed and shared experts and the dense MLP of the first layers.
 """
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""The tiny checkpoint, the cached default, the zero-copy loader, TP sharding and the loader's errors."""
+"""The tiny checkpoint, the cached default, the loader (headers checked against the split table, each rank's
+slices read one tensor at a time), TP sharding and the loader's errors."""
 from __future__ import annotations
 
 import hashlib
@@ -15,7 +16,7 @@ import pytest
 
 from cupyglm.checkpoint import names, tiny
 from cupyglm.checkpoint.loader import (
-    INDEX_FILE, Checkpoint, CheckpointError, SafetensorsFile, open_model, write_safetensors,
+    DTYPES, INDEX_FILE, Checkpoint, CheckpointError, SafetensorsFile, open_model, write_safetensors,
 )
 from cupyglm.checkpoint.tiny import default_tiny_dir, tiny_tensors, write_tiny
 from cupyglm.config import preset
@@ -24,6 +25,7 @@ BF16 = np.dtype(ml_dtypes.bfloat16)
 SHARD1 = "model-00001-of-00002.safetensors"
 SHARD2 = "model-00002-of-00002.safetensors"
 REPO = Path(__file__).resolve().parents[2]
+TEXT = names.TEXT_PREFIX
 
 
 def _bits(a: np.ndarray) -> np.ndarray:
@@ -47,12 +49,13 @@ def test_tiny_round_trip(tiny_ckpt):
     cfg = preset("tiny")
     assert tiny_ckpt.config == cfg
     want = tiny_tensors(cfg, seed=0)
-    specs = names.all_specs(cfg)
-    assert tiny_ckpt.names() == [s.name for s in specs] == list(want)
+    specs = names.checkpoint_specs(cfg)
+    assert list(tiny_ckpt.table) == [s.name for s in specs] == list(want)
+    assert tiny_ckpt.names() == [s.name for s in names.all_specs(cfg)]
     for s in specs:
         got = tiny_ckpt.tensor(s.name)
-        assert got.dtype == BF16 and got.shape == s.shape, s.name
-        assert np.array_equal(_bits(got), _bits(want[s.name])), s.name
+        assert got.dtype == np.dtype(DTYPES[s.dtype]) and got.shape == s.shape, s.name
+        assert np.array_equal(got.view(np.uint8), want[s.name].view(np.uint8)), s.name
 
 
 def test_tiny_files(tiny_dir, tiny_ckpt):
@@ -60,12 +63,13 @@ def test_tiny_files(tiny_dir, tiny_ckpt):
         "config.json", SHARD1, SHARD2, INDEX_FILE, "tokenizer.json", "tokenizer_config.json"}
     index = json.loads((tiny_dir / INDEX_FILE).read_text())
     assert set(index["weight_map"].values()) == {SHARD1, SHARD2}
-    assert set(index["weight_map"]) == set(tiny_ckpt.names())
+    assert set(index["weight_map"]) == set(tiny_ckpt.table)
     tc = json.loads((tiny_dir / "tokenizer_config.json").read_text())
     assert tc["eos_token"] == "<|endoftext|>" and tc["model_max_length"] > 0 and "[gMASK]<sop>" in tc["chat_template"]
     raw = (tiny_dir / "config.json").read_bytes()
     assert tiny_ckpt.identity == hashlib.sha256(raw).hexdigest()[:16]
-    assert json.loads(raw) == preset("tiny").to_hf_dict()
+    body = json.loads(raw)
+    assert body == preset("tiny").to_hf_dict() and {"text_config", "vision_config"} <= body.keys()
 
 
 def test_tiny_files_read_by_the_safetensors_library(tiny_dir):
@@ -78,26 +82,30 @@ def test_tiny_files_read_by_the_safetensors_library(tiny_dir):
 
 
 def test_tensors_are_zero_copy_views(tiny_ckpt):
-    t = tiny_ckpt.tensor("model.embed_tokens.weight")
+    t = tiny_ckpt.tensor("model.language_model.embed_tokens.weight")
     assert not t.flags.owndata and not t.flags.writeable
     assert t.flags.c_contiguous
 
 
 def test_tiny_init_is_sane(tiny_ckpt):
-    f32 = lambda n: tiny_ckpt.tensor(n).astype(np.float32)          # noqa: E731
+    f32 = lambda n: tiny_ckpt.tensor(TEXT + n).astype(np.float32)          # noqa: E731
     d = preset("tiny").hidden_size
-    assert abs(f32("model.embed_tokens.weight").std() - 1.0) < 0.05
-    assert abs(f32("lm_head.weight").std() * np.sqrt(d) - 1.0) < 0.05
-    a_log = f32("model.layers.0.self_attn.A_log")
+    assert abs(f32("embed_tokens.weight").std() - 1.0) < 0.05
+    assert abs(tiny_ckpt.tensor("lm_head.weight").astype(np.float32).std() * np.sqrt(d) - 1.0) < 0.05
+    a_log = f32("layers.0.self_attn.A_log")
     assert np.all((a_log >= 0) & (a_log <= np.log(16) + 0.01))
-    assert abs(f32("model.norm.weight").mean() - 1.0) < 0.05
-    scale = f32("model.layers.0.hc_attn_scale")
+    assert abs(f32("norm.weight").mean() - 1.0) < 0.05
+    scale = f32("layers.0.hc_attn_scale")
     assert np.all((scale >= 0.5) & (scale <= 1.5))
     # random embeddings through a random projection give O(1) outputs, and the logits are spread out
-    x = f32("model.embed_tokens.weight")[:64]
-    h = x @ f32("model.layers.0.mlp.up_proj.weight").T
+    x = f32("embed_tokens.weight")[:64]
+    h = x @ f32("layers.3.mlp.shared_experts.up_proj.weight").T
     assert 0.5 < h.std() < 2.0
-    logits = x @ f32("lm_head.weight").T
+    # the dense layers' MLP is wider on purpose (tiny.DENSE_MLP_GAIN): some pre-activations pass the swiglu limit
+    h = x @ f32("layers.0.mlp.up_proj.weight").T
+    assert 0.5 * tiny.DENSE_MLP_GAIN < h.std() < 2.0 * tiny.DENSE_MLP_GAIN
+    assert 0.001 < np.mean(np.abs(h) > preset("tiny").swiglu_limit) < 0.05
+    logits = x @ tiny_ckpt.tensor("lm_head.weight").astype(np.float32).T
     assert 0.5 < logits.std() < 2.0 and np.unique(logits.argmax(-1)).size > 32
 
 
@@ -105,7 +113,7 @@ def test_adding_a_tensor_shifts_no_other():
     cfg = preset("tiny")
     spec = names.all_specs(cfg)[5]
     a = tiny.init_tensor(spec, cfg, seed=0)
-    b = tiny.init_tensor(names.TensorSpec(spec.name, spec.shape, spec.split), cfg, seed=0)
+    b = tiny.init_tensor(names.TensorSpec(spec.name, spec.shape, spec.split, spec.dtype), cfg, seed=0)
     assert np.array_equal(_bits(a), _bits(b))
     c = tiny.init_tensor(spec, cfg, seed=1)
     assert not np.array_equal(_bits(a), _bits(c))
@@ -130,7 +138,9 @@ def test_make_tiny_cli_main(tmp_path, capsys):
     from cupyglm.cli.make_tiny import main
 
     assert main([str(tmp_path / "t"), "--seed", "3"]) == 0
-    assert f"{len(names.all_specs(preset('tiny')))} tensors" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert f"{len(names.checkpoint_specs(preset('tiny')))} tensors" in out
+    assert f"{len(names.vision_specs(preset('tiny')))} of the vision tower" in out
     ckpt = Checkpoint.open(tmp_path / "t")
     want = tiny_tensors(seed=3)["lm_head.weight"]
     assert np.array_equal(_bits(ckpt.tensor("lm_head.weight")), _bits(want))
@@ -224,11 +234,6 @@ def test_shards_reassemble(tiny_ckpt, tp):
     assert kinds == {"rep", "row", "col"}
 
 
-def test_row_shards_are_views(tiny_ckpt):
-    s = tiny_ckpt.shard(1, 2)["lm_head.weight"]
-    assert not s.flags.owndata and s.shape == (256, 256)
-
-
 def test_shard_bad_rank(tiny_ckpt):
     with pytest.raises(ValueError, match="rank 2"):
         tiny_ckpt.shard(2, 2)
@@ -236,7 +241,7 @@ def test_shard_bad_rank(tiny_ckpt):
 
 # ---- the loader on other layouts -------------------------------------------------------------------------
 def test_single_file_checkpoint(ckpt_copy, tiny_ckpt):
-    merged = {n: np.array(tiny_ckpt.tensor(n)) for n in tiny_ckpt.names()}
+    merged = {n: np.array(tiny_ckpt.tensor(n)) for n in tiny_ckpt.table}
     for f in (SHARD1, SHARD2, INDEX_FILE):
         (ckpt_copy / f).unlink()
     write_safetensors(ckpt_copy / "model.safetensors", merged)
@@ -341,7 +346,7 @@ def test_data_offsets_past_end(ckpt_copy):
 
 def test_missing_tensor_in_shard(ckpt_copy):
     index = json.loads((ckpt_copy / INDEX_FILE).read_text())["weight_map"]
-    name = "model.layers.0.self_attn.A_log"
+    name = TEXT + "layers.0.self_attn.A_log"
     fname = index[name]
     _rewrite_shard(ckpt_copy / fname, drop=name)
     with pytest.raises(CheckpointError) as e:
@@ -352,15 +357,15 @@ def test_missing_tensor_in_shard(ckpt_copy):
 def test_missing_tensor_in_index(ckpt_copy):
     p = ckpt_copy / INDEX_FILE
     index = json.loads(p.read_text())
-    del index["weight_map"]["model.norm.weight"]
+    del index["weight_map"][TEXT + "norm.weight"]
     p.write_text(json.dumps(index))
-    with pytest.raises(CheckpointError, match=f"{INDEX_FILE}.*model\\.norm\\.weight"):
+    with pytest.raises(CheckpointError, match=f"{INDEX_FILE}.*model\\.language_model\\.norm\\.weight"):
         Checkpoint.open(ckpt_copy)
 
 
 def test_shape_mismatch(ckpt_copy):
     index = json.loads((ckpt_copy / INDEX_FILE).read_text())["weight_map"]
-    name = "model.layers.3.self_attn.kv_b_proj.weight"
+    name = TEXT + "layers.3.self_attn.kv_b_proj.weight"
     _rewrite_shard(ckpt_copy / index[name], reshape=(name, (7, 64)))
     with pytest.raises(CheckpointError) as e:
         Checkpoint.open(ckpt_copy)
@@ -369,13 +374,13 @@ def test_shape_mismatch(ckpt_copy):
 
 
 def names_shape(name: str) -> tuple:
-    return {s.name: s.shape for s in names.all_specs(preset("tiny"))}[name]
+    return {s.name: s.shape for s in names.checkpoint_specs(preset("tiny"))}[name]
 
 
 def test_unsupported_config_is_named(ckpt_copy):
     p = ckpt_copy / "config.json"
     cfg = json.loads(p.read_text())
-    cfg["qk_rope_head_dim"] = 64
+    cfg["text_config"]["qk_rope_head_dim"] = 64
     p.write_text(json.dumps(cfg))
     with pytest.raises(CheckpointError, match=r"config\.json.*qk_rope_head_dim"):
         Checkpoint.open(ckpt_copy)

@@ -88,8 +88,10 @@ def test_engine_plan_equals_what_it_allocates(which, tiny_dir, tmp_path):
     if which == "tiny":
         path = tiny_dir
     else:
-        cfg = dataclasses.replace(preset("tiny"), layer_types=("linear_attention",) * 3 + ("full_attention",),
-                                  first_k_dense_replace=2, **SMALL)
+        tiny = preset("tiny")
+        cfg = dataclasses.replace(tiny, layer_types=("linear_attention",) * 3 + ("full_attention",),
+                                  first_k_dense_replace=2, **SMALL,
+                                  vision=dataclasses.replace(tiny.vision, out_hidden_size=SMALL["hidden_size"]))
         path = write_tiny(tmp_path / "small", seed=5, config=cfg)
     llm = LLM(model=str(path), backend="numpy", parallel=3, kv_gib=0.002, log=False)
     try:
