@@ -19,12 +19,12 @@ class KVStore:
         self.cfg = cfg
         self.page_tokens = page_tokens
         self.pool = PagePool(num_pages)
-        xp = ops.xp
         fill = np.nan if poison else 0.0
         rows, pools = num_pages * page_tokens, num_pages * page_tokens // cfg.index_kpool
-        # latent[layer]: [pages * page_tokens, R] bf16 values; pooled[layer]: [pages * page_tokens / 4, I]
-        self.latent = {l: xp.full((rows, cfg.kv_lora_rank), fill, dtype=xp.float32) for l in cfg.kv_layers}
-        self.pooled = {l: xp.full((pools, cfg.index_head_dim), fill, dtype=xp.float32) for l in cfg.kv_layers}
+        # latent[layer]: [pages * page_tokens, R] bf16; pooled[layer]: [pages * page_tokens / 4, I] bf16 (2 bytes
+        # a value: ml_dtypes.bfloat16 on numpy/sim, uint16 bit patterns on cuda)
+        self.latent = {l: ops.bf16_full((rows, cfg.kv_lora_rank), fill) for l in cfg.kv_layers}
+        self.pooled = {l: ops.bf16_full((pools, cfg.index_head_dim), fill) for l in cfg.kv_layers}
 
     def pages_needed(self, length: int) -> int:
         return -(-length // self.page_tokens)

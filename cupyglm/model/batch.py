@@ -45,7 +45,7 @@ class Weights:
         """The tensors `prefix.name` for each name (equal shapes) stacked on a new leading axis, assembled on the
         host and converted once: [len(names), *shape] in the backend's storage."""
         first = self._shard[f"{self._prefix}.{names[0]}"]
-        out = np.empty((len(names),) + tuple(first.shape), dtype=np.float32)
+        out = np.empty((len(names),) + tuple(first.shape), dtype=first.dtype)   # [n, *shape] as stored (bf16)
         for i, name in enumerate(names):
             out[i] = self._shard[f"{self._prefix}.{name}"]
         return self._ops.weight(out)

@@ -16,11 +16,13 @@ def test_pooled_keys_follow_the_formula():
     pk = ops.index_pool(ik, ig, ape)
     for p in range(5):
         for d in range(16):
-            l = [np.float32(ig[p, j, d] + ape[j, d]) for j in range(4)]
+            l = [np.float32(ig[p, j, d]) + np.float32(ape[j, d]) for j in range(4)]     # bf16 widened
             e = [exp_f32(np.float32(x - max(l)))[()] for x in l]
             s = np.float32(np.float32(np.float32(e[0] + e[1]) + e[2]) + e[3])
-            t = [bf16(np.float32(bf16(np.float32(e[j] / s)) * ik[p, j, d])) for j in range(4)]
+            t = [np.float32(bf16(np.float32(bf16(np.float32(e[j] / s))) * np.float32(ik[p, j, d])))
+                 for j in range(4)]
             want = bf16(np.float32(np.float32(np.float32(t[0] + t[1]) + t[2]) + t[3]))
+            assert pk.dtype == want.dtype
             assert pk[p, d] == want
 
 
