@@ -322,15 +322,14 @@ def plan_for(world, ckpt, *, parallel: int | None = None):
     grid = cfg.keep_grid
     chunk = EngineConfig(context=1, num_pages=1, page_tokens=1, keep_grid=grid, prefill_chunk=st.prefill_chunk).chunk
     cpu = world.backend in ("numpy", "sim")
+    itemsize = {}                       # bf16 storage is 2 bytes a value on every backend (the plan's default)
     if cpu:
-        itemsize = dict(kv_itemsize=4, act_itemsize=4, weight_itemsize=4)   # float32 arrays holding bf16 values
         budget = None if st.kv_gib is not None else mem_available()
         max_window = getattr(ckpt.tokenizer, "model_max_length", None)
         max_window = int(max_window) if isinstance(max_window, int) and max_window > 0 else None
     else:
         import cupy
 
-        itemsize = {}
         budget = None if st.kv_gib is not None else int(cupy.cuda.runtime.memGetInfo()[0])
         max_window = None
     kw = dict(tp=world.size, rank=world.rank, budget_bytes=budget,
