@@ -92,7 +92,7 @@ def cmd_invariance(a) -> bool:
         wd = ops.weight(w)
         bad = []
         for m in range(1, a.max_batch + 1):
-            row = np.asarray(ops.asnumpy(ops.gemm(ops.xp.asarray(x[:m]), wd))[0], np.float32).view(np.uint32)
+            row = np.asarray(ops.asnumpy(ops.gemm(ops.weight(x[:m]), wd))[0], np.float32).view(np.uint32)
             if not np.array_equal(row, want):
                 bad.append(m)
         ok &= not bad

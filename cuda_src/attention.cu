@@ -3,30 +3,31 @@
 // block: online softmax over `chunk`-key chunks of the row's list, merged in list order; fp32 m, l, o; P
 // rounded to bf16 before P.V and before the sum l; every sum (the q.k dot over R, the sum of P, P.V over the
 // chunk's keys) in lane-16 order.  Only the first counts[t] ids of a row are ever read, and only those store
-// rows: the rest of the store may hold anything (tests fill it with NaN).
+// rows: the rest of the store may hold anything (tests fill it with NaN).  Storage: qa, the store (latent rows)
+// and out are bf16; m, l, o and the scores fp32.
 #include "common.cuh"
 #include "exp_f32.cuh"
 
 #define ATT_MAX_RT 8  // R <= 8 * blockDim.x output columns per thread
 
-// grid (H, T); blockDim.x a multiple of 32 with R <= ATT_MAX_RT * blockDim.x.
+// grid (T, H): tokens on grid.x (2^31 - 1), heads on y; blockDim.x a multiple of 32 with R <= ATT_MAX_RT * blockDim.x.
 // Dynamic shared memory: chunk floats (scores, then P) + chunk ints (row ids) + 1 float (running max).
-extern "C" __global__ void attention(const float* __restrict__ qa,     // [T, H, R] f32 (bf16 values)
-                                     const float* __restrict__ store,  // [N, R] f32 (bf16 values)
-                                     const int* __restrict__ rows,     // [T, W] i32 store row ids, -1 padded
-                                     const int* __restrict__ counts,   // [T] i32 ids used per row
-                                     float* __restrict__ out,          // [T, H, R] f32 (bf16 values)
+extern "C" __global__ void attention(const __nv_bfloat16* __restrict__ qa,     // [T, H, R] bf16
+                                     const __nv_bfloat16* __restrict__ store,  // [N, R] bf16
+                                     const int* __restrict__ rows,             // [T, W] i32 store row ids, -1 padded
+                                     const int* __restrict__ counts,           // [T] i32 ids used per row
+                                     __nv_bfloat16* __restrict__ out,          // [T, H, R] bf16
                                      int T, int H, int R, int W, float scale, int chunk) {
   extern __shared__ float att_sh[];
   float* sp = att_sh;                          // [chunk] scores, then P (bf16 values)
   int* ids = (int*)(att_sh + chunk);           // [chunk] row ids of the chunk
   float* m_sh = att_sh + 2 * chunk;            // [1] max of the chunk merged with the running max
-  const int t = blockIdx.y;
-  const int h = blockIdx.x;
+  const int t = blockIdx.x;
+  const int h = blockIdx.y;
   const int tid = threadIdx.x;
   const int lane = tid & 15;
   const int groups = blockDim.x >> 4;
-  const float* q = qa + ((long long)t * H + h) * R;
+  const __nv_bfloat16* q = qa + ((long long)t * H + h) * R;
   const int count = counts[t];
 
   float m = -INFINITY, l = 0.0f;
@@ -43,8 +44,8 @@ extern "C" __global__ void attention(const float* __restrict__ qa,     // [T, H,
       const int j = j0 + (tid >> 4);
       float acc = 0.0f;
       if (j < n) {
-        const float* kr = store + (long long)ids[j] * R;
-        for (int r = lane; r < R; r += 16) acc += q[r] * kr[r];
+        const __nv_bfloat16* kr = store + (long long)ids[j] * R;
+        for (int r = lane; r < R; r += 16) acc += ld_bf16(q, r) * ld_bf16(kr, r);
       }
       acc = lane16_fold(acc);
       if (j < n && lane == 0) sp[j] = acc * scale;
@@ -77,7 +78,7 @@ extern "C" __global__ void attention(const float* __restrict__ qa,     // [T, H,
         for (int j0 = 0; j0 < n; j0 += 16) {
 #pragma unroll
           for (int u = 0; u < 16; ++u)
-            if (j0 + u < n) a[u] += sp[j0 + u] * store[(long long)ids[j0 + u] * R + r];
+            if (j0 + u < n) a[u] += sp[j0 + u] * ld_bf16(store, (long long)ids[j0 + u] * R + r);
         }
 #pragma unroll
         for (int w = 8; w > 0; w >>= 1)
@@ -92,6 +93,6 @@ extern "C" __global__ void attention(const float* __restrict__ qa,     // [T, H,
 #pragma unroll
   for (int c = 0; c < ATT_MAX_RT; ++c) {
     const int r = tid + c * blockDim.x;
-    if (r < R) out[((long long)t * H + h) * R + r] = bf16_round(o[c] / l);
+    if (r < R) out[((long long)t * H + h) * R + r] = to_bf16(o[c] / l);
   }
 }

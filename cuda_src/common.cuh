@@ -53,12 +53,16 @@ static __device__ __forceinline__ float lane16_fold_array(const float* p) {
   return t[0];
 }
 
-// Sum of squares of xr[0..n) in lane-16 order by one aligned group of 16 threads (lane = thread & 15), folded.
+// Sum of squares of the bf16 values xr[0..n) in lane-16 order by one aligned group of 16 threads (lane = thread & 15), folded.
 // Inactive groups pass active=false and still take part in the fold (full-mask).
-static __device__ __forceinline__ float lane16_sum_squares(const float* xr, int n, int lane, bool active) {
+static __device__ __forceinline__ float lane16_sum_squares(const __nv_bfloat16* xr, int n, int lane,
+                                                           bool active) {
   float acc = 0.0f;
   if (active)
-    for (int k = lane; k < n; k += 16) acc += xr[k] * xr[k];
+    for (int k = lane; k < n; k += 16) {
+      const float v = ld_bf16(xr, k);
+      acc += v * v;
+    }
   return lane16_fold(acc);
 }
 

@@ -7,9 +7,13 @@
 // on K: how many rows share the call (M), how many rows a block takes (rows_per_block) and which block a
 // row lands in change no bit of a row's result.
 //
+// Storage: x and w are bf16; y is fp32 (gemm_lane16) or bf16 rounded in the epilogue (gemm_lane16_bf16, the
+// same fp32 sum rounded once to nearest even, as the reference's bf16(gemm(x, w))).
+//
 // Launch: block (16, GEMM_OUTS): threadIdx.x = lane, threadIdx.y = output column within the block;
-// grid (ceil(N / GEMM_OUTS), ceil(M / rows_per_block), H).  Thread (lane, o) sums lane `lane` of output
-// column n = blockIdx.x * GEMM_OUTS + o for up to GEMM_ROWS rows m0.. (each w element loaded once and used
+// grid (ceil(M / rows_per_block), ceil(N / GEMM_OUTS), H): the rows on grid.x (up to 2^31 - 1 blocks), so
+// the token count never meets grid.y's 65,535 limit.  Thread (lane, o) sums lane `lane` of output
+// column n = blockIdx.y * GEMM_OUTS + o for up to GEMM_ROWS rows m0.. (each w element loaded once and used
 // for every row of the block); lane partials go to shared memory and one thread per (row, column) folds
 // them in the butterfly order.  One __syncthreads, no warp operations.
 #include "common.cuh"
@@ -34,35 +38,39 @@ static __device__ __forceinline__ float gemm_fold16(const float* p) {
 #endif
 }
 
-extern "C" __global__ void __launch_bounds__(256) gemm_lane16(
-    const float* __restrict__ x,   // [H, M, K] f32 (bf16 values)
-    const float* __restrict__ w,   // [H, N, K] f32 (bf16 values)
-    float* __restrict__ y,         // [H, M, N] f32
-    int M, int N, int K,
-    int rows_per_block) {          // 1..GEMM_ROWS rows per block (any value: the bits do not depend on it)
-  __shared__ float part[GEMM_OUTS][GEMM_ROWS][GEMM_LANES + 1];
+// The epilogue: fp32 as summed, or rounded once to bf16.
+static __device__ __forceinline__ void gemm_store(float* y, long long i, float v) { y[i] = v; }
+static __device__ __forceinline__ void gemm_store(__nv_bfloat16* y, long long i, float v) { y[i] = to_bf16(v); }
+
+template <typename Out>
+static __device__ __forceinline__ void gemm_body(
+    const __nv_bfloat16* __restrict__ x,   // [H, M, K] bf16
+    const __nv_bfloat16* __restrict__ w,   // [H, N, K] bf16
+    Out* __restrict__ y,                   // [H, M, N] fp32 or bf16
+    int M, int N, int K, int rows_per_block,
+    float (*part)[GEMM_ROWS][GEMM_LANES + 1]) {
   const int lane = threadIdx.x;
   const int o = threadIdx.y;
-  const int n = blockIdx.x * GEMM_OUTS + o;
-  const int m0 = blockIdx.y * rows_per_block;
+  const int n = blockIdx.y * GEMM_OUTS + o;
+  const int m0 = blockIdx.x * rows_per_block;
   const long long h = blockIdx.z;
-  const float* xh = x + h * (long long)M * K;
-  const float* wh = w + h * (long long)N * K;
-  float* yh = y + h * (long long)M * N;
+  const __nv_bfloat16* xh = x + h * (long long)M * K;
+  const __nv_bfloat16* wh = w + h * (long long)N * K;
+  Out* yh = y + h * (long long)M * N;
   const int nrows = min(rows_per_block, M - m0);
 
   float acc[GEMM_ROWS];
 #pragma unroll
   for (int r = 0; r < GEMM_ROWS; ++r) acc[r] = 0.0f;
   if (n < N) {
-    const float* wr = wh + (long long)n * K;
-    const float* xr = xh + (long long)m0 * K;
+    const __nv_bfloat16* wr = wh + (long long)n * K;
+    const __nv_bfloat16* xr = xh + (long long)m0 * K;
     for (int k = lane; k < K; k += GEMM_LANES) {
-      const float wv = wr[k];
+      const float wv = ld_bf16(wr, k);
 #pragma unroll
       for (int r = 0; r < GEMM_ROWS; ++r) {
         if (r < nrows) {
-          const float p = xr[(long long)r * K + k] * wv;
+          const float p = ld_bf16(xr, (long long)r * K + k) * wv;
           acc[r] = acc[r] + p;
         }
       }
@@ -71,31 +79,49 @@ extern "C" __global__ void __launch_bounds__(256) gemm_lane16(
 #pragma unroll
   for (int r = 0; r < GEMM_ROWS; ++r) part[o][r][lane] = acc[r];
   __syncthreads();
-  if (n < N && lane < nrows) {
-    yh[(long long)(m0 + lane) * N + n] = gemm_fold16(part[o][lane]);
-  }
+  if (n < N && lane < nrows) gemm_store(yh, (long long)(m0 + lane) * N + n, gemm_fold16(part[o][lane]));
+}
+
+extern "C" __global__ void __launch_bounds__(256) gemm_lane16(
+    const __nv_bfloat16* __restrict__ x,   // [H, M, K] bf16
+    const __nv_bfloat16* __restrict__ w,   // [H, N, K] bf16
+    float* __restrict__ y,                 // [H, M, N] f32
+    int M, int N, int K,
+    int rows_per_block) {          // 1..GEMM_ROWS rows per block (any value: the bits do not depend on it)
+  __shared__ float part[GEMM_OUTS][GEMM_ROWS][GEMM_LANES + 1];
+  gemm_body(x, w, y, M, N, K, rows_per_block, part);
+}
+
+extern "C" __global__ void __launch_bounds__(256) gemm_lane16_bf16(
+    const __nv_bfloat16* __restrict__ x,   // [H, M, K] bf16
+    const __nv_bfloat16* __restrict__ w,   // [H, N, K] bf16
+    __nv_bfloat16* __restrict__ y,         // [H, M, N] bf16 (the fp32 sum rounded once)
+    int M, int N, int K,
+    int rows_per_block) {
+  __shared__ float part[GEMM_OUTS][GEMM_ROWS][GEMM_LANES + 1];
+  gemm_body(x, w, y, M, N, K, rows_per_block, part);
 }
 
 // Grouped expert GEMM (the MoE): y[m, n] = sum_k x[m, k] * w[group[m], n, k] in lane-16 order -- row m's bits
 // are exactly gemm_lane16's for x[m] against expert group[m]'s [N, K] slice, whatever other rows (of the same
 // or other experts) share the call or the block.
 //
-// Launch as gemm_lane16 with H = 1: block (16, GEMM_OUTS), grid (ceil(N / GEMM_OUTS), ceil(M / rows_per_block)).
+// Launch as gemm_lane16 with H = 1: block (16, GEMM_OUTS), grid (ceil(M / rows_per_block), ceil(N / GEMM_OUTS)).
 // Each row of a block reads its own expert's slice; a w element is loaded once per run of consecutive rows of
 // one expert (rows sorted by expert share every load, as in gemm_lane16). A row whose id is outside [0, E)
 // (the launcher refuses those) reads nothing and gets NaN.
-extern "C" __global__ void __launch_bounds__(256) gemm_grouped_lane16(
-    const float* __restrict__ x,     // [M, K] f32 (bf16 values)
-    const float* __restrict__ w,     // [E, N, K] f32 (bf16 values): expert e's slice at w + e * N * K
-    const int* __restrict__ group,   // [M] int32: expert id of each row
-    float* __restrict__ y,           // [M, N] f32
-    int M, int N, int K, int E,
-    int rows_per_block) {            // 1..GEMM_ROWS rows per block (any value: the bits do not depend on it)
-  __shared__ float part[GEMM_OUTS][GEMM_ROWS][GEMM_LANES + 1];
+template <typename Out>
+static __device__ __forceinline__ void gemm_grouped_body(
+    const __nv_bfloat16* __restrict__ x,   // [M, K] bf16
+    const __nv_bfloat16* __restrict__ w,   // [E, N, K] bf16: expert e's slice at w + e * N * K
+    const int* __restrict__ group,         // [M] int32: expert id of each row
+    Out* __restrict__ y,                   // [M, N] fp32 or bf16
+    int M, int N, int K, int E, int rows_per_block,
+    float (*part)[GEMM_ROWS][GEMM_LANES + 1]) {
   const int lane = threadIdx.x;
   const int o = threadIdx.y;
-  const int n = blockIdx.x * GEMM_OUTS + o;
-  const int m0 = blockIdx.y * rows_per_block;
+  const int n = blockIdx.y * GEMM_OUTS + o;
+  const int m0 = blockIdx.x * rows_per_block;
   const int nrows = min(rows_per_block, M - m0);
 
   int g[GEMM_ROWS];
@@ -108,7 +134,7 @@ extern "C" __global__ void __launch_bounds__(256) gemm_grouped_lane16(
 #pragma unroll
   for (int r = 0; r < GEMM_ROWS; ++r) acc[r] = 0.0f;
   if (n < N) {
-    const float* xr = x + (long long)m0 * K;
+    const __nv_bfloat16* xr = x + (long long)m0 * K;
     for (int k = lane; k < K; k += GEMM_LANES) {
       int ge = -1;
       float wv = 0.0f;
@@ -117,9 +143,9 @@ extern "C" __global__ void __launch_bounds__(256) gemm_grouped_lane16(
         if (g[r] >= 0) {
           if (g[r] != ge) {
             ge = g[r];
-            wv = w[((long long)ge * N + n) * K + k];
+            wv = ld_bf16(w, ((long long)ge * N + n) * K + k);
           }
-          const float p = xr[(long long)r * K + k] * wv;
+          const float p = ld_bf16(xr, (long long)r * K + k) * wv;
           acc[r] = acc[r] + p;
         }
       }
@@ -130,6 +156,28 @@ extern "C" __global__ void __launch_bounds__(256) gemm_grouped_lane16(
   __syncthreads();
   if (n < N && lane < nrows) {
     const int e = group[m0 + lane];
-    y[(long long)(m0 + lane) * N + n] = (e >= 0 && e < E) ? gemm_fold16(part[o][lane]) : NAN;
+    gemm_store(y, (long long)(m0 + lane) * N + n, (e >= 0 && e < E) ? gemm_fold16(part[o][lane]) : NAN);
   }
+}
+
+extern "C" __global__ void __launch_bounds__(256) gemm_grouped_lane16(
+    const __nv_bfloat16* __restrict__ x,     // [M, K] bf16
+    const __nv_bfloat16* __restrict__ w,     // [E, N, K] bf16
+    const int* __restrict__ group,           // [M] int32: expert id of each row
+    float* __restrict__ y,                   // [M, N] f32
+    int M, int N, int K, int E,
+    int rows_per_block) {            // 1..GEMM_ROWS rows per block (any value: the bits do not depend on it)
+  __shared__ float part[GEMM_OUTS][GEMM_ROWS][GEMM_LANES + 1];
+  gemm_grouped_body(x, w, group, y, M, N, K, E, rows_per_block, part);
+}
+
+extern "C" __global__ void __launch_bounds__(256) gemm_grouped_lane16_bf16(
+    const __nv_bfloat16* __restrict__ x,     // [M, K] bf16
+    const __nv_bfloat16* __restrict__ w,     // [E, N, K] bf16
+    const int* __restrict__ group,           // [M] int32: expert id of each row
+    __nv_bfloat16* __restrict__ y,           // [M, N] bf16 (the fp32 sum rounded once)
+    int M, int N, int K, int E,
+    int rows_per_block) {
+  __shared__ float part[GEMM_OUTS][GEMM_ROWS][GEMM_LANES + 1];
+  gemm_grouped_body(x, w, group, y, M, N, K, E, rows_per_block, part);
 }

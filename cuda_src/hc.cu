@@ -1,23 +1,32 @@
 // hc.cu -- hyper-connections: hc_pre (mix GEMM + RMS scale, pre/post gates, Sinkhorn comb, collapse),
 // hc_post (stream update) and stream_mean (final collapse).  Reference: NumpyOps.hc_pre / hc_post /
 // stream_mean in cupyglm/backend/numpy_ops.py; every sum over 4D runs in lane-16 order (backend/lanes.py),
-// short sums over the streams left to right.  Storage: float arrays holding bf16 values.
+// short sums over the streams left to right.  Storage: the streams X, the weight fn and every stream-shaped
+// output are bf16; base and scale (stored F32), post and comb are fp32.
 #include "common.cuh"
 #include "exp_f32.cuh"
 
 #define HC_MAX_S 8  // streams supported by hc_pre's per-thread Sinkhorn (the model has 4)
 
-// float -> bf16 (RN) -> float: the reference's bf16().
+// The fp32 sublayer output read as bf16 (hc_post's branch, residual_add's partial), or, in the planted control
+// variant of the contract (-DCONTROL_UNROUNDED), read unrounded.
+static __device__ __forceinline__ float ld_rounded(const float* p, long long i) {
+#ifdef CONTROL_UNROUNDED
+  return p[i];
+#else
+  return bf16_round(p[i]);
+#endif
+}
 
 // One block per token row; blockDim.x a multiple of 32 (launcher: 128).  Groups of 16 threads each
 // compute one of the NM = S*(S+2) mix dots (or, as output NM, the sum of squares) in lane-16 order, thread 0
 // turns them into pre/post/comb (Sinkhorn), then all threads collapse the streams.
 // Dynamic shared memory: (NM + 1 + S) floats.
-extern "C" __global__ void hc_pre(const float* __restrict__ X,      // [T, S, D] f32 (bf16 values)
-                                  const float* __restrict__ fn,     // [NM, S*D] f32 (bf16 values)
-                                  const float* __restrict__ base,   // [NM] f32
-                                  const float* __restrict__ scale,  // [3] f32
-                                  float* __restrict__ x_out,        // [T, D] f32 (bf16 values)
+extern "C" __global__ void hc_pre(const __nv_bfloat16* __restrict__ X,      // [T, S, D] bf16
+                                  const __nv_bfloat16* __restrict__ fn,     // [NM, S*D] bf16
+                                  const float* __restrict__ base,           // [NM] fp32 (stored F32)
+                                  const float* __restrict__ scale,          // [3] fp32 (stored F32)
+                                  __nv_bfloat16* __restrict__ x_out,        // [T, D] bf16
                                   float* __restrict__ post,         // [T, S] f32
                                   float* __restrict__ comb,         // [T, S, S] f32
                                   int T, int S, int D, float norm_eps, float hc_eps, int iters) {
@@ -28,7 +37,7 @@ extern "C" __global__ void hc_pre(const float* __restrict__ X,      // [T, S, D]
   const int groups = blockDim.x >> 4;
   const int NM = S * (S + 2);
   const int K = S * D;
-  const float* xr = X + (long long)t * K;
+  const __nv_bfloat16* xr = X + (long long)t * K;
   float* pre_sh = hc_sh + NM + 1;
 
   // Mix dots and the sum of squares: output o in group o % groups; rounds are block-uniform so the
@@ -37,10 +46,10 @@ extern "C" __global__ void hc_pre(const float* __restrict__ X,      // [T, S, D]
     const int o = o0 + (tid >> 4);
     float acc = 0.0f;
     if (o < NM) {
-      const float* wr = fn + (long long)o * K;
-      for (int k = lane; k < K; k += 16) acc += xr[k] * wr[k];
+      const __nv_bfloat16* wr = fn + (long long)o * K;
+      for (int k = lane; k < K; k += 16) acc += ld_bf16(xr, k) * ld_bf16(wr, k);
     } else if (o == NM) {
-      for (int k = lane; k < K; k += 16) acc += xr[k] * xr[k];
+      for (int k = lane; k < K; k += 16) acc += ld_bf16(xr, k) * ld_bf16(xr, k);
     }
     acc = lane16_fold(acc);
     if (lane == 0 && o <= NM) hc_sh[o] = acc;
@@ -49,10 +58,11 @@ extern "C" __global__ void hc_pre(const float* __restrict__ X,      // [T, S, D]
 
   if (tid == 0) {
     const float r = 1.0f / sqrtf(hc_sh[NM] / (float)K + norm_eps);
+    const float sc0 = scale[0], sc1 = scale[1], sc2 = scale[2];
     float c[HC_MAX_S][HC_MAX_S];
     for (int i = 0; i < S; ++i) {
-      pre_sh[i] = sigmoid_f32(hc_sh[i] * r * scale[0] + base[i]) + hc_eps;
-      post[(long long)t * S + i] = 2.0f * sigmoid_f32(hc_sh[S + i] * r * scale[1] + base[S + i]);
+      pre_sh[i] = sigmoid_f32(hc_sh[i] * r * sc0 + base[i]) + hc_eps;
+      post[(long long)t * S + i] = 2.0f * sigmoid_f32(hc_sh[S + i] * r * sc1 + base[S + i]);
     }
     // Row softmax + eps.
     for (int i = 0; i < S; ++i) {
@@ -60,7 +70,7 @@ extern "C" __global__ void hc_pre(const float* __restrict__ X,      // [T, S, D]
       float m = 0.0f;
       for (int j = 0; j < S; ++j) {
         const int o = 2 * S + i * S + j;
-        lg[j] = hc_sh[o] * r * scale[2] + base[o];
+        lg[j] = hc_sh[o] * r * sc2 + base[o];
         m = (j == 0 || lg[j] > m) ? lg[j] : m;
       }
       float rows = 0.0f;
@@ -102,41 +112,53 @@ extern "C" __global__ void hc_pre(const float* __restrict__ X,      // [T, S, D]
 
   // x = bf16(((pre0 X0 + pre1 X1) + pre2 X2) + pre3 X3).
   for (int d = tid; d < D; d += blockDim.x) {
-    float acc = pre_sh[0] * xr[d];
-    for (int s = 1; s < S; ++s) acc = acc + pre_sh[s] * xr[(long long)s * D + d];
-    x_out[(long long)t * D + d] = bf16_round(acc);
+    float acc = pre_sh[0] * ld_bf16(xr, d);
+    for (int s = 1; s < S; ++s) acc = acc + pre_sh[s] * ld_bf16(xr, (long long)s * D + d);
+    x_out[(long long)t * D + d] = to_bf16(acc);
   }
 }
 
-// X'[t, s, d] = bf16(post[t, s] * branch[t, d] + sum_j comb[t, j, s] * X[t, j, d]), j left to right.
-// grid (ceil(D / blockDim.x), T).
-extern "C" __global__ void hc_post(const float* __restrict__ X,       // [T, S, D] f32 (bf16 values)
-                                   const float* __restrict__ branch,  // [T, D] f32 (bf16 values)
-                                   const float* __restrict__ post,    // [T, S] f32
-                                   const float* __restrict__ comb,    // [T, S, S] f32
-                                   float* __restrict__ out,           // [T, S, D] f32 (bf16 values)
+// X'[t, s, d] = bf16(post[t, s] * b + sum_j comb[t, j, s] * X[t, j, d]), j left to right, where
+// b = bf16(branch[t, d]): the sublayer's fp32 output (summed across ranks) is rounded to bf16 as it is read,
+// the same bits as rounding it in a pass of its own.  grid (T, ceil(D / blockDim.x)): tokens on grid.x.
+extern "C" __global__ void hc_post(const __nv_bfloat16* __restrict__ X,   // [T, S, D] bf16
+                                   const float* __restrict__ branch,      // [T, D] f32 (rounded to bf16 on load)
+                                   const float* __restrict__ post,        // [T, S] f32
+                                   const float* __restrict__ comb,        // [T, S, S] f32
+                                   __nv_bfloat16* __restrict__ out,       // [T, S, D] bf16
                                    int T, int S, int D) {
-  const int t = blockIdx.y;
-  const int d = blockIdx.x * blockDim.x + threadIdx.x;
+  const int t = blockIdx.x;
+  const int d = blockIdx.y * blockDim.x + threadIdx.x;
   if (d >= D) return;
-  const float b = branch[(long long)t * D + d];
-  const float* xr = X + (long long)t * S * D + d;
+  const float b = ld_rounded(branch, (long long)t * D + d);
+  const __nv_bfloat16* xr = X + (long long)t * S * D + d;
   for (int s = 0; s < S; ++s) {
     float acc = post[(long long)t * S + s] * b;
-    for (int j = 0; j < S; ++j) acc = acc + comb[((long long)t * S + j) * S + s] * xr[(long long)j * D];
-    out[((long long)t * S + s) * D + d] = bf16_round(acc);
+    for (int j = 0; j < S; ++j) acc = acc + comb[((long long)t * S + j) * S + s] * ld_bf16(xr, (long long)j * D);
+    out[((long long)t * S + s) * D + d] = to_bf16(acc);
   }
 }
 
-// out[t, d] = bf16(((X0 + X1) + X2 + X3) * inv_s), streams left to right.  grid (ceil(D / blockDim.x), T).
-extern "C" __global__ void stream_mean(const float* __restrict__ X,  // [T, S, D] f32 (bf16 values)
-                                       float* __restrict__ out,      // [T, D] f32 (bf16 values)
+// out[t, d] = bf16(((X0 + X1) + X2 + X3) * inv_s), streams left to right.  grid (T, ceil(D / blockDim.x)).
+extern "C" __global__ void stream_mean(const __nv_bfloat16* __restrict__ X,  // [T, S, D] bf16
+                                       __nv_bfloat16* __restrict__ out,      // [T, D] bf16
                                        int T, int S, int D, float inv_s) {
-  const int t = blockIdx.y;
-  const int d = blockIdx.x * blockDim.x + threadIdx.x;
+  const int t = blockIdx.x;
+  const int d = blockIdx.y * blockDim.x + threadIdx.x;
   if (d >= D) return;
-  const float* xr = X + (long long)t * S * D + d;
-  float acc = xr[0];
-  for (int s = 1; s < S; ++s) acc = acc + xr[(long long)s * D];
-  out[(long long)t * D + d] = bf16_round(acc * inv_s);
+  const __nv_bfloat16* xr = X + (long long)t * S * D + d;
+  float acc = ld_bf16(xr, 0);
+  for (int s = 1; s < S; ++s) acc = acc + ld_bf16(xr, (long long)s * D);
+  out[(long long)t * D + d] = to_bf16(acc * inv_s);
+}
+
+// A plain residual (the MTP layer): out = bf16(x + bf16(partial)), elementwise; partial is the sublayer's
+// fp32 output summed across ranks, rounded to bf16 as it is read.  grid ceil(n / blockDim.x).
+extern "C" __global__ void residual_add(const __nv_bfloat16* __restrict__ x,  // [n] bf16
+                                        const float* __restrict__ partial,    // [n] f32
+                                        __nv_bfloat16* __restrict__ out,      // [n] bf16
+                                        long long n) {
+  const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= n) return;
+  out[i] = to_bf16(ld_bf16(x, i) + ld_rounded(partial, i));
 }

@@ -1,7 +1,8 @@
 // moe.cu -- MoE routing (sigmoid scores + correction bias, top-k with ties to the lower id, weights
 // renormalised in pick order), SwiGLU with a limit, the weighted combine in slot order, and the plain
 // elementwise sigmoid.  Reference: NumpyOps.moe_route / swiglu / moe_combine / sigmoid in
-// cupyglm/backend/numpy_ops.py.  Storage: float arrays holding bf16 values where the model stores bf16.
+// cupyglm/backend/numpy_ops.py.  Storage: SwiGLU's inputs and output are bf16; the correction bias (stored F32), router
+// logits, scores, weights and the combine are fp32 (the reference keeps them fp32).
 #include "common.cuh"
 #include "exp_f32.cuh"
 
@@ -20,7 +21,7 @@ static __device__ __forceinline__ bool moe_better(float a, int ia, float b, int 
 
 // One warp per token row (blockDim.x = 32 * rows per block).  Dynamic shared memory: 2 * E floats per warp.
 extern "C" __global__ void moe_route(const float* __restrict__ logits,  // [T, E] f32
-                                     const float* __restrict__ bias,    // [E] f32
+                                     const float* __restrict__ bias,          // [E] fp32 (stored F32)
                                      int* __restrict__ ids,             // [T, k] i32 experts in pick order
                                      float* __restrict__ weights,       // [T, k] f32
                                      int T, int E, int k, float scale) {
@@ -65,29 +66,30 @@ extern "C" __global__ void moe_route(const float* __restrict__ logits,  // [T, E
 }
 
 // out = bf16(bf16(silu(min(gate, L))) * clip(up, -L, L)); no clamp when has_limit == 0.  Elementwise.
-extern "C" __global__ void swiglu(const float* __restrict__ gate,  // [n] f32 (bf16 values)
-                                  const float* __restrict__ up,    // [n] f32 (bf16 values)
-                                  float* __restrict__ out,         // [n] f32 (bf16 values)
+extern "C" __global__ void swiglu(const __nv_bfloat16* __restrict__ gate,  // [n] bf16
+                                  const __nv_bfloat16* __restrict__ up,    // [n] bf16
+                                  __nv_bfloat16* __restrict__ out,         // [n] bf16
                                   long long n, int has_limit, float limit) {
   const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
   if (i >= n) return;
-  float g = gate[i], u = up[i];
+  float g = ld_bf16(gate, i), u = ld_bf16(up, i);
   if (has_limit) {  // comparisons written so that NaN passes through, as np.minimum / np.clip do
     g = (g > limit) ? limit : g;
     u = (u < -limit) ? -limit : u;
     u = (u > limit) ? limit : u;
   }
-  out[i] = bf16_round(bf16_round(g * sigmoid_f32(g)) * u);
+  out[i] = to_bf16(bf16_round(g * sigmoid_f32(g)) * u);
 }
 
 // out[t, d] = (sum_j w[t, j] * y[t, j, d], j in slot order from 0.0) + shared[t, d], fp32.
-extern "C" __global__ void moe_combine(const float* __restrict__ y,        // [T, k, D] f32 (bf16 values)
+// grid (T, ceil(D / blockDim.x)): tokens on grid.x.
+extern "C" __global__ void moe_combine(const float* __restrict__ y,        // [T, k, D] f32
                                        const float* __restrict__ w,        // [T, k] f32
                                        const float* __restrict__ shared,   // [T, D] f32
                                        float* __restrict__ out,            // [T, D] f32
                                        int T, int k, int D) {
-  const int t = blockIdx.y;
-  const int d = blockIdx.x * blockDim.x + threadIdx.x;
+  const int t = blockIdx.x;
+  const int d = blockIdx.y * blockDim.x + threadIdx.x;
   if (d >= D) return;
   float acc = 0.0f;
   for (int j = 0; j < k; ++j) acc = acc + w[(long long)t * k + j] * y[((long long)t * k + j) * D + d];
@@ -101,4 +103,13 @@ extern "C" __global__ void sigmoid(const float* __restrict__ x,  // [n] f32
   const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
   if (i >= n) return;
   out[i] = sigmoid_f32(x[i]);
+}
+
+// out = bf16(1 / (1 + exp(-x))), elementwise: the sigmoid rounded in its epilogue (beta = bf16(sigmoid(b))).
+extern "C" __global__ void sigmoid_bf16(const float* __restrict__ x,       // [n] f32
+                                        __nv_bfloat16* __restrict__ out,   // [n] bf16
+                                        long long n) {
+  const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= n) return;
+  out[i] = to_bf16(sigmoid_f32(x[i]));
 }

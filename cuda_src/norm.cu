@@ -4,25 +4,27 @@
 // `tid` (terms tid, tid+16, ... in increasing order from +0.0) into shared memory; thread 0 folds the 16
 // lanes (i += i+8, +4, +2, +1) and computes the row's scalar; then every thread writes its columns.
 // 1 / sqrtf (not rsqrtf) as the reference does 1 / sqrt; bf16 rounding exactly where the reference
-// rounds.  No FMA contraction (--fmad=false / -ffp-contract=off), so the bits equal NumPy's.
+// rounds.  No FMA contraction (--fmad=false / -ffp-contract=off), so the bits equal NumPy's.  Storage: x, w, b
+// and out are bf16; the sums and the row scalar are fp32.
 #include "common.cuh"
 
 #define NORM_LANES 16
 
 // out = bf16(w * bf16(x * (1 / sqrt(sum(x*x) / D + eps)))), per row.
-extern "C" __global__ void rmsnorm_rows(const float* __restrict__ x,   // [rows, D] f32 (bf16 values)
-                                        const float* __restrict__ w,   // [D] f32 (bf16 values)
-                                        float* __restrict__ out,       // [rows, D] f32 (bf16 values)
+extern "C" __global__ void rmsnorm_rows(const __nv_bfloat16* __restrict__ x,   // [rows, D] bf16
+                                        const __nv_bfloat16* __restrict__ w,   // [D] bf16
+                                        __nv_bfloat16* __restrict__ out,       // [rows, D] bf16
                                         int D, float eps) {
   __shared__ float lanes[NORM_LANES];
   __shared__ float scale;
   const int tid = threadIdx.x;
-  const float* xr = x + (long long)blockIdx.x * D;
-  float* orow = out + (long long)blockIdx.x * D;
+  const __nv_bfloat16* xr = x + (long long)blockIdx.x * D;
+  __nv_bfloat16* orow = out + (long long)blockIdx.x * D;
   if (tid < NORM_LANES) {
     float acc = 0.0f;
     for (int i = tid; i < D; i += NORM_LANES) {
-      const float p = xr[i] * xr[i];
+      const float xv = ld_bf16(xr, i);
+      const float p = xv * xv;
       acc = acc + p;
     }
     lanes[tid] = acc;
@@ -34,24 +36,24 @@ extern "C" __global__ void rmsnorm_rows(const float* __restrict__ x,   // [rows,
   }
   __syncthreads();
   const float r = scale;
-  for (int i = tid; i < D; i += blockDim.x) orow[i] = bf16_round(w[i] * bf16_round(xr[i] * r));
+  for (int i = tid; i < D; i += blockDim.x) orow[i] = to_bf16(ld_bf16(w, i) * bf16_round(ld_bf16(xr, i) * r));
 }
 
 // out = bf16(((x - mean) * (1 / sqrt(var + eps))) * w + b), population variance, per row.
-extern "C" __global__ void layernorm_rows(const float* __restrict__ x,   // [rows, D] f32 (bf16 values)
-                                          const float* __restrict__ w,   // [D] f32 (bf16 values)
-                                          const float* __restrict__ b,   // [D] f32 (bf16 values)
-                                          float* __restrict__ out,       // [rows, D] f32 (bf16 values)
+extern "C" __global__ void layernorm_rows(const __nv_bfloat16* __restrict__ x,   // [rows, D] bf16
+                                          const __nv_bfloat16* __restrict__ w,   // [D] bf16
+                                          const __nv_bfloat16* __restrict__ b,   // [D] bf16
+                                          __nv_bfloat16* __restrict__ out,       // [rows, D] bf16
                                           int D, float eps) {
   __shared__ float lanes[NORM_LANES];
   __shared__ float mean_s, scale_s;
   const int tid = threadIdx.x;
-  const float* xr = x + (long long)blockIdx.x * D;
-  float* orow = out + (long long)blockIdx.x * D;
+  const __nv_bfloat16* xr = x + (long long)blockIdx.x * D;
+  __nv_bfloat16* orow = out + (long long)blockIdx.x * D;
   const float n = (float)D;
   if (tid < NORM_LANES) {
     float acc = 0.0f;
-    for (int i = tid; i < D; i += NORM_LANES) acc = acc + xr[i];
+    for (int i = tid; i < D; i += NORM_LANES) acc = acc + ld_bf16(xr, i);
     lanes[tid] = acc;
   }
   __syncthreads();
@@ -61,7 +63,7 @@ extern "C" __global__ void layernorm_rows(const float* __restrict__ x,   // [row
   if (tid < NORM_LANES) {
     float acc = 0.0f;
     for (int i = tid; i < D; i += NORM_LANES) {
-      const float d = xr[i] - mean;
+      const float d = ld_bf16(xr, i) - mean;
       const float p = d * d;
       acc = acc + p;
     }
@@ -75,8 +77,8 @@ extern "C" __global__ void layernorm_rows(const float* __restrict__ x,   // [row
   __syncthreads();
   const float r = scale_s;
   for (int i = tid; i < D; i += blockDim.x) {
-    const float d = xr[i] - mean;
-    const float t = (d * r) * w[i];
-    orow[i] = bf16_round(t + b[i]);
+    const float d = ld_bf16(xr, i) - mean;
+    const float t = (d * r) * ld_bf16(w, i);
+    orow[i] = to_bf16(t + ld_bf16(b, i));
   }
 }

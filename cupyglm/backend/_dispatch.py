@@ -13,8 +13,9 @@ def numpy_op_names() -> list[str]:
 
 
 def bind_kernel_ops(obj, k: kops.Kernels, prepare) -> list[str]:
-    """Set obj.<name> to the launcher of every registered op; `prepare(x)` adapts one array argument that the
-    op does not write in place (contiguous, on the device). Returns the bound names."""
+    """Set obj.<name> to the launcher of every registered op; `prepare(x)` adapts one positional array argument
+    that the op does not write in place (contiguous, on the device); keyword options (out=) pass as they are.
+    Returns the bound names."""
     kops.load_all()
     known = set(numpy_op_names())
     bound = []
@@ -23,9 +24,9 @@ def bind_kernel_ops(obj, k: kops.Kernels, prepare) -> list[str]:
             raise ValueError(f"kernel op {name!r} is registered but NumpyOps has no method of that name")
         keep = set(kops.INPLACE.get(name, ()))
 
-        def method(*args, _launcher=launcher, _keep=keep, _name=name):
+        def method(*args, _launcher=launcher, _keep=keep, _name=name, **options):
             args = tuple(a if i in _keep else prepare(a) for i, a in enumerate(args))
-            return _launcher(k, *args)
+            return _launcher(k, *args, **options)
 
         functools.update_wrapper(method, getattr(NumpyOps, name))
         setattr(obj, name, method)

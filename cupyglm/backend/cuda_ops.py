@@ -9,13 +9,15 @@ from __future__ import annotations
 import numpy as np
 
 from cupyglm.backend._dispatch import bind_kernel_ops, numpy_op_names
-from cupyglm.backend.numpy_ops import NumpyOps
+from cupyglm.backend.lanes import BF16, BF16_BITS, from_bits, to_bits
+from cupyglm.backend.numpy_ops import NumpyOps, _exact_bf16
 from cupyglm.kernels import ops as kops
 from cupyglm.kernels.ops import Kernels
 
 
 class CudaOps(NumpyOps):
     name = "cuda"
+    bf16_dtype = BF16_BITS     # cupy has no bf16 dtype: uint16 arrays of bf16 bit patterns
 
     def __init__(self):
         import cupy
@@ -37,11 +39,20 @@ class CudaOps(NumpyOps):
                 setattr(self, name, _missing(name))
 
     def weight(self, array):
-        """A checkpoint tensor on the device as float32 holding bf16 values."""
-        return self.cupy.asarray(np.ascontiguousarray(array, dtype=np.float32))
+        """A checkpoint tensor on the device in bf16 storage: its bf16 bit patterns copied once, as uint16 (a
+        float array must hold bf16 values exactly, as on numpy)."""
+        a = _exact_bf16(array)
+        return self.cupy.asarray(a if a.dtype == np.float32 else to_bits(a))
+
+    def bf16_full(self, shape, value: float):
+        """A new device bf16 array (uint16 bit patterns) filled with bf16(value)."""
+        bits = int(to_bits(np.array([value], dtype=np.float32).astype(BF16))[0])
+        return self.cupy.full(shape, bits, dtype=self.cupy.uint16)
 
     def asnumpy(self, x) -> np.ndarray:
-        return self.cupy.asnumpy(x)
+        """A device array on the host; bf16 storage (uint16 bit patterns) comes back as ml_dtypes.bfloat16."""
+        h = self.cupy.asnumpy(x)
+        return from_bits(h) if h.dtype == BF16_BITS else h
 
 
 def _missing(name: str):

@@ -12,23 +12,46 @@ import ml_dtypes
 import numpy as np
 
 LANES = 16
-BF16 = ml_dtypes.bfloat16
+BF16 = np.dtype(ml_dtypes.bfloat16)
+# How each backend stores a bf16 value: numpy arrays of ml_dtypes.bfloat16; cupy (no bf16 dtype) uint16 arrays
+# holding the bit patterns, read and written as __nv_bfloat16 by the kernels.
+BF16_BITS = np.dtype(np.uint16)
 
 
-def bf16(x):
-    """Round float32 to bf16 (nearest even; NaN stays NaN) and back: float32 arrays holding bf16 values."""
-    if type(x).__module__.startswith("cupy"):
-        import cupy
-        return bf16_bits(x, cupy)
-    return np.asarray(x, dtype=np.float32).astype(BF16).astype(np.float32)
+def bf16(x) -> np.ndarray:
+    """Round float32 to bf16 (nearest even; NaN stays NaN): an ml_dtypes.bfloat16 array (the numpy storage)."""
+    return np.asarray(x, dtype=np.float32).astype(BF16)
 
 
-def bf16_bits(x, xp):
-    """The same rounding by integer bit arithmetic, for device arrays (cupy has no bf16 dtype)."""
-    x = xp.ascontiguousarray(x, dtype=xp.float32)
-    u = x.view(xp.uint32)
-    rounded = ((u + (((u >> 16) & 1) + 0x7FFF)) & 0xFFFF0000).astype(xp.uint32)
-    return xp.where(xp.isnan(x), xp.float32("nan"), rounded.view(xp.float32))
+def f32(x) -> np.ndarray:
+    """The float32 values of an array (bf16 widened exactly; float32 as is, no copy)."""
+    return np.asarray(x, dtype=np.float32)
+
+
+def to_bits(x) -> np.ndarray:
+    """A numpy bf16 array as the uint16 bit patterns the cuda backend stores (a view, no rounding)."""
+    x = np.ascontiguousarray(x)
+    if x.dtype != BF16:
+        raise ValueError(f"to_bits: expects a bfloat16 array, got {x.dtype}")
+    return x.view(np.uint16)
+
+
+def from_bits(x) -> np.ndarray:
+    """uint16 bf16 bit patterns (the cuda storage, on the host) as a numpy bf16 array (a view)."""
+    x = np.ascontiguousarray(x)
+    if x.dtype != BF16_BITS:
+        raise ValueError(f"from_bits: expects a uint16 array, got {x.dtype}")
+    return x.view(BF16)
+
+
+OUTS = ("f32", "bf16")      # the output choices of gemm, gemm_heads, gemm_grouped and sigmoid
+
+
+def out_kind(op: str, out: str) -> str:
+    """The output choice of an op that writes fp32 or rounds to bf16 in its epilogue; refused by name."""
+    if out not in OUTS:
+        raise ValueError(f"{op}: out must be one of {OUTS}, got {out!r}")
+    return out
 
 
 def _fold(acc: np.ndarray) -> np.ndarray:
@@ -49,7 +72,7 @@ def _pad_lanes(x: np.ndarray) -> np.ndarray:
 
 
 def lane_sum(x: np.ndarray) -> np.ndarray:
-    """Sum over the last axis in lane-16 order. x: [..., K] float32 -> [...] float32."""
+    """Sum over the last axis in lane-16 order. x: [..., K] float32 or bf16 -> [...] float32."""
     x = _pad_lanes(np.asarray(x, dtype=np.float32))
     blocks = x.reshape(x.shape[:-1] + (x.shape[-1] // LANES, LANES))
     acc = np.zeros(x.shape[:-1] + (LANES,), dtype=np.float32)
@@ -61,8 +84,9 @@ def lane_sum(x: np.ndarray) -> np.ndarray:
 def gemm(x: np.ndarray, w: np.ndarray) -> np.ndarray:
     """y[m, n] = sum_k x[m, k] * w[n, k] in lane-16 order, fp32.
 
-    x: [M, K] float32 (bf16 values), w: [N, K] float32 (bf16 values) -> [M, N] float32.
+    x: [M, K] bf16, w: [N, K] bf16 (float32 arrays holding bf16 values too) -> [M, N] float32.
     """
+    x, w = f32(x), f32(w)
     m, k = x.shape
     n, k2 = w.shape
     if k != k2:
@@ -79,6 +103,7 @@ def gemm(x: np.ndarray, w: np.ndarray) -> np.ndarray:
 
 def gemm_batched(x: np.ndarray, w: np.ndarray) -> np.ndarray:
     """Per-group GEMM: x [G, M, K], w [G, N, K] -> [G, M, N], lane-16 order (heads of attention)."""
+    x, w = f32(x), f32(w)
     g, m, k = x.shape
     g2, n, k2 = w.shape
     if (g, k) != (g2, k2):

@@ -1,7 +1,9 @@
 """The `numpy` backend: every op of the model as vectorised NumPy, row-invariant. It is the reference
 the CUDA kernels in cuda_src/ are checked against.
 
-Arrays are float32 holding bf16 values wherever the model stores bf16 (rounded by `bf16`). Every sum over a
+Storage: every value the model keeps in bf16 (weights, KV rows, pooled keys, the bf16 parts of the state,
+activations between ops) is an ml_dtypes.bfloat16 array (`bf16_dtype`); every op computes in float32 from the
+widened values and rounds its bf16 outputs once, where the kernel rounds (its epilogue). Every sum over a
 model dimension is in lane-16 order (backend/lanes.py); short fixed sums (4 streams, 4 taps) run left to
 right. Each output row is computed from that row's inputs alone.
 """
@@ -9,10 +11,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from cupyglm.backend.lanes import bf16, exp_f32, gemm, gemm_batched, lane_sum
+from cupyglm.backend.lanes import BF16, bf16, exp_f32, f32, gemm, gemm_batched, lane_sum, out_kind
 from cupyglm.engine.sampling import sample_rows
 
 NEG_INF = np.float32(-np.inf)
+def _round(y: np.ndarray, out: str) -> np.ndarray:
+    return bf16(y) if out == "bf16" else y
 
 
 def _sigmoid(x: np.ndarray) -> np.ndarray:
@@ -31,6 +35,21 @@ def _seq_sum(parts) -> np.ndarray:
     return acc
 
 
+def _exact_bf16(array) -> np.ndarray:
+    """A tensor in its stored dtype: bf16 as is, fp32 (A_log, dt_bias, hc base/scale, the router's correction
+    bias are stored F32) as is; other floats only when every value is a bf16 value (else ValueError)."""
+    a = np.asarray(array)
+    if a.dtype == BF16 or a.dtype == np.float32:
+        return a
+    if a.dtype.kind != "f":
+        raise ValueError(f"weight: expects a bf16 (or float holding bf16 values) tensor, got {a.dtype}")
+    b = a.astype(BF16)
+    if not np.array_equal(b.astype(a.dtype), a, equal_nan=True):
+        raise ValueError(f"weight: a {a.dtype} tensor whose values are not all bf16 values; weights are stored "
+                         "in bf16 and are never rounded on load")
+    return b
+
+
 def expand_pools(pools: np.ndarray, q: int, kpool: int) -> np.ndarray:
     """Ascending pools -> their tokens, then the tail tokens of the incomplete pool up to position q."""
     pools = np.asarray(pools, dtype=np.int32)
@@ -44,39 +63,53 @@ class NumpyOps:
 
     name = "numpy"
     xp = np
+    bf16_dtype = BF16          # the storage dtype of a bf16 value on this backend
 
     # ---- storage ---------------------------------------------------------------------------------
     def weight(self, array: np.ndarray) -> np.ndarray:
-        """A checkpoint tensor as the backend keeps it: float32 holding bf16 values."""
-        return np.ascontiguousarray(array, dtype=np.float32)
+        """A checkpoint tensor as the backend keeps it: in its stored dtype, bf16 or fp32. A C-contiguous array
+        is returned as is (a shard stays a view over the memory-mapped file); other floats must hold bf16 values
+        exactly (never rounded here: that would change the model)."""
+        return np.ascontiguousarray(_exact_bf16(array))
+
+    def bf16_full(self, shape, value: float) -> np.ndarray:
+        """A new bf16 array filled with `value` (rounded to bf16): KV pools, zeroed state."""
+        return np.full(shape, value, dtype=BF16)
 
     def asnumpy(self, x) -> np.ndarray:
         return np.asarray(x)
 
     def write_rows(self, store: np.ndarray, rows: np.ndarray, values: np.ndarray) -> None:
-        """store[rows[i]] = values[i]. store: [N, C], rows: [n] int32, values: [n, C]."""
+        """store[rows[i]] = values[i]. store: [N, C] bf16, rows: [n] int32, values: [n, C] bf16."""
         store[rows] = values
 
     def read_rows(self, store: np.ndarray, rows: np.ndarray) -> np.ndarray:
-        """store[rows] -> [n, C]: KV rows through page tables, and the token embedding gather."""
+        """store[rows] -> [n, C] bf16: KV rows through page tables, and the token embedding gather."""
         return store[rows]
 
-    def sigmoid(self, x: np.ndarray) -> np.ndarray:
-        return _sigmoid(x)
+    def sigmoid(self, x: np.ndarray, out: str = "f32") -> np.ndarray:
+        """1 / (1 + exp(-x)) of fp32 x, elementwise; out="bf16" rounds it (beta = bf16(sigmoid(b)))."""
+        return _round(_sigmoid(f32(x)), out_kind("sigmoid", out))
+
+    def residual_add(self, x: np.ndarray, partial: np.ndarray) -> np.ndarray:
+        """A plain residual (the MTP layer): bf16(x + bf16(partial)). x: [T, D] bf16, partial: [T, D] fp32
+        (the sublayer's output summed across ranks) -> [T, D] bf16."""
+        return bf16(f32(x) + f32(bf16(partial)))
 
     # ---- dense algebra ---------------------------------------------------------------------------
-    def gemm(self, x: np.ndarray, w: np.ndarray) -> np.ndarray:
-        """[M, K] bf16 x [N, K] bf16 -> [M, N] fp32, lane-16 order over K."""
-        return gemm(x, w)
+    def gemm(self, x: np.ndarray, w: np.ndarray, out: str = "f32") -> np.ndarray:
+        """[M, K] bf16 x [N, K] bf16 -> [M, N] fp32, lane-16 order over K; out="bf16" rounds it once."""
+        return _round(gemm(x, w), out_kind("gemm", out))
 
-    def gemm_heads(self, x: np.ndarray, w: np.ndarray) -> np.ndarray:
-        """Per-head GEMM: [H, M, K] x [H, N, K] -> [H, M, N] fp32."""
-        return gemm_batched(x, w)
+    def gemm_heads(self, x: np.ndarray, w: np.ndarray, out: str = "f32") -> np.ndarray:
+        """Per-head GEMM: [H, M, K] bf16 x [H, N, K] bf16 -> [H, M, N] fp32 (or bf16 with out="bf16")."""
+        return _round(gemm_batched(x, w), out_kind("gemm_heads", out))
 
-    def gemm_grouped(self, x: np.ndarray, w: np.ndarray, group: np.ndarray) -> np.ndarray:
+    def gemm_grouped(self, x: np.ndarray, w: np.ndarray, group: np.ndarray, out: str = "f32") -> np.ndarray:
         """Grouped expert GEMM: x [M, K] bf16, w [E, N, K] bf16, group [M] int32 expert of each row -> [M, N]
-        fp32. Row m is exactly gemm(x[m:m+1], w[group[m]]) (lane-16 order over K): one gemm per expert present
-        on its rows, scattered back."""
+        fp32 (or bf16 with out="bf16"). Row m is exactly gemm(x[m:m+1], w[group[m]]) (lane-16 order over K):
+        one gemm per expert present on its rows, scattered back."""
+        out_kind("gemm_grouped", out)
         m, k = x.shape
         e, n, k2 = w.shape
         if k != k2:
@@ -86,27 +119,29 @@ class NumpyOps:
             raise ValueError(f"gemm_grouped: group must have shape ({m},), got {group.shape}")
         y = np.empty((m, n), dtype=np.float32)
         if m == 0:
-            return y
+            return _round(y, out)
         if int(group.min()) < 0 or int(group.max()) >= e:
             raise ValueError(f"gemm_grouped: group holds expert ids outside [0, {e})")
         if m == 1 or bool((group[1:] >= group[:-1]).all()):      # sorted by expert: one slice per expert
             cuts = np.flatnonzero(group[1:] != group[:-1]) + 1
             for a, b in zip([0, *cuts.tolist()], [*cuts.tolist(), m]):
                 y[a:b] = gemm(x[a:b], w[group[a]])
-            return y
+            return _round(y, out)
         for ex in np.unique(group):
             rows = np.nonzero(group == ex)[0]
             y[rows] = gemm(x[rows], w[ex])
-        return y
+        return _round(y, out)
 
     def rmsnorm(self, x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
-        """Llama form per row: bf16(w * bf16(x * rsqrt(mean(x^2) + eps))). x: [..., D]."""
+        """Llama form per row: bf16(w * bf16(x * rsqrt(mean(x^2) + eps))). x: [..., D] bf16, w: [D] bf16."""
+        x, w = f32(x), f32(w)
         ms = lane_sum(x * x) / np.float32(x.shape[-1])
         r = _rsqrt(ms + np.float32(eps))
-        return bf16(w * bf16(x * r[..., None]))
+        return bf16(w * f32(bf16(x * r[..., None])))
 
     def layernorm(self, x: np.ndarray, w: np.ndarray, b: np.ndarray, eps: float) -> np.ndarray:
-        """bf16(((x - mean) * rsqrt(var + eps)) * w + b), population variance, per row."""
+        """bf16(((x - mean) * rsqrt(var + eps)) * w + b), population variance, per row. x: [..., D] bf16."""
+        x, w, b = f32(x), f32(w), f32(b)
         n = np.float32(x.shape[-1])
         mean = lane_sum(x) / n
         d = x - mean[..., None]
@@ -117,6 +152,7 @@ class NumpyOps:
     def hc_pre(self, X: np.ndarray, fn: np.ndarray, base: np.ndarray, scale: np.ndarray,
                norm_eps: float, hc_eps: float, iters: int):
         """X: [T, 4, D] bf16 streams -> (x [T, D] bf16 sublayer input, post [T, 4], comb [T, 4, 4]) fp32."""
+        X, fn, base, scale = f32(X), f32(fn), f32(base), f32(scale)
         t, s, d = X.shape
         flat = X.reshape(t, s * d)
         r = _rsqrt(lane_sum(flat * flat) / np.float32(s * d) + np.float32(norm_eps))
@@ -150,9 +186,12 @@ class NumpyOps:
         return c.astype(np.float32)
 
     def hc_post(self, X: np.ndarray, branch: np.ndarray, post: np.ndarray, comb: np.ndarray) -> np.ndarray:
-        """X'[s] = bf16(post_s * branch + sum_j comb[j, s] * X[j]), j left to right. -> [T, 4, D] bf16."""
+        """X'[s] = bf16(post_s * b + sum_j comb[j, s] * X[j]), j left to right, b = bf16(branch): X [T, 4, D]
+        bf16, branch [T, D] fp32 (the sublayer's output summed across ranks, rounded to bf16 as it is read),
+        post [T, 4], comb [T, 4, 4] fp32 -> [T, 4, D] bf16."""
+        X, branch = f32(X), f32(bf16(branch))
         s = X.shape[1]
-        out = np.empty_like(X)
+        out = np.empty(X.shape, dtype=BF16)
         for i in range(s):
             acc = post[:, i:i + 1] * branch
             for j in range(s):
@@ -161,40 +200,47 @@ class NumpyOps:
         return out
 
     def stream_mean(self, X: np.ndarray) -> np.ndarray:
-        """[T, 4, D] -> bf16(((X0 + X1) + X2) + X3) * 0.25)."""
+        """[T, 4, D] bf16 -> [T, D] bf16(((X0 + X1) + X2) + X3) * 0.25)."""
+        X = f32(X)
         return bf16(_seq_sum([X[:, i, :] for i in range(X.shape[1])]) * np.float32(1.0 / X.shape[1]))
 
     # ---- KDA -------------------------------------------------------------------------------------
     def kda_conv(self, x: np.ndarray, window: np.ndarray, w: np.ndarray):
         """Depthwise causal conv over [saved rows; new rows], taps oldest first, fp32, then SiLU, bf16.
 
-        x: [n, C] bf16, window: [taps - 1, C] bf16 (oldest first), w: [C, taps] -> (y [n, C], window').
+        x: [n, C] bf16, window: [taps - 1, C] bf16 (oldest first), w: [C, taps] bf16 -> (y [n, C] bf16,
+        window' [taps - 1, C] bf16).
         """
+        x, window, w = f32(x), f32(window), f32(w)
         taps = w.shape[1]
         full = np.concatenate([window, x], axis=0)                           # [taps - 1 + n, C]
         n = x.shape[0]
         acc = _seq_sum([full[j:j + n] * w[:, j] for j in range(taps)])
         y = bf16(acc * _sigmoid(acc))
-        return y, full[n:].copy()
+        return y, bf16(full[n:])
 
     def kda_gate(self, a: np.ndarray, a_log: np.ndarray, dt_bias: np.ndarray, lower: float) -> np.ndarray:
-        """Per-channel decay g = exp(lower * sigmoid(exp(A_log) * (a + dt_bias))). a: [n, H, K] -> fp32."""
+        """Per-channel decay g = exp(lower * sigmoid(exp(A_log) * (a + dt_bias))). a: [n, H, K] bf16,
+        a_log: [H] bf16, dt_bias: [H, K] bf16 -> fp32."""
+        a, a_log, dt_bias = f32(a), f32(a_log), f32(dt_bias)
         inner = exp_f32(a_log)[None, :, None] * (a + dt_bias)
         return exp_f32(np.float32(lower) * _sigmoid(inner)).astype(np.float32)
 
     def l2norm(self, x: np.ndarray, eps: float) -> np.ndarray:
-        """x / sqrt(sum(x^2) + eps) over the last axis, fp32."""
+        """x / sqrt(sum(x^2) + eps) over the last axis: x bf16 -> fp32."""
+        x = f32(x)
         return (x * _rsqrt(lane_sum(x * x) + np.float32(eps))[..., None]).astype(np.float32)
 
     def kda_recurrence(self, S: np.ndarray, q: np.ndarray, k: np.ndarray, v: np.ndarray, g: np.ndarray,
                        beta: np.ndarray):
         """The per-token delta rule, the same for prefill and decode.
 
-        S: [H, V, K] fp32 (value rows x key columns); q, k, g: [n, H, K] fp32; v: [n, H, V]; beta: [n, H].
+        S: [H, V, K] fp32 (value rows x key columns); q, k, g: [n, H, K] fp32; v: [n, H, V] bf16;
+        beta: [n, H] bf16.
         Per token: S *= g (along K); kv = S k; S += ((v - kv) * beta) outer k; y = S q.
         Returns (y [n, H, V] bf16, S').
         """
-        S = S.copy()
+        S, v, beta = S.copy(), f32(v), f32(beta)
         n = q.shape[0]
         y = np.empty(v.shape, dtype=np.float32)
         for t in range(n):
@@ -206,7 +252,8 @@ class NumpyOps:
         return bf16(y), S
 
     def kda_out(self, y: np.ndarray, w: np.ndarray, gate: np.ndarray, eps: float) -> np.ndarray:
-        """Per head: bf16(w * y * rsqrt(mean(y^2) + eps) * sigmoid(gate)). y, gate: [n, H, V]."""
+        """Per head: bf16(w * y * rsqrt(mean(y^2) + eps) * sigmoid(gate)). y, gate: [n, H, V] bf16, w: [V] bf16."""
+        y, w, gate = f32(y), f32(w), f32(gate)
         r = _rsqrt(lane_sum(y * y) / np.float32(y.shape[-1]) + np.float32(eps))
         return bf16(w * (y * r[..., None]) * _sigmoid(gate))
 
@@ -217,10 +264,11 @@ class NumpyOps:
         l_j = ig_j + ape_j; e_j = exp(l_j - max l); s = ((e0 + e1) + e2) + e3;
         pk = bf16(sum_j bf16(bf16(e_j / s) * ik_j)), j left to right.
         """
+        ik, ig, ape = f32(ik), f32(ig), f32(ape)
         l = ig + ape[None]
         e = exp_f32(l - np.max(l, axis=1, keepdims=True)).astype(np.float32)
         s = _seq_sum([e[:, j] for j in range(e.shape[1])])
-        t = bf16(bf16(e / s[:, None]) * ik)
+        t = f32(bf16(f32(bf16(e / s[:, None])) * ik))
         return bf16(_seq_sum([t[:, j] for j in range(t.shape[1])]))
 
     def index_scores(self, qi: np.ndarray, hw: np.ndarray, pk: np.ndarray) -> np.ndarray:
@@ -229,6 +277,7 @@ class NumpyOps:
         qi: [T, Hi, I] bf16, hw: [T, Hi] fp32 (already scaled), pk: [P, I] bf16 -> [T, P] fp32.
         The caller masks pools a row cannot see.
         """
+        hw = f32(hw)
         t, h, i = qi.shape
         dots = gemm(qi.reshape(t * h, i), pk).reshape(t, h, -1)             # [T, Hi, P]
         r = np.maximum(dots * np.float32(i ** -0.5), np.float32(0.0)) * hw[:, :, None]
@@ -265,6 +314,7 @@ class NumpyOps:
         Online softmax over `chunk`-key chunks of the row's list, merged in list order; fp32 m, l, o;
         P rounded to bf16 before P.V and the sum l. Returns [T, H, R] bf16 (o / l).
         """
+        qa = f32(qa)
         t, h, r = qa.shape
         out = np.empty((t, h, r), dtype=np.float32)
         sc = np.float32(scale)
@@ -274,10 +324,10 @@ class NumpyOps:
             o = np.zeros((h, r), dtype=np.float32)
             for c0 in range(0, int(counts[i]), chunk):
                 ids = rows[i, c0:min(c0 + chunk, int(counts[i]))]
-                kv = store[ids]                                              # [n, R]
+                kv = f32(store[ids])                                         # [n, R]
                 s = gemm(qa[i], kv) * sc                                     # [H, n]
                 m_new = np.maximum(m, np.max(s, axis=1))
-                p = bf16(exp_f32(s - m_new[:, None]))
+                p = f32(bf16(exp_f32(s - m_new[:, None])))
                 alpha = exp_f32(m - m_new).astype(np.float32)
                 l = l * alpha + lane_sum(p)
                 o = o * alpha[:, None] + gemm(p, np.ascontiguousarray(kv.T))  # [H, R]
@@ -288,7 +338,8 @@ class NumpyOps:
     # ---- MoE -------------------------------------------------------------------------------------
     def moe_route(self, logits: np.ndarray, bias: np.ndarray, k: int, scale: float):
         """Sigmoid scores; top k of (score + bias), ties to the lower id; weights renormalised in pick
-        order and scaled. logits: [T, E] fp32 -> (ids [T, k] int32, weights [T, k] fp32)."""
+        order and scaled. logits: [T, E] fp32, bias: [E] bf16 -> (ids [T, k] int32, weights [T, k] fp32)."""
+        bias = f32(bias)
         score = _sigmoid(logits)
         order = np.argsort(-(score + bias), axis=1, kind="stable")[:, :k].astype(np.int32)
         chosen = np.take_along_axis(score, order, axis=1)
@@ -296,11 +347,12 @@ class NumpyOps:
         return order, (chosen / total[:, None] * np.float32(scale)).astype(np.float32)
 
     def swiglu(self, gate: np.ndarray, up: np.ndarray, limit: float | None) -> np.ndarray:
-        """bf16(bf16(silu(min(gate, L))) * clip(up, -L, L)); no clamp when limit is None."""
+        """bf16(bf16(silu(min(gate, L))) * clip(up, -L, L)); no clamp when limit is None. gate, up bf16 -> bf16."""
+        gate, up = f32(gate), f32(up)
         if limit is not None:
             gate = np.minimum(gate, np.float32(limit))
             up = np.clip(up, np.float32(-limit), np.float32(limit))
-        return bf16(bf16(gate * _sigmoid(gate)) * up)
+        return bf16(f32(bf16(gate * _sigmoid(gate))) * up)
 
     def moe_combine(self, y: np.ndarray, weights: np.ndarray, shared: np.ndarray) -> np.ndarray:
         """sum_k w_k y_k in slot order, then + shared; fp32. y: [T, k, D], weights: [T, k], shared: [T, D]."""

@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 from cupyglm.backend import lanes
-from cupyglm.backend.lanes import bf16
+from cupyglm.backend.lanes import BF16, bf16
 from cupyglm.backend.numpy_ops import NumpyOps, expand_pools
 from cupyglm.contract.registry import Case, case
 from cupyglm.kernels import ops_attention
@@ -54,7 +54,7 @@ def _inputs(rng, positions, h, r, npools, qstd):
     length = max(positions) + 1
     pages = (length + PAGE - 1) // PAGE
     table = rng.permutation(pages + 3)[:pages]                      # page -> physical page (3 spare pages)
-    store = np.full(((pages + 3) * PAGE, r), np.nan, dtype=np.float32)
+    store = np.full(((pages + 3) * PAGE, r), np.nan, dtype=BF16)   # [rows, R] bf16 latent rows
     rows = np.full((t, width), -1, dtype=np.int32)
     counts = np.zeros(t, dtype=np.int32)
     for i, toks in enumerate(lists):

@@ -4,6 +4,8 @@ hc_pre is registered twice per shape: `hc_pre[..]` checks the fp32 gates (post, 
 bf16 collapsed input x, because their tolerances differ in fp32 units (see TOL below).
 Controls: hc_pre and hc_pre.x with two streams swapped (one Sinkhorn step dropped is no control: 20 steps have
 converged, measured within 3 ULPs), hc_post with two streams swapped, stream_mean with the last stream dropped.
+hc_post.round and residual_add take an fp32 sublayer output that they round to bf16 as they read it: their
+control is a kernel variant reading it unrounded (-DCONTROL_UNROUNDED).
 """
 from __future__ import annotations
 
@@ -41,7 +43,8 @@ def _bf(rng, shape, std=1.0, mean=0.0):
 def _inputs(rng, t, s, d):
     nm = s * (s + 2)
     return {"X": _bf(rng, (t, s, d)), "fn": _bf(rng, (nm, s * d), 0.5 / np.sqrt(s * d)),
-            "base": _bf(rng, (nm,), 0.5), "scale": bf16(rng.uniform(0.5, 1.5, 3).astype(np.float32))}
+            "base": (rng.standard_normal(nm) * 0.5).astype(np.float32),          # stored F32: values beyond bf16
+            "scale": rng.uniform(0.5, 1.5, 3).astype(np.float32)}
 
 
 def _swap01(xp, X):
@@ -87,7 +90,8 @@ def _hc_post(label: str, t: int, d: int, s: int = 4) -> None:
     def make(rng):
         inp = _inputs(rng, t, s, d)
         _, post, comb = REF.hc_pre(inp["X"], inp["fn"], inp["base"], inp["scale"], NORM_EPS, HC_EPS, ITERS)
-        return {"X": inp["X"], "branch": _bf(rng, (t, d), 2.0), "post": post, "comb": comb}
+        branch = (rng.standard_normal((t, d)) * 2.0).astype(np.float32)     # [T, D] fp32: the summed partial
+        return {"X": inp["X"], "branch": branch, "post": post, "comb": comb}
 
     def run(k, d_):
         return {"X": ops_hc.hc_post(k, d_["X"], d_["branch"], d_["post"], d_["comb"])}
@@ -98,7 +102,27 @@ def _hc_post(label: str, t: int, d: int, s: int = 4) -> None:
     def ctl(k, d_):                                     # streams 0 and 1 swapped
         return {"X": ops_hc.hc_post(k, _swap01(k.xp, d_["X"]), d_["branch"], d_["post"], d_["comb"])}
 
+    def ctl_round(k, d_):                               # the branch read unrounded
+        return {"X": ops_hc.hc_post(k.variant("CONTROL_UNROUNDED"), d_["X"], d_["branch"], d_["post"], d_["comb"])}
+
     case(Case(f"hc_post[{label}]", ("hc_post",), make, run, replay, ctl))
+    case(Case(f"hc_post.round[{label}]", ("hc_post",), make, run, replay, ctl_round))
+
+
+def _residual(label: str, t: int, d: int) -> None:
+    def make(rng):
+        return {"x": _bf(rng, (t, d), 2.0), "partial": (rng.standard_normal((t, d)) * 2.0).astype(np.float32)}
+
+    def run(k, d_):
+        return {"y": ops_hc.residual_add(k, d_["x"], d_["partial"])}
+
+    def replay(d_):
+        return {"y": REF.residual_add(d_["x"], d_["partial"])}
+
+    def ctl(k, d_):                                     # the partial read unrounded
+        return {"y": ops_hc.residual_add(k.variant("CONTROL_UNROUNDED"), d_["x"], d_["partial"])}
+
+    case(Case(f"residual_add[{label}]", ("residual_add",), make, run, replay, ctl))
 
 
 def _stream_mean(label: str, t: int, d: int, s: int = 4) -> None:
@@ -129,6 +153,9 @@ _hc_post("decode",     1,  256)
 _hc_post("verify",    16,  256)
 _hc_post("prompt37",  37,  256)
 _hc_post("odd",        3,  300)      # D not a multiple of the block
+_residual("decode",    1,  256)      # the MTP layer's residuals, one token
+_residual("prompt37", 37,  256)
+_residual("odd",       3,  300)
 _stream_mean("decode", 1,  256)
 _stream_mean("prompt37", 37, 256)
 _stream_mean("odd",    3,  300)

@@ -55,8 +55,8 @@ def _conv(label: str, n: int, c: int, taps: int = 4) -> None:
 
 def _gate(label: str, n: int, h: int, kd: int) -> None:
     def make(rng):
-        return {"a": _bf(rng, (n, h, kd)), "a_log": np.log(rng.uniform(1.0, 16.0, h)).astype(np.float32),
-                "dt_bias": _bf(rng, (h, kd), 0.5)}
+        return {"a": _bf(rng, (n, h, kd)), "a_log": np.log(rng.uniform(1.0, 16.0, h)).astype(np.float32),   # stored F32
+                "dt_bias": (rng.standard_normal((h, kd)) * 0.5).astype(np.float32)}
 
     def run(k, d):
         return {"g": ops_kda.kda_gate(k, d["a"], d["a_log"], d["dt_bias"], LOWER)}
@@ -92,9 +92,9 @@ def _l2(label: str, shape) -> None:
 def _rec_inputs(rng, n, h, v, kd):
     q = REF.l2norm(_bf(rng, (n, h, kd)), L2_EPS) * np.float32(kd ** -0.5)
     kk = REF.l2norm(_bf(rng, (n, h, kd)), L2_EPS)
-    g = REF.kda_gate(_bf(rng, (n, h, kd)), np.log(rng.uniform(1.0, 16.0, h)).astype(np.float32),
+    g = REF.kda_gate(_bf(rng, (n, h, kd)), bf16(np.log(rng.uniform(1.0, 16.0, h)).astype(np.float32)),
                      _bf(rng, (h, kd), 0.5), LOWER)
-    beta = bf16(REF.sigmoid(_bf(rng, (n, h))))
+    beta = REF.sigmoid(rng.standard_normal((n, h)).astype(np.float32), out="bf16")
     S = (rng.standard_normal((h, v, kd)) * 0.3).astype(np.float32)
     return {"S": S, "q": q.astype(np.float32), "k": kk, "v": _bf(rng, (n, h, v)), "g": g, "beta": beta}
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from cupyglm.backend.lanes import bf16
+from cupyglm.backend.lanes import BF16, bf16
 from cupyglm.backend.numpy_ops import NumpyOps
 from cupyglm.contract.registry import Case, case
 from cupyglm.kernels import ops_kv
@@ -30,7 +30,7 @@ def _layout(rng, num_pages: int, start: int, n: int):
 def _write(label: str, num_pages: int, cols: int, start: int, n: int) -> Case:
     def make(rng):
         pages, pos = _layout(rng, num_pages, start, n)
-        store = np.full((num_pages * PAGE, cols), np.nan, dtype=np.float32)
+        store = np.full((num_pages * PAGE, cols), np.nan, dtype=BF16)      # [rows, C] bf16
         old = _rows(pages, np.arange(start))                         # earlier positions: kept values
         store[old] = bf16(rng.standard_normal((old.size, cols)).astype(np.float32))
         return {"store": store, "rows": _rows(pages, pos),
@@ -59,7 +59,7 @@ def _write(label: str, num_pages: int, cols: int, start: int, n: int) -> Case:
 def _read(label: str, num_pages: int, cols: int, start: int, n: int) -> Case:
     def make(rng):
         pages, pos = _layout(rng, num_pages, start, n)
-        store = np.full((num_pages * PAGE, cols), np.nan, dtype=np.float32)
+        store = np.full((num_pages * PAGE, cols), np.nan, dtype=BF16)      # [rows, C] bf16
         live = _rows(pages, np.arange(start + n))
         store[live] = bf16(rng.standard_normal((live.size, cols)).astype(np.float32))
         return {"store": store, "rows": _rows(pages, pos), "pages": pages, "pos": pos}

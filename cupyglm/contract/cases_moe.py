@@ -37,7 +37,7 @@ def _bf(rng, shape, std=1.0, mean=0.0):
 def _route(label: str, t: int, e: int, topk: int) -> None:
     def make(rng):
         logits = (rng.standard_normal((t, e)) * 2.0).astype(np.float32)
-        bias = bf16((rng.standard_normal(e) * 0.1).astype(np.float32))
+        bias = (rng.standard_normal(e) * 0.1).astype(np.float32)           # stored F32
         # ties: in every other row a block of 2k experts shares the largest bias and the row's largest logit,
         # so the whole top k is one tie (picked by lower id); the other rows stay untied
         grp = rng.choice(e, size=min(e, 2 * topk), replace=False)
@@ -81,7 +81,8 @@ def _swiglu(label: str, shape, limit) -> None:
 
 def _combine(label: str, t: int, topk: int, d: int) -> None:
     def make(rng):
-        return {"y": _bf(rng, (t, topk, d)), "w": rng.uniform(0.0, 1.0, (t, topk)).astype(np.float32),
+        return {"y": rng.standard_normal((t, topk, d)).astype(np.float32),        # the experts' fp32 down_proj
+                "w": rng.uniform(0.0, 1.0, (t, topk)).astype(np.float32),
                 "shared": rng.standard_normal((t, d)).astype(np.float32)}
 
     def run(k, x):
@@ -98,20 +99,22 @@ def _combine(label: str, t: int, topk: int, d: int) -> None:
     case(Case(f"moe_combine[{label}]", ("moe_combine",), make, run, replay, ctl))
 
 
-def _sigmoid(label: str, shape) -> None:
+def _sigmoid(label: str, shape, out: str = "f32") -> None:
+    """out="bf16": the sigmoid_bf16 kernel (beta = bf16(sigmoid(b)), rounded in its epilogue)."""
     def make(rng):
         return {"x": (rng.standard_normal(shape) * 4).astype(np.float32)}
 
     def run(k, d):
-        return {"y": ops_moe.sigmoid(k, d["x"])}
+        return {"y": ops_moe.sigmoid(k, d["x"], out=out)}
 
     def replay(d):
-        return {"y": REF.sigmoid(d["x"])}
+        return {"y": REF.sigmoid(d["x"], out=out)}
 
     def ctl(k, d):                                     # the sign of the exponent flipped
-        return {"y": ops_moe.sigmoid(k, -d["x"])}
+        return {"y": ops_moe.sigmoid(k, -d["x"], out=out)}
 
-    case(Case(f"sigmoid[{label}]", ("sigmoid",), make, run, replay, ctl, SIG_ULPS, SIG_WHY))
+    name, kernel = ("sigmoid", "sigmoid") if out == "f32" else ("sigmoid.bf16", "sigmoid_bf16")
+    case(Case(f"{name}[{label}]", (kernel,), make, run, replay, ctl, SIG_ULPS, SIG_WHY))
 
 
 #       label        T    E   k
@@ -130,3 +133,6 @@ _combine("full",     3, 8, 4096)
 _sigmoid("decode",  (1, 4))
 _sigmoid("prompt37", (37, 4))
 _sigmoid("odd",     (3, 301))
+_sigmoid("decode",  (1, 4), "bf16")       # beta of one token, 4 heads
+_sigmoid("prompt37", (37, 4), "bf16")
+_sigmoid("odd",     (3, 301), "bf16")

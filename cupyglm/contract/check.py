@@ -20,6 +20,7 @@ from typing import Callable, Iterable
 
 import numpy as np
 
+from cupyglm.backend.lanes import BF16, BF16_BITS, from_bits, to_bits
 from cupyglm.contract import registry
 from cupyglm.contract.registry import Case, compare
 from cupyglm.kernels.ops import Kernels
@@ -92,15 +93,25 @@ def _xp(backend: str):
 
 
 def _to_backend(xp, d: dict) -> dict:
-    """A fresh copy of the inputs on the backend (kernels may write into them: write_rows' store)."""
-    return {k: (xp.array(v) if isinstance(v, np.ndarray) else v) for k, v in d.items()}
+    """A fresh copy of the inputs on the backend (kernels may write into them: write_rows' store). bf16 inputs
+    go to cupy as their uint16 bit patterns (the cuda storage)."""
+    def put(v):
+        if not isinstance(v, np.ndarray):
+            return v
+        if xp is not np and v.dtype == BF16:
+            v = to_bits(v)
+        return xp.array(v)
+    return {k: put(v) for k, v in d.items()}
 
 
 def _to_host(xp, d: dict) -> dict:
+    """Outputs on the host; a cupy uint16 output is bf16 storage and comes back as bf16."""
     out = {}
     for k, v in d.items():
         if xp is not np and isinstance(v, xp.ndarray):
             v = xp.asnumpy(v)
+            if v.dtype == BF16_BITS:
+                v = from_bits(v)
         out[k] = np.array(v)
     return out
 

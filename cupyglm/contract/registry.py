@@ -74,6 +74,8 @@ def compare(got: dict, want: dict, ulps: int) -> tuple[bool, str]:
         if g is None:
             return False, f"missing output {key}"
         g, w = np.asarray(g), np.asarray(w)
+        if g.dtype != w.dtype:
+            return False, f"{key}: dtype {g.dtype}, expected {w.dtype}"
         if w.dtype.kind in "iub":
             if g.shape != w.shape or not np.array_equal(g, w):
                 return False, f"{key}: integer outputs differ"

@@ -13,6 +13,7 @@ from typing import Callable
 
 import numpy as np
 
+from cupyglm.backend.lanes import BF16, BF16_BITS
 from cupyglm.kernels import CUDA_SRC, load_module
 
 OPS: dict[str, Callable] = {}
@@ -20,7 +21,7 @@ OPS: dict[str, Callable] = {}
 # may copy other array arguments (to make them contiguous or move them to the device), never these.
 INPLACE: dict[str, tuple[int, ...]] = {}
 # NumpyOps methods that are storage, not compute: a backend without a kernel for them may run them as is.
-KERNEL_FREE = frozenset({"weight", "asnumpy"})
+KERNEL_FREE = frozenset({"weight", "asnumpy", "bf16_full"})
 
 
 def op(name: str, inplace: tuple[int, ...] = ()):
@@ -78,10 +79,13 @@ def _load_variant(backend: str, path: Path, defines: tuple[str, ...]):
 class Kernels:
     """What a launcher needs: the backend's kernel modules (one per .cu file) and its array module.
 
-    `defines` (planted controls only): compile every module with these extra -D macros."""
+    `defines` (planted controls only): compile every module with these extra -D macros.
+    `bf16`: the dtype of a bf16 array on this backend (ml_dtypes.bfloat16 on sim, uint16 bit patterns on cuda);
+    every launcher checks its bf16 parameters against it."""
 
     def __init__(self, backend: str, xp, order: str | None = None, defines: tuple[str, ...] = ()):
         self.backend, self.xp, self.order, self.defines = backend, xp, order, tuple(defines)
+        self.bf16 = BF16_BITS if backend == "cuda" else BF16
         self._fns: dict[tuple[str, str], object] = {}
 
     def variant(self, *defines: str) -> "Kernels":
@@ -103,7 +107,7 @@ class Kernels:
         fails to write shows; on cuda it is uninitialised device memory."""
         if self.backend == "sim":
             dt = np.dtype(dtype)
-            return np.full(shape, np.nan if dt.kind == "f" else np.iinfo(dt).min, dtype=dt)
+            return np.full(shape, np.nan if dt.kind == "f" or dt == BF16 else np.iinfo(dt).min, dtype=dt)
         return self.xp.empty(shape, dtype=dtype)
 
     def launch(self, source: str, name: str, grid, block, args, shared_mem: int = 0) -> None:

@@ -18,9 +18,9 @@ def _arg(k: Kernels, kernel: str, name: str, a, shape=None, dtype=F32):
 def attention(k: Kernels, qa, store, rows, counts, scale, chunk):
     """qa: [T, H, R] bf16, store: [N, R] bf16, rows: [T, W] int32 row ids (-1 padded), counts: [T] int32
     -> [T, H, R] bf16. Online softmax over `chunk`-key chunks merged in list order."""
-    qa = _arg(k, "attention", "qa", qa, (None, None, None))
+    qa = _arg(k, "attention", "qa", qa, (None, None, None), k.bf16)
     t, h, r = qa.shape
-    store = check("attention", "store", store, (None, r), F32)      # never copied: the KV rows
+    store = check("attention", "store", store, (None, r), k.bf16)   # never copied: the KV rows
     rows = _arg(k, "attention", "rows", rows, (t, None), np.int32)
     counts = _arg(k, "attention", "counts", counts, (t,), np.int32)
     chunk = int(chunk)
@@ -29,9 +29,11 @@ def attention(k: Kernels, qa, store, rows, counts, scale, chunk):
     threads = 128 if r <= 8 * 128 else 256
     if r > 8 * threads:
         raise ValueError(f"attention: R <= {8 * threads} supported, got {r}")
-    out = k.empty((t, h, r))
+    if h > 65535:
+        raise ValueError(f"attention: at most 65,535 heads (grid.y), got {h}")
+    out = k.empty((t, h, r), k.bf16)
     if t and h:
-        k.launch(SRC, "attention", (h, t), (threads,),
+        k.launch(SRC, "attention", (t, h), (threads,),
                  (qa, store, rows, counts, out, i32(t), i32(h), i32(r), i32(rows.shape[1]), f32(scale), i32(chunk)),
                  shared_mem=(2 * chunk + 1) * 4)
     return out

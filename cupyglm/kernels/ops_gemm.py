@@ -1,60 +1,85 @@
 """Launchers of cuda_src/gemm.cu: the row-invariant GEMM (lane-16 order over K, DESIGN §1) and its grouped
-(per-row expert) form for the MoE."""
+(per-row expert) form for the MoE. Inputs are bf16 storage (`k.bf16`); the output is fp32, or bf16 rounded in
+the kernel's epilogue with out="bf16" (the `_bf16` kernels)."""
 from __future__ import annotations
 
 import numpy as np
 
+from cupyglm.backend.lanes import out_kind
 from cupyglm.kernels.ops import Kernels, check, i32, op
 
 SRC = "gemm.cu"
 OUTS = 16          # GEMM_OUTS: output columns per block
 MAX_ROWS = 8       # GEMM_ROWS: rows per block at most
+MAX_GRID_Y = 65535
 
 
-def _launch(k: Kernels, x, w, y, h: int, m: int, n: int, kk: int) -> None:
+def grid(m: int, n: int, h: int = 1) -> tuple[int, int, int]:
+    """(row blocks, column blocks, heads): the rows on grid.x (2^31 - 1), never on y or z (65,535)."""
     rows = min(MAX_ROWS, m)
-    grid = (-(-n // OUTS), -(-m // rows), h)
-    k.launch(SRC, "gemm_lane16", grid, (16, OUTS), (x, w, y, i32(m), i32(n), i32(kk), i32(rows)))
+    cols = -(-n // OUTS)
+    if cols > MAX_GRID_Y or h > MAX_GRID_Y:
+        raise ValueError(f"gemm: N={n} (grid.y {cols}) or H={h} exceeds the grid's 65,535 limit")
+    return -(-m // rows), cols, h
+
+
+def _out(k: Kernels, name: str, out: str):
+    """(dtype of y, kernel suffix) for the output choice."""
+    return (k.bf16, "_bf16") if out_kind(name, out) == "bf16" else (np.float32, "")
+
+
+def _zero(k: Kernels, y):
+    """An empty sum (K = 0) is +0.0 in both storages (bf16 +0.0 is bit pattern 0)."""
+    y[...] = 0
+    return y
+
+
+def _launch(k: Kernels, x, w, y, h: int, m: int, n: int, kk: int, suffix: str) -> None:
+    rows = min(MAX_ROWS, m)
+    k.launch(SRC, "gemm_lane16" + suffix, grid(m, n, h), (16, OUTS), (x, w, y, i32(m), i32(n), i32(kk), i32(rows)))
 
 
 @op("gemm")
-def gemm(k: Kernels, x, w):
-    """[M, K] bf16 x [N, K] bf16 -> [M, N] fp32, lane-16 order over K."""
-    check("gemm", "x", x, (None, None), np.float32)
-    check("gemm", "w", w, (None, x.shape[1]), np.float32)
+def gemm(k: Kernels, x, w, out: str = "f32"):
+    """[M, K] bf16 x [N, K] bf16 -> [M, N] fp32 (out="bf16": rounded once to bf16), lane-16 order over K."""
+    dt, suffix = _out(k, "gemm", out)
+    check("gemm", "x", x, (None, None), k.bf16)
+    check("gemm", "w", w, (None, x.shape[1]), k.bf16)
     m, kk = x.shape
     n = w.shape[0]
-    y = k.empty((m, n), np.float32)
+    y = k.empty((m, n), dt)
     if m and n:
         if kk == 0:
-            y[...] = 0
+            _zero(k, y)
         else:
-            _launch(k, x, w, y, 1, m, n, kk)
+            _launch(k, x, w, y, 1, m, n, kk, suffix)
     return y
 
 
 @op("gemm_heads")
-def gemm_heads(k: Kernels, x, w):
-    """Per-head GEMM: [H, M, K] x [H, N, K] -> [H, M, N] fp32, lane-16 order over K."""
-    check("gemm_heads", "x", x, (None, None, None), np.float32)
-    check("gemm_heads", "w", w, (x.shape[0], None, x.shape[2]), np.float32)
+def gemm_heads(k: Kernels, x, w, out: str = "f32"):
+    """Per-head GEMM: [H, M, K] bf16 x [H, N, K] bf16 -> [H, M, N] fp32 (or bf16), lane-16 order over K."""
+    dt, suffix = _out(k, "gemm_heads", out)
+    check("gemm_heads", "x", x, (None, None, None), k.bf16)
+    check("gemm_heads", "w", w, (x.shape[0], None, x.shape[2]), k.bf16)
     h, m, kk = x.shape
     n = w.shape[1]
-    y = k.empty((h, m, n), np.float32)
+    y = k.empty((h, m, n), dt)
     if h and m and n:
         if kk == 0:
-            y[...] = 0
+            _zero(k, y)
         else:
-            _launch(k, x, w, y, h, m, n, kk)
+            _launch(k, x, w, y, h, m, n, kk, suffix)
     return y
 
 
 @op("gemm_grouped")
-def gemm_grouped(k: Kernels, x, w, group):
-    """Grouped expert GEMM: x [M, K] bf16, w [E, N, K] bf16, group [M] int32 -> [M, N] fp32; row m is
-    gemm(x[m:m+1], w[group[m]]) bit for bit (lane-16 order over K), whatever else shares the call."""
-    check("gemm_grouped", "x", x, (None, None), np.float32)
-    check("gemm_grouped", "w", w, (None, None, x.shape[1]), np.float32)
+def gemm_grouped(k: Kernels, x, w, group, out: str = "f32"):
+    """Grouped expert GEMM: x [M, K] bf16, w [E, N, K] bf16, group [M] int32 -> [M, N] fp32 (or bf16); row m
+    is gemm(x[m:m+1], w[group[m]]) bit for bit (lane-16 order over K), whatever else shares the call."""
+    dt, suffix = _out(k, "gemm_grouped", out)
+    check("gemm_grouped", "x", x, (None, None), k.bf16)
+    check("gemm_grouped", "w", w, (None, None, x.shape[1]), k.bf16)
     check("gemm_grouped", "group", group, (x.shape[0],), np.int32)
     m, kk = x.shape
     e, n = w.shape[0], w.shape[1]
@@ -63,13 +88,12 @@ def gemm_grouped(k: Kernels, x, w, group):
         if lo < 0 or hi >= e:
             raise ValueError(f"gemm_grouped: parameter group holds expert ids outside [0, {e}) "
                              f"(min {lo}, max {hi})")
-    y = k.empty((m, n), np.float32)
+    y = k.empty((m, n), dt)
     if m and n:
         if kk == 0:
-            y[...] = 0
+            _zero(k, y)
         else:
             rows = min(MAX_ROWS, m)
-            grid = (-(-n // OUTS), -(-m // rows), 1)
-            k.launch(SRC, "gemm_grouped_lane16", grid, (16, OUTS),
+            k.launch(SRC, "gemm_grouped_lane16" + suffix, grid(m, n), (16, OUTS),
                      (x, w, group, y, i32(m), i32(n), i32(kk), i32(e), i32(rows)))
     return y

@@ -1,4 +1,5 @@
-"""Hyper-connection launchers (cuda_src/hc.cu): hc_pre, hc_post, stream_mean, with NumpyOps' signatures."""
+"""Hyper-connection launchers (cuda_src/hc.cu): hc_pre, hc_post, stream_mean and the MTP layer's plain
+residual_add, with NumpyOps' signatures. Streams and weights are bf16 storage (`k.bf16`); gates fp32."""
 from __future__ import annotations
 
 import numpy as np
@@ -17,15 +18,15 @@ def _arg(k: Kernels, kernel: str, name: str, a, shape=None, dtype=F32):
 @op("hc_pre")
 def hc_pre(k: Kernels, X, fn, base, scale, norm_eps, hc_eps, iters):
     """X: [T, S, D] bf16 streams -> (x [T, D] bf16, post [T, S] fp32, comb [T, S, S] fp32)."""
-    X = _arg(k, "hc_pre", "X", X, (None, None, None))
+    X = _arg(k, "hc_pre", "X", X, (None, None, None), k.bf16)
     t, s, d = X.shape
     nm = s * (s + 2)
     if s > 8:
         raise ValueError(f"hc_pre: at most 8 streams, got {s}")
-    fn = _arg(k, "hc_pre", "fn", fn, (nm, s * d))
-    base = _arg(k, "hc_pre", "base", base, (nm,))
-    scale = _arg(k, "hc_pre", "scale", scale, (3,))
-    x = k.empty((t, d))
+    fn = _arg(k, "hc_pre", "fn", fn, (nm, s * d), k.bf16)
+    base = _arg(k, "hc_pre", "base", base, (nm,), np.float32)
+    scale = _arg(k, "hc_pre", "scale", scale, (3,), np.float32)
+    x = k.empty((t, d), k.bf16)
     post = k.empty((t, s))
     comb = k.empty((t, s, s))
     if t:
@@ -37,26 +38,39 @@ def hc_pre(k: Kernels, X, fn, base, scale, norm_eps, hc_eps, iters):
 
 @op("hc_post")
 def hc_post(k: Kernels, X, branch, post, comb):
-    """X'[s] = bf16(post_s * branch + sum_j comb[j, s] * X[j]). -> [T, S, D] bf16."""
-    X = _arg(k, "hc_post", "X", X, (None, None, None))
+    """X'[s] = bf16(post_s * bf16(branch) + sum_j comb[j, s] * X[j]). X: [T, S, D] bf16, branch: [T, D] fp32
+    -> [T, S, D] bf16."""
+    X = _arg(k, "hc_post", "X", X, (None, None, None), k.bf16)
     t, s, d = X.shape
     branch = _arg(k, "hc_post", "branch", branch, (t, d))
     post = _arg(k, "hc_post", "post", post, (t, s))
     comb = _arg(k, "hc_post", "comb", comb, (t, s, s))
-    out = k.empty(X.shape)
-    if t:
-        k.launch(SRC, "hc_post", ((d + 255) // 256, t), (256,),
+    out = k.empty(X.shape, k.bf16)
+    if t and d:
+        k.launch(SRC, "hc_post", (t, (d + 255) // 256), (256,),
                  (X, branch, post, comb, out, i32(t), i32(s), i32(d)))
     return out
 
 
 @op("stream_mean")
 def stream_mean(k: Kernels, X):
-    """[T, S, D] -> bf16((((X0 + X1) + X2) + X3) * (1/S))."""
-    X = _arg(k, "stream_mean", "X", X, (None, None, None))
+    """[T, S, D] bf16 -> [T, D] bf16((((X0 + X1) + X2) + X3) * (1/S))."""
+    X = _arg(k, "stream_mean", "X", X, (None, None, None), k.bf16)
     t, s, d = X.shape
-    out = k.empty((t, d))
-    if t:
-        k.launch(SRC, "stream_mean", ((d + 255) // 256, t), (256,), (X, out, i32(t), i32(s), i32(d),
+    out = k.empty((t, d), k.bf16)
+    if t and d:
+        k.launch(SRC, "stream_mean", (t, (d + 255) // 256), (256,), (X, out, i32(t), i32(s), i32(d),
                                                                      f32(1.0 / s)))
+    return out
+
+
+@op("residual_add")
+def residual_add(k: Kernels, x, partial):
+    """bf16(x + bf16(partial)). x: [T, D] bf16, partial: [T, D] fp32 -> [T, D] bf16."""
+    x = _arg(k, "residual_add", "x", x, None, k.bf16)
+    partial = _arg(k, "residual_add", "partial", partial, tuple(x.shape))
+    out = k.empty(x.shape, k.bf16)
+    n = x.size
+    if n:
+        k.launch(SRC, "residual_add", ((n + 255) // 256,), (256,), (x, partial, out, np.int64(n)))
     return out

@@ -1,5 +1,5 @@
 """KDA launchers (cuda_src/kda.cu): kda_conv, kda_gate, l2norm, kda_recurrence, kda_out, with NumpyOps'
-signatures."""
+signatures. bf16 parameters are checked against the backend's bf16 storage (`k.bf16`); S, g, q, k are fp32."""
 from __future__ import annotations
 
 import numpy as np
@@ -25,15 +25,15 @@ def _rows(shape) -> int:
 @op("kda_conv")
 def kda_conv(k: Kernels, x, window, w):
     """x: [n, C] bf16, window: [taps - 1, C] bf16, w: [C, taps] -> (y [n, C] bf16, window' [taps - 1, C])."""
-    x = _arg(k, "kda_conv", "x", x, (None, None))
+    x = _arg(k, "kda_conv", "x", x, (None, None), k.bf16)
     n, c = x.shape
-    w = _arg(k, "kda_conv", "w", w, (c, None))
+    w = _arg(k, "kda_conv", "w", w, (c, None), k.bf16)
     taps = w.shape[1]
     if not 1 <= taps <= 8:
         raise ValueError(f"kda_conv: 1..8 taps supported, got {taps}")
-    window = _arg(k, "kda_conv", "window", window, (taps - 1, c))
-    y = k.empty((n, c))
-    win = k.empty((taps - 1, c))
+    window = _arg(k, "kda_conv", "window", window, (taps - 1, c), k.bf16)
+    y = k.empty((n, c), k.bf16)
+    win = k.empty((taps - 1, c), k.bf16)
     if c:
         k.launch(SRC, "kda_conv", ((c + 127) // 128,), (128,), (x, window, w, y, win, i32(n), i32(c), i32(taps)))
     return y, win
@@ -42,10 +42,10 @@ def kda_conv(k: Kernels, x, window, w):
 @op("kda_gate")
 def kda_gate(k: Kernels, a, a_log, dt_bias, lower):
     """g = exp(lower * sigmoid(exp(A_log) * (a + dt_bias))). a: [n, H, K] -> [n, H, K] fp32."""
-    a = _arg(k, "kda_gate", "a", a, (None, None, None))
+    a = _arg(k, "kda_gate", "a", a, (None, None, None), k.bf16)
     n, h, kk = a.shape
-    a_log = _arg(k, "kda_gate", "a_log", a_log, (h,))
-    dt_bias = _arg(k, "kda_gate", "dt_bias", dt_bias, (h, kk))
+    a_log = _arg(k, "kda_gate", "a_log", a_log, (h,), np.float32)
+    dt_bias = _arg(k, "kda_gate", "dt_bias", dt_bias, (h, kk), np.float32)
     g = k.empty(a.shape)
     total = n * h * kk
     if total:
@@ -56,8 +56,8 @@ def kda_gate(k: Kernels, a, a_log, dt_bias, lower):
 
 @op("l2norm")
 def l2norm(k: Kernels, x, eps):
-    """x / sqrt(sum(x^2) + eps) over the last axis, fp32."""
-    x = _arg(k, "l2norm", "x", x)
+    """x / sqrt(sum(x^2) + eps) over the last axis: x bf16 -> fp32."""
+    x = _arg(k, "l2norm", "x", x, None, k.bf16)
     if x.ndim < 1:
         raise ValueError("l2norm: parameter x must have at least one axis")
     rows, kk = _rows(x.shape), x.shape[-1]
@@ -69,7 +69,8 @@ def l2norm(k: Kernels, x, eps):
 
 @op("kda_recurrence")
 def kda_recurrence(k: Kernels, S, q, kk, v, g, beta):
-    """S: [H, V, K] fp32; q, k, g: [n, H, K]; v: [n, H, V]; beta: [n, H] -> (y [n, H, V] bf16, S')."""
+    """S: [H, V, K] fp32; q, k, g: [n, H, K] fp32; v: [n, H, V] bf16; beta: [n, H] bf16 -> (y [n, H, V] bf16,
+    S' fp32)."""
     S = _arg(k, "kda_recurrence", "S", S, (None, None, None))
     h, vd, kd = S.shape
     if kd > 256:
@@ -78,9 +79,9 @@ def kda_recurrence(k: Kernels, S, q, kk, v, g, beta):
     n = q.shape[0]
     kk = _arg(k, "kda_recurrence", "k", kk, (n, h, kd))
     g = _arg(k, "kda_recurrence", "g", g, (n, h, kd))
-    v = _arg(k, "kda_recurrence", "v", v, (n, h, vd))
-    beta = _arg(k, "kda_recurrence", "beta", beta, (n, h))
-    y = k.empty((n, h, vd))
+    v = _arg(k, "kda_recurrence", "v", v, (n, h, vd), k.bf16)
+    beta = _arg(k, "kda_recurrence", "beta", beta, (n, h), k.bf16)
+    y = k.empty((n, h, vd), k.bf16)
     S_out = k.empty(S.shape)
     if h and vd:
         k.launch(SRC, "kda_recurrence", ((vd + 7) // 8, h), (128,),
@@ -92,13 +93,14 @@ def kda_recurrence(k: Kernels, S, q, kk, v, g, beta):
 
 @op("kda_out")
 def kda_out(k: Kernels, y, w, gate, eps):
-    """Per head: bf16(w * (y * rsqrt(mean(y^2) + eps)) * sigmoid(gate)). y, gate: [n, H, V]."""
-    y = _arg(k, "kda_out", "y", y)
+    """Per head: bf16(w * (y * rsqrt(mean(y^2) + eps)) * sigmoid(gate)). y, gate: [n, H, V] bf16, w: [V] bf16
+    -> bf16."""
+    y = _arg(k, "kda_out", "y", y, None, k.bf16)
     vd = y.shape[-1]
-    w = _arg(k, "kda_out", "w", w, (vd,))
-    gate = _arg(k, "kda_out", "gate", gate, tuple(y.shape))
+    w = _arg(k, "kda_out", "w", w, (vd,), k.bf16)
+    gate = _arg(k, "kda_out", "gate", gate, tuple(y.shape), k.bf16)
     rows = _rows(y.shape)
-    out = k.empty(y.shape)
+    out = k.empty(y.shape, k.bf16)
     if rows and vd:
         k.launch(SRC, "kda_out", ((rows + 7) // 8,), (128,), (y, w, gate, out, np.int64(rows), i32(vd), f32(eps)))
     return out

@@ -19,10 +19,10 @@ def check_ids(kernel: str, param: str, ids, limit: int) -> None:
 
 @op("write_rows", inplace=(0,))
 def write_rows(k: Kernels, store, rows, values) -> None:
-    """store[rows[i]] = values[i], in place. store: [N, C], rows: [n] int32 (distinct), values: [n, C]."""
-    check("write_rows", "store", store, (None, None), np.float32)
+    """store[rows[i]] = values[i], in place. store: [N, C] bf16, rows: [n] int32 (distinct), values: [n, C] bf16."""
+    check("write_rows", "store", store, (None, None), k.bf16)
     check("write_rows", "rows", rows, (None,), np.int32)
-    check("write_rows", "values", values, (rows.shape[0], store.shape[1]), np.float32)
+    check("write_rows", "values", values, (rows.shape[0], store.shape[1]), k.bf16)
     if not getattr(store.flags, "writeable", True):
         raise ValueError("write_rows: parameter store must be writeable")
     n_store, c = store.shape
@@ -35,12 +35,12 @@ def write_rows(k: Kernels, store, rows, values) -> None:
 
 @op("read_rows")
 def read_rows(k: Kernels, store, rows):
-    """store[rows] -> [n, C]."""
-    check("read_rows", "store", store, (None, None), np.float32)
+    """store[rows] -> [n, C]; store: [N, C] bf16 -> bf16."""
+    check("read_rows", "store", store, (None, None), k.bf16)
     check("read_rows", "rows", rows, (None,), np.int32)
     n_store, c = store.shape
     check_ids("read_rows", "rows", rows, n_store)
-    out = k.empty((rows.shape[0], c), np.float32)
+    out = k.empty((rows.shape[0], c), k.bf16)
     if rows.shape[0] and c:
         k.launch(SRC, "kv_read_rows", (rows.shape[0],), (THREADS,), (store, rows, out, i32(n_store), i32(c)))
     return out

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from cupyglm.backend.lanes import out_kind
 from cupyglm.kernels.ops import Kernels, check, f32, i32, op
 
 SRC = "moe.cu"
@@ -18,10 +19,10 @@ def _arg(k: Kernels, kernel: str, name: str, a, shape=None, dtype=F32):
 
 @op("moe_route")
 def moe_route(k: Kernels, logits, bias, topk, scale):
-    """logits: [T, E] fp32, bias: [E] -> (ids [T, k] int32 in pick order, weights [T, k] fp32)."""
+    """logits: [T, E] fp32, bias: [E] fp32 -> (ids [T, k] int32 in pick order, weights [T, k] fp32)."""
     logits = _arg(k, "moe_route", "logits", logits, (None, None))
     t, e = logits.shape
-    bias = _arg(k, "moe_route", "bias", bias, (e,))
+    bias = _arg(k, "moe_route", "bias", bias, (e,), np.float32)
     topk = int(topk)
     if not 1 <= topk <= min(32, e):
         raise ValueError(f"moe_route: k must be in 1..min(32, E={e}), got {topk}")
@@ -36,10 +37,10 @@ def moe_route(k: Kernels, logits, bias, topk, scale):
 
 @op("swiglu")
 def swiglu(k: Kernels, gate, up, limit):
-    """bf16(bf16(silu(min(gate, L))) * clip(up, -L, L)); no clamp when limit is None."""
-    gate = _arg(k, "swiglu", "gate", gate)
-    up = _arg(k, "swiglu", "up", up, tuple(gate.shape))
-    out = k.empty(gate.shape)
+    """bf16(bf16(silu(min(gate, L))) * clip(up, -L, L)); no clamp when limit is None. gate, up bf16 -> bf16."""
+    gate = _arg(k, "swiglu", "gate", gate, None, k.bf16)
+    up = _arg(k, "swiglu", "up", up, tuple(gate.shape), k.bf16)
+    out = k.empty(gate.shape, k.bf16)
     n = gate.size
     if n:
         k.launch(SRC, "swiglu", ((n + 255) // 256,), (256,),
@@ -56,15 +57,16 @@ def moe_combine(k: Kernels, y, weights, shared):
     shared = _arg(k, "moe_combine", "shared", shared, (t, d))
     out = k.empty((t, d))
     if t and d:
-        k.launch(SRC, "moe_combine", ((d + 255) // 256, t), (256,), (y, weights, shared, out, i32(t), i32(kk), i32(d)))
+        k.launch(SRC, "moe_combine", (t, (d + 255) // 256), (256,), (y, weights, shared, out, i32(t), i32(kk), i32(d)))
     return out
 
 
 @op("sigmoid")
-def sigmoid(k: Kernels, x):
-    """1 / (1 + exp(-x)) elementwise, fp32."""
+def sigmoid(k: Kernels, x, out: str = "f32"):
+    """1 / (1 + exp(-x)) elementwise of fp32 x -> fp32, or bf16 rounded in the epilogue with out="bf16"."""
+    bf = out_kind("sigmoid", out) == "bf16"
     x = _arg(k, "sigmoid", "x", x)
-    out = k.empty(x.shape)
+    y = k.empty(x.shape, k.bf16 if bf else F32)
     if x.size:
-        k.launch(SRC, "sigmoid", ((x.size + 255) // 256,), (256,), (x, out, np.int64(x.size)))
-    return out
+        k.launch(SRC, "sigmoid_bf16" if bf else "sigmoid", ((x.size + 255) // 256,), (256,), (x, y, np.int64(x.size)))
+    return y

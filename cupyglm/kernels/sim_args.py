@@ -27,11 +27,36 @@ _SCALAR_DTYPES: dict[str, np.dtype] = {
 }
 
 
+def _bf16() -> np.dtype:
+    import ml_dtypes
+
+    return np.dtype(ml_dtypes.bfloat16)
+
+
+# The element dtypes a numpy array may have for a `T*` parameter, by T. A bf16 buffer is an
+# ml_dtypes.bfloat16 array (the sim storage) or uint16 bit patterns (the cuda storage, on the host); a char
+# buffer is any one-byte type. Pointee types not listed (structs, vector types, void) are not checked.
+_POINTER_DTYPES: dict[str, tuple[str, ...]] = {
+    "float": ("float32",), "double": ("float64",), "__nv_bfloat16": ("bfloat16", "uint16"),
+    "int": ("int32",), "unsigned int": ("uint32",), "long long": ("int64",), "long": ("int64",),
+    "unsigned long long": ("uint64",), "unsigned long": ("uint64",), "short": ("int16",),
+    "unsigned short": ("uint16",), "bool": ("bool",),
+    "char": ("int8", "uint8", "bool"), "signed char": ("int8", "uint8", "bool"),
+    "unsigned char": ("uint8", "int8", "bool"),
+}
+
+
+def pointer_dtypes(ctype: str) -> tuple[str, ...] | None:
+    """The dtype names a `T*` / `const T*` parameter accepts, or None when T is not checked."""
+    base = ctype[:-1].strip()
+    if base.startswith("const "):
+        base = base[len("const "):]
+    return _POINTER_DTYPES.get(base)
+
+
 def _scalar_dtype(ctype: str) -> np.dtype:
     if ctype == "__nv_bfloat16":
-        import ml_dtypes
-
-        return np.dtype(ml_dtypes.bfloat16)
+        return _bf16()
     try:
         return _SCALAR_DTYPES[ctype]
     except KeyError:
@@ -78,6 +103,9 @@ def check_args(kernel: str, param_names: Sequence[str], args: Sequence[Any], sig
                 raise ValueError(f"{where} expects a pointer ({ctype}): a C-contiguous numpy array, got {_describe(a)}")
             if not a.flags.c_contiguous:
                 raise ValueError(f"{where} ({ctype}): the numpy array must be C-contiguous (use np.ascontiguousarray)")
+            allowed = pointer_dtypes(ctype)
+            if allowed is not None and a.dtype.name not in allowed:
+                raise ValueError(f"{where} ({ctype}) expects a {' or '.join(allowed)} array, got {a.dtype.name}")
         else:
             dt = _scalar_dtype(ctype)
             if not (isinstance(a, np.generic) and a.dtype == dt):

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import numpy as np
 
-from cupyglm.backend.lanes import bf16
 from cupyglm.config import ModelConfig
 from cupyglm.model.batch import Segment, Weights
 from cupyglm.model.indexer import Indexer
@@ -33,9 +32,9 @@ class DSALayer:
         ops, c, h = self.ops, self.cfg, self.heads
         xp = ops.xp
         t = x.shape[0]
-        qn = ops.rmsnorm(bf16(ops.gemm(x, self.q_a)), self.q_a_norm, c.rms_norm_eps)      # [T, q_lora]
-        q = bf16(ops.gemm(qn, self.q_b)).reshape(t, h, c.qk_nope_head_dim)
-        latent = ops.rmsnorm(bf16(ops.gemm(x, self.kv_a)), self.kv_a_norm, c.rms_norm_eps)  # [T, R]
+        qn = ops.rmsnorm(ops.gemm(x, self.q_a, out="bf16"), self.q_a_norm, c.rms_norm_eps)     # [T, q_lora] bf16
+        q = ops.gemm(qn, self.q_b, out="bf16").reshape(t, h, c.qk_nope_head_dim)             # [T, H, nope] bf16
+        latent = ops.rmsnorm(ops.gemm(x, self.kv_a, out="bf16"), self.kv_a_norm, c.rms_norm_eps)  # [T, R] bf16
         ik, ig = self.indexer.keys(x)
         qi, hw = self.indexer.queries(x, qn)
         store = kv.latent[self.layer]
@@ -48,8 +47,8 @@ class DSALayer:
             rows[seg.rows] = kv.rows(seg.state.pages, ops.asnumpy(tokens))
             counts[seg.rows] = ops.asnumpy(n)
         rows, counts = xp.asarray(rows), xp.asarray(counts)
-        qa = bf16(ops.gemm_heads(q.transpose(1, 0, 2), self.w_k_t)).transpose(1, 0, 2)      # [T, H, R]
+        qa = ops.gemm_heads(q.transpose(1, 0, 2), self.w_k_t, out="bf16").transpose(1, 0, 2)  # [T, H, R] bf16
         o = ops.attention(xp.ascontiguousarray(qa), store, rows, counts,
                           c.qk_nope_head_dim ** -0.5, c.attn_chunk)                         # [T, H, R]
-        out = bf16(ops.gemm_heads(xp.ascontiguousarray(o.transpose(1, 0, 2)), self.w_v))    # [H, T, V]
+        out = ops.gemm_heads(xp.ascontiguousarray(o.transpose(1, 0, 2)), self.w_v, out="bf16")  # [H, T, V] bf16
         return ops.gemm(xp.ascontiguousarray(out.transpose(1, 0, 2)).reshape(t, -1), self.o_proj)

@@ -10,7 +10,6 @@ import dataclasses
 
 import numpy as np
 
-from cupyglm.backend.lanes import bf16
 from cupyglm.checkpoint.names import TEXT_PREFIX
 from cupyglm.config import ModelConfig
 from cupyglm.kv.state import SeqState
@@ -38,7 +37,8 @@ class SeqOutput:
 class HyperConnection:
     def __init__(self, cfg: ModelConfig, w: Weights, ops, sub: str):
         self.cfg, self.ops = cfg, ops
-        self.fn, self.base, self.scale = w(f"hc_{sub}_fn"), w(f"hc_{sub}_base"), w(f"hc_{sub}_scale")
+        self.fn = w(f"hc_{sub}_fn")                                       # [24, 4D] bf16
+        self.base, self.scale = w(f"hc_{sub}_base"), w(f"hc_{sub}_scale")  # [24], [3] fp32 (stored F32)
 
     def pre(self, X):
         c = self.cfg
@@ -62,10 +62,10 @@ class Block:
         x, post, comb = self.hc_attn.pre(X)
         h = ops.rmsnorm(x, self.in_norm, eps)
         partial = self.attn(h, segs) if self.is_kda else self.attn(h, segs, kv)
-        X = ops.hc_post(X, bf16(comm.allreduce_sum(partial)), post, comb)
+        X = ops.hc_post(X, comm.allreduce_sum(partial), post, comb)     # hc_post rounds the fp32 sum to bf16
         x, post, comb = self.hc_ffn.pre(X)
         partial = self.mlp(ops.rmsnorm(x, self.post_norm, eps))
-        return ops.hc_post(X, bf16(comm.allreduce_sum(partial)), post, comb)
+        return ops.hc_post(X, comm.allreduce_sum(partial), post, comb)
 
 
 class GLMModel:

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import numpy as np
 
-from cupyglm.backend.lanes import bf16
 from cupyglm.config import ModelConfig
 from cupyglm.model.batch import Segment, Weights
 
@@ -26,13 +25,13 @@ class Indexer:
     def keys(self, x):
         """Per-token index keys and gates. x: [T, D] bf16 -> (ik, ig) [T, I] bf16."""
         ops = self.ops
-        ik = ops.layernorm(bf16(ops.gemm(x, self.wk)), self.k_norm_w, self.k_norm_b, LN_EPS)
-        return ik, bf16(ops.gemm(x, self.compress_gate))
+        ik = ops.layernorm(ops.gemm(x, self.wk, out="bf16"), self.k_norm_w, self.k_norm_b, LN_EPS)
+        return ik, ops.gemm(x, self.compress_gate, out="bf16")
 
     def queries(self, x, qn):
         """Index queries [T, Hi, I] bf16 and head weights [T, Hi] fp32 (scaled by Hi^-0.5)."""
         ops, c = self.ops, self.cfg
-        qi = bf16(ops.gemm(qn, self.wq_b)).reshape(-1, c.index_n_heads, c.index_head_dim)
+        qi = ops.gemm(qn, self.wq_b, out="bf16").reshape(-1, c.index_n_heads, c.index_head_dim)
         hw = ops.gemm(x, self.weights_proj) * np.float32(c.index_n_heads ** -0.5)
         return qi, hw
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import numpy as np
 
-from cupyglm.backend.lanes import bf16
 from cupyglm.config import ModelConfig
 from cupyglm.memory import alloc, kda_state_arrays, storage_of
 from cupyglm.model.batch import Segment, Weights
@@ -27,8 +26,8 @@ class KDALayer:
         self.f_a, self.f_b = w("f_a_proj.weight"), w("f_b_proj.weight")
         self.g_a, self.g_b = w("g_a_proj.weight"), w("g_b_proj.weight")
         self.b = w("b_proj.weight")
-        self.a_log = w("A_log")                                   # [H_rank]
-        self.dt_bias = w("dt_bias").reshape(self.heads, self.dk)  # [H_rank, K]
+        self.a_log = w("A_log")                                   # [H_rank] fp32 (stored F32)
+        self.dt_bias = w("dt_bias").reshape(self.heads, self.dk)  # [H_rank, K] fp32 (stored F32)
         self.o_norm = w("o_norm.weight")                          # [K]
         self.o_proj = w("o_proj.weight")                          # [D, H_rank * K]
 
@@ -41,12 +40,12 @@ class KDALayer:
     def __call__(self, x, segs: list[Segment]):
         """x: [T, D] bf16 (normed). Returns this rank's o_proj partial [T, D] fp32."""
         ops, h, k = self.ops, self.heads, self.dk
-        qkv = bf16(ops.gemm(x, self.w_qkv))                                            # [T, 3HK]
-        a = bf16(ops.gemm(bf16(ops.gemm(x, self.f_a)), self.f_b)).reshape(-1, h, k)
-        gate_out = bf16(ops.gemm(bf16(ops.gemm(x, self.g_a)), self.g_b)).reshape(-1, h, k)
-        beta = bf16(ops.sigmoid(ops.gemm(x, self.b)))                                  # [T, H]
-        decay = ops.kda_gate(a, self.a_log, self.dt_bias, self.cfg.kda_gate_lower_bound)
-        y = ops.xp.empty((x.shape[0], h, k), dtype=ops.xp.float32)
+        qkv = ops.gemm(x, self.w_qkv, out="bf16")                                       # [T, 3HK] bf16
+        a = ops.gemm(ops.gemm(x, self.f_a, out="bf16"), self.f_b, out="bf16").reshape(-1, h, k)
+        gate_out = ops.gemm(ops.gemm(x, self.g_a, out="bf16"), self.g_b, out="bf16").reshape(-1, h, k)
+        beta = ops.sigmoid(ops.gemm(x, self.b), out="bf16")                             # [T, H] bf16
+        decay = ops.kda_gate(a, self.a_log, self.dt_bias, self.cfg.kda_gate_lower_bound)  # [T, H, K] fp32
+        y = ops.xp.empty((x.shape[0], h, k), dtype=ops.bf16_dtype)                      # [T, H, V] bf16
         for seg in segs:
             S, window = seg.state.kda_state[self.layer], seg.state.kda_conv[self.layer]
             conv, window = ops.kda_conv(qkv[seg.rows], window, self.conv)

@@ -5,7 +5,6 @@ The swiglu limit clamps every SwiGLU alike: routed and shared experts and the de
 """
 from __future__ import annotations
 
-from cupyglm.backend.lanes import bf16
 from cupyglm.config import ModelConfig
 from cupyglm.model.batch import Weights
 
@@ -18,7 +17,7 @@ class MLP:
     def __call__(self, x):
         """x: [T, D] bf16 -> [T, D] fp32 partial."""
         ops = self.ops
-        a = ops.swiglu(bf16(ops.gemm(x, self.gate)), bf16(ops.gemm(x, self.up)), self.limit)
+        a = ops.swiglu(ops.gemm(x, self.gate, out="bf16"), ops.gemm(x, self.up, out="bf16"), self.limit)
         return ops.gemm(a, self.down)
 
 
@@ -29,7 +28,7 @@ class MoE:
     def __init__(self, cfg: ModelConfig, w: Weights, ops):
         self.cfg, self.ops = cfg, ops
         self.router = w("gate.weight")                          # [E, D]
-        self.bias = w("gate.e_score_correction_bias")           # [E]
+        self.bias = w("gate.e_score_correction_bias")           # [E] fp32 (stored F32)
         ex = range(cfg.n_routed_experts)
         self.gate = w.stack([f"experts.{e}.gate_proj.weight" for e in ex])    # [E, inter, D]
         self.up = w.stack([f"experts.{e}.up_proj.weight" for e in ex])        # [E, inter, D]
@@ -49,8 +48,8 @@ class MoE:
         order = xp.argsort(flat.astype(xp.int64) * (t * k) + pairs)
         group = xp.ascontiguousarray(flat[order], dtype=xp.int32)
         xs = x[order // k]                                       # [T*k, D] bf16
-        a = ops.swiglu(bf16(ops.gemm_grouped(xs, self.gate, group)),
-                       bf16(ops.gemm_grouped(xs, self.up, group)), self.limit)
+        a = ops.swiglu(ops.gemm_grouped(xs, self.gate, group, out="bf16"),
+                       ops.gemm_grouped(xs, self.up, group, out="bf16"), self.limit)     # [T*k, inter] bf16
         ys = ops.gemm_grouped(a, self.down, group)               # [T*k, D] fp32
         y = xp.empty((t * k, x.shape[1]), dtype=xp.float32)
         y[order] = ys

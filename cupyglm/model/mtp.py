@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import numpy as np
 
-from cupyglm.backend.lanes import bf16
 from cupyglm.config import ModelConfig
 from cupyglm.model.batch import Segment, Weights
 from cupyglm.model.dsa import DSALayer
@@ -56,11 +55,13 @@ class MTPLayer:
     def __call__(self, embed, h, ids, positions, segs, kv, comm):
         """h: [T', D] final-normed main rows; ids: [T'] next tokens -> the MTP row before its head [T', D]."""
         ops, c = self.ops, self.cfg
-        e = ops.read_rows(embed, ids)
-        e = e * ops.xp.asarray((positions != 0)[:, None], dtype=ops.xp.float32)
+        e = ops.read_rows(embed, ids)                                   # [T', D] bf16
+        first = np.flatnonzero(positions == 0)
+        if first.size:                                                  # position 0 has no previous token
+            e[ops.xp.asarray(first)] = 0                                # +0.0 in both bf16 storages
         x = ops.xp.concatenate([ops.rmsnorm(e, self.enorm, c.rms_norm_eps),
                                 ops.rmsnorm(h, self.hnorm, c.rms_norm_eps)], axis=1)
-        x = bf16(ops.gemm(x, self.eh_proj))
-        x = bf16(x + bf16(comm.allreduce_sum(self.attn(ops.rmsnorm(x, self.in_norm, c.rms_norm_eps), segs, kv))))
-        x = bf16(x + bf16(comm.allreduce_sum(self.mlp(ops.rmsnorm(x, self.post_norm, c.rms_norm_eps)))))
+        x = ops.gemm(x, self.eh_proj, out="bf16")                       # [T', D] bf16
+        x = ops.residual_add(x, comm.allreduce_sum(self.attn(ops.rmsnorm(x, self.in_norm, c.rms_norm_eps), segs, kv)))
+        x = ops.residual_add(x, comm.allreduce_sum(self.mlp(ops.rmsnorm(x, self.post_norm, c.rms_norm_eps))))
         return ops.rmsnorm(x, self.head_norm, c.rms_norm_eps)

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from cupyglm.backend.lanes import bf16, gemm as lanes_gemm
+from cupyglm.backend.lanes import BF16, bf16, gemm as lanes_gemm
 from cupyglm.backend.numpy_ops import NumpyOps
 from cupyglm.kernels import ops_gemm
 from cupyglm.kernels.ops import Kernels
@@ -102,19 +102,19 @@ def test_every_batch_size_and_neighbour_expert():
 
 
 def test_wrong_calls_name_the_parameter():
-    x, w, g = np.zeros((2, 8), np.float32), np.zeros((3, 4, 8), np.float32), np.zeros(2, np.int32)
-    with pytest.raises(ValueError, match="x must be float32"):
-        ops_gemm.gemm_grouped(K, x.astype(np.float64), w, g)
+    x, w, g = np.zeros((2, 8), BF16), np.zeros((3, 4, 8), BF16), np.zeros(2, np.int32)
+    with pytest.raises(ValueError, match="x must be bfloat16"):
+        ops_gemm.gemm_grouped(K, x.astype(np.float32), w, g)
     with pytest.raises(ValueError, match="parameter w must have shape"):
-        ops_gemm.gemm_grouped(K, x, np.zeros((3, 4, 9), np.float32), g)
+        ops_gemm.gemm_grouped(K, x, np.zeros((3, 4, 9), BF16), g)
     with pytest.raises(ValueError, match="parameter w must have shape"):
-        ops_gemm.gemm_grouped(K, x, np.zeros((4, 8), np.float32), g)
+        ops_gemm.gemm_grouped(K, x, np.zeros((4, 8), BF16), g)
     with pytest.raises(ValueError, match="parameter group must be int32"):
         ops_gemm.gemm_grouped(K, x, w, g.astype(np.int64))
     with pytest.raises(ValueError, match="parameter group must have shape"):
         ops_gemm.gemm_grouped(K, x, w, np.zeros(3, np.int32))
     with pytest.raises(ValueError, match="x must be C-contiguous"):
-        ops_gemm.gemm_grouped(K, np.zeros((8, 2), np.float32).T, w, g)
+        ops_gemm.gemm_grouped(K, np.zeros((8, 2), BF16).T, w, g)
     for bad in (3, -1):
         with pytest.raises(ValueError, match="parameter group holds expert ids outside"):
             ops_gemm.gemm_grouped(K, x, w, np.array([0, bad], np.int32))
@@ -123,10 +123,18 @@ def test_wrong_calls_name_the_parameter():
 
 
 def test_empty_shapes():
-    w = np.zeros((3, 4, 8), np.float32)
-    assert ops_gemm.gemm_grouped(K, np.zeros((0, 8), np.float32), w, np.zeros(0, np.int32)).shape == (0, 4)
-    y = ops_gemm.gemm_grouped(K, np.ones((2, 0), np.float32), np.ones((3, 4, 0), np.float32),
+    w = np.zeros((3, 4, 8), BF16)
+    assert ops_gemm.gemm_grouped(K, np.zeros((0, 8), BF16), w, np.zeros(0, np.int32)).shape == (0, 4)
+    y = ops_gemm.gemm_grouped(K, np.ones((2, 0), BF16), np.ones((3, 4, 0), BF16),
                               np.array([2, 0], np.int32))
     assert y.shape == (2, 4) and not y.any()
-    assert REF.gemm_grouped(np.ones((2, 0), np.float32), np.ones((3, 4, 0), np.float32),
+    assert REF.gemm_grouped(np.ones((2, 0), BF16), np.ones((3, 4, 0), BF16),
                             np.array([2, 0], np.int32)).shape == (2, 4)
+
+
+def test_bf16_output_is_each_rows_sum_rounded_once():
+    x, w, group = _case(6, 30, 4, 33, 100)
+    y = ops_gemm.gemm_grouped(K, x, w, group, out="bf16")
+    assert y.dtype == BF16
+    assert np.array_equal(y.view(np.uint16), bf16(REF.gemm_grouped(x, w, group)).view(np.uint16))
+    assert np.array_equal(y.view(np.uint16), REF.gemm_grouped(x, w, group, out="bf16").view(np.uint16))

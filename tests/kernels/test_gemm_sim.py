@@ -7,7 +7,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from cupyglm.backend.lanes import bf16, gemm as lanes_gemm, gemm_batched
+from cupyglm.backend.lanes import BF16, bf16, gemm as lanes_gemm, gemm_batched
 from cupyglm.kernels import ops_gemm
 from cupyglm.kernels.ops import Kernels
 
@@ -83,18 +83,39 @@ def test_thread_order_changes_no_bit(order):
 
 
 def test_wrong_calls_name_the_parameter():
-    x = np.zeros((2, 8), np.float32)
-    with pytest.raises(ValueError, match="x must be float32"):
-        ops_gemm.gemm(K, x.astype(np.float64), np.zeros((3, 8), np.float32))
+    x = np.zeros((2, 8), BF16)
+    with pytest.raises(ValueError, match="x must be bfloat16"):
+        ops_gemm.gemm(K, x.astype(np.float32), np.zeros((3, 8), BF16))
     with pytest.raises(ValueError, match="parameter w must have shape"):
-        ops_gemm.gemm(K, x, np.zeros((3, 9), np.float32))
+        ops_gemm.gemm(K, x, np.zeros((3, 9), BF16))
     with pytest.raises(ValueError, match="x must be C-contiguous"):
-        ops_gemm.gemm(K, np.zeros((8, 2), np.float32).T, np.zeros((3, 8), np.float32))
+        ops_gemm.gemm(K, np.zeros((8, 2), BF16).T, np.zeros((3, 8), BF16))
     with pytest.raises(ValueError, match="gemm_heads: parameter w"):
-        ops_gemm.gemm_heads(K, np.zeros((2, 2, 8), np.float32), np.zeros((3, 2, 8), np.float32))
+        ops_gemm.gemm_heads(K, np.zeros((2, 2, 8), BF16), np.zeros((3, 2, 8), BF16))
 
 
 def test_empty_shapes():
-    assert ops_gemm.gemm(K, np.zeros((0, 8), np.float32), np.zeros((3, 8), np.float32)).shape == (0, 3)
-    y = ops_gemm.gemm(K, np.ones((2, 0), np.float32), np.ones((3, 0), np.float32))
+    assert ops_gemm.gemm(K, np.zeros((0, 8), BF16), np.zeros((3, 8), BF16)).shape == (0, 3)
+    y = ops_gemm.gemm(K, np.ones((2, 0), BF16), np.ones((3, 0), BF16))
     assert y.shape == (2, 3) and not y.any()
+
+
+def test_bf16_output_is_the_fp32_sum_rounded_once_in_the_epilogue():
+    rng = np.random.default_rng(13)
+    x, w = _bf(rng, (21, 300), 2.0), _bf(rng, (37, 300))
+    y = ops_gemm.gemm(K, x, w, out="bf16")
+    assert y.dtype == BF16
+    assert np.array_equal(y.view(np.uint16), bf16(lanes_gemm(x, w)).view(np.uint16))
+    h = ops_gemm.gemm_heads(K, x.reshape(3, 7, 300), w[:36].reshape(3, 12, 300), out="bf16")
+    assert h.dtype == BF16
+    assert np.array_equal(h.view(np.uint16), bf16(gemm_batched(x.reshape(3, 7, 300), w[:36].reshape(3, 12, 300))).view(np.uint16))
+    with pytest.raises(ValueError, match="out must be one of"):
+        ops_gemm.gemm(K, x, w, out="fp16")
+
+
+def test_a_float32_operand_is_refused_naming_the_bf16_storage():
+    x = np.zeros((2, 8), np.float32)
+    with pytest.raises(ValueError, match="gemm: parameter x must be bfloat16, got float32"):
+        ops_gemm.gemm(K, x, np.zeros((3, 8), BF16))
+    with pytest.raises(ValueError, match="gemm: parameter w must be bfloat16, got float32"):
+        ops_gemm.gemm(K, x.astype(BF16), np.zeros((3, 8), np.float32))

@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from cupyglm.backend.lanes import bf16
+from cupyglm.backend.lanes import BF16, bf16
 from cupyglm.backend.numpy_ops import NumpyOps
 from cupyglm.contract import cases_attention, cases_hc, cases_indexer, cases_kda, cases_moe
 from cupyglm.contract.registry import ulp_distance
@@ -47,7 +47,7 @@ def _hc_pre_args(rng, t, d):
 def _hc_post_args(rng, t, d):
     X, fn, base, scale, *_ = _hc_pre_args(rng, t, d)
     _, post, comb = REF.hc_pre(X, fn, base, scale, 1e-5, 1e-6, 20)
-    return (X, _bf(rng, (t, d), 2.0), post, comb)
+    return (X, (rng.standard_normal((t, d)) * 2.0).astype(np.float32), post, comb)   # branch: the fp32 partial
 
 
 def _rec_args(rng, n, h, v, kd):
@@ -63,7 +63,7 @@ def _attn_args(rng, positions, h, r, chunk, npools):
 def _route_args(rng, t, e, k):
     logits = (rng.standard_normal((t, e)) * 2).astype(np.float32)
     logits[:, 1] = logits[:, 0]                    # a tie in every row
-    return (logits, _bf(rng, (e,), 0.1), k, 2.5)
+    return (logits, (rng.standard_normal(e) * 0.1).astype(np.float32), k, 2.5)     # bias stored F32
 
 
 # (op, launcher, args builder, per-output tolerance in fp32 ULPs as the contract states it)
@@ -75,7 +75,7 @@ SPECS = [
     ("kda_conv", ops_kda.kda_conv, lambda r: (_bf(r, (6, 200)), _bf(r, (3, 200)), _bf(r, (200, 4), 0.5)),
      (cases_kda.CONV_ULPS, 0)),
     ("kda_gate", ops_kda.kda_gate, lambda r: (_bf(r, (3, 2, 48)), np.log(r.uniform(1, 16, 2)).astype(np.float32),
-                                              _bf(r, (2, 48), 0.5), -5.0), (cases_kda.GATE_ULPS,)),
+                                              (r.standard_normal((2, 48)) * 0.5).astype(np.float32), -5.0), (cases_kda.GATE_ULPS,)),
     ("l2norm", ops_kda.l2norm, lambda r: (_bf(r, (3, 5, 64)), 1e-6), (0,)),
     ("kda_recurrence", ops_kda.kda_recurrence, lambda r: _rec_args(r, 6, 3, 48, 64), (0, 0)),
     ("kda_out", ops_kda.kda_out, lambda r: (_bf(r, (4, 3, 48), 0.3), _bf(r, (48,), 0.2, 1.0), _bf(r, (4, 3, 48), 2.0),
@@ -88,10 +88,13 @@ SPECS = [
      (cases_attention.ULPS,)),
     ("moe_route", ops_moe.moe_route, lambda r: _route_args(r, 9, 24, 4), (0, cases_moe.ROUTE_ULPS)),
     ("swiglu", ops_moe.swiglu, lambda r: (_bf(r, (5, 96), 6.0), _bf(r, (5, 96), 6.0), 10.0), (cases_moe.SWIGLU_ULPS,)),
-    ("moe_combine", ops_moe.moe_combine, lambda r: (_bf(r, (5, 3, 96)), r.uniform(0, 1, (5, 3)).astype(np.float32),
+    ("moe_combine", ops_moe.moe_combine, lambda r: ((r.standard_normal((5, 3, 96))).astype(np.float32),
+                                                    r.uniform(0, 1, (5, 3)).astype(np.float32),
                                                     r.standard_normal((5, 96)).astype(np.float32)), (0,)),
     ("sigmoid", ops_moe.sigmoid, lambda r: ((r.standard_normal((7, 33)) * 4).astype(np.float32),),
      (cases_moe.SIG_ULPS,)),
+    ("residual_add", ops_hc.residual_add, lambda r: (_bf(r, (5, 130), 2.0), (r.standard_normal((5, 130)) * 2).astype(np.float32)),
+     (0,)),
 ]
 
 
@@ -106,7 +109,7 @@ def test_op_matches_reference_in_every_thread_order(spec):
         assert len(got) == len(want) == len(tols)
         for g, w, tol in zip(got, want, tols):
             assert g.shape == w.shape and g.dtype == w.dtype, (order, g.shape, w.shape, g.dtype, w.dtype)
-            if w.dtype.kind == "f":
+            if w.dtype.kind == "f" or w.dtype == BF16:
                 assert ulp_distance(g, w) <= tol, (name, order, ulp_distance(g, w), tol)
             else:
                 assert np.array_equal(g, w), (name, order)

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from cupyglm.backend import make_ops
-from cupyglm.backend.lanes import bf16
+from cupyglm.backend.lanes import BF16, bf16
 from cupyglm.backend.numpy_ops import NumpyOps
 from cupyglm.kernels import ops as kops
 
@@ -22,13 +22,13 @@ def test_sim_ops_binds_every_registered_op():
 def test_sim_write_rows_mutates_the_callers_store_and_views_are_accepted():
     ops, ref = make_ops("sim"), NumpyOps()
     rng = np.random.default_rng(0)
-    store = np.full((32, 8), np.nan, np.float32)
+    store = np.full((32, 8), np.nan, BF16)                          # [rows, C] bf16, as kv/store.py allocates
     want = store.copy()
     rows = np.array([5, 17, 2], np.int32)
     vals = bf16(rng.standard_normal((3, 8)).astype(np.float32))
     ops.write_rows(store, rows, vals)
     ref.write_rows(want, rows, vals)
-    assert np.array_equal(store, want, equal_nan=True)
+    assert store.dtype == BF16 and np.array_equal(store.view(np.uint16), want.view(np.uint16))
     x = bf16(rng.standard_normal((5, 3, 40)).astype(np.float32))      # [T, H, K]
     w = bf16(rng.standard_normal((3, 7, 40)).astype(np.float32))      # [H, N, K]
     xt = x.transpose(1, 0, 2)                                    # a non-contiguous view, as dsa.py passes
@@ -39,7 +39,9 @@ def test_sim_write_rows_mutates_the_callers_store_and_views_are_accepted():
     with pytest.raises(ValueError, match="outside"):
         ops.read_rows(store, np.array([32], np.int32))
     with pytest.raises(ValueError, match="store must be C-contiguous"):
-        ops.write_rows(np.zeros((8, 32), np.float32).T, rows, vals)
+        ops.write_rows(np.zeros((8, 32), BF16).T, rows, vals)
+    with pytest.raises(ValueError, match="write_rows: parameter store must be bfloat16, got float32"):
+        ops.write_rows(np.zeros((32, 8), np.float32), rows, vals)
 
 
 def test_tiny_model_on_sim_with_the_framework_kernels_equals_numpy(tiny_ckpt):
@@ -82,11 +84,13 @@ def test_cuda_ops_refuses_ops_without_a_kernel(monkeypatch):
 
 def test_launchers_refuse_wrong_calls_naming_the_parameter():
     ops = make_ops("sim")
-    f = np.zeros((2, 16), np.float32)
+    f = np.zeros((2, 16), BF16)
     with pytest.raises(ValueError, match="rmsnorm: parameter w must have shape"):
-        ops.rmsnorm(f, np.zeros(15, np.float32), 1e-5)
+        ops.rmsnorm(f, np.zeros(15, BF16), 1e-5)
+    with pytest.raises(ValueError, match="rmsnorm: parameter x must be bfloat16, got float32"):
+        ops.rmsnorm(f.astype(np.float32), np.zeros(16, BF16), 1e-5)
     with pytest.raises(ValueError, match="layernorm: parameter b"):
-        ops.layernorm(f, np.zeros(16, np.float32), np.zeros(16, np.float64), 1e-6)
+        ops.layernorm(f, np.zeros(16, BF16), np.zeros(16, np.float64), 1e-6)
     with pytest.raises(ValueError, match="read_rows: parameter rows must be int32"):
         ops.read_rows(f, np.zeros(1, np.int64))
     with pytest.raises(ValueError, match="read_rows: parameter rows holds ids outside"):

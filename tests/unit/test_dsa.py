@@ -2,7 +2,7 @@
 import numpy as np
 import pytest
 
-from cupyglm.backend.lanes import bf16, exp_f32
+from cupyglm.backend.lanes import BF16, bf16, exp_f32
 from cupyglm.backend.numpy_ops import NumpyOps, expand_pools
 
 ops = NumpyOps()
@@ -16,11 +16,13 @@ def test_pooled_keys_follow_the_formula():
     pk = ops.index_pool(ik, ig, ape)
     for p in range(5):
         for d in range(16):
-            l = [np.float32(ig[p, j, d] + ape[j, d]) for j in range(4)]
+            l = [np.float32(ig[p, j, d]) + np.float32(ape[j, d]) for j in range(4)]     # bf16 widened
             e = [exp_f32(np.float32(x - max(l)))[()] for x in l]
             s = np.float32(np.float32(np.float32(e[0] + e[1]) + e[2]) + e[3])
-            t = [bf16(np.float32(bf16(np.float32(e[j] / s)) * ik[p, j, d])) for j in range(4)]
+            t = [np.float32(bf16(np.float32(bf16(np.float32(e[j] / s))) * np.float32(ik[p, j, d])))
+                 for j in range(4)]
             want = bf16(np.float32(np.float32(np.float32(t[0] + t[1]) + t[2]) + t[3]))
+            assert pk.dtype == want.dtype
             assert pk[p, d] == want
 
 
@@ -56,13 +58,13 @@ def test_first_sparse_position():
 def _naive_attention(qa, kv, scale):
     s = (qa.astype(np.float64) @ kv.astype(np.float64).T) * scale
     p = np.exp(s - s.max(axis=1, keepdims=True))
-    return (p @ kv) / p.sum(axis=1, keepdims=True)
+    return (p @ kv.astype(np.float64)) / p.sum(axis=1, keepdims=True)
 
 
 def test_sparse_equals_dense_when_every_pool_is_picked():
     rng = np.random.default_rng(5)
     q, h, r = 70, 3, 32
-    store = np.full((200, r), np.nan, np.float32)                 # unused rows poisoned
+    store = np.full((200, r), np.nan, BF16)                       # [rows, R] bf16; unused rows poisoned
     rows_of_pos = rng.permutation(np.arange(200))[:q + 1].astype(np.int32)
     store[rows_of_pos] = bf16(rng.standard_normal((q + 1, r)).astype(np.float32))
     qa = bf16(rng.standard_normal((1, h, r)).astype(np.float32))
@@ -81,7 +83,7 @@ def test_sparse_equals_dense_when_every_pool_is_picked():
         assert np.array_equal(dense, sparse)
         assert not np.isnan(dense).any()
         ref = _naive_attention(qa[0], store[rows_of_pos], 0.125)
-        assert np.allclose(dense[0], ref, atol=2e-2, rtol=2e-2)
+        assert dense.dtype == BF16 and np.allclose(dense[0].astype(np.float64), ref, atol=2e-2, rtol=2e-2)
 
 
 def test_attention_row_is_independent_of_its_batch():

@@ -2,6 +2,7 @@
 import numpy as np
 import pytest
 
+from cupyglm.backend.lanes import bf16
 from cupyglm.backend.numpy_ops import NumpyOps
 
 ops = NumpyOps()
@@ -10,15 +11,16 @@ TOL = 2e-4   # relative to max |y|: fp32 state vs float64 over 40 tokens
 
 def _inputs(seed, n=40, h=3, k=32):
     rng = np.random.default_rng(seed)
-    q = ops.l2norm(rng.standard_normal((n, h, k)).astype(np.float32), 1e-6) * np.float32(k ** -0.5)
-    kk = ops.l2norm(rng.standard_normal((n, h, k)).astype(np.float32), 1e-6)
-    v = rng.standard_normal((n, h, k)).astype(np.float32)
+    q = ops.l2norm(bf16(rng.standard_normal((n, h, k)).astype(np.float32)), 1e-6) * np.float32(k ** -0.5)
+    kk = ops.l2norm(bf16(rng.standard_normal((n, h, k)).astype(np.float32)), 1e-6)
+    v = bf16(rng.standard_normal((n, h, k)).astype(np.float32))          # [n, H, V] bf16, as the model keeps it
     g = np.exp(-5.0 * rng.random((n, h, k))).astype(np.float32)
-    beta = rng.random((n, h)).astype(np.float32)
+    beta = bf16(rng.random((n, h)).astype(np.float32))                 # [n, H] bf16
     return q, kk, v, g, beta
 
 
 def _naive(q, k, v, g, beta):
+    v, beta = v.astype(np.float64), beta.astype(np.float64)
     n, h, d = q.shape
     S = np.zeros((h, d, d))
     ys = []
@@ -35,7 +37,8 @@ def test_recurrence_matches_float64_reference():
     S0 = np.zeros((3, 32, 32), np.float32)
     y, S = ops.kda_recurrence(S0, q, k, v, g, beta)
     y_ref, S_ref = _naive(q, k, v, g, beta)
-    assert np.max(np.abs(y - y_ref)) <= TOL * np.max(np.abs(y_ref)) + 1e-2   # y is bf16-rounded
+    assert y.dtype == bf16(0).dtype
+    assert np.max(np.abs(y.astype(np.float64) - y_ref)) <= TOL * np.max(np.abs(y_ref)) + 1e-2   # y is bf16-rounded
     assert np.max(np.abs(S - S_ref)) <= TOL * np.max(np.abs(S_ref))
 
 
@@ -56,9 +59,9 @@ def test_state_is_bit_identical_however_the_tokens_are_split(split):
 
 def test_conv_window_carries_across_calls():
     rng = np.random.default_rng(3)
-    x = rng.standard_normal((10, 8)).astype(np.float32)
-    w = rng.standard_normal((8, 4)).astype(np.float32)
-    win = np.zeros((3, 8), np.float32)
+    x = bf16(rng.standard_normal((10, 8)).astype(np.float32))        # [n, C] bf16
+    w = bf16(rng.standard_normal((8, 4)).astype(np.float32))
+    win = ops.bf16_full((3, 8), 0.0)
     y_all, win_all = ops.kda_conv(x, win, w)
     y1, w1 = ops.kda_conv(x[:4], win, w)
     y2, w2 = ops.kda_conv(x[4:], w1, w)

@@ -33,7 +33,7 @@ def test_gemm_matches_float64_and_follows_lane_order():
     # the order is exactly lane-16: redo one element by hand
     lanes = np.zeros(16, np.float32)
     for kk in range(256):
-        lanes[kk % 16] += np.float32(x[2, kk] * w[3, kk])
+        lanes[kk % 16] += np.float32(x[2, kk]) * np.float32(w[3, kk])     # bf16 widened: the product is exact
     for width in (8, 4, 2, 1):
         lanes[:width] = lanes[:width] + lanes[width:2 * width]
     assert y[2, 3] == lanes[0]
@@ -58,19 +58,24 @@ def test_lane_sum_pads_with_exact_zeros():
 
 
 @pytest.mark.filterwarnings("ignore:invalid value encountered in cast:RuntimeWarning")
-def test_device_bf16_rounding_matches_ml_dtypes():
-    """The integer-arithmetic rounding used for cupy arrays, run here on numpy, equals ml_dtypes bit for bit."""
-    from cupyglm.backend.lanes import bf16_bits
+def test_bf16_storage_and_its_cuda_bits():
+    """bf16() rounds to the numpy storage (nearest even, the top 16 bits of float32 for exact values); to_bits /
+    from_bits are exact views between it and the cuda storage (uint16), every pattern round-tripping."""
+    from cupyglm.backend.lanes import BF16, BF16_BITS, f32, from_bits, to_bits
 
-    rng = np.random.default_rng(7)
-    bits = rng.integers(0, 2**32, 200_000, dtype=np.uint64).astype(np.uint32)
-    edges = np.array([0x3F808000, 0x3F818000, 0x7F7FFFFF, 0x00008000, 0x80000001, 0x7F800000, 0xFF800000],
-                     dtype=np.uint32)
-    x = np.concatenate([bits, edges]).view(np.float32)
-    got, want = bf16_bits(x, np), bf16(x)
-    finite = ~np.isnan(want)
-    assert np.array_equal(got[finite].view(np.uint32), want[finite].view(np.uint32))
-    assert np.isnan(got[~finite]).all()
+    patterns = np.arange(2**16, dtype=np.uint16)
+    b = from_bits(patterns)
+    assert b.dtype == BF16 and np.array_equal(to_bits(b), patterns)
+    assert to_bits(b).dtype == BF16_BITS
+    wide = f32(b)                                               # exact widening: bits << 16
+    assert np.array_equal(wide.view(np.uint32), patterns.astype(np.uint32) << 16)
+    x = np.array([1.0 + 2**-8, 1.0 + 3 * 2**-8, 1.0 + 2**-8 + 2**-20], np.float32)   # tie to even, tie, above
+    assert to_bits(bf16(x)).tolist() == [0x3F80, 0x3F82, 0x3F81]
+    assert bf16(x).dtype == BF16
+    with pytest.raises(ValueError, match="bfloat16"):
+        to_bits(x)
+    with pytest.raises(ValueError, match="uint16"):
+        from_bits(x)
 
 
 def test_exp_f32_is_within_one_ulp_of_exp():
