@@ -44,6 +44,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="largest request body accepted (default 16 MiB); larger ones get 413")
     g.add_argument("--served-model-name", default=None, metavar="NAME",
                    help="model id in the API (default: --model as given, or 'cupyglm-tiny')")
+    g.add_argument("--read-timeout", default="10", metavar="S",
+                   help="a connection's request line and headers must arrive within S seconds (default 10)")
+    g.add_argument("--body-timeout", default="30", metavar="S",
+                   help="a request's body must arrive within S seconds of its headers (default 30); else 408")
+    g.add_argument("--allow-control-tokens", action="store_true",
+                   help="special-token text in chat message content (e.g. '<|assistant|>') becomes the control "
+                        "token; for trusted clients only (default: such text is plain text)")
     g.add_argument("--drain-seconds", default=str(DEFAULT_DRAIN_S), metavar="S",
                    help=f"on SIGTERM, how long running requests may finish (default {DEFAULT_DRAIN_S:g})")
     return p
@@ -61,13 +68,13 @@ def _int_flag(flag: str, raw: str, lo: int, hi: int | None = None) -> int:
     return v
 
 
-def _float_flag(flag: str, raw: str) -> float:
+def _float_flag(flag: str, raw: str, positive: bool = False) -> float:
     try:
         v = float(raw)
     except ValueError:
         v = -1.0
-    if not v >= 0 or v == float("inf"):
-        raise SettingsError(f"{flag} must be a number of seconds >= 0, got {raw!r}")
+    if not v >= 0 or v == float("inf") or (positive and v == 0):
+        raise SettingsError(f"{flag} must be a number of seconds {'> 0' if positive else '>= 0'}, got {raw!r}")
     return v
 
 
@@ -88,9 +95,11 @@ def read_key_file(path: str) -> str:
         text = p.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as e:
         raise SettingsError(f"--api-key-file {path}: cannot read it ({e})") from None
-    key = text.splitlines()[0].strip() if text.strip() else ""
-    if not key:
+    if not text.strip():
         raise SettingsError(f"--api-key-file {path}: the file is empty")
+    key = text.splitlines()[0].strip()
+    if not key:
+        raise SettingsError(f"--api-key-file {path}: the first line is blank (the key must be on the first line)")
     return key
 
 
@@ -145,6 +154,8 @@ def serve(args: argparse.Namespace) -> int:
     port = _int_flag("--port", args.port, 0, 65535)
     max_body = _int_flag("--max-body-bytes", args.max_body_bytes, 1)
     drain_s = _float_flag("--drain-seconds", args.drain_seconds)
+    args.read_timeout = _float_flag("--read-timeout", args.read_timeout, positive=True)
+    args.body_timeout = _float_flag("--body-timeout", args.body_timeout, positive=True)
     key = args.api_key
     if key is not None and not key.strip():
         raise SettingsError("--api-key must not be empty")
@@ -173,23 +184,26 @@ def serve(args: argparse.Namespace) -> int:
               f"this port can use the model (set --api-key or --api-key-file)", file=sys.stderr, flush=True)
     _say(f"# {note}; tp {world.size}; rank 0: pid {os.getpid()}")
     served_id = args.served_model_name or (st.model if st.model is not None else "cupyglm-tiny")
-    return asyncio.run(_serve_rank0(world, st, sock, args.host, bound_port, served_id, key, max_body, drain_s, t0))
+    return asyncio.run(_serve_rank0(world, st, sock, args, bound_port, served_id, key, max_body, drain_s, t0))
 
 
-async def _serve_rank0(world, st, sock, host, port, served_id, key, max_body, drain_s, t0) -> int:
+async def _serve_rank0(world, st, sock, args, port, served_id, key, max_body, drain_s, t0) -> int:
     import uvicorn
 
     from cupyglm.checkpoint.loader import open_model
     from cupyglm.engine.sampling import SamplingParams
     from cupyglm.server.app import ServerState, create_app, model_info
     from cupyglm.server.bridge import EngineBridge
+    from cupyglm.server.guards import KEEP_ALIVE_S, GuardedH11Protocol
     from cupyglm.server.metrics import Metrics
 
+    host = args.host
     loop = asyncio.get_running_loop()
     metrics = Metrics(served_id)
     bridge = EngineBridge(loop, metrics)
     state = ServerState(bridge=bridge, metrics=metrics, served_id=served_id, root=served_id,
-                        api_keys=(key.encode(),) if key else (), max_body_bytes=max_body, make_params=SamplingParams)
+                        api_keys=(key.encode(),) if key else (), max_body_bytes=max_body, make_params=SamplingParams,
+                        allow_control_tokens=args.allow_control_tokens, body_timeout_s=args.body_timeout)
     server_box: dict = {}
     holder: dict = {}
 
@@ -220,17 +234,18 @@ async def _serve_rank0(world, st, sock, host, port, served_id, key, max_body, dr
             server.should_exit = True
 
     bridge.on_dead = on_dead
-    config = uvicorn.Config(create_app(state), http="h11", lifespan="off", log_level="warning",
+    protocol = type("HeadTimedH11Protocol", (GuardedH11Protocol,), {"head_timeout_s": args.read_timeout})
+    config = uvicorn.Config(create_app(state), http=protocol, lifespan="off", log_level="warning",
                             access_log=False, timeout_graceful_shutdown=max(drain_s, 0.1) + 5,
-                            timeout_keep_alive=5)
-    server = uvicorn.Server(config)
+                            timeout_keep_alive=KEEP_ALIVE_S)
+    server = _server_class()(config)
     server_box["server"] = server
     bridge.start(factory, on_ready)
 
     from cupyglm.dist.failure import request_stop, stop_requested
 
     async def watch_stop() -> None:
-        # run_rank_main's handlers are replaced by uvicorn's while it serves; both paths end up here.
+        # run_rank_main's handlers stay installed (the server class keeps them): the first signal sets the flag
         while not server.should_exit:
             if stop_requested():
                 server.should_exit = True
@@ -250,6 +265,21 @@ async def _serve_rank0(world, st, sock, host, port, served_id, key, max_body, dr
         raise bridge.dead
     _say(f"stopped: {aborted} running request(s) aborted after the drain; every rank told to stop")
     return 0
+
+
+def _server_class():
+    import contextlib
+
+    import uvicorn
+
+    class Server(uvicorn.Server):
+        """uvicorn's server keeping run_rank_main's signal handlers (a second signal aborts the job at once)."""
+
+        @contextlib.contextmanager
+        def capture_signals(self):
+            yield
+
+    return Server
 
 
 def main(argv: list[str] | None = None) -> int:

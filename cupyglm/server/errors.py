@@ -9,7 +9,8 @@ from collections.abc import Mapping
 
 # type strings of the OpenAI error object, by status
 _TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "invalid_request_error",
-          405: "invalid_request_error", 413: "invalid_request_error", 429: "rate_limit_error",
+          405: "invalid_request_error", 408: "invalid_request_error", 413: "invalid_request_error",
+          415: "invalid_request_error", 429: "rate_limit_error",
           500: "server_error", 503: "service_unavailable_error"}
 
 
