@@ -15,6 +15,7 @@ from cupyglm.server.unsupported import refuse_unsupported
 
 MAX_STOP_STRINGS = 4
 MAX_STOP_TOKEN_IDS = 64
+MAX_STOP_CHARS = 4096
 MAX_SEED = 2**64 - 1
 MAX_INT32 = 2**31 - 1
 
@@ -78,6 +79,8 @@ def _stop(body: Mapping) -> tuple[str, ...]:
             raise bad("stop", f"'stop[{i}]' must be a string, got {json_kind(s)}", "invalid_type")
         if not s:
             raise bad("stop", f"'stop[{i}]' must not be empty")
+        if len(s) > MAX_STOP_CHARS:
+            raise bad("stop", f"'stop[{i}]' has {len(s)} characters; at most {MAX_STOP_CHARS} are allowed")
     return tuple(v)
 
 
