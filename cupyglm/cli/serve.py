@@ -51,6 +51,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--allow-control-tokens", action="store_true",
                    help="special-token text in chat message content (e.g. '<|assistant|>') becomes the control "
                         "token; for trusted clients only (default: such text is plain text)")
+    g.add_argument("--step-timeout", default="30", metavar="S",
+                   help="liveness bound (default 30): a rank silent for S seconds, or a step of R rows running "
+                        "past S*(1+R/256) seconds (10x for the first step), ends the job (exit 1, naming the rank)")
     g.add_argument("--drain-seconds", default=str(DEFAULT_DRAIN_S), metavar="S",
                    help=f"on SIGTERM, how long running requests may finish (default {DEFAULT_DRAIN_S:g})")
     return p
@@ -154,6 +157,7 @@ def serve(args: argparse.Namespace) -> int:
     port = _int_flag("--port", args.port, 0, 65535)
     max_body = _int_flag("--max-body-bytes", args.max_body_bytes, 1)
     drain_s = _float_flag("--drain-seconds", args.drain_seconds)
+    args.step_timeout = _float_flag("--step-timeout", args.step_timeout, positive=True)
     args.read_timeout = _float_flag("--read-timeout", args.read_timeout, positive=True)
     args.body_timeout = _float_flag("--body-timeout", args.body_timeout, positive=True)
     key = args.api_key
@@ -167,14 +171,20 @@ def serve(args: argparse.Namespace) -> int:
     backend, note = resolve(st.backend)
     world = world_mod.start(st, backend=backend)          # the fingerprint handshake, before any weight
     world.settings.refuse_unavailable()
+    from cupyglm.dist import watchdog
+
+    link = watchdog.open_link(world)                      # collective: every rank, before any weight
 
     if world.rank != 0:
         from cupyglm.checkpoint.loader import open_model
 
+        box: dict = {}
+        beater = watchdog.Beater(link, lambda: box["engine"].done_step if "engine" in box else -1)
         ckpt = open_model(st.model)
-        engine = make_engine(world, ckpt)
+        engine = box["engine"] = make_engine(world, ckpt)
         _say(f"rank {world.rank}: pid {os.getpid()} ready")
         engine.worker_loop()
+        beater.bye()
         return 0
 
     sock = bind(args.host, port)
@@ -184,13 +194,15 @@ def serve(args: argparse.Namespace) -> int:
               f"this port can use the model (set --api-key or --api-key-file)", file=sys.stderr, flush=True)
     _say(f"# {note}; tp {world.size}; rank 0: pid {os.getpid()}")
     served_id = args.served_model_name or (st.model if st.model is not None else "cupyglm-tiny")
-    return asyncio.run(_serve_rank0(world, st, sock, args, bound_port, served_id, key, max_body, drain_s, t0))
+    return asyncio.run(_serve_rank0(world, link, st, sock, args, bound_port, served_id, key, max_body, drain_s,
+                                    t0))
 
 
-async def _serve_rank0(world, st, sock, args, port, served_id, key, max_body, drain_s, t0) -> int:
+async def _serve_rank0(world, link, st, sock, args, port, served_id, key, max_body, drain_s, t0) -> int:
     import uvicorn
 
     from cupyglm.checkpoint.loader import open_model
+    from cupyglm.dist.watchdog import Watchdog
     from cupyglm.engine.sampling import SamplingParams
     from cupyglm.server.app import ServerState, create_app, model_info
     from cupyglm.server.bridge import EngineBridge
@@ -206,11 +218,14 @@ async def _serve_rank0(world, st, sock, args, port, served_id, key, max_body, dr
                         allow_control_tokens=args.allow_control_tokens, body_timeout_s=args.body_timeout)
     server_box: dict = {}
     holder: dict = {}
+    wd = Watchdog(link, args.step_timeout, on_fire=bridge.fail)
 
     def factory():
         ckpt = open_model(st.model)
         holder["ckpt"] = ckpt
-        return make_engine(world, ckpt)
+        engine = make_engine(world, ckpt)
+        engine.watch = wd
+        return engine
 
     def on_ready(engine) -> None:        # engine thread
         ckpt = holder["ckpt"]
@@ -242,13 +257,15 @@ async def _serve_rank0(world, st, sock, args, port, served_id, key, max_body, dr
     server_box["server"] = server
     bridge.start(factory, on_ready)
 
-    from cupyglm.dist.failure import request_stop, stop_requested
+    from cupyglm.dist.failure import request_stop, stop_requested, stop_signal_name
 
-    async def watch_stop() -> None:
+    async def watch_stop() -> int:
         # run_rank_main's handlers stay installed (the server class keeps them): the first signal sets the flag
         while not server.should_exit:
             if stop_requested():
                 server.should_exit = True
+                _say(f"rank 0: {stop_signal_name()}: draining {bridge.open_requests} open request(s) for at most "
+                     f"{drain_s:g} s")
             await asyncio.sleep(0.1)
         bridge.closing = True
         return await bridge.drain(drain_s)
@@ -260,11 +277,35 @@ async def _serve_rank0(world, st, sock, args, port, served_id, key, max_body, dr
         server.should_exit = True
         aborted = await watcher
         request_stop()
-        bridge.stop(timeout=60)
+        if bridge.dead is None:
+            _stop_every_rank(bridge, wd, link)
+        else:
+            bridge.stop(timeout=5)
     if bridge.dead is not None:
         raise bridge.dead
-    _say(f"stopped: {aborted} running request(s) aborted after the drain; every rank told to stop")
+    _say(f"stopped: {aborted} open request(s) aborted after the drain; every rank confirmed the stop")
     return 0
+
+
+def _stop_every_rank(bridge, wd, link) -> None:
+    """Stop the engine thread (its stop message reaches every rank) and wait for every rank to confirm; a rank that
+    does not within STOP_CONFIRM_S ends the job (MPI Abort), saying which. A step that is still running is
+    bounded by the watchdog, unless a rank is already silent: then the job ends at once."""
+    from cupyglm.dist.watchdog import HEARTBEAT_S, STOP_CONFIRM_S
+
+    bridge.stop(timeout=STOP_CONFIRM_S)
+    if bridge.thread_alive:
+        silent = wd.silent_ranks(4 * HEARTBEAT_S)
+        if silent:
+            _say(f"rank 0: the engine did not finish its step within {STOP_CONFIRM_S:g} s of the stop and "
+                 f"{', '.join(f'rank {r}' for r in silent)} is silent; aborting the job")
+            link.abort(1)
+        bridge.stop(timeout=None)
+    missing = wd.confirm_stop()
+    if missing:
+        _say(f"rank 0: {', '.join(f'rank {r}' for r in missing)} did not confirm the stop within "
+             f"{STOP_CONFIRM_S:g} s; aborting the job")
+        link.abort(1)
 
 
 def _server_class():

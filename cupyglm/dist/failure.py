@@ -38,6 +38,11 @@ def stop_requested() -> bool:
     return _stop["requested"]
 
 
+def stop_signal_name() -> str:
+    """The signal that asked for the stop ("SIGTERM", "SIGINT"), or "stop" when none did."""
+    return signal.Signals(_stop["signal"]).name if _stop["signal"] else "stop"
+
+
 def request_stop() -> None:
     _stop["requested"] = True
 

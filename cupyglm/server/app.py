@@ -71,7 +71,7 @@ class ServerState:
 def _not_ready(state: ServerState) -> ApiError:
     b = state.bridge
     if b.dead is not None:
-        why = "the engine stopped"
+        why = f"the engine stopped ({b.dead})"
     elif b.closing:
         why = "the server is shutting down"
     else:
@@ -222,8 +222,9 @@ def create_app(state: ServerState, *, lifespan: Any = None) -> Starlette:
         b = state.bridge
         if state.ready and b.alive:
             return JSONResponse({"status": "ok"})
-        status = "dead" if b.dead is not None else ("stopping" if b.closing else "loading")
-        return JSONResponse({"status": status}, status_code=503)
+        if b.dead is not None:
+            return JSONResponse({"status": "dead", "reason": str(b.dead)}, status_code=503)
+        return JSONResponse({"status": "stopping" if b.closing else "loading"}, status_code=503)
 
     async def metrics(request: Request) -> Response:
         return Response(state.metrics.render(), media_type=CONTENT_TYPE)
