@@ -121,7 +121,7 @@ def bind(host: str, port: int) -> socket.socket:
     except socket.gaierror as e:
         raise SettingsError(f"--host {host}: cannot resolve it ({e.strerror})") from None
     family, _, _, _, addr = infos[0]
-    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)   # asyncio sets TCP_NODELAY only then
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
         sock.bind(addr)
@@ -276,6 +276,7 @@ async def _serve_rank0(world, link, st, sock, args, port, served_id, key, max_bo
     finally:
         server.should_exit = True
         aborted = await watcher
+        state.pool.close()
         request_stop()
         if bridge.dead is None:
             _stop_every_rank(bridge, wd, link)

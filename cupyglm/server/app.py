@@ -34,6 +34,7 @@ from cupyglm.server.sse import SSE_DONE, sse, sse_error
 DEFAULT_MAX_BODY_BYTES = 16 * 1024 * 1024
 RETRY_AFTER_S = 1
 INLINE_JSON_BYTES = 64 * 1024      # larger bodies are parsed in the worker pool
+PROCESS_JSON_BYTES = 1024 * 1024   # and larger still in its process (json.loads holds the GIL throughout)
 
 
 @dataclasses.dataclass
@@ -113,7 +114,9 @@ def create_app(state: ServerState, *, lifespan: Any = None) -> Starlette:
         raw = await read_body(request, state.max_body_bytes, state.body_timeout_s)
         if len(raw) <= INLINE_JSON_BYTES:
             return parse_json_object(raw)
-        return await state.pool.run(parse_json_object, raw)
+        if len(raw) <= PROCESS_JSON_BYTES:
+            return await state.pool.run(parse_json_object, raw)
+        return await state.pool.parse_big(raw)
 
     def need_ready() -> ModelInfo:
         if not state.ready:

@@ -30,6 +30,13 @@ class ApiError(Exception):
     def body(self) -> dict:
         return error_body(self.message, type=self.type, param=self.param, code=self.code)
 
+    def __reduce__(self):          # crosses the JSON-parsing process (cupyglm.server.prompt.WorkPool)
+        return (_rebuild, (self.status, self.message, self.param, self.code, self.type, self.headers))
+
+
+def _rebuild(status, message, param, code, type, headers) -> ApiError:
+    return ApiError(status, message, param=param, code=code, type=type, headers=headers)
+
 
 def error_body(message: str, *, type: str = "invalid_request_error", param: str | None = None,
                code: str | None = None) -> dict:

@@ -19,6 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from cupyglm.server.errors import ApiError, bad
+from cupyglm.server.jsonproc import JsonProcess
 
 DEFAULT_WORKERS = 2
 DEFAULT_PENDING = 32       # preparations queued or running at once; more answer 429
@@ -31,15 +32,18 @@ def _too_long(param: str, chars: int, limit: int, max_model_len: int) -> ApiErro
 
 
 class WorkPool:
-    """A bounded thread pool for request preparation: at most `pending` jobs queued or running at once."""
+    """Request preparation off the event loop, at most `pending` jobs queued or running at once: a thread pool,
+    and a child process for big JSON bodies (`parse_big`: json.loads holds the GIL throughout its one C call)."""
 
     def __init__(self, workers: int = DEFAULT_WORKERS, pending: int = DEFAULT_PENDING):
         self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="cupyglm-prepare")
+        self._json = JsonProcess()
         self._pending = pending
         self._busy = 0
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
+        self._json.close()
 
     async def run(self, fn, *args):
         """`fn(*args)` in the pool (event loop thread only); 429 when `pending` jobs are queued or running."""
@@ -51,6 +55,10 @@ class WorkPool:
             return await asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
         finally:
             self._busy -= 1
+
+    async def parse_big(self, raw: bytes) -> dict:
+        """A big body as a JSON object, parsed in the child process (cupyglm.server.jsonproc)."""
+        return await self.run(self._json.parse, raw)
 
 
 class PromptBuilder:
