@@ -8,7 +8,9 @@ socket first (so a taken port fails before any weight is read), serves `/health`
 the engine in the engine thread; the other ranks build theirs and run the worker loop in lockstep. Once loaded,
 rank 0 prints one line `serving <model> at http://HOST:PORT/v1 (...)` (with --port 0, the port the system gave).
 SIGTERM/SIGINT: stop accepting, drain running requests (at most --drain-seconds), stop the engine (the stop
-broadcast reaches every rank), every rank exits 0.
+broadcast reaches every rank), every rank confirms and exits 0; a rank that does not confirm within a few seconds
+aborts the job, and so does a second signal. A rank silent or a step stuck past --step-timeout ends the job
+(cupyglm.dist.watchdog).
 """
 from __future__ import annotations
 
