@@ -93,7 +93,8 @@ class Watchdog:
     """Rank 0: watches heartbeats and step deadlines; fires at most once (see the module docstring)."""
 
     def __init__(self, link: Link, step_timeout_s: float, on_fire: Callable[[str], None],
-                 abort: Callable[[int], None] | None = None, clock: Callable[[], float] = time.monotonic):
+                 abort: Callable[[int], None] | None = None, clock: Callable[[], float] = time.monotonic,
+                 start: bool = True):
         self.link = link
         self.step_timeout_s = step_timeout_s
         self.on_fire = on_fire
@@ -112,7 +113,8 @@ class Watchdog:
             if link.comm is not None else {}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="cupyglm-watchdog", daemon=True)
-        self._thread.start()
+        if start:
+            self._thread.start()
 
     # ---- called by the engine thread ----------------------------------------------------------------------------
     def step_started(self, step: int, rows: int) -> None:
@@ -183,7 +185,8 @@ class Watchdog:
     def confirm_stop(self, timeout_s: float = STOP_CONFIRM_S) -> list[int]:
         """After the stop message: wait for every rank's BYE; returns the ranks that did not confirm in time."""
         self._stop.set()
-        self._thread.join()
+        if self._thread.is_alive():
+            self._thread.join()
         deadline = self.clock() + timeout_s
         while self._reqs and self.clock() < deadline:
             self._poll()
