@@ -1,9 +1,10 @@
-"""`cupyglm-cleanup-shm [--dry-run]`: remove stale cupyglm-* shared-memory segments.
+"""`cupyglm-cleanup-shm [--dry-run]`: remove stale cupyglm-* and MPICH mpich_shm_* shared-memory segments.
 
 A segment is stale when the process that made it is gone (its pid and start time, from the segment's header) or
 when it was left half-made (no header) longer than --min-age seconds ago. Live jobs' segments are kept. Segments
 normally vanish from /dev/shm as soon as every rank has mapped them, so only a job that died during startup leaves
-one behind.
+one behind. An MPICH segment (`mpich_shm_*`, in /dev/shm) is stale when no live process maps it and it is older
+than --min-age (cupyglm.dist.mpich_shm); one any process might map is kept.
 """
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import os
 import sys
 from pathlib import Path
 
+from cupyglm.dist import mpich_shm
 from cupyglm.dist.shm import shm_dir, stale_segments
 
 
@@ -26,7 +28,9 @@ def main(argv: list[str] | None = None) -> int:
     ns = parser.parse_args(argv)
     directory = ns.dir or shm_dir()
     removed = kept = failed = 0
-    for v in stale_segments(directory, min_age_s=ns.min_age):
+    verdicts = stale_segments(directory, min_age_s=ns.min_age)
+    verdicts += mpich_shm.stale(directory, min_age_s=ns.min_age)
+    for v in verdicts:
         if not v.stale:
             kept += 1
             if not ns.quiet:
@@ -50,7 +54,7 @@ def main(argv: list[str] | None = None) -> int:
     verb = "would remove" if ns.dry_run else "removed"
     if not ns.quiet:
         tail = f", {failed} failed" if failed else ""
-        print(f"{directory}: {verb} {removed} stale cupyglm segment(s), kept {kept}{tail}")
+        print(f"{directory}: {verb} {removed} stale segment(s), kept {kept}{tail}")
     return 1 if failed else 0
 
 

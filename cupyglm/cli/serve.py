@@ -8,7 +8,9 @@ socket first (so a taken port fails before any weight is read), serves `/health`
 the engine in the engine thread; the other ranks build theirs and run the worker loop in lockstep. Once loaded,
 rank 0 prints one line `serving <model> at http://HOST:PORT/v1 (...)` (with --port 0, the port the system gave).
 SIGTERM/SIGINT: stop accepting, drain running requests (at most --drain-seconds), stop the engine (the stop
-broadcast reaches every rank), every rank exits 0.
+broadcast reaches every rank), every rank confirms and exits 0; a rank that does not confirm within a few seconds
+aborts the job, and so does a second signal. A rank silent or a step stuck past --step-timeout ends the job
+(cupyglm.dist.watchdog).
 """
 from __future__ import annotations
 
@@ -44,6 +46,16 @@ def build_parser() -> argparse.ArgumentParser:
                    help="largest request body accepted (default 16 MiB); larger ones get 413")
     g.add_argument("--served-model-name", default=None, metavar="NAME",
                    help="model id in the API (default: --model as given, or 'cupyglm-tiny')")
+    g.add_argument("--read-timeout", default="10", metavar="S",
+                   help="a connection's request line and headers must arrive within S seconds (default 10)")
+    g.add_argument("--body-timeout", default="30", metavar="S",
+                   help="a request's body must arrive within S seconds of its headers (default 30); else 408")
+    g.add_argument("--allow-control-tokens", action="store_true",
+                   help="special-token text in chat message content (e.g. '<|assistant|>') becomes the control "
+                        "token; for trusted clients only (default: such text is plain text)")
+    g.add_argument("--step-timeout", default="30", metavar="S",
+                   help="liveness bound (default 30): a rank silent for S seconds, or a step of R rows running "
+                        "past S*(1+R/256) seconds (10x for the first step), ends the job (exit 1, naming the rank)")
     g.add_argument("--drain-seconds", default=str(DEFAULT_DRAIN_S), metavar="S",
                    help=f"on SIGTERM, how long running requests may finish (default {DEFAULT_DRAIN_S:g})")
     return p
@@ -61,13 +73,13 @@ def _int_flag(flag: str, raw: str, lo: int, hi: int | None = None) -> int:
     return v
 
 
-def _float_flag(flag: str, raw: str) -> float:
+def _float_flag(flag: str, raw: str, positive: bool = False) -> float:
     try:
         v = float(raw)
     except ValueError:
         v = -1.0
-    if not v >= 0 or v == float("inf"):
-        raise SettingsError(f"{flag} must be a number of seconds >= 0, got {raw!r}")
+    if not v >= 0 or v == float("inf") or (positive and v == 0):
+        raise SettingsError(f"{flag} must be a number of seconds {'> 0' if positive else '>= 0'}, got {raw!r}")
     return v
 
 
@@ -88,9 +100,11 @@ def read_key_file(path: str) -> str:
         text = p.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as e:
         raise SettingsError(f"--api-key-file {path}: cannot read it ({e})") from None
-    key = text.splitlines()[0].strip() if text.strip() else ""
-    if not key:
+    if not text.strip():
         raise SettingsError(f"--api-key-file {path}: the file is empty")
+    key = text.splitlines()[0].strip()
+    if not key:
+        raise SettingsError(f"--api-key-file {path}: the first line is blank (the key must be on the first line)")
     return key
 
 
@@ -109,7 +123,7 @@ def bind(host: str, port: int) -> socket.socket:
     except socket.gaierror as e:
         raise SettingsError(f"--host {host}: cannot resolve it ({e.strerror})") from None
     family, _, _, _, addr = infos[0]
-    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)   # asyncio sets TCP_NODELAY only then
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
         sock.bind(addr)
@@ -145,6 +159,9 @@ def serve(args: argparse.Namespace) -> int:
     port = _int_flag("--port", args.port, 0, 65535)
     max_body = _int_flag("--max-body-bytes", args.max_body_bytes, 1)
     drain_s = _float_flag("--drain-seconds", args.drain_seconds)
+    args.step_timeout = _float_flag("--step-timeout", args.step_timeout, positive=True)
+    args.read_timeout = _float_flag("--read-timeout", args.read_timeout, positive=True)
+    args.body_timeout = _float_flag("--body-timeout", args.body_timeout, positive=True)
     key = args.api_key
     if key is not None and not key.strip():
         raise SettingsError("--api-key must not be empty")
@@ -156,14 +173,20 @@ def serve(args: argparse.Namespace) -> int:
     backend, note = resolve(st.backend)
     world = world_mod.start(st, backend=backend)          # the fingerprint handshake, before any weight
     world.settings.refuse_unavailable()
+    from cupyglm.dist import watchdog
+
+    link = watchdog.open_link(world)                      # collective: every rank, before any weight
 
     if world.rank != 0:
         from cupyglm.checkpoint.loader import open_model
 
+        box: dict = {}
+        beater = watchdog.Beater(link, lambda: box["engine"].done_step if "engine" in box else -1)
         ckpt = open_model(st.model)
-        engine = make_engine(world, ckpt)
+        engine = box["engine"] = make_engine(world, ckpt)
         _say(f"rank {world.rank}: pid {os.getpid()} ready")
         engine.worker_loop()
+        beater.bye()
         return 0
 
     sock = bind(args.host, port)
@@ -173,30 +196,38 @@ def serve(args: argparse.Namespace) -> int:
               f"this port can use the model (set --api-key or --api-key-file)", file=sys.stderr, flush=True)
     _say(f"# {note}; tp {world.size}; rank 0: pid {os.getpid()}")
     served_id = args.served_model_name or (st.model if st.model is not None else "cupyglm-tiny")
-    return asyncio.run(_serve_rank0(world, st, sock, args.host, bound_port, served_id, key, max_body, drain_s, t0))
+    return asyncio.run(_serve_rank0(world, link, st, sock, args, bound_port, served_id, key, max_body, drain_s,
+                                    t0))
 
 
-async def _serve_rank0(world, st, sock, host, port, served_id, key, max_body, drain_s, t0) -> int:
+async def _serve_rank0(world, link, st, sock, args, port, served_id, key, max_body, drain_s, t0) -> int:
     import uvicorn
 
     from cupyglm.checkpoint.loader import open_model
+    from cupyglm.dist.watchdog import Watchdog
     from cupyglm.engine.sampling import SamplingParams
     from cupyglm.server.app import ServerState, create_app, model_info
     from cupyglm.server.bridge import EngineBridge
+    from cupyglm.server.guards import KEEP_ALIVE_S, GuardedH11Protocol
     from cupyglm.server.metrics import Metrics
 
+    host = args.host
     loop = asyncio.get_running_loop()
     metrics = Metrics(served_id)
     bridge = EngineBridge(loop, metrics)
     state = ServerState(bridge=bridge, metrics=metrics, served_id=served_id, root=served_id,
-                        api_keys=(key.encode(),) if key else (), max_body_bytes=max_body, make_params=SamplingParams)
+                        api_keys=(key.encode(),) if key else (), max_body_bytes=max_body, make_params=SamplingParams,
+                        allow_control_tokens=args.allow_control_tokens, body_timeout_s=args.body_timeout)
     server_box: dict = {}
     holder: dict = {}
+    wd = Watchdog(link, args.step_timeout, on_fire=bridge.fail)
 
     def factory():
         ckpt = open_model(st.model)
         holder["ckpt"] = ckpt
-        return make_engine(world, ckpt)
+        engine = make_engine(world, ckpt)
+        engine.watch = wd
+        return engine
 
     def on_ready(engine) -> None:        # engine thread
         ckpt = holder["ckpt"]
@@ -220,20 +251,23 @@ async def _serve_rank0(world, st, sock, host, port, served_id, key, max_body, dr
             server.should_exit = True
 
     bridge.on_dead = on_dead
-    config = uvicorn.Config(create_app(state), http="h11", lifespan="off", log_level="warning",
+    protocol = type("HeadTimedH11Protocol", (GuardedH11Protocol,), {"head_timeout_s": args.read_timeout})
+    config = uvicorn.Config(create_app(state), http=protocol, lifespan="off", log_level="warning",
                             access_log=False, timeout_graceful_shutdown=max(drain_s, 0.1) + 5,
-                            timeout_keep_alive=5)
-    server = uvicorn.Server(config)
+                            timeout_keep_alive=KEEP_ALIVE_S)
+    server = _server_class()(config)
     server_box["server"] = server
     bridge.start(factory, on_ready)
 
-    from cupyglm.dist.failure import request_stop, stop_requested
+    from cupyglm.dist.failure import request_stop, stop_requested, stop_signal_name
 
-    async def watch_stop() -> None:
-        # run_rank_main's handlers are replaced by uvicorn's while it serves; both paths end up here.
+    async def watch_stop() -> int:
+        # run_rank_main's handlers stay installed (the server class keeps them): the first signal sets the flag
         while not server.should_exit:
             if stop_requested():
                 server.should_exit = True
+                _say(f"rank 0: {stop_signal_name()}: draining {bridge.open_requests} open request(s) for at most "
+                     f"{drain_s:g} s")
             await asyncio.sleep(0.1)
         bridge.closing = True
         return await bridge.drain(drain_s)
@@ -244,12 +278,52 @@ async def _serve_rank0(world, st, sock, host, port, served_id, key, max_body, dr
     finally:
         server.should_exit = True
         aborted = await watcher
+        state.pool.close()
         request_stop()
-        bridge.stop(timeout=60)
+        if bridge.dead is None:
+            _stop_every_rank(bridge, wd, link)
+        else:
+            bridge.stop(timeout=5)
     if bridge.dead is not None:
         raise bridge.dead
-    _say(f"stopped: {aborted} running request(s) aborted after the drain; every rank told to stop")
+    _say(f"stopped: {aborted} open request(s) aborted after the drain; every rank confirmed the stop")
     return 0
+
+
+def _stop_every_rank(bridge, wd, link) -> None:
+    """Stop the engine thread (its stop message reaches every rank) and wait for every rank to confirm; a rank that
+    does not within STOP_CONFIRM_S ends the job (MPI Abort), saying which. A step that is still running is
+    bounded by the watchdog, unless a rank is already silent: then the job ends at once."""
+    from cupyglm.dist.watchdog import HEARTBEAT_S, STOP_CONFIRM_S
+
+    bridge.stop(timeout=STOP_CONFIRM_S)
+    if bridge.thread_alive:
+        silent = wd.silent_ranks(4 * HEARTBEAT_S)
+        if silent:
+            _say(f"rank 0: the engine did not finish its step within {STOP_CONFIRM_S:g} s of the stop and "
+                 f"{', '.join(f'rank {r}' for r in silent)} is silent; aborting the job")
+            link.abort(1)
+        bridge.stop(timeout=None)
+    missing = wd.confirm_stop()
+    if missing:
+        _say(f"rank 0: {', '.join(f'rank {r}' for r in missing)} did not confirm the stop within "
+             f"{STOP_CONFIRM_S:g} s; aborting the job")
+        link.abort(1)
+
+
+def _server_class():
+    import contextlib
+
+    import uvicorn
+
+    class Server(uvicorn.Server):
+        """uvicorn's server keeping run_rank_main's signal handlers (a second signal aborts the job at once)."""
+
+        @contextlib.contextmanager
+        def capture_signals(self):
+            yield
+
+    return Server
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -12,7 +12,7 @@
   even before MPI_Init, would leave the others waiting. So parse flags inside `fn`.
 - SIGTERM and SIGINT set a stop flag (`stop_requested()`); Hydra forwards both to every rank. The lockstep loop
   acts on rank 0's flag (its step message carries `stop`), so all ranks leave the same step and exit 0. A second
-  signal ends the process at once.
+  signal aborts the whole job at once (MPI Abort), saying so.
 """
 from __future__ import annotations
 
@@ -38,15 +38,30 @@ def stop_requested() -> bool:
     return _stop["requested"]
 
 
+def stop_signal_name() -> str:
+    """The signal that asked for the stop ("SIGTERM", "SIGINT"), or "stop" when none did."""
+    return signal.Signals(_stop["signal"]).name if _stop["signal"] else "stop"
+
+
 def request_stop() -> None:
     _stop["requested"] = True
 
 
 def _on_signal(signum: int, frame: Any) -> None:
     if _stop["requested"]:
-        os._exit(128 + signum)
+        _abort_now(signum)
     _stop["requested"] = True
     _stop["signal"] = signum
+
+
+def _abort_now(signum: int) -> None:
+    """A second SIGTERM/SIGINT: say so and end the whole job at once (MPI Abort when MPI is up)."""
+    mpi = _mpi_if_initialized()
+    rank = mpi[1] if mpi else 0
+    _say(f"rank {rank}: second {signal.Signals(signum).name}: aborting the job at once")
+    if mpi is not None and mpi[2] > 1:
+        mpi[0].Abort(128 + signum)
+    os._exit(128 + signum)
 
 
 def install_signal_handlers() -> None:

@@ -12,6 +12,7 @@ from typing import Any
 
 from cupyglm import env
 from cupyglm.dist import fingerprint as fpmod
+from cupyglm.dist import mpich_shm
 from cupyglm.dist.comm import Comm, LocalComm, MpiComm
 from cupyglm.dist.shm import SharedSegment, new_token, open_local
 from cupyglm.settings import Settings, SettingsError
@@ -113,6 +114,7 @@ def start(settings: Settings, *, backend: str | None = None) -> World:
     if line is not None:
         raise SettingsError(line, agreed=True)
     local = world.Split_type(MPI.COMM_TYPE_SHARED, key=world.Get_rank())
+    mpich_shm.release(local.Get_rank())        # every local rank is past MPI_Init: a kill now leaves nothing
     host = MpiComm(world)
     comm: Comm = host if world.Get_size() > 1 else LocalComm()
     if resolved == "cuda" and world.Get_size() > 1:

@@ -66,6 +66,8 @@ class Engine:
         self._seeds = itertools.count()
         self._stopped = False
         self.steps = 0
+        self.done_step = -1          # the last step message this rank finished (read by its heartbeat thread)
+        self.watch = None            # rank 0: step_started(step, rows) / step_done() (cupyglm.dist.watchdog)
 
     # ---- rank 0 API --------------------------------------------------------------------------------------------
     def _root(self, what: str) -> None:
@@ -158,6 +160,8 @@ class Engine:
             msg = self._message(plan)
             reqs = {g.request_id: self.scheduler.requests[g.request_id] for g in plan.groups}
             self._in_step = True
+        if self.watch is not None:
+            self.watch.step_started(plan.step, sum(g.count for g in plan.groups))
         try:
             data = stepmod.encode(msg)
             if self.size > 1:
@@ -167,6 +171,8 @@ class Engine:
         finally:
             with self._lock:
                 self._in_step = False
+            if self.watch is not None:
+                self.watch.step_done()
         with self._lock:
             for rid in self._pending_aborts:
                 self._abort_now(rid)
@@ -201,6 +207,7 @@ class Engine:
         while True:
             msg = stepmod.decode(self.comm.bcast_bytes(None))
             self._run(msg)
+            self.done_step = msg.step
             if msg.stop:
                 self._stopped = True
                 return

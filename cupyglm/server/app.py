@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import hmac
 import re
 from collections.abc import Callable
 from typing import Any
@@ -19,12 +18,13 @@ from starlette.middleware import Middleware
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
-from starlette.types import ASGIApp, Receive, Scope, Send
 
 from cupyglm.server.bridge import EngineBridge, EngineDied, RequestStream
 from cupyglm.server.errors import ApiError, bad
-from cupyglm.server.fields import parse_json_object
+from cupyglm.server.fields import parse_json_object, short
+from cupyglm.server.guards import BODY_TIMEOUT_S, ApiKeyMiddleware, check_json_type, json_error, read_body
 from cupyglm.server.metrics import CONTENT_TYPE, Metrics
+from cupyglm.server.prompt import PromptBuilder, WorkPool
 from cupyglm.server.requests import (GenRequest, ModelInfo, fit_context, parse_chat, parse_completion,
                                      parse_detokenize, parse_tokenize)
 from cupyglm.server.responses import (Reply, chat_response, chunk, completion_response, models_response, new_id,
@@ -33,7 +33,8 @@ from cupyglm.server.sse import SSE_DONE, sse, sse_error
 
 DEFAULT_MAX_BODY_BYTES = 16 * 1024 * 1024
 RETRY_AFTER_S = 1
-PUBLIC_PATHS = ("/health", "/metrics")
+INLINE_JSON_BYTES = 64 * 1024      # larger bodies are parsed in the worker pool
+PROCESS_JSON_BYTES = 1024 * 1024   # and larger still in its process (json.loads holds the GIL throughout)
 
 
 @dataclasses.dataclass
@@ -49,83 +50,29 @@ class ServerState:
     info: ModelInfo | None = None
     tokenizer: Any = None
     make_params: Callable[..., Any] | None = None
+    allow_control_tokens: bool = False
+    body_timeout_s: float = BODY_TIMEOUT_S
     created: int = dataclasses.field(default_factory=now)
+    pool: WorkPool = dataclasses.field(default_factory=WorkPool)
+    _prompts: PromptBuilder | None = None
+
+    def prompts(self) -> PromptBuilder:
+        """The prompt builder of the loaded tokenizer (built on first use, once `info` and `tokenizer` are set)."""
+        if self._prompts is None or self._prompts.tok is not self.tokenizer:
+            assert self.info is not None
+            self._prompts = PromptBuilder(self.tokenizer, self.info.max_model_len,
+                                          allow_control_tokens=self.allow_control_tokens)
+        return self._prompts
 
     @property
     def ready(self) -> bool:
         return self.bridge.ready and self.bridge.dead is None and not self.bridge.closing and self.info is not None
 
 
-def json_error(err: ApiError) -> JSONResponse:
-    return JSONResponse(err.body(), status_code=err.status, headers=err.headers)
-
-
-# ---- middleware: API keys ---------------------------------------------------------------------------------------
-
-class ApiKeyMiddleware:
-    """401 + `WWW-Authenticate: Bearer` unless `Authorization: Bearer <key>` matches (constant-time compare)."""
-
-    def __init__(self, app: ASGIApp, keys: tuple[bytes, ...]):
-        self.app = app
-        self.keys = keys
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or not self.keys or scope.get("path") in PUBLIC_PATHS \
-                or scope.get("method") == "OPTIONS":
-            await self.app(scope, receive, send)
-            return
-        auth = b""
-        for k, v in scope.get("headers") or ():
-            if k == b"authorization":
-                auth = v
-                break
-        given = auth[7:].strip() if auth[:7].lower() == b"bearer " else b""
-        ok = False
-        for key in self.keys:          # compare against every key, no early exit
-            ok |= hmac.compare_digest(given, key)
-        if ok and given:
-            await self.app(scope, receive, send)
-            return
-        msg = "missing API key (send 'Authorization: Bearer <key>')" if not auth else "invalid API key"
-        err = ApiError(401, msg, code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"})
-        await json_error(err)(scope, receive, send)
-
-
-# ---- helpers ----------------------------------------------------------------------------------------------------
-
-async def read_body(request: Request, limit: int) -> bytes:
-    """The body, refusing (413) a declared or streamed size over `limit`."""
-    cl = request.headers.get("content-length")
-    if cl is not None:
-        try:
-            n = int(cl)
-        except ValueError:
-            raise bad(None, f"invalid Content-Length header {cl!r}", "invalid_header") from None
-        if n > limit:
-            raise _too_large(n, limit)
-    chunks: list[bytes] = []
-    total = 0
-    try:
-        async for part in request.stream():
-            total += len(part)
-            if total > limit:
-                raise _too_large(total, limit, at_least=True)
-            chunks.append(part)
-    except ClientDisconnect:
-        raise
-    return b"".join(chunks)
-
-
-def _too_large(n: int, limit: int, at_least: bool = False) -> ApiError:
-    size = f"at least {n}" if at_least else str(n)
-    return ApiError(413, f"request body of {size} bytes exceeds the limit of {limit} bytes (--max-body-bytes)",
-                    code="request_too_large")
-
-
 def _not_ready(state: ServerState) -> ApiError:
     b = state.bridge
     if b.dead is not None:
-        why = "the engine stopped"
+        why = f"the engine stopped ({b.dead})"
     elif b.closing:
         why = "the server is shutting down"
     else:
@@ -147,7 +94,7 @@ _FIELD = re.compile(r"\b(temperature|top_p|top_k|min_p|seed|max_tokens|min_token
 def _engine_error(e: BaseException, req: GenRequest | None = None) -> ApiError:
     name = type(e).__name__
     if name == "QueueFull":
-        return ApiError(429, f"the request queue is full ({e}); retry later", code="queue_full",
+        return ApiError(429, f"{e}; retry later", code="queue_full",
                         headers={"Retry-After": str(RETRY_AFTER_S)})
     if name == "RequestTooLong":
         return ApiError(400, str(e), param=req.prompt_param if req else None, code="context_length_exceeded")
@@ -163,7 +110,13 @@ def _engine_error(e: BaseException, req: GenRequest | None = None) -> ApiError:
 
 def create_app(state: ServerState, *, lifespan: Any = None) -> Starlette:
     async def body_json(request: Request) -> dict:
-        return parse_json_object(await read_body(request, state.max_body_bytes))
+        check_json_type(request)
+        raw = await read_body(request, state.max_body_bytes, state.body_timeout_s)
+        if len(raw) <= INLINE_JSON_BYTES:
+            return parse_json_object(raw)
+        if len(raw) <= PROCESS_JSON_BYTES:
+            return await state.pool.run(parse_json_object, raw)
+        return await state.pool.parse_big(raw)
 
     def need_ready() -> ModelInfo:
         if not state.ready:
@@ -171,27 +124,22 @@ def create_app(state: ServerState, *, lifespan: Any = None) -> Starlette:
         assert state.info is not None
         return state.info
 
-    def prompt_ids_of(req: GenRequest) -> list[int]:
-        tok = state.tokenizer
+    async def prompt_ids_of(req: GenRequest) -> list[int]:
+        pb = state.prompts()
         if req.kind == "chat":
-            try:
-                text = tok.apply_chat_template(req.messages, add_generation_prompt=req.add_generation_prompt,
-                                               **req.chat_kwargs)
-            except (ValueError, TypeError) as e:
-                raise bad("messages", f"cannot render the chat template: {e}") from None
-            except Exception as e:  # noqa: BLE001 - jinja errors raised by the template itself
-                raise bad("messages", f"cannot render the chat template: {type(e).__name__}: {e}") from None
-            return tok.encode(text)
+            pb.check_messages(req.messages)
+            return await state.pool.run(pb.chat_ids, req.messages, req.add_generation_prompt, req.chat_kwargs)
         if req.prompt_ids is not None:
             return list(req.prompt_ids)
-        return tok.encode(req.prompt_text)
+        pb.check_chars("prompt", len(req.prompt_text))
+        return await state.pool.run(pb.text_ids, req.prompt_text)
 
     async def generate(request: Request, kind: str) -> Response:
         try:
             body = await body_json(request)
             info = need_ready()
             req = parse_chat(body, info) if kind == "chat" else parse_completion(body, info)
-            prompt = prompt_ids_of(req)
+            prompt = await prompt_ids_of(req)
             sampling = fit_context(req, len(prompt), info)
             try:
                 params = state.make_params(**sampling)
@@ -277,8 +225,9 @@ def create_app(state: ServerState, *, lifespan: Any = None) -> Starlette:
         b = state.bridge
         if state.ready and b.alive:
             return JSONResponse({"status": "ok"})
-        status = "dead" if b.dead is not None else ("stopping" if b.closing else "loading")
-        return JSONResponse({"status": status}, status_code=503)
+        if b.dead is not None:
+            return JSONResponse({"status": "dead", "reason": str(b.dead)}, status_code=503)
+        return JSONResponse({"status": "stopping" if b.closing else "loading"}, status_code=503)
 
     async def metrics(request: Request) -> Response:
         return Response(state.metrics.render(), media_type=CONTENT_TYPE)
@@ -288,20 +237,19 @@ def create_app(state: ServerState, *, lifespan: Any = None) -> Starlette:
             body = await body_json(request)
             info = need_ready()
             t = parse_tokenize(body, info)
-            tok = state.tokenizer
+            pb = state.prompts()
             if "messages" in t:
-                try:
-                    text = tok.apply_chat_template(t["messages"], add_generation_prompt=t["add_generation_prompt"],
-                                                   **t["chat_kwargs"])
-                except Exception as e:  # noqa: BLE001
-                    raise bad("messages", f"cannot render the chat template: {e}") from None
-                ids = tok.encode(text)
+                pb.check_messages(t["messages"])
+                ids = await state.pool.run(pb.chat_ids, t["messages"], t["add_generation_prompt"], t["chat_kwargs"])
             elif "ids" in t:
                 ids = t["ids"]
             else:
-                ids = tok.encode(t["text"])
+                pb.check_chars("prompt", len(t["text"]))
+                ids = await state.pool.run(pb.text_ids, t["text"])
         except ApiError as e:
             return json_error(e)
+        except ClientDisconnect:
+            return Response(status_code=499)
         return JSONResponse({"tokens": ids, "count": len(ids), "max_model_len": info.max_model_len})
 
     async def detokenize(request: Request) -> Response:
@@ -309,13 +257,16 @@ def create_app(state: ServerState, *, lifespan: Any = None) -> Starlette:
             body = await body_json(request)
             info = need_ready()
             ids = parse_detokenize(body, info)
+            text = await state.pool.run(state.tokenizer.decode, ids)
         except ApiError as e:
             return json_error(e)
-        return JSONResponse({"prompt": state.tokenizer.decode(ids)})
+        except ClientDisconnect:
+            return Response(status_code=499)
+        return JSONResponse({"prompt": text})
 
     async def http_error(request: Request, exc: HTTPException) -> Response:
         code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code)
-        msg = f"{request.method} {request.url.path}: " + (
+        msg = f"{short(request.method)} {short(request.scope.get('path', ''), 200)}: " + (
             "no such route" if exc.status_code == 404 else str(exc.detail))
         return json_error(ApiError(exc.status_code, msg, code=code, headers=getattr(exc, "headers", None)))
 
@@ -332,8 +283,10 @@ def create_app(state: ServerState, *, lifespan: Any = None) -> Starlette:
         Route("/detokenize", detokenize, methods=["POST"]),
     ]
     middleware = [Middleware(ApiKeyMiddleware, keys=state.api_keys)] if state.api_keys else []
-    return Starlette(routes=routes, middleware=middleware, lifespan=lifespan,
-                     exception_handlers={HTTPException: http_error, Exception: server_error})
+    app = Starlette(routes=routes, middleware=middleware, lifespan=lifespan,
+                    exception_handlers={HTTPException: http_error, Exception: server_error})
+    app.router.redirect_slashes = False          # a redirect would be built from the client's Host header
+    return app
 
 
 def model_info(served_id: str, root: str, max_model_len: int, vocab_size: int) -> ModelInfo:

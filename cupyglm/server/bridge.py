@@ -200,13 +200,25 @@ class EngineBridge:
         self.metrics.set_counts(running, len(self._streams) - running)
 
     def _fail_all(self, exc: BaseException) -> None:
-        err = EngineDied(f"the engine stopped: {type(exc).__name__}: {exc}")
+        self._fail_streams(EngineDied(f"the engine stopped: {type(exc).__name__}: {exc}"))
+        if self.on_dead is not None:
+            self.on_dead(exc)
+
+    def _fail_streams(self, err: EngineDied) -> None:
         for stream in list(self._streams.values()):
             stream.queue.put_nowait(err)
         self._streams.clear()
         self._update_counts()
-        if self.on_dead is not None:
-            self.on_dead(exc)
+
+    def fail(self, reason: str) -> None:
+        """Any thread: the job is going down (the watchdog fired). Every open request gets `reason` as its error
+        (an SSE error event then [DONE] for a stream) and /health turns 503 with it; the server keeps answering."""
+        err = EngineDied(reason)
+        self.dead = err
+        try:
+            self.loop.call_soon_threadsafe(self._fail_streams, err)
+        except RuntimeError:          # the loop is closed already
+            pass
 
     @property
     def open_requests(self) -> int:
@@ -226,12 +238,16 @@ class EngineBridge:
             self.abort(rid)
         return len(left)
 
-    def stop(self, timeout: float = 30.0) -> None:
+    def stop(self, timeout: float | None = 30.0) -> None:
         """Stop the engine thread (it shuts the engine down: the stop broadcast to the other ranks) and join it."""
         self._stop.set()
         self._wake.set()
         if self._thread is not None:
             self._thread.join(timeout)
+
+    @property
+    def thread_alive(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
 
     @property
     def alive(self) -> bool:

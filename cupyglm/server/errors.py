@@ -9,7 +9,8 @@ from collections.abc import Mapping
 
 # type strings of the OpenAI error object, by status
 _TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "invalid_request_error",
-          405: "invalid_request_error", 413: "invalid_request_error", 429: "rate_limit_error",
+          405: "invalid_request_error", 408: "invalid_request_error", 413: "invalid_request_error",
+          415: "invalid_request_error", 429: "rate_limit_error",
           500: "server_error", 503: "service_unavailable_error"}
 
 
@@ -28,6 +29,13 @@ class ApiError(Exception):
 
     def body(self) -> dict:
         return error_body(self.message, type=self.type, param=self.param, code=self.code)
+
+    def __reduce__(self):          # crosses the JSON-parsing process (cupyglm.server.prompt.WorkPool)
+        return (_rebuild, (self.status, self.message, self.param, self.code, self.type, self.headers))
+
+
+def _rebuild(status, message, param, code, type, headers) -> ApiError:
+    return ApiError(status, message, param=param, code=code, type=type, headers=headers)
 
 
 def error_body(message: str, *, type: str = "invalid_request_error", param: str | None = None,

@@ -9,21 +9,107 @@ from typing import Any
 from cupyglm.server.errors import bad
 
 
+MAX_DEPTH = 32            # nesting of arrays and objects in a request body
+MAX_SHOWN = 40            # characters of a client's value repeated in an error message
+
+
 def parse_json_object(raw: bytes) -> dict:
-    """The request body as a JSON object: 400 on invalid UTF-8, invalid JSON, or a body that is not an object."""
+    """The request body as a JSON object: 400 on invalid UTF-8, invalid JSON, nesting deeper than MAX_DEPTH,
+    a duplicate key, a lone surrogate in any string (named by its path), or a body that is not an object."""
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as e:
         raise bad(None, f"request body is not valid UTF-8 (byte {e.start})", "invalid_utf8") from None
     if text.startswith("\ufeff"):
         text = text[1:]
+    if not text.strip():
+        raise bad(None, "request body is empty; send a JSON object", "invalid_json")
     try:
-        value = json.loads(text, parse_constant=_refuse_constant)
+        value = json.loads(text, parse_constant=_refuse_constant, object_pairs_hook=_no_duplicates)
+    except RecursionError:
+        raise bad(None, f"request body nests arrays or objects deeper than {MAX_DEPTH} levels",
+                  "invalid_json") from None
+    except _DuplicateKey as e:
+        raise bad(e.path, f"request body repeats the key {e.path!r}", "invalid_json") from None
     except ValueError as e:
-        raise bad(None, f"request body is not valid JSON: {e}", "invalid_json") from None
+        raise bad(None, f"request body is not valid JSON: {short(str(e), 200)}", "invalid_json") from None
     if not isinstance(value, dict):
         raise bad(None, f"request body must be a JSON object, got {json_kind(value)}", "invalid_type")
+    check_tree(value)
     return value
+
+
+class _DuplicateKey(ValueError):
+    def __init__(self, path: str):
+        super().__init__(path)
+        self.path = path
+
+
+def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict:
+    d = dict(pairs)
+    if len(d) != len(pairs):
+        seen: set[str] = set()
+        for k, _ in pairs:
+            if k in seen:
+                raise _DuplicateKey(short(k, MAX_SHOWN))
+            seen.add(k)
+    return d
+
+
+def _has_surrogate(s: str) -> bool:
+    if s.isascii():
+        return False
+    try:
+        s.encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    return False
+
+
+def check_tree(value: Any) -> None:
+    """400 for nesting deeper than MAX_DEPTH or a lone surrogate anywhere; the error names the field's path."""
+    stack: list[tuple[Any, str, int]] = [(value, "", 0)]
+    while stack:
+        v, path, depth = stack.pop()
+        if depth > MAX_DEPTH:
+            raise bad(path or None, f"'{path}' nests arrays or objects deeper than {MAX_DEPTH} levels",
+                      "invalid_json")
+        if isinstance(v, dict):
+            for k, item in v.items():
+                p = f"{path}.{k}" if path else k
+                if _has_surrogate(k):
+                    p = f"{path}.<key>" if path else "<key>"
+                    raise bad(p, f"a key of '{path or 'the body'}' holds a lone UTF-16 surrogate", "invalid_string")
+                if isinstance(item, str):
+                    if _has_surrogate(item):
+                        raise _surrogate(p)
+                elif isinstance(item, (dict, list)):
+                    stack.append((item, p, depth + 1))
+        elif isinstance(v, list):
+            for i, item in enumerate(v):
+                if isinstance(item, str):
+                    if _has_surrogate(item):
+                        raise _surrogate(f"{path}[{i}]")
+                elif isinstance(item, (dict, list)):
+                    stack.append((item, f"{path}[{i}]", depth + 1))
+
+
+def _surrogate(path: str):
+    return bad(path, f"'{path}' holds a lone UTF-16 surrogate (\\ud800-\\udfff), which is not text",
+               "invalid_string")
+
+
+def short(s: str, n: int = MAX_SHOWN) -> str:
+    """`s` cut to n characters, safe to put in a reply (surrogates escaped)."""
+    s = s if len(s) <= n else s[:n] + "..."
+    return s.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+def shown(v: Any) -> str:
+    """A client's value as an error message repeats it: repr, cut to MAX_SHOWN characters."""
+    if isinstance(v, int) and not isinstance(v, bool) and abs(v) >= 10**MAX_SHOWN:
+        return f"an integer of {len(str(abs(v)))} digits"
+    return short(repr(v))
 
 
 def _refuse_constant(name: str) -> Any:
@@ -64,14 +150,14 @@ def get_int(body: Mapping, name: str, default: int | None = None, *, lo: int | N
     v = body.get(name)
     if v is None:
         return default
-    if isinstance(v, float) and v.is_integer() and math.isfinite(v):
+    if isinstance(v, float) and math.isfinite(v) and v.is_integer():
         v = int(v)
     if isinstance(v, bool) or not isinstance(v, int):
         raise bad(p, f"'{p}' must be an integer, got {json_kind(v)}", "invalid_type")
     if lo is not None and v < lo:
-        raise bad(p, f"'{p}' must be at least {lo}, got {v}")
+        raise bad(p, f"'{p}' must be at least {lo}, got {shown(v)}")
     if hi is not None and v > hi:
-        raise bad(p, f"'{p}' must be at most {hi}, got {v}")
+        raise bad(p, f"'{p}' must be at most {hi}, got {shown(v)}")
     return v
 
 
@@ -83,13 +169,16 @@ def get_float(body: Mapping, name: str, default: float | None = None, *, lo: flo
         return default
     if isinstance(v, bool) or not isinstance(v, (int, float)):
         raise bad(p, f"'{p}' must be a number, got {json_kind(v)}", "invalid_type")
-    v = float(v)
-    if not math.isfinite(v):
+    if isinstance(v, float) and not math.isfinite(v):
         raise bad(p, f"'{p}' must be a finite number")
+    # compared before float(): an integer of hundreds of digits does not fit a float
+    if isinstance(v, int) and abs(v) > 2**1000:
+        raise bad(p, f"'{p}' must be a number in range, got {shown(v)}")
     if (lo is not None and (v < lo or (lo_open and v == lo))) or (hi is not None and v > hi):
         rng = f"({lo:g}, {hi:g}]" if lo_open else f"[{lo:g}, {hi:g}]"
-        raise bad(p, f"'{p}' must be in {rng}, got {v:g}")
-    return v
+        got = shown(v) if isinstance(v, int) else f"{v:g}"
+        raise bad(p, f"'{p}' must be in {rng}, got {got}")
+    return float(v)
 
 
 def get_str(body: Mapping, name: str, default: str | None = None, param: str | None = None) -> str | None:

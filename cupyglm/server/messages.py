@@ -5,7 +5,7 @@ from typing import Any
 
 from cupyglm.checkpoint.chat_template import CHAT_ROLES
 from cupyglm.server.errors import bad
-from cupyglm.server.fields import json_kind
+from cupyglm.server.fields import json_kind, shown
 
 
 def _check_message(i: int, m: Any) -> dict:
@@ -16,7 +16,7 @@ def _check_message(i: int, m: Any) -> dict:
     if not isinstance(role, str):
         raise bad(f"{p}.role", f"'{p}.role' must be a string, got {json_kind(role)}", "invalid_type")
     if role not in CHAT_ROLES:
-        raise bad(f"{p}.role", f"'{p}.role' = {role!r} is not a supported role ({', '.join(CHAT_ROLES)})")
+        raise bad(f"{p}.role", f"'{p}.role' = {shown(role)} is not a supported role ({', '.join(CHAT_ROLES)})")
     content = m.get("content")
     if content is None:
         if role != "assistant":
@@ -27,7 +27,7 @@ def _check_message(i: int, m: Any) -> dict:
             if not isinstance(part, dict):
                 raise bad(pp, f"'{pp}' must be an object, got {json_kind(part)}", "invalid_type")
             if part.get("type") != "text":
-                raise bad(pp, f"'{pp}.type' = {part.get('type')!r} is not supported (only 'text')",
+                raise bad(pp, f"'{pp}.type' = {shown(part.get('type'))} is not supported (only 'text')",
                           "unsupported_parameter")
             if not isinstance(part.get("text"), str):
                 raise bad(pp, f"'{pp}.text' must be a string", "invalid_type")

@@ -8,12 +8,14 @@ import dataclasses
 from collections.abc import Mapping
 
 from cupyglm.server.errors import ApiError, bad
-from cupyglm.server.fields import check_token_ids, get_bool, get_dict, get_float, get_int, get_str, json_kind
+from cupyglm.server.fields import (check_token_ids, get_bool, get_dict, get_float, get_int, get_str, json_kind,
+                                   short)
 from cupyglm.server.messages import check_messages
 from cupyglm.server.unsupported import refuse_unsupported
 
 MAX_STOP_STRINGS = 4
 MAX_STOP_TOKEN_IDS = 64
+MAX_STOP_CHARS = 4096
 MAX_SEED = 2**64 - 1
 MAX_INT32 = 2**31 - 1
 
@@ -26,6 +28,7 @@ class ModelInfo:
     aliases: frozenset[str]          # names also accepted in `model` (checkpoint dir basename, path)
     max_model_len: int
     vocab_size: int
+    prompt_cache: bool = False       # the engine reuses prompts across requests (cache_salt must then isolate)
 
 
 @dataclasses.dataclass
@@ -43,7 +46,6 @@ class GenRequest:
     add_generation_prompt: bool = True
     prompt_text: str | None = None              # completion, text prompt
     prompt_ids: list[int] | None = None         # completion, token prompt
-    cache_salt: str | None = None
 
     @property
     def prompt_param(self) -> str:
@@ -57,7 +59,7 @@ def check_model(body: Mapping, info: ModelInfo) -> str:
     if not isinstance(name, str):
         raise bad("model", f"'model' must be a string, got {json_kind(name)}", "invalid_type")
     if name != info.served_id and name not in info.aliases:
-        raise ApiError(404, f"The model '{name}' does not exist; this server serves '{info.served_id}'",
+        raise ApiError(404, f"The model '{short(name)}' does not exist; this server serves '{info.served_id}'",
                        param="model", code="model_not_found")
     return info.served_id
 
@@ -77,6 +79,8 @@ def _stop(body: Mapping) -> tuple[str, ...]:
             raise bad("stop", f"'stop[{i}]' must be a string, got {json_kind(s)}", "invalid_type")
         if not s:
             raise bad("stop", f"'stop[{i}]' must not be empty")
+        if len(s) > MAX_STOP_CHARS:
+            raise bad("stop", f"'stop[{i}]' has {len(s)} characters; at most {MAX_STOP_CHARS} are allowed")
     return tuple(v)
 
 
@@ -112,6 +116,7 @@ def _sampling(body: Mapping, info: ModelInfo) -> dict:
 def _common(body: Mapping, kind: str, info: ModelInfo) -> dict:
     model = check_model(body, info)
     refuse_unsupported(body, kind)
+    _cache_salt(body, info)
     stream = get_bool(body, "stream", False)
     so = body.get("stream_options")
     include_usage = False
@@ -124,7 +129,18 @@ def _common(body: Mapping, kind: str, info: ModelInfo) -> dict:
         get_bool(so, "continuous_usage_stats", False, param="stream_options.continuous_usage_stats")
     return dict(model=model, stream=stream, include_usage=include_usage,
                 return_token_ids=bool(get_bool(body, "return_token_ids", False)),
-                sampling=_sampling(body, info), cache_salt=get_str(body, "cache_salt"))
+                sampling=_sampling(body, info))
+
+
+def _cache_salt(body: Mapping, info: ModelInfo) -> None:
+    """A salt isolates cached prompts; this engine keeps none, so a salt changes nothing. An engine that keeps
+    prompts without honouring salts refuses it by name rather than share a prefix the client asked to isolate."""
+    salt = get_str(body, "cache_salt")
+    if salt is not None and not salt:
+        raise bad("cache_salt", "'cache_salt' must not be empty")
+    if salt is not None and info.prompt_cache:
+        raise bad("cache_salt", "'cache_salt' is not supported yet: the prompt cache does not isolate by salt",
+                  "unsupported_parameter")
 
 
 def _chat_template_kwargs(body: Mapping, reserved: tuple[str, ...] = ()) -> dict:

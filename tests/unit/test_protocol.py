@@ -1,6 +1,7 @@
 """Pure checks of the OpenAI wire format (cupyglm.server: errors, fields, requests, responses, sse)."""
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 
@@ -84,7 +85,10 @@ def test_accepted_neutral_fields():
     r = parse_completion({"prompt": "x", "draft": False, "logprobs": None, "n": 1, "presence_penalty": 0,
                           "user": "u", "cache_salt": "s", "stream": True,
                           "stream_options": {"include_usage": True}}, INFO)
-    assert r.include_usage and r.stream and r.cache_salt == "s"
+    assert r.include_usage and r.stream
+    with pytest.raises(ApiError) as e:          # an engine that keeps prompts would have to honour the salt
+        parse_completion({"prompt": "x", "cache_salt": "s"}, dataclasses.replace(INFO, prompt_cache=True))
+    assert (e.value.status, e.value.param, e.value.code) == (400, "cache_salt", "unsupported_parameter")
 
 
 def test_chat_messages():

@@ -192,7 +192,7 @@ def test_judge_and_cleanup(shm_tmp, capsys):
     assert f"removed {stale} (creator pid" in out and f"removed {old_half}" in out
     assert not stale.exists() and not old_half.exists()
     assert live.path.exists() and half.exists() and other.exists()
-    assert "removed 2 stale cupyglm segment(s), kept 2" in out
+    assert "removed 2 stale segment(s), kept 2" in out
     live.remove_name()
     live.close()
 
@@ -215,3 +215,39 @@ def test_cleanup_script(shm_tmp):
                          timeout=60)
     assert out.returncode == 0 and out.stdout.strip().startswith(f"removed {stale}"), out.stderr
     assert not stale.exists()
+
+
+def test_mpich_segments_stale_only_when_no_live_process_maps_them(shm_tmp):
+    import mmap
+    import secrets
+
+    from cupyglm.dist import mpich_shm
+
+    old = time.time() - 3600
+    dead = shm_tmp / f"mpich_shm_{secrets.token_hex(4)}_0"
+    young = shm_tmp / f"mpich_shm_{secrets.token_hex(4)}_0"
+    for p in (dead, young):
+        p.write_bytes(b"\0" * 4096)
+    os.utime(dead, (old, old))
+    (shm_tmp / "mpich_shm_notours").write_bytes(b"x")
+    verdicts = {v.path.name: v for v in mpich_shm.stale(shm_tmp)}
+    assert set(verdicts) == {dead.name, young.name}
+    assert verdicts[dead.name].stale and not verdicts[young.name].stale
+    assert [v.path for v in mpich_shm.remove_stale(shm_tmp)] == [dead]
+    assert not dead.exists() and young.exists()
+
+    # a segment in /dev/shm that a live process maps is never stale, however old
+    live = Path("/dev/shm") / f"mpich_shm_{secrets.token_hex(4)}_7"
+    live.write_bytes(b"\0" * 4096)
+    try:
+        os.utime(live, (old, old))
+        with open(live, "r+b") as f, mmap.mmap(f.fileno(), 4096) as m:
+            assert str(live) in mpich_shm.mapped_by()
+            v = next(v for v in mpich_shm.stale(Path("/dev/shm")) if v.path == live)
+            assert not v.stale and "mapped" in v.reason
+            m[0] = 1
+        os.utime(live, (old, old))
+        v = next(v for v in mpich_shm.stale(Path("/dev/shm")) if v.path == live)
+        assert v.stale
+    finally:
+        live.unlink(missing_ok=True)
