@@ -57,18 +57,8 @@ def _load_variant(backend: str, path: Path, defines: tuple[str, ...]):
         from cupyglm.kernels.sim import SimModule
         mod = SimModule(path, extra_flags=flags)
     elif backend == "cuda":
-        import tempfile
-
-        import cupy
-
-        from cupyglm.kernels import cuda, nvrtc_gate
-        ok, log, cubin = nvrtc_gate.compile_ptx_or_cubin(path, cuda.device_arch(), flags)
-        if not ok:
-            raise cuda.CudaCompileError(f"NVRTC failed to compile {path} with {flags}:\n{log}")
-        fd, tmp = tempfile.mkstemp(suffix=".cubin")
-        with open(fd, "wb") as f:
-            f.write(cubin)
-        mod = cupy.RawModule(path=tmp)
+        from cupyglm.kernels import cuda
+        mod = cuda.CudaModule(path, extra_options=flags)      # cached on disk by (source, flags): no temp file
     else:
         raise ValueError(f"unknown kernel backend {backend!r}")
     _VARIANTS[key] = mod

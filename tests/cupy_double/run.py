@@ -14,7 +14,7 @@ from pathlib import Path
 
 
 def main(argv: list[str]) -> int:
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))       # tests/, so `cupy_double` imports
+    sys.path[0] = str(Path(__file__).resolve().parents[1])   # tests/ (not this folder: its cuda.py would shadow `cuda`)
     budget, counts = None, False
     while argv and argv[0].startswith("--"):
         flag = argv.pop(0)
