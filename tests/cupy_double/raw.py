@@ -28,7 +28,8 @@ from .array import ndarray
 from .state import STATE
 
 SHARED_LIMIT = 48 * 1024
-_SOURCES: dict[str, tuple[str, tuple[str, ...]]] = {}
+SM90_RESERVED = 1024        # sm_90+ cubins count 1 KiB of system-reserved shared memory in each kernel's section
+_SOURCES: dict[str, tuple[str, tuple[str, ...], int]] = {}
 
 
 class CUDADriverError(RuntimeError):
@@ -46,15 +47,17 @@ def _registry_dir() -> Path:
 def record_cubin(cubin: bytes, source: str, options) -> None:
     sha = hashlib.sha256(cubin).hexdigest()
     defines = tuple(o for o in options if isinstance(o, str) and o.startswith("-D"))
-    _SOURCES[sha] = (source, defines)
+    arch = [o.split("sm_")[-1] for o in options if isinstance(o, str) and o.startswith("--gpu-architecture=sm_")]
+    sm = int(arch[-1]) if arch else 0
+    _SOURCES[sha] = (source, defines, sm)
     path = _registry_dir() / f"{sha}.json"
     if not path.exists():
         tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps({"source": source, "defines": list(defines)}))
+        tmp.write_text(json.dumps({"source": source, "defines": list(defines), "sm": sm}))
         os.replace(tmp, path)
 
 
-def source_of(cubin: bytes) -> tuple[str, tuple[str, ...]]:
+def source_of(cubin: bytes) -> tuple[str, tuple[str, ...], int]:
     sha = hashlib.sha256(cubin).hexdigest()
     hit = _SOURCES.get(sha)
     if hit is None:
@@ -63,12 +66,13 @@ def source_of(cubin: bytes) -> tuple[str, tuple[str, ...]]:
             raise CUDADriverError("CUDA_ERROR_INVALID_IMAGE: cupy double: this cubin was not compiled through "
                                   "cupy.cuda.nvrtc, so its .cu source is unknown")
         d = json.loads(path.read_text())
-        hit = _SOURCES[sha] = (d["source"], tuple(d["defines"]))
+        hit = _SOURCES[sha] = (d["source"], tuple(d["defines"]), int(d.get("sm", 0)))
     return hit
 
 
-def static_shared(cubin: bytes) -> dict[str, int]:
-    """kernel name -> bytes of static __shared__ memory, from the ELF64 section headers of a cubin."""
+def static_shared(cubin: bytes, sm: int = 0) -> dict[str, int]:
+    """kernel name -> bytes of static __shared__ memory, from the ELF64 section headers of a cubin (less the
+    system-reserved KiB that sm_90+ sections include)."""
     if cubin[:4] != b"\x7fELF" or cubin[4] != 2:
         raise CUDADriverError("CUDA_ERROR_INVALID_IMAGE: not an ELF64 cubin")
     shoff, = struct.unpack_from("<Q", cubin, 0x28)
@@ -83,7 +87,7 @@ def static_shared(cubin: bytes) -> dict[str, int]:
     for h in heads:
         n = name(h[0])
         if n.startswith(".nv.shared.") and not n.startswith(".nv.shared.reserved"):
-            out[n[len(".nv.shared."):]] = int(h[5])
+            out[n[len(".nv.shared."):]] = max(0, int(h[5]) - (SM90_RESERVED if sm >= 90 else 0))
     return out
 
 
@@ -93,8 +97,8 @@ class RawModule:
         if path is None:
             raise NotImplementedError("cupy double: RawModule(path=<cubin>) only (cupyglm compiles with NVRTC)")
         cubin = Path(path).read_bytes()
-        self.source, self.defines = source_of(cubin)
-        self.shared = static_shared(cubin)
+        self.source, self.defines, sm = source_of(cubin)
+        self.shared = static_shared(cubin, sm)
         self.path = str(path)
         from cupyglm.kernels import sim
 
