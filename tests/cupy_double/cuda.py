@@ -25,11 +25,16 @@ def is_available() -> bool:
     return True
 
 
-def _visible() -> int:
+def _physical() -> list[int]:
+    """The physical ids of the visible devices (CUDA_VISIBLE_DEVICES as integers, else 0..device_count-1)."""
     vis = os.environ.get("CUDA_VISIBLE_DEVICES")
     if vis is not None:
-        return len([v for v in vis.split(",") if v.strip() != ""])
-    return int(CONFIG["device_count"])
+        return [int(v) for v in vis.split(",") if v.strip() != ""]
+    return list(range(int(CONFIG["device_count"])))
+
+
+def _visible() -> int:
+    return len(_physical())
 
 
 def _check(i: int) -> int:
@@ -101,7 +106,9 @@ def _mem_get_info():
 def _properties(i=None):
     _check(_CURRENT["device"] if i is None else i)
     cc = CONFIG["compute_capability"]
+    i = _CURRENT["device"] if i is None else int(i)
     return {"name": CONFIG["name"].encode(), "totalGlobalMem": _mem_get_info()[1], "major": int(cc[:-1]),
+            "pciDomainID": 0, "pciBusID": 0x10 + _physical()[i], "pciDeviceID": 0,
             "minor": int(cc[-1]), "sharedMemPerBlock": 48 * 1024, "maxThreadsPerBlock": 1024,
             "multiProcessorCount": 132, "warpSize": 32}
 

@@ -50,9 +50,17 @@ class NcclCommunicator:
         if self._mpi.Get_size() != ndev or self._mpi.Get_rank() != rank:
             raise NcclError(f"NCCL_ERROR_INVALID_ARGUMENT: {ndev} ranks / rank {rank} do not match the MPI world "
                             f"({self._mpi.Get_size()} / {self._mpi.Get_rank()})")
-        ids = self._mpi.allgather(tuple(commId))
-        if any(i != ids[0] for i in ids):
+        import socket
+
+        from . import cuda
+
+        me = (socket.gethostname(), cuda.runtime.getDeviceProperties()["pciBusID"])
+        got = self._mpi.allgather((tuple(commId), me))
+        if any(i != got[0][0] for i, _ in got):
             raise NcclError("NCCL_ERROR_INVALID_ARGUMENT: ranks passed different unique ids")
+        if [d for _, d in got].count(me) > 1:
+            raise NcclError(f"NCCL_ERROR_INVALID_USAGE: Duplicate GPU detected: rank {rank} and another rank use "
+                            f"the same device (PCI bus {me[1]:#x} on {me[0]})")
         self._rank, self._size = rank, ndev
 
     def rank_id(self) -> int:

@@ -57,14 +57,15 @@ def record_cubin(cubin: bytes, source: str, options) -> None:
         os.replace(tmp, path)
 
 
-def source_of(cubin: bytes) -> tuple[str, tuple[str, ...], int]:
+def source_of(cubin: bytes, path: str = "") -> tuple[str, tuple[str, ...], int]:
     sha = hashlib.sha256(cubin).hexdigest()
     hit = _SOURCES.get(sha)
     if hit is None:
         path = _registry_dir() / f"{sha}.json"
         if not path.exists():
-            raise CUDADriverError("CUDA_ERROR_INVALID_IMAGE: cupy double: this cubin was not compiled through "
-                                  "cupy.cuda.nvrtc, so its .cu source is unknown")
+            raise CUDADriverError(f"CUDA_ERROR_INVALID_IMAGE: cupy double: {path or 'this cubin'} was not compiled "
+                                  "through the double's cupy.cuda.nvrtc (a cache filled by a real GPU run?), so "
+                                  "its .cu source is unknown; delete it to have it compiled again")
         d = json.loads(path.read_text())
         hit = _SOURCES[sha] = (d["source"], tuple(d["defines"]), int(d.get("sm", 0)))
     return hit
@@ -97,7 +98,7 @@ class RawModule:
         if path is None:
             raise NotImplementedError("cupy double: RawModule(path=<cubin>) only (cupyglm compiles with NVRTC)")
         cubin = Path(path).read_bytes()
-        self.source, self.defines, sm = source_of(cubin)
+        self.source, self.defines, sm = source_of(cubin, str(path))
         self.shared = static_shared(cubin, sm)
         self.path = str(path)
         from cupyglm.kernels import sim
