@@ -43,6 +43,11 @@ class CudaOps(NumpyOps):
     def asnumpy(self, x) -> np.ndarray:
         return self.cupy.asnumpy(x)
 
+    def raise_device_errors(self) -> None:
+        """guards.DeviceCheckError naming every device-side precondition (cuda_src/checks.cu) that failed."""
+        from cupyglm.kernels import guards
+        guards.raise_pending(self.kernels)
+
 
 def _missing(name: str):
     def refuse(*args, **kwargs):
