@@ -13,6 +13,8 @@ CuPy's and the GPU's launch rules, enforced at every launch (RawKernel.__call__)
   non-contiguous view (the kernel would read it as contiguous) raise;
 * block: at most 1024 threads, x, y <= 1024, z <= 64; grid: x < 2**31, y, z <= 65535;
 * dynamic shared memory <= max_dynamic_shared_size_bytes (48 KiB unless raised), static + dynamic <= that.
+Stricter than CuPy (which passes a bare pointer): an array whose dtype is not the pointer's element type
+(a float32 array to a `__nv_bfloat16*`, int64 ids to an `int*`) raises, as the kernel would misread it.
 """
 from __future__ import annotations
 
@@ -28,6 +30,17 @@ from .array import ndarray
 from .state import STATE
 
 SHARED_LIMIT = 48 * 1024
+# pointer element type -> the dtypes an array bound to it may have
+POINTEE = {"float": ("float32",), "double": ("float64",), "__nv_bfloat16": ("uint16", "bfloat16"),
+           "__half": ("float16", "uint16"), "int": ("int32",), "unsigned int": ("uint32",), "unsigned": ("uint32",),
+           "long long": ("int64",), "unsigned long long": ("uint64",), "unsigned long": ("uint64",),
+           "long": ("int64",), "short": ("int16",), "unsigned short": ("uint16",), "char": ("int8", "uint8"),
+           "signed char": ("int8",), "unsigned char": ("uint8", "bool"), "bool": ("bool",)}
+
+
+def _pointee(ctype: str) -> str:
+    t = ctype.replace("__restrict__", "").replace("*", "").replace("const", "").strip()
+    return " ".join(t.split())
 SM90_RESERVED = 1024        # sm_90+ cubins count 1 KiB of system-reserved shared memory in each kernel's section
 _SOURCES: dict[str, tuple[str, tuple[str, ...], int]] = {}
 
@@ -130,6 +143,7 @@ class RawKernel:
         k = cls.__new__(cls)
         k._fn, k.static_shared = fn, static
         k.name = fn.name
+        k._types = None
         k.max_dynamic_shared_size_bytes = SHARED_LIMIT
         return k
 
@@ -146,12 +160,18 @@ class RawKernel:
                                   f"dynamic shared memory over {limit} B)")
         if not isinstance(args, tuple):
             raise TypeError(f"kernel {self.name}: args must be a tuple")
+        if self._types is None:
+            self._types = list(self._fn.param_types)
         host = []
         for i, a in enumerate(args):
             where = f"kernel {self.name} argument {i}"
             if isinstance(a, ndarray):
                 if not a.flags.c_contiguous:
                     raise ValueError(f"{where}: a non-contiguous array (the kernel would read it as contiguous)")
+                ctype = self._types[i] if i < len(self._types) else ""
+                allowed = POINTEE.get(_pointee(ctype)) if ctype.endswith("*") else None
+                if allowed is not None and a.dtype.name not in allowed:
+                    raise TypeError(f"{where} ({ctype}): a {a.dtype} array; the kernel reads {' or '.join(allowed)}")
                 host.append(a._a)
             elif isinstance(a, np.ndarray):
                 raise TypeError(f"Unsupported type {type(a)} ({where}: a host array, not device memory)")

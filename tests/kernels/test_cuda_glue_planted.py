@@ -54,6 +54,13 @@ def test_transposed_view(k, monkeypatch):
         ops_gemm.gemm(k, xt, w)
 
 
+def test_array_of_another_dtype_than_the_pointer(k, monkeypatch):
+    x, w = _gemm_inputs(k.xp)
+    monkeypatch.setattr(ops_gemm, "check", lambda kernel, param, a, *rest: a)
+    with pytest.raises(TypeError, match=r"\(const float\*\): a uint16 array; the kernel reads float32"):
+        ops_gemm.gemm(k, x.view(k.xp.uint16), w)                 # 16-bit words handed to a float* parameter
+
+
 def test_block_over_1024_threads(k, monkeypatch):
     xp = k.xp
     monkeypatch.setattr(ops_sample, "THREADS", 2048)
