@@ -3,8 +3,8 @@
 //
 // Row ids come from the page table (kv/store.py: pages[p // page_tokens] * page_tokens + p % page_tokens).
 // One block per listed row (grid = n), threads stride over the C columns.  The launchers refuse ids
-// outside [0, N) and duplicate write ids on the host; here an invalid id writes nothing (write) or a
-// NaN row (read), never memory outside the store.
+// outside [0, N) and duplicate write ids (kernels/guards.py: checks.cu for device arrays); here an invalid
+// id writes nothing (write) or a NaN row (read), never memory outside the store.
 #include "common.cuh"
 
 // store[rows[i], :] = values[i, :]
