@@ -102,3 +102,16 @@ def test_cuda_engine_concurrent_equals_solo_and_numpy(tiny_ckpt, cuda_ops):
     assert together == alone
     reference, _ = run(make_engine(tiny_ckpt, NumpyOps()), prompts, PARAMS)
     assert together == reference
+
+
+def test_bench_cuda_counts_prints_the_per_token_baseline():
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[2] / "bench" / "cuda_counts.py"
+    r = subprocess.run([sys.executable, str(script), "--tokens", "1"], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    rows = {line.split()[0]: line for line in r.stdout.splitlines() if "per token:" in line}
+    assert set(rows) == {"model", "engine"}
+    assert all("syncs" in v and "launches" in v and "cupy kernels" in v for v in rows.values())
