@@ -3,9 +3,9 @@
 //
 // Row ids come from the page table (kv/store.py: pages[p // page_tokens] * page_tokens + p % page_tokens).
 // One block per listed row (grid = n), threads stride over the C columns.  The launchers refuse ids
-// outside [0, N) and duplicate write ids on the host; here an invalid id writes nothing (write) or a
-// NaN row (read), never memory outside the store.  Storage: every row is bf16 (latent rows, pooled keys, the
-// embedding table), copied bit for bit.
+// outside [0, N) and duplicate write ids (kernels/guards.py: checks.cu for device arrays); here an invalid
+// id writes nothing (write) or a NaN row (read), never memory outside the store.  Storage: every row is bf16
+// (latent rows, pooled keys, the embedding table), copied bit for bit.
 #include "common.cuh"
 
 // store[rows[i], :] = values[i, :]

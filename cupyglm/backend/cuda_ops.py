@@ -54,6 +54,11 @@ class CudaOps(NumpyOps):
         h = self.cupy.asnumpy(x)
         return from_bits(h) if h.dtype == BF16_BITS else h
 
+    def raise_device_errors(self) -> None:
+        """guards.DeviceCheckError naming every device-side precondition (cuda_src/checks.cu) that failed."""
+        from cupyglm.kernels import guards
+        guards.raise_pending(self.kernels)
+
 
 def _missing(name: str):
     def refuse(*args, **kwargs):

@@ -79,6 +79,10 @@ class NumpyOps:
     def asnumpy(self, x) -> np.ndarray:
         return np.asarray(x)
 
+    def raise_device_errors(self) -> None:
+        """Report the launchers' preconditions that failed on the device since the last call (the cuda
+        backend's checks.cu flags, read once); host arrays are checked at the call, so nothing here."""
+
     def write_rows(self, store: np.ndarray, rows: np.ndarray, values: np.ndarray) -> None:
         """store[rows[i]] = values[i]. store: [N, C] bf16, rows: [n] int32, values: [n, C] bf16."""
         store[rows] = values

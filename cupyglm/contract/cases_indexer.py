@@ -41,7 +41,7 @@ def _pool(label: str, p: int, i: int, kp: int = 4) -> None:
 
     def ctl(k, d):                                     # member kp - 1 missing from every pool
         ig = d["ig"].copy()
-        ig[:, kp - 1] = -np.inf
+        ig[:, kp - 1] = 0xFF80 if ig.dtype == np.uint16 else -np.inf     # -inf (as bf16 bits on cuda)
         return {"pk": ops_indexer.index_pool(k, d["ik"], ig, d["ape"])}
 
     case(Case(f"index_pool[{label}]", ("index_pool",), make, run, replay, ctl, POOL_ULPS, POOL_WHY))

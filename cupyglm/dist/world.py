@@ -24,7 +24,7 @@ _STATE = {"handshake_done": False}
 class World:
     rank: int
     size: int
-    local_rank: int                 # node-local rank; the device index on cuda
+    local_rank: int                 # node-local rank
     local_size: int
     comm: Comm                      # the backend's communicator (NcclComm on cuda with size > 1)
     settings: Settings              # with model_id filled
@@ -36,6 +36,7 @@ class World:
     mpi: Any = None                 # mpi4py COMM_WORLD, None in a single-rank world
     local_mpi: Any = None           # mpi4py node-local communicator, None in a single-rank world
     host_comm: Comm | None = None   # MpiComm/LocalComm for host arrays and bytes, whatever the backend
+    device: int = 0                 # this rank's CUDA device among those it sees (dist/devices.py); 0 off cuda
 
     @property
     def is_root(self) -> bool:
@@ -43,7 +44,7 @@ class World:
 
     @property
     def device_index(self) -> int:
-        return self.local_rank
+        return self.device
 
     def shared_segment(self, purpose: str, nbytes: int) -> SharedSegment:
         """A /dev/shm segment mapped by every rank of this host (collective over the host's ranks)."""
@@ -117,12 +118,27 @@ def start(settings: Settings, *, backend: str | None = None) -> World:
     mpich_shm.release(local.Get_rank())        # every local rank is past MPI_Init: a kill now leaves nothing
     host = MpiComm(world)
     comm: Comm = host if world.Get_size() > 1 else LocalComm()
-    if resolved == "cuda" and world.Get_size() > 1:
-        from cupyglm.dist.comm import NcclComm
+    device = 0
+    if resolved == "cuda":
+        from cupyglm.dist.devices import DeviceError, pick_device
 
-        comm = NcclComm(world, local.Get_rank())
+        try:
+            device, error = pick_device(local.Get_rank(), local.Get_size(), local), None
+        except DeviceError as e:
+            error = f"rank {world.Get_rank()}: {e}"
+        errors = [e for e in world.allgather(error) if e]          # refused together, before NCCL starts
+        if errors:
+            raise SettingsError(f"REFUSE devices: {errors[0]}", agreed=True)
+        if world.Get_size() > 1:
+            from cupyglm.dist.comm import NcclComm
+
+            comm = NcclComm(world, device)
+        else:
+            import cupy
+
+            cupy.cuda.Device(device).use()
     return World(world.Get_rank(), world.Get_size(), local.Get_rank(), local.Get_size(), comm, settings, resolved,
-                 token, fp, fpmod.fingerprint_hash(fp), ms, mpi=world, local_mpi=local, host_comm=host)
+                 token, fp, fpmod.fingerprint_hash(fp), ms, mpi=world, local_mpi=local, host_comm=host, device=device)
 
 
 def _with_model_id(settings: Settings) -> Settings:

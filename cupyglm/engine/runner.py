@@ -23,7 +23,9 @@ class ModelRunner:
         self.model.release(state)
 
     def forward(self, batch: list[SeqInput]) -> list[SeqOutput]:
-        return self.model.forward(batch)
+        out = self.model.forward(batch)
+        self.ops.raise_device_errors()          # the step's device-side launcher checks, read once
+        return out
 
     def greedy(self, prompt: list[int], max_tokens: int, stop_ids=()):
         """Yield greedy tokens one at a time (argmax, ties to the lower id); frees the pages at the end."""

@@ -49,10 +49,11 @@ def device_arch() -> str:
     return f"sm_{cc}"
 
 
-def compile_cubin(path: str | os.PathLike, arch: str) -> Path:
-    """Compile (or fetch from the disk cache) the cubin of path for arch."""
+def compile_cubin(path: str | os.PathLike, arch: str, extra_options: tuple[str, ...] = ()) -> Path:
+    """Compile (or fetch from the disk cache) the cubin of path for arch (extra_options: e.g. -D of a planted
+    control; part of the cache key, so no temporary cubin is ever left outside the cache)."""
     p = Path(path).resolve()
-    opts = [*nvrtc_gate.compile_options(arch), f"-I{p.parent}"]
+    opts = [*nvrtc_gate.compile_options(arch), f"-I{p.parent}", *extra_options]
     h = hashlib.sha256()
     h.update(repr((opts, nvrtc_gate.nvrtc_version())).encode())
     h.update(nvrtc_gate.source_with_line(p).encode())
@@ -61,9 +62,10 @@ def compile_cubin(path: str | os.PathLike, arch: str) -> Path:
     out = cache_dir() / f"{p.stem}-{arch}-{h.hexdigest()[:32]}.cubin"
     if out.is_file():
         return out
-    ok, log, cubin = nvrtc_gate.compile_ptx_or_cubin(p, arch)
+    ok, log, cubin = nvrtc_gate.compile_ptx_or_cubin(p, arch, tuple(extra_options))
     if not ok:
-        raise CudaCompileError(f"NVRTC failed to compile {p} for {arch}:\n{log}")
+        flags = f" with {' '.join(extra_options)}" if extra_options else ""
+        raise CudaCompileError(f"NVRTC failed to compile {p} for {arch}{flags}:\n{log}")
     fd, tmp = tempfile.mkstemp(dir=out.parent, prefix=out.name + ".", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as f:
@@ -78,12 +80,12 @@ def compile_cubin(path: str | os.PathLike, arch: str) -> Path:
 class CudaModule:
     """A compiled ``.cu`` file on the current GPU; ``get_function`` returns a ``cupy.RawKernel``."""
 
-    def __init__(self, path: str | os.PathLike, arch: str | None = None):
+    def __init__(self, path: str | os.PathLike, arch: str | None = None, extra_options: tuple[str, ...] = ()):
         import cupy
 
         self.path = Path(path).resolve()
         self.arch = arch or device_arch()
-        self.cubin_path = compile_cubin(self.path, self.arch)
+        self.cubin_path = compile_cubin(self.path, self.arch, tuple(extra_options))
         self.raw_module = cupy.RawModule(path=str(self.cubin_path))
 
     def get_function(self, name: str):

@@ -21,7 +21,7 @@ OPS: dict[str, Callable] = {}
 # may copy other array arguments (to make them contiguous or move them to the device), never these.
 INPLACE: dict[str, tuple[int, ...]] = {}
 # NumpyOps methods that are storage, not compute: a backend without a kernel for them may run them as is.
-KERNEL_FREE = frozenset({"weight", "asnumpy", "bf16_full"})
+KERNEL_FREE = frozenset({"weight", "asnumpy", "bf16_full", "raise_device_errors"})
 
 
 def op(name: str, inplace: tuple[int, ...] = ()):
@@ -58,18 +58,8 @@ def _load_variant(backend: str, path: Path, defines: tuple[str, ...]):
         from cupyglm.kernels.sim import SimModule
         mod = SimModule(path, extra_flags=flags)
     elif backend == "cuda":
-        import tempfile
-
-        import cupy
-
-        from cupyglm.kernels import cuda, nvrtc_gate
-        ok, log, cubin = nvrtc_gate.compile_ptx_or_cubin(path, cuda.device_arch(), flags)
-        if not ok:
-            raise cuda.CudaCompileError(f"NVRTC failed to compile {path} with {flags}:\n{log}")
-        fd, tmp = tempfile.mkstemp(suffix=".cubin")
-        with open(fd, "wb") as f:
-            f.write(cubin)
-        mod = cupy.RawModule(path=tmp)
+        from cupyglm.kernels import cuda
+        mod = cuda.CudaModule(path, extra_options=flags)      # cached on disk by (source, flags): no temp file
     else:
         raise ValueError(f"unknown kernel backend {backend!r}")
     _VARIANTS[key] = mod

@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from cupyglm.backend.lanes import out_kind
+from cupyglm.kernels import guards
 from cupyglm.kernels.ops import Kernels, check, i32, op
 
 SRC = "gemm.cu"
@@ -83,11 +84,7 @@ def gemm_grouped(k: Kernels, x, w, group, out: str = "f32"):
     check("gemm_grouped", "group", group, (x.shape[0],), np.int32)
     m, kk = x.shape
     e, n = w.shape[0], w.shape[1]
-    if m:
-        lo, hi = int(group.min()), int(group.max())
-        if lo < 0 or hi >= e:
-            raise ValueError(f"gemm_grouped: parameter group holds expert ids outside [0, {e}) "
-                             f"(min {lo}, max {hi})")
+    guards.ids_in_range(k, "gemm_grouped", "group", group, e, "expert ids")   # no host sync of a device array
     y = k.empty((m, n), dt)
     if m and n:
         if kk == 0:

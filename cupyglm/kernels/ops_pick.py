@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from cupyglm.kernels import guards
 from cupyglm.kernels.ops import Kernels, check, i32, op
 
 SRC = "pick.cu"
@@ -33,18 +34,7 @@ def pick(k: Kernels, scores, positions, npools: int, kpool: int, width: int):
     counts = k.empty((t,), np.int32)
     if t == 0:
         return tokens, counts
-    if isinstance(pos, np.ndarray):
-        q = int(pos.max())
-        if int(pos.min()) < 0:
-            raise ValueError("pick: parameter positions must be >= 0")
-        v = (pos.astype(np.int64) + 1) // kpool
-        sparse = v > npools
-        need = np.where(sparse, npools * kpool + (pos + 1 - v * kpool), pos.astype(np.int64) + 1)
-        if int(need.max()) > width:
-            raise ValueError(f"pick: parameter width={width} is too small for position {q} "
-                             f"(needs {int(need.max())})")
-        if sparse.any() and int(v[sparse].max()) > p:
-            raise ValueError(f"pick: parameter scores has {p} pools but a row sees {int(v[sparse].max())}")
+    guards.pick_rows(k, pos, p, npools, kpool, width)                  # host arrays now, device ones on the device
     k.launch(SRC, "dsa_pick", (t,), (THREADS,),
              (scores, pos, tokens, counts, i32(p), i32(npools), i32(kpool), i32(width)), shared_mem=p)
     return tokens, counts

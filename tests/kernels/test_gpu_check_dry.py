@@ -7,7 +7,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "launch" / "gpu-check"
-STEPS = ("env", "contract", "tokens", "invariance", "speed-tiny", "speed-big")
+STEPS = ("env", "contract", "tokens", "engine", "tp", "invariance", "speed-tiny", "speed-big")
 
 
 def test_script_is_executable_bash():
@@ -28,6 +28,8 @@ def test_dry_run_writes_every_step_and_a_summary(tmp_path):
         assert " ok " in line, line
     assert "SUMMARY 1 kernels: 1 pass, 0 fail; 7 controls: 7 red as planted, 0 missed" in summary
     assert "RESULT tokens ok" in (out / "tokens.txt").read_text()
+    assert "RESULT engine ok numpy: 4 concurrent = solo = numpy" in (out / "engine.txt").read_text()
+    assert "RESULT tp ok numpy TP=2 (MPI) = numpy TP=2" in (out / "tp.txt").read_text()
     assert "RESULT invariance ok sim" in (out / "invariance.txt").read_text()
     assert "prefill" in (out / "speed-big.txt").read_text()
     assert lines[-1].startswith("GPU-CHECK ok in ")

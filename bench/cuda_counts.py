@@ -1,0 +1,109 @@
+"""What one decode token costs on the `cuda` code path, counted by the CuPy double (tests/cupy_double): device-to-
+host syncs, RawKernel launches, CuPy's own kernels (elementwise ops, copies, reductions), host-to-device copies,
+allocations. No GPU needed; the baseline of decode-speed work.
+
+    python bench/cuda_counts.py [--tokens 4] [--layers45] [--where]
+
+Rows: `model` is one GLMModel.forward of one sequence's decode token (the tiny checkpoint); `engine` one
+Engine.step with 4 requests decoding (mixed sampling), per token; `model-45` the forward of a random model of
+the real layer structure (45 layers: 34 KDA + 11 DSA, 3 dense MLPs) at tiny widths (--layers45).
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _model_row(ckpt, ops, tokens: int, where: bool):
+    import cupy_double
+    from cupyglm.dist.comm import LocalComm
+    from cupyglm.engine.runner import ModelRunner
+    from cupyglm.model.glm import SeqInput
+
+    runner = ModelRunner(ckpt, ops, LocalComm(), 16, 16)
+    st = runner.new_state()
+    out = runner.forward([SeqInput(np.arange(5, 25, dtype=np.int32), st)])
+    with cupy_double.counting(trace=where) as c:
+        for _ in range(tokens):
+            tok = int(np.argmax(ops.asnumpy(out[0].logits[-1])))
+            out = runner.forward([SeqInput(np.array([tok], np.int32), st)])
+    runner.release(st)
+    return c
+
+
+def _engine_row(ckpt, ops, tokens: int, where: bool):
+    import cupy_double
+    from cupyglm.dist.comm import LocalComm
+    from cupyglm.engine.config import EngineConfig
+    from cupyglm.engine.engine import Engine
+    from cupyglm.engine.runner import ModelRunner
+    from cupyglm.engine.sampling import SamplingParams
+
+    c = ckpt.config
+    runner = ModelRunner(ckpt, ops, LocalComm(), 32, 16)
+    cfg = EngineConfig(context=128, num_pages=32, page_tokens=16, keep_grid=c.keep_grid, parallel=4, seed=0,
+                       eos_token_ids=c.eos_token_ids, vocab_size=c.vocab_size)
+    eng = Engine(runner, LocalComm(), cfg, ckpt.tokenizer)
+    params = [SamplingParams(temperature=0, max_tokens=tokens + 2, ignore_eos=True),
+              SamplingParams(temperature=0.8, top_p=0.9, seed=1, max_tokens=tokens + 2, ignore_eos=True),
+              SamplingParams(temperature=1.0, top_k=20, seed=5, max_tokens=tokens + 2, ignore_eos=True),
+              SamplingParams(temperature=0.7, min_p=0.1, seed=9, max_tokens=tokens + 2, ignore_eos=True)]
+    for i, sp in enumerate(params):
+        eng.add_request(list(range(10 + i, 30 + i)), sp)
+    started: set[int] = set()
+    while len(started) < len(params):                   # every prompt prefilled (its first token out)
+        started |= {o.request_id for o in eng.step() if o.new_token_ids}
+    made = 0
+    with cupy_double.counting(trace=where) as cnt:
+        for _ in range(tokens):
+            made += sum(len(o.new_token_ids) for o in eng.step())
+    while eng.has_work():
+        eng.step()
+    return cnt, made
+
+
+def _print(name: str, c, per: int, where: bool) -> None:
+    print(f"{name:<9} per token: syncs {c.syncs / per:g}, launches {c.launches / per:g}, cupy kernels "
+          f"{c.kernels / per:g}, h2d copies {c.h2d / per:g} ({c.h2d_bytes / per:g} B), d2h {c.d2h_bytes / per:g} B, "
+          f"allocs {c.allocs / per:g}, collectives {c.collectives / per:g}")
+    if where:
+        for counter in ("syncs", "h2d", "kernels", "launches"):
+            top = sorted(c.where.get(counter, {}).items(), key=lambda kv: -kv[1])
+            print(f"    {counter}: " + ", ".join(f"{k} {v / per:g}" for k, v in top))
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--tokens", type=int, default=4, help="decode tokens counted (default 4)")
+    ap.add_argument("--layers45", action="store_true", help="also the 45-layer structure at tiny widths")
+    ap.add_argument("--where", action="store_true", help="break each count down by where it came from")
+    a = ap.parse_args(argv)
+    sys.path.insert(0, str(REPO / "tests"))
+    sys.path.insert(0, str(REPO / "bench"))
+    import cupy_double
+
+    cupy_double.install()
+    from cupyglm.backend.cuda_ops import CudaOps
+    from cupyglm.checkpoint.loader import Checkpoint
+    from cupyglm.checkpoint.tiny import default_tiny_dir
+
+    ops = CudaOps()
+    tiny = Checkpoint.open(default_tiny_dir())
+    _print("model", _model_row(tiny, ops, a.tokens, a.where), a.tokens, a.where)
+    cnt, made = _engine_row(tiny, ops, a.tokens, a.where)
+    _print("engine", cnt, made, a.where)
+    if a.layers45:
+        from big_random import RandomCheckpoint, big_config
+
+        ckpt = RandomCheckpoint(big_config("small", num_hidden_layers=45))
+        _print("model-45", _model_row(ckpt, ops, a.tokens, a.where), a.tokens, a.where)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

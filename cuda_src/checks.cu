@@ -1,0 +1,73 @@
+// checks.cu -- the launchers' preconditions checked on the device (cupyglm/kernels/guards.py), so a device
+// array is checked without a host sync: each check counts its violations into one slot of a small flags
+// buffer, which the host reads once after the step and reports as a named error (guards.DeviceCheckError).
+//
+// flags: [slots, 2] u32, zeroed by the host.  Slot s: [s, 0] += violations, [s, 1] = max(~i)
+// over violating elements i, i.e. ~first violating index (0 while none).  Both are order-independent, so
+// every thread order gives the same flags (the contract checks it).  The kernels the checks guard stay
+// memory-safe on bad input (they skip, or write NaN / -1); the check only makes the mistake an error.
+#include "common.cuh"
+
+static __device__ __forceinline__ void check_flag(unsigned int* flags, int slot, int i) {
+  unsigned int* f = flags + 2 * slot;
+  atomicAdd(&f[0], 1u);
+  atomicMax(&f[1], ~(unsigned int)i);
+}
+
+// ids[i] in [0, limit) for every i < n; one thread per id.
+extern "C" __global__ void check_ids_range(const int* __restrict__ ids,      // [n] i32
+                                           unsigned int* __restrict__ flags,  // [slots, 2] u32
+                                           int n, int limit, int slot) {
+  const int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= n) return;
+  const int v = ids[i];
+#ifdef CHECKS_PLANT_RANGE
+  if (v < 0 || v > limit) check_flag(flags, slot, i);           // planted: the limit itself passes
+#else
+  if (v < 0 || v >= limit) check_flag(flags, slot, i);
+#endif
+}
+
+// ids[i] differs from every ids[j], j < i (write ids: the order of two writes to one row would decide it).
+// O(n^2) over the rows one step writes; one thread per id.
+extern "C" __global__ void check_ids_distinct(const int* __restrict__ ids,      // [n] i32
+                                              unsigned int* __restrict__ flags,  // [slots, 2] u32
+                                              int n, int slot) {
+  const int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= n) return;
+  const int v = ids[i];
+#ifdef CHECKS_PLANT_DISTINCT
+  for (int j = 0; j + 1 < i; ++j) {                                // planted: the neighbour is not compared
+#else
+  for (int j = 0; j < i; ++j) {
+#endif
+    if (ids[j] == v) {
+      check_flag(flags, slot, i);
+      return;
+    }
+  }
+}
+
+// The pick's rows (pick.cu): position q >= 0 (slot), the row's list fits width (slot + 1), and a sparse
+// row's visible pools fit the P score columns (slot + 2).  v = (q + 1) / kpool pools; sparse when
+// v > npools; a sparse row needs npools * kpool + (q + 1 - v * kpool) slots, a dense one q + 1.
+extern "C" __global__ void check_pick_rows(const int* __restrict__ positions,  // [T] i32
+                                           unsigned int* __restrict__ flags,   // [slots, 2] u32
+                                           int T, int P, int npools, int kpool, int width, int slot) {
+  const int t = blockIdx.x * blockDim.x + threadIdx.x;
+  if (t >= T) return;
+  const long long q = positions[t];
+  if (q < 0) {
+    check_flag(flags, slot, t);
+    return;
+  }
+  const long long v = (q + 1) / kpool;
+  const bool sparse = v > npools;
+  const long long need = sparse ? (long long)npools * kpool + (q + 1 - v * kpool) : q + 1;
+#ifdef CHECKS_PLANT_PICK
+  if (need > width + 1) check_flag(flags, slot + 1, t);         // planted: one slot too many passes
+#else
+  if (need > width) check_flag(flags, slot + 1, t);
+#endif
+  if (sparse && v > P) check_flag(flags, slot + 2, t);
+}

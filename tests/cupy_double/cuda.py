@@ -1,0 +1,173 @@
+"""`cupy.cuda` of the double: devices, streams, runtime, memory errors, the real NVRTC (recorded), NCCL.
+
+Visible devices: CUDA_VISIBLE_DEVICES (a comma list) when set, else `cupy_double.configure(device_count=)`
+(default 8). Device(i).use() with i outside them raises cudaErrorInvalidDevice, as the runtime does.
+"""
+from __future__ import annotations
+
+import os
+import sys
+import types
+
+from .state import DEFAULT_TOTAL, STATE, OutOfMemoryError
+
+CONFIG = {"device_count": 8, "compute_capability": "90", "name": "cupy double (emulated H100)"}
+_CURRENT = {"device": 0}
+
+
+class CUDARuntimeError(RuntimeError):
+    def __init__(self, status: int, msg: str):
+        self.status = status
+        super().__init__(msg)
+
+
+def is_available() -> bool:
+    return True
+
+
+def _physical() -> list[int]:
+    """The physical ids of the visible devices (CUDA_VISIBLE_DEVICES as integers, else 0..device_count-1)."""
+    vis = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if vis is not None:
+        return [int(v) for v in vis.split(",") if v.strip() != ""]
+    return list(range(int(CONFIG["device_count"])))
+
+
+def _visible() -> int:
+    return len(_physical())
+
+
+def _check(i: int) -> int:
+    if not 0 <= int(i) < _visible():
+        raise CUDARuntimeError(101, "cudaErrorInvalidDevice: invalid device ordinal")
+    return int(i)
+
+
+class Device:
+    def __init__(self, device=None):
+        self.id = _CURRENT["device"] if device is None else _check(device)
+        self.compute_capability = CONFIG["compute_capability"]
+
+    def use(self):
+        _CURRENT["device"] = self.id
+
+    def synchronize(self):
+        pass
+
+    def __enter__(self):
+        self._prev = _CURRENT["device"]
+        self.use()
+        return self
+
+    def __exit__(self, *exc):
+        _CURRENT["device"] = self._prev
+
+    def __int__(self):
+        return self.id
+
+
+class Stream:
+    null = None
+
+    def __init__(self, null=False, non_blocking=False, ptr=0):
+        self.ptr = 0
+
+    def synchronize(self):
+        pass
+
+    def use(self):
+        return self
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        pass
+
+
+def get_current_stream(device_id=-1):
+    return Stream()
+
+
+def get_device_id() -> int:
+    return _CURRENT["device"]
+
+
+# -- cupy.cuda.runtime ------------------------------------------------------------------------------------
+runtime = types.ModuleType("cupy.cuda.runtime")
+runtime.CUDARuntimeError = CUDARuntimeError
+
+
+def _mem_get_info():
+    total = STATE.budget if STATE.budget is not None else DEFAULT_TOTAL
+    return max(0, total - STATE.in_use), total
+
+
+def _properties(i=None):
+    _check(_CURRENT["device"] if i is None else i)
+    cc = CONFIG["compute_capability"]
+    i = _CURRENT["device"] if i is None else int(i)
+    return {"name": CONFIG["name"].encode(), "totalGlobalMem": _mem_get_info()[1], "major": int(cc[:-1]),
+            "pciDomainID": 0, "pciBusID": 0x10 + _physical()[i], "pciDeviceID": 0,
+            "minor": int(cc[-1]), "sharedMemPerBlock": 48 * 1024, "maxThreadsPerBlock": 1024,
+            "multiProcessorCount": 132, "warpSize": 32}
+
+
+runtime.memGetInfo = _mem_get_info
+runtime.getDeviceCount = _visible
+runtime.getDeviceProperties = _properties
+runtime.getDevice = get_device_id
+runtime.deviceSynchronize = lambda: None
+runtime.setDevice = lambda i: Device(i).use()
+
+# -- cupy.cuda.memory -------------------------------------------------------------------------------------
+memory = types.ModuleType("cupy.cuda.memory")
+memory.OutOfMemoryError = OutOfMemoryError
+
+
+def _nvrtc():
+    """The real NVRTC binding (cupy_backends; no GPU needed) behind a recorder of (program name, options)."""
+    from cupy_backends.cuda.libs import nvrtc as real
+
+    from .raw import record_cubin
+
+    real.getVersion()              # loads libnvrtc through the real cupy (its loader), before cupy is replaced
+    mod = types.ModuleType("cupy.cuda.nvrtc")
+    for k in dir(real):
+        if not k.startswith("__"):
+            setattr(mod, k, getattr(real, k))
+    programs: dict[int, list] = {}
+
+    def createProgram(src, name, headers, include_names):
+        prog = real.createProgram(src, name, headers, include_names)
+        programs[int(prog)] = [name, ()]
+        return prog
+
+    def compileProgram(prog, options):
+        programs.setdefault(int(prog), ["", ()])[1] = tuple(options)
+        return real.compileProgram(prog, options)
+
+    def getCUBIN(prog):
+        cubin = real.getCUBIN(prog)
+        name, opts = programs.get(int(prog), ("", ()))
+        record_cubin(bytes(cubin), name, opts)
+        return cubin
+
+    def destroyProgram(prog):
+        programs.pop(int(prog), None)
+        return real.destroyProgram(prog)
+
+    mod.createProgram, mod.compileProgram, mod.getCUBIN = createProgram, compileProgram, getCUBIN
+    mod.destroyProgram = destroyProgram
+    return mod
+
+
+def modules() -> dict[str, types.ModuleType]:
+    """The sys.modules entries of cupy.cuda and its submodules."""
+    from . import nccl
+
+    me = sys.modules[__name__]
+    me.nvrtc = _nvrtc()
+    me.nccl = nccl
+    return {"cupy.cuda": me, "cupy.cuda.runtime": runtime, "cupy.cuda.memory": memory,
+            "cupy.cuda.nvrtc": me.nvrtc, "cupy.cuda.nccl": nccl}

@@ -1,0 +1,72 @@
+"""The launchers' id and position guards on device arrays (cuda through the CuPy double): checked on the
+device by cuda_src/checks.cu without a host sync, reported by name when the step's flags are read once."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from cupy_double.fixtures import cuda_double  # noqa: F401
+from cupyglm.kernels.guards import DeviceCheckError
+
+ONE = 0x3F80                                            # 1.0 as bf16 bits
+
+
+@pytest.fixture
+def ops(cuda_double):
+    from cupyglm.backend.cuda_ops import CudaOps
+
+    return CudaOps()
+
+
+def _no_sync(cuda_double, fn):
+    with cuda_double.counting() as c:
+        out = fn()
+    assert c.syncs == 0, c
+    return out
+
+
+def test_write_rows_ids_out_of_range_and_repeated(ops, cuda_double):
+    xp = ops.xp
+    store = xp.zeros((16, 8), xp.uint16)                  # bf16 storage: uint16 bit patterns
+    values = xp.full((4, 8), ONE, xp.uint16)
+    _no_sync(cuda_double, lambda: ops.write_rows(store, xp.asarray(np.array([1, 2, 16, -1], np.int32)), values))
+    with pytest.raises(DeviceCheckError, match=r"write_rows: parameter rows holds ids outside \[0, 16\) "
+                                               r"\(2 of them, the first at index 2\)"):
+        ops.raise_device_errors()
+    ops.raise_device_errors()                                   # read and cleared: nothing pending now
+    _no_sync(cuda_double, lambda: ops.write_rows(store, xp.asarray(np.array([3, 5, 3, 5], np.int32)), values))
+    with pytest.raises(DeviceCheckError, match=r"write_rows: parameter rows repeats a row id .*\(2 of them, "
+                                               r"the first at index 2\)"):
+        ops.raise_device_errors()
+
+
+def test_read_rows_and_gemm_grouped_ids(ops, cuda_double):
+    xp = ops.xp
+    _no_sync(cuda_double, lambda: ops.read_rows(xp.zeros((8, 4), xp.uint16), xp.asarray(np.array([9], np.int32))))
+    x, w = xp.full((3, 16), ONE, xp.uint16), xp.full((2, 16, 16), ONE, xp.uint16)
+    y = _no_sync(cuda_double, lambda: ops.gemm_grouped(x, w, xp.asarray(np.array([0, 2, 1], np.int32))))
+    assert np.isnan(y.get()[1]).all() and not np.isnan(y.get()[[0, 2]]).any()      # the bad row: NaN, no fault
+    with pytest.raises(DeviceCheckError) as e:
+        ops.raise_device_errors()
+    assert "read_rows: parameter rows holds ids outside [0, 8) (1 of them, the first at index 0)" in str(e.value)
+    assert "gemm_grouped: parameter group holds expert ids outside [0, 2) (1 of them, the first at index 1)" \
+        in str(e.value)
+
+
+def test_pick_positions(ops, cuda_double):
+    xp = ops.xp
+    scores = xp.zeros((2, 4), xp.float32)
+    _no_sync(cuda_double, lambda: ops.pick(scores, xp.asarray(np.array([3, -2], np.int32)), 2, 4, 11))
+    with pytest.raises(DeviceCheckError, match=r"pick: parameter positions holds a negative position "
+                                               r"\(1 of them, the first at index 1\)"):
+        ops.raise_device_errors()
+
+
+def test_a_clean_step_reports_nothing(ops, cuda_double):
+    xp = ops.xp
+    store = xp.zeros((16, 8), xp.uint16)
+    ops.write_rows(store, xp.asarray(np.array([4, 0, 15], np.int32)), xp.full((3, 8), ONE, xp.uint16))
+    with cuda_double.counting() as c:
+        ops.raise_device_errors()
+    assert c.syncs == 1                                          # the flags, read once
+    assert store.get()[[0, 4, 15]].tolist() == [[ONE] * 8] * 3

@@ -1,0 +1,60 @@
+"""`mpirun -n 2 cupyglm-generate --backend cuda` through the CuPy double (tests/cupy_double/run.py installs it,
+then runs the CLI's main): the real world start, device choice and NcclComm code, NCCL carried over MPI.
+Output equal to numpy at TP=2; one visible GPU per rank works; two ranks on one GPU are refused by name."""
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.mpi
+RUN = [sys.executable, str(Path(__file__).resolve().parents[1] / "cupy_double" / "run.py"), "--counts"]
+ARGS = ["--prompt", "def fib(n):", "--max-tokens", "6", "--kv-pages", "32"]
+
+
+def _run(mpirun, layout: list[str], timeout=180):
+    from procjob import job_env
+
+    env = job_env({"CUPYGLM_CACHE_DIR": os.environ["CUPYGLM_CACHE_DIR"]})
+    r = subprocess.run([str(mpirun), *layout], capture_output=True, text=True, env=env, timeout=timeout)
+    return r.returncode, r.stdout, r.stderr
+
+
+def _cuda(*extra):
+    return [*RUN, "cupyglm.cli.generate", "--backend", "cuda", *ARGS, *extra]
+
+
+@pytest.fixture(scope="module")
+def numpy_out(mpirun, tiny_dir):
+    rc, out, err = _run(mpirun, ["-n", "2", sys.executable, "-m", "cupyglm.cli.generate", "--backend", "numpy",
+                                 *ARGS])
+    assert rc == 0, err
+    assert out.strip()
+    return out
+
+
+def test_tp2_cuda_through_nccl_equals_numpy(mpirun, numpy_out, tmp_path):
+    rc, out, err = _run(mpirun, ["-n", "2", RUN[0], RUN[1], "--counts-dir", str(tmp_path), *_cuda()[3:]])
+    assert rc == 0, err
+    assert out == numpy_out
+    lines = {f.name: f.read_text() for f in tmp_path.iterdir()}
+    assert sorted(lines) == ["rank-0", "rank-1"], err
+    assert all(int(re.search(r"collectives=(\d+)", v)[1]) > 0 for v in lines.values()), lines
+
+
+def test_one_visible_gpu_per_rank(mpirun, numpy_out):
+    """As `srun --gpus-per-task=1`: each rank's CUDA_VISIBLE_DEVICES names its own one GPU (device 0 to it)."""
+    rc, out, err = _run(mpirun, ["-n", "1", "-env", "CUDA_VISIBLE_DEVICES", "0", *_cuda(), ":",
+                                 "-n", "1", "-env", "CUDA_VISIBLE_DEVICES", "1", *_cuda()])
+    assert rc == 0, err
+    assert out == numpy_out
+
+
+def test_two_ranks_on_one_visible_gpu_are_refused(mpirun, tiny_dir):
+    rc, out, err = _run(mpirun, ["-n", "2", "-env", "CUDA_VISIBLE_DEVICES", "0", *_cuda()])
+    assert rc != 0
+    assert "REFUSE devices: rank 0: local ranks [0, 1] all see only the GPU at PCI" in err, err
