@@ -60,8 +60,16 @@ def _abort_now(signum: int) -> None:
     rank = mpi[1] if mpi else 0
     _say(f"rank {rank}: second {signal.Signals(signum).name}: aborting the job at once")
     if mpi is not None and mpi[2] > 1:
-        mpi[0].Abort(128 + signum)
+        abort(mpi[0], 128 + signum)
     os._exit(128 + signum)
+
+
+def abort(comm: Any, code: int) -> None:
+    """End the whole job (MPI Abort), first unlinking MPICH's segments this rank maps: no Finalize will."""
+    from cupyglm.dist import mpich_shm
+
+    mpich_shm.unlink_mapped()
+    comm.Abort(code)
 
 
 def install_signal_handlers() -> None:
@@ -115,7 +123,7 @@ def _exit_agreed(line: str, mpi: tuple[Any, int, int] | None) -> int:
         if time.monotonic() > deadline:
             if rank != 0:
                 _say(line)
-            w.Abort(1)
+            abort(w, 1)
         time.sleep(0.005)
     return 1
 
@@ -130,7 +138,7 @@ def _exit_failure(line: str, mpi: tuple[Any, int, int] | None, code: int = 1) ->
         time.sleep(NONROOT_PRINT_DELAY_S)
     _say(line)
     time.sleep(OUTPUT_GRACE_S)      # let the launcher forward the line before Abort tears the job down
-    w.Abort(code)
+    abort(w, code)
     return code  # not reached
 
 
@@ -165,7 +173,7 @@ def run_rank_main(fn: Callable[[], Any], *, signals: bool = True) -> int:
         if launched is not None and launched[1] > 1:
             mpi = _mpi_if_initialized() or _mpi_world()
             if mpi is not None:
-                mpi[0].Abort(code)
+                abort(mpi[0], code)
         return code
     except KeyboardInterrupt:
         mpi = _mpi_if_initialized()

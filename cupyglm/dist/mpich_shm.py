@@ -6,6 +6,8 @@ and removes it in MPI_Finalize, so a job that is killed or aborts leaves it behi
 - `release(local_rank)`: once every rank of the host is past MPI_Init (the world handshake proves it), the
   host's first rank unlinks the segments this process maps. The mappings stay valid (MPICH's later unlink finds
   nothing to do), and from then on a kill or an abort of the job leaves nothing behind.
+- `unlink_mapped()`: a rank about to abort the job (failure.abort) unlinks them too, since MPI_Finalize will not
+  run; a rank that failed before the handshake (a usage error) would otherwise leave them.
 - `stale(directory)`: segments that no live process maps (every readable /proc/*/maps is read), older than
   `min_age_s` (a job between its shm_open and its mmap is not yet in any map), are a dead job's; the next start
   and `cupyglm-cleanup-shm` remove them. A segment that any process might map is never judged stale.
@@ -35,8 +37,11 @@ def mapped_by(pid: int | str = "self") -> set[str] | None:
 
 def release(local_rank: int) -> list[str]:
     """The host's first rank, after every local rank is past MPI_Init: unlink the MPICH segments it maps."""
-    if local_rank != 0:
-        return []
+    return unlink_mapped() if local_rank == 0 else []
+
+
+def unlink_mapped() -> list[str]:
+    """Unlink the MPICH segments this process maps (a job about to abort: MPI_Finalize will never run)."""
     gone = []
     for path in sorted(mapped_by() or ()):
         try:

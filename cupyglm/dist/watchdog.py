@@ -58,7 +58,9 @@ class Link:
 
     def abort(self, code: int = 1) -> None:
         if self.comm is not None:
-            self.comm.Abort(code)
+            from cupyglm.dist.failure import abort
+
+            abort(self.comm, code)
         os._exit(code)
 
 
