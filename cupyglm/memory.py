@@ -11,6 +11,7 @@ plan of every backend counts the bytes that backend allocates.
     state        per sequence: per KDA layer the recurrent state [H/tp, K, K] fp32 and the conv window
                  [taps - 1, 3 H/tp K] bf16; per KV layer the incomplete pool's index keys and gates
                  (at most kpool - 1 rows each) bf16; with MTP the pending row [D] bf16
+    prompt cache the kept-state arena: [kept pages, page bytes] u8 (device, or host with CUPYGLM_HOST_CACHE)
 """
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ from cupyglm.config import ModelConfig
 
 BF16 = "bf16"
 FP32 = "fp32"
+U8 = "u8"
 _BF16_NAN_BITS = 0x7FC0                 # the quiet NaN of bf16, for storage that keeps bf16 as uint16 bits
 
 
@@ -39,7 +41,9 @@ class Storage:
             return self.bf16
         if kind == FP32:
             return self.fp32
-        raise ValueError(f"unknown logical dtype {kind!r} (bf16 or fp32)")
+        if kind == U8:
+            return np.dtype(np.uint8)
+        raise ValueError(f"unknown logical dtype {kind!r} (bf16, fp32 or u8)")
 
     def itemsize(self, kind: str) -> int:
         return self.dtype(kind).itemsize
@@ -68,7 +72,7 @@ def storage_of(ops) -> Storage:
 class ArraySpec:
     name: str
     shape: tuple[int, ...]
-    kind: str                           # BF16 | FP32
+    kind: str                           # BF16 | FP32 | U8
 
     def nbytes(self, storage: Storage) -> int:
         return math.prod(self.shape) * storage.itemsize(self.kind)
@@ -148,3 +152,12 @@ def state_arrays(cfg: ModelConfig, tp: int, mtp: bool = False) -> list[ArraySpec
     if mtp:
         out.append(ArraySpec("state.mtp_pending", (cfg.hidden_size,), BF16))
     return out
+
+
+# ---- prompt cache -----------------------------------------------------------------------------------------------
+
+def prompt_cache_arena(cache_bytes: int, page_bytes: int) -> ArraySpec:
+    """The kept-state arena: whole kept pages of `page_bytes` within `cache_bytes` (kept states are leased pages)."""
+    if page_bytes <= 0:
+        raise ValueError(f"kept page bytes must be positive, got {page_bytes}")
+    return ArraySpec("prompt_cache.arena", (max(0, cache_bytes) // page_bytes, page_bytes), U8)  # [pages, B] u8

@@ -48,9 +48,7 @@ UNAVAILABLE: dict[str, str] = {
     "kv_host": "KV rows in host memory are not available yet",
     "kv_host_shared": "shared host KV pages are not available yet",
     "kv_host_gib": "host KV pages are not available yet",
-    "host_cache": "the host prompt cache is not available yet",
     "kv_share": "prompt pages shared with the KV pool are not available yet",
-    "prompt_cache": "the prompt cache is not available yet",
     "mtp_drafts": "MTP drafts are not available yet",
 }
 
@@ -256,12 +254,8 @@ class Settings:
             refuse("kv_host_shared", "CUPYGLM_KV_HOST_SHARED=1")
         if self.kv_host_gib is not None:
             refuse("kv_host_gib", f"CUPYGLM_KV_HOST_GIB={self.kv_host_gib:g}")
-        if self.host_cache:
-            refuse("host_cache", "CUPYGLM_HOST_CACHE=1")
         if self.kv_share:
             refuse("kv_share", "CUPYGLM_KV_SHARE=1")
-        if self.prompt_cache_gib > 0:
-            refuse("prompt_cache", f"--prompt-cache-gib {self.prompt_cache_gib:g}")
         if self.mtp_drafts > 0:
             refuse("mtp_drafts", f"--mtp-drafts {self.mtp_drafts}")
 

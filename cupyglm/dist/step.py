@@ -6,7 +6,8 @@ name it by its integer id. Stop strings stay on rank 0 (it alone detokenizes); s
 
 Byte layout (little-endian, packed, no padding; VERSION is bumped on any change):
 
-    header      magic 4s = b"CGST" | version u16 | flags u16 (bit 0: stop, shut down after this message)
+    header      magic 4s = b"CGST" | version u16 | flags u16 (bit 0: stop, shut down after this message;
+                bit 1: a prompt-cache section follows the row groups)
                 | step u64 | n_new u32 | n_cancelled u32 | n_schedule u32                              28 bytes
     n_new x new request
                 request_id u64 | n_prompt u32
@@ -19,8 +20,15 @@ Byte layout (little-endian, packed, no padding; VERSION is bumped on any change)
                 request_id u64 | start u32 (position of its first row: chunk start, or the decode position)
                 | count u32 (rows this step) | flags u32 (engine-defined) | n_tokens u32
                 | token ids u32 x n_tokens (tokens that not every rank knows yet, e.g. rank 0's sampled ones)
+    prompt-cache section (flag bit 1 only)
+                n_restore u32 | n_drop u32 | n_keep u32
+                | n_restore x (request_id u64 | entry u64 | length u32): fill a new request's state from a
+                  kept entry before the step runs
+                | n_drop x entry u64: drop kept entries after the step runs
+                | n_keep x (request_id u64 | entry u64 | length u32): keep the request's state (at `length`)
+                  under a new entry after the drops
 
-The message must end exactly after the last row group. `decode` refuses a wrong magic or version by name.
+The message must end exactly after the last row group (or the prompt-cache section). `decode` refuses a wrong magic or version by name.
 """
 from __future__ import annotations
 
@@ -31,15 +39,18 @@ from collections.abc import Sequence
 import numpy as np
 
 MAGIC = b"CGST"
-VERSION = 1
+VERSION = 2
 
 _HEADER = struct.Struct("<4sHHQIII")
 _REQUEST = struct.Struct("<QI")
 _SAMPLING = struct.Struct("<ddidQIIII")
 _CANCEL = struct.Struct("<Q")
 _ENTRY = struct.Struct("<QIIII")
+_CACHE = struct.Struct("<III")
+_KEPT = struct.Struct("<QQI")
 
 FLAG_STOP = 1
+FLAG_CACHE = 2
 SAMPLING_IGNORE_EOS = 1
 SAMPLING_HAS_SEED = 2
 
@@ -92,6 +103,13 @@ class StepMessage:
     cancelled: tuple[int, ...] = ()
     schedule: tuple[ScheduleEntry, ...] = ()
     stop: bool = False
+    restores: tuple[tuple[int, int, int], ...] = ()    # (request_id, entry, length)
+    drops: tuple[int, ...] = ()                         # entries
+    keeps: tuple[tuple[int, int, int], ...] = ()       # (request_id, entry, length)
+
+    @property
+    def has_cache(self) -> bool:
+        return bool(self.restores or self.drops or self.keeps)
 
 
 def _ids(values: Sequence[int], what: str) -> bytes:
@@ -110,7 +128,8 @@ def encode(msg: StepMessage) -> bytes:
     """The bytes of `msg` (layout in the module docstring)."""
     out = bytearray()
     try:
-        out += _HEADER.pack(MAGIC, VERSION, FLAG_STOP if msg.stop else 0, msg.step, len(msg.new),
+        flags = (FLAG_STOP if msg.stop else 0) | (FLAG_CACHE if msg.has_cache else 0)
+        out += _HEADER.pack(MAGIC, VERSION, flags, msg.step, len(msg.new),
                             len(msg.cancelled), len(msg.schedule))
         for req in msg.new:
             s = req.sampling
@@ -126,6 +145,11 @@ def encode(msg: StepMessage) -> bytes:
         for e in msg.schedule:
             out += _ENTRY.pack(e.request_id, e.start, e.count, e.flags, len(e.tokens))
             out += _ids(e.tokens, f"request {e.request_id}'s scheduled tokens")
+        if msg.has_cache:
+            out += _CACHE.pack(len(msg.restores), len(msg.drops), len(msg.keeps))
+            out += b"".join(_KEPT.pack(*r) for r in msg.restores)
+            out += b"".join(_CANCEL.pack(d) for d in msg.drops)
+            out += b"".join(_KEPT.pack(*k) for k in msg.keeps)
     except struct.error as err:
         raise ValueError(f"step message: a value does not fit its field ({err})") from None
     return bytes(out)
@@ -166,7 +190,7 @@ def decode(data: bytes) -> StepMessage:
                                f"{VERSION} (the ranks run different cupyglm builds)")
     r = _Reader(data)
     _, _, flags, step, n_new, n_cancel, n_sched = r.take(_HEADER, "the header")
-    if flags & ~FLAG_STOP:
+    if flags & ~(FLAG_STOP | FLAG_CACHE):
         raise StepFormatError(f"step message has unknown flags {flags:#x}")
     new = []
     for _ in range(n_new):
@@ -183,10 +207,16 @@ def decode(data: bytes) -> StepMessage:
     for _ in range(n_sched):
         rid, start, count, eflags, n_tok = r.take(_ENTRY, "a row group")
         schedule.append(ScheduleEntry(rid, start, count, r.ids(n_tok, f"request {rid}'s scheduled tokens"), eflags))
+    restores, drops, keeps = (), (), ()
+    if flags & FLAG_CACHE:
+        n_res, n_drop, n_keep = r.take(_CACHE, "the prompt-cache section")
+        restores = tuple(r.take(_KEPT, "a restore") for _ in range(n_res))
+        drops = tuple(r.take(_CANCEL, "a drop")[0] for _ in range(n_drop))
+        keeps = tuple(r.take(_KEPT, "a keep") for _ in range(n_keep))
     if r.pos != len(data):
         raise StepFormatError(f"step message has {len(data) - r.pos} trailing bytes")
     return StepMessage(step=step, new=tuple(new), cancelled=cancelled, schedule=tuple(schedule),
-                       stop=bool(flags & FLAG_STOP))
+                       stop=bool(flags & FLAG_STOP), restores=restores, drops=drops, keeps=keeps)
 
 
 class Mirror:

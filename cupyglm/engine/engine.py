@@ -13,6 +13,10 @@ the model. Page ids stay identical on every rank because every rank's pool sees 
 the same leases in the same order (lowest free id first); each row group's flags carry a 24-bit hash of rank
 0's page table and every rank checks its own against it.
 
+Kept prompt states (`cupyglm.kv.kept`): rank 0's `PromptCache` decides, the message carries the decisions, and
+every rank applies them the same way: restores into the new requests' states before the rows run, then after
+the model call the drops, then the keeps (so every rank's kept pages stay identical too).
+
 Thread safety: `add_request`, `abort`, `has_work` and the page counts may be called from any thread; `step`
 from one thread at a time. An abort that arrives while a step runs is applied when the step's model call
 returns (its token is dropped); otherwise its pages go back at once.
@@ -28,6 +32,7 @@ import numpy as np
 
 from cupyglm.dist import step as stepmod
 from cupyglm.engine.config import EngineConfig
+from cupyglm.engine.prompt_cache import PromptCache
 from cupyglm.engine.request import EngineError, Request, RequestOutput
 from cupyglm.engine.sampling import FINISH_ABORT, FINISH_STOP, SamplingParams, banned_ids
 from cupyglm.engine.text import RequestText
@@ -47,14 +52,16 @@ def page_hash(pages: list[int]) -> int:
 class Engine:
     """Rank 0: the API below. Other ranks: `worker_loop()`."""
 
-    def __init__(self, runner, comm, cfg: EngineConfig, tokenizer=None, log=None):
+    def __init__(self, runner, comm, cfg: EngineConfig, tokenizer=None, log=None, kept=None):
         if runner.kv.pool.num_pages != cfg.num_pages or runner.kv.page_tokens != cfg.page_tokens:
             raise ValueError("the runner's KV store does not match the EngineConfig's pages")
         self.runner, self.comm, self.cfg, self.tokenizer = runner, comm, cfg, tokenizer
         self.rank, self.size = comm.rank, comm.size
         self.ops = runner.ops
         self.log = log
-        self.scheduler = Scheduler(cfg, runner.kv.pool) if self.rank == 0 else None
+        self.kept = kept                 # this rank's KeptStore (None: no prompt cache)
+        cache = PromptCache(kept.pool.num_pages if kept else 0, kept.pages_for if kept else (lambda n: 0))
+        self.scheduler = Scheduler(cfg, runner.kv.pool, cache if kept else None) if self.rank == 0 else None
         self._mirror = stepmod.Mirror()
         self._states: dict = {}
         self._lock = threading.RLock()
@@ -76,9 +83,10 @@ class Engine:
         if self._stopped:
             raise EngineError("the engine is shut down")
 
-    def add_request(self, prompt_ids, params: SamplingParams | None = None, request_id: int | None = None) -> int:
+    def add_request(self, prompt_ids, params: SamplingParams | None = None, request_id: int | None = None,
+                    cache_salt: str | None = None) -> int:
         """Queue a request; returns its id. Raises QueueFull, RequestTooLong (before it takes a page) or
-        ValueError (bad ids) at once."""
+        ValueError (bad ids) at once. `cache_salt`: kept prompt states are shared only under the same salt."""
         self._root("add_request")
         params = params or SamplingParams()
         prompt = tuple(int(t) for t in prompt_ids)
@@ -97,7 +105,7 @@ class Engine:
                 raise ValueError(f"request_id must be in 0..2**64-1, got {request_id}")
             max_tokens = self.scheduler.resolve_max_tokens(len(prompt), params.max_tokens)
             seed = params.seed if params.seed is not None else None
-            req = Request(int(request_id), prompt, params, 0, max_tokens)
+            req = Request(int(request_id), prompt, params, 0, max_tokens, salt=cache_salt or "")
             self.scheduler.add(req)                       # QueueFull / duplicate id raise before a seed is used
             req.seed = seed if seed is not None else (self.cfg.seed + next(self._seeds)) % 2**64
             self._texts[req.id] = RequestText(self.tokenizer, params)
@@ -119,7 +127,8 @@ class Engine:
         r = self.scheduler.abort(request_id)
         if r is not None:
             self._texts.pop(r.id, None)
-            self._ready.append(RequestOutput(r.id, [], "", True, FINISH_ABORT, r.prompt_len, len(r.output)))
+            self._ready.append(RequestOutput(r.id, [], "", True, FINISH_ABORT, r.prompt_len, len(r.output),
+                                             r.cached, None if r.cached else r.miss_reason))
 
     def has_work(self) -> bool:
         with self._lock:
@@ -230,7 +239,8 @@ class Engine:
             entries.append(stepmod.ScheduleEntry(g.request_id, g.start, g.count,
                                                   g.tokens if g.decode else (), flags))
         return stepmod.StepMessage(step=plan.step, new=tuple(new), cancelled=plan.released,
-                                   schedule=tuple(entries))
+                                   schedule=tuple(entries), restores=plan.restores, drops=plan.drops,
+                                   keeps=plan.keeps)
 
     def _run(self, msg: stepmod.StepMessage):
         """Apply a step message on this rank and run its rows; the model's outputs, one per row group."""
@@ -244,8 +254,12 @@ class Engine:
             if self.rank == 0:
                 state.pages = self.scheduler.requests[req.request_id].pages   # leased by the scheduler
             self._states[req.request_id] = state
-        batch = []
         kv = self.runner.kv
+        for rid, eid, length in msg.restores:
+            state = self._states[rid]
+            kv.ensure(state.pages, length)          # on rank 0 the scheduler leased them at admission
+            self._kept().restore(eid, state)
+        batch = []
         for e in msg.schedule:
             state = self._states[e.request_id]
             if state.length != e.start:
@@ -260,7 +274,21 @@ class Engine:
                 raise EngineError(f"rank {self.rank}: request {e.request_id}'s page table {state.pages} differs "
                                   f"from rank 0's (step {msg.step})")
             batch.append(SeqInput(np.asarray(tokens, dtype=np.int32), state))
-        return self.runner.forward(batch) if batch else []
+        outs = self.runner.forward(batch) if batch else []
+        for eid in msg.drops:
+            self._kept().drop(eid)
+        for rid, eid, length in msg.keeps:
+            state = self._states[rid]
+            if state.length != length:
+                raise EngineError(f"rank {self.rank}: request {rid} is at position {state.length}, step "
+                                  f"{msg.step} keeps it at {length}")
+            self._kept().keep(eid, state)
+        return outs
+
+    def _kept(self):
+        if self.kept is None:
+            raise EngineError(f"rank {self.rank}: the step message uses the prompt cache, this rank has none")
+        return self.kept
 
     # ---- rank 0: sampling and outputs --------------------------------------------------------------------------
     def _sample(self, plan: StepPlan, outs, reqs: dict[int, Request]) -> dict[int, int]:
@@ -312,7 +340,8 @@ class Engine:
                 piece = ""
             if finished:
                 self._texts.pop(r.id, None)
-            out.append(RequestOutput(r.id, [tok], piece, finished, reason, r.prompt_len, len(r.output)))
+            out.append(RequestOutput(r.id, [tok], piece, finished, reason, r.prompt_len, len(r.output),
+                                     r.cached, None if r.cached else r.miss_reason))
         return out
 
 
@@ -365,8 +394,13 @@ def build(world, ckpt, *, poison: bool = False, log=log_line):
     if log is not None:
         log(plan.line())
     runner = ModelRunner(ckpt, ops, world.comm, plan.num_pages, plan.page_tokens, poison=poison)
+    kept = None
+    if plan.prompt_cache_bytes:
+        from cupyglm.kv.kept import KeptStore
+
+        kept = KeptStore(cfg, ops, runner.kv, world.size, plan.prompt_cache_bytes, host=st.host_cache)
     ecfg = EngineConfig(context=plan.context, num_pages=plan.num_pages, page_tokens=plan.page_tokens,
                         keep_grid=cfg.keep_grid, parallel=st.parallel, max_queue=st.max_queue,
                         prefill_chunk=st.prefill_chunk, seed=st.seed, eos_token_ids=cfg.eos_token_ids,
                         vocab_size=cfg.vocab_size, poison=poison)
-    return Engine(runner, world.comm, ecfg, ckpt.tokenizer if world.rank == 0 else None, log=log), plan
+    return Engine(runner, world.comm, ecfg, ckpt.tokenizer if world.rank == 0 else None, log=log, kept=kept), plan

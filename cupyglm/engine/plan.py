@@ -24,8 +24,8 @@ import math
 import numpy as np
 
 from cupyglm.config import ModelConfig
-from cupyglm.memory import (FP32, Storage, host_latent_arrays, kv_arrays, state_arrays, total_bytes,
-                            weight_arrays)
+from cupyglm.memory import (FP32, Storage, host_latent_arrays, kv_arrays, prompt_cache_arena, state_arrays,
+                            total_bytes, weight_arrays)
 
 GIB = 1 << 30
 MIB = 1 << 20
@@ -214,7 +214,7 @@ def plan_memory(cfg: ModelConfig, *, storage: Storage, tp: int = 1, rank: int = 
     state = fixed_state_bytes(cfg, tp, storage, mtp)
     scratch = activation_bytes(cfg, tp, chunk_rows + parallel, parallel, storage.itemsize(FP32)) + parallel * state
     reserve = int(reserve_gib * GIB)
-    cache = int(prompt_cache_gib * GIB)
+    cache = total_bytes([prompt_cache_arena(int(prompt_cache_gib * GIB), page_bytes)], storage)
     cache_here = 0 if host_cache else cache
     if kv_budget_bytes is not None:
         budget, room = 0, int(kv_budget_bytes)

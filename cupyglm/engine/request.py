@@ -39,6 +39,9 @@ class Request:
     announced: bool = False                 # admitted: every rank knows it
     finish_reason: str | None = None
     arrival: int = 0
+    salt: str = ""                          # cache_salt: kept states are found only under the same salt
+    cached: int = 0                         # prompt positions restored from a kept state
+    miss_reason: str | None = None          # why nothing was restored (None when something was)
 
     @property
     def prompt_len(self) -> int:
@@ -70,3 +73,4 @@ class RequestOutput:
     prompt_tokens: int
     completion_tokens: int                  # generated so far, this step included
     cached_tokens: int = 0
+    cache_miss_reason: str | None = None    # why no prompt positions were restored

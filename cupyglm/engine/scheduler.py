@@ -13,6 +13,9 @@ that asked for logits.
   `RequestTooLong` in `add()`, before it takes anything.
 - Prefill is chunked: one step feeds at most `cfg.chunk` prompt tokens (all requests together), and a chunk
   ends on a multiple of the keep grid unless it ends the prompt. Decode rows (one per request) ride along.
+- With a prompt cache (`cupyglm.engine.prompt_cache`): an admitted request whose prompt starts with a kept
+  state resumes there (its pages for those positions leased at once, the restore in the plan); a prompt chunk
+  that ends on the keep grid or at the prompt's end is a keep point (the keep and any evictions in the plan).
 """
 from __future__ import annotations
 
@@ -20,6 +23,7 @@ import collections
 import dataclasses
 
 from cupyglm.engine.config import EngineConfig
+from cupyglm.engine.prompt_cache import MISS_OFF, PromptCache
 from cupyglm.engine.request import QueueFull, Request, RequestTooLong, Status
 from cupyglm.engine.sampling import FINISH_ABORT, token_finish
 from cupyglm.kv.pool import OutOfPages, PagePool
@@ -52,10 +56,13 @@ class StepPlan:
     groups: tuple[RowGroup, ...] = ()
     admitted: tuple[int, ...] = ()       # requests every rank learns of in this step
     released: tuple[int, ...] = ()       # admitted requests finished or aborted since the last plan
+    restores: tuple[tuple[int, int, int], ...] = ()   # (request, kept entry, length) before the step runs
+    drops: tuple[int, ...] = ()                        # kept entries evicted after the step runs
+    keeps: tuple[tuple[int, int, int], ...] = ()      # (request, new kept entry, length) after the drops
 
     @property
     def empty(self) -> bool:
-        return not (self.groups or self.admitted or self.released)
+        return not (self.groups or self.admitted or self.released or self.restores or self.drops or self.keeps)
 
     @property
     def rows(self) -> int:
@@ -63,9 +70,11 @@ class StepPlan:
 
 
 class Scheduler:
-    def __init__(self, cfg: EngineConfig, pool: PagePool | None = None):
+    def __init__(self, cfg: EngineConfig, pool: PagePool | None = None, cache: PromptCache | None = None):
         self.cfg = cfg
         self.pool = pool if pool is not None else PagePool(cfg.num_pages)
+        self.cache = cache
+        self._restores: list[tuple[int, int, int]] = []
         self.waiting: collections.deque[Request] = collections.deque()
         self.running: list[Request] = []
         self.requests: dict[int, Request] = {}          # waiting and running
@@ -119,7 +128,37 @@ class Scheduler:
             head.announced = True
             self.running.append(head)
             admitted.append(head.id)
+            self._resume(head)
         return admitted
+
+    def _resume(self, r: Request) -> None:
+        """Start an admitted request at its longest kept prefix (its pages leased now), or note the miss."""
+        if self.cache is None:
+            r.miss_reason = MISS_OFF
+            return
+        eid, length, r.miss_reason = self.cache.lookup(r.salt, r.prompt)
+        if eid is None:
+            return
+        self._lease(r, length)
+        r.fed = r.cached = length
+        self.cache.restored(eid, length)
+        self._restores.append((r.id, eid, length))
+
+    def _keeps(self, groups, restores) -> tuple[tuple[int, ...], tuple[tuple[int, int, int], ...]]:
+        """The keep points this step's prompt chunks end on, and the evictions that make room for them."""
+        if self.cache is None or not self.cache.on:
+            return (), ()
+        protect = {eid for _, eid, _ in restores}
+        drops, keeps = [], []
+        for g in groups:
+            r = self.requests[g.request_id]
+            if g.decode or not (g.end == r.prompt_len or g.end % self.cfg.keep_grid == 0):
+                continue
+            eid, evict = self.cache.plan_keep(r.salt, r.prompt[:g.end], protect)
+            drops += evict
+            if eid is not None:
+                keeps.append((r.id, eid, g.end))
+        return tuple(drops), tuple(keeps)
 
     # ---- the two calls -----------------------------------------------------------------------------------------
     def schedule(self) -> StepPlan:
@@ -146,7 +185,9 @@ class Scheduler:
                 budget -= group.count
             groups.append(group)
         released, self._released = tuple(self._released), []
-        return StepPlan(self.step, tuple(groups), tuple(admitted), released)
+        restores, self._restores = tuple(self._restores), []
+        drops, keeps = self._keeps(groups, restores)
+        return StepPlan(self.step, tuple(groups), tuple(admitted), released, restores, drops, keeps)
 
     def _lease(self, r: Request, positions: int) -> bool:
         need = self.cfg.pages_needed(positions) - len(r.pages)

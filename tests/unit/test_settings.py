@@ -169,9 +169,7 @@ def test_line():
 @pytest.mark.parametrize("kwargs, message", [
     ({"kv_cache": "fp8"}, "--kv-cache fp8: fp8 KV is not available yet"),
     ({"kv_host": True}, "CUPYGLM_KV_HOST=1: KV rows in host memory are not available yet"),
-    ({"host_cache": True}, "CUPYGLM_HOST_CACHE=1: the host prompt cache is not available yet"),
     ({"kv_share": True}, "CUPYGLM_KV_SHARE=1: prompt pages shared with the KV pool are not available yet"),
-    ({"prompt_cache_gib": 2.0}, "--prompt-cache-gib 2: the prompt cache is not available yet"),
     ({"mtp_drafts": 3}, "--mtp-drafts 3: MTP drafts are not available yet"),
 ])
 def test_refuse_unavailable(kwargs, message):
@@ -193,3 +191,4 @@ def test_refuse_unavailable_names_each_part_of_kv_host():
 def test_plain_settings_pass_refuse_unavailable():
     Settings().refuse_unavailable()
     Settings(prompt_cache_gib=0.0, mtp_drafts=0).refuse_unavailable()
+    Settings(prompt_cache_gib=2.0, host_cache=True).refuse_unavailable()      # the prompt cache is built

@@ -23,9 +23,11 @@ samplings = st.builds(Sampling, temperature=floats, top_p=floats, top_k=st.integ
 requests = st.builds(NewRequest, request_id=u64, prompt=tokens, sampling=samplings)
 entries = st.builds(ScheduleEntry, request_id=u64, start=u32, count=u32, tokens=st.lists(u32, max_size=4).map(tuple),
                     flags=u32)
+kept = st.tuples(u64, u64, u32)
 messages = st.builds(StepMessage, step=u64, new=st.lists(requests, max_size=4).map(tuple),
                      cancelled=st.lists(u64, max_size=5).map(tuple), schedule=st.lists(entries, max_size=6).map(tuple),
-                     stop=st.booleans())
+                     stop=st.booleans(), restores=st.lists(kept, max_size=3).map(tuple),
+                     drops=st.lists(u64, max_size=3).map(tuple), keeps=st.lists(kept, max_size=3).map(tuple))
 
 
 @settings(max_examples=300, deadline=None)
@@ -61,7 +63,7 @@ def test_header_bytes():
 def test_wrong_version_names_both():
     blob = bytearray(encode(StepMessage(step=1)))
     struct.pack_into("<H", blob, 4, 9)
-    with pytest.raises(StepVersionError, match=r"version 9 from rank 0 differs from this rank's version 1"):
+    with pytest.raises(StepVersionError, match=r"version 9 from rank 0 differs from this rank's version 2"):
         decode(bytes(blob))
 
 

@@ -1,0 +1,142 @@
+"""Rank 0's index of kept prompt states: which prefixes are kept, under which salt, and what to evict.
+
+Pure CPU data. Every rank's `KeptStore` holds the bytes; this index decides, and the step message carries its
+decisions (restore, drop, keep) to every rank.
+
+- Lookup: per salt a radix tree over token ids; the longest kept prefix shorter than the prompt (at least one
+  prompt token must run to give the first logits). A request only sees the states kept under its own salt.
+- Budget: kept pages of the arena. To keep a state, entries are evicted until its pages fit: first a
+  conversation's superseded keep points (an entry a longer kept entry extends), least recently used first,
+  then the least recently used of the rest; never an entry `protect` names (the states being resumed).
+- Miss reasons when nothing is restored: "cache off", "different cache_salt" (another salt holds a prefix),
+  "evicted" (a prefix was kept and evicted), "no prefix".
+"""
+from __future__ import annotations
+
+import collections
+import dataclasses
+from collections.abc import Callable, Sequence
+
+from cupyglm.engine.radix import RadixTree
+
+MISS_OFF = "cache off"
+MISS_SALT = "different cache_salt"
+MISS_EVICTED = "evicted"
+MISS_NONE = "no prefix"
+_GHOSTS = 4096                        # evicted keys remembered per salt, for the "evicted" reason
+
+
+@dataclasses.dataclass
+class Entry:
+    entry_id: int
+    salt: str
+    tokens: tuple[int, ...]
+    pages: int
+    used: int                         # LRU clock of the last keep or restore
+
+
+@dataclasses.dataclass
+class CacheStats:
+    queries: int = 0                  # prompt tokens looked up
+    hits: int = 0                     # prompt tokens restored
+    evictions: int = 0
+    kept: int = 0
+
+
+class PromptCache:
+    def __init__(self, total_pages: int, pages_for: Callable[[int], int]):
+        self.total_pages = total_pages
+        self.pages_for = pages_for
+        self.free_pages = total_pages
+        self.trees: dict[str, RadixTree] = {}
+        self.ghosts: dict[str, collections.OrderedDict] = {}
+        self.entries: dict[int, Entry] = {}
+        self.stats = CacheStats()
+        self.evicted: list[tuple[int, str, int, str]] = []     # (entry id, salt, length, why)
+        self._clock = 0
+        self._next_id = 0
+
+    @property
+    def on(self) -> bool:
+        return self.total_pages > 0
+
+    @property
+    def held_pages(self) -> int:
+        return self.total_pages - self.free_pages
+
+    def _tick(self) -> int:
+        self._clock += 1
+        return self._clock
+
+    # ---- lookup ---------------------------------------------------------------------------------------------------
+    def lookup(self, salt: str, prompt: Sequence[int]) -> tuple[int | None, int, str | None]:
+        """(entry id, length, None) of the longest kept prefix under `salt`, or (None, 0, miss reason)."""
+        self.stats.queries += len(prompt)
+        if not self.on:
+            return None, 0, MISS_OFF
+        tree = self.trees.get(salt)
+        eid, length = tree.longest(prompt, len(prompt) - 1) if tree is not None else (None, 0)
+        if eid is not None:
+            return eid, length, None
+        ghosts = self.ghosts.get(salt, {})
+        if any(len(k) < len(prompt) and tuple(prompt[:len(k)]) == k for k in ghosts):
+            return None, 0, MISS_EVICTED
+        for other, t in self.trees.items():
+            if other != salt and t.longest(prompt, len(prompt) - 1)[0] is not None:
+                return None, 0, MISS_SALT
+        return None, 0, MISS_NONE
+
+    def restored(self, eid: int, length: int) -> None:
+        self.entries[eid].used = self._tick()
+        self.stats.hits += length
+
+    # ---- keep and evict -------------------------------------------------------------------------------------------
+    def plan_keep(self, salt: str, tokens: Sequence[int], protect: set[int]) -> tuple[int | None, list[int]]:
+        """(new entry id or None, entry ids to drop first) for keeping `tokens` under `salt`. None: already kept
+        (touched), or it cannot fit even with every unprotected entry gone."""
+        tokens = tuple(tokens)
+        tree = self.trees.setdefault(salt, RadixTree())
+        same = tree.get(tokens)
+        if same is not None:
+            self.entries[same].used = self._tick()
+            return None, []
+        need = self.pages_for(len(tokens))
+        spare = sum(e.pages for e in self.entries.values() if e.entry_id not in protect)
+        if need > self.free_pages + spare:
+            return None, []
+        drops = []
+        while self.free_pages < need:
+            victim = self._victim(protect, salt, tokens)
+            drops.append(victim.entry_id)
+            self._evict(victim, self._superseded(victim, salt, tokens))
+        eid = self._next_id
+        self._next_id += 1
+        self.entries[eid] = Entry(eid, salt, tokens, need, self._tick())
+        tree.insert(tokens, eid)
+        self.free_pages -= need
+        self.stats.kept += 1
+        self.ghosts.get(salt, {}).pop(tokens, None)
+        return eid, drops
+
+    def _superseded(self, e: Entry, salt: str, tokens: tuple[int, ...]) -> bool:
+        """A longer kept state (or the one being kept) extends e's prefix."""
+        if e.salt == salt and len(e.tokens) < len(tokens) and tokens[:len(e.tokens)] == e.tokens:
+            return True
+        return self.trees[e.salt].has_longer(e.tokens)
+
+    def _victim(self, protect: set[int], salt: str, tokens: tuple[int, ...]) -> Entry:
+        live = [e for e in self.entries.values() if e.entry_id not in protect]
+        superseded = [e for e in live if self._superseded(e, salt, tokens)]
+        return min(superseded or live, key=lambda e: e.used)
+
+    def _evict(self, e: Entry, superseded: bool) -> None:
+        why = "superseded" if superseded else "least recently used"
+        self.trees[e.salt].remove(e.tokens)
+        del self.entries[e.entry_id]
+        self.free_pages += e.pages
+        self.stats.evictions += 1
+        self.evicted.append((e.entry_id, e.salt, len(e.tokens), why))
+        ghosts = self.ghosts.setdefault(e.salt, collections.OrderedDict())
+        ghosts[e.tokens] = None
+        while len(ghosts) > _GHOSTS:
+            ghosts.popitem(last=False)

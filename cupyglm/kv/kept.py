@@ -1,0 +1,145 @@
+"""Kept prompt states on one rank: the arena, its kept pages, and the parts of a sequence's state at a keep point.
+
+A kept state at length L = the fixed parts (per KDA layer the recurrent state and conv window; per indexed KV
+layer the incomplete pool's L % kpool index-key and gate rows; the MTP pending row when the head is built) and
+the paged parts (per indexed KV layer the latent rows of positions 0..L-1 and the L // kpool pooled keys, each
+with its own page stride). Every copy goes through `cupyglm.kv.walk.each`; the backend gives only the hook.
+
+What must stay true: every rank holds the same entries on the same kept pages, because every rank applies the
+same drops and keeps in the order rank 0's step messages give them (the kept pool leases lowest id first).
+"""
+from __future__ import annotations
+
+import dataclasses
+
+from cupyglm.config import ModelConfig
+from cupyglm.kv.copy_hooks import address_of, hook_for, host_arena
+from cupyglm.kv.pool import PagePool
+from cupyglm.kv.state import SeqState
+from cupyglm.kv.walk import Kept, Part, each
+from cupyglm.memory import BF16, alloc, kda_state_arrays, kv_arrays, prompt_cache_arena, storage_of, total_bytes
+
+
+@dataclasses.dataclass(frozen=True)
+class KeptEntry:
+    entry_id: int
+    length: int                          # positions the kept state holds
+    kept: Kept
+    nbytes: int
+
+
+def indexed_layers(cfg: ModelConfig, mtp: bool) -> tuple[int, ...]:
+    """KV layers a sequence writes (the MTP layer's only when its head is built)."""
+    return cfg.kv_layers if mtp else cfg.dsa_layers
+
+
+def kept_state_bytes(cfg: ModelConfig, tp: int, storage, page_tokens: int, length: int, mtp: bool = False) -> int:
+    """Bytes of a kept state at `length` (what `KeptStore.parts` covers), computed without any state."""
+    total = 0
+    for layer in cfg.kda_layers:
+        total += sum(a.nbytes(storage) for a in kda_state_arrays(cfg, tp, layer))
+    bf = storage.itemsize(BF16)
+    for _ in indexed_layers(cfg, mtp):
+        total += 2 * (length % cfg.index_kpool) * cfg.index_head_dim * bf
+        total += length * cfg.kv_lora_rank * bf + (length // cfg.index_kpool) * cfg.index_head_dim * bf
+    if mtp and length:
+        total += cfg.hidden_size * bf
+    return total
+
+
+class KeptStore:
+    """The arena of one rank and the kept states on it, by entry id."""
+
+    def __init__(self, cfg: ModelConfig, ops, kv, tp: int, cache_bytes: int, host: bool = False,
+                 mtp: bool = False):
+        self.cfg, self.ops, self.kv, self.tp, self.mtp = cfg, ops, kv, tp, mtp
+        self.storage = storage_of(ops)
+        self.page_bytes = total_bytes(kv_arrays(cfg, 1, kv.page_tokens), self.storage)   # one KV page's bytes
+        spec = prompt_cache_arena(cache_bytes, self.page_bytes)
+        if spec.shape[0] < 1:
+            raise ValueError(f"the prompt cache of {cache_bytes} bytes holds no kept page of {self.page_bytes} bytes")
+        self.host = host
+        # [kept pages, page bytes] u8: device memory, or pinned host memory mapped into the device
+        self.arena, self.base = host_arena(ops, spec) if host else (alloc(ops.xp, spec, self.storage), None)
+        if self.base is None:
+            self.base = address_of(self.arena)
+        self.pool = PagePool(spec.shape[0])
+        self.hook = hook_for(ops)
+        self.entries: dict[int, KeptEntry] = {}
+
+    @property
+    def nbytes(self) -> int:
+        return self.pool.num_pages * self.page_bytes
+
+    def state_bytes(self, length: int) -> int:
+        return kept_state_bytes(self.cfg, self.tp, self.storage, self.kv.page_tokens, length, self.mtp)
+
+    def pages_for(self, length: int) -> int:
+        return -(-self.state_bytes(length) // self.page_bytes)
+
+    # ---- parts ---------------------------------------------------------------------------------------------------
+    def parts(self, state: SeqState, length: int) -> list[Part]:
+        """The parts of `state` at `length` positions, in kept order."""
+        cfg, kv, xp = self.cfg, self.kv, self.ops.xp
+        out = []
+        for layer in cfg.kda_layers:
+            for d in (state.kda_state, state.kda_conv):
+                d[layer] = xp.ascontiguousarray(d[layer])        # an address needs one contiguous buffer
+                out.append(Part(address_of(d[layer]), int(d[layer].nbytes)))
+        rows = length % cfg.index_kpool
+        for layer in indexed_layers(cfg, self.mtp):
+            ik, ig = state.index_tail[layer]
+            if ik.shape[0] != rows or ig.shape[0] != rows:
+                raise ValueError(f"layer {layer}'s index tail holds {ik.shape[0]} rows at length {length}")
+            ik, ig = xp.ascontiguousarray(ik), xp.ascontiguousarray(ig)
+            state.index_tail[layer] = (ik, ig)
+            out += [Part(address_of(ik), int(ik.nbytes)), Part(address_of(ig), int(ig.nbytes))]
+        pages = tuple(state.pages)
+        per_pool = kv.page_tokens // cfg.index_kpool
+        for layer in indexed_layers(cfg, self.mtp):
+            lat, pk = kv.latent[layer], kv.pooled[layer]
+            row, prow = lat.shape[1] * lat.itemsize, pk.shape[1] * pk.itemsize
+            out.append(Part(address_of(lat), length * row, kv.page_tokens * row, pages))
+            out.append(Part(address_of(pk), (length // cfg.index_kpool) * prow, per_pool * prow, pages))
+        if self.mtp and length:
+            state.mtp_pending = xp.ascontiguousarray(state.mtp_pending)
+            out.append(Part(address_of(state.mtp_pending), int(state.mtp_pending.nbytes)))
+        return out
+
+    # ---- keep, restore, drop -------------------------------------------------------------------------------------
+    def keep(self, entry_id: int, state: SeqState) -> KeptEntry:
+        """Copy `state` (at its length) into fresh kept pages under `entry_id`."""
+        if entry_id in self.entries:
+            raise ValueError(f"kept entry {entry_id} exists")
+        parts = self.parts(state, state.length)
+        nbytes = sum(p.kept_len for p in parts)
+        if nbytes != self.state_bytes(state.length):
+            raise ValueError(f"a kept state at {state.length} covers {nbytes} bytes, its layout says "
+                             f"{self.state_bytes(state.length)}")
+        ids = self.pool.lease(-(-nbytes // self.page_bytes))
+        kept = Kept(self.base, page_bytes=self.page_bytes, pages=tuple(ids))
+        each(parts, kept, self.hook)
+        entry = KeptEntry(entry_id, state.length, kept, nbytes)
+        self.entries[entry_id] = entry
+        return entry
+
+    def restore(self, entry_id: int, state: SeqState) -> None:
+        """Fill a fresh `state` (its pages already hold the entry's positions) from the kept bytes."""
+        entry = self.entries[entry_id]
+        length, cfg, xp = entry.length, self.cfg, self.ops.xp
+        if state.length or len(state.pages) < self.kv.pages_needed(length):
+            raise ValueError(f"restore needs a fresh state with {self.kv.pages_needed(length)} pages")
+        bf = self.storage.dtype(BF16)
+        rows = length % cfg.index_kpool
+        for layer in indexed_layers(cfg, self.mtp):
+            state.index_tail[layer] = (xp.empty((rows, cfg.index_head_dim), dtype=bf),
+                                       xp.empty((rows, cfg.index_head_dim), dtype=bf))
+        if self.mtp and length:
+            state.mtp_pending = xp.empty((cfg.hidden_size,), dtype=bf)
+        each(self.parts(state, length), entry.kept, self.hook, restore=True)
+        state.length = length
+
+    def drop(self, entry_id: int) -> None:
+        entry = self.entries.pop(entry_id)
+        self.pool.release(list(entry.kept.pages))
+
