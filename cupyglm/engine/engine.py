@@ -13,9 +13,8 @@ the model. Page ids stay identical on every rank because every rank's pool sees 
 the same leases in the same order (lowest free id first); each row group's flags carry a 24-bit hash of rank
 0's page table and every rank checks its own against it.
 
-Kept prompt states (`cupyglm.kv.kept`): rank 0's `PromptCache` decides, the message carries the decisions, and
-every rank applies them the same way: restores into the new requests' states before the rows run, then after
-the model call the drops, then the keeps (so every rank's kept pages stay identical too).
+Kept prompt states: rank 0's `PromptCache` decides, the message carries it, every rank applies it alike
+(`cupyglm.kv.kept`: restores before the rows run; after the model call the drops, then the keeps).
 
 Thread safety: `add_request`, `abort`, `has_work` and the page counts may be called from any thread; `step`
 from one thread at a time. An abort that arrives while a step runs is applied when the step's model call
@@ -36,6 +35,7 @@ from cupyglm.engine.prompt_cache import PromptCache
 from cupyglm.engine.request import EngineError, Request, RequestOutput
 from cupyglm.engine.sampling import FINISH_ABORT, FINISH_STOP, SamplingParams, banned_ids
 from cupyglm.engine.text import RequestText
+from cupyglm.kv.kept import apply_keeps, apply_restores
 from cupyglm.engine.scheduler import Scheduler, StepPlan
 from cupyglm.model.glm import SeqInput
 
@@ -141,6 +141,13 @@ class Engine:
     @property
     def total_pages(self) -> int:
         return self.runner.kv.pool.num_pages
+
+    @property
+    def cache_held(self) -> tuple[int, int] | None:
+        """(bytes of kept states held on this rank, evictions so far); None without a prompt cache."""
+        if self.kept is None or self.scheduler is None:
+            return None
+        return self.scheduler.cache.held_pages * self.kept.page_bytes, self.scheduler.cache.stats.evictions
 
     @property
     def context(self) -> int:
@@ -255,10 +262,8 @@ class Engine:
                 state.pages = self.scheduler.requests[req.request_id].pages   # leased by the scheduler
             self._states[req.request_id] = state
         kv = self.runner.kv
-        for rid, eid, length in msg.restores:
-            state = self._states[rid]
-            kv.ensure(state.pages, length)          # on rank 0 the scheduler leased them at admission
-            self._kept().restore(eid, state)
+        if msg.has_cache:
+            apply_restores(self.kept, kv, self._states, msg, self.rank)
         batch = []
         for e in msg.schedule:
             state = self._states[e.request_id]
@@ -275,20 +280,9 @@ class Engine:
                                   f"from rank 0's (step {msg.step})")
             batch.append(SeqInput(np.asarray(tokens, dtype=np.int32), state))
         outs = self.runner.forward(batch) if batch else []
-        for eid in msg.drops:
-            self._kept().drop(eid)
-        for rid, eid, length in msg.keeps:
-            state = self._states[rid]
-            if state.length != length:
-                raise EngineError(f"rank {self.rank}: request {rid} is at position {state.length}, step "
-                                  f"{msg.step} keeps it at {length}")
-            self._kept().keep(eid, state)
+        if msg.has_cache:
+            apply_keeps(self.kept, self._states, msg, self.rank)
         return outs
-
-    def _kept(self):
-        if self.kept is None:
-            raise EngineError(f"rank {self.rank}: the step message uses the prompt cache, this rank has none")
-        return self.kept
 
     # ---- rank 0: sampling and outputs --------------------------------------------------------------------------
     def _sample(self, plan: StepPlan, outs, reqs: dict[int, Request]) -> dict[int, int]:

@@ -143,3 +143,29 @@ class KeptStore:
         entry = self.entries.pop(entry_id)
         self.pool.release(list(entry.kept.pages))
 
+
+
+def _store(kept, rank: int, step: int):
+    if kept is None:
+        raise RuntimeError(f"rank {rank}: step {step} uses the prompt cache, this rank has none")
+    return kept
+
+
+def apply_restores(kept, kv, states: dict, msg, rank: int) -> None:
+    """A step message's restores, before its rows run (on rank 0 the scheduler leased the pages already)."""
+    for rid, eid, length in msg.restores:
+        state = states[rid]
+        kv.ensure(state.pages, length)
+        _store(kept, rank, msg.step).restore(eid, state)
+
+
+def apply_keeps(kept, states: dict, msg, rank: int) -> None:
+    """A step message's drops, then its keeps, after its rows ran."""
+    for eid in msg.drops:
+        _store(kept, rank, msg.step).drop(eid)
+    for rid, eid, length in msg.keeps:
+        state = states[rid]
+        if state.length != length:
+            raise RuntimeError(f"rank {rank}: request {rid} is at position {state.length}, step {msg.step} "
+                               f"keeps it at {length}")
+        _store(kept, rank, msg.step).keep(eid, state)

@@ -147,7 +147,7 @@ def create_app(state: ServerState, *, lifespan: Any = None) -> Starlette:
                 raise _engine_error(e, req) from None
             need_ready()
             try:
-                stream = state.bridge.submit(prompt, params)
+                stream = state.bridge.submit(prompt, params, cache_salt=req.cache_salt)
             except Exception as e:  # noqa: BLE001 - QueueFull, RequestTooLong, ValueError, EngineDied
                 raise _engine_error(e, req) from None
         except ApiError as e:
@@ -289,10 +289,10 @@ def create_app(state: ServerState, *, lifespan: Any = None) -> Starlette:
     return app
 
 
-def model_info(served_id: str, root: str, max_model_len: int, vocab_size: int) -> ModelInfo:
+def model_info(served_id: str, root: str, max_model_len: int, vocab_size: int, prompt_cache: bool = False) -> ModelInfo:
     import os
 
     aliases = {root, os.path.basename(root.rstrip("/"))} - {""}
     return ModelInfo(served_id=served_id, aliases=frozenset(aliases), max_model_len=max_model_len,
-                     vocab_size=vocab_size)
+                     vocab_size=vocab_size, prompt_cache=prompt_cache)
 

@@ -31,6 +31,7 @@ class Delta:
     finish_reason: str | None
     prompt_tokens: int | None
     cached_tokens: int
+    cache_miss_reason: str | None = None
 
 
 class EngineDied(RuntimeError):
@@ -41,7 +42,8 @@ def normalize(out) -> Delta:
     """An engine RequestOutput as the server's Delta."""
     return Delta(request_id=out.request_id, token_ids=[int(t) for t in out.new_token_ids], text=out.new_text or "",
                  finished=bool(out.finished), finish_reason=out.finish_reason, prompt_tokens=out.prompt_tokens,
-                 cached_tokens=int(out.cached_tokens or 0))
+                 cached_tokens=int(out.cached_tokens or 0),
+                 cache_miss_reason=getattr(out, "cache_miss_reason", None))
 
 
 class RequestStream:
@@ -146,9 +148,12 @@ class EngineBridge:
     def _snapshot(self) -> None:
         """KV pages as the engine has them (engine thread)."""
         self.metrics.set_pages(self.engine.free_pages, self.engine.total_pages)
+        cache = getattr(self.engine, "cache_held", None)
+        if cache is not None:
+            self.metrics.set_cache(*cache)
 
     # ---- the event loop side ------------------------------------------------------------------------------------
-    def submit(self, prompt_ids: list[int], params: Any) -> RequestStream:
+    def submit(self, prompt_ids: list[int], params: Any, cache_salt: str | None = None) -> RequestStream:
         """Enqueue a request (event loop thread); the engine's QueueFull / RequestTooLong / ValueError propagate."""
         if self.dead is not None:
             raise EngineDied(f"the engine stopped: {self.dead}")
@@ -156,7 +161,8 @@ class EngineBridge:
         stream = RequestStream(self, rid, len(prompt_ids), time.monotonic())
         self._streams[rid] = stream
         try:
-            self.engine.add_request(list(prompt_ids), params, request_id=rid)
+            salt = {"cache_salt": cache_salt} if cache_salt is not None else {}
+            self.engine.add_request(list(prompt_ids), params, request_id=rid, **salt)
         except BaseException:
             self._streams.pop(rid, None)
             raise

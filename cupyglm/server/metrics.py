@@ -38,6 +38,10 @@ class Metrics:
                                       "cache.", registry=r)
         self.prefix_hits = Counter("cupyglm:prefix_cache_hits", "Prompt tokens found in the prompt cache.",
                                    registry=r)
+        self.cache_bytes = Gauge("cupyglm:prefix_cache_bytes", "Bytes of kept prompt states held (per rank).",
+                                 registry=r)
+        self.cache_evictions = Counter("cupyglm:prefix_cache_evictions", "Kept prompt states evicted.", registry=r)
+        self._evictions_seen = 0
         self.success = Counter("cupyglm:request_success", "Finished requests by finish reason.",
                                ["finished_reason"], registry=r)
         for reason in ("stop", "length", "abort"):
@@ -48,6 +52,12 @@ class Metrics:
         self.kv_free.set(free)
         self.kv_total.set(total)
         self.kv_usage.set((total - free) / total if total else 0.0)
+
+    def set_cache(self, held_bytes: int, evictions: int) -> None:
+        self.cache_bytes.set(held_bytes)
+        if evictions > self._evictions_seen:
+            self.cache_evictions.inc(evictions - self._evictions_seen)
+            self._evictions_seen = evictions
 
     def set_counts(self, running: int, waiting: int) -> None:
         self.running.set(running)

@@ -28,7 +28,7 @@ class ModelInfo:
     aliases: frozenset[str]          # names also accepted in `model` (checkpoint dir basename, path)
     max_model_len: int
     vocab_size: int
-    prompt_cache: bool = False       # the engine reuses prompts across requests (cache_salt must then isolate)
+    prompt_cache: bool = False       # the engine keeps prompt states (cache_salt isolates them per tenant)
 
 
 @dataclasses.dataclass
@@ -46,6 +46,7 @@ class GenRequest:
     add_generation_prompt: bool = True
     prompt_text: str | None = None              # completion, text prompt
     prompt_ids: list[int] | None = None         # completion, token prompt
+    cache_salt: str | None = None               # kept prompt states are shared only under the same salt
 
     @property
     def prompt_param(self) -> str:
@@ -116,7 +117,7 @@ def _sampling(body: Mapping, info: ModelInfo) -> dict:
 def _common(body: Mapping, kind: str, info: ModelInfo) -> dict:
     model = check_model(body, info)
     refuse_unsupported(body, kind)
-    _cache_salt(body, info)
+    salt = _cache_salt(body)
     stream = get_bool(body, "stream", False)
     so = body.get("stream_options")
     include_usage = False
@@ -127,20 +128,17 @@ def _common(body: Mapping, kind: str, info: ModelInfo) -> dict:
             raise bad("stream_options", "'stream_options' is only allowed when 'stream' is true")
         include_usage = bool(get_bool(so, "include_usage", False, param="stream_options.include_usage"))
         get_bool(so, "continuous_usage_stats", False, param="stream_options.continuous_usage_stats")
-    return dict(model=model, stream=stream, include_usage=include_usage,
+    return dict(model=model, stream=stream, include_usage=include_usage, cache_salt=salt,
                 return_token_ids=bool(get_bool(body, "return_token_ids", False)),
                 sampling=_sampling(body, info))
 
 
-def _cache_salt(body: Mapping, info: ModelInfo) -> None:
-    """A salt isolates cached prompts; this engine keeps none, so a salt changes nothing. An engine that keeps
-    prompts without honouring salts refuses it by name rather than share a prefix the client asked to isolate."""
+def _cache_salt(body: Mapping) -> str | None:
+    """A salt isolates kept prompt states: a request restores only states kept under its own salt."""
     salt = get_str(body, "cache_salt")
     if salt is not None and not salt:
         raise bad("cache_salt", "'cache_salt' must not be empty")
-    if salt is not None and info.prompt_cache:
-        raise bad("cache_salt", "'cache_salt' is not supported yet: the prompt cache does not isolate by salt",
-                  "unsupported_parameter")
+    return salt
 
 
 def _chat_template_kwargs(body: Mapping, reserved: tuple[str, ...] = ()) -> dict:

@@ -25,10 +25,13 @@ def now() -> int:
     return int(time.time())
 
 
-def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) -> dict:
-    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-            "total_tokens": prompt_tokens + completion_tokens,
-            "prompt_tokens_details": {"cached_tokens": cached_tokens}}
+def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0, miss: str | None = None) -> dict:
+    out = {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+           "total_tokens": prompt_tokens + completion_tokens,
+           "prompt_tokens_details": {"cached_tokens": cached_tokens}}
+    if miss and not cached_tokens:
+        out["cache_miss_reason"] = miss          # why nothing was restored from the prompt cache
+    return out
 
 
 @dataclasses.dataclass
@@ -43,15 +46,17 @@ class Reply:
     text: str = ""
     finish_reason: str | None = None
     cached_tokens: int = 0
+    cache_miss_reason: str | None = None
 
     def usage(self) -> dict:
-        return usage(len(self.prompt_ids), len(self.token_ids), self.cached_tokens)
+        return usage(len(self.prompt_ids), len(self.token_ids), self.cached_tokens, self.cache_miss_reason)
 
     def add(self, delta) -> None:
         """Fold one engine step's Delta for this request into the reply."""
         self.token_ids.extend(delta.token_ids)
         self.text += delta.text
         self.cached_tokens = delta.cached_tokens or self.cached_tokens
+        self.cache_miss_reason = getattr(delta, "cache_miss_reason", None) or self.cache_miss_reason
         if delta.finished:
             self.finish_reason = delta.finish_reason or "stop"
 

@@ -85,10 +85,10 @@ def test_accepted_neutral_fields():
     r = parse_completion({"prompt": "x", "draft": False, "logprobs": None, "n": 1, "presence_penalty": 0,
                           "user": "u", "cache_salt": "s", "stream": True,
                           "stream_options": {"include_usage": True}}, INFO)
-    assert r.include_usage and r.stream
-    with pytest.raises(ApiError) as e:          # an engine that keeps prompts would have to honour the salt
-        parse_completion({"prompt": "x", "cache_salt": "s"}, dataclasses.replace(INFO, prompt_cache=True))
-    assert (e.value.status, e.value.param, e.value.code) == (400, "cache_salt", "unsupported_parameter")
+    assert r.include_usage and r.stream and r.cache_salt == "s"
+    r = parse_completion({"prompt": "x", "cache_salt": "s"}, dataclasses.replace(INFO, prompt_cache=True))
+    assert r.cache_salt == "s"                  # the prompt cache honours the salt
+    assert parse_completion({"prompt": "x"}, INFO).cache_salt is None
 
 
 def test_chat_messages():
