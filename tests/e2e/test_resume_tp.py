@@ -1,0 +1,149 @@
+"""The resume gates at TP=2 (real `mpirun -n 2` servers, numpy): every reply of a server with the prompt cache
+equals the same request on a cold server (`--prompt-cache-gib 0`), token id for token id.
+
+Servers: `warm` (room for every state), `tight` (a budget a few states overflow), `cold` (the cache-off
+control). `--prefill-chunk` is the keep grid, so every grid point of a prompt is a keep point."""
+from __future__ import annotations
+
+import concurrent.futures
+import re
+
+import httpx
+import numpy as np
+import pytest
+
+pytestmark = pytest.mark.mpi
+
+GRID = 64                                  # the tiny model's keep grid
+BASE = ["--context", "512", "--parallel", "4", "--prefill-chunk", str(GRID)]
+
+
+@pytest.fixture(scope="module")
+def servers(start_server):
+    out = {"warm": start_server(BASE + ["--prompt-cache-gib", "0.05"], wait=False),
+           "tight": start_server(BASE + ["--prompt-cache-gib", "0.0008"], wait=False),
+           "cold": start_server(BASE + ["--prompt-cache-gib", "0"], wait=False)}
+    for s in out.values():
+        s.wait_serving()
+    yield out
+    for s in out.values():
+        s.kill()
+
+
+@pytest.fixture(scope="module")
+def http(servers):
+    clients = {k: httpx.Client(base_url=s.base, timeout=120) for k, s in servers.items()}
+    yield clients
+    for c in clients.values():
+        c.close()
+
+
+def ids(n: int, seed: int) -> list[int]:
+    return [int(t) for t in np.random.default_rng(seed).integers(3, 480, size=n)]
+
+
+def complete(c, prompt, max_tokens=6, **kw) -> tuple[list[int], int, str | None]:
+    body = {"prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True,
+            "return_token_ids": True, **kw}
+    r = c.post("/v1/completions", json=body)
+    assert r.status_code == 200, r.text
+    p = r.json()
+    return p["choices"][0]["token_ids"], p["usage"]["prompt_tokens_details"]["cached_tokens"], \
+        p["usage"].get("cache_miss_reason")
+
+
+def metric(c, name: str) -> float:
+    m = re.search(rf"^{re.escape(name)} (\S+)$", c.get("/metrics").text, re.M)
+    return float(m.group(1)) if m else 0.0
+
+
+def test_cache_off_control(servers, http):
+    assert "no prompt cache" in servers["cold"].output
+    assert re.search(r"prompt cache 0\.05 GiB", servers["warm"].output)
+    p = ids(100, 1)
+    for turn in range(3):
+        _, cached, miss = complete(http["cold"], p)
+        assert (cached, miss) == (0, "cache off")
+        p = p + ids(20, 10 + turn)
+
+
+def test_gate1_three_turn_chat(http):
+    messages = [{"role": "system", "content": "Answer briefly."}, {"role": "user", "content": "Name a colour."}]
+    seen = []
+    for turn, ask in enumerate(["And a fruit?", "And a tree?", None]):
+        body = {"messages": messages, "max_tokens": 8, "temperature": 0, "ignore_eos": True,
+                "return_token_ids": True}
+        warm, cold = (http[k].post("/v1/chat/completions", json=body).json() for k in ("warm", "cold"))
+        assert warm["choices"][0]["token_ids"] == cold["choices"][0]["token_ids"], turn
+        cached = warm["usage"]["prompt_tokens_details"]["cached_tokens"]
+        seen.append((warm["usage"]["prompt_tokens"], cached))
+        if ask is None:
+            break
+        messages = messages + [{"role": "assistant", "content": warm["choices"][0]["message"]["content"]},
+                               {"role": "user", "content": ask}]
+    print("three-turn chat (prompt tokens, cached):", seen)
+    assert seen[0][1] == 0 and 0 < seen[1][1] < seen[1][0] and seen[1][1] < seen[2][1] < seen[2][0]
+
+
+def test_gate2_resumed_equals_fresh_at_keep_points(http):
+    base = ids(460, 2)
+    complete(http["warm"], base, max_tokens=1)                 # kept at 64, 128, ..., 448 and at 460
+    for keep in (GRID, 2 * GRID, 7 * GRID, 460):
+        prompt = base[:keep] + ids(9, keep)
+        got = complete(http["warm"], prompt)
+        assert got[1] == keep, keep
+        assert got[0] == complete(http["cold"], prompt)[0], keep
+
+
+def test_gate5_streams_resuming_at_once(http):
+    base = ids(300, 3)
+    complete(http["warm"], base, max_tokens=1)
+    prompts = [base[:GRID * (i + 1)] + ids(5, 50 + i) for i in range(4)]
+    solo = [complete(http["cold"], p) for p in prompts]
+    for n in (1, 2, 4):
+        with concurrent.futures.ThreadPoolExecutor(n) as pool:
+            got = list(pool.map(lambda p: complete(http["warm"], p), prompts[:n]))
+        for i, (g, s) in enumerate(zip(got, solo)):
+            assert g[0] == s[0] and g[1] >= GRID * (i + 1), (n, i)
+
+
+def test_gate6_eviction_past_the_budget(http):
+    c = http["tight"]
+    free0 = metric(c, "cupyglm:kv_free_pages")
+    convs = [ids(150, 100 + i) for i in range(10)]
+    for p in convs:
+        complete(c, p, max_tokens=1)
+    resumed = total = 0
+    hits = []
+    for i in reversed(range(10)):                            # the newest conversation comes back first
+        follow = convs[i] + ids(7, 200 + i)
+        got = complete(c, follow)
+        total += len(follow)
+        resumed += got[1]
+        hits.append((i, got[1] or got[2]))
+        if got[1]:
+            assert got[0] == complete(http["cold"], follow)[0], i
+        else:
+            assert got[2] == "evicted", (i, got)
+    evictions = metric(c, "cupyglm:prefix_cache_evictions_total")
+    print(f"eviction: {resumed}/{total} follow-up tokens resumed ({resumed / total:.0%}), {evictions:.0f} "
+          f"evictions; (conversation, cached or why): {hits}")
+    assert evictions > 0 and 0 < resumed < total
+    assert metric(c, "cupyglm:kv_free_pages") == free0
+    assert metric(c, "cupyglm:prefix_cache_bytes") <= 0.0008 * (1 << 30)
+
+
+def test_gate7_seeded_sampling_resumed(http):
+    base = ids(200, 4)
+    complete(http["warm"], base, max_tokens=1)
+    prompt = base + ids(6, 5)
+    kw = dict(temperature=0.8, seed=7, max_tokens=10)
+    got = complete(http["warm"], prompt, **kw)
+    assert got[1] == 200 and got[0] == complete(http["cold"], prompt, **kw)[0]
+
+
+def test_salt_separates_tenants(http):
+    p = ids(130, 6)
+    complete(http["warm"], p, max_tokens=1, cache_salt="tenant-a")
+    assert complete(http["warm"], p + [5], cache_salt="tenant-b")[1:] == (0, "different cache_salt")
+    assert complete(http["warm"], p + [5], cache_salt="tenant-a")[1] == 130
