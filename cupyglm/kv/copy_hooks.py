@@ -2,7 +2,8 @@
 
 CPU backends (numpy, sim): addresses are host pointers and the hook is one memmove. cuda: device pointers and
 one `cudaMemcpyAsync` (kind default) on the current stream, the step's stream; the host arena is pinned host
-memory mapped into the device (`cudaHostAllocMapped`), copied through its device pointer.
+memory mapped into the device (`cudaHostAllocMapped`), copied through its device pointer (from
+`cudaPointerGetAttributes`).
 """
 from __future__ import annotations
 
@@ -48,7 +49,7 @@ class PinnedArena:
         self._runtime = cupy.cuda.runtime
         self.nbytes = nbytes
         self.host = int(self._runtime.hostAlloc(nbytes, CUDA_HOST_ALLOC_MAPPED))
-        self.device = int(self._runtime.hostGetDevicePointer(self.host, 0))
+        self.device = int(self._runtime.pointerGetAttributes(self.host).devicePointer)
 
     def close(self) -> None:
         if self.host:

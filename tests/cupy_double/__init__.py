@@ -86,6 +86,8 @@ class Counts:
     kernels: int = 0
     allocs: int = 0
     collectives: int = 0
+    memcpys: int = 0
+    memcpy_bytes: int = 0
     where: dict = dataclasses.field(default_factory=dict)
 
     def line(self, per: int = 1) -> str:

@@ -9,6 +9,7 @@ import os
 import sys
 import types
 
+from . import copies as _copies
 from .state import DEFAULT_TOTAL, STATE, OutOfMemoryError
 
 CONFIG = {"device_count": 8, "compute_capability": "90", "name": "cupy double (emulated H100)"}
@@ -96,6 +97,7 @@ def get_device_id() -> int:
 # -- cupy.cuda.runtime ------------------------------------------------------------------------------------
 runtime = types.ModuleType("cupy.cuda.runtime")
 runtime.CUDARuntimeError = CUDARuntimeError
+_copies.install(runtime)
 
 
 def _mem_get_info():

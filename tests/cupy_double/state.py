@@ -9,6 +9,7 @@ Counters (reset per test through `cupy_double.counting()`):
   kernels    CuPy's own kernels: each elementwise op, reduction, copy, fill, gather/scatter, sort, concatenate
   allocs     device allocations; peak_bytes the most bytes live at once
   collectives NCCL calls
+  memcpys    raw runtime copies (memcpyAsync); memcpy_bytes their bytes
 """
 from __future__ import annotations
 
@@ -18,7 +19,8 @@ import weakref
 
 import numpy as np
 
-NAMES = ("syncs", "d2h_bytes", "h2d", "h2d_bytes", "launches", "kernels", "allocs", "collectives")
+NAMES = ("syncs", "d2h_bytes", "h2d", "h2d_bytes", "launches", "kernels", "allocs", "collectives", "memcpys",
+         "memcpy_bytes")
 
 
 class OutOfMemoryError(MemoryError):
