@@ -1,8 +1,8 @@
 """The resume gates at TP=2 (real `mpirun -n 2` servers, numpy): every reply of a server with the prompt cache
 equals the same request on a cold server (`--prompt-cache-gib 0`), token id for token id.
 
-Servers: `warm` (room for every state), `tight` (a budget a few states overflow), `cold` (the cache-off
-control). `--prefill-chunk` is the keep grid, so every grid point of a prompt is a keep point."""
+Servers: `warm` (room for every state), `tight` (a budget a few states overflow, kept in the host arena:
+CUPYGLM_HOST_CACHE=1), `cold` (the cache-off control). `--prefill-chunk` is the keep grid, so every grid point of a prompt is a keep point."""
 from __future__ import annotations
 
 import concurrent.futures
@@ -21,7 +21,8 @@ BASE = ["--context", "512", "--parallel", "4", "--prefill-chunk", str(GRID)]
 @pytest.fixture(scope="module")
 def servers(start_server):
     out = {"warm": start_server(BASE + ["--prompt-cache-gib", "0.05"], wait=False),
-           "tight": start_server(BASE + ["--prompt-cache-gib", "0.0006"], wait=False),
+           "tight": start_server(BASE + ["--prompt-cache-gib", "0.0006"], env={"CUPYGLM_HOST_CACHE": "1"},
+                                 wait=False),
            "cold": start_server(BASE + ["--prompt-cache-gib", "0"], wait=False)}
     for s in out.values():
         s.wait_serving()
@@ -95,6 +96,16 @@ def test_gate2_resumed_equals_fresh_at_keep_points(http):
         assert got[0] == complete(http["cold"], prompt)[0], keep
 
 
+def test_gate3_host_arena_resumed_equals_fresh(servers, http):
+    assert "in host memory" in servers["tight"].output
+    base = ids(140, 7)
+    complete(http["tight"], base, max_tokens=1)               # kept at 64, 128 and 140 in the host arena
+    for keep in (GRID, 2 * GRID, 140):
+        prompt = base[:keep] + ids(5, 300 + keep)
+        got = complete(http["tight"], prompt)
+        assert got[1] == keep and got[0] == complete(http["cold"], prompt)[0], keep
+
+
 def test_gate5_streams_resuming_at_once(http):
     base = ids(300, 3)
     complete(http["warm"], base, max_tokens=1)
@@ -123,7 +134,7 @@ def test_gate6_eviction_past_the_budget(http):
         hits.append((i, got[1] or got[2]))
         if got[1] and len(hits) <= 2:                       # survivors resumed equal to fresh
             assert got[0] == complete(http["cold"], follow)[0], i
-        else:
+        elif not got[1]:
             assert got[2] == "evicted", (i, got)
     evictions = metric(c, "cupyglm:prefix_cache_evictions_total")
     print(f"eviction: {resumed}/{total} follow-up tokens resumed ({resumed / total:.0%}), {evictions:.0f} "
