@@ -215,6 +215,9 @@ def plan_memory(cfg: ModelConfig, *, storage: Storage, tp: int = 1, rank: int = 
     scratch = activation_bytes(cfg, tp, chunk_rows + parallel, parallel, storage.itemsize(FP32)) + parallel * state
     reserve = int(reserve_gib * GIB)
     cache = total_bytes([prompt_cache_arena(int(prompt_cache_gib * GIB), page_bytes)], storage)
+    if prompt_cache_gib > 0 and not cache:
+        raise PlanError(f"--prompt-cache-gib {prompt_cache_gib:g} holds no kept page of {_size(page_bytes)} "
+                        f"(give 0 for no prompt cache, or at least {page_bytes / GIB:.6f})")
     cache_here = 0 if host_cache else cache
     if kv_budget_bytes is not None:
         budget, room = 0, int(kv_budget_bytes)

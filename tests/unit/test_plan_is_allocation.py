@@ -121,3 +121,25 @@ def test_tp2_shards_equal_their_plan(tiny_dir):
 def test_every_backend_reports_its_storage():
     """The storage is read from the backend: sim stores as numpy does (it runs the same arrays)."""
     assert storage_of(SimOps()) == storage_of(NumpyOps())
+
+
+@pytest.mark.parametrize("host", [False, True])
+def test_prompt_cache_arena_equals_its_plan(tiny_dir, host):
+    """The kept-state arena holds the bytes the plan sets aside (device) or names (host), and kept states fill
+    whole kept pages of it."""
+    from cupyglm.engine.plan import PlanError
+    from cupyglm.kv.kept import KeptStore
+    from cupyglm.kv.store import KVStore
+
+    ckpt = Checkpoint.open(tiny_dir)
+    ops = NumpyOps()
+    plan = plan_memory(ckpt.config, storage=storage_of(ops), kv_budget_bytes=1 << 22, page_tokens=16,
+                       prompt_cache_gib=0.001, host_cache=host)
+    kv = KVStore(ckpt.config, ops, plan.num_pages, plan.page_tokens)
+    kept = KeptStore(ckpt.config, ops, kv, 1, plan.prompt_cache_bytes, host=host)
+    assert held_bytes(kept.arena, set()) == kept.nbytes == plan.prompt_cache_bytes > 0
+    assert kept.page_bytes == plan.page_bytes
+    assert ("in host memory" in plan.line()) == host
+    with pytest.raises(PlanError, match="holds no kept page"):
+        plan_memory(ckpt.config, storage=storage_of(ops), kv_budget_bytes=1 << 22, page_tokens=16,
+                    prompt_cache_gib=1e-9)
