@@ -102,10 +102,26 @@ class RadixTree:
 
     def has_longer(self, key: Sequence[int]) -> bool:
         """Whether a value lies strictly below key (a longer key extends it)."""
-        node = self._find(key)
-        if node is None:
-            return False
+        node, at = self.root, 0
+        while at < len(key):
+            child = node.children.get(key[at])
+            n = 0 if child is None else _common(child.edge, key, at)
+            if child is None or (n < len(child.edge) and at + n < len(key)):
+                return False                                   # the key leaves the tree
+            if n < len(child.edge):                            # the key ends inside this edge
+                return self._holds(child)
+            node, at = child, at + n
         stack = list(node.children.values())
+        while stack:
+            n = stack.pop()
+            if n.value is not None:
+                return True
+            stack += n.children.values()
+        return False
+
+    @staticmethod
+    def _holds(node: _Node) -> bool:
+        stack = [node]
         while stack:
             n = stack.pop()
             if n.value is not None:
