@@ -49,3 +49,16 @@ def test_index_rules():
     eid, drops = pc.plan_keep("", b[:100], set())
     assert sorted(drops) == [e60, eb] and pc.free_pages == 0 and [e[3] for e in pc.evicted] == \
         ["superseded", "superseded", "least recently used"]
+
+
+def test_kept_copy_bench_runs():
+    """bench/kept_copy.py: a restore moves exactly the state's bytes (a smoke run at one grid point)."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "bench" / "kept_copy.py"
+    spec = importlib.util.spec_from_file_location("kept_copy", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    r = mod.measure(64, 1, 1, host=True)
+    assert r["nbytes"] > 0 and r["pieces"] > 0 and r["restore_s"] > 0
