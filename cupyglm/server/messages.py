@@ -15,8 +15,11 @@ def _check_message(i: int, m: Any) -> dict:
     role = m.get("role")
     if not isinstance(role, str):
         raise bad(f"{p}.role", f"'{p}.role' must be a string, got {json_kind(role)}", "invalid_type")
+    if role == "developer":          # OpenAI's newer name for the system role
+        m = {**m, "role": "system"}
+        role = "system"
     if role not in CHAT_ROLES:
-        raise bad(f"{p}.role", f"'{p}.role' = {shown(role)} is not a supported role ({', '.join(CHAT_ROLES)})")
+        raise bad(f"{p}.role", f"'{p}.role' = {shown(role)} is not a supported role ({', '.join(CHAT_ROLES)}, developer)")
     content = m.get("content")
     if content is None:
         if role != "assistant":

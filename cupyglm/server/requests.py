@@ -13,11 +13,14 @@ from cupyglm.server.fields import (check_token_ids, get_bool, get_dict, get_floa
 from cupyglm.server.messages import check_messages
 from cupyglm.server.unsupported import refuse_unsupported
 
-MAX_STOP_STRINGS = 4
+MAX_STOP_STRINGS = 128
 MAX_STOP_TOKEN_IDS = 64
 MAX_STOP_CHARS = 4096
 MAX_SEED = 2**64 - 1
 MAX_INT32 = 2**31 - 1
+MAX_N = 16                 # choices per prompt
+MAX_PROMPTS = 64           # prompts in one completion request
+MAX_CHOICES = 64           # prompts x n
 
 
 @dataclasses.dataclass(frozen=True)
@@ -44,12 +47,27 @@ class GenRequest:
     messages: list[dict] | None = None          # chat
     chat_kwargs: dict = dataclasses.field(default_factory=dict)
     add_generation_prompt: bool = True
-    prompt_text: str | None = None              # completion, text prompt
-    prompt_ids: list[int] | None = None         # completion, token prompt
+    prompts: list = dataclasses.field(default_factory=list)   # completion: each a text (str) or token ids
+    n: int = 1                                  # choices per prompt (choice i: seed + i, see choice_seed)
+    continuous_usage: bool = False              # stream_options.continuous_usage_stats: usage on every chunk
 
     @property
     def prompt_param(self) -> str:
         return "messages" if self.kind == "chat" else "prompt"
+
+    @property
+    def prompt_text(self) -> str | None:
+        return self.prompts[0] if self.prompts and isinstance(self.prompts[0], str) else None
+
+    @property
+    def prompt_ids(self) -> list[int] | None:
+        return self.prompts[0] if self.prompts and isinstance(self.prompts[0], list) else None
+
+
+def choice_seed(seed: int | None, i: int) -> int | None:
+    """The seed of choice i of a request with `seed`: seed + i (mod 2**64), so choice i's tokens equal those of
+    the same request with n = 1 and that seed. No seed: each choice draws its own from the engine's sequence."""
+    return None if seed is None else (seed + i) % (MAX_SEED + 1)
 
 
 def check_model(body: Mapping, info: ModelInfo) -> str:
@@ -119,15 +137,18 @@ def _common(body: Mapping, kind: str, info: ModelInfo) -> dict:
     _cache_salt(body, info)
     stream = get_bool(body, "stream", False)
     so = body.get("stream_options")
-    include_usage = False
+    include_usage = continuous = False
     if so is not None:
         if not isinstance(so, dict):
             raise bad("stream_options", f"'stream_options' must be an object, got {json_kind(so)}", "invalid_type")
         if not stream:
             raise bad("stream_options", "'stream_options' is only allowed when 'stream' is true")
         include_usage = bool(get_bool(so, "include_usage", False, param="stream_options.include_usage"))
-        get_bool(so, "continuous_usage_stats", False, param="stream_options.continuous_usage_stats")
-    return dict(model=model, stream=stream, include_usage=include_usage,
+        continuous = bool(get_bool(so, "continuous_usage_stats", False, param="stream_options.continuous_usage_stats"))
+        get_bool(so, "include_obfuscation", False, param="stream_options.include_obfuscation")
+    n = get_int(body, "n", 1, lo=1, hi=MAX_N)
+    return dict(model=model, stream=stream, include_usage=include_usage, n=n,
+                continuous_usage=include_usage and continuous,
                 return_token_ids=bool(get_bool(body, "return_token_ids", False)),
                 sampling=_sampling(body, info))
 
@@ -168,25 +189,29 @@ def parse_chat(body: Mapping, info: ModelInfo) -> GenRequest:
 
 def parse_completion(body: Mapping, info: ModelInfo) -> GenRequest:
     prompt = body.get("prompt")
-    text: str | None = None
-    ids: list[int] | None = None
     if prompt is None:
         raise bad("prompt", "'prompt' is required", "missing_required_parameter")
     if isinstance(prompt, list) and prompt and all(isinstance(p, (list, str)) for p in prompt):
-        if len(prompt) != 1:
-            raise bad("prompt", f"'prompt' holds {len(prompt)} prompts; one prompt per request is supported",
-                      "unsupported_parameter")
-        prompt = prompt[0]
+        if len(prompt) > MAX_PROMPTS:
+            raise bad("prompt", f"'prompt' holds {len(prompt)} prompts; at most {MAX_PROMPTS} per request")
+        prompts = [_one_prompt(p, f"prompt[{i}]", info) for i, p in enumerate(prompt)]
+    else:
+        prompts = [_one_prompt(prompt, "prompt", info)]
+    c = _common(body, "completion", info)
+    if len(prompts) * c["n"] > MAX_CHOICES:
+        raise bad("n", f"{len(prompts)} prompts x n = {c['n']} asks for {len(prompts) * c['n']} choices; at most "
+                  f"{MAX_CHOICES} per request")
+    return GenRequest(kind="completion", prompts=prompts, **c)
+
+
+def _one_prompt(prompt: object, param: str, info: ModelInfo) -> str | list[int]:
     if isinstance(prompt, str):
         if not prompt:
-            raise bad("prompt", "'prompt' must not be empty")
-        text = prompt
-    elif isinstance(prompt, list):
-        ids = check_token_ids(prompt, "prompt", info.vocab_size)
-    else:
-        raise _bad_prompt_type(prompt)
-    c = _common(body, "completion", info)
-    return GenRequest(kind="completion", prompt_text=text, prompt_ids=ids, **c)
+            raise bad("prompt", f"'{param}' must not be empty")
+        return prompt
+    if isinstance(prompt, list):
+        return check_token_ids(prompt, "prompt", info.vocab_size)
+    raise _bad_prompt_type(prompt)
 
 
 def fit_context(req: GenRequest, prompt_len: int, info: ModelInfo) -> dict:

@@ -43,6 +43,8 @@ class Reply:
     text: str = ""
     finish_reason: str | None = None
     cached_tokens: int = 0
+    index: int = 0                   # the choice's index in the reply
+    counts_prompt: bool = True       # the first choice of its prompt: its prompt counts in usage
 
     def usage(self) -> dict:
         return usage(len(self.prompt_ids), len(self.token_ids), self.cached_tokens)
@@ -56,23 +58,40 @@ class Reply:
             self.finish_reason = delta.finish_reason or "stop"
 
 
-def _response(r: Reply, obj: str, choice: dict[str, Any], return_token_ids: bool) -> dict:
-    if return_token_ids:
-        choice["token_ids"] = list(r.token_ids)
-        choice["prompt_token_ids"] = list(r.prompt_ids)
-    return {"id": r.id, "object": obj, "created": r.created, "model": r.model,
-            "choices": [choice], "usage": r.usage(), "token_sha": token_sha(r.token_ids)}
+def usage_of(replies: Sequence[Reply]) -> dict:
+    """Usage over every choice: each prompt counted once, every choice's completion tokens."""
+    return usage(sum(len(r.prompt_ids) for r in replies if r.counts_prompt),
+                 sum(len(r.token_ids) for r in replies),
+                 sum(r.cached_tokens for r in replies if r.counts_prompt))
 
 
-def chat_response(r: Reply, return_token_ids: bool) -> dict:
-    choice = {"index": 0, "message": {"role": "assistant", "content": r.text},
-              "logprobs": None, "finish_reason": r.finish_reason}
-    return _response(r, "chat.completion", choice, return_token_ids)
+def _many(r: Reply | Sequence[Reply]) -> list[Reply]:
+    return [r] if isinstance(r, Reply) else list(r)
 
 
-def completion_response(r: Reply, return_token_ids: bool) -> dict:
-    choice = {"index": 0, "text": r.text, "logprobs": None, "finish_reason": r.finish_reason}
-    return _response(r, "text_completion", choice, return_token_ids)
+def _response(rs: list[Reply], obj: str, choices: list[dict[str, Any]], return_token_ids: bool) -> dict:
+    for r, choice in zip(rs, choices):
+        if return_token_ids:
+            choice["token_ids"] = list(r.token_ids)
+            choice["prompt_token_ids"] = list(r.prompt_ids)
+        if len(rs) > 1:
+            choice["token_sha"] = token_sha(r.token_ids)
+    r0 = rs[0]
+    return {"id": r0.id, "object": obj, "created": r0.created, "model": r0.model,
+            "choices": choices, "usage": usage_of(rs), "token_sha": token_sha(r0.token_ids)}
+
+
+def chat_response(replies: Reply | Sequence[Reply], return_token_ids: bool) -> dict:
+    rs = _many(replies)
+    choices = [{"index": r.index, "message": {"role": "assistant", "content": r.text},
+                "logprobs": None, "finish_reason": r.finish_reason} for r in rs]
+    return _response(rs, "chat.completion", choices, return_token_ids)
+
+
+def completion_response(replies: Reply | Sequence[Reply], return_token_ids: bool) -> dict:
+    rs = _many(replies)
+    choices = [{"index": r.index, "text": r.text, "logprobs": None, "finish_reason": r.finish_reason} for r in rs]
+    return _response(rs, "text_completion", choices, return_token_ids)
 
 
 def chunk(kind: str, r: Reply, *, text: str, token_ids: Sequence[int] | None = None, first: bool = False,
@@ -80,9 +99,10 @@ def chunk(kind: str, r: Reply, *, text: str, token_ids: Sequence[int] | None = N
     """One streamed chunk: chat deltas (with `role` in the first) or completion text."""
     if kind == "chat":
         delta: dict[str, Any] = {"role": "assistant", "content": text} if first else {"content": text}
-        choice: dict[str, Any] = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
+        choice: dict[str, Any] = {"index": r.index, "delta": delta, "logprobs": None,
+                                  "finish_reason": finish_reason}
     else:
-        choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
+        choice = {"index": r.index, "text": text, "logprobs": None, "finish_reason": finish_reason}
     if token_ids is not None:
         choice["token_ids"] = list(token_ids)
     out: dict[str, Any] = {"id": r.id, "object": _chunk_object(kind), "created": r.created, "model": r.model,
@@ -94,16 +114,21 @@ def chunk(kind: str, r: Reply, *, text: str, token_ids: Sequence[int] | None = N
     return out
 
 
-def usage_chunk(kind: str, r: Reply) -> dict:
+def usage_chunk(kind: str, replies: Reply | Sequence[Reply]) -> dict:
+    rs = _many(replies)
+    r = rs[0]
     return {"id": r.id, "object": _chunk_object(kind), "created": r.created, "model": r.model, "choices": [],
-            "usage": r.usage()}
+            "usage": usage_of(rs)}
 
 
 def _chunk_object(kind: str) -> str:
     return "chat.completion.chunk" if kind == "chat" else "text_completion"
 
 
+def model_card(info: ModelInfo, root: str, created: int) -> dict:
+    return {"id": info.served_id, "object": "model", "created": created, "owned_by": "cupyglm", "root": root,
+            "parent": None, "max_model_len": info.max_model_len}
+
+
 def models_response(info: ModelInfo, root: str, created: int) -> dict:
-    return {"object": "list", "data": [{"id": info.served_id, "object": "model", "created": created,
-                                        "owned_by": "cupyglm", "root": root, "parent": None,
-                                        "max_model_len": info.max_model_len}]}
+    return {"object": "list", "data": [model_card(info, root, created)]}

@@ -9,7 +9,7 @@ import pytest
 
 from cupyglm.server.errors import ApiError
 from cupyglm.server.fields import parse_json_object
-from cupyglm.server.requests import ModelInfo, fit_context, parse_chat, parse_completion
+from cupyglm.server.requests import MAX_STOP_STRINGS, ModelInfo, fit_context, parse_chat, parse_completion
 from cupyglm.server.responses import Reply, chat_response, chunk, token_sha, usage_chunk
 from cupyglm.server.sse import SSE_DONE, sse, sse_error
 
@@ -68,13 +68,17 @@ def test_completion_defaults_and_aliases():
     ("top_p", 0.0, "invalid_value"), ("min_p", -0.1, "invalid_value"), ("seed", 2**64, "invalid_value"),
     ("max_tokens", 0, "invalid_value"), ("max_tokens", 101, "context_length_exceeded"),
     ("max_completion_tokens", -3, "invalid_value"), ("min_tokens", -1, "invalid_value"),
-    ("stop_token_ids", [50], "invalid_token_id"), ("n", 3, "unsupported_parameter"),
+    ("stop_token_ids", [50], "invalid_token_id"), ("n", 17, "invalid_value"), ("n", 0, "invalid_value"),
     ("best_of", 2, "unsupported_parameter"), ("logprobs", 0, "unsupported_parameter"),
     ("echo", True, "unsupported_parameter"), ("suffix", "s", "unsupported_parameter"),
     ("logit_bias", {"1": 2}, "unsupported_parameter"), ("frequency_penalty", 1, "unsupported_parameter"),
     ("repetition_penalty", 1.1, "unsupported_parameter"), ("draft", True, "unsupported_parameter"),
     ("draft", "no", "invalid_type"), ("response_format", {"type": "json_object"}, "unsupported_parameter"),
     ("return_token_ids", 1, "invalid_type"), ("stream", "yes", "invalid_type"),
+    ("use_beam_search", True, "unsupported_parameter"), ("guided_json", {}, "unsupported_parameter"),
+    ("guided_choice", ["a"], "unsupported_parameter"), ("structured_outputs", {"json": {}}, "unsupported_parameter"),
+    ("prompt_logprobs", 1, "unsupported_parameter"), ("no_such_field", 1, "unknown_parameter"),
+    ("stream_options", {"include_usage": True}, "invalid_value"),
 ])
 def test_completion_field_refusals(field, value, code):
     e = err(parse_completion, {"prompt": "x", field: value}, INFO)
@@ -119,8 +123,11 @@ def test_fit_context():
 
 
 def test_stop_limits():
-    assert parse_completion({"prompt": "x", "stop": ["a"] * 4}, INFO).sampling["stop"] == ("a",) * 4
-    assert err(parse_completion, {"prompt": "x", "stop": ["a"] * 5}, INFO).param == "stop"
+    stops = [f"s{i}" for i in range(MAX_STOP_STRINGS)]
+    assert MAX_STOP_STRINGS >= 64
+    assert parse_completion({"prompt": "x", "stop": stops}, INFO).sampling["stop"] == tuple(stops)
+    e = err(parse_completion, {"prompt": "x", "stop": stops + ["z"]}, INFO)
+    assert e.param == "stop" and f"at most {MAX_STOP_STRINGS}" in e.message
     assert err(parse_completion, {"prompt": "x", "stop": [""]}, INFO).param == "stop"
 
 
