@@ -180,7 +180,7 @@ BAD = [  # (name, path, body (dict, or raw bytes), status, param, code)
     ("logprobs chat", CH, {"messages": MSG, "logprobs": True}, 400, "logprobs", "unsupported_parameter"),
     ("top_logprobs", CH, {"messages": MSG, "top_logprobs": 2}, 400, "top_logprobs", "unsupported_parameter"),
     ("draft true", C, {"prompt": "x", "draft": True}, 400, "draft", "unsupported_parameter"),
-    ("too many stops", C, {"prompt": "x", "stop": ["a", "b", "c", "d", "e"]}, 400, "stop", "invalid_value"),
+    ("too many stops", C, {"prompt": "x", "stop": [f"s{i}" for i in range(129)]}, 400, "stop", "invalid_value"),
     ("stop wrong type", C, {"prompt": "x", "stop": 5}, 400, "stop", "invalid_type"),
     ("stop_token_ids bad", C, {"prompt": "x", "stop_token_ids": [100000]}, 400, "stop_token_ids",
      "invalid_token_id"),
