@@ -11,7 +11,7 @@
 // Output: one int32 buffer [R, 2 + 2K] (so one transfer brings a step's tokens and logprobs back):
 //   out[r, 0] = token, out[r, 1] = bits of logprob(token), out[r, 2 + j] = j-th top id,
 //   out[r, 2 + K + j] = bits of its logprob.
-// One block of LP_THREADS threads per row.  No NaN reaches here (the engine refuses a NaN row first).
+// One block of LP_THREADS threads per row.  A token outside 0..V-1 (sample's -1 for a NaN row) gets a NaN logprob.
 //
 // Planted control (contract): -DLOGPROBS_CTL_REVERSED_PARTIALS sums the partials right to left.
 #include "common.cuh"
@@ -100,7 +100,7 @@ extern "C" __global__ void __launch_bounds__(LP_THREADS) logprobs_rows(
     lp_L = log_f32(S);
     const int tok = tokens[row];
     o[0] = tok;
-    o[1] = __float_as_int((x[tok] - m) - lp_L);
+    o[1] = (tok >= 0 && tok < V) ? __float_as_int((x[tok] - m) - lp_L) : 0x7fc00000;   // NaN for no token
   }
   __syncthreads();
   const float L = lp_L;

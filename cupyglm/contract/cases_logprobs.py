@@ -32,7 +32,9 @@ def _make(r: int, v: int, top: int, scale: float):
         if r > 1:
             x[1] = -np.abs(x[1]) - np.float32(1.0)
             x[1, :2] = np.float32(-0.0)                       # the maximum is -0.0
-        return {"logits": x, "tokens": rng.integers(0, v, r).astype(np.int32), "top": top}
+        tokens = rng.integers(0, v, r).astype(np.int32)
+        tokens[-1] = -1 if r > 2 else tokens[-1]              # sample's answer for a NaN row
+        return {"logits": x, "tokens": tokens, "top": top}
     return make
 
 

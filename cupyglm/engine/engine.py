@@ -28,6 +28,7 @@ import numpy as np
 
 from cupyglm.dist import step as stepmod
 from cupyglm.engine.config import EngineConfig
+from cupyglm.engine.logprobs import unpack
 from cupyglm.engine.request import EngineError, Request, RequestOutput
 from cupyglm.engine.sampling import FINISH_ABORT, FINISH_STOP, SamplingParams, banned_ids
 from cupyglm.engine.text import RequestText
@@ -62,6 +63,7 @@ class Engine:
         self._pending_aborts: list[int] = []
         self._ready: list[RequestOutput] = []          # abort outputs waiting for the next step()
         self._texts: dict[int, RequestText] = {}
+        self._logprobs: dict[int, tuple] = {}             # this step's (logprob, top) per request that asked
         self._ids = itertools.count()
         self._seeds = itertools.count()
         self._stopped = False
@@ -268,6 +270,7 @@ class Engine:
         reference on numpy). min_tokens bans are logits edits before the op (a NaN stays NaN, so a NaN row is
         still refused); the tokens come back to the host for the stops and the bookkeeping."""
         rows = [(g, out) for g, out in zip(plan.groups, outs) if g.logits]
+        self._logprobs = {}
         if not rows:
             return {}
         ops, xp = self.ops, self.ops.xp
@@ -286,7 +289,16 @@ class Engine:
         temperature, top_k, top_p, min_p, seed, position = (
             np.array(col, dtype=dt) for col, dt in zip(zip(*params), (np.float32, np.int32, np.float32,
                                                                        np.float32, np.uint64, np.int32)))
-        tokens = ops.asnumpy(ops.sample(logits, temperature, top_k, top_p, min_p, seed, position))
+        drawn = ops.sample(logits, temperature, top_k, top_p, min_p, seed, position)
+        tops = [reqs[g.request_id].params.logprobs for g, _ in rows]
+        if all(t is None for t in tops):
+            tokens = ops.asnumpy(drawn)
+        else:                               # the logprobs of the same rows, back with the tokens in one copy
+            packed = ops.asnumpy(ops.logprobs(logits, drawn, max(t for t in tops if t is not None)))
+            tokens = packed[:, 0]
+            for (g, _), t, i in zip(rows, tops, range(len(rows))):
+                if t is not None:
+                    self._logprobs[g.request_id] = unpack(packed, i, t)
         sampled = {}
         for (g, _), tok in zip(rows, tokens):
             if tok < 0:
@@ -312,7 +324,9 @@ class Engine:
                 piece = ""
             if finished:
                 self._texts.pop(r.id, None)
-            out.append(RequestOutput(r.id, [tok], piece, finished, reason, r.prompt_len, len(r.output)))
+            lp = self._logprobs.pop(r.id, None)
+            out.append(RequestOutput(r.id, [tok], piece, finished, reason, r.prompt_len, len(r.output),
+                                     logprobs=None if lp is None else [lp]))
         return out
 
 

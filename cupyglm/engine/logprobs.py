@@ -69,7 +69,9 @@ def logprobs_rows(logits: np.ndarray, tokens: np.ndarray, k: int) -> np.ndarray:
     lp = (d - L[:, None]).astype(np.float32)
     tok = np.asarray(tokens, dtype=np.int32)
     out[:, 0] = tok
-    out[:, 1] = lp[np.arange(r), tok].view(np.int32)
+    ok = (tok >= 0) & (tok < v)
+    chosen = np.where(ok, lp[np.arange(r), np.where(ok, tok, 0)], np.float32(np.nan)).astype(np.float32)
+    out[:, 1] = chosen.view(np.int32)
     if k:
         top = np.stack([np.lexsort((np.arange(v), -x[i]))[:k] for i in range(r)]).astype(np.int32)
         out[:, 2:2 + k] = top

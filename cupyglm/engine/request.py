@@ -70,3 +70,4 @@ class RequestOutput:
     prompt_tokens: int
     completion_tokens: int                  # generated so far, this step included
     cached_tokens: int = 0
+    logprobs: list | None = None            # per new token (logprob, [(id, logprob)] top k), if requested

@@ -78,6 +78,7 @@ class SamplingParams:
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
     skip_special_tokens: bool = True
+    logprobs: int | None = None           # None: off; k: each token's logprob and its k most likely (0..20)
 
     def __post_init__(self) -> None:
         def num(name: str) -> float:
@@ -124,6 +125,8 @@ class SamplingParams:
         for name in ("ignore_eos", "skip_special_tokens"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be true or false, got {getattr(self, name)!r}")
+        if self.logprobs is not None and not 0 <= integer("logprobs", self.logprobs) <= 20:
+            raise ValueError(f"logprobs must be in 0..20, got {self.logprobs}")
         object.__setattr__(self, "stop", stop)
         object.__setattr__(self, "stop_token_ids", ids)
         object.__setattr__(self, "top_k", max(k, 0))

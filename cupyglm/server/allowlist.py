@@ -17,9 +17,9 @@ from cupyglm.server.errors import bad
 _COMMON_IMPLEMENTED = frozenset({
     "model", "stream", "stream_options", "max_tokens", "temperature", "top_p", "top_k", "min_p", "seed", "stop",
     "stop_token_ids", "ignore_eos", "min_tokens", "skip_special_tokens", "n", "return_token_ids", "cache_salt",
-    "draft", "max_completion_tokens",
+    "draft", "max_completion_tokens", "logprobs",
 })
-CHAT_IMPLEMENTED = _COMMON_IMPLEMENTED | {"messages", "chat_template_kwargs",
+CHAT_IMPLEMENTED = _COMMON_IMPLEMENTED | {"messages", "chat_template_kwargs", "top_logprobs",
                                           "add_generation_prompt"}
 COMPLETION_IMPLEMENTED = _COMMON_IMPLEMENTED | {"prompt"}
 
@@ -51,8 +51,6 @@ def _is(*neutral: float) -> Callable[[Any], bool]:
 # name -> (is the value neutral, what to tell the client)
 _COMMON_REFUSED: dict[str, tuple[Callable[[Any], bool], str]] = {
     "best_of": (_is(1), "only 1 (send n for several choices)"),
-    "logprobs": (lambda v: v is None or v is False, ""),
-    "top_logprobs": (_is(0), ""),
     "prompt_logprobs": (_is(), ""),
     "presence_penalty": (_is(0, 0.0), "only 0"),
     "frequency_penalty": (_is(0, 0.0), "only 0"),

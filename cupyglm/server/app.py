@@ -27,8 +27,8 @@ from cupyglm.server.metrics import CONTENT_TYPE, Metrics
 from cupyglm.server.prompt import PromptBuilder, WorkPool
 from cupyglm.server.requests import (GenRequest, ModelInfo, choice_seed, fit_context, parse_chat,
                                      parse_completion, parse_detokenize, parse_tokenize)
-from cupyglm.server.responses import (Reply, chat_response, chunk, completion_response, model_card, models_response,
-                                      new_id, now, usage_chunk)
+from cupyglm.server.responses import (Reply, chat_response, chunk, completion_response, entries, model_card,
+                                      models_response, new_id, now, usage_chunk)
 from cupyglm.server.sse import SSE_DONE, sse, sse_error
 
 DEFAULT_MAX_BODY_BYTES = 16 * 1024 * 1024
@@ -123,6 +123,9 @@ def create_app(state: ServerState, *, lifespan: Any = None) -> Starlette:
             raise _not_ready(state)
         assert state.info is not None
         return state.info
+
+    def token_text(token_id: int) -> str:
+        return state.tokenizer.decode([token_id])
 
     async def prompts_of(req: GenRequest) -> list[list[int]]:
         pb = state.prompts()
@@ -219,12 +222,15 @@ def create_app(state: ServerState, *, lifespan: Any = None) -> Starlette:
             try:
                 async for k, d in _merged(streams):
                     reply = replies[k]
+                    offset = len(reply.text)
                     reply.add(d)
-                    if first[k] or d.text or d.finished or (req.return_token_ids and d.token_ids):
+                    lp = entries(d) if d.logprobs is not None else None
+                    if first[k] or d.text or d.finished or (req.return_token_ids and d.token_ids) or lp:
                         c = chunk(req.kind, reply, text=d.text, first=first[k],
                                   token_ids=d.token_ids if req.return_token_ids else None,
                                   prompt_ids=reply.prompt_ids if (first[k] and req.return_token_ids) else None,
-                                  finish_reason=reply.finish_reason if d.finished else None)
+                                  finish_reason=reply.finish_reason if d.finished else None,
+                                  logprobs=lp, text_of=token_text, text_offset=offset)
                         if req.continuous_usage:
                             c["usage"] = reply.usage()
                         yield sse(c)
@@ -260,7 +266,7 @@ def create_app(state: ServerState, *, lifespan: Any = None) -> Starlette:
             for st in streams:
                 st.abort()
         build = chat_response if req.kind == "chat" else completion_response
-        return JSONResponse(build(replies, req.return_token_ids))
+        return JSONResponse(build(replies, req.return_token_ids, token_text))
 
     async def chat(request: Request) -> Response:
         return await generate(request, "chat")

@@ -18,6 +18,7 @@ MAX_STOP_TOKEN_IDS = 64
 MAX_STOP_CHARS = 4096
 MAX_SEED = 2**64 - 1
 MAX_INT32 = 2**31 - 1
+MAX_TOP_LOGPROBS = 20
 MAX_N = 16                 # choices per prompt
 MAX_PROMPTS = 64           # prompts in one completion request
 MAX_CHOICES = 64           # prompts x n
@@ -102,7 +103,20 @@ def _stop(body: Mapping) -> tuple[str, ...]:
     return tuple(v)
 
 
-def _sampling(body: Mapping, info: ModelInfo) -> dict:
+def _logprobs(body: Mapping, kind: str) -> int | None:
+    """How many top ids to return with each token's logprob; None: no logprobs. Chat: `logprobs` true and
+    `top_logprobs` 0..20; completions: `logprobs` 0..20."""
+    if kind == "chat":
+        top = get_int(body, "top_logprobs", None, lo=0, hi=MAX_TOP_LOGPROBS)
+        if not get_bool(body, "logprobs", False):
+            if top:
+                raise bad("top_logprobs", "'top_logprobs' needs 'logprobs': true")
+            return None
+        return top or 0
+    return get_int(body, "logprobs", None, lo=0, hi=MAX_TOP_LOGPROBS)
+
+
+def _sampling(body: Mapping, info: ModelInfo, kind: str) -> dict:
     max_tokens = get_int(body, "max_tokens", None, lo=1)
     mct = get_int(body, "max_completion_tokens", None, lo=1)
     if mct is not None:
@@ -126,7 +140,8 @@ def _sampling(body: Mapping, info: ModelInfo) -> dict:
         check_token_ids(stop_ids, "stop_token_ids", info.vocab_size, allow_empty=True))
     if len(stop_ids) > MAX_STOP_TOKEN_IDS:
         raise bad("stop_token_ids", f"'stop_token_ids' has {len(stop_ids)} ids; at most {MAX_STOP_TOKEN_IDS}")
-    return dict(temperature=temperature, top_p=top_p, top_k=max(top_k, 0), min_p=min_p, seed=seed,
+    return dict(logprobs=_logprobs(body, kind),
+                temperature=temperature, top_p=top_p, top_k=max(top_k, 0), min_p=min_p, seed=seed,
                 max_tokens=max_tokens, min_tokens=min_tokens, stop=_stop(body), stop_token_ids=stop_ids,
                 ignore_eos=ignore_eos, skip_special_tokens=skip_special)
 
@@ -150,7 +165,7 @@ def _common(body: Mapping, kind: str, info: ModelInfo) -> dict:
     return dict(model=model, stream=stream, include_usage=include_usage, n=n,
                 continuous_usage=include_usage and continuous,
                 return_token_ids=bool(get_bool(body, "return_token_ids", False)),
-                sampling=_sampling(body, info))
+                sampling=_sampling(body, info, kind))
 
 
 def _cache_salt(body: Mapping, info: ModelInfo) -> None:

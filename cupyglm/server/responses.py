@@ -8,6 +8,8 @@ import uuid
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from cupyglm.server.logprob_shapes import chat_logprobs, completion_logprobs
+
 if TYPE_CHECKING:
     from cupyglm.server.requests import ModelInfo
 
@@ -43,6 +45,7 @@ class Reply:
     text: str = ""
     finish_reason: str | None = None
     cached_tokens: int = 0
+    logprobs: list | None = None     # [(token id, logprob, top)] when asked (logprob_shapes.Entry)
     index: int = 0                   # the choice's index in the reply
     counts_prompt: bool = True       # the first choice of its prompt: its prompt counts in usage
 
@@ -54,8 +57,15 @@ class Reply:
         self.token_ids.extend(delta.token_ids)
         self.text += delta.text
         self.cached_tokens = delta.cached_tokens or self.cached_tokens
+        if delta.logprobs is not None:
+            self.logprobs = (self.logprobs or []) + entries(delta)
         if delta.finished:
             self.finish_reason = delta.finish_reason or "stop"
+
+
+def entries(delta) -> list:
+    """A Delta's logprobs as (token id, logprob, top) entries."""
+    return [(t, lp, top) for t, (lp, top) in zip(delta.token_ids, delta.logprobs or ())]
 
 
 def usage_of(replies: Sequence[Reply]) -> dict:
@@ -81,28 +91,39 @@ def _response(rs: list[Reply], obj: str, choices: list[dict[str, Any]], return_t
             "choices": choices, "usage": usage_of(rs), "token_sha": token_sha(r0.token_ids)}
 
 
-def chat_response(replies: Reply | Sequence[Reply], return_token_ids: bool) -> dict:
+def chat_response(replies: Reply | Sequence[Reply], return_token_ids: bool, text_of=None) -> dict:
     rs = _many(replies)
     choices = [{"index": r.index, "message": {"role": "assistant", "content": r.text},
-                "logprobs": None, "finish_reason": r.finish_reason} for r in rs]
+                "logprobs": _lp("chat", r.logprobs, text_of), "finish_reason": r.finish_reason} for r in rs]
     return _response(rs, "chat.completion", choices, return_token_ids)
 
 
-def completion_response(replies: Reply | Sequence[Reply], return_token_ids: bool) -> dict:
+def completion_response(replies: Reply | Sequence[Reply], return_token_ids: bool, text_of=None) -> dict:
     rs = _many(replies)
-    choices = [{"index": r.index, "text": r.text, "logprobs": None, "finish_reason": r.finish_reason} for r in rs]
+    choices = [{"index": r.index, "text": r.text, "logprobs": _lp("completion", r.logprobs, text_of),
+                "finish_reason": r.finish_reason} for r in rs]
     return _response(rs, "text_completion", choices, return_token_ids)
 
 
+def _lp(kind: str, ents, text_of, offset: int = 0):
+    if ents is None:
+        return None
+    if kind == "chat":
+        return chat_logprobs(ents, text_of)
+    return completion_logprobs(ents, text_of, offset)
+
+
 def chunk(kind: str, r: Reply, *, text: str, token_ids: Sequence[int] | None = None, first: bool = False,
-          finish_reason: str | None = None, prompt_ids: Sequence[int] | None = None) -> dict:
+          finish_reason: str | None = None, prompt_ids: Sequence[int] | None = None, logprobs=None,
+          text_of=None, text_offset: int = 0) -> dict:
     """One streamed chunk: chat deltas (with `role` in the first) or completion text."""
     if kind == "chat":
         delta: dict[str, Any] = {"role": "assistant", "content": text} if first else {"content": text}
-        choice: dict[str, Any] = {"index": r.index, "delta": delta, "logprobs": None,
+        choice: dict[str, Any] = {"index": r.index, "delta": delta, "logprobs": _lp(kind, logprobs, text_of),
                                   "finish_reason": finish_reason}
     else:
-        choice = {"index": r.index, "text": text, "logprobs": None, "finish_reason": finish_reason}
+        choice = {"index": r.index, "text": text, "logprobs": _lp(kind, logprobs, text_of, text_offset),
+                  "finish_reason": finish_reason}
     if token_ids is not None:
         choice["token_ids"] = list(token_ids)
     out: dict[str, Any] = {"id": r.id, "object": _chunk_object(kind), "created": r.created, "model": r.model,

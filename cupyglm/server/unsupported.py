@@ -22,7 +22,6 @@ def refuse_unsupported(body: Mapping, kind: str) -> None:
         raise bad("logprobs", f"'logprobs' must be an integer, got {json_kind(lp)}", "invalid_type")
     if kind == "completion" or "echo" in body:
         get_bool(body, "echo", False)
-    get_int(body, "top_logprobs", 0, lo=0, hi=20)
     for name in ("presence_penalty", "frequency_penalty"):
         get_float(body, name, 0.0, lo=-2.0, hi=2.0)
     get_float(body, "repetition_penalty", 1.0, lo=0.0, hi=10.0)

@@ -88,3 +88,45 @@ def test_model_route_and_tokenizer_info(server, client, http):
     assert http.get("/v1/models/nope").status_code == 404
     info = http.get("/tokenizer_info").json()
     assert info["tokenizer_class"] and info["model_max_length"] == 256 and "chat_template" in info
+
+
+def test_logprobs_shapes_streamed_and_not(client):
+    msgs = [{"role": "user", "content": "Count to five."}]
+    r = client.chat.completions.create(model="cupyglm-tiny", messages=msgs, max_tokens=5, temperature=0,
+                                       logprobs=True, top_logprobs=3, extra_body={"ignore_eos": True})
+    content = r.choices[0].logprobs.content
+    assert len(content) == 5
+    for t in content:
+        assert len(t.top_logprobs) == 3 and t.logprob <= 0
+        assert t.top_logprobs[0].logprob == t.logprob          # greedy: the drawn token is the most likely
+        assert t.top_logprobs[0].logprob >= t.top_logprobs[1].logprob >= t.top_logprobs[2].logprob
+    assert "".join(t.token for t in content) == r.choices[0].message.content
+    streamed = []
+    for ch in client.chat.completions.create(model="cupyglm-tiny", messages=msgs, max_tokens=5, temperature=0,
+                                             logprobs=True, top_logprobs=3, stream=True,
+                                             extra_body={"ignore_eos": True}):
+        if ch.choices and ch.choices[0].logprobs:
+            streamed += ch.choices[0].logprobs.content
+    assert [(t.token, t.logprob) for t in streamed] == [(t.token, t.logprob) for t in content]
+    c = client.completions.create(model="cupyglm-tiny", prompt="a b c", max_tokens=4, temperature=0.8, seed=5,
+                                  logprobs=2, extra_body={"ignore_eos": True})
+    lp = c.choices[0].logprobs
+    assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == len(lp.text_offset) == 4
+    assert all(len(t) <= 2 for t in lp.top_logprobs) and lp.text_offset[0] == 0
+    s_tokens, s_lps = [], []
+    for ch in client.completions.create(model="cupyglm-tiny", prompt="a b c", max_tokens=4, temperature=0.8,
+                                        seed=5, logprobs=2, stream=True, extra_body={"ignore_eos": True}):
+        if ch.choices and ch.choices[0].logprobs:
+            s_tokens += ch.choices[0].logprobs.tokens
+            s_lps += ch.choices[0].logprobs.token_logprobs
+    assert (s_tokens, s_lps) == (lp.tokens, lp.token_logprobs)
+
+
+def test_logprobs_alone_equal_batched(http):
+    body = {"prompt": "Once upon a time", "temperature": 1.0, "max_tokens": 6, "ignore_eos": True, "seed": 11,
+            "logprobs": 5}
+    alone = http.post("/v1/completions", json=body).json()["choices"][0]["logprobs"]
+    batched = http.post("/v1/completions", json={**body, "n": 3}).json()["choices"]   # 3 rows a step
+    assert [c for c in batched if c["index"] == 0][0]["logprobs"] == alone
+    mixed = http.post("/v1/completions", json={**body, "prompt": ["Hi there", body["prompt"], [3, 4, 5]]}).json()
+    assert [c for c in mixed["choices"] if c["index"] == 1][0]["logprobs"] == alone

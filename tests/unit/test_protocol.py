@@ -69,7 +69,7 @@ def test_completion_defaults_and_aliases():
     ("max_tokens", 0, "invalid_value"), ("max_tokens", 101, "context_length_exceeded"),
     ("max_completion_tokens", -3, "invalid_value"), ("min_tokens", -1, "invalid_value"),
     ("stop_token_ids", [50], "invalid_token_id"), ("n", 17, "invalid_value"), ("n", 0, "invalid_value"),
-    ("best_of", 2, "unsupported_parameter"), ("logprobs", 0, "unsupported_parameter"),
+    ("best_of", 2, "unsupported_parameter"), ("logprobs", 21, "invalid_value"), ("top_logprobs", 2, "unknown_parameter"),
     ("echo", True, "unsupported_parameter"), ("suffix", "s", "unsupported_parameter"),
     ("logit_bias", {"1": 2}, "unsupported_parameter"), ("frequency_penalty", 1, "unsupported_parameter"),
     ("repetition_penalty", 1.1, "unsupported_parameter"), ("draft", True, "unsupported_parameter"),
