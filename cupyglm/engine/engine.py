@@ -28,6 +28,7 @@ import numpy as np
 
 from cupyglm.dist import step as stepmod
 from cupyglm.engine.config import EngineConfig
+from cupyglm.engine import penalties
 from cupyglm.engine.logprobs import unpack
 from cupyglm.engine.request import EngineError, Request, RequestOutput
 from cupyglm.engine.sampling import FINISH_ABORT, FINISH_STOP, SamplingParams, banned_ids
@@ -276,6 +277,11 @@ class Engine:
         ops, xp = self.ops, self.ops.xp
         logits = xp.stack([xp.asarray(out.logits[-1], dtype=xp.float32).reshape(-1) for _, out in rows])
         vocab = logits.shape[1]
+        pen = penalties.edits([(i, reqs[g.request_id].params, reqs[g.request_id].prompt, reqs[g.request_id].output)
+                               for i, (g, _) in enumerate(rows) if penalties.wants(reqs[g.request_id].params)],
+                              vocab)
+        if pen is not None:                 # before the bans: a banned id stays -inf
+            ops.penalize(logits, *pen.values())
         params = []
         for i, (g, _) in enumerate(rows):
             r = reqs[g.request_id]
