@@ -17,7 +17,8 @@ from cupyglm.server.errors import bad
 _COMMON_IMPLEMENTED = frozenset({
     "model", "stream", "stream_options", "max_tokens", "temperature", "top_p", "top_k", "min_p", "seed", "stop",
     "stop_token_ids", "ignore_eos", "min_tokens", "skip_special_tokens", "n", "return_token_ids", "cache_salt",
-    "draft", "max_completion_tokens", "logprobs",
+    "draft", "max_completion_tokens", "logprobs", "presence_penalty", "frequency_penalty", "repetition_penalty",
+    "logit_bias",
 })
 CHAT_IMPLEMENTED = _COMMON_IMPLEMENTED | {"messages", "chat_template_kwargs", "top_logprobs",
                                           "add_generation_prompt"}
@@ -52,10 +53,6 @@ def _is(*neutral: float) -> Callable[[Any], bool]:
 _COMMON_REFUSED: dict[str, tuple[Callable[[Any], bool], str]] = {
     "best_of": (_is(1), "only 1 (send n for several choices)"),
     "prompt_logprobs": (_is(), ""),
-    "presence_penalty": (_is(0, 0.0), "only 0"),
-    "frequency_penalty": (_is(0, 0.0), "only 0"),
-    "repetition_penalty": (_is(1, 1.0), "only 1"),
-    "logit_bias": (_off, ""),
     "response_format": (lambda v: v is None or v == {"type": "text"}, "only type 'text'"),
     "use_beam_search": (_off, ""),
     "length_penalty": (_is(1, 1.0), "only 1 (it applies to beam search)"),

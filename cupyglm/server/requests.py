@@ -19,6 +19,7 @@ MAX_STOP_CHARS = 4096
 MAX_SEED = 2**64 - 1
 MAX_INT32 = 2**31 - 1
 MAX_TOP_LOGPROBS = 20
+MAX_LOGIT_BIAS = 1024
 MAX_N = 16                 # choices per prompt
 MAX_PROMPTS = 64           # prompts in one completion request
 MAX_CHOICES = 64           # prompts x n
@@ -103,6 +104,25 @@ def _stop(body: Mapping) -> tuple[str, ...]:
     return tuple(v)
 
 
+def _logit_bias(body: Mapping, info: ModelInfo) -> tuple[tuple[int, float], ...]:
+    """`logit_bias`: {"token id": bias in [-100, 100]}, at most MAX_LOGIT_BIAS ids."""
+    lb = get_dict(body, "logit_bias")
+    if len(lb) > MAX_LOGIT_BIAS:
+        raise bad("logit_bias", f"'logit_bias' has {len(lb)} ids; at most {MAX_LOGIT_BIAS}")
+    out = []
+    for key, v in lb.items():
+        p = f"logit_bias.{short(key)}"
+        try:
+            t = int(key)
+        except ValueError:
+            raise bad("logit_bias", f"'{p}': the keys of 'logit_bias' must be token ids") from None
+        if not 0 <= t < info.vocab_size:
+            raise bad("logit_bias", f"'{p}': {t} is not a token id of this model (0..{info.vocab_size - 1})",
+                      "invalid_token_id")
+        out.append((t, get_float(lb, key, 0.0, lo=-100.0, hi=100.0, param="logit_bias")))
+    return tuple(sorted(out))
+
+
 def _logprobs(body: Mapping, kind: str) -> int | None:
     """How many top ids to return with each token's logprob; None: no logprobs. Chat: `logprobs` true and
     `top_logprobs` 0..20; completions: `logprobs` 0..20."""
@@ -140,7 +160,10 @@ def _sampling(body: Mapping, info: ModelInfo, kind: str) -> dict:
         check_token_ids(stop_ids, "stop_token_ids", info.vocab_size, allow_empty=True))
     if len(stop_ids) > MAX_STOP_TOKEN_IDS:
         raise bad("stop_token_ids", f"'stop_token_ids' has {len(stop_ids)} ids; at most {MAX_STOP_TOKEN_IDS}")
-    return dict(logprobs=_logprobs(body, kind),
+    return dict(logprobs=_logprobs(body, kind), logit_bias=_logit_bias(body, info),
+                presence_penalty=get_float(body, "presence_penalty", 0.0, lo=-2.0, hi=2.0),
+                frequency_penalty=get_float(body, "frequency_penalty", 0.0, lo=-2.0, hi=2.0),
+                repetition_penalty=get_float(body, "repetition_penalty", 1.0, lo=0.0, hi=10.0, lo_open=True),
                 temperature=temperature, top_p=top_p, top_k=max(top_k, 0), min_p=min_p, seed=seed,
                 max_tokens=max_tokens, min_tokens=min_tokens, stop=_stop(body), stop_token_ids=stop_ids,
                 ignore_eos=ignore_eos, skip_special_tokens=skip_special)

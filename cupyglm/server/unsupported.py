@@ -9,7 +9,7 @@ from collections.abc import Mapping
 
 from cupyglm.server.allowlist import check_fields
 from cupyglm.server.errors import bad
-from cupyglm.server.fields import get_bool, get_dict, get_float, get_int, get_list, json_kind
+from cupyglm.server.fields import get_bool, get_dict, get_int, get_list, json_kind
 
 
 def refuse_unsupported(body: Mapping, kind: str) -> None:
@@ -22,10 +22,6 @@ def refuse_unsupported(body: Mapping, kind: str) -> None:
         raise bad("logprobs", f"'logprobs' must be an integer, got {json_kind(lp)}", "invalid_type")
     if kind == "completion" or "echo" in body:
         get_bool(body, "echo", False)
-    for name in ("presence_penalty", "frequency_penalty"):
-        get_float(body, name, 0.0, lo=-2.0, hi=2.0)
-    get_float(body, "repetition_penalty", 1.0, lo=0.0, hi=10.0)
-    get_dict(body, "logit_bias")
     get_dict(body, "response_format")
     get_bool(body, "use_beam_search", False)
     check_fields(body, kind)

@@ -130,3 +130,24 @@ def test_logprobs_alone_equal_batched(http):
     assert [c for c in batched if c["index"] == 0][0]["logprobs"] == alone
     mixed = http.post("/v1/completions", json={**body, "prompt": ["Hi there", body["prompt"], [3, 4, 5]]}).json()
     assert [c for c in mixed["choices"] if c["index"] == 1][0]["logprobs"] == alone
+
+
+def test_penalties_and_logit_bias(client, http):
+    base = {"prompt": "a b c d", "max_tokens": 8, "temperature": 0, "ignore_eos": True, "return_token_ids": True}
+    plain = _ids(http, base)[0]
+    forced = plain[0] + 1 if plain[0] + 1 < 500 else plain[0] - 1
+    biased = _ids(http, {**base, "logit_bias": {str(forced): 100}})[0]
+    assert biased == [forced] * 8                               # +100 wins every greedy step
+    banned = _ids(http, {**base, "logit_bias": {str(t): -100 for t in set(plain)}})[0]
+    assert not set(banned) & set(plain)
+    rep = _ids(http, {**base, "frequency_penalty": 2.0, "presence_penalty": 2.0})[0]
+    assert (rep != plain or len(set(plain)) == len(plain)) and rep == _ids(http, {**base, "frequency_penalty": 2.0,
+                                                                     "presence_penalty": 2.0})[0]
+    r = client.completions.create(model="cupyglm-tiny", prompt="a b c d", max_tokens=8, temperature=0.7, seed=2,
+                                  presence_penalty=1.0, frequency_penalty=0.5, logit_bias={str(forced): 3},
+                                  extra_body={"repetition_penalty": 1.3, "ignore_eos": True})
+    assert r.usage.completion_tokens == 8
+    alone = _ids(http, {**base, "temperature": 0.7, "seed": 2, "repetition_penalty": 1.3, "presence_penalty": 1.0})
+    batched = _ids(http, {**base, "temperature": 0.7, "seed": 2, "repetition_penalty": 1.3, "presence_penalty": 1.0,
+                          "prompt": ["x y", "a b c d"]})
+    assert batched[1] == alone[0]                               # a row's edits depend on its request only
