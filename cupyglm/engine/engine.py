@@ -28,7 +28,7 @@ import numpy as np
 
 from cupyglm.dist import step as stepmod
 from cupyglm.engine.config import EngineConfig
-from cupyglm.engine import penalties
+from cupyglm.engine import penalties, prompt_logprobs
 from cupyglm.engine.logprobs import unpack
 from cupyglm.engine.request import EngineError, Request, RequestOutput
 from cupyglm.engine.sampling import FINISH_ABORT, FINISH_STOP, SamplingParams, banned_ids
@@ -38,6 +38,7 @@ from cupyglm.model.glm import SeqInput
 
 FLAG_LOGITS = 1
 FLAG_DECODE = 2
+FLAG_ALL_LOGITS = 4        # a prompt chunk whose every row's logits are needed (prompt logprobs)
 HASH_SHIFT = 8
 
 
@@ -65,6 +66,7 @@ class Engine:
         self._ready: list[RequestOutput] = []          # abort outputs waiting for the next step()
         self._texts: dict[int, RequestText] = {}
         self._logprobs: dict[int, tuple] = {}             # this step's (logprob, top) per request that asked
+        self._prompt_lp: dict[int, list] = {}             # prompt logprobs gathered until the first token
         self._ids = itertools.count()
         self._seeds = itertools.count()
         self._stopped = False
@@ -122,6 +124,7 @@ class Engine:
         r = self.scheduler.abort(request_id)
         if r is not None:
             self._texts.pop(r.id, None)
+            self._prompt_lp.pop(r.id, None)
             self._ready.append(RequestOutput(r.id, [], "", True, FINISH_ABORT, r.prompt_len, len(r.output)))
 
     def has_work(self) -> bool:
@@ -170,6 +173,8 @@ class Engine:
             if self.size > 1:
                 self.comm.bcast_bytes(data)
             outs = self._run(stepmod.decode(data))
+            for rid, got in prompt_logprobs.collect(self.ops, plan.groups, outs, reqs).items():
+                self._prompt_lp.setdefault(rid, []).extend(got)
             sampled = self._sample(plan, outs, reqs)
         finally:
             with self._lock:
@@ -229,6 +234,7 @@ class Engine:
         for g in plan.groups:
             r = sch.requests[g.request_id]
             flags = (FLAG_LOGITS if g.logits else 0) | (FLAG_DECODE if g.decode else 0)
+            flags |= FLAG_ALL_LOGITS if not g.decode and prompt_logprobs.wants(r.params) else 0
             flags |= page_hash(r.pages) << HASH_SHIFT
             entries.append(stepmod.ScheduleEntry(g.request_id, g.start, g.count,
                                                   g.tokens if g.decode else (), flags))
@@ -262,7 +268,8 @@ class Engine:
             if page_hash(state.pages) != e.flags >> HASH_SHIFT:
                 raise EngineError(f"rank {self.rank}: request {e.request_id}'s page table {state.pages} differs "
                                   f"from rank 0's (step {msg.step})")
-            batch.append(SeqInput(np.asarray(tokens, dtype=np.int32), state))
+            every = bool(e.flags & FLAG_ALL_LOGITS)
+            batch.append(SeqInput(np.asarray(tokens, dtype=np.int32), state, all_logits=every))
         return self.runner.forward(batch) if batch else []
 
     # ---- rank 0: sampling and outputs --------------------------------------------------------------------------
@@ -332,7 +339,8 @@ class Engine:
                 self._texts.pop(r.id, None)
             lp = self._logprobs.pop(r.id, None)
             out.append(RequestOutput(r.id, [tok], piece, finished, reason, r.prompt_len, len(r.output),
-                                     logprobs=None if lp is None else [lp]))
+                                     logprobs=None if lp is None else [lp],
+                                     prompt_logprobs=self._prompt_lp.pop(r.id, None)))
         return out
 
 

@@ -71,3 +71,4 @@ class RequestOutput:
     completion_tokens: int                  # generated so far, this step included
     cached_tokens: int = 0
     logprobs: list | None = None            # per new token (logprob, [(id, logprob)] top k), if requested
+    prompt_logprobs: list | None = None     # with the first token: [(prompt token, logprob, top)] from token 1

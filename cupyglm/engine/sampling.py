@@ -83,6 +83,7 @@ class SamplingParams:
     frequency_penalty: float = 0.0        # -2..2, times the id is in the output
     repetition_penalty: float = 1.0       # (0, 10], ids in the prompt or the output
     logit_bias: tuple[tuple[int, float], ...] = ()   # (id, bias in -100..100) pairs, distinct ids
+    prompt_logprobs: int | None = None    # None: off; k: each prompt token's logprob and its k most likely
 
     def __post_init__(self) -> None:
         def num(name: str) -> float:
@@ -129,8 +130,9 @@ class SamplingParams:
         for name in ("ignore_eos", "skip_special_tokens"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be true or false, got {getattr(self, name)!r}")
-        if self.logprobs is not None and not 0 <= integer("logprobs", self.logprobs) <= 20:
-            raise ValueError(f"logprobs must be in 0..20, got {self.logprobs}")
+        for name in ("logprobs", "prompt_logprobs"):
+            if getattr(self, name) is not None and not 0 <= integer(name, getattr(self, name)) <= 20:
+                raise ValueError(f"{name} must be in 0..20, got {getattr(self, name)}")
         for name in ("presence_penalty", "frequency_penalty"):
             if not -2.0 <= num(name) <= 2.0:
                 raise ValueError(f"{name} must be in [-2, 2], got {getattr(self, name)}")

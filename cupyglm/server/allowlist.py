@@ -18,11 +18,11 @@ _COMMON_IMPLEMENTED = frozenset({
     "model", "stream", "stream_options", "max_tokens", "temperature", "top_p", "top_k", "min_p", "seed", "stop",
     "stop_token_ids", "ignore_eos", "min_tokens", "skip_special_tokens", "n", "return_token_ids", "cache_salt",
     "draft", "max_completion_tokens", "logprobs", "presence_penalty", "frequency_penalty", "repetition_penalty",
-    "logit_bias",
+    "logit_bias", "prompt_logprobs",
 })
 CHAT_IMPLEMENTED = _COMMON_IMPLEMENTED | {"messages", "chat_template_kwargs", "top_logprobs",
                                           "add_generation_prompt"}
-COMPLETION_IMPLEMENTED = _COMMON_IMPLEMENTED | {"prompt"}
+COMPLETION_IMPLEMENTED = _COMMON_IMPLEMENTED | {"prompt", "echo"}
 
 # name -> why it cannot change the output
 IGNORED: dict[str, str] = {
@@ -52,7 +52,6 @@ def _is(*neutral: float) -> Callable[[Any], bool]:
 # name -> (is the value neutral, what to tell the client)
 _COMMON_REFUSED: dict[str, tuple[Callable[[Any], bool], str]] = {
     "best_of": (_is(1), "only 1 (send n for several choices)"),
-    "prompt_logprobs": (_is(), ""),
     "response_format": (lambda v: v is None or v == {"type": "text"}, "only type 'text'"),
     "use_beam_search": (_off, ""),
     "length_penalty": (_is(1, 1.0), "only 1 (it applies to beam search)"),
@@ -96,7 +95,6 @@ CHAT_REFUSED: dict[str, tuple[Callable[[Any], bool], str]] = {
 }
 COMPLETION_REFUSED: dict[str, tuple[Callable[[Any], bool], str]] = {
     **_COMMON_REFUSED,
-    "echo": (_off, ""),
     "suffix": (_off, ""),
     "prompt_embeds": (_is(), ""),
 }

@@ -178,6 +178,10 @@ def create_app(state: ServerState, *, lifespan: Any = None) -> Starlette:
         rid, created = new_id("chatcmpl" if kind == "chat" else "cmpl"), now()
         replies = [Reply(id=rid, model=req.model, created=created, prompt_ids=prompts[k // req.n], index=k,
                          counts_prompt=k % req.n == 0) for k in range(len(streams))]
+        if req.echo:
+            for r in replies:
+                p = req.prompts[r.index // req.n]
+                r.echo_text = p if isinstance(p, str) else state.tokenizer.decode(r.prompt_ids)
         if req.stream:
             return StreamingResponse(_stream(req, streams, replies), media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
@@ -222,11 +226,15 @@ def create_app(state: ServerState, *, lifespan: Any = None) -> Starlette:
             try:
                 async for k, d in _merged(streams):
                     reply = replies[k]
-                    offset = len(reply.text)
+                    offset = len(reply.text) + len(reply.echo_text or "")
                     reply.add(d)
                     lp = entries(d) if d.logprobs is not None else None
+                    text = d.text
+                    if first[k] and reply.echo_text is not None:      # echo: the prompt comes first
+                        text, offset = reply.echo_text + text, 0
+                        lp = None if lp is None else reply.echo_entries() + lp
                     if first[k] or d.text or d.finished or (req.return_token_ids and d.token_ids) or lp:
-                        c = chunk(req.kind, reply, text=d.text, first=first[k],
+                        c = chunk(req.kind, reply, text=text, first=first[k],
                                   token_ids=d.token_ids if req.return_token_ids else None,
                                   prompt_ids=reply.prompt_ids if (first[k] and req.return_token_ids) else None,
                                   finish_reason=reply.finish_reason if d.finished else None,

@@ -32,6 +32,7 @@ class Delta:
     prompt_tokens: int | None
     cached_tokens: int
     logprobs: list | None = None         # per token (logprob, [(id, logprob)]) when the request asked for them
+    prompt_logprobs: list | None = None  # with the first token: [(prompt token, logprob, top)] from token 1
 
 
 class EngineDied(RuntimeError):
@@ -42,7 +43,8 @@ def normalize(out) -> Delta:
     """An engine RequestOutput as the server's Delta."""
     return Delta(request_id=out.request_id, token_ids=[int(t) for t in out.new_token_ids], text=out.new_text or "",
                  finished=bool(out.finished), finish_reason=out.finish_reason, prompt_tokens=out.prompt_tokens,
-                 cached_tokens=int(out.cached_tokens or 0), logprobs=getattr(out, "logprobs", None))
+                 cached_tokens=int(out.cached_tokens or 0), logprobs=getattr(out, "logprobs", None),
+                 prompt_logprobs=getattr(out, "prompt_logprobs", None))
 
 
 class RequestStream:

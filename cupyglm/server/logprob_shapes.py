@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-Entry = tuple[int, float, list[tuple[int, float]]]      # (token id, logprob, [(id, logprob)] top k)
+Entry = tuple[int, float, list[tuple[int, float]]]      # (token id, logprob, [(id, logprob)] top k); echo's
+                                                        # prompt token 0: (id, None, None)
 
 
 def chat_logprobs(entries: Sequence[Entry], text_of: Callable[[int], str]) -> dict:
@@ -27,4 +28,5 @@ def completion_logprobs(entries: Sequence[Entry], text_of: Callable[[int], str],
         offsets.append(offset)
         offset += len(s)
     return {"tokens": tokens, "token_logprobs": [lp for _, lp, _ in entries],
-            "top_logprobs": [{text_of(i): v for i, v in top} for _, _, top in entries], "text_offset": offsets}
+            "top_logprobs": [None if top is None else {text_of(i): v for i, v in top} for _, _, top in entries],
+            "text_offset": offsets}

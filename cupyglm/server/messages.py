@@ -19,7 +19,8 @@ def _check_message(i: int, m: Any) -> dict:
         m = {**m, "role": "system"}
         role = "system"
     if role not in CHAT_ROLES:
-        raise bad(f"{p}.role", f"'{p}.role' = {shown(role)} is not a supported role ({', '.join(CHAT_ROLES)}, developer)")
+        raise bad(f"{p}.role",
+                  f"'{p}.role' = {shown(role)} is not a supported role ({', '.join(CHAT_ROLES)}, developer)")
     content = m.get("content")
     if content is None:
         if role != "assistant":

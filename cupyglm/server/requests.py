@@ -52,6 +52,7 @@ class GenRequest:
     prompts: list = dataclasses.field(default_factory=list)   # completion: each a text (str) or token ids
     n: int = 1                                  # choices per prompt (choice i: seed + i, see choice_seed)
     continuous_usage: bool = False              # stream_options.continuous_usage_stats: usage on every chunk
+    echo: bool = False                          # completion: the prompt's text (and logprobs) before the reply
 
     @property
     def prompt_param(self) -> str:
@@ -160,7 +161,11 @@ def _sampling(body: Mapping, info: ModelInfo, kind: str) -> dict:
         check_token_ids(stop_ids, "stop_token_ids", info.vocab_size, allow_empty=True))
     if len(stop_ids) > MAX_STOP_TOKEN_IDS:
         raise bad("stop_token_ids", f"'stop_token_ids' has {len(stop_ids)} ids; at most {MAX_STOP_TOKEN_IDS}")
-    return dict(logprobs=_logprobs(body, kind), logit_bias=_logit_bias(body, info),
+    lp = _logprobs(body, kind)
+    plp = get_int(body, "prompt_logprobs", None, lo=0, hi=MAX_TOP_LOGPROBS)
+    if kind == "completion" and get_bool(body, "echo", False) and lp is not None:
+        plp = max(lp, plp or 0)                 # echo with logprobs: the prompt's tokens carry them too
+    return dict(logprobs=lp, prompt_logprobs=plp, logit_bias=_logit_bias(body, info),
                 presence_penalty=get_float(body, "presence_penalty", 0.0, lo=-2.0, hi=2.0),
                 frequency_penalty=get_float(body, "frequency_penalty", 0.0, lo=-2.0, hi=2.0),
                 repetition_penalty=get_float(body, "repetition_penalty", 1.0, lo=0.0, hi=10.0, lo_open=True),
@@ -239,7 +244,7 @@ def parse_completion(body: Mapping, info: ModelInfo) -> GenRequest:
     if len(prompts) * c["n"] > MAX_CHOICES:
         raise bad("n", f"{len(prompts)} prompts x n = {c['n']} asks for {len(prompts) * c['n']} choices; at most "
                   f"{MAX_CHOICES} per request")
-    return GenRequest(kind="completion", prompts=prompts, **c)
+    return GenRequest(kind="completion", prompts=prompts, echo=bool(get_bool(body, "echo", False)), **c)
 
 
 def _one_prompt(prompt: object, param: str, info: ModelInfo) -> str | list[int]:

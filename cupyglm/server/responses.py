@@ -46,6 +46,8 @@ class Reply:
     finish_reason: str | None = None
     cached_tokens: int = 0
     logprobs: list | None = None     # [(token id, logprob, top)] when asked (logprob_shapes.Entry)
+    prompt_lp: list | None = None    # [(prompt token, logprob, top)] from prompt token 1, when asked
+    echo_text: str | None = None     # completion echo: the prompt's text, put before the reply's
     index: int = 0                   # the choice's index in the reply
     counts_prompt: bool = True       # the first choice of its prompt: its prompt counts in usage
 
@@ -59,8 +61,14 @@ class Reply:
         self.cached_tokens = delta.cached_tokens or self.cached_tokens
         if delta.logprobs is not None:
             self.logprobs = (self.logprobs or []) + entries(delta)
+        if delta.prompt_logprobs is not None:
+            self.prompt_lp = list(delta.prompt_logprobs)
         if delta.finished:
             self.finish_reason = delta.finish_reason or "stop"
+
+    def echo_entries(self) -> list:
+        """The prompt's logprob entries as echo shows them: token 0 has none."""
+        return [(self.prompt_ids[0], None, None)] + list(self.prompt_lp or [])
 
 
 def entries(delta) -> list:
@@ -95,14 +103,37 @@ def chat_response(replies: Reply | Sequence[Reply], return_token_ids: bool, text
     rs = _many(replies)
     choices = [{"index": r.index, "message": {"role": "assistant", "content": r.text},
                 "logprobs": _lp("chat", r.logprobs, text_of), "finish_reason": r.finish_reason} for r in rs]
+    for r, c in zip(rs, choices):
+        if r.prompt_lp is not None:
+            c["prompt_logprobs"] = prompt_logprobs_of(r, text_of)
     return _response(rs, "chat.completion", choices, return_token_ids)
 
 
 def completion_response(replies: Reply | Sequence[Reply], return_token_ids: bool, text_of=None) -> dict:
     rs = _many(replies)
-    choices = [{"index": r.index, "text": r.text, "logprobs": _lp("completion", r.logprobs, text_of),
-                "finish_reason": r.finish_reason} for r in rs]
+    choices = []
+    for r in rs:
+        ents = r.logprobs
+        if r.echo_text is not None and ents is not None:
+            ents = r.echo_entries() + ents
+        choices.append({"index": r.index, "text": (r.echo_text or "") + r.text,
+                        "logprobs": _lp("completion", ents, text_of), "finish_reason": r.finish_reason})
+    for r, c in zip(rs, choices):
+        if r.prompt_lp is not None:
+            c["prompt_logprobs"] = prompt_logprobs_of(r, text_of)
     return _response(rs, "text_completion", choices, return_token_ids)
+
+
+def prompt_logprobs_of(r: Reply, text_of) -> list:
+    """vLLM's `prompt_logprobs`: None for token 0, then {id: {logprob, rank, decoded_token}} per prompt token
+    (the token itself and the top k; rank given for the top k, 1-based)."""
+    out: list = [None]
+    for t, lp, top in r.prompt_lp or []:
+        d = {str(t): {"logprob": lp, "decoded_token": text_of(t)}}
+        for j, (i, v) in enumerate(top):
+            d[str(i)] = {"logprob": v, "rank": j + 1, "decoded_token": text_of(i)}
+        out.append(d)
+    return out
 
 
 def _lp(kind: str, ents, text_of, offset: int = 0):

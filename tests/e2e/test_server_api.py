@@ -151,3 +151,34 @@ def test_penalties_and_logit_bias(client, http):
     batched = _ids(http, {**base, "temperature": 0.7, "seed": 2, "repetition_penalty": 1.3, "presence_penalty": 1.0,
                           "prompt": ["x y", "a b c d"]})
     assert batched[1] == alone[0]                               # a row's edits depend on its request only
+
+
+def test_echo_and_prompt_logprobs(client, http):
+    prompt = [11, 12, 13, 14, 15, 16]
+    gen = http.post("/v1/completions", json={"prompt": prompt, "max_tokens": 2, "temperature": 0, "logprobs": 2,
+                                             "ignore_eos": True, "return_token_ids": True}).json()["choices"][0]
+    t1, t2 = gen["token_ids"]
+    echo = http.post("/v1/completions", json={"prompt": prompt + [t1], "max_tokens": 1, "temperature": 0,
+                                              "logprobs": 2, "echo": True, "ignore_eos": True}).json()["choices"][0]
+    lp = echo["logprobs"]
+    assert len(lp["tokens"]) == len(prompt) + 2 and lp["token_logprobs"][0] is None and lp["top_logprobs"][0] is None
+    # the prompt's last token's logprob = the sampled one at the same position (same logits row)
+    assert lp["token_logprobs"][len(prompt)] == gen["logprobs"]["token_logprobs"][0]
+    assert lp["top_logprobs"][len(prompt)] == gen["logprobs"]["top_logprobs"][0]
+    assert lp["token_logprobs"][-1] == gen["logprobs"]["token_logprobs"][1]
+    assert echo["text"].startswith(http.post("/detokenize", json={"tokens": prompt + [t1]}).json()["prompt"])
+    assert echo["prompt_logprobs"][0] is None and len(echo["prompt_logprobs"]) == len(prompt) + 1
+    r = client.completions.create(model="cupyglm-tiny", prompt="The quick brown fox", max_tokens=1, temperature=0,
+                                  logprobs=1, echo=True)
+    assert r.choices[0].text.startswith("The quick brown fox") and r.choices[0].logprobs.token_logprobs[0] is None
+    text, lps = "", []
+    for ch in client.completions.create(model="cupyglm-tiny", prompt="The quick brown fox", max_tokens=1,
+                                        temperature=0, logprobs=1, echo=True, stream=True):
+        if ch.choices:
+            text += ch.choices[0].text
+            lps += ch.choices[0].logprobs.token_logprobs if ch.choices[0].logprobs else []
+    assert text == r.choices[0].text and lps == r.choices[0].logprobs.token_logprobs
+    batched = http.post("/v1/completions", json={"prompt": ["Hello there", prompt + [t1]], "max_tokens": 1,
+                                                 "temperature": 0, "logprobs": 2, "echo": True,
+                                                 "ignore_eos": True}).json()["choices"]
+    assert [c for c in batched if c["index"] == 1][0]["logprobs"] == lp     # alone = batched

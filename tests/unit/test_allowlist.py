@@ -103,7 +103,8 @@ def test_refused_fields_are_refused_by_name(kind):
 @pytest.mark.parametrize("kind", ["chat", "completion"])
 def test_ignored_fields_and_neutral_values_accepted(kind):
     _, ignored, refused = lists(kind)
-    neutral = {"use_beam_search": False, "modalities": ["text"], "best_of": 1, "response_format": {"type": "text"}, "tools": [],
+    neutral = {"use_beam_search": False, "modalities": ["text"], "best_of": 1,
+               "response_format": {"type": "text"}, "tools": [],
                "tool_choice": "none", "echo": False, "functions": None}
     body = {k: v for k, v in neutral.items() if k in refused}
     body.update({name: "x" for name in ignored})

@@ -70,7 +70,7 @@ def test_completion_defaults_and_aliases():
     ("max_completion_tokens", -3, "invalid_value"), ("min_tokens", -1, "invalid_value"),
     ("stop_token_ids", [50], "invalid_token_id"), ("n", 17, "invalid_value"), ("n", 0, "invalid_value"),
     ("best_of", 2, "unsupported_parameter"), ("logprobs", 21, "invalid_value"), ("top_logprobs", 2, "unknown_parameter"),
-    ("echo", True, "unsupported_parameter"), ("suffix", "s", "unsupported_parameter"),
+    ("echo", "yes", "invalid_type"), ("suffix", "s", "unsupported_parameter"),
     ("logit_bias", {"1": 200}, "invalid_value"), ("logit_bias", {"99": 1}, "invalid_token_id"),
     ("logit_bias", {"a": 1}, "invalid_value"), ("frequency_penalty", 2.5, "invalid_value"),
     ("repetition_penalty", 0, "invalid_value"), ("draft", True, "unsupported_parameter"),
@@ -78,7 +78,7 @@ def test_completion_defaults_and_aliases():
     ("return_token_ids", 1, "invalid_type"), ("stream", "yes", "invalid_type"),
     ("use_beam_search", True, "unsupported_parameter"), ("guided_json", {}, "unsupported_parameter"),
     ("guided_choice", ["a"], "unsupported_parameter"), ("structured_outputs", {"json": {}}, "unsupported_parameter"),
-    ("prompt_logprobs", 1, "unsupported_parameter"), ("no_such_field", 1, "unknown_parameter"),
+    ("prompt_logprobs", 21, "invalid_value"), ("no_such_field", 1, "unknown_parameter"),
     ("stream_options", {"include_usage": True}, "invalid_value"),
 ])
 def test_completion_field_refusals(field, value, code):
