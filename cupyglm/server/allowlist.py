@@ -20,7 +20,7 @@ _COMMON_IMPLEMENTED = frozenset({
     "draft", "max_completion_tokens", "logprobs", "presence_penalty", "frequency_penalty", "repetition_penalty",
     "logit_bias", "prompt_logprobs",
 })
-CHAT_IMPLEMENTED = _COMMON_IMPLEMENTED | {"messages", "chat_template_kwargs", "top_logprobs",
+CHAT_IMPLEMENTED = _COMMON_IMPLEMENTED | {"messages", "chat_template_kwargs", "top_logprobs", "tools", "tool_choice",
                                           "add_generation_prompt"}
 COMPLETION_IMPLEMENTED = _COMMON_IMPLEMENTED | {"prompt", "echo"}
 
@@ -36,7 +36,7 @@ IGNORED: dict[str, str] = {
     "prompt_cache_options": "the provider's prompt-cache settings; cached prompts give the same tokens",
     "priority": "a scheduling priority; outputs do not depend on the batch (concurrent = solo)",
     "request_id": "a client-chosen id for logs",
-    "parallel_tool_calls": "only meaningful with `tools`, which is refused while not built",
+    "parallel_tool_calls": "a hint: GLM writes as many calls as it writes; each one is parsed",
 }
 
 
@@ -77,8 +77,6 @@ _COMMON_REFUSED: dict[str, tuple[Callable[[Any], bool], str]] = {
 }
 CHAT_REFUSED: dict[str, tuple[Callable[[Any], bool], str]] = {
     **_COMMON_REFUSED,
-    "tools": (_off, ""),
-    "tool_choice": (lambda v: v is None or v in ("none", "auto"), "only 'none' or 'auto' without tools"),
     "functions": (_off, ""),
     "function_call": (lambda v: v is None or v in ("none", "auto"), ""),
     "audio": (_is(), ""),

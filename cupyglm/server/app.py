@@ -19,9 +19,10 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from cupyglm.server.bridge import EngineBridge, EngineDied, RequestStream
+from cupyglm.server.bridge import EngineBridge, EngineDied, RequestStream, merge_streams
 from cupyglm.server.errors import ApiError, bad
 from cupyglm.server.fields import parse_json_object, short
+from cupyglm.server.glm_output import GlmOutput
 from cupyglm.server.guards import BODY_TIMEOUT_S, ApiKeyMiddleware, check_json_type, json_error, read_body
 from cupyglm.server.metrics import CONTENT_TYPE, Metrics
 from cupyglm.server.prompt import PromptBuilder, WorkPool
@@ -178,6 +179,9 @@ def create_app(state: ServerState, *, lifespan: Any = None) -> Starlette:
         rid, created = new_id("chatcmpl" if kind == "chat" else "cmpl"), now()
         replies = [Reply(id=rid, model=req.model, created=created, prompt_ids=prompts[k // req.n], index=k,
                          counts_prompt=k % req.n == 0) for k in range(len(streams))]
+        if req.kind == "chat":
+            for r in replies:
+                r.glm = GlmOutput(bool(req.chat_kwargs.get("enable_thinking", True)), req.tools)
         if req.echo:
             for r in replies:
                 p = req.prompts[r.index // req.n]
@@ -187,44 +191,11 @@ def create_app(state: ServerState, *, lifespan: Any = None) -> Starlette:
                                      headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
         return await _collect(request, req, streams, replies)
 
-    async def _merged(streams: list[RequestStream]):
-        """(choice index, Delta) in arrival order over every choice's stream; EngineDied ends it."""
-        if len(streams) == 1:
-            while True:
-                d = await streams[0].next()
-                yield 0, d
-                if d.finished:
-                    return
-        q: asyncio.Queue = asyncio.Queue()
-
-        async def pump(k: int, st: RequestStream) -> None:
-            try:
-                while True:
-                    d = await st.next()
-                    q.put_nowait((k, d))
-                    if d.finished:
-                        return
-            except EngineDied as e:
-                q.put_nowait((k, e))
-
-        tasks = [asyncio.ensure_future(pump(k, st)) for k, st in enumerate(streams)]
-        try:
-            left = len(streams)
-            while left:
-                k, d = await q.get()
-                if isinstance(d, BaseException):
-                    raise d
-                yield k, d
-                left -= d.finished
-        finally:
-            for t in tasks:
-                t.cancel()
-
     async def _stream(req: GenRequest, streams: list[RequestStream], replies: list[Reply]):
         first = [True] * len(replies)
         try:
             try:
-                async for k, d in _merged(streams):
+                async for k, d in merge_streams(streams):
                     reply = replies[k]
                     offset = len(reply.text) + len(reply.echo_text or "")
                     reply.add(d)
@@ -265,7 +236,7 @@ def create_app(state: ServerState, *, lifespan: Any = None) -> Starlette:
         watcher = asyncio.ensure_future(watch())
         try:
             try:
-                async for k, d in _merged(streams):
+                async for k, d in merge_streams(streams):
                     replies[k].add(d)
             except EngineDied as e:
                 return json_error(ApiError(503, str(e), code="service_unavailable"))

@@ -255,3 +255,37 @@ class EngineBridge:
     @property
     def alive(self) -> bool:
         return self._thread is not None and self._thread.is_alive() and self.dead is None
+
+
+async def merge_streams(streams: list[RequestStream]):
+    """(choice index, Delta) in arrival order over every choice's stream; EngineDied ends it."""
+    if len(streams) == 1:
+        while True:
+            d = await streams[0].next()
+            yield 0, d
+            if d.finished:
+                return
+    q: asyncio.Queue = asyncio.Queue()
+
+    async def pump(k: int, st: RequestStream) -> None:
+        try:
+            while True:
+                d = await st.next()
+                q.put_nowait((k, d))
+                if d.finished:
+                    return
+        except EngineDied as e:
+            q.put_nowait((k, e))
+
+    tasks = [asyncio.ensure_future(pump(k, st)) for k, st in enumerate(streams)]
+    try:
+        left = len(streams)
+        while left:
+            k, d = await q.get()
+            if isinstance(d, BaseException):
+                raise d
+            yield k, d
+            left -= d.finished
+    finally:
+        for t in tasks:
+            t.cancel()

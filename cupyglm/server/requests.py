@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from cupyglm.server.errors import ApiError, bad
 from cupyglm.server.fields import (check_token_ids, get_bool, get_dict, get_float, get_int, get_str, json_kind,
                                    short)
-from cupyglm.server.messages import check_messages
+from cupyglm.server.messages import check_messages, check_tools
 from cupyglm.server.unsupported import refuse_unsupported
 
 MAX_STOP_STRINGS = 128
@@ -53,6 +53,7 @@ class GenRequest:
     n: int = 1                                  # choices per prompt (choice i: seed + i, see choice_seed)
     continuous_usage: bool = False              # stream_options.continuous_usage_stats: usage on every chunk
     echo: bool = False                          # completion: the prompt's text (and logprobs) before the reply
+    tools: list[dict] | None = None             # chat: the tools rendered and parsed (None: tool_choice none)
 
     @property
     def prompt_param(self) -> str:
@@ -227,7 +228,11 @@ def parse_chat(body: Mapping, info: ModelInfo) -> GenRequest:
     c = _common(body, "chat", info)
     kwargs = _chat_template_kwargs(body, reserved=("messages", "tools", "add_generation_prompt"))
     agp = get_bool(body, "add_generation_prompt", True)
-    return GenRequest(kind="chat", messages=messages, chat_kwargs=kwargs, add_generation_prompt=bool(agp), **c)
+    tools = check_tools(body)
+    if tools:
+        kwargs["tools"] = tools
+    return GenRequest(kind="chat", messages=messages, chat_kwargs=kwargs, add_generation_prompt=bool(agp),
+                      tools=tools, **c)
 
 
 def parse_completion(body: Mapping, info: ModelInfo) -> GenRequest:

@@ -48,6 +48,8 @@ class Reply:
     logprobs: list | None = None     # [(token id, logprob, top)] when asked (logprob_shapes.Entry)
     prompt_lp: list | None = None    # [(prompt token, logprob, top)] from prompt token 1, when asked
     echo_text: str | None = None     # completion echo: the prompt's text, put before the reply's
+    glm: Any = None                  # chat: the GlmOutput splitting reasoning / content / tool calls
+    fields: dict = dataclasses.field(default_factory=dict)    # chat: the delta fields of the last add
     index: int = 0                   # the choice's index in the reply
     counts_prompt: bool = True       # the first choice of its prompt: its prompt counts in usage
 
@@ -65,6 +67,13 @@ class Reply:
             self.prompt_lp = list(delta.prompt_logprobs)
         if delta.finished:
             self.finish_reason = delta.finish_reason or "stop"
+        if self.glm is not None:
+            self.fields = {}
+            for part in self.glm.feed(delta.text, final=bool(delta.finished)):
+                for k, v in part.items():
+                    self.fields[k] = self.fields.get(k, [] if k == "tool_calls" else "") + v
+            if delta.finished and self.glm.calls and self.finish_reason == "stop":
+                self.finish_reason = "tool_calls"
 
     def echo_entries(self) -> list:
         """The prompt's logprob entries as echo shows them: token 0 has none."""
@@ -101,7 +110,8 @@ def _response(rs: list[Reply], obj: str, choices: list[dict[str, Any]], return_t
 
 def chat_response(replies: Reply | Sequence[Reply], return_token_ids: bool, text_of=None) -> dict:
     rs = _many(replies)
-    choices = [{"index": r.index, "message": {"role": "assistant", "content": r.text},
+    choices = [{"index": r.index, "message": r.glm.message() if r.glm is not None else
+                {"role": "assistant", "content": r.text},
                 "logprobs": _lp("chat", r.logprobs, text_of), "finish_reason": r.finish_reason} for r in rs]
     for r, c in zip(rs, choices):
         if r.prompt_lp is not None:
@@ -149,7 +159,11 @@ def chunk(kind: str, r: Reply, *, text: str, token_ids: Sequence[int] | None = N
           text_of=None, text_offset: int = 0) -> dict:
     """One streamed chunk: chat deltas (with `role` in the first) or completion text."""
     if kind == "chat":
-        delta: dict[str, Any] = {"role": "assistant", "content": text} if first else {"content": text}
+        fields = r.fields if r.glm is not None else {"content": text}
+        delta: dict[str, Any] = {"role": "assistant"} if first else {}
+        if "content" in fields or len(fields) == 0:
+            delta["content"] = fields.get("content", "")
+        delta.update((k, v) for k, v in fields.items() if k != "content")
         choice: dict[str, Any] = {"index": r.index, "delta": delta, "logprobs": _lp(kind, logprobs, text_of),
                                   "finish_reason": finish_reason}
     else:

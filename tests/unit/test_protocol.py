@@ -110,7 +110,18 @@ def test_chat_messages():
                             "messages[0].role"), ([{"role": "user"}], "messages[0].content"), ([5], "messages[0]")):
         assert err(parse_chat, {"messages": messages}, INFO).param == param
     e = err(parse_chat, {"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function"}]}, INFO)
-    assert e.param == "tools"
+    assert e.param == "tools[0]"
+    tool = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
+    r = parse_chat({"messages": [{"role": "user", "content": "x"}], "tools": [tool]}, INFO)
+    assert r.tools == [tool] and r.chat_kwargs["tools"] == [tool]
+    r = parse_chat({"messages": [{"role": "user", "content": "x"}], "tools": [tool], "tool_choice": "none"}, INFO)
+    assert r.tools is None and "tools" not in r.chat_kwargs
+    for choice in ("required", {"type": "function", "function": {"name": "f"}}):
+        e = err(parse_chat, {"messages": [{"role": "user", "content": "x"}], "tools": [tool], "tool_choice": choice},
+                INFO)
+        assert (e.param, e.code) == ("tool_choice", "unsupported_parameter")
+    dev = parse_chat({"messages": [{"role": "developer", "content": "d"}, {"role": "user", "content": "u"}]}, INFO)
+    assert dev.messages[0]["role"] == "system"
 
 
 def test_fit_context():
