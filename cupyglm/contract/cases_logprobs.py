@@ -55,15 +55,16 @@ def _ctl_ties_high(k, d):
     """Ties to the higher id: the kernel on the reversed vocabulary, ids mapped back."""
     v = d["logits"].shape[1]
     top = d["top"]
-    p = np.array(ops_logprobs.logprobs(k, k.xp.ascontiguousarray(d["logits"][:, ::-1]),
-                                       (v - 1 - d["tokens"]).astype(np.int32), top))
-    p[:, 0] = v - 1 - p[:, 0]
+    xp = k.xp
+    tokens = xp.where(d["tokens"] >= 0, v - 1 - d["tokens"], d["tokens"]).astype(np.int32)
+    p = ops_logprobs.logprobs(k, xp.ascontiguousarray(d["logits"][:, ::-1]), tokens, top).copy()
+    p[:, 0] = d["tokens"]
     p[:, 2:2 + top] = v - 1 - p[:, 2:2 + top]
     return {"packed": p}
 
 
 def _ctl_rows_swapped(k, d):
-    return {"packed": ops_logprobs.logprobs(k, d["logits"], np.ascontiguousarray(d["tokens"][::-1]), d["top"])}
+    return {"packed": ops_logprobs.logprobs(k, d["logits"], k.xp.ascontiguousarray(d["tokens"][::-1]), d["top"])}
 
 
 CONTROLS = {"reversed_partials": _ctl_reversed_partials, "ties_high": _ctl_ties_high,

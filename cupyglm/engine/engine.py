@@ -27,8 +27,8 @@ import zlib
 import numpy as np
 
 from cupyglm.dist import step as stepmod
-from cupyglm.engine.config import EngineConfig
 from cupyglm.engine import penalties, prompt_logprobs
+from cupyglm.engine.config import EngineConfig
 from cupyglm.engine.logprobs import unpack
 from cupyglm.engine.request import EngineError, Request, RequestOutput
 from cupyglm.engine.sampling import FINISH_ABORT, FINISH_STOP, SamplingParams, banned_ids
