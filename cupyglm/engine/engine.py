@@ -29,7 +29,7 @@ import numpy as np
 from cupyglm.dist import step as stepmod
 from cupyglm.engine import penalties, prompt_logprobs
 from cupyglm.engine.config import EngineConfig
-from cupyglm.engine.logprobs import unpack
+from cupyglm.engine.logprobs import tokens_and_logprobs
 from cupyglm.engine.request import EngineError, Request, RequestOutput
 from cupyglm.engine.sampling import FINISH_ABORT, FINISH_STOP, SamplingParams, banned_ids
 from cupyglm.engine.text import RequestText
@@ -303,15 +303,8 @@ class Engine:
             np.array(col, dtype=dt) for col, dt in zip(zip(*params), (np.float32, np.int32, np.float32,
                                                                        np.float32, np.uint64, np.int32)))
         drawn = ops.sample(logits, temperature, top_k, top_p, min_p, seed, position)
-        tops = [reqs[g.request_id].params.logprobs for g, _ in rows]
-        if all(t is None for t in tops):
-            tokens = ops.asnumpy(drawn)
-        else:                               # the logprobs of the same rows, back with the tokens in one copy
-            packed = ops.asnumpy(ops.logprobs(logits, drawn, max(t for t in tops if t is not None)))
-            tokens = packed[:, 0]
-            for (g, _), t, i in zip(rows, tops, range(len(rows))):
-                if t is not None:
-                    self._logprobs[g.request_id] = unpack(packed, i, t)
+        tokens, lps = tokens_and_logprobs(ops, logits, drawn, [reqs[g.request_id].params.logprobs for g, _ in rows])
+        self._logprobs = {rows[i][0].request_id: lp for i, lp in lps.items()}
         sampled = {}
         for (g, _), tok in zip(rows, tokens):
             if tok < 0:

@@ -79,6 +79,15 @@ def logprobs_rows(logits: np.ndarray, tokens: np.ndarray, k: int) -> np.ndarray:
     return out
 
 
+def tokens_and_logprobs(ops, logits, drawn, tops: list[int | None]) -> tuple[np.ndarray, dict[int, tuple]]:
+    """The step's drawn tokens on the host and, for each row i whose request asked (tops[i] not None), its
+    (logprob, top) from `ops.logprobs` on the same logits: tokens and logprobs come back in one copy."""
+    if all(t is None for t in tops):
+        return ops.asnumpy(drawn), {}
+    packed = ops.asnumpy(ops.logprobs(logits, drawn, max(t for t in tops if t is not None)))
+    return packed[:, 0], {i: unpack(packed, i, t) for i, t in enumerate(tops) if t is not None}
+
+
 def unpack(packed: np.ndarray, row: int, k: int) -> tuple[float, list[tuple[int, float]]]:
     """Row `row` of a packed array: (the sampled token's logprob, its top min(k, K) (id, logprob) pairs)."""
     w = packed.shape[1]
