@@ -12,6 +12,8 @@ from __future__ import annotations
 import numpy as np
 
 from cupyglm.backend.lanes import BF16, bf16, exp_f32, f32, gemm, gemm_batched, lane_sum, out_kind
+from cupyglm.engine.logprobs import logprobs_rows
+from cupyglm.engine.penalties import penalize_rows
 from cupyglm.engine.sampling import sample_rows
 
 NEG_INF = np.float32(-np.inf)
@@ -374,3 +376,14 @@ class NumpyOps:
         counter) -> tokens [R] int32, -1 for a row holding NaN. Bans (min_tokens) are logits edits made by the
         caller before the op."""
         return sample_rows(logits, temperature, top_k, top_p, min_p, seed, position)
+
+    def logprobs(self, logits: np.ndarray, tokens: np.ndarray, top: int) -> np.ndarray:
+        """The sampled tokens' logprobs and each row's `top` best (cupyglm.engine.logprobs.logprobs_rows): logits
+        [R, V] f32 (what `sample` drew from), tokens [R] i32 -> [R, 2 + 2 top] int32 packed, one transfer."""
+        return logprobs_rows(logits, tokens, int(top))
+
+    def penalize(self, logits: np.ndarray, row, id, count, seen, bias, repetition, frequency, presence) -> None:
+        """Penalties and logit_bias edited into logits [R, V] f32 in place (cupyglm.engine.penalties): one edit
+        per distinct (row, id) of row/id/count/seen [N] i32 and bias [N] f32; repetition/frequency/presence
+        [R'] f32 per row."""
+        penalize_rows(logits, row, id, count, seen, bias, repetition, frequency, presence)

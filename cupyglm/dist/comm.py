@@ -15,6 +15,8 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from cupyglm.dist import idle
+
 
 class Comm(Protocol):
     rank: int
@@ -87,7 +89,13 @@ class MpiComm:
         n = np.array([len(b) if self.rank == 0 and b is not None else -1], dtype=np.int64)
         if self.rank == 0 and b is None:
             raise ValueError("bcast_bytes: rank 0 must pass the bytes")
-        self.mpi.Bcast(n, root=0)
+        # the length travels by a nonblocking broadcast on every rank (nonblocking and blocking collectives do
+        # not match): a rank waiting for the next message naps instead of busy-polling (cupyglm.dist.idle)
+        req = self.mpi.Ibcast(n, root=0)
+        if self.rank == 0:
+            req.Wait()
+        else:
+            idle.wait(req)
         buf = np.frombuffer(bytearray(b), dtype=np.uint8) if self.rank == 0 else np.empty(int(n[0]), dtype=np.uint8)
         if n[0]:
             self.mpi.Bcast(buf, root=0)

@@ -30,7 +30,9 @@ import zlib
 import numpy as np
 
 from cupyglm.dist import step as stepmod
+from cupyglm.engine import penalties, prompt_logprobs
 from cupyglm.engine.config import EngineConfig
+from cupyglm.engine.logprobs import tokens_and_logprobs
 from cupyglm.engine.prompt_cache import PromptCache
 from cupyglm.engine.request import EngineError, Request, RequestOutput
 from cupyglm.engine.sampling import FINISH_ABORT, FINISH_STOP, SamplingParams, banned_ids
@@ -41,6 +43,7 @@ from cupyglm.model.glm import SeqInput
 
 FLAG_LOGITS = 1
 FLAG_DECODE = 2
+FLAG_ALL_LOGITS = 4        # a prompt chunk whose every row's logits are needed (prompt logprobs)
 HASH_SHIFT = 8
 
 
@@ -69,6 +72,8 @@ class Engine:
         self._pending_aborts: list[int] = []
         self._ready: list[RequestOutput] = []          # abort outputs waiting for the next step()
         self._texts: dict[int, RequestText] = {}
+        self._logprobs: dict[int, tuple] = {}             # this step's (logprob, top) per request that asked
+        self._prompt_lp: dict[int, list] = {}             # prompt logprobs gathered until the first token
         self._ids = itertools.count()
         self._seeds = itertools.count()
         self._stopped = False
@@ -127,6 +132,7 @@ class Engine:
         r = self.scheduler.abort(request_id)
         if r is not None:
             self._texts.pop(r.id, None)
+            self._prompt_lp.pop(r.id, None)
             self._ready.append(RequestOutput(r.id, [], "", True, FINISH_ABORT, r.prompt_len, len(r.output),
                                              r.cached, None if r.cached else r.miss_reason))
 
@@ -183,6 +189,8 @@ class Engine:
             if self.size > 1:
                 self.comm.bcast_bytes(data)
             outs = self._run(stepmod.decode(data))
+            for rid, got in prompt_logprobs.collect(self.ops, plan.groups, outs, reqs).items():
+                self._prompt_lp.setdefault(rid, []).extend(got)
             sampled = self._sample(plan, outs, reqs)
         finally:
             with self._lock:
@@ -242,6 +250,7 @@ class Engine:
         for g in plan.groups:
             r = sch.requests[g.request_id]
             flags = (FLAG_LOGITS if g.logits else 0) | (FLAG_DECODE if g.decode else 0)
+            flags |= FLAG_ALL_LOGITS if not g.decode and prompt_logprobs.wants(r.params) else 0
             flags |= page_hash(r.pages) << HASH_SHIFT
             entries.append(stepmod.ScheduleEntry(g.request_id, g.start, g.count,
                                                   g.tokens if g.decode else (), flags))
@@ -278,7 +287,8 @@ class Engine:
             if page_hash(state.pages) != e.flags >> HASH_SHIFT:
                 raise EngineError(f"rank {self.rank}: request {e.request_id}'s page table {state.pages} differs "
                                   f"from rank 0's (step {msg.step})")
-            batch.append(SeqInput(np.asarray(tokens, dtype=np.int32), state))
+            every = bool(e.flags & FLAG_ALL_LOGITS)
+            batch.append(SeqInput(np.asarray(tokens, dtype=np.int32), state, all_logits=every))
         outs = self.runner.forward(batch) if batch else []
         if msg.has_cache:
             apply_keeps(self.kept, self._states, msg, self.rank)
@@ -290,11 +300,17 @@ class Engine:
         reference on numpy). min_tokens bans are logits edits before the op (a NaN stays NaN, so a NaN row is
         still refused); the tokens come back to the host for the stops and the bookkeeping."""
         rows = [(g, out) for g, out in zip(plan.groups, outs) if g.logits]
+        self._logprobs = {}
         if not rows:
             return {}
         ops, xp = self.ops, self.ops.xp
         logits = xp.stack([xp.asarray(out.logits[-1], dtype=xp.float32).reshape(-1) for _, out in rows])
         vocab = logits.shape[1]
+        pen = penalties.edits([(i, reqs[g.request_id].params, reqs[g.request_id].prompt, reqs[g.request_id].output)
+                               for i, (g, _) in enumerate(rows) if penalties.wants(reqs[g.request_id].params)],
+                              vocab)
+        if pen is not None:                 # before the bans: a banned id stays -inf
+            ops.penalize(logits, *pen.values())
         params = []
         for i, (g, _) in enumerate(rows):
             r = reqs[g.request_id]
@@ -308,7 +324,9 @@ class Engine:
         temperature, top_k, top_p, min_p, seed, position = (
             np.array(col, dtype=dt) for col, dt in zip(zip(*params), (np.float32, np.int32, np.float32,
                                                                        np.float32, np.uint64, np.int32)))
-        tokens = ops.asnumpy(ops.sample(logits, temperature, top_k, top_p, min_p, seed, position))
+        drawn = ops.sample(logits, temperature, top_k, top_p, min_p, seed, position)
+        tokens, lps = tokens_and_logprobs(ops, logits, drawn, [reqs[g.request_id].params.logprobs for g, _ in rows])
+        self._logprobs = {rows[i][0].request_id: lp for i, lp in lps.items()}
         sampled = {}
         for (g, _), tok in zip(rows, tokens):
             if tok < 0:
@@ -334,8 +352,11 @@ class Engine:
                 piece = ""
             if finished:
                 self._texts.pop(r.id, None)
+            lp = self._logprobs.pop(r.id, None)
             out.append(RequestOutput(r.id, [tok], piece, finished, reason, r.prompt_len, len(r.output),
-                                     r.cached, None if r.cached else r.miss_reason))
+                                     r.cached, None if r.cached else r.miss_reason,
+                                     logprobs=None if lp is None else [lp],
+                                     prompt_logprobs=self._prompt_lp.pop(r.id, None)))
         return out
 
 

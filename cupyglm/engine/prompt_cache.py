@@ -23,6 +23,7 @@ MISS_OFF = "cache off"
 MISS_SALT = "different cache_salt"
 MISS_EVICTED = "evicted"
 MISS_NONE = "no prefix"
+MISS_PROMPT_LOGPROBS = "prompt logprobs need the whole prompt prefilled"
 _GHOSTS = 4096                        # evicted keys remembered per salt, for the "evicted" reason
 
 

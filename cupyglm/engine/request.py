@@ -74,3 +74,5 @@ class RequestOutput:
     completion_tokens: int                  # generated so far, this step included
     cached_tokens: int = 0
     cache_miss_reason: str | None = None    # why no prompt positions were restored
+    logprobs: list | None = None            # per new token (logprob, [(id, logprob)] top k), if requested
+    prompt_logprobs: list | None = None     # with the first token: [(prompt token, logprob, top)] from token 1

@@ -78,6 +78,12 @@ class SamplingParams:
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
     skip_special_tokens: bool = True
+    logprobs: int | None = None           # None: off; k: each token's logprob and its k most likely (0..20)
+    presence_penalty: float = 0.0         # -2..2, ids in the output (cupyglm.engine.penalties)
+    frequency_penalty: float = 0.0        # -2..2, times the id is in the output
+    repetition_penalty: float = 1.0       # (0, 10], ids in the prompt or the output
+    logit_bias: tuple[tuple[int, float], ...] = ()   # (id, bias in -100..100) pairs, distinct ids
+    prompt_logprobs: int | None = None    # None: off; k: each prompt token's logprob and its k most likely
 
     def __post_init__(self) -> None:
         def num(name: str) -> float:
@@ -124,6 +130,19 @@ class SamplingParams:
         for name in ("ignore_eos", "skip_special_tokens"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be true or false, got {getattr(self, name)!r}")
+        for name in ("logprobs", "prompt_logprobs"):
+            if getattr(self, name) is not None and not 0 <= integer(name, getattr(self, name)) <= 20:
+                raise ValueError(f"{name} must be in 0..20, got {getattr(self, name)}")
+        for name in ("presence_penalty", "frequency_penalty"):
+            if not -2.0 <= num(name) <= 2.0:
+                raise ValueError(f"{name} must be in [-2, 2], got {getattr(self, name)}")
+        if not 0.0 < num("repetition_penalty") <= 10.0:
+            raise ValueError(f"repetition_penalty must be in (0, 10], got {self.repetition_penalty}")
+        bias = dict(self.logit_bias.items() if isinstance(self.logit_bias, dict) else self.logit_bias)
+        for t, b in bias.items():
+            if not 0 <= integer("logit_bias", t) < 2**31 or not -100.0 <= float(b) <= 100.0:
+                raise ValueError(f"logit_bias must map token ids to biases in [-100, 100], got {t!r}: {b!r}")
+        object.__setattr__(self, "logit_bias", tuple(sorted((int(t), float(b)) for t, b in bias.items())))
         object.__setattr__(self, "stop", stop)
         object.__setattr__(self, "stop_token_ids", ids)
         object.__setattr__(self, "top_k", max(k, 0))

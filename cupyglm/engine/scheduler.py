@@ -23,7 +23,7 @@ import collections
 import dataclasses
 
 from cupyglm.engine.config import EngineConfig
-from cupyglm.engine.prompt_cache import MISS_OFF, PromptCache
+from cupyglm.engine.prompt_cache import MISS_OFF, MISS_PROMPT_LOGPROBS, PromptCache
 from cupyglm.engine.request import QueueFull, Request, RequestTooLong, Status
 from cupyglm.engine.sampling import FINISH_ABORT, token_finish
 from cupyglm.kv.pool import OutOfPages, PagePool
@@ -135,6 +135,9 @@ class Scheduler:
         """Start an admitted request at its longest kept prefix (its pages leased now), or note the miss."""
         if self.cache is None:
             r.miss_reason = MISS_OFF
+            return
+        if r.params.prompt_logprobs is not None:     # every prompt row's logits are needed: restore nothing
+            r.miss_reason = MISS_PROMPT_LOGPROBS
             return
         eid, length, r.miss_reason = self.cache.lookup(r.salt, r.prompt)
         if eid is None:

@@ -19,16 +19,17 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from cupyglm.server.bridge import EngineBridge, EngineDied, RequestStream
+from cupyglm.server.bridge import EngineBridge, EngineDied, RequestStream, merge_streams
 from cupyglm.server.errors import ApiError, bad
 from cupyglm.server.fields import parse_json_object, short
+from cupyglm.server.glm_output import GlmOutput
 from cupyglm.server.guards import BODY_TIMEOUT_S, ApiKeyMiddleware, check_json_type, json_error, read_body
 from cupyglm.server.metrics import CONTENT_TYPE, Metrics
 from cupyglm.server.prompt import PromptBuilder, WorkPool
-from cupyglm.server.requests import (GenRequest, ModelInfo, fit_context, parse_chat, parse_completion,
-                                     parse_detokenize, parse_tokenize)
-from cupyglm.server.responses import (Reply, chat_response, chunk, completion_response, models_response, new_id,
-                                      now, usage_chunk)
+from cupyglm.server.requests import (GenRequest, ModelInfo, choice_seed, fit_context, parse_chat,
+                                     parse_completion, parse_detokenize, parse_tokenize)
+from cupyglm.server.responses import (Reply, chat_response, chunk, completion_response, entries, model_card,
+                                      models_response, new_id, now, usage_chunk)
 from cupyglm.server.sse import SSE_DONE, sse, sse_error
 
 DEFAULT_MAX_BODY_BYTES = 16 * 1024 * 1024
@@ -124,89 +125,127 @@ def create_app(state: ServerState, *, lifespan: Any = None) -> Starlette:
         assert state.info is not None
         return state.info
 
-    async def prompt_ids_of(req: GenRequest) -> list[int]:
+    def token_text(token_id: int) -> str:
+        return state.tokenizer.decode([token_id])
+
+    async def prompts_of(req: GenRequest) -> list[list[int]]:
         pb = state.prompts()
         if req.kind == "chat":
             pb.check_messages(req.messages)
-            return await state.pool.run(pb.chat_ids, req.messages, req.add_generation_prompt, req.chat_kwargs)
-        if req.prompt_ids is not None:
-            return list(req.prompt_ids)
-        pb.check_chars("prompt", len(req.prompt_text))
-        return await state.pool.run(pb.text_ids, req.prompt_text)
+            return [await state.pool.run(pb.chat_ids, req.messages, req.add_generation_prompt, req.chat_kwargs)]
+        out = []
+        for p in req.prompts:
+            if isinstance(p, list):
+                out.append(list(p))
+            else:
+                pb.check_chars("prompt", len(p))
+                out.append(await state.pool.run(pb.text_ids, p))
+        return out
+
+    def submit_all(req: GenRequest, prompts: list[list[int]], info: ModelInfo) -> list[RequestStream]:
+        """One engine request per choice (prompt j, choice i: index j * n + i, seed choice_seed(seed, i)); all or
+        none: a refusal part-way aborts the ones already queued."""
+        plans = []
+        for ids in prompts:
+            sampling = fit_context(req, len(ids), info)
+            for i in range(req.n):
+                try:
+                    params = state.make_params(**{**sampling, "seed": choice_seed(sampling["seed"], i)})
+                except ValueError as e:
+                    raise _engine_error(e, req) from None
+                plans.append((ids, params))
+        need_ready()
+        streams: list[RequestStream] = []
+        try:
+            for ids, params in plans:
+                streams.append(state.bridge.submit(ids, params, cache_salt=req.cache_salt))
+        except Exception as e:  # noqa: BLE001 - QueueFull, RequestTooLong, ValueError, EngineDied
+            for st in streams:
+                st.abort()
+            raise _engine_error(e, req) from None
+        return streams
 
     async def generate(request: Request, kind: str) -> Response:
         try:
             body = await body_json(request)
             info = need_ready()
             req = parse_chat(body, info) if kind == "chat" else parse_completion(body, info)
-            prompt = await prompt_ids_of(req)
-            sampling = fit_context(req, len(prompt), info)
-            try:
-                params = state.make_params(**sampling)
-            except ValueError as e:
-                raise _engine_error(e, req) from None
-            need_ready()
-            try:
-                stream = state.bridge.submit(prompt, params, cache_salt=req.cache_salt)
-            except Exception as e:  # noqa: BLE001 - QueueFull, RequestTooLong, ValueError, EngineDied
-                raise _engine_error(e, req) from None
+            prompts = await prompts_of(req)
+            streams = submit_all(req, prompts, info)
         except ApiError as e:
             return json_error(e)
         except ClientDisconnect:
             return Response(status_code=499)
-        reply = Reply(id=new_id("chatcmpl" if kind == "chat" else "cmpl"), model=req.model, created=now(),
-                      prompt_ids=prompt)
+        rid, created = new_id("chatcmpl" if kind == "chat" else "cmpl"), now()
+        replies = [Reply(id=rid, model=req.model, created=created, prompt_ids=prompts[k // req.n], index=k,
+                         counts_prompt=k % req.n == 0) for k in range(len(streams))]
+        if req.kind == "chat":
+            for r in replies:
+                r.glm = GlmOutput(bool(req.chat_kwargs.get("enable_thinking", True)), req.tools)
+        if req.echo:
+            for r in replies:
+                p = req.prompts[r.index // req.n]
+                r.echo_text = p if isinstance(p, str) else state.tokenizer.decode(r.prompt_ids)
         if req.stream:
-            return StreamingResponse(_stream(req, stream, reply), media_type="text/event-stream",
+            return StreamingResponse(_stream(req, streams, replies), media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-        return await _collect(request, req, stream, reply)
+        return await _collect(request, req, streams, replies)
 
-    async def _stream(req: GenRequest, stream: RequestStream, reply: Reply):
-        first = True
+    async def _stream(req: GenRequest, streams: list[RequestStream], replies: list[Reply]):
+        first = [True] * len(replies)
         try:
-            while True:
-                try:
-                    d = await stream.next()
-                except EngineDied as e:
-                    yield sse_error(ApiError(503, str(e), code="service_unavailable"))
-                    yield SSE_DONE
-                    return
-                reply.add(d)
-                if first or d.text or d.finished or (req.return_token_ids and d.token_ids):
-                    yield sse(chunk(req.kind, reply, text=d.text, first=first,
-                                    token_ids=d.token_ids if req.return_token_ids else None,
-                                    prompt_ids=reply.prompt_ids if (first and req.return_token_ids) else None,
-                                    finish_reason=reply.finish_reason if d.finished else None))
-                    first = False
-                if d.finished:
-                    break
+            try:
+                async for k, d in merge_streams(streams):
+                    reply = replies[k]
+                    offset = len(reply.text) + len(reply.echo_text or "")
+                    reply.add(d)
+                    lp = entries(d) if d.logprobs is not None else None
+                    text = d.text
+                    if first[k] and reply.echo_text is not None:      # echo: the prompt comes first
+                        text, offset = reply.echo_text + text, 0
+                        lp = None if lp is None else reply.echo_entries() + lp
+                    if first[k] or d.text or d.finished or (req.return_token_ids and d.token_ids) or lp:
+                        c = chunk(req.kind, reply, text=text, first=first[k],
+                                  token_ids=d.token_ids if req.return_token_ids else None,
+                                  prompt_ids=reply.prompt_ids if (first[k] and req.return_token_ids) else None,
+                                  finish_reason=reply.finish_reason if d.finished else None,
+                                  logprobs=lp, text_of=token_text, text_offset=offset)
+                        if req.continuous_usage:
+                            c["usage"] = reply.usage()
+                        yield sse(c)
+                        first[k] = False
+            except EngineDied as e:
+                yield sse_error(ApiError(503, str(e), code="service_unavailable"))
+                yield SSE_DONE
+                return
             if req.include_usage:
-                yield sse(usage_chunk(req.kind, reply))
+                yield sse(usage_chunk(req.kind, replies))
             yield SSE_DONE
         finally:
-            stream.abort()       # no-op once finished; a client gone mid-stream frees its pages
+            for st in streams:
+                st.abort()       # no-op once finished; a client gone mid-stream frees its pages
 
-    async def _collect(request: Request, req: GenRequest, stream: RequestStream, reply: Reply) -> Response:
+    async def _collect(request: Request, req: GenRequest, streams: list[RequestStream],
+                       replies: list[Reply]) -> Response:
         async def watch() -> None:
             await _wait_disconnect(request)
-            stream.abort()
-            stream.queue.put_nowait(EngineDied("client disconnected"))
+            for st in streams:
+                st.abort()
+                st.queue.put_nowait(EngineDied("client disconnected"))
 
         watcher = asyncio.ensure_future(watch())
         try:
-            while True:
-                try:
-                    d = await stream.next()
-                except EngineDied as e:
-                    return json_error(ApiError(503, str(e), code="service_unavailable"))
-                reply.add(d)
-                if d.finished:
-                    break
+            try:
+                async for k, d in merge_streams(streams):
+                    replies[k].add(d)
+            except EngineDied as e:
+                return json_error(ApiError(503, str(e), code="service_unavailable"))
         finally:
             watcher.cancel()
-            stream.abort()
+            for st in streams:
+                st.abort()
         build = chat_response if req.kind == "chat" else completion_response
-        return JSONResponse(build(reply, req.return_token_ids))
+        return JSONResponse(build(replies, req.return_token_ids, token_text))
 
     async def chat(request: Request) -> Response:
         return await generate(request, "chat")
@@ -220,6 +259,24 @@ def create_app(state: ServerState, *, lifespan: Any = None) -> Starlette:
         except ApiError as e:
             return json_error(e)
         return JSONResponse(models_response(info, state.root, state.created))
+
+    async def model(request: Request) -> Response:
+        try:
+            info = need_ready()
+            name = request.path_params["model_id"]
+            if name != info.served_id and name not in info.aliases:
+                raise ApiError(404, f"The model '{short(name)}' does not exist; this server serves "
+                               f"'{info.served_id}'", param="model", code="model_not_found")
+        except ApiError as e:
+            return json_error(e)
+        return JSONResponse(model_card(info, state.root, state.created))
+
+    async def tokenizer_info(request: Request) -> Response:
+        try:
+            info = need_ready()
+        except ApiError as e:
+            return json_error(e)
+        return JSONResponse(tokenizer_info_of(state.tokenizer, info))
 
     async def health(request: Request) -> Response:
         b = state.bridge
@@ -277,6 +334,8 @@ def create_app(state: ServerState, *, lifespan: Any = None) -> Starlette:
         Route("/v1/chat/completions", chat, methods=["POST"]),
         Route("/v1/completions", completions, methods=["POST"]),
         Route("/v1/models", models, methods=["GET"]),
+        Route("/v1/models/{model_id:path}", model, methods=["GET"]),
+        Route("/tokenizer_info", tokenizer_info, methods=["GET"]),
         Route("/health", health, methods=["GET"]),
         Route("/metrics", metrics, methods=["GET"]),
         Route("/tokenize", tokenize, methods=["POST"]),
@@ -287,6 +346,16 @@ def create_app(state: ServerState, *, lifespan: Any = None) -> Starlette:
                     exception_handlers={HTTPException: http_error, Exception: server_error})
     app.router.redirect_slashes = False          # a redirect would be built from the client's Host header
     return app
+
+
+def tokenizer_info_of(tokenizer: Any, info: ModelInfo) -> dict:
+    """What vLLM's /tokenizer_info returns: the tokenizer's config (tokenizer_config.json) with its class, the
+    chat template and the context length filled in."""
+    out = {k: v for k, v in tokenizer.config.items() if k != "added_tokens_decoder"}
+    out.setdefault("tokenizer_class", "PreTrainedTokenizerFast")
+    out["chat_template"] = tokenizer.chat_template
+    out["model_max_length"] = info.max_model_len
+    return out
 
 
 def model_info(served_id: str, root: str, max_model_len: int, vocab_size: int, prompt_cache: bool = False) -> ModelInfo:

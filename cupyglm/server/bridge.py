@@ -32,6 +32,8 @@ class Delta:
     prompt_tokens: int | None
     cached_tokens: int
     cache_miss_reason: str | None = None
+    logprobs: list | None = None         # per token (logprob, [(id, logprob)]) when the request asked for them
+    prompt_logprobs: list | None = None  # with the first token: [(prompt token, logprob, top)] from token 1
 
 
 class EngineDied(RuntimeError):
@@ -43,7 +45,8 @@ def normalize(out) -> Delta:
     return Delta(request_id=out.request_id, token_ids=[int(t) for t in out.new_token_ids], text=out.new_text or "",
                  finished=bool(out.finished), finish_reason=out.finish_reason, prompt_tokens=out.prompt_tokens,
                  cached_tokens=int(out.cached_tokens or 0),
-                 cache_miss_reason=getattr(out, "cache_miss_reason", None))
+                 cache_miss_reason=getattr(out, "cache_miss_reason", None), logprobs=getattr(out, "logprobs", None),
+                 prompt_logprobs=getattr(out, "prompt_logprobs", None))
 
 
 class RequestStream:
@@ -258,3 +261,37 @@ class EngineBridge:
     @property
     def alive(self) -> bool:
         return self._thread is not None and self._thread.is_alive() and self.dead is None
+
+
+async def merge_streams(streams: list[RequestStream]):
+    """(choice index, Delta) in arrival order over every choice's stream; EngineDied ends it."""
+    if len(streams) == 1:
+        while True:
+            d = await streams[0].next()
+            yield 0, d
+            if d.finished:
+                return
+    q: asyncio.Queue = asyncio.Queue()
+
+    async def pump(k: int, st: RequestStream) -> None:
+        try:
+            while True:
+                d = await st.next()
+                q.put_nowait((k, d))
+                if d.finished:
+                    return
+        except EngineDied as e:
+            q.put_nowait((k, e))
+
+    tasks = [asyncio.ensure_future(pump(k, st)) for k, st in enumerate(streams)]
+    try:
+        left = len(streams)
+        while left:
+            k, d = await q.get()
+            if isinstance(d, BaseException):
+                raise d
+            yield k, d
+            left -= d.finished
+    finally:
+        for t in tasks:
+            t.cancel()

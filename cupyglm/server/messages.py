@@ -15,8 +15,12 @@ def _check_message(i: int, m: Any) -> dict:
     role = m.get("role")
     if not isinstance(role, str):
         raise bad(f"{p}.role", f"'{p}.role' must be a string, got {json_kind(role)}", "invalid_type")
+    if role == "developer":          # OpenAI's newer name for the system role
+        m = {**m, "role": "system"}
+        role = "system"
     if role not in CHAT_ROLES:
-        raise bad(f"{p}.role", f"'{p}.role' = {shown(role)} is not a supported role ({', '.join(CHAT_ROLES)})")
+        raise bad(f"{p}.role",
+                  f"'{p}.role' = {shown(role)} is not a supported role ({', '.join(CHAT_ROLES)}, developer)")
     content = m.get("content")
     if content is None:
         if role != "assistant":
@@ -57,3 +61,33 @@ def check_messages(v: Any) -> list[dict]:
     if not v:
         raise bad("messages", "'messages' must not be empty")
     return [_flatten(_check_message(i, m)) for i, m in enumerate(v)]
+
+
+def check_tools(body: dict) -> list[dict] | None:
+    """`tools` (function tools) under `tool_choice` "auto" (default with tools) or "none" (not rendered, not
+    parsed). "required" and a named function are refused by name: without constrained decoding nothing makes
+    the model call one."""
+    tools = body.get("tools")
+    choice = body.get("tool_choice")
+    if tools is None or tools == []:
+        if choice not in (None, "none", "auto"):
+            raise bad("tool_choice", "'tool_choice' names a tool but 'tools' is empty")
+        return None
+    if not isinstance(tools, list):
+        raise bad("tools", f"'tools' must be an array, got {json_kind(tools)}", "invalid_type")
+    for i, t in enumerate(tools):
+        p = f"tools[{i}]"
+        if not isinstance(t, dict) or t.get("type") != "function" or not isinstance(t.get("function"), dict):
+            raise bad(p, f"'{p}' must be an object with type 'function' and a 'function' object")
+        name = t["function"].get("name")
+        if not isinstance(name, str) or not name or "\n" in name or "<" in name:
+            raise bad(f"{p}.function.name", f"'{p}.function.name' must be a non-empty name")
+        params = t["function"].get("parameters")
+        if params is not None and not isinstance(params, dict):
+            raise bad(f"{p}.function.parameters", f"'{p}.function.parameters' must be an object", "invalid_type")
+    if choice is None or choice == "auto":
+        return tools
+    if choice == "none":
+        return None
+    raise bad("tool_choice", f"'tool_choice' = {shown(choice)} is not supported yet (only 'auto' or 'none': "
+              "forcing a call needs constrained decoding)", "unsupported_parameter")

@@ -10,14 +10,19 @@ from collections.abc import Mapping
 from cupyglm.server.errors import ApiError, bad
 from cupyglm.server.fields import (check_token_ids, get_bool, get_dict, get_float, get_int, get_str, json_kind,
                                    short)
-from cupyglm.server.messages import check_messages
+from cupyglm.server.messages import check_messages, check_tools
 from cupyglm.server.unsupported import refuse_unsupported
 
-MAX_STOP_STRINGS = 4
+MAX_STOP_STRINGS = 128
 MAX_STOP_TOKEN_IDS = 64
 MAX_STOP_CHARS = 4096
 MAX_SEED = 2**64 - 1
 MAX_INT32 = 2**31 - 1
+MAX_TOP_LOGPROBS = 20
+MAX_LOGIT_BIAS = 1024
+MAX_N = 16                 # choices per prompt
+MAX_PROMPTS = 64           # prompts in one completion request
+MAX_CHOICES = 64           # prompts x n
 
 
 @dataclasses.dataclass(frozen=True)
@@ -44,13 +49,30 @@ class GenRequest:
     messages: list[dict] | None = None          # chat
     chat_kwargs: dict = dataclasses.field(default_factory=dict)
     add_generation_prompt: bool = True
-    prompt_text: str | None = None              # completion, text prompt
-    prompt_ids: list[int] | None = None         # completion, token prompt
+    prompts: list = dataclasses.field(default_factory=list)   # completion: each a text (str) or token ids
+    n: int = 1                                  # choices per prompt (choice i: seed + i, see choice_seed)
+    continuous_usage: bool = False              # stream_options.continuous_usage_stats: usage on every chunk
+    echo: bool = False                          # completion: the prompt's text (and logprobs) before the reply
+    tools: list[dict] | None = None             # chat: the tools rendered and parsed (None: tool_choice none)
     cache_salt: str | None = None               # kept prompt states are shared only under the same salt
 
     @property
     def prompt_param(self) -> str:
         return "messages" if self.kind == "chat" else "prompt"
+
+    @property
+    def prompt_text(self) -> str | None:
+        return self.prompts[0] if self.prompts and isinstance(self.prompts[0], str) else None
+
+    @property
+    def prompt_ids(self) -> list[int] | None:
+        return self.prompts[0] if self.prompts and isinstance(self.prompts[0], list) else None
+
+
+def choice_seed(seed: int | None, i: int) -> int | None:
+    """The seed of choice i of a request with `seed`: seed + i (mod 2**64), so choice i's tokens equal those of
+    the same request with n = 1 and that seed. No seed: each choice draws its own from the engine's sequence."""
+    return None if seed is None else (seed + i) % (MAX_SEED + 1)
 
 
 def check_model(body: Mapping, info: ModelInfo) -> str:
@@ -85,7 +107,39 @@ def _stop(body: Mapping) -> tuple[str, ...]:
     return tuple(v)
 
 
-def _sampling(body: Mapping, info: ModelInfo) -> dict:
+def _logit_bias(body: Mapping, info: ModelInfo) -> tuple[tuple[int, float], ...]:
+    """`logit_bias`: {"token id": bias in [-100, 100]}, at most MAX_LOGIT_BIAS ids."""
+    lb = get_dict(body, "logit_bias")
+    if len(lb) > MAX_LOGIT_BIAS:
+        raise bad("logit_bias", f"'logit_bias' has {len(lb)} ids; at most {MAX_LOGIT_BIAS}")
+    out = []
+    for key, v in lb.items():
+        p = f"logit_bias.{short(key)}"
+        try:
+            t = int(key)
+        except ValueError:
+            raise bad("logit_bias", f"'{p}': the keys of 'logit_bias' must be token ids") from None
+        if not 0 <= t < info.vocab_size:
+            raise bad("logit_bias", f"'{p}': {t} is not a token id of this model (0..{info.vocab_size - 1})",
+                      "invalid_token_id")
+        out.append((t, get_float(lb, key, 0.0, lo=-100.0, hi=100.0, param="logit_bias")))
+    return tuple(sorted(out))
+
+
+def _logprobs(body: Mapping, kind: str) -> int | None:
+    """How many top ids to return with each token's logprob; None: no logprobs. Chat: `logprobs` true and
+    `top_logprobs` 0..20; completions: `logprobs` 0..20."""
+    if kind == "chat":
+        top = get_int(body, "top_logprobs", None, lo=0, hi=MAX_TOP_LOGPROBS)
+        if not get_bool(body, "logprobs", False):
+            if top:
+                raise bad("top_logprobs", "'top_logprobs' needs 'logprobs': true")
+            return None
+        return top or 0
+    return get_int(body, "logprobs", None, lo=0, hi=MAX_TOP_LOGPROBS)
+
+
+def _sampling(body: Mapping, info: ModelInfo, kind: str) -> dict:
     max_tokens = get_int(body, "max_tokens", None, lo=1)
     mct = get_int(body, "max_completion_tokens", None, lo=1)
     if mct is not None:
@@ -109,7 +163,15 @@ def _sampling(body: Mapping, info: ModelInfo) -> dict:
         check_token_ids(stop_ids, "stop_token_ids", info.vocab_size, allow_empty=True))
     if len(stop_ids) > MAX_STOP_TOKEN_IDS:
         raise bad("stop_token_ids", f"'stop_token_ids' has {len(stop_ids)} ids; at most {MAX_STOP_TOKEN_IDS}")
-    return dict(temperature=temperature, top_p=top_p, top_k=max(top_k, 0), min_p=min_p, seed=seed,
+    lp = _logprobs(body, kind)
+    plp = get_int(body, "prompt_logprobs", None, lo=0, hi=MAX_TOP_LOGPROBS)
+    if kind == "completion" and get_bool(body, "echo", False) and lp is not None:
+        plp = max(lp, plp or 0)                 # echo with logprobs: the prompt's tokens carry them too
+    return dict(logprobs=lp, prompt_logprobs=plp, logit_bias=_logit_bias(body, info),
+                presence_penalty=get_float(body, "presence_penalty", 0.0, lo=-2.0, hi=2.0),
+                frequency_penalty=get_float(body, "frequency_penalty", 0.0, lo=-2.0, hi=2.0),
+                repetition_penalty=get_float(body, "repetition_penalty", 1.0, lo=0.0, hi=10.0, lo_open=True),
+                temperature=temperature, top_p=top_p, top_k=max(top_k, 0), min_p=min_p, seed=seed,
                 max_tokens=max_tokens, min_tokens=min_tokens, stop=_stop(body), stop_token_ids=stop_ids,
                 ignore_eos=ignore_eos, skip_special_tokens=skip_special)
 
@@ -120,17 +182,20 @@ def _common(body: Mapping, kind: str, info: ModelInfo) -> dict:
     salt = _cache_salt(body)
     stream = get_bool(body, "stream", False)
     so = body.get("stream_options")
-    include_usage = False
+    include_usage = continuous = False
     if so is not None:
         if not isinstance(so, dict):
             raise bad("stream_options", f"'stream_options' must be an object, got {json_kind(so)}", "invalid_type")
         if not stream:
             raise bad("stream_options", "'stream_options' is only allowed when 'stream' is true")
         include_usage = bool(get_bool(so, "include_usage", False, param="stream_options.include_usage"))
-        get_bool(so, "continuous_usage_stats", False, param="stream_options.continuous_usage_stats")
-    return dict(model=model, stream=stream, include_usage=include_usage, cache_salt=salt,
+        continuous = bool(get_bool(so, "continuous_usage_stats", False, param="stream_options.continuous_usage_stats"))
+        get_bool(so, "include_obfuscation", False, param="stream_options.include_obfuscation")
+    n = get_int(body, "n", 1, lo=1, hi=MAX_N)
+    return dict(model=model, stream=stream, include_usage=include_usage, n=n, cache_salt=salt,
+                continuous_usage=include_usage and continuous,
                 return_token_ids=bool(get_bool(body, "return_token_ids", False)),
-                sampling=_sampling(body, info))
+                sampling=_sampling(body, info, kind))
 
 
 def _cache_salt(body: Mapping) -> str | None:
@@ -161,30 +226,38 @@ def parse_chat(body: Mapping, info: ModelInfo) -> GenRequest:
     c = _common(body, "chat", info)
     kwargs = _chat_template_kwargs(body, reserved=("messages", "tools", "add_generation_prompt"))
     agp = get_bool(body, "add_generation_prompt", True)
-    return GenRequest(kind="chat", messages=messages, chat_kwargs=kwargs, add_generation_prompt=bool(agp), **c)
+    tools = check_tools(body)
+    if tools:
+        kwargs["tools"] = tools
+    return GenRequest(kind="chat", messages=messages, chat_kwargs=kwargs, add_generation_prompt=bool(agp),
+                      tools=tools, **c)
 
 
 def parse_completion(body: Mapping, info: ModelInfo) -> GenRequest:
     prompt = body.get("prompt")
-    text: str | None = None
-    ids: list[int] | None = None
     if prompt is None:
         raise bad("prompt", "'prompt' is required", "missing_required_parameter")
     if isinstance(prompt, list) and prompt and all(isinstance(p, (list, str)) for p in prompt):
-        if len(prompt) != 1:
-            raise bad("prompt", f"'prompt' holds {len(prompt)} prompts; one prompt per request is supported",
-                      "unsupported_parameter")
-        prompt = prompt[0]
+        if len(prompt) > MAX_PROMPTS:
+            raise bad("prompt", f"'prompt' holds {len(prompt)} prompts; at most {MAX_PROMPTS} per request")
+        prompts = [_one_prompt(p, f"prompt[{i}]", info) for i, p in enumerate(prompt)]
+    else:
+        prompts = [_one_prompt(prompt, "prompt", info)]
+    c = _common(body, "completion", info)
+    if len(prompts) * c["n"] > MAX_CHOICES:
+        raise bad("n", f"{len(prompts)} prompts x n = {c['n']} asks for {len(prompts) * c['n']} choices; at most "
+                  f"{MAX_CHOICES} per request")
+    return GenRequest(kind="completion", prompts=prompts, echo=bool(get_bool(body, "echo", False)), **c)
+
+
+def _one_prompt(prompt: object, param: str, info: ModelInfo) -> str | list[int]:
     if isinstance(prompt, str):
         if not prompt:
-            raise bad("prompt", "'prompt' must not be empty")
-        text = prompt
-    elif isinstance(prompt, list):
-        ids = check_token_ids(prompt, "prompt", info.vocab_size)
-    else:
-        raise _bad_prompt_type(prompt)
-    c = _common(body, "completion", info)
-    return GenRequest(kind="completion", prompt_text=text, prompt_ids=ids, **c)
+            raise bad("prompt", f"'{param}' must not be empty")
+        return prompt
+    if isinstance(prompt, list):
+        return check_token_ids(prompt, "prompt", info.vocab_size)
+    raise _bad_prompt_type(prompt)
 
 
 def fit_context(req: GenRequest, prompt_len: int, info: ModelInfo) -> dict:

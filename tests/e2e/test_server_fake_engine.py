@@ -213,6 +213,32 @@ def test_queue_full_is_429_with_retry_after(srv):
         srv.engine.gate.set()
 
 
+def test_continuous_usage_stats(srv):
+    body = {"prompt": "Hello", "max_tokens": 4, "stream": True,
+            "stream_options": {"include_usage": True, "continuous_usage_stats": True}}
+    frames = _sse(httpx.post(srv.base + "/v1/completions", json=body))
+    chunks = [f for f in frames[:-1] if f["choices"]]
+    assert chunks and all("usage" in f for f in chunks)
+    assert [f["usage"]["completion_tokens"] for f in chunks] == list(range(1, len(chunks) + 1))
+    assert frames[-2]["choices"] == [] and frames[-2]["usage"]["completion_tokens"] == 4
+
+
+def test_choices_past_the_queue_are_refused_whole(srv):
+    """n = 5 choices where 4 fit: 429, and the 4 already queued are aborted (all or none)."""
+    srv.engine.gate.clear()
+    try:
+        free = srv.engine.free_pages
+        r = httpx.post(srv.base + "/v1/completions", json={"prompt": "x", "max_tokens": 2, "n": 5}, timeout=30)
+        assert r.status_code == 429 and r.json()["error"]["code"] == "queue_full"
+        deadline = time.monotonic() + 5
+        while (srv.engine.order or srv.bridge.open_requests) and time.monotonic() < deadline:
+            srv.bridge._wake.set()
+            time.sleep(0.01)
+        assert not srv.engine.order and srv.bridge.open_requests == 0 and srv.engine.free_pages == free
+    finally:
+        srv.engine.gate.set()
+
+
 def test_disconnect_aborts_and_frees_pages(srv):
     free0 = srv.engine.free_pages
     srv.engine.gate.clear()

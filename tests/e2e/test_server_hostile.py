@@ -82,7 +82,7 @@ HOSTILE: list[tuple[str, str, bytes, int, str]] = [
     ("prompt bool", C, b'{"prompt":true}', 400, ""),
     ("prompt empty", C, b'{"prompt":""}', 400, ""),
     ("prompt ids mixed", C, b'{"prompt":[1,"a"]}', 400, ""),
-    ("prompt nested ids", C, b'{"prompt":[[1],[2]]}', 400, ""),
+    ("prompt ids nested deeper", C, b'{"prompt":[[1],[[2]]]}', 400, ""),
     ("messages object", CH, b'{"messages":{"role":"user"}}', 400, ""),
     ("messages string", CH, b'{"messages":"hi"}', 400, ""),
     ("message number", CH, b'{"messages":[5]}', 400, ""),

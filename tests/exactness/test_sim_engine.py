@@ -47,3 +47,27 @@ def test_sim_engine_samples_like_numpy(tiny_ckpt):
     got = _run(_engine(tiny_ckpt, ops), prompts, params)
     assert got == ref, (got, ref)
     assert "sample" in ops.kernel_ops and calls and max(calls) == 2      # both rows of a step in one call
+
+
+def _run_outputs(engine, prompts, params):
+    ids = [engine.add_request(p, sp) for p, sp in zip(prompts, params)]
+    got = {i: [] for i in ids}
+    while engine.has_work():
+        for out in engine.step():
+            got[out.request_id].append((out.new_token_ids, out.logprobs, out.prompt_logprobs))
+    return [got[i] for i in ids]
+
+
+def test_sim_engine_logprobs_and_penalties_like_numpy(tiny_ckpt):
+    """logprobs, prompt logprobs, penalties and logit_bias through their kernels (logprobs.cu, penalties.cu):
+    the same tokens and the same logprob bits as the NumPy references."""
+    prompts = [[5, 17, 300, 42], [7, 8, 9]]
+    params = [SamplingParams(temperature=0.9, seed=3, max_tokens=3, ignore_eos=True, logprobs=3, prompt_logprobs=2,
+                             presence_penalty=0.5, frequency_penalty=0.7, repetition_penalty=1.3),
+              SamplingParams(temperature=0, max_tokens=3, ignore_eos=True, logprobs=0, logit_bias={11: 4.0, 12: -9.0})]
+    ref = _run_outputs(_engine(tiny_ckpt, NumpyOps()), prompts, params)
+    ops = SimOps()
+    got = _run_outputs(_engine(tiny_ckpt, ops), prompts, params)
+    assert got == ref
+    assert {"logprobs", "penalize"} <= set(ops.kernel_ops)
+    assert ref[0][0][2] is not None and len(ref[0][0][2]) == 3 and all(o[1] for o in ref[1])

@@ -9,7 +9,7 @@ import pytest
 
 from cupyglm.server.errors import ApiError
 from cupyglm.server.fields import parse_json_object
-from cupyglm.server.requests import ModelInfo, fit_context, parse_chat, parse_completion
+from cupyglm.server.requests import MAX_STOP_STRINGS, ModelInfo, fit_context, parse_chat, parse_completion
 from cupyglm.server.responses import Reply, chat_response, chunk, token_sha, usage_chunk
 from cupyglm.server.sse import SSE_DONE, sse, sse_error
 
@@ -68,13 +68,18 @@ def test_completion_defaults_and_aliases():
     ("top_p", 0.0, "invalid_value"), ("min_p", -0.1, "invalid_value"), ("seed", 2**64, "invalid_value"),
     ("max_tokens", 0, "invalid_value"), ("max_tokens", 101, "context_length_exceeded"),
     ("max_completion_tokens", -3, "invalid_value"), ("min_tokens", -1, "invalid_value"),
-    ("stop_token_ids", [50], "invalid_token_id"), ("n", 3, "unsupported_parameter"),
-    ("best_of", 2, "unsupported_parameter"), ("logprobs", 0, "unsupported_parameter"),
-    ("echo", True, "unsupported_parameter"), ("suffix", "s", "unsupported_parameter"),
-    ("logit_bias", {"1": 2}, "unsupported_parameter"), ("frequency_penalty", 1, "unsupported_parameter"),
-    ("repetition_penalty", 1.1, "unsupported_parameter"), ("draft", True, "unsupported_parameter"),
+    ("stop_token_ids", [50], "invalid_token_id"), ("n", 17, "invalid_value"), ("n", 0, "invalid_value"),
+    ("best_of", 2, "unsupported_parameter"), ("logprobs", 21, "invalid_value"), ("top_logprobs", 2, "unknown_parameter"),
+    ("echo", "yes", "invalid_type"), ("suffix", "s", "unsupported_parameter"),
+    ("logit_bias", {"1": 200}, "invalid_value"), ("logit_bias", {"99": 1}, "invalid_token_id"),
+    ("logit_bias", {"a": 1}, "invalid_value"), ("frequency_penalty", 2.5, "invalid_value"),
+    ("repetition_penalty", 0, "invalid_value"), ("draft", True, "unsupported_parameter"),
     ("draft", "no", "invalid_type"), ("response_format", {"type": "json_object"}, "unsupported_parameter"),
     ("return_token_ids", 1, "invalid_type"), ("stream", "yes", "invalid_type"),
+    ("use_beam_search", True, "unsupported_parameter"), ("guided_json", {}, "unsupported_parameter"),
+    ("guided_choice", ["a"], "unsupported_parameter"), ("structured_outputs", {"json": {}}, "unsupported_parameter"),
+    ("prompt_logprobs", 21, "invalid_value"), ("no_such_field", 1, "unknown_parameter"),
+    ("stream_options", {"include_usage": True}, "invalid_value"),
 ])
 def test_completion_field_refusals(field, value, code):
     e = err(parse_completion, {"prompt": "x", field: value}, INFO)
@@ -105,7 +110,18 @@ def test_chat_messages():
                             "messages[0].role"), ([{"role": "user"}], "messages[0].content"), ([5], "messages[0]")):
         assert err(parse_chat, {"messages": messages}, INFO).param == param
     e = err(parse_chat, {"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function"}]}, INFO)
-    assert e.param == "tools"
+    assert e.param == "tools[0]"
+    tool = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
+    r = parse_chat({"messages": [{"role": "user", "content": "x"}], "tools": [tool]}, INFO)
+    assert r.tools == [tool] and r.chat_kwargs["tools"] == [tool]
+    r = parse_chat({"messages": [{"role": "user", "content": "x"}], "tools": [tool], "tool_choice": "none"}, INFO)
+    assert r.tools is None and "tools" not in r.chat_kwargs
+    for choice in ("required", {"type": "function", "function": {"name": "f"}}):
+        e = err(parse_chat, {"messages": [{"role": "user", "content": "x"}], "tools": [tool], "tool_choice": choice},
+                INFO)
+        assert (e.param, e.code) == ("tool_choice", "unsupported_parameter")
+    dev = parse_chat({"messages": [{"role": "developer", "content": "d"}, {"role": "user", "content": "u"}]}, INFO)
+    assert dev.messages[0]["role"] == "system"
 
 
 def test_fit_context():
@@ -119,8 +135,11 @@ def test_fit_context():
 
 
 def test_stop_limits():
-    assert parse_completion({"prompt": "x", "stop": ["a"] * 4}, INFO).sampling["stop"] == ("a",) * 4
-    assert err(parse_completion, {"prompt": "x", "stop": ["a"] * 5}, INFO).param == "stop"
+    stops = [f"s{i}" for i in range(MAX_STOP_STRINGS)]
+    assert MAX_STOP_STRINGS >= 64
+    assert parse_completion({"prompt": "x", "stop": stops}, INFO).sampling["stop"] == tuple(stops)
+    e = err(parse_completion, {"prompt": "x", "stop": stops + ["z"]}, INFO)
+    assert e.param == "stop" and f"at most {MAX_STOP_STRINGS}" in e.message
     assert err(parse_completion, {"prompt": "x", "stop": [""]}, INFO).param == "stop"
 
 

@@ -1,0 +1,121 @@
+"""The allow-list: every request field of the installed openai SDK and of vLLM's extra parameters is in exactly one
+of implemented / ignored / refused, and a field that would change the output is never accepted silently."""
+from __future__ import annotations
+
+import typing
+
+import pytest
+from openai.types import completion_create_params as completion_params
+from openai.types.chat import ChatCompletionStreamOptionsParam
+from openai.types.chat import completion_create_params as chat_params
+
+from cupyglm.server.allowlist import STREAM_OPTIONS_IGNORED, STREAM_OPTIONS_IMPLEMENTED, lists
+from cupyglm.server.errors import ApiError
+from cupyglm.server.requests import ModelInfo, parse_chat, parse_completion
+
+INFO = ModelInfo(served_id="m", aliases=frozenset(), max_model_len=100, vocab_size=50)
+MSG = [{"role": "user", "content": "hi"}]
+
+# vLLM's extra parameters of the OpenAI-compatible server (docs.vllm.ai, "OpenAI-Compatible Server", sections
+# "Extra parameters" for the Completions and Chat APIs: sampling parameters and other parameters)
+VLLM_COMMON = [
+    "best_of", "use_beam_search", "top_k", "min_p", "repetition_penalty", "length_penalty", "stop_token_ids",
+    "include_stop_str_in_output", "ignore_eos", "min_tokens", "skip_special_tokens",
+    "spaces_between_special_tokens", "truncate_prompt_tokens", "allowed_token_ids", "prompt_logprobs",
+    "bad_words", "guided_json", "guided_regex", "guided_choice", "guided_grammar", "guided_decoding_backend",
+    "guided_whitespace_pattern", "structural_tag", "structured_outputs", "priority", "request_id",
+    "logits_processors", "return_tokens_as_token_ids", "return_token_ids", "cache_salt", "kv_transfer_params",
+    "vllm_xargs", "add_special_tokens", "response_format", "seed",
+]
+VLLM_CHAT = VLLM_COMMON + [
+    "echo", "add_generation_prompt", "continue_final_message", "documents", "chat_template",
+    "chat_template_kwargs", "mm_processor_kwargs",
+]
+VLLM_COMPLETION = VLLM_COMMON + ["prompt_embeds", "echo"]
+# this project's own fields
+OWN = ["draft"]
+
+
+def _sdk_fields(module) -> list[str]:
+    names = set(typing.get_type_hints(module.CompletionCreateParamsBase))
+    names |= set(typing.get_type_hints(module.CompletionCreateParamsStreaming))
+    return sorted(names)
+
+
+FIELDS = {
+    "chat": sorted(set(_sdk_fields(chat_params) + VLLM_CHAT + OWN)),
+    "completion": sorted(set(_sdk_fields(completion_params) + VLLM_COMPLETION + OWN)),
+}
+
+
+@pytest.mark.parametrize("kind", ["chat", "completion"])
+def test_every_field_in_exactly_one_list(kind):
+    implemented, ignored, refused = lists(kind)
+    assert "stream" in FIELDS[kind] and len(FIELDS[kind]) > 30
+    missing = [f for f in FIELDS[kind] if (f in implemented) + (f in ignored) + (f in refused) != 1]
+    assert not missing, f"{kind}: fields in none or several lists: {missing}"
+    assert not (set(implemented) & set(ignored)) and not (set(implemented) & set(refused))
+    assert not (set(ignored) & set(refused))
+
+
+def test_stream_options_fields_classified():
+    for f in typing.get_type_hints(ChatCompletionStreamOptionsParam):
+        assert (f in STREAM_OPTIONS_IMPLEMENTED) + (f in STREAM_OPTIONS_IGNORED) == 1, f
+
+
+def _parse(kind, extra):
+    body = {"messages": MSG, **extra} if kind == "chat" else {"prompt": "x", **extra}
+    return (parse_chat if kind == "chat" else parse_completion)(body, INFO)
+
+
+# values that would change the output: each must be refused by name (issue 19, item 4 and the rest)
+CHANGING = {
+    "guided_json": {"type": "object"}, "guided_choice": ["a", "b"], "guided_regex": "a+", "guided_grammar": "g",
+    "structured_outputs": {"choice": ["a"]}, "functions": [{"name": "f", "parameters": {}}],
+    "function_call": {"name": "f"}, "use_beam_search": True, "prediction": {"type": "content", "content": "x"},
+    "modalities": ["text", "audio"], "reasoning_effort": "low", "audio": {"voice": "alloy", "format": "wav"},
+    "verbosity": "low", "web_search_options": {}, "tools": [{"type": "function", "function": {"name": "f"}}],
+    "tool_choice": "required", "response_format": {"type": "json_object"}, "logit_bias": {"1": 5},
+    "presence_penalty": 0.5, "frequency_penalty": 0.5, "repetition_penalty": 1.2, "logprobs": 2,
+    "top_logprobs": 2, "prompt_logprobs": 1, "best_of": 2, "echo": True, "suffix": "s", "bad_words": ["x"],
+    "allowed_token_ids": [1], "include_stop_str_in_output": True, "truncate_prompt_tokens": 4,
+    "length_penalty": 0.5, "logits_processors": ["p"], "return_tokens_as_token_ids": True,
+    "continue_final_message": True, "chat_template": "{{ x }}", "add_special_tokens": False,
+    "spaces_between_special_tokens": False, "structural_tag": "t", "guided_decoding_backend": "xgrammar",
+    "guided_whitespace_pattern": " ", "kv_transfer_params": {}, "vllm_xargs": {"a": 1}, "documents": [],
+    "mm_processor_kwargs": {"a": 1}, "prompt_embeds": "AAAA", "moderation": True,
+}
+
+
+@pytest.mark.parametrize("kind", ["chat", "completion"])
+def test_refused_fields_are_refused_by_name(kind):
+    _, _, refused = lists(kind)
+    for name in refused:
+        assert name in CHANGING, f"no output-changing value listed for refused field {name!r}"
+        value = CHANGING[name]
+        if kind == "chat" and name == "logprobs":
+            value = True
+        with pytest.raises(ApiError) as e:
+            _parse(kind, {name: value})
+        assert (e.value.status, e.value.param, e.value.code) == (400, name, "unsupported_parameter"), name
+
+
+@pytest.mark.parametrize("kind", ["chat", "completion"])
+def test_ignored_fields_and_neutral_values_accepted(kind):
+    _, ignored, refused = lists(kind)
+    neutral = {"use_beam_search": False, "modalities": ["text"], "best_of": 1,
+               "response_format": {"type": "text"}, "tools": [],
+               "tool_choice": "none", "echo": False, "functions": None}
+    body = {k: v for k, v in neutral.items() if k in refused}
+    body.update({name: "x" for name in ignored})
+    _parse(kind, body)
+
+
+@pytest.mark.parametrize("kind", ["chat", "completion"])
+def test_unknown_field_refused(kind):
+    with pytest.raises(ApiError) as e:
+        _parse(kind, {"temprature": 0.5})
+    assert (e.value.param, e.value.code) == ("temprature", "unknown_parameter")
+    with pytest.raises(ApiError) as e:
+        _parse(kind, {"stream": True, "stream_options": {"include_usage": True, "every_chunk": True}})
+    assert e.value.param == "stream_options.every_chunk"
