@@ -83,6 +83,12 @@ class NumpyOps:
         """Report the launchers' preconditions that failed on the device since the last call (the cuda
         backend's checks.cu flags, read once); host arrays are checked at the call, so nothing here."""
 
+    def asnumpy_checked(self, x) -> np.ndarray:
+        """x on the host after raise_device_errors: a step's one read-back (the cuda backend moves the
+        checks' flags and x in a single device-to-host transfer)."""
+        self.raise_device_errors()
+        return self.asnumpy(x)
+
     def write_rows(self, store: np.ndarray, rows: np.ndarray, values: np.ndarray) -> None:
         """store[rows[i]] = values[i]. store: [N, C] bf16, rows: [n] int32, values: [n, C] bf16."""
         store[rows] = values

@@ -166,7 +166,7 @@ class Engine:
             data = stepmod.encode(msg)
             if self.size > 1:
                 self.comm.bcast_bytes(data)
-            outs = self._run(stepmod.decode(data))
+            outs = self._run(stepmod.decode(data), check=False)     # checked with the sampled tokens
             sampled = self._sample(plan, outs, reqs)
         finally:
             with self._lock:
@@ -232,7 +232,7 @@ class Engine:
         return stepmod.StepMessage(step=plan.step, new=tuple(new), cancelled=plan.released,
                                    schedule=tuple(entries))
 
-    def _run(self, msg: stepmod.StepMessage):
+    def _run(self, msg: stepmod.StepMessage, check: bool = True):
         """Apply a step message on this rank and run its rows; the model's outputs, one per row group."""
         self._mirror.apply(msg)
         for rid in msg.cancelled:
@@ -260,7 +260,7 @@ class Engine:
                 raise EngineError(f"rank {self.rank}: request {e.request_id}'s page table {state.pages} differs "
                                   f"from rank 0's (step {msg.step})")
             batch.append(SeqInput(np.asarray(tokens, dtype=np.int32), state))
-        return self.runner.forward(batch) if batch else []
+        return self.runner.forward(batch, check=check) if batch else []
 
     # ---- rank 0: sampling and outputs --------------------------------------------------------------------------
     def _sample(self, plan: StepPlan, outs, reqs: dict[int, Request]) -> dict[int, int]:
@@ -269,6 +269,7 @@ class Engine:
         still refused); the tokens come back to the host for the stops and the bookkeeping."""
         rows = [(g, out) for g, out in zip(plan.groups, outs) if g.logits]
         if not rows:
+            self.ops.raise_device_errors()
             return {}
         ops, xp = self.ops, self.ops.xp
         logits = xp.stack([xp.asarray(out.logits[-1], dtype=xp.float32).reshape(-1) for _, out in rows])
@@ -286,7 +287,7 @@ class Engine:
         temperature, top_k, top_p, min_p, seed, position = (
             np.array(col, dtype=dt) for col, dt in zip(zip(*params), (np.float32, np.int32, np.float32,
                                                                        np.float32, np.uint64, np.int32)))
-        tokens = ops.asnumpy(ops.sample(logits, temperature, top_k, top_p, min_p, seed, position))
+        tokens = ops.asnumpy_checked(ops.sample(logits, temperature, top_k, top_p, min_p, seed, position))
         sampled = {}
         for (g, _), tok in zip(rows, tokens):
             if tok < 0:
