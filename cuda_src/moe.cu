@@ -5,6 +5,7 @@
 // logits, scores, weights and the combine are fp32 (the reference keeps them fp32).
 #include "common.cuh"
 #include "exp_f32.cuh"
+#include "swiglu.cuh"
 
 #define MOE_MAX_K 32  // moe_route: experts per token <= 32 (the model has 8)
 
@@ -72,13 +73,7 @@ extern "C" __global__ void swiglu(const __nv_bfloat16* __restrict__ gate,  // [n
                                   long long n, int has_limit, float limit) {
   const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
   if (i >= n) return;
-  float g = ld_bf16(gate, i), u = ld_bf16(up, i);
-  if (has_limit) {  // comparisons written so that NaN passes through, as np.minimum / np.clip do
-    g = (g > limit) ? limit : g;
-    u = (u < -limit) ? -limit : u;
-    u = (u > limit) ? limit : u;
-  }
-  out[i] = to_bf16(bf16_round(g * sigmoid_f32(g)) * u);
+  out[i] = to_bf16(swiglu_f32(ld_bf16(gate, i), ld_bf16(up, i), has_limit, limit));
 }
 
 // out[t, d] = (sum_j w[t, j] * y[t, j, d], j in slot order from 0.0) + shared[t, d], fp32.

@@ -364,6 +364,23 @@ class NumpyOps:
             up = np.clip(up, np.float32(-limit), np.float32(limit))
         return bf16(f32(bf16(gate * _sigmoid(gate))) * up)
 
+    def gemm_swiglu(self, x, w_gate, w_up, limit: float | None) -> np.ndarray:
+        """swiglu(gemm(x, w_gate, bf16), gemm(x, w_up, bf16), limit): the dense MLP's [M, N] bf16 activation."""
+        return self.swiglu(self.gemm(x, w_gate, out="bf16"), self.gemm(x, w_up, out="bf16"), limit)
+
+    def gemm_grouped_swiglu(self, x, w_gate, w_up, group, limit: float | None) -> np.ndarray:
+        """The experts' [M, N] bf16 activation: swiglu of the two grouped GEMMs (w_*: [E, N, K] bf16)."""
+        return self.swiglu(self.gemm_grouped(x, w_gate, group, out="bf16"),
+                           self.gemm_grouped(x, w_up, group, out="bf16"), limit)
+
+    def moe_sort(self, ids: np.ndarray, n_experts: int):
+        """ids [T, k] int32 -> (order, group, src) [T*k] int32: pairs p = (row p // k, slot p % k) sorted by expert
+        (ids outside [0, E) last), in pair order within one; group = ids at order, src = order // k."""
+        flat = ids.reshape(-1).astype(np.int64)
+        key = np.where((flat >= 0) & (flat < n_experts), flat, n_experts)
+        order = np.argsort(key, kind="stable").astype(np.int32)
+        return order, flat[order].astype(np.int32), (order // ids.shape[1]).astype(np.int32)
+
     def moe_combine(self, y: np.ndarray, weights: np.ndarray, shared: np.ndarray) -> np.ndarray:
         """sum_k w_k y_k in slot order, then + shared; fp32. y: [T, k, D], weights: [T, k], shared: [T, D]."""
         acc = np.zeros_like(shared)

@@ -70,3 +70,21 @@ def sigmoid(k: Kernels, x, out: str = "f32"):
     if x.size:
         k.launch(SRC, "sigmoid_bf16" if bf else "sigmoid", ((x.size + 255) // 256,), (256,), (x, y, np.int64(x.size)))
     return y
+
+
+SORT_THREADS = 256   # moe_sort.cu's SORT_THREADS
+
+
+@op("moe_sort")
+def moe_sort(k: Kernels, ids, n_experts: int):
+    """ids: [T, k] int32 -> (order, group, src) [T*k] int32: pairs sorted by expert, pair order within one."""
+    ids = _arg(k, "moe_sort", "ids", ids, (None, None), np.int32)
+    t, kk = ids.shape
+    p, e = t * kk, int(n_experts)
+    if e < 1:
+        raise ValueError(f"moe_sort: n_experts must be positive, got {e}")
+    order, group, src = (k.empty((p,), np.int32) for _ in range(3))
+    if p:
+        k.launch("moe_sort.cu", "moe_sort", (1,), (SORT_THREADS,), (ids, order, group, src, i32(p), i32(e), i32(kk)),
+                 shared_mem=(e + 1 + SORT_THREADS) * 4)
+    return order, group, src
