@@ -91,6 +91,26 @@ extern "C" __global__ void moe_combine(const float* __restrict__ y,        // [T
   out[(long long)t * D + d] = acc + shared[(long long)t * D + d];
 }
 
+// moe_combine with the experts' outputs still in expert-sorted order: slot j of row t is ys[pos[t * k + j]]
+// (moe_sort's pos), the same sum in slot order as moe_combine (no scatter, no atomics).  A pos outside
+// [0, T * k) (moe_sort never writes one) reads nothing and makes the row NaN.
+extern "C" __global__ void moe_combine_sorted(const float* __restrict__ ys,      // [T * k, D] f32 sorted pairs
+                                              const int* __restrict__ pos,      // [T * k] i32 sorted slot of pair
+                                              const float* __restrict__ w,      // [T, k] f32
+                                              const float* __restrict__ shared, // [T, D] f32
+                                              float* __restrict__ out,          // [T, D] f32
+                                              int T, int k, int D) {
+  const int t = blockIdx.x;
+  const int d = blockIdx.y * blockDim.x + threadIdx.x;
+  if (d >= D) return;
+  float acc = 0.0f;
+  for (int j = 0; j < k; ++j) {
+    const long long r = pos[(long long)t * k + j];
+    acc = (r >= 0 && r < (long long)T * k) ? acc + w[(long long)t * k + j] * ys[r * D + d] : NAN;
+  }
+  out[(long long)t * D + d] = acc + shared[(long long)t * D + d];
+}
+
 // out = 1 / (1 + exp(-x)), elementwise fp32.
 extern "C" __global__ void sigmoid(const float* __restrict__ x,  // [n] f32
                                    float* __restrict__ out,      // [n] f32

@@ -6,7 +6,7 @@
 // One block, SORT_THREADS threads; dynamic shared memory (E + 1 + SORT_THREADS) ints.  Expert counts by
 // shared-memory integer atomics (order-free), their exclusive scan by one thread, then the pairs in tiles of
 // blockDim in pair order: a pair's slot is its expert's running base plus the pairs of its expert earlier in
-// the tile.  No host sync: the grouped GEMMs read group and the gather reads src on the device.
+// the tile.  No host sync: the grouped GEMMs read group, the gather src and the combine pos on the device.
 #include "common.cuh"
 
 #define SORT_THREADS 256
@@ -18,6 +18,7 @@ moe_sort(const int* __restrict__ ids,   // [P] i32 expert of each pair, P = T * 
          int* __restrict__ order,       // [P] i32 the pair at each sorted position
          int* __restrict__ group,       // [P] i32 its expert id
          int* __restrict__ src,         // [P] i32 its token row (pair / k)
+         int* __restrict__ pos,         // [P] i32 the sorted position of each pair (order's inverse)
          int P, int E, int k) {
   extern __shared__ int moe_sort_sh[];
   int* base = moe_sort_sh;               // [E + 1] running first slot of each bucket
@@ -49,6 +50,7 @@ moe_sort(const int* __restrict__ ids,   // [P] i32 expert of each pair, P = T * 
       order[at] = p;
       group[at] = id;
       src[at] = p / k;
+      pos[p] = at;
     }
     __syncthreads();                               // every slot read from base before it moves on
     if (p < P) atomicAdd(&base[e], 1);

@@ -370,19 +370,20 @@ class NumpyOps:
 
     def gemm_grouped_swiglu(self, x, w_gate, w_up, group, limit: float | None) -> np.ndarray:
         """The experts' [M, N] bf16 activation: swiglu of the two grouped GEMMs (w_*: [E, N, K] bf16)."""
-        return self.swiglu(self.gemm_grouped(x, w_gate, group, out="bf16"),
-                           self.gemm_grouped(x, w_up, group, out="bf16"), limit)
+        return self.swiglu(*(self.gemm_grouped(x, w, group, out="bf16") for w in (w_gate, w_up)), limit)
 
     def moe_sort(self, ids: np.ndarray, n_experts: int):
-        """ids [T, k] int32 -> (order, group, src) [T*k] int32: pairs p = (row p // k, slot p % k) sorted by expert
-        (ids outside [0, E) last), in pair order within one; group = ids at order, src = order // k."""
+        """ids [T, k] -> (order, group, src, pos) [T*k] int32: pairs p = (row p // k, slot p % k) by expert (ids
+        outside [0, E) last), pair order within one; group = ids at order, src = order // k, pos = order's inverse."""
         flat = ids.reshape(-1).astype(np.int64)
-        key = np.where((flat >= 0) & (flat < n_experts), flat, n_experts)
-        order = np.argsort(key, kind="stable").astype(np.int32)
-        return order, flat[order].astype(np.int32), (order // ids.shape[1]).astype(np.int32)
+        order = np.argsort(np.where((flat >= 0) & (flat < n_experts), flat, n_experts), kind="stable").astype(np.int32)
+        pos = np.argsort(order).astype(np.int32)                  # the inverse permutation
+        return order, flat[order].astype(np.int32), (order // ids.shape[1]).astype(np.int32), pos
 
-    def moe_combine(self, y: np.ndarray, weights: np.ndarray, shared: np.ndarray) -> np.ndarray:
-        """sum_k w_k y_k in slot order, then + shared; fp32. y: [T, k, D], weights: [T, k], shared: [T, D]."""
+    def moe_combine(self, y: np.ndarray, weights: np.ndarray, shared: np.ndarray, pos=None) -> np.ndarray:
+        """sum_k w_k y_k in slot order, then + shared; fp32. y: [T, k, D], weights: [T, k], shared: [T, D]; with
+        pos (moe_sort's), y is [T*k, D] expert-sorted and slot j of row t is y[pos[t*k + j]]."""
+        y = y if pos is None else y[pos].reshape(weights.shape + (y.shape[1],))
         acc = np.zeros_like(shared)
         for j in range(y.shape[1]):
             acc = acc + weights[:, j:j + 1] * y[:, j]

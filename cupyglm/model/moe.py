@@ -43,10 +43,8 @@ class MoE:
                                      c.routed_scaling_factor)
         t, k = ids.shape
         # pairs p = (row p // k, slot p % k) sorted by expert, in pair order within one expert (on the device)
-        order, group, src = ops.moe_sort(ids, c.n_routed_experts)
+        _, group, src, pos = ops.moe_sort(ids, c.n_routed_experts)
         xs = x[src]                                              # [T*k, D] bf16
         a = ops.gemm_grouped_swiglu(xs, self.gate, self.up, group, self.limit)    # [T*k, inter] bf16
-        ys = ops.gemm_grouped(a, self.down, group)               # [T*k, D] fp32
-        y = xp.empty((t * k, x.shape[1]), dtype=xp.float32)
-        y[order] = ys
-        return ops.moe_combine(y.reshape(t, k, x.shape[1]), weights, self.shared(x))
+        ys = ops.gemm_grouped(a, self.down, group)               # [T*k, D] fp32, expert-sorted
+        return ops.moe_combine(ys, weights, self.shared(x), pos)  # slot j of row t: ys[pos[t*k + j]]
