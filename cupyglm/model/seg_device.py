@@ -47,3 +47,23 @@ def token_rows(seg: Segment, kv, xp, tokens):
     safe = xp.maximum(tokens, np.int32(0))
     rows = table(seg, xp)[safe // pt] * pt + safe % pt
     return xp.where(tokens < 0, np.int32(-1), rows).astype(xp.int32, copy=False)
+
+
+def call_token_rows(segs: list[Segment], kv, xp, tokens):
+    """Latent rows of the call's token lists [T, W] int32 (-1 padded), row r through its own sequence's page
+    table: one pass for every segment (a [T, max pages] table uploaded once per call, cached on segs[0])."""
+    if len(segs) == 1:
+        return token_rows(segs[0], kv, xp, tokens)
+    dev = segs[0].dev
+    if "call_table" not in dev:
+        width = max(len(s.state.pages) for s in segs)
+        table = np.zeros((sum(s.n for s in segs), width), dtype=np.int32)    # [T, max pages] int32
+        for s in segs:
+            table[s.rows, :len(s.state.pages)] = s.state.pages
+        base = (np.arange(table.shape[0], dtype=np.int32) * np.int32(width))[:, None]
+        dev["call_table"] = (xp.asarray(table.reshape(-1)), xp.asarray(base))
+    flat, base = dev["call_table"]
+    pt = np.int32(kv.page_tokens)
+    safe = xp.maximum(tokens, np.int32(0))
+    rows = flat[base + safe // pt] * pt + safe % pt
+    return xp.where(tokens < 0, np.int32(-1), rows).astype(xp.int32, copy=False)
