@@ -236,10 +236,11 @@ class NumpyOps:
         inner = exp_f32(a_log)[None, :, None] * (a + dt_bias)
         return exp_f32(np.float32(lower) * _sigmoid(inner)).astype(np.float32)
 
-    def l2norm(self, x: np.ndarray, eps: float) -> np.ndarray:
-        """x / sqrt(sum(x^2) + eps) over the last axis: x bf16 -> fp32."""
+    def l2norm(self, x: np.ndarray, eps: float, scale: float | None = None) -> np.ndarray:
+        """x / sqrt(sum(x^2) + eps) over the last axis: x bf16 -> fp32; then times scale (fp32) when given."""
         x = f32(x)
-        return (x * _rsqrt(lane_sum(x * x) + np.float32(eps))[..., None]).astype(np.float32)
+        y = (x * _rsqrt(lane_sum(x * x) + np.float32(eps))[..., None]).astype(np.float32)
+        return y if scale is None else y * np.float32(scale)
 
     def kda_recurrence(self, S: np.ndarray, q: np.ndarray, k: np.ndarray, v: np.ndarray, g: np.ndarray,
                        beta: np.ndarray):
@@ -381,8 +382,7 @@ class NumpyOps:
         return order, flat[order].astype(np.int32), (order // ids.shape[1]).astype(np.int32), pos
 
     def moe_combine(self, y: np.ndarray, weights: np.ndarray, shared: np.ndarray, pos=None) -> np.ndarray:
-        """sum_k w_k y_k in slot order, then + shared; fp32. y: [T, k, D], weights: [T, k], shared: [T, D]; with
-        pos (moe_sort's), y is [T*k, D] expert-sorted and slot j of row t is y[pos[t*k + j]]."""
+        """sum_k w_k y_k in slot order, then + shared; fp32. y: [T, k, D] (with pos: [T*k, D], slot j at pos[t*k+j])."""
         y = y if pos is None else y[pos].reshape(weights.shape + (y.shape[1],))
         acc = np.zeros_like(shared)
         for j in range(y.shape[1]):

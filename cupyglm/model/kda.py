@@ -51,7 +51,7 @@ class KDALayer:
             S, window = seg.state.kda_state[self.layer], seg.state.kda_conv[self.layer]
             conv, window = ops.kda_conv(qkv[seg.rows], window, self.conv)
             q, kk, v = (conv[:, i * h * k:(i + 1) * h * k].reshape(-1, h, k) for i in range(3))
-            q = ops.l2norm(q, L2_EPS) * np.float32(k ** -0.5)
+            q = ops.l2norm(q, L2_EPS, k ** -0.5)                      # the scale fused in the kernel
             kk = ops.l2norm(kk, L2_EPS)
             ys, S = ops.kda_recurrence(S, q, kk, v, decay[seg.rows], beta[seg.rows])
             if whole:
