@@ -1,6 +1,6 @@
 """What one decode token costs on the `cuda` code path, counted by the CuPy double (tests/cupy_double): device-to-
 host syncs, RawKernel launches, CuPy's own kernels (elementwise ops, copies, reductions), host-to-device copies,
-allocations. No GPU needed; the baseline of decode-speed work.
+allocations, host time (the double's own cost included). No GPU needed; the baseline of decode-speed work.
 
     python bench/cuda_counts.py [--tokens 4] [--layers45] [--where]
 
@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -29,11 +30,22 @@ def _model_row(ckpt, ops, tokens: int, where: bool):
     st = runner.new_state()
     out = runner.forward([SeqInput(np.arange(5, 25, dtype=np.int32), st)])
     with cupy_double.counting(trace=where) as c:
+        t0 = time.perf_counter()
         for _ in range(tokens):
-            tok = int(np.argmax(ops.asnumpy(out[0].logits[-1])))
-            out = runner.forward([SeqInput(np.array([tok], np.int32), st)])
+            tok = int(np.argmax(_read_checked(ops, out[0].logits[-1])))
+            out = runner.model.forward([SeqInput(np.array([tok], np.int32), st)])     # checked with the read
+        c.host_s = time.perf_counter() - t0
+    _read_checked(ops, out[0].logits[-1])
     runner.release(st)
     return c
+
+
+def _read_checked(ops, x):
+    """The step's one read-back: x with the device checks' flags (a tree without asnumpy_checked: two reads)."""
+    if hasattr(ops, "asnumpy_checked"):
+        return ops.asnumpy_checked(x)
+    ops.raise_device_errors()
+    return ops.asnumpy(x)
 
 
 def _engine_row(ckpt, ops, tokens: int, where: bool):
@@ -60,8 +72,10 @@ def _engine_row(ckpt, ops, tokens: int, where: bool):
         started |= {o.request_id for o in eng.step() if o.new_token_ids}
     made = 0
     with cupy_double.counting(trace=where) as cnt:
+        t0 = time.perf_counter()
         for _ in range(tokens):
             made += sum(len(o.new_token_ids) for o in eng.step())
+        cnt.host_s = time.perf_counter() - t0
     while eng.has_work():
         eng.step()
     return cnt, made
@@ -70,7 +84,7 @@ def _engine_row(ckpt, ops, tokens: int, where: bool):
 def _print(name: str, c, per: int, where: bool) -> None:
     print(f"{name:<9} per token: syncs {c.syncs / per:g}, launches {c.launches / per:g}, cupy kernels "
           f"{c.kernels / per:g}, h2d copies {c.h2d / per:g} ({c.h2d_bytes / per:g} B), d2h {c.d2h_bytes / per:g} B, "
-          f"allocs {c.allocs / per:g}, collectives {c.collectives / per:g}")
+          f"allocs {c.allocs / per:g}, collectives {c.collectives / per:g}, host {1e3 * c.host_s / per:.1f} ms")
     if where:
         for counter in ("syncs", "h2d", "kernels", "launches"):
             top = sorted(c.where.get(counter, {}).items(), key=lambda kv: -kv[1])

@@ -29,10 +29,10 @@ from cupyglm.engine.runner import ModelRunner  # noqa: E402
 from cupyglm.model.glm import SeqInput  # noqa: E402
 
 
-def _runner(ckpt, backend: str, tokens: int) -> ModelRunner:
+def _runner(ckpt, backend: str, tokens: int, seqs: int = 1) -> ModelRunner:
     cfg = ckpt.config
     pt = cfg.page_tokens
-    return ModelRunner(ckpt, make_ops(resolve(backend)[0]), LocalComm(), -(-tokens // pt) + 2, pt)
+    return ModelRunner(ckpt, make_ops(resolve(backend)[0]), LocalComm(), seqs * (-(-tokens // pt) + 2), pt)
 
 
 def _greedy(runner: ModelRunner, prompt: np.ndarray, n: int):
@@ -102,6 +102,37 @@ def cmd_invariance(a) -> bool:
     return ok
 
 
+def _batched_decode(ckpt, a, batch: int, runner=None) -> None:
+    """Decode tok/s of `batch` sequences stepping together, against the HBM roofline of bench/roofline.py (the
+    bytes one step must read: weights once, KV and state per sequence) at a.hbm_gbs."""
+    from bench.roofline import step_bytes
+
+    cfg = ckpt.config
+    runner = runner or _runner(ckpt, a.backend, a.prompt_tokens + a.decode_tokens, batch)
+    prompt = np.random.default_rng(1).integers(3, cfg.vocab_size - 16, a.prompt_tokens).astype(np.int32)
+    sync = getattr(runner.ops, "cupy", None)
+    states = [runner.new_state() for _ in range(batch)]
+    outs = runner.forward([SeqInput(prompt, st) for st in states])
+    toks = [int(np.argmax(runner.ops.asnumpy(o.logits[-1]))) for o in outs]
+    steps = max(a.decode_tokens, 2)
+    for i in range(steps + 1):                            # step 0 warms up this batch size
+        if i == 1:
+            if sync is not None:
+                sync.cuda.Device().synchronize()
+            t0 = time.perf_counter()
+        outs = runner.forward([SeqInput(np.array([t], np.int32), st) for t, st in zip(toks, states)], check=False)
+        logits = runner.ops.asnumpy_checked(runner.ops.xp.stack([o.logits[-1] for o in outs]))
+        toks = [int(t) for t in np.argmax(logits, axis=1)]
+    if sync is not None:
+        sync.cuda.Device().synchronize()
+    dt = (time.perf_counter() - t0) / steps
+    for st in states:
+        runner.release(st)
+    roof = sum(step_bytes(cfg, 1, batch, a.prompt_tokens + a.decode_tokens).values()) / (a.hbm_gbs * 1e9)
+    print(f"decode batch {batch}: {batch / dt:.1f} tok/s ({1000 * dt:.2f} ms a step); HBM roofline "
+          f"{1e6 * roof:.1f} us a step ({batch / roof:,.0f} tok/s) at {a.hbm_gbs:.0f} GB/s: {roof / dt:.1%} of it")
+
+
 def cmd_speed(a) -> bool:
     if a.model == "tiny":
         ckpt = open_model(None)
@@ -134,6 +165,8 @@ def cmd_speed(a) -> bool:
             pre.append(a.prompt_tokens / (t1 - t0))
             dec.append(a.decode_tokens / (t2 - t1))
     p, d = float(np.median(pre)), float(np.median(dec))
+    for b in a.batch:
+        _batched_decode(ckpt, a, b, runner if b == 1 else None)
     print(f"RESULT speed ok {a.model} {a.backend}: prefill {a.prompt_tokens} tokens {p:.1f} tok/s (TTFT "
           f"{1000 * a.prompt_tokens / p:.0f} ms), decode {d:.1f} tok/s ({1000 / d:.1f} ms/token), median of {a.reps}")
     return True
@@ -156,6 +189,8 @@ def main(argv=None) -> int:
     s.add_argument("--prompt-tokens", type=int, default=256)
     s.add_argument("--decode-tokens", type=int, default=32)
     s.add_argument("--reps", type=int, default=2)
+    s.add_argument("--batch", type=int, nargs="*", default=[], help="also decode this many sequences together")
+    s.add_argument("--hbm-gbs", type=float, default=4800.0, help="HBM bandwidth of the roofline (H200: 4,800)")
     a = ap.parse_args(argv)
     ok = {"tokens": cmd_tokens, "invariance": cmd_invariance, "speed": cmd_speed}[a.cmd](a)
     return 0 if ok else 1

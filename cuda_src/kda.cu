@@ -50,11 +50,12 @@ extern "C" __global__ void kda_gate(const __nv_bfloat16* __restrict__ a,        
   g[i] = exp_f32(lower * sigmoid_f32(inner));
 }
 
-// out = x / sqrt(sum(x^2) + eps) per row of K, the sum in lane-16 order.  One group of 16 threads per
-// row; grid ceil(rows / (blockDim.x / 16)).
+// out = x / sqrt(sum(x^2) + eps) per row of K, the sum in lane-16 order, then (has_scale) times scale: the
+// reference's separate fp32 multiply (q's K^-0.5), rounded as it is.  One group of 16 threads per row;
+// grid ceil(rows / (blockDim.x / 16)).
 extern "C" __global__ void l2norm(const __nv_bfloat16* __restrict__ x,  // [rows, K] bf16
                                   float* __restrict__ out,              // [rows, K] f32
-                                  long long rows, int K, float eps) {
+                                  long long rows, int K, float eps, int has_scale, float scale) {
   const long long row = (long long)blockIdx.x * (blockDim.x >> 4) + (threadIdx.x >> 4);
   const int lane = threadIdx.x & 15;
   const bool active = row < rows;
@@ -62,7 +63,10 @@ extern "C" __global__ void l2norm(const __nv_bfloat16* __restrict__ x,  // [rows
   const float acc = lane16_sum_squares(xr, K, lane, active);
   if (!active) return;
   const float r = 1.0f / sqrtf(acc + eps);
-  for (int k = lane; k < K; k += 16) out[row * K + k] = ld_bf16(xr, k) * r;
+  for (int k = lane; k < K; k += 16) {
+    const float y = ld_bf16(xr, k) * r;
+    out[row * K + k] = has_scale ? y * scale : y;
+  }
 }
 
 // The delta rule, token by token.  Value row v of head h is independent of every other row, so a group of

@@ -5,6 +5,7 @@
 // logits, scores, weights and the combine are fp32 (the reference keeps them fp32).
 #include "common.cuh"
 #include "exp_f32.cuh"
+#include "swiglu.cuh"
 
 #define MOE_MAX_K 32  // moe_route: experts per token <= 32 (the model has 8)
 
@@ -72,13 +73,7 @@ extern "C" __global__ void swiglu(const __nv_bfloat16* __restrict__ gate,  // [n
                                   long long n, int has_limit, float limit) {
   const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
   if (i >= n) return;
-  float g = ld_bf16(gate, i), u = ld_bf16(up, i);
-  if (has_limit) {  // comparisons written so that NaN passes through, as np.minimum / np.clip do
-    g = (g > limit) ? limit : g;
-    u = (u < -limit) ? -limit : u;
-    u = (u > limit) ? limit : u;
-  }
-  out[i] = to_bf16(bf16_round(g * sigmoid_f32(g)) * u);
+  out[i] = to_bf16(swiglu_f32(ld_bf16(gate, i), ld_bf16(up, i), has_limit, limit));
 }
 
 // out[t, d] = (sum_j w[t, j] * y[t, j, d], j in slot order from 0.0) + shared[t, d], fp32.
@@ -93,6 +88,26 @@ extern "C" __global__ void moe_combine(const float* __restrict__ y,        // [T
   if (d >= D) return;
   float acc = 0.0f;
   for (int j = 0; j < k; ++j) acc = acc + w[(long long)t * k + j] * y[((long long)t * k + j) * D + d];
+  out[(long long)t * D + d] = acc + shared[(long long)t * D + d];
+}
+
+// moe_combine with the experts' outputs still in expert-sorted order: slot j of row t is ys[pos[t * k + j]]
+// (moe_sort's pos), the same sum in slot order as moe_combine (no scatter, no atomics).  A pos outside
+// [0, T * k) (moe_sort never writes one) reads nothing and makes the row NaN.
+extern "C" __global__ void moe_combine_sorted(const float* __restrict__ ys,      // [T * k, D] f32 sorted pairs
+                                              const int* __restrict__ pos,      // [T * k] i32 sorted slot of pair
+                                              const float* __restrict__ w,      // [T, k] f32
+                                              const float* __restrict__ shared, // [T, D] f32
+                                              float* __restrict__ out,          // [T, D] f32
+                                              int T, int k, int D) {
+  const int t = blockIdx.x;
+  const int d = blockIdx.y * blockDim.x + threadIdx.x;
+  if (d >= D) return;
+  float acc = 0.0f;
+  for (int j = 0; j < k; ++j) {
+    const long long r = pos[(long long)t * k + j];
+    acc = (r >= 0 && r < (long long)T * k) ? acc + w[(long long)t * k + j] * ys[r * D + d] : NAN;
+  }
   out[(long long)t * D + d] = acc + shared[(long long)t * D + d];
 }
 

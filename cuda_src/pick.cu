@@ -4,28 +4,65 @@
 // exact top npools pools by score, ties to the lower pool index, in ascending pool order, expanded to their
 // kpool tokens each, then the tail tokens v*kpool..q of the incomplete pool; -1 after the count.
 //
-// Selection is rank-by-counting: pool p is picked iff fewer than npools pools beat it, where j beats p when
-// s_j > s_p, or s_j == s_p and j < p.  Exact, no sort, no atomics; O(v^2) per row (fine at the contexts
-// the tiny model and the contract run; a radix select is the long-context upgrade).  A pool's slot in the
-// ascending list is the number of picked pools below it, counted over the block's shared flags.
+// Selection is an exact radix select over (score key, pool index): a score's key is a uint32 that orders as
+// the score does (-0 ties +0; NaN below every number, as numpy's argsort(-s) puts NaN last).  Four passes
+// of 8-bit digits, most significant first, each a 256-bin histogram (shared-memory integer atomics: order-
+// free) of the keys that match the digits fixed so far, find T, the npools-th largest key, and `need`, how
+// many pools of key T are picked.  One more pass over the pools in tiles of blockDim, in pool order, picks
+// key > T, and key == T while fewer than `need` equal keys came before (ties to the lower index); block
+// scans give each picked pool its slot.  O(v) per row, shared memory independent of v (no context cap).
 //
-// One block per row (grid = T), dynamic shared memory: P bytes of flags.  width >= npools * kpool (the
-// launcher checks), so picked pools always fit; the dense list and the tail stop at width.  Scores of pools >= v (not yet
+// One block per row (grid = T), PICK_THREADS threads.  width >= npools * kpool (the launcher checks), so
+// picked pools always fit; the dense list and the tail stop at width.  Scores of pools >= v (not yet
 // visible; the caller leaves anything there) are never read.
 #include "common.cuh"
 
-extern "C" __global__ void dsa_pick(const float* __restrict__ scores,    // [T, P] f32 pool scores
-                                    const int* __restrict__ positions,   // [T] i32 position of each row
-                                    int* __restrict__ tokens,            // [T, width] i32, -1 padded
-                                    int* __restrict__ counts,            // [T] i32
-                                    int P, int npools, int kpool, int width) {
-  extern __shared__ unsigned char picked[];
+#define PICK_THREADS 128
+#define PICK_WARPS (PICK_THREADS / 32)
+#define PICK_BINS 256
+
+__device__ __forceinline__ unsigned pick_key(float s) {
+  if (s != s) return 0u;                                   // NaN: below -inf (key >= 1 for every number)
+  const unsigned b = __float_as_uint(s == 0.0f ? 0.0f : s);  // -0 -> +0: they tie
+  return (b & 0x80000000u) ? ~b : (b | 0x80000000u);
+}
+
+// Exclusive prefix sum of x over the block (every thread calls it, blockDim == PICK_THREADS); *total: the sum.
+__device__ __forceinline__ int pick_scan(int x, int* warp_tot, int* total) {
+  const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+  int inc = x;
+  for (int o = 1; o < 32; o <<= 1) {
+    const int y = __shfl_up_sync(FULL_MASK, inc, o);
+    if (lane >= o) inc += y;
+  }
+  if (lane == 31) warp_tot[w] = inc;
+  __syncthreads();
+  int before = 0, all = 0;
+  for (int i = 0; i < PICK_WARPS; ++i) {
+    before += i < w ? warp_tot[i] : 0;
+    all += warp_tot[i];
+  }
+  __syncthreads();                                         // warp_tot is rewritten by the next call
+  *total = all;
+  return before + inc - x;
+}
+
+extern "C" __global__ void __launch_bounds__(PICK_THREADS)
+dsa_pick(const float* __restrict__ scores,    // [T, P] f32 pool scores
+         const int* __restrict__ positions,   // [T] i32 position of each row
+         int* __restrict__ tokens,            // [T, width] i32, -1 padded
+         int* __restrict__ counts,            // [T] i32
+         int P, int npools, int kpool, int width) {
+  __shared__ unsigned hist[PICK_BINS];
+  __shared__ int warp_tot[PICK_WARPS];
+  __shared__ unsigned s_digit;
+  __shared__ int s_need;
   const int t = blockIdx.x;
   const int tid = threadIdx.x;
   const int q = positions[t];
   const int v = (q + 1) / kpool;
   int* out = tokens + (long long)t * width;
-  if (v <= npools) {                                   // dense: every token so far
+  if (v <= npools) {                                   // dense: every token so far (block-uniform branch)
     for (int i = tid; i < width; i += blockDim.x) out[i] = i <= q ? i : -1;
     if (tid == 0) counts[t] = q + 1;
     return;
@@ -33,21 +70,47 @@ extern "C" __global__ void dsa_pick(const float* __restrict__ scores,    // [T, 
   const float* s = scores + (long long)t * P;
   // The launcher guarantees v <= P (sim checks it on the host); never read past the row regardless.
   const int vr = min(v, P);
-  for (int p = tid; p < vr; p += blockDim.x) {
-    const float sp = s[p];
-    int beat = 0;
-    for (int j = 0; j < vr && beat < npools; ++j) {
-      const float sj = s[j];
-      beat += (sj > sp || (sj == sp && j < p)) ? 1 : 0;
+  unsigned prefix = 0u, mask = 0u;
+  int need = npools;                                   // keys still to take among those matching prefix
+  for (int shift = 24; shift >= 0; shift -= 8) {
+    for (int i = tid; i < PICK_BINS; i += blockDim.x) hist[i] = 0u;
+    __syncthreads();
+    for (int p = tid; p < vr; p += blockDim.x) {
+      const unsigned k = pick_key(s[p]);
+      if ((k & mask) == prefix) atomicAdd(&hist[(k >> shift) & 255u], 1u);
     }
-    picked[p] = beat < npools ? 1 : 0;
+    __syncthreads();
+    if (tid == 0) {                                    // the digit holding the need-th largest matching key
+      unsigned acc = 0u;
+      int d = PICK_BINS - 1;
+      for (; d > 0; --d) {
+        if (acc + hist[d] >= (unsigned)need) break;
+        acc += hist[d];
+      }
+      s_digit = (unsigned)d;
+      s_need = need - (int)acc;
+    }
+    __syncthreads();
+    prefix |= s_digit << shift;
+    mask |= 255u << shift;
+    need = s_need;
+    __syncthreads();                                   // s_digit, s_need read before the next pass writes them
   }
-  __syncthreads();
-  for (int p = tid; p < vr; p += blockDim.x) {
-    if (!picked[p]) continue;
-    int slot = 0;
-    for (int j = 0; j < p; ++j) slot += picked[j];
-    for (int i = 0; i < kpool; ++i) out[slot * kpool + i] = p * kpool + i;
+  const unsigned T = prefix;
+  int slot0 = 0, eq0 = 0;
+  for (int base = 0; base < vr; base += blockDim.x) {  // block-uniform trip count
+    const int p = base + tid;
+    const unsigned k = p < vr ? pick_key(s[p]) : 0u;
+    const int gt = (p < vr && k > T) ? 1 : 0;
+    const int eq = (p < vr && k == T) ? 1 : 0;
+    int eq_tile, n_tile;
+    const int eq_rank = eq0 + pick_scan(eq, warp_tot, &eq_tile);
+    const int pk = (gt || (eq && eq_rank < need)) ? 1 : 0;
+    const int slot = slot0 + pick_scan(pk, warp_tot, &n_tile);
+    if (pk)
+      for (int i = 0; i < kpool; ++i) out[slot * kpool + i] = p * kpool + i;
+    eq0 += eq_tile;
+    slot0 += n_tile;
   }
   const int base = npools * kpool;
   const int ntail = q + 1 - v * kpool;

@@ -59,6 +59,12 @@ class CudaOps(NumpyOps):
         from cupyglm.kernels import guards
         guards.raise_pending(self.kernels)
 
+    def asnumpy_checked(self, x) -> np.ndarray:
+        """x on the host, the device checks' flags in the same transfer (raises guards.DeviceCheckError)."""
+        from cupyglm.kernels import guards
+        h = guards.fetch_checked(self.kernels, x)
+        return from_bits(h) if h.dtype == BF16_BITS else h
+
 
 def _missing(name: str):
     def refuse(*args, **kwargs):

@@ -85,6 +85,12 @@ class NumpyOps:
         """Report the launchers' preconditions that failed on the device since the last call (the cuda
         backend's checks.cu flags, read once); host arrays are checked at the call, so nothing here."""
 
+    def asnumpy_checked(self, x) -> np.ndarray:
+        """x on the host after raise_device_errors: a step's one read-back (the cuda backend moves the
+        checks' flags and x in a single device-to-host transfer)."""
+        self.raise_device_errors()
+        return self.asnumpy(x)
+
     def write_rows(self, store: np.ndarray, rows: np.ndarray, values: np.ndarray) -> None:
         """store[rows[i]] = values[i]. store: [N, C] bf16, rows: [n] int32, values: [n, C] bf16."""
         store[rows] = values
@@ -232,10 +238,11 @@ class NumpyOps:
         inner = exp_f32(a_log)[None, :, None] * (a + dt_bias)
         return exp_f32(np.float32(lower) * _sigmoid(inner)).astype(np.float32)
 
-    def l2norm(self, x: np.ndarray, eps: float) -> np.ndarray:
-        """x / sqrt(sum(x^2) + eps) over the last axis: x bf16 -> fp32."""
+    def l2norm(self, x: np.ndarray, eps: float, scale: float | None = None) -> np.ndarray:
+        """x / sqrt(sum(x^2) + eps) over the last axis: x bf16 -> fp32; then times scale (fp32) when given."""
         x = f32(x)
-        return (x * _rsqrt(lane_sum(x * x) + np.float32(eps))[..., None]).astype(np.float32)
+        y = (x * _rsqrt(lane_sum(x * x) + np.float32(eps))[..., None]).astype(np.float32)
+        return y if scale is None else y * np.float32(scale)
 
     def kda_recurrence(self, S: np.ndarray, q: np.ndarray, k: np.ndarray, v: np.ndarray, g: np.ndarray,
                        beta: np.ndarray):
@@ -360,8 +367,25 @@ class NumpyOps:
             up = np.clip(up, np.float32(-limit), np.float32(limit))
         return bf16(f32(bf16(gate * _sigmoid(gate))) * up)
 
-    def moe_combine(self, y: np.ndarray, weights: np.ndarray, shared: np.ndarray) -> np.ndarray:
-        """sum_k w_k y_k in slot order, then + shared; fp32. y: [T, k, D], weights: [T, k], shared: [T, D]."""
+    def gemm_swiglu(self, x, w_gate, w_up, limit: float | None) -> np.ndarray:
+        """swiglu(gemm(x, w_gate, bf16), gemm(x, w_up, bf16), limit): the dense MLP's [M, N] bf16 activation."""
+        return self.swiglu(self.gemm(x, w_gate, out="bf16"), self.gemm(x, w_up, out="bf16"), limit)
+
+    def gemm_grouped_swiglu(self, x, w_gate, w_up, group, limit: float | None) -> np.ndarray:
+        """The experts' [M, N] bf16 activation: swiglu of the two grouped GEMMs (w_*: [E, N, K] bf16)."""
+        return self.swiglu(*(self.gemm_grouped(x, w, group, out="bf16") for w in (w_gate, w_up)), limit)
+
+    def moe_sort(self, ids: np.ndarray, n_experts: int):
+        """ids [T, k] -> (order, group, src, pos) [T*k] int32: pairs p = (row p // k, slot p % k) by expert (ids
+        outside [0, E) last), pair order within one; group = ids at order, src = order // k, pos = order's inverse."""
+        flat = ids.reshape(-1).astype(np.int64)
+        order = np.argsort(np.where((flat >= 0) & (flat < n_experts), flat, n_experts), kind="stable").astype(np.int32)
+        pos = np.argsort(order).astype(np.int32)                  # the inverse permutation
+        return order, flat[order].astype(np.int32), (order // ids.shape[1]).astype(np.int32), pos
+
+    def moe_combine(self, y: np.ndarray, weights: np.ndarray, shared: np.ndarray, pos=None) -> np.ndarray:
+        """sum_k w_k y_k in slot order, then + shared; fp32. y: [T, k, D] (with pos: [T*k, D], slot j at pos[t*k+j])."""
+        y = y if pos is None else y[pos].reshape(weights.shape + (y.shape[1],))
         acc = np.zeros_like(shared)
         for j in range(y.shape[1]):
             acc = acc + weights[:, j:j + 1] * y[:, j]

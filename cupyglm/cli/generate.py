@@ -26,7 +26,7 @@ def generate(args: argparse.Namespace) -> None:
     from cupyglm.backend import resolve
     from cupyglm.checkpoint.loader import open_model
     from cupyglm.dist import world as world_mod
-    from cupyglm.engine.engine import build
+    from cupyglm.engine.build import build
     from cupyglm.engine.sampling import SamplingParams
 
     if args.max_tokens < 1:

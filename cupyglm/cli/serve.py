@@ -139,7 +139,7 @@ def bind(host: str, port: int) -> socket.socket:
 
 def make_engine(world, ckpt):
     """This rank's engine (a collective: every rank builds its own in the same order; each prints its plan line)."""
-    from cupyglm.engine.engine import build
+    from cupyglm.engine.build import build
 
     engine, _plan = build(world, ckpt)
     return engine

@@ -71,17 +71,20 @@ def _gate(label: str, n: int, h: int, kd: int) -> None:
     case(Case(f"kda_gate[{label}]", ("kda_gate",), make, run, replay, ctl, GATE_ULPS, GATE_WHY))
 
 
-def _l2(label: str, shape) -> None:
+def _l2(label: str, shape, scale=None) -> None:
+    """scale: q's K^-0.5 multiplied in the kernel (control: the scale left out)."""
     def make(rng):
         return {"x": _bf(rng, shape)}
 
     def run(k, d):
-        return {"y": ops_kda.l2norm(k, d["x"], L2_EPS)}
+        return {"y": ops_kda.l2norm(k, d["x"], L2_EPS, scale)}
 
     def replay(d):
-        return {"y": REF.l2norm(d["x"], L2_EPS)}
+        return {"y": REF.l2norm(d["x"], L2_EPS, scale)}
 
     def ctl(k, d):                                     # the last column dropped (a loop bound off by one)
+        if scale is not None:
+            return {"y": ops_kda.l2norm(k, d["x"], L2_EPS)}
         x = d["x"].copy()
         x[..., -1] = 0
         return {"y": ops_kda.l2norm(k, x, L2_EPS)}
@@ -155,6 +158,8 @@ _l2("decode",        (1, 4, 32))
 _l2("prompt37",      (37, 4, 32))
 _l2("odd",           (3, 5, 40))          # K % 16 = 8
 _l2("full",          (2, 32, 128))
+_l2("decode.q",      (1, 4, 32), 32 ** -0.5)     # q: the K^-0.5 scale in the kernel
+_l2("full.q",        (2, 32, 128), 128 ** -0.5)
 #     label           n   H    V    K
 _rec("decode",        1,  4,  32,  32)
 _rec("verify",       16,  4,  32,  32)

@@ -46,7 +46,7 @@ class LLM:
         from cupyglm.backend import resolve
         from cupyglm.checkpoint.loader import open_model
         from cupyglm.dist import world as world_mod
-        from cupyglm.engine.engine import build, log_line
+        from cupyglm.engine.build import build, log_line
         from cupyglm.settings import Settings
 
         if settings is None:

@@ -81,10 +81,11 @@ def logprobs_rows(logits: np.ndarray, tokens: np.ndarray, k: int) -> np.ndarray:
 
 def tokens_and_logprobs(ops, logits, drawn, tops: list[int | None]) -> tuple[np.ndarray, dict[int, tuple]]:
     """The step's drawn tokens on the host and, for each row i whose request asked (tops[i] not None), its
-    (logprob, top) from `ops.logprobs` on the same logits: tokens and logprobs come back in one copy."""
+    (logprob, top) from `ops.logprobs` on the same logits: tokens, logprobs and the step's device-check flags come
+    back in one copy."""
     if all(t is None for t in tops):
-        return ops.asnumpy(drawn), {}
-    packed = ops.asnumpy(ops.logprobs(logits, drawn, max(t for t in tops if t is not None)))
+        return ops.asnumpy_checked(drawn), {}
+    packed = ops.asnumpy_checked(ops.logprobs(logits, drawn, max(t for t in tops if t is not None)))
     return packed[:, 0], {i: unpack(packed, i, t) for i, t in enumerate(tops) if t is not None}
 
 

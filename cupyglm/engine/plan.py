@@ -11,8 +11,7 @@ Every array's bytes come from `cupyglm.memory`, at the storage of the backend th
 is what the weights, the KV store and the states allocate. With 16-bit storage a token takes 13,056 bytes for
 glm-5.3-flash (every KV layer's latent row + its share of a pooled key); with --kv-host the card keeps only the
 pooled keys (12 x 64 = 768 B/token) and the latent rows live in host memory. `context 0` is the largest window
-that fits, capped at the model's maximum context and at the pick kernel's limit; a context past any of the
-three is refused by name. Under MPI each rank plans from its own free memory and the ranks take the minimum
+that fits, capped at the model's maximum context; a context past either is refused by name. Under MPI each rank plans from its own free memory and the ranks take the minimum
 (`agree`). The activation share is an estimate (named terms below).
 """
 from __future__ import annotations
@@ -90,20 +89,6 @@ def activation_bytes(cfg: ModelConfig, tp: int, rows: int, logit_rows: int, item
     return int((rows * per_row + logits) * itemsize)
 
 
-def pick_window_limit(cfg: ModelConfig) -> int:
-    """The longest window the DSA pick kernel serves: it keeps one flag byte per pool in its shared memory."""
-    from cupyglm.kernels.ops_pick import MAX_SMEM
-
-    return MAX_SMEM * cfg.index_kpool
-
-
-def _pick_limit_reason(cfg: ModelConfig) -> str:
-    from cupyglm.kernels.ops_pick import MAX_SMEM
-
-    return (f"the DSA pick keeps one flag byte per pool of {cfg.index_kpool} tokens in {MAX_SMEM // 1024} KiB of "
-            f"shared memory, so it serves at most {MAX_SMEM:,} pools = {pick_window_limit(cfg):,} tokens")
-
-
 def mem_available() -> int:
     """MemAvailable from /proc/meminfo, in bytes."""
     with open("/proc/meminfo") as fh:
@@ -175,20 +160,17 @@ def _size(n: int) -> str:
 
 
 def _window(cfg: ModelConfig, context: int, largest: int) -> tuple[int, str]:
-    """The window and what capped it: an explicit --context is refused past the model's maximum, the pick's
-    limit or the largest window that fits; context 0 is the largest that fits under the first two."""
-    model_max, pick_max = cfg.max_position_embeddings, pick_window_limit(cfg)
+    """The window and what capped it: an explicit --context is refused past the model's maximum or the largest
+    window that fits; context 0 is the largest that fits under the model's maximum (the pick has no cap)."""
+    model_max = cfg.max_position_embeddings
     if context:
         if context > model_max:
             raise PlanError(f"--context {context:,} exceeds the model's maximum context of {model_max:,} tokens "
                             f"(max_position_embeddings in its config.json)")
-        if context > pick_max:
-            raise PlanError(f"--context {context:,} exceeds the pick's limit of {pick_max:,} tokens: "
-                            f"{_pick_limit_reason(cfg)}")
         if context > largest:
             raise PlanError(f"--context {context} does not fit: the largest window is {largest:,} tokens")
         return context, ""
-    caps = [(largest, ""), (model_max, "the model's maximum context"), (pick_max, "the pick's limit")]
+    caps = [(largest, ""), (model_max, "the model's maximum context")]
     return min(caps, key=lambda c: c[0])
 
 

@@ -48,11 +48,12 @@ class Guards:
             self.flags = self.k.xp.zeros((MAX_SLOTS, 2), dtype=np.uint32)
         return len(self.messages) - len(messages)
 
-    def take(self) -> list[str]:
-        """Read the flags once (the one sync), clear them; the failed checks' lines."""
+    def take(self, host=None) -> list[str]:
+        """Read the flags once (the one sync; `host`: a copy already read), clear them; the failed checks' lines."""
         if self.flags is None:
             return []
-        host = self.k.xp.asnumpy(self.flags) if self.k.xp is not np else self.flags.copy()
+        if host is None:
+            host = self.k.xp.asnumpy(self.flags) if self.k.xp is not np else self.flags.copy()
         if not host[:, 0].any():
             return []
         self.flags[...] = 0
@@ -75,6 +76,26 @@ def raise_pending(k: Kernels) -> None:
     lines = guards_of(k).take()
     if lines:
         raise DeviceCheckError("; ".join(lines))
+
+
+def fetch_checked(k: Kernels, x) -> np.ndarray:
+    """x (a 4-byte dtype) on the host with the flags in the same device-to-host transfer; raises
+    DeviceCheckError if a check failed (before anyone reads x)."""
+    g, xp = guards_of(k), k.xp
+    if g.flags is None or xp is np:
+        lines = g.take()
+        if lines:
+            raise DeviceCheckError("; ".join(lines))
+        return xp.asnumpy(x) if xp is not np else np.array(x)
+    if x.dtype.itemsize != 4:
+        raise ValueError(f"fetch_checked: x must have a 4-byte dtype, got {x.dtype}")
+    nf = g.flags.size
+    both = xp.concatenate([g.flags.reshape(-1), xp.ascontiguousarray(x).reshape(-1).view(xp.uint32)])
+    host = xp.asnumpy(both)
+    lines = g.take(host[:nf].reshape(g.flags.shape))
+    if lines:
+        raise DeviceCheckError("; ".join(lines))
+    return host[nf:].view(x.dtype).reshape(x.shape)
 
 
 # ---- the kernels (also the contract's entry points) -----------------------------------------------------------

@@ -21,7 +21,7 @@ OPS: dict[str, Callable] = {}
 # may copy other array arguments (to make them contiguous or move them to the device), never these.
 INPLACE: dict[str, tuple[int, ...]] = {}
 # NumpyOps methods that are storage, not compute: a backend without a kernel for them may run them as is.
-KERNEL_FREE = frozenset({"weight", "asnumpy", "bf16_full", "raise_device_errors"})
+KERNEL_FREE = frozenset({"weight", "asnumpy", "bf16_full", "raise_device_errors", "asnumpy_checked"})
 
 
 def op(name: str, inplace: tuple[int, ...] = ()):

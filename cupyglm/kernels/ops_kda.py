@@ -55,15 +55,16 @@ def kda_gate(k: Kernels, a, a_log, dt_bias, lower):
 
 
 @op("l2norm")
-def l2norm(k: Kernels, x, eps):
-    """x / sqrt(sum(x^2) + eps) over the last axis: x bf16 -> fp32."""
+def l2norm(k: Kernels, x, eps, scale=None):
+    """x / sqrt(sum(x^2) + eps) over the last axis: x bf16 -> fp32; then times scale (fp32) when given."""
     x = _arg(k, "l2norm", "x", x, None, k.bf16)
     if x.ndim < 1:
         raise ValueError("l2norm: parameter x must have at least one axis")
     rows, kk = _rows(x.shape), x.shape[-1]
     out = k.empty(x.shape)
     if rows and kk:
-        k.launch(SRC, "l2norm", ((rows + 7) // 8,), (128,), (x, out, np.int64(rows), i32(kk), f32(eps)))
+        k.launch(SRC, "l2norm", ((rows + 7) // 8,), (128,), (x, out, np.int64(rows), i32(kk), f32(eps),
+                                                                i32(scale is not None), f32(scale or 0.0)))
     return out
 
 

@@ -49,15 +49,23 @@ def swiglu(k: Kernels, gate, up, limit):
 
 
 @op("moe_combine")
-def moe_combine(k: Kernels, y, weights, shared):
-    """sum_k w_k y_k in slot order, then + shared; fp32. y: [T, k, D], weights: [T, k], shared: [T, D]."""
-    y = _arg(k, "moe_combine", "y", y, (None, None, None))
-    t, kk, d = y.shape
+def moe_combine(k: Kernels, y, weights, shared, pos=None):
+    """sum_k w_k y_k in slot order, then + shared; fp32. y: [T, k, D], weights: [T, k], shared: [T, D]; with pos
+    ([T*k] int32, moe_sort's), y is [T*k, D] in expert-sorted order and slot j of row t is y[pos[t*k + j]]."""
+    t, kk = weights.shape if pos is not None else (None, None)
+    if pos is None:
+        y = _arg(k, "moe_combine", "y", y, (None, None, None))
+        t, kk, d = y.shape
+    else:
+        y = _arg(k, "moe_combine", "y", y, (t * kk, None))
+        d = y.shape[1]
+        pos = _arg(k, "moe_combine", "pos", pos, (t * kk,), np.int32)
     weights = _arg(k, "moe_combine", "weights", weights, (t, kk))
     shared = _arg(k, "moe_combine", "shared", shared, (t, d))
     out = k.empty((t, d))
     if t and d:
-        k.launch(SRC, "moe_combine", (t, (d + 255) // 256), (256,), (y, weights, shared, out, i32(t), i32(kk), i32(d)))
+        kernel, first = ("moe_combine", (y,)) if pos is None else ("moe_combine_sorted", (y, pos))
+        k.launch(SRC, kernel, (t, (d + 255) // 256), (256,), (*first, weights, shared, out, i32(t), i32(kk), i32(d)))
     return out
 
 
@@ -70,3 +78,22 @@ def sigmoid(k: Kernels, x, out: str = "f32"):
     if x.size:
         k.launch(SRC, "sigmoid_bf16" if bf else "sigmoid", ((x.size + 255) // 256,), (256,), (x, y, np.int64(x.size)))
     return y
+
+
+SORT_THREADS = 256   # moe_sort.cu's SORT_THREADS
+
+
+@op("moe_sort")
+def moe_sort(k: Kernels, ids, n_experts: int):
+    """ids: [T, k] int32 -> (order, group, src, pos) [T*k] int32: pairs sorted by expert, pair order within one;
+    pos: each pair's sorted position."""
+    ids = _arg(k, "moe_sort", "ids", ids, (None, None), np.int32)
+    t, kk = ids.shape
+    p, e = t * kk, int(n_experts)
+    if e < 1:
+        raise ValueError(f"moe_sort: n_experts must be positive, got {e}")
+    order, group, src, pos = (k.empty((p,), np.int32) for _ in range(4))
+    if p:
+        k.launch("moe_sort.cu", "moe_sort", (1,), (SORT_THREADS,),
+                 (ids, order, group, src, pos, i32(p), i32(e), i32(kk)), shared_mem=(e + 1 + SORT_THREADS) * 4)
+    return order, group, src, pos

@@ -7,8 +7,7 @@ from cupyglm.kernels import guards
 from cupyglm.kernels.ops import Kernels, check, i32, op
 
 SRC = "pick.cu"
-THREADS = 128
-MAX_SMEM = 48 * 1024          # one flag byte per pool, in dynamic shared memory
+THREADS = 128                 # PICK_THREADS in pick.cu (its block scans assume exactly this many)
 
 
 @op("pick")
@@ -27,8 +26,6 @@ def pick(k: Kernels, scores, positions, npools: int, kpool: int, width: int):
     if width < npools * kpool:
         raise ValueError(f"pick: parameter width={width} must be at least npools * kpool = {npools * kpool}")
     t, p = scores.shape
-    if p > MAX_SMEM:
-        raise ValueError(f"pick: parameter scores has {p} pools; at most {MAX_SMEM} fit the kernel's flags")
     pos = xp.ascontiguousarray(positions, dtype=xp.int32)
     tokens = k.empty((t, width), np.int32)
     counts = k.empty((t,), np.int32)
@@ -36,5 +33,5 @@ def pick(k: Kernels, scores, positions, npools: int, kpool: int, width: int):
         return tokens, counts
     guards.pick_rows(k, pos, p, npools, kpool, width)                  # host arrays now, device ones on the device
     k.launch(SRC, "dsa_pick", (t,), (THREADS,),
-             (scores, pos, tokens, counts, i32(p), i32(npools), i32(kpool), i32(width)), shared_mem=p)
+             (scores, pos, tokens, counts, i32(p), i32(npools), i32(kpool), i32(width)))
     return tokens, counts

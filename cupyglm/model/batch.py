@@ -14,6 +14,7 @@ class Segment:
     start: int        # position of the segment's first row
     n: int            # rows (new tokens) of this sequence in the call
     off: int          # index of its first row in the call's flat rows
+    dev: dict = dataclasses.field(default_factory=dict, compare=False, repr=False)   # per-call device uploads
 
     @property
     def rows(self) -> slice:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import numpy as np
 
 from cupyglm.config import ModelConfig
+from cupyglm.model import seg_device
 from cupyglm.model.batch import Segment, Weights
 from cupyglm.model.indexer import Indexer
 
@@ -38,15 +39,16 @@ class DSALayer:
         ik, ig = self.indexer.keys(x)
         qi, hw = self.indexer.queries(x, qn)
         store = kv.latent[self.layer]
-        rows = np.full((t, c.max_pick), -1, dtype=np.int32)       # [T, max_pick] latent row ids, -1 padded
-        counts = np.zeros(t, dtype=np.int32)
+        toks, ns = [], []
         for seg in segs:
-            ops.write_rows(store, xp.asarray(kv.rows(seg.state.pages, seg.positions)), latent[seg.rows])
+            ops.write_rows(store, seg_device.latent_rows(seg, kv, xp), latent[seg.rows])
             self.indexer.write_pools(kv, self.layer, seg, ik, ig)
-            tokens, n = self.indexer.pick(kv, self.layer, seg, qi, hw)
-            rows[seg.rows] = kv.rows(seg.state.pages, ops.asnumpy(tokens))
-            counts[seg.rows] = ops.asnumpy(n)
-        rows, counts = xp.asarray(rows), xp.asarray(counts)
+            tokens, n = self.indexer.pick(kv, self.layer, seg, qi, hw)          # on the device: no read-back
+            toks.append(tokens)
+            ns.append(n)
+        tokens = toks[0] if len(toks) == 1 else xp.concatenate(toks)           # [T, max_pick] positions, -1 padded
+        counts = ns[0] if len(ns) == 1 else xp.concatenate(ns)                 # [T] int32
+        rows = seg_device.call_token_rows(segs, kv, xp, tokens)                # [T, max_pick] latent row ids
         qa = ops.gemm_heads(q.transpose(1, 0, 2), self.w_k_t, out="bf16").transpose(1, 0, 2)  # [T, H, R] bf16
         o = ops.attention(xp.ascontiguousarray(qa), store, rows, counts,
                           c.qk_nope_head_dim ** -0.5, c.attn_chunk)                         # [T, H, R]

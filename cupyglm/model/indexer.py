@@ -7,6 +7,7 @@ from __future__ import annotations
 import numpy as np
 
 from cupyglm.config import ModelConfig
+from cupyglm.model import seg_device
 from cupyglm.model.batch import Segment, Weights
 
 LN_EPS = 1e-6
@@ -54,12 +55,11 @@ class Indexer:
     def pick(self, kv, layer: int, seg: Segment, qi, hw):
         """Token lists (positions) for the segment's rows: [n, max_pick] int32, -1 padded, and counts."""
         ops, c = self.ops, self.cfg
-        positions = seg.positions
         visible_last = (seg.start + seg.n) // c.index_kpool
         if visible_last > c.index_pools:
-            rows = ops.xp.asarray(kv.pool_rows(seg.state.pages, np.arange(visible_last)))
+            rows = seg_device.pool_rows(seg, kv, ops.xp, visible_last)
             pk = ops.read_rows(kv.pooled[layer], rows)                     # [visible pools, I] bf16
             scores = ops.index_scores(qi[seg.rows], hw[seg.rows], pk)
         else:
             scores = ops.xp.zeros((seg.n, 0), dtype=ops.xp.float32)   # every row is dense
-        return ops.pick(scores, positions, c.index_pools, c.index_kpool, c.max_pick)
+        return ops.pick(scores, seg_device.positions(seg, ops.xp), c.index_pools, c.index_kpool, c.max_pick)

@@ -45,14 +45,19 @@ class KDALayer:
         gate_out = ops.gemm(ops.gemm(x, self.g_a, out="bf16"), self.g_b, out="bf16").reshape(-1, h, k)
         beta = ops.sigmoid(ops.gemm(x, self.b), out="bf16")                             # [T, H] bf16
         decay = ops.kda_gate(a, self.a_log, self.dt_bias, self.cfg.kda_gate_lower_bound)  # [T, H, K] fp32
-        y = ops.xp.empty((x.shape[0], h, k), dtype=ops.bf16_dtype)                      # [T, H, V] bf16
+        whole = len(segs) == 1 and segs[0].n == x.shape[0]           # one sequence: its rows are all of y
+        y = None if whole else ops.xp.empty((x.shape[0], h, k), dtype=ops.bf16_dtype)  # [T, H, V] bf16
         for seg in segs:
             S, window = seg.state.kda_state[self.layer], seg.state.kda_conv[self.layer]
             conv, window = ops.kda_conv(qkv[seg.rows], window, self.conv)
             q, kk, v = (conv[:, i * h * k:(i + 1) * h * k].reshape(-1, h, k) for i in range(3))
-            q = ops.l2norm(q, L2_EPS) * np.float32(k ** -0.5)
+            q = ops.l2norm(q, L2_EPS, k ** -0.5)                      # the scale fused in the kernel
             kk = ops.l2norm(kk, L2_EPS)
-            y[seg.rows], S = ops.kda_recurrence(S, q, kk, v, decay[seg.rows], beta[seg.rows])
+            ys, S = ops.kda_recurrence(S, q, kk, v, decay[seg.rows], beta[seg.rows])
+            if whole:
+                y = ys
+            else:
+                y[seg.rows] = ys
             seg.state.kda_state[self.layer], seg.state.kda_conv[self.layer] = S, window
         o = ops.kda_out(y, self.o_norm, gate_out, self.cfg.rms_norm_eps)
         return ops.gemm(o.reshape(x.shape[0], h * k), self.o_proj)

@@ -17,7 +17,7 @@ class MLP:
     def __call__(self, x):
         """x: [T, D] bf16 -> [T, D] fp32 partial."""
         ops = self.ops
-        a = ops.swiglu(ops.gemm(x, self.gate, out="bf16"), ops.gemm(x, self.up, out="bf16"), self.limit)
+        a = ops.gemm_swiglu(x, self.gate, self.up, self.limit)              # [T, inter] bf16, one kernel
         return ops.gemm(a, self.down)
 
 
@@ -42,15 +42,9 @@ class MoE:
         ids, weights = ops.moe_route(ops.gemm(x, self.router), self.bias, c.num_experts_per_tok,
                                      c.routed_scaling_factor)
         t, k = ids.shape
-        flat = ids.reshape(-1)                                   # pair p = (row p // k, slot p % k)
-        # pairs sorted by expert, in pair order within one expert (unique keys: any sort gives this order)
-        pairs = xp.arange(t * k, dtype=xp.int64)
-        order = xp.argsort(flat.astype(xp.int64) * (t * k) + pairs)
-        group = xp.ascontiguousarray(flat[order], dtype=xp.int32)
-        xs = x[order // k]                                       # [T*k, D] bf16
-        a = ops.swiglu(ops.gemm_grouped(xs, self.gate, group, out="bf16"),
-                       ops.gemm_grouped(xs, self.up, group, out="bf16"), self.limit)     # [T*k, inter] bf16
-        ys = ops.gemm_grouped(a, self.down, group)               # [T*k, D] fp32
-        y = xp.empty((t * k, x.shape[1]), dtype=xp.float32)
-        y[order] = ys
-        return ops.moe_combine(y.reshape(t, k, x.shape[1]), weights, self.shared(x))
+        # pairs p = (row p // k, slot p % k) sorted by expert, in pair order within one expert (on the device)
+        _, group, src, pos = ops.moe_sort(ids, c.n_routed_experts)
+        xs = x[src]                                              # [T*k, D] bf16
+        a = ops.gemm_grouped_swiglu(xs, self.gate, self.up, group, self.limit)    # [T*k, inter] bf16
+        ys = ops.gemm_grouped(a, self.down, group)               # [T*k, D] fp32, expert-sorted
+        return ops.moe_combine(ys, weights, self.shared(x), pos)  # slot j of row t: ys[pos[t*k + j]]

@@ -92,9 +92,10 @@ def entries(delta) -> list:
 
 def usage_of(replies: Sequence[Reply]) -> dict:
     """Usage over every choice: each prompt counted once, every choice's completion tokens."""
+    misses = [r.cache_miss_reason for r in replies if r.counts_prompt and r.cache_miss_reason]
     return usage(sum(len(r.prompt_ids) for r in replies if r.counts_prompt),
                  sum(len(r.token_ids) for r in replies),
-                 sum(r.cached_tokens for r in replies if r.counts_prompt))
+                 sum(r.cached_tokens for r in replies if r.counts_prompt), misses[0] if misses else None)
 
 
 def _many(r: Reply | Sequence[Reply]) -> list[Reply]:

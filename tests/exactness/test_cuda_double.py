@@ -115,3 +115,24 @@ def test_bench_cuda_counts_prints_the_per_token_baseline():
     rows = {line.split()[0]: line for line in r.stdout.splitlines() if "per token:" in line}
     assert set(rows) == {"model", "engine"}
     assert all("syncs" in v and "launches" in v and "cupy kernels" in v for v in rows.values())
+
+
+def test_a_decode_step_reads_back_once(tiny_ckpt, cuda_ops):
+    """Past the dense limit (sparse DSA rows: token lists on the device), 4 requests decoding: one engine step
+    is one device-to-host transfer (the sampled tokens with the device checks' flags)."""
+    import cupy_double
+    from cupyglm.engine.sampling import SamplingParams
+
+    eng = make_engine(tiny_ckpt, cuda_ops)
+    for i in range(4):
+        eng.add_request(list(range(3 + i, 43 + i)), SamplingParams(temperature=0.7, seed=i, max_tokens=6,
+                                                                   ignore_eos=True))
+    started: set[int] = set()
+    while len(started) < 4:
+        started |= {o.request_id for o in eng.step() if o.new_token_ids}
+    with cupy_double.counting() as c:
+        outs = eng.step()
+    assert sum(len(o.new_token_ids) for o in outs) == 4
+    assert c.syncs == 1, c
+    while eng.has_work():
+        eng.step()

@@ -70,3 +70,19 @@ def test_a_clean_step_reports_nothing(ops, cuda_double):
         ops.raise_device_errors()
     assert c.syncs == 1                                          # the flags, read once
     assert store.get()[[0, 4, 15]].tolist() == [[ONE] * 8] * 3
+
+
+def test_the_flags_come_back_with_the_steps_result_in_one_transfer(ops, cuda_double):
+    xp = ops.xp
+    store = xp.zeros((16, 8), xp.uint16)
+    ops.write_rows(store, xp.asarray(np.array([4, 0], np.int32)), xp.full((2, 8), ONE, xp.uint16))
+    tokens = xp.asarray(np.array([7, -3, 11], np.int32))
+    with cuda_double.counting() as c:
+        host = ops.asnumpy_checked(tokens)
+    assert c.syncs == 1 and host.dtype == np.int32 and host.tolist() == [7, -3, 11]
+    ops.write_rows(store, xp.asarray(np.array([3, 99], np.int32)), xp.full((2, 8), ONE, xp.uint16))
+    with cuda_double.counting() as c:
+        with pytest.raises(DeviceCheckError, match=r"write_rows: parameter rows"):
+            ops.asnumpy_checked(tokens)                          # raised before anyone reads the tokens
+    assert c.syncs == 1
+    ops.raise_device_errors()                                    # read and cleared: nothing pending now

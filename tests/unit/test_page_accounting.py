@@ -54,8 +54,8 @@ def _instrument(engine):
                 arr[p * per:(p + 1) * per] = np.nan
             stats["nan_fills"] += 1
 
-    def finite_forward(batch):
-        outs = forward(batch)
+    def finite_forward(batch, **kw):
+        outs = forward(batch, **kw)
         for o in outs:
             assert np.isfinite(o.logits).all(), "NaN logits: a sequence read a row it did not write"
         return outs

@@ -10,9 +10,8 @@ from cupyglm.checkpoint.names import all_specs
 from cupyglm.cli.plan import main as plan_main
 from cupyglm.config import preset
 from cupyglm.engine.plan import (
-    GIB, MIB, PlanError, fixed_state_bytes, kv_bytes_per_token, pick_window_limit, plan_memory, weight_bytes,
+    GIB, MIB, PlanError, fixed_state_bytes, kv_bytes_per_token, plan_memory, weight_bytes,
 )
-from cupyglm.kernels.ops_pick import MAX_SMEM
 from cupyglm.memory import BF16_STORAGE as B16, FP32_STORAGE as F32
 
 FULL = preset("glm-5.3-flash")
@@ -63,7 +62,7 @@ def test_cli_refuses_an_oversize_context(capsys):
     assert plan_main(base) == 0
     out, _ = capsys.readouterr()
     window = int(out.strip().splitlines()[-1].split("window ")[1].split(" tokens")[0].replace(",", ""))
-    assert 0 < window < pick_window_limit(FULL)               # memory, not a cap, decides this window
+    assert 0 < window < FULL.max_position_embeddings          # memory, not a cap, decides this window
     assert plan_main(base + ["--context", str(window + 1)]) == 1
     _, err = capsys.readouterr()
     assert err.strip() == f"PlanError: --context {window + 1} does not fit: the largest window is {window:,} tokens"
@@ -73,19 +72,15 @@ def test_cli_refuses_an_oversize_context(capsys):
     assert "exceeds the model's maximum context of 1,048,576 tokens" in err
 
 
-def test_the_window_never_exceeds_the_pick_limit():
-    """The pick's flags (one byte per pool) fill MAX_SMEM bytes of shared memory: 49,152 pools of 4 tokens."""
-    limit = pick_window_limit(FULL)
-    assert limit == MAX_SMEM * 4 == 196_608
+def test_the_pick_does_not_cap_the_window():
+    """The radix-select pick keeps no per-pool state in shared memory: memory (or the model's maximum) decides
+    the window, well past the old kernel's 49,152 pools = 196,608 tokens."""
     kw = dict(storage=B16, tp=8, budget_bytes=141 * GIB)
     p = plan_memory(FULL, **kw)
-    assert p.largest_window > limit                           # memory holds more tokens than one window
-    assert p.context == limit and "the pick's limit" in p.line()
-    assert plan_memory(FULL, context=limit, **kw).context == limit
-    with pytest.raises(PlanError, match=r"--context 196,609 exceeds the pick's limit of 196,608 tokens: the DSA "
-                                        r"pick keeps one flag byte per pool of 4 tokens in 48 KiB of shared "
-                                        r"memory, so it serves at most 49,152 pools"):
-        plan_memory(FULL, context=limit + 1, **kw)
+    assert p.largest_window > FULL.max_position_embeddings
+    assert p.context == FULL.max_position_embeddings and "the model's maximum context" in p.line()
+    assert "pick" not in p.line()
+    assert plan_memory(FULL, context=196_609, **kw).context == 196_609
 
 
 def test_the_window_never_exceeds_the_models_maximum():
@@ -104,16 +99,16 @@ def test_the_window_never_exceeds_the_models_maximum():
 def test_context_zero_is_the_largest_window():
     kw = dict(storage=B16, tp=2, budget_bytes=96 * GIB, weights=int(91.5 * GIB), parallel=2)
     p = plan_memory(FULL, **kw)
-    assert p.context == p.num_pages * 512 == p.largest_window < pick_window_limit(FULL)
+    assert p.context == p.num_pages * 512 == p.largest_window < FULL.max_position_embeddings
     assert p.free_bytes < p.page_bytes                        # every page that fits is in the pool
     assert plan_memory(FULL, context=p.context, **kw).context == p.context
     with pytest.raises(PlanError, match=f"--context {p.context + 1} does not fit: the largest window is "
                                         f"{p.context:,} tokens"):
         plan_memory(FULL, context=p.context + 1, **kw)
-    # --kv-host: only pooled keys on the card, so ~17x more tokens fit (the window stops at the pick's limit)
+    # --kv-host: only pooled keys on the card, so ~17x more tokens fit (the window stops at the model's maximum)
     h = plan_memory(FULL, kv_host=True, **kw)
     assert h.bytes_per_token == 768 and h.largest_window > 16 * p.largest_window
-    assert h.context == pick_window_limit(FULL)
+    assert h.context == min(h.largest_window, FULL.max_position_embeddings)
     assert "latent rows in host memory" in h.line()
     # a device prompt cache takes from the pool; the host cache does not
     c = plan_memory(FULL, prompt_cache_gib=1, **kw)

@@ -1,0 +1,110 @@
+// gemm_swiglu.cu -- the gate/up projections and SwiGLU in one kernel: out[m, n] = bf16(swiglu(bf16(g), bf16(u)))
+// with g = sum_k x[m, k] * wg[e, n, k] and u = sum_k x[m, k] * wu[e, n, k], each in lane-16 order (gemm.cu),
+// e = group[m] (the MoE's experts, gemm_grouped_swiglu_lane16) or 0 (a dense MLP, gemm_swiglu_lane16).
+//
+// Bit for bit the unfused reference swiglu(gemm(x, wg, out="bf16"), gemm(x, wu, out="bf16"), limit): each sum
+// is gemm.cu's (same lanes, same fold, rounded once to bf16), and the epilogue is moe.cu's swiglu
+// (swiglu.cuh).  Row m's bits depend on nothing but row m: as in gemm.cu, rows_per_block and the other rows
+// of the call change no bit.  Saves two launches and the [M, N] bf16 gate and up round trips.
+//
+// Launch as gemm.cu: block (16, GEMM_OUTS), grid (ceil(M / rows_per_block), ceil(N / GEMM_OUTS)).  A row whose
+// expert id is outside [0, E) (the launcher refuses those) reads nothing and gets NaN.
+#include "common.cuh"
+#include "swiglu.cuh"
+
+#define GEMM_LANES 16
+#define GEMM_OUTS 16
+#define GEMM_ROWS 8
+
+static __device__ __forceinline__ float fold16(const float* p) {
+#ifdef CONTROL_WRONG_ORDER
+  float t[GEMM_LANES];
+#pragma unroll
+  for (int i = 0; i < GEMM_LANES; ++i) t[i] = p[i];
+#pragma unroll
+  for (int s = 1; s < GEMM_LANES; s <<= 1)
+    for (int i = 0; i < GEMM_LANES; i += 2 * s) t[i] = t[i] + t[i + s];
+  return t[0];
+#else
+  return lane16_fold_array(p);
+#endif
+}
+
+static __device__ __forceinline__ void gemm_swiglu_body(
+    const __nv_bfloat16* __restrict__ x,    // [M, K] bf16
+    const __nv_bfloat16* __restrict__ wg,   // [E, N, K] bf16 gate
+    const __nv_bfloat16* __restrict__ wu,   // [E, N, K] bf16 up
+    const int* __restrict__ group,          // [M] int32 expert ids, or nullptr: every row expert 0
+    __nv_bfloat16* __restrict__ y,          // [M, N] bf16
+    int M, int N, int K, int E, int rows_per_block, int has_limit, float limit) {
+  __shared__ float pg[GEMM_OUTS][GEMM_ROWS][GEMM_LANES + 1];
+  __shared__ float pu[GEMM_OUTS][GEMM_ROWS][GEMM_LANES + 1];
+  const int lane = threadIdx.x;
+  const int o = threadIdx.y;
+  const int n = blockIdx.y * GEMM_OUTS + o;
+  const int m0 = blockIdx.x * rows_per_block;
+  const int nrows = min(rows_per_block, M - m0);
+
+  int g[GEMM_ROWS];
+#pragma unroll
+  for (int r = 0; r < GEMM_ROWS; ++r) {
+    const int e = r < nrows ? (group ? group[m0 + r] : 0) : -1;
+    g[r] = (e >= 0 && e < E) ? e : -1;
+  }
+  float ag[GEMM_ROWS], au[GEMM_ROWS];
+#pragma unroll
+  for (int r = 0; r < GEMM_ROWS; ++r) ag[r] = au[r] = 0.0f;
+  if (n < N) {
+    const __nv_bfloat16* xr = x + (long long)m0 * K;
+    for (int k = lane; k < K; k += GEMM_LANES) {
+      int ge = -1;
+      float wgv = 0.0f, wuv = 0.0f;
+#pragma unroll
+      for (int r = 0; r < GEMM_ROWS; ++r) {
+        if (g[r] >= 0) {
+          if (g[r] != ge) {                    // one load per run of rows of one expert
+            ge = g[r];
+            const long long at = ((long long)ge * N + n) * K + k;
+            wgv = ld_bf16(wg, at);
+            wuv = ld_bf16(wu, at);
+          }
+          const float xv = ld_bf16(xr, (long long)r * K + k);
+          const float pgv = xv * wgv, puv = xv * wuv;
+          ag[r] = ag[r] + pgv;
+          au[r] = au[r] + puv;
+        }
+      }
+    }
+  }
+#pragma unroll
+  for (int r = 0; r < GEMM_ROWS; ++r) {
+    pg[o][r][lane] = ag[r];
+    pu[o][r][lane] = au[r];
+  }
+  __syncthreads();
+  if (n < N && lane < nrows) {
+    const int e = group ? group[m0 + lane] : 0;
+    const float v = (e >= 0 && e < E)
+        ? swiglu_f32(bf16_round(fold16(pg[o][lane])), bf16_round(fold16(pu[o][lane])), has_limit, limit) : NAN;
+    y[(long long)(m0 + lane) * N + n] = to_bf16(v);
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(256) gemm_swiglu_lane16(
+    const __nv_bfloat16* __restrict__ x,    // [M, K] bf16
+    const __nv_bfloat16* __restrict__ wg,   // [N, K] bf16 gate_proj
+    const __nv_bfloat16* __restrict__ wu,   // [N, K] bf16 up_proj
+    __nv_bfloat16* __restrict__ y,          // [M, N] bf16
+    int M, int N, int K, int rows_per_block, int has_limit, float limit) {
+  gemm_swiglu_body(x, wg, wu, nullptr, y, M, N, K, 1, rows_per_block, has_limit, limit);
+}
+
+extern "C" __global__ void __launch_bounds__(256) gemm_grouped_swiglu_lane16(
+    const __nv_bfloat16* __restrict__ x,    // [M, K] bf16
+    const __nv_bfloat16* __restrict__ wg,   // [E, N, K] bf16 experts' gate_proj
+    const __nv_bfloat16* __restrict__ wu,   // [E, N, K] bf16 experts' up_proj
+    const int* __restrict__ group,          // [M] int32 expert id of each row
+    __nv_bfloat16* __restrict__ y,          // [M, N] bf16
+    int M, int N, int K, int E, int rows_per_block, int has_limit, float limit) {
+  gemm_swiglu_body(x, wg, wu, group, y, M, N, K, E, rows_per_block, has_limit, limit);
+}
