@@ -9,8 +9,8 @@ from __future__ import annotations
 import numpy as np
 
 from cupyglm.backend._dispatch import bind_kernel_ops, numpy_op_names
-from cupyglm.backend.lanes import BF16, BF16_BITS, from_bits, to_bits
-from cupyglm.backend.numpy_ops import NumpyOps, _exact_bf16
+from cupyglm.backend.lanes import BF16, BF16_BITS, from_bits, stored_weight, to_bits
+from cupyglm.backend.numpy_ops import NumpyOps
 from cupyglm.kernels import ops as kops
 from cupyglm.kernels.ops import Kernels
 
@@ -41,7 +41,7 @@ class CudaOps(NumpyOps):
     def weight(self, array):
         """A checkpoint tensor on the device in bf16 storage: its bf16 bit patterns copied once, as uint16 (a
         float array must hold bf16 values exactly, as on numpy)."""
-        a = _exact_bf16(array)
+        a = stored_weight(array)
         return self.cupy.asarray(a if a.dtype == np.float32 else to_bits(a))
 
     def bf16_full(self, shape, value: float):

@@ -44,6 +44,21 @@ def from_bits(x) -> np.ndarray:
     return x.view(BF16)
 
 
+def stored_weight(array) -> np.ndarray:
+    """A tensor in its stored dtype: bf16 as is, fp32 (A_log, dt_bias, hc base/scale, the router's correction
+    bias are stored F32) as is; other floats only when every value is a bf16 value (else ValueError)."""
+    a = np.asarray(array)
+    if a.dtype == BF16 or a.dtype == np.float32:
+        return a
+    if a.dtype.kind != "f":
+        raise ValueError(f"weight: expects a bf16 (or float holding bf16 values) tensor, got {a.dtype}")
+    b = a.astype(BF16)
+    if not np.array_equal(b.astype(a.dtype), a, equal_nan=True):
+        raise ValueError(f"weight: a {a.dtype} tensor whose values are not all bf16 values; weights are stored "
+                         "in bf16 and are never rounded on load")
+    return b
+
+
 OUTS = ("f32", "bf16")      # the output choices of gemm, gemm_heads, gemm_grouped and sigmoid
 
 

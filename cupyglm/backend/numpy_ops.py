@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from cupyglm.backend.lanes import BF16, bf16, exp_f32, f32, gemm, gemm_batched, lane_sum, out_kind
+from cupyglm.backend.lanes import BF16, bf16, exp_f32, f32, gemm, gemm_batched, lane_sum, out_kind, stored_weight
 from cupyglm.engine.logprobs import logprobs_rows
 from cupyglm.engine.penalties import penalize_rows
 from cupyglm.engine.sampling import sample_rows
@@ -37,21 +37,6 @@ def _seq_sum(parts) -> np.ndarray:
     return acc
 
 
-def _exact_bf16(array) -> np.ndarray:
-    """A tensor in its stored dtype: bf16 as is, fp32 (A_log, dt_bias, hc base/scale, the router's correction
-    bias are stored F32) as is; other floats only when every value is a bf16 value (else ValueError)."""
-    a = np.asarray(array)
-    if a.dtype == BF16 or a.dtype == np.float32:
-        return a
-    if a.dtype.kind != "f":
-        raise ValueError(f"weight: expects a bf16 (or float holding bf16 values) tensor, got {a.dtype}")
-    b = a.astype(BF16)
-    if not np.array_equal(b.astype(a.dtype), a, equal_nan=True):
-        raise ValueError(f"weight: a {a.dtype} tensor whose values are not all bf16 values; weights are stored "
-                         "in bf16 and are never rounded on load")
-    return b
-
-
 def expand_pools(pools: np.ndarray, q: int, kpool: int) -> np.ndarray:
     """Ascending pools -> their tokens, then the tail tokens of the incomplete pool up to position q."""
     pools = np.asarray(pools, dtype=np.int32)
@@ -72,7 +57,7 @@ class NumpyOps:
         """A checkpoint tensor as the backend keeps it: in its stored dtype, bf16 or fp32. A C-contiguous array
         is returned as is (a shard stays a view over the memory-mapped file); other floats must hold bf16 values
         exactly (never rounded here: that would change the model)."""
-        return np.ascontiguousarray(_exact_bf16(array))
+        return np.ascontiguousarray(stored_weight(array))
 
     def bf16_full(self, shape, value: float) -> np.ndarray:
         """A new bf16 array filled with `value` (rounded to bf16): KV pools, zeroed state."""
