@@ -17,26 +17,7 @@
 // for every row of the block); lane partials go to shared memory and one thread per (row, column) folds
 // them in the butterfly order.  One __syncthreads, no warp operations.
 #include "common.cuh"
-
-#define GEMM_LANES 16
-#define GEMM_OUTS 16
-#define GEMM_ROWS 8
-
-// The 16 lane partials of one (row, column) folded as the reference does (common.cuh), or, in the planted
-// control variant of the contract, in the wrong order (1, 2, 4, 8 instead of 8, 4, 2, 1).
-static __device__ __forceinline__ float gemm_fold16(const float* p) {
-#ifdef CONTROL_WRONG_ORDER
-  float t[GEMM_LANES];
-#pragma unroll
-  for (int i = 0; i < GEMM_LANES; ++i) t[i] = p[i];
-#pragma unroll
-  for (int s = 1; s < GEMM_LANES; s <<= 1)
-    for (int i = 0; i < GEMM_LANES; i += 2 * s) t[i] = t[i] + t[i + s];
-  return t[0];
-#else
-  return lane16_fold_array(p);
-#endif
-}
+#include "gemm_tile.cuh"
 
 // The epilogue: fp32 as summed, or rounded once to bf16.
 static __device__ __forceinline__ void gemm_store(float* y, long long i, float v) { y[i] = v; }

@@ -10,25 +10,9 @@
 // Launch as gemm.cu: block (16, GEMM_OUTS), grid (ceil(M / rows_per_block), ceil(N / GEMM_OUTS)).  A row whose
 // expert id is outside [0, E) (the launcher refuses those) reads nothing and gets NaN.
 #include "common.cuh"
+#include "gemm_tile.cuh"
 #include "swiglu.cuh"
 
-#define GEMM_LANES 16
-#define GEMM_OUTS 16
-#define GEMM_ROWS 8
-
-static __device__ __forceinline__ float fold16(const float* p) {
-#ifdef CONTROL_WRONG_ORDER
-  float t[GEMM_LANES];
-#pragma unroll
-  for (int i = 0; i < GEMM_LANES; ++i) t[i] = p[i];
-#pragma unroll
-  for (int s = 1; s < GEMM_LANES; s <<= 1)
-    for (int i = 0; i < GEMM_LANES; i += 2 * s) t[i] = t[i] + t[i + s];
-  return t[0];
-#else
-  return lane16_fold_array(p);
-#endif
-}
 
 static __device__ __forceinline__ void gemm_swiglu_body(
     const __nv_bfloat16* __restrict__ x,    // [M, K] bf16
@@ -85,7 +69,8 @@ static __device__ __forceinline__ void gemm_swiglu_body(
   if (n < N && lane < nrows) {
     const int e = group ? group[m0 + lane] : 0;
     const float v = (e >= 0 && e < E)
-        ? swiglu_f32(bf16_round(fold16(pg[o][lane])), bf16_round(fold16(pu[o][lane])), has_limit, limit) : NAN;
+        ? swiglu_f32(bf16_round(gemm_fold16(pg[o][lane])), bf16_round(gemm_fold16(pu[o][lane])), has_limit, limit)
+        : NAN;
     y[(long long)(m0 + lane) * N + n] = to_bf16(v);
   }
 }

@@ -1,0 +1,23 @@
+// gemm_tile.cuh -- what the lane-16 GEMM kernels share (gemm.cu, gemm_swiglu.cu): the block shape and the fold of
+// one (row, column)'s 16 lane partials in the reference's butterfly (common.cuh), or, in the planted control variant
+// of the contract, in the wrong order (1, 2, 4, 8 instead of 8, 4, 2, 1).
+#pragma once
+#include "common.cuh"
+
+#define GEMM_LANES 16
+#define GEMM_OUTS 16
+#define GEMM_ROWS 8
+
+static __device__ __forceinline__ float gemm_fold16(const float* p) {
+#ifdef CONTROL_WRONG_ORDER
+  float t[GEMM_LANES];
+#pragma unroll
+  for (int i = 0; i < GEMM_LANES; ++i) t[i] = p[i];
+#pragma unroll
+  for (int s = 1; s < GEMM_LANES; s <<= 1)
+    for (int i = 0; i < GEMM_LANES; i += 2 * s) t[i] = t[i] + t[i + s];
+  return t[0];
+#else
+  return lane16_fold_array(p);
+#endif
+}
