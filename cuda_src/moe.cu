@@ -76,39 +76,43 @@ extern "C" __global__ void swiglu(const __nv_bfloat16* __restrict__ gate,  // [n
   out[i] = to_bf16(swiglu_f32(ld_bf16(gate, i), ld_bf16(up, i), has_limit, limit));
 }
 
-// out[t, d] = (sum_j w[t, j] * y[t, j, d], j in slot order from 0.0) + shared[t, d], fp32.
+// out[t, d] = (sum_j w[t, j] * y[row(t, j), d], j in slot order from 0.0) + shared[t, d], fp32, where row(t, j) is
+// t * k + j, or pos[t * k + j] when the experts' outputs are still in expert-sorted order (moe_sort's pos: no scatter,
+// no atomics).  A row outside [0, T * k) (moe_sort never writes one) reads nothing and makes the row NaN.
 // grid (T, ceil(D / blockDim.x)): tokens on grid.x.
+static __device__ __forceinline__ void moe_combine_body(const float* __restrict__ y,      // [T * k, D] f32
+                                                        const int* __restrict__ pos,      // [T * k] i32, or nullptr
+                                                        const float* __restrict__ w,      // [T, k] f32
+                                                        const float* __restrict__ shared, // [T, D] f32
+                                                        float* __restrict__ out,          // [T, D] f32
+                                                        int T, int k, int D) {
+  const int t = blockIdx.x;
+  const int d = blockIdx.y * blockDim.x + threadIdx.x;
+  if (d >= D) return;
+  float acc = 0.0f;
+  for (int j = 0; j < k; ++j) {
+    const long long slot = (long long)t * k + j;
+    const long long r = pos ? pos[slot] : slot;
+    acc = (r >= 0 && r < (long long)T * k) ? acc + w[slot] * y[r * D + d] : NAN;
+  }
+  out[(long long)t * D + d] = acc + shared[(long long)t * D + d];
+}
+
 extern "C" __global__ void moe_combine(const float* __restrict__ y,        // [T, k, D] f32
                                        const float* __restrict__ w,        // [T, k] f32
                                        const float* __restrict__ shared,   // [T, D] f32
                                        float* __restrict__ out,            // [T, D] f32
                                        int T, int k, int D) {
-  const int t = blockIdx.x;
-  const int d = blockIdx.y * blockDim.x + threadIdx.x;
-  if (d >= D) return;
-  float acc = 0.0f;
-  for (int j = 0; j < k; ++j) acc = acc + w[(long long)t * k + j] * y[((long long)t * k + j) * D + d];
-  out[(long long)t * D + d] = acc + shared[(long long)t * D + d];
+  moe_combine_body(y, nullptr, w, shared, out, T, k, D);
 }
 
-// moe_combine with the experts' outputs still in expert-sorted order: slot j of row t is ys[pos[t * k + j]]
-// (moe_sort's pos), the same sum in slot order as moe_combine (no scatter, no atomics).  A pos outside
-// [0, T * k) (moe_sort never writes one) reads nothing and makes the row NaN.
 extern "C" __global__ void moe_combine_sorted(const float* __restrict__ ys,      // [T * k, D] f32 sorted pairs
                                               const int* __restrict__ pos,      // [T * k] i32 sorted slot of pair
                                               const float* __restrict__ w,      // [T, k] f32
                                               const float* __restrict__ shared, // [T, D] f32
                                               float* __restrict__ out,          // [T, D] f32
                                               int T, int k, int D) {
-  const int t = blockIdx.x;
-  const int d = blockIdx.y * blockDim.x + threadIdx.x;
-  if (d >= D) return;
-  float acc = 0.0f;
-  for (int j = 0; j < k; ++j) {
-    const long long r = pos[(long long)t * k + j];
-    acc = (r >= 0 && r < (long long)T * k) ? acc + w[(long long)t * k + j] * ys[r * D + d] : NAN;
-  }
-  out[(long long)t * D + d] = acc + shared[(long long)t * D + d];
+  moe_combine_body(ys, pos, w, shared, out, T, k, D);
 }
 
 // out = 1 / (1 + exp(-x)), elementwise fp32.

@@ -10,6 +10,8 @@ import re
 import sys
 import time
 
+import httpx
+import openai
 import pytest
 from procjob import MPIRUN, Job, job_env
 
@@ -69,6 +71,19 @@ def server(start_server):
     s = start_server(SERVER_ARGS)
     yield s
     s.kill()
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    """The real openai client against the module's server."""
+    with openai.OpenAI(base_url=server.url, api_key="unused", max_retries=0, timeout=60) as c:
+        yield c
+
+
+@pytest.fixture(scope="module")
+def http(server):
+    with httpx.Client(base_url=server.base, timeout=60) as c:
+        yield c
 
 
 @pytest.fixture(scope="session")

@@ -17,18 +17,6 @@ pytestmark = pytest.mark.mpi
 CHAT = [{"role": "system", "content": "Answer briefly."}, {"role": "user", "content": "What is the capital of France?"}]
 
 
-@pytest.fixture(scope="module")
-def client(server):
-    with openai.OpenAI(base_url=server.url, api_key="unused", max_retries=0, timeout=60) as c:
-        yield c
-
-
-@pytest.fixture(scope="module")
-def http(server):
-    with httpx.Client(base_url=server.base, timeout=60) as c:
-        yield c
-
-
 def _sse(text: str) -> list:
     frames = []
     assert text.endswith("data: [DONE]\n\n"), text[-200:]

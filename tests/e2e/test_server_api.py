@@ -2,8 +2,6 @@
 batched completion prompts, many stop strings, role developer, /v1/models/{id}, /tokenizer_info."""
 from __future__ import annotations
 
-import httpx
-import openai
 import pytest
 
 from cupyglm.server.responses import token_sha
@@ -11,18 +9,6 @@ from cupyglm.server.responses import token_sha
 pytestmark = pytest.mark.mpi
 
 SAMPLED = dict(temperature=0.9, top_p=0.95, max_tokens=6, extra_body={"ignore_eos": True})
-
-
-@pytest.fixture(scope="module")
-def client(server):
-    with openai.OpenAI(base_url=server.url, api_key="unused", max_retries=0, timeout=60) as c:
-        yield c
-
-
-@pytest.fixture(scope="module")
-def http(server):
-    with httpx.Client(base_url=server.base, timeout=60) as c:
-        yield c
 
 
 def _ids(http, body) -> list[list[int]]:
