@@ -113,11 +113,10 @@ class PromptCache:
         spare = sum(e.pages for e in self.entries.values() if e.entry_id not in protect)
         if need > self.free_pages + spare:
             return None, []
-        full = lambda: self.max_entries and len(self.entries) >= self.max_entries    # noqa: E731
         if self.max_entries and len(protect & self.entries.keys()) >= self.max_entries:
             return None, []
         drops = []
-        while self.free_pages < need or full():
+        while self.free_pages < need or self._full():
             victim = self._victim(protect, salt, tokens)
             drops.append(victim.entry_id)
             self._evict(victim, self._superseded(victim, salt, tokens))
@@ -129,6 +128,9 @@ class PromptCache:
         self.stats.kept += 1
         self.ghosts.get(salt, {}).pop(tokens, None)
         return eid, drops
+
+    def _full(self) -> bool:
+        return bool(self.max_entries) and len(self.entries) >= self.max_entries
 
     def _superseded(self, e: Entry, salt: str, tokens: tuple[int, ...]) -> bool:
         """A longer kept state (or the one being kept) extends e's prefix."""

@@ -24,6 +24,7 @@ class PageStore:
         self.pool, self.page_tokens, self.limit = pool, page_tokens, limit
         self.late = 1 if mtp else 0               # the MTP layer writes position L - 1 after a keep point at L
         self.entries: dict[int, tuple[int, ...]] = {}     # kept entry -> its pool pages, in sequence order
+        self._holders: collections.Counter = collections.Counter()   # pool page -> entries holding it
 
     def shared_pages(self, length: int) -> int:
         """Pages a state kept at `length` shares: those no later write of the sequence touches."""
@@ -32,7 +33,7 @@ class PageStore:
     @property
     def held(self) -> int:
         """Distinct pool pages the kept entries hold."""
-        return len({p for pages in self.entries.values() for p in pages})
+        return len(self._holders)
 
     def hold(self, entry_id: int, pages) -> None:
         """Entry `entry_id` holds `pages` (already held by the sequence kept)."""
@@ -41,6 +42,7 @@ class PageStore:
         pages = tuple(int(p) for p in pages)
         self.pool.share(list(pages))
         self.entries[entry_id] = pages
+        self._holders.update(pages)
 
     def lend(self, entry_id: int) -> list[int]:
         """The entry's pages for a sequence restored from it (the sequence becomes one more holder)."""
@@ -50,18 +52,19 @@ class PageStore:
 
     def drop(self, entry_id: int) -> int:
         """Let go of an entry's pages; returns how many came free."""
-        before = self.pool.free_count
-        self.pool.release(list(self.entries.pop(entry_id)))
+        before, pages = self.pool.free_count, self.entries.pop(entry_id)
+        self.pool.release(list(pages))
+        self._holders.subtract(pages)
+        for p in pages:
+            if not self._holders[p]:
+                del self._holders[p]
         return self.pool.free_count - before
 
     def freeable(self, protect: set[int]) -> set[int]:
         """Pages that come free when every entry outside `protect` is dropped (no sequence and no protected entry
         holds them)."""
-        holders: collections.Counter = collections.Counter()
-        for eid, pages in self.entries.items():
-            if eid not in protect:
-                holders.update(set(pages))
-        return {p for p, n in holders.items() if self.pool.refcount(p) == n}
+        kept = {p for eid in protect if eid in self.entries for p in self.entries[eid]}
+        return {p for p, n in self._holders.items() if p not in kept and self.pool.refcount(p) == n}
 
 
 def stop_line(rank: int, pages: PageStore) -> str:

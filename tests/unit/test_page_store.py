@@ -198,3 +198,29 @@ def test_shared_pages_with_the_mtp_head():
     assert PageStore(PagePool(1), 16, 1).shared_pages(15) == 0
     with pytest.raises(ValueError, match="at least one"):
         PageStore(PagePool(1), 16, 0)
+
+
+def test_every_eviction_of_a_step_comes_before_its_first_restore_lease():
+    s, rp = make()
+    s.add(req(1, A, 1))
+    drain(s, rp)                                            # entries 0, 1 hold pages 0, 1
+    s.add(req(5, range(200, 232), 1))
+    drain(s, rp)                                            # entry 2 holds pages 2, 3; 4..9 free
+    s.add(req(2, A + (5, 6, 7), 2))                          # resumes at 40: needs 1 page beside the shared 0, 1
+    s.add(req(3, range(700, 770), 27))                      # 96 positions: 6 pages, 1 short once request 2 counts
+    p = step(s, rp)                                         # the replay applies the evicts before any lease
+    assert p.admitted == (2, 3) and p.evicts == (2,) and p.restores == ((2, 1, 40),)
+    assert s.requests[2].pages == [0, 1, 2]                 # page 2 came free in this step's evict section
+    assert s.requests[3].pages == []                        # the chunk budget went to request 2's 3 tokens
+    step(s, rp)
+    assert s.requests[3].pages == [3, 4]
+    drain(s, rp)
+    assert s.pool.free_count + s.pages.held == PAGES
+
+
+def test_the_count_limit_never_drops_a_protected_entry():
+    cache = PromptCache(100, lambda n: 1, max_entries=1)
+    a, _ = cache.plan_keep("", (1, 2), set())
+    assert cache.plan_keep("", (3, 4), {a}) == (None, [])
+    b, drops = cache.plan_keep("", (3, 4), set())
+    assert drops == [a] and list(cache.entries) == [b]
