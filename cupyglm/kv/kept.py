@@ -4,6 +4,8 @@ A kept state at length L = the fixed parts (per KDA layer the recurrent state an
 layer the incomplete pool's L % kpool index-key and gate rows; the MTP pending row when the head is built) and
 the paged parts (per indexed KV layer the latent rows of positions 0..L-1 and the L // kpool pooled keys, each
 with its own page stride). Every copy goes through `cupyglm.kv.walk.each`; the backend gives only the hook.
+With a page store (CUPYGLM_KV_SHARE, `cupyglm.kv.page_store`) the paged parts start after the whole pages the
+store holds (the walk's `from`), so a kept state copies the fixed parts and a partly filled last page only.
 
 What must stay true: every rank holds the same entries on the same kept pages, because every rank applies the
 same drops and keeps in the order rank 0's step messages give them (the kept pool leases lowest id first).
