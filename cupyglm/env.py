@@ -12,7 +12,7 @@ VARIABLES: dict[str, tuple[str, str]] = {
     "CUPYGLM_BACKEND": ("auto", "backend when --backend is not given: auto, numpy, sim or cuda"),
     "CUPYGLM_CACHE_DIR": ("$XDG_CACHE_HOME/cupyglm", "where the tiny checkpoint, compiled kernels and emulator builds are cached"),
     "CUPYGLM_HOST_CACHE": ("0", "1: the prompt-cache arena lives in pinned host memory mapped into the device"),
-    "CUPYGLM_KV_SHARE": ("0", "1: kept prompts stay in the KV pool as ref-counted pages"),
+    "CUPYGLM_KV_SHARE": ("0", "N > 0: up to N kept prompts stay in the KV pool as ref-counted pages (needs --prompt-cache-gib > 0)"),
     "CUPYGLM_KV_HOST": ("0", "1: latent KV rows live in pinned host pages mapped into every device"),
     "CUPYGLM_KV_HOST_SHARED": ("0", "1: ranks of one host map one /dev/shm file for the host KV pages (needs CUPYGLM_KV_HOST=1)"),
     "CUPYGLM_KV_HOST_GIB": ("", "size of the host KV pages in GiB (needs CUPYGLM_KV_HOST=1; default one full window)"),

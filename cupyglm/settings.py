@@ -2,8 +2,8 @@
 
 Flags come from `add_arguments`; environment variables are read through `cupyglm.env.get` only. Every invalid
 value raises `SettingsError` naming the flag or variable that set it. Features that are validated but not built
-yet are refused by name in `Settings.refuse_unavailable()`, called after the rank handshake; nothing is accepted
-and ignored.
+yet, and combinations that cannot work, are refused by name in `Settings.refuse_unavailable()`, called after the
+rank handshake; nothing is accepted and ignored.
 """
 from __future__ import annotations
 
@@ -48,7 +48,6 @@ UNAVAILABLE: dict[str, str] = {
     "kv_host": "KV rows in host memory are not available yet",
     "kv_host_shared": "shared host KV pages are not available yet",
     "kv_host_gib": "host KV pages are not available yet",
-    "kv_share": "prompt pages shared with the KV pool are not available yet",
     "mtp_drafts": "MTP drafts are not available yet",
 }
 
@@ -132,7 +131,7 @@ class Settings:
     kv_gib: float | None = None           # explicit KV budget on CPU backends
     prompt_cache_gib: float = 0.0         # prompt-cache budget; 0 = no prompt cache
     host_cache: bool = False              # CUPYGLM_HOST_CACHE
-    kv_share: bool = False                # CUPYGLM_KV_SHARE
+    kv_share: int = 0                     # CUPYGLM_KV_SHARE: most kept prompts held as KV pool pages; 0 = off
     kv_host: bool = False                 # CUPYGLM_KV_HOST
     kv_host_shared: bool = False          # CUPYGLM_KV_HOST_SHARED (needs kv_host)
     kv_host_gib: float | None = None      # CUPYGLM_KV_HOST_GIB (needs kv_host); None = one full window
@@ -158,6 +157,7 @@ class Settings:
         _int("--max-queue", self.max_queue, 0)
         _int("--seed", self.seed, 0, 2**64 - 1)
         _int("--prefill-chunk", self.prefill_chunk, 0)
+        _int("CUPYGLM_KV_SHARE", self.kv_share, 0)
         if self.kv_host_shared and not self.kv_host:
             raise SettingsError("CUPYGLM_KV_HOST_SHARED=1 needs CUPYGLM_KV_HOST=1")
         if self.kv_host_gib is not None:
@@ -200,7 +200,7 @@ class Settings:
         prefill_chunk = _int("--prefill-chunk", flag("prefill_chunk", 0), 0)
 
         host_cache = _bool01("CUPYGLM_HOST_CACHE")
-        kv_share = _bool01("CUPYGLM_KV_SHARE")
+        kv_share = _int("CUPYGLM_KV_SHARE", env.get("CUPYGLM_KV_SHARE") or 0, 0)
         kv_host = _bool01("CUPYGLM_KV_HOST")
         kv_host_shared = _bool01("CUPYGLM_KV_HOST_SHARED")
         if kv_host_shared and not kv_host:
@@ -254,10 +254,15 @@ class Settings:
             refuse("kv_host_shared", "CUPYGLM_KV_HOST_SHARED=1")
         if self.kv_host_gib is not None:
             refuse("kv_host_gib", f"CUPYGLM_KV_HOST_GIB={self.kv_host_gib:g}")
-        if self.kv_share:
-            refuse("kv_share", "CUPYGLM_KV_SHARE=1")
         if self.mtp_drafts > 0:
             refuse("mtp_drafts", f"--mtp-drafts {self.mtp_drafts}")
+        if self.kv_share and not self.prompt_cache_gib:
+            raise SettingsError(f"CUPYGLM_KV_SHARE={self.kv_share} needs a prompt cache (--prompt-cache-gib > 0): a "
+                                f"kept prompt's fixed parts and its last, partly filled page live there", agreed=True)
+        if self.kv_share and self.kv_host:
+            raise SettingsError(f"CUPYGLM_KV_SHARE={self.kv_share} with CUPYGLM_KV_HOST=1: kept prompts share "
+                                f"device KV pages, and with host KV rows the latent rows are not on those pages",
+                                agreed=True)
 
 
 def _check_page_tokens(label: str, raw: Any) -> int:

@@ -21,7 +21,8 @@ Byte layout (little-endian, packed, no padding; VERSION is bumped on any change)
                 | count u32 (rows this step) | flags u32 (engine-defined) | n_tokens u32
                 | token ids u32 x n_tokens (tokens that not every rank knows yet, e.g. rank 0's sampled ones)
     prompt-cache section (flag bit 1 only)
-                n_restore u32 | n_drop u32 | n_keep u32
+                n_evict u32 | n_restore u32 | n_drop u32 | n_keep u32
+                | n_evict x entry u64: drop kept entries before anything else of the step (room for its pages)
                 | n_restore x (request_id u64 | entry u64 | length u32): fill a new request's state from a
                   kept entry before the step runs
                 | n_drop x entry u64: drop kept entries after the step runs
@@ -39,14 +40,14 @@ from collections.abc import Sequence
 import numpy as np
 
 MAGIC = b"CGST"
-VERSION = 2
+VERSION = 3
 
 _HEADER = struct.Struct("<4sHHQIII")
 _REQUEST = struct.Struct("<QI")
 _SAMPLING = struct.Struct("<ddidQIIII")
 _CANCEL = struct.Struct("<Q")
 _ENTRY = struct.Struct("<QIIII")
-_CACHE = struct.Struct("<III")
+_CACHE = struct.Struct("<IIII")
 _KEPT = struct.Struct("<QQI")
 
 FLAG_STOP = 1
@@ -106,10 +107,11 @@ class StepMessage:
     restores: tuple[tuple[int, int, int], ...] = ()    # (request_id, entry, length)
     drops: tuple[int, ...] = ()                         # entries
     keeps: tuple[tuple[int, int, int], ...] = ()       # (request_id, entry, length)
+    evicts: tuple[int, ...] = ()                        # entries dropped before the step's restores and leases
 
     @property
     def has_cache(self) -> bool:
-        return bool(self.restores or self.drops or self.keeps)
+        return bool(self.evicts or self.restores or self.drops or self.keeps)
 
 
 def _ids(values: Sequence[int], what: str) -> bytes:
@@ -146,7 +148,8 @@ def encode(msg: StepMessage) -> bytes:
             out += _ENTRY.pack(e.request_id, e.start, e.count, e.flags, len(e.tokens))
             out += _ids(e.tokens, f"request {e.request_id}'s scheduled tokens")
         if msg.has_cache:
-            out += _CACHE.pack(len(msg.restores), len(msg.drops), len(msg.keeps))
+            out += _CACHE.pack(len(msg.evicts), len(msg.restores), len(msg.drops), len(msg.keeps))
+            out += b"".join(_CANCEL.pack(d) for d in msg.evicts)
             out += b"".join(_KEPT.pack(*r) for r in msg.restores)
             out += b"".join(_CANCEL.pack(d) for d in msg.drops)
             out += b"".join(_KEPT.pack(*k) for k in msg.keeps)
@@ -207,16 +210,18 @@ def decode(data: bytes) -> StepMessage:
     for _ in range(n_sched):
         rid, start, count, eflags, n_tok = r.take(_ENTRY, "a row group")
         schedule.append(ScheduleEntry(rid, start, count, r.ids(n_tok, f"request {rid}'s scheduled tokens"), eflags))
-    restores, drops, keeps = (), (), ()
+    evicts, restores, drops, keeps = (), (), (), ()
     if flags & FLAG_CACHE:
-        n_res, n_drop, n_keep = r.take(_CACHE, "the prompt-cache section")
+        n_evict, n_res, n_drop, n_keep = r.take(_CACHE, "the prompt-cache section")
+        evicts = tuple(r.take(_CANCEL, "an evict")[0] for _ in range(n_evict))
         restores = tuple(r.take(_KEPT, "a restore") for _ in range(n_res))
         drops = tuple(r.take(_CANCEL, "a drop")[0] for _ in range(n_drop))
         keeps = tuple(r.take(_KEPT, "a keep") for _ in range(n_keep))
     if r.pos != len(data):
         raise StepFormatError(f"step message has {len(data) - r.pos} trailing bytes")
     return StepMessage(step=step, new=tuple(new), cancelled=cancelled, schedule=tuple(schedule),
-                       stop=bool(flags & FLAG_STOP), restores=restores, drops=drops, keeps=keeps)
+                       stop=bool(flags & FLAG_STOP), restores=restores, drops=drops, keeps=keeps,
+                       evicts=evicts)
 
 
 class Mirror:

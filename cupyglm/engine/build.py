@@ -61,7 +61,8 @@ def build(world, ckpt, *, poison: bool = False, log=log_line):
     if plan.prompt_cache_bytes:
         from cupyglm.kv.kept import KeptStore
 
-        kept = KeptStore(cfg, ops, runner.kv, world.size, plan.prompt_cache_bytes, host=st.host_cache)
+        kept = KeptStore(cfg, ops, runner.kv, world.size, plan.prompt_cache_bytes, host=st.host_cache,
+                         share=st.kv_share)
     ecfg = EngineConfig(context=plan.context, num_pages=plan.num_pages, page_tokens=plan.page_tokens,
                         keep_grid=cfg.keep_grid, parallel=st.parallel, max_queue=st.max_queue,
                         prefill_chunk=st.prefill_chunk, seed=st.seed, eos_token_ids=cfg.eos_token_ids,

@@ -14,7 +14,9 @@ the same leases in the same order (lowest free id first); each row group's flags
 0's page table and every rank checks its own against it.
 
 Kept prompt states: rank 0's `PromptCache` decides, the message carries it, every rank applies it alike
-(`cupyglm.kv.kept`: restores before the rows run; after the model call the drops, then the keeps).
+(`cupyglm.kv.kept`: evicts, then restores, before the rows run; after the model call the drops, then the keeps).
+With kept prompts as pool pages (CUPYGLM_KV_SHARE) rank 0's scheduler makes the page store's holds as it plans,
+and every other rank makes them as it applies the message (`cupyglm.kv.page_store`).
 
 Thread safety: `add_request`, `abort`, `has_work` and the page counts may be called from any thread; `step`
 from one thread at a time. An abort that arrives while a step runs is applied when the step's model call
@@ -37,6 +39,7 @@ from cupyglm.engine.request import EngineError, Request, RequestOutput
 from cupyglm.engine.sampling import FINISH_ABORT, FINISH_STOP, SamplingParams, banned_ids
 from cupyglm.engine.text import RequestText
 from cupyglm.kv.kept import apply_keeps, apply_restores
+from cupyglm.kv.page_store import stop_line
 from cupyglm.engine.scheduler import Scheduler, StepPlan
 from cupyglm.model.glm import SeqInput
 
@@ -62,8 +65,11 @@ class Engine:
         self.ops = runner.ops
         self.log = log
         self.kept = kept                 # this rank's KeptStore (None: no prompt cache)
-        cache = PromptCache(kept.pool.num_pages if kept else 0, kept.pages_for if kept else (lambda n: 0))
-        self.scheduler = Scheduler(cfg, runner.kv.pool, cache if kept else None) if self.rank == 0 else None
+        self.pages = kept.pages if kept else None       # the kept prompts' pool pages (CUPYGLM_KV_SHARE)
+        cache = PromptCache(kept.pool.num_pages if kept else 0, kept.pages_for if kept else (lambda n: 0),
+                            self.pages.limit if self.pages else 0)
+        self.scheduler = Scheduler(cfg, runner.kv.pool, cache if kept else None, self.pages) \
+            if self.rank == 0 else None
         self._mirror = stepmod.Mirror()
         self._states: dict = {}
         self._lock = threading.RLock()
@@ -148,6 +154,10 @@ class Engine:
         return self.runner.kv.pool.num_pages
 
     @property
+    def store_pages(self) -> int | None:
+        return None if self.pages is None else self.pages.held      # KV pages kept prompts hold
+
+    @property
     def cache_held(self) -> tuple[int, int] | None:
         """(bytes of kept states held on this rank, evictions so far); None without a prompt cache."""
         if self.kept is None or self.scheduler is None:
@@ -215,12 +225,19 @@ class Engine:
             for r in list(self.scheduler.requests.values()):
                 self.scheduler.abort(r.id)
             plan = self.scheduler.schedule()
-            msg = stepmod.StepMessage(step=plan.step, new=(), cancelled=plan.released, schedule=(), stop=True)
+            drops = self.scheduler.drop_kept() if self.pages is not None else ()
+            msg = stepmod.StepMessage(step=plan.step, new=(), cancelled=plan.released, schedule=(), stop=True,
+                                      drops=drops)
             self._stopped = True
         data = stepmod.encode(msg)
         if self.size > 1:
             self.comm.bcast_bytes(data)
         self._run(stepmod.decode(data))
+        self._stop_line()
+
+    def _stop_line(self) -> None:
+        if self.pages is not None and self.log is not None:
+            self.log(stop_line(self.rank, self.pages))
 
     # ---- every rank --------------------------------------------------------------------------------------------
     def worker_loop(self) -> None:
@@ -233,6 +250,7 @@ class Engine:
             self.done_step = msg.step
             if msg.stop:
                 self._stopped = True
+                self._stop_line()
                 return
 
     def _message(self, plan: StepPlan) -> stepmod.StepMessage:
@@ -255,7 +273,7 @@ class Engine:
                                                   g.tokens if g.decode else (), flags))
         return stepmod.StepMessage(step=plan.step, new=tuple(new), cancelled=plan.released,
                                    schedule=tuple(entries), restores=plan.restores, drops=plan.drops,
-                                   keeps=plan.keeps)
+                                   keeps=plan.keeps, evicts=plan.evicts)
 
     def _run(self, msg: stepmod.StepMessage, check: bool = True):
         """Apply a step message on this rank and run its rows; the model's outputs, one per row group."""
@@ -270,8 +288,9 @@ class Engine:
                 state.pages = self.scheduler.requests[req.request_id].pages   # leased by the scheduler
             self._states[req.request_id] = state
         kv = self.runner.kv
+        pages = self.pages if self.rank != 0 else None      # rank 0's scheduler made the page store's holds
         if msg.has_cache:
-            apply_restores(self.kept, kv, self._states, msg, self.rank)
+            apply_restores(self.kept, kv, self._states, msg, self.rank, pages)
         batch = []
         for e in msg.schedule:
             state = self._states[e.request_id]
@@ -290,7 +309,7 @@ class Engine:
             batch.append(SeqInput(np.asarray(tokens, dtype=np.int32), state, all_logits=every))
         outs = self.runner.forward(batch, check=check) if batch else []
         if msg.has_cache:
-            apply_keeps(self.kept, self._states, msg, self.rank)
+            apply_keeps(self.kept, self._states, msg, self.rank, pages)
         return outs
 
     # ---- rank 0: sampling and outputs --------------------------------------------------------------------------

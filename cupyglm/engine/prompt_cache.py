@@ -8,6 +8,8 @@ decisions (restore, drop, keep) to every rank.
 - Budget: kept pages of the arena. To keep a state, entries are evicted until its pages fit: first a
   conversation's superseded keep points (an entry a longer kept entry extends), least recently used first,
   then the least recently used of the rest; never an entry `protect` names (the states being resumed).
+- With CUPYGLM_KV_SHARE=N at most N entries are kept (an entry's whole KV pages stay in the pool); the oldest go
+  first the same way, and an admission short of KV pages evicts entries too (`cupyglm.engine.page_evict`).
 - Miss reasons when nothing is restored: "cache off", "different cache_salt" (another salt holds a prefix),
   "evicted" (a prefix was kept and evicted), "no prefix".
 """
@@ -45,9 +47,10 @@ class CacheStats:
 
 
 class PromptCache:
-    def __init__(self, total_pages: int, pages_for: Callable[[int], int]):
+    def __init__(self, total_pages: int, pages_for: Callable[[int], int], max_entries: int = 0):
         self.total_pages = total_pages
         self.pages_for = pages_for
+        self.max_entries = max_entries            # 0: no bound on the count (CUPYGLM_KV_SHARE sets one)
         self.free_pages = total_pages
         self.trees: dict[str, RadixTree] = {}
         self.ghosts: dict[str, collections.OrderedDict] = {}
@@ -87,6 +90,11 @@ class PromptCache:
                 return None, 0, MISS_SALT
         return None, 0, MISS_NONE
 
+    def peek(self, salt: str, prompt: Sequence[int]) -> tuple[int | None, int]:
+        """(entry id, length) `lookup` would give now, counting nothing."""
+        tree = self.trees.get(salt) if self.on else None
+        return tree.longest(prompt, len(prompt) - 1) if tree is not None else (None, 0)
+
     def restored(self, eid: int, length: int) -> None:
         self.entries[eid].used = self._tick()
         self.stats.hits += length
@@ -105,8 +113,10 @@ class PromptCache:
         spare = sum(e.pages for e in self.entries.values() if e.entry_id not in protect)
         if need > self.free_pages + spare:
             return None, []
+        if self.max_entries and len(protect & self.entries.keys()) >= self.max_entries:
+            return None, []
         drops = []
-        while self.free_pages < need:
+        while self.free_pages < need or self._full():
             victim = self._victim(protect, salt, tokens)
             drops.append(victim.entry_id)
             self._evict(victim, self._superseded(victim, salt, tokens))
@@ -119,6 +129,9 @@ class PromptCache:
         self.ghosts.get(salt, {}).pop(tokens, None)
         return eid, drops
 
+    def _full(self) -> bool:
+        return bool(self.max_entries) and len(self.entries) >= self.max_entries
+
     def _superseded(self, e: Entry, salt: str, tokens: tuple[int, ...]) -> bool:
         """A longer kept state (or the one being kept) extends e's prefix."""
         if e.salt == salt and len(e.tokens) < len(tokens) and tokens[:len(e.tokens)] == e.tokens:
@@ -130,8 +143,23 @@ class PromptCache:
         superseded = [e for e in live if self._superseded(e, salt, tokens)]
         return min(superseded or live, key=lambda e: e.used)
 
-    def _evict(self, e: Entry, superseded: bool) -> None:
-        why = "superseded" if superseded else "least recently used"
+    def evict(self, protect: set[int], among: set[int], why: str) -> int:
+        """Evict the first victim among `among` (superseded keep points first, then least recently used)."""
+        victim = self._victim(protect | (self.entries.keys() - among), "", ())
+        self._evict(victim, False, why)
+        return victim.entry_id
+
+    def clear(self) -> list[int]:
+        """Forget every entry (at stop); their ids."""
+        ids = list(self.entries)
+        for e in list(self.entries.values()):
+            self.trees[e.salt].remove(e.tokens)
+        self.entries.clear()
+        self.free_pages = self.total_pages
+        return ids
+
+    def _evict(self, e: Entry, superseded: bool, why: str = "") -> None:
+        why = why or ("superseded" if superseded else "least recently used")
         self.trees[e.salt].remove(e.tokens)
         del self.entries[e.entry_id]
         self.free_pages += e.pages

@@ -16,6 +16,10 @@ that asked for logits.
 - With a prompt cache (`cupyglm.engine.prompt_cache`): an admitted request whose prompt starts with a kept
   state resumes there (its pages for those positions leased at once, the restore in the plan); a prompt chunk
   that ends on the keep grid or at the prompt's end is a keep point (the keep and any evictions in the plan).
+- With kept prompts as pool pages (`cupyglm.kv.page_store`): a resumed request shares the entry's whole pages
+  and leases only the rest, and pages only the store holds count as free for admission: an admission short of
+  pages evicts such entries first (the plan's `evicts`, applied on every rank before any of the step's leases;
+  so here every admission is decided, and its evictions made, before the first restore leases a page).
 """
 from __future__ import annotations
 
@@ -23,6 +27,7 @@ import collections
 import dataclasses
 
 from cupyglm.engine.config import EngineConfig
+from cupyglm.engine.page_evict import evict_for
 from cupyglm.engine.prompt_cache import MISS_OFF, MISS_PROMPT_LOGPROBS, PromptCache
 from cupyglm.engine.request import QueueFull, Request, RequestTooLong, Status
 from cupyglm.engine.sampling import FINISH_ABORT, token_finish
@@ -59,10 +64,12 @@ class StepPlan:
     restores: tuple[tuple[int, int, int], ...] = ()   # (request, kept entry, length) before the step runs
     drops: tuple[int, ...] = ()                        # kept entries evicted after the step runs
     keeps: tuple[tuple[int, int, int], ...] = ()      # (request, new kept entry, length) after the drops
+    evicts: tuple[int, ...] = ()                       # kept entries evicted before the restores and leases
 
     @property
     def empty(self) -> bool:
-        return not (self.groups or self.admitted or self.released or self.restores or self.drops or self.keeps)
+        return not (self.groups or self.admitted or self.released or self.restores or self.drops or self.keeps
+                    or self.evicts)
 
     @property
     def rows(self) -> int:
@@ -70,11 +77,14 @@ class StepPlan:
 
 
 class Scheduler:
-    def __init__(self, cfg: EngineConfig, pool: PagePool | None = None, cache: PromptCache | None = None):
+    def __init__(self, cfg: EngineConfig, pool: PagePool | None = None, cache: PromptCache | None = None,
+                 pages=None):
         self.cfg = cfg
         self.pool = pool if pool is not None else PagePool(cfg.num_pages)
         self.cache = cache
+        self.pages = pages                              # the kept prompts' pool pages (PageStore), or None
         self._restores: list[tuple[int, int, int]] = []
+        self._evicts: list[int] = []
         self.waiting: collections.deque[Request] = collections.deque()
         self.running: list[Request] = []
         self.requests: dict[int, Request] = {}          # waiting and running
@@ -118,18 +128,36 @@ class Scheduler:
         return sum(self.cfg.pages_needed(r.max_positions) - len(r.pages) for r in self.running)
 
     def _admit(self) -> list[int]:
-        admitted = []
+        admitted, taken = [], self.reserved_pages()       # taken: pages running and admitted requests may lease
+        protect = {eid for _, eid, _ in self._restores}
         while self.waiting and len(self.running) < self.cfg.parallel:
             head = self.waiting[0]
-            if self.pool.free_count - self.reserved_pages() < self.cfg.pages_needed(head.max_positions):
-                break                                      # first come first served: the head waits for pages
+            need = self.cfg.pages_needed(head.max_positions) - self._shares(head, protect)
+            short = need - (self.pool.free_count - taken)
+            if short > 0:
+                drops = evict_for(self.cache, self.pages, short, protect) if self.pages is not None else None
+                if drops is None:
+                    break                                  # first come first served: the head waits for pages
+                self._evicts += drops
             self.waiting.popleft()
             head.status = Status.RUNNING
             head.announced = True
             self.running.append(head)
             admitted.append(head.id)
-            self._resume(head)
+            taken += need
+        for rid in admitted:                               # after every eviction: the leases see one free set
+            self._resume(self.requests[rid])
         return admitted
+
+    def _shares(self, r: Request, protect: set[int]) -> int:
+        """Pages `r` will share from the kept entry it resumes from (that entry is protected from now on)."""
+        if self.cache is None or r.params.prompt_logprobs is not None:
+            return 0
+        eid, length = self.cache.peek(r.salt, r.prompt)
+        if eid is None:
+            return 0
+        protect.add(eid)
+        return self.pages.shared_pages(length) if self.pages is not None else 0
 
     def _resume(self, r: Request) -> None:
         """Start an admitted request at its longest kept prefix (its pages leased now), or note the miss."""
@@ -142,6 +170,8 @@ class Scheduler:
         eid, length, r.miss_reason = self.cache.lookup(r.salt, r.prompt)
         if eid is None:
             return
+        if self.pages is not None:
+            r.pages.extend(self.pages.lend(eid))
         self._lease(r, length)
         r.fed = r.cached = length
         self.cache.restored(eid, length)
@@ -161,6 +191,11 @@ class Scheduler:
             drops += evict
             if eid is not None:
                 keeps.append((r.id, eid, g.end))
+            if self.pages is not None:                     # after this step's leases, as on every rank
+                for d in evict:
+                    self.pages.drop(d)
+                if eid is not None:
+                    self.pages.hold(eid, r.pages[:self.pages.shared_pages(g.end)])
         return tuple(drops), tuple(keeps)
 
     # ---- the two calls -----------------------------------------------------------------------------------------
@@ -189,8 +224,9 @@ class Scheduler:
             groups.append(group)
         released, self._released = tuple(self._released), []
         restores, self._restores = tuple(self._restores), []
+        evicts, self._evicts = tuple(self._evicts), []
         drops, keeps = self._keeps(groups, restores)
-        return StepPlan(self.step, tuple(groups), tuple(admitted), released, restores, drops, keeps)
+        return StepPlan(self.step, tuple(groups), tuple(admitted), released, restores, drops, keeps, evicts)
 
     def _lease(self, r: Request, positions: int) -> bool:
         need = self.cfg.pages_needed(positions) - len(r.pages)
@@ -247,6 +283,13 @@ class Scheduler:
         self.requests.pop(r.id, None)
         if r.announced:
             self._released.append(r.id)
+
+    def drop_kept(self) -> tuple[int, ...]:
+        """Forget every kept entry and let go of its pages (at stop); their ids, for every rank to drop."""
+        ids = tuple(self.cache.clear()) if self.cache is not None else ()
+        for eid in ids:
+            self.pages.drop(eid)
+        return ids
 
     def has_work(self) -> bool:
         return bool(self.waiting or self.running or self._released)

@@ -4,6 +4,8 @@ A kept state at length L = the fixed parts (per KDA layer the recurrent state an
 layer the incomplete pool's L % kpool index-key and gate rows; the MTP pending row when the head is built) and
 the paged parts (per indexed KV layer the latent rows of positions 0..L-1 and the L // kpool pooled keys, each
 with its own page stride). Every copy goes through `cupyglm.kv.walk.each`; the backend gives only the hook.
+With a page store (CUPYGLM_KV_SHARE, `cupyglm.kv.page_store`) the paged parts start after the whole pages the
+store holds (the walk's `from`), so a kept state copies the fixed parts and a partly filled last page only.
 
 What must stay true: every rank holds the same entries on the same kept pages, because every rank applies the
 same drops and keeps in the order rank 0's step messages give them (the kept pool leases lowest id first).
@@ -14,6 +16,7 @@ import dataclasses
 
 from cupyglm.config import ModelConfig
 from cupyglm.kv.copy_hooks import address_of, hook_for, host_arena
+from cupyglm.kv.page_store import PageStore
 from cupyglm.kv.pool import PagePool
 from cupyglm.kv.state import SeqState
 from cupyglm.kv.walk import Kept, Part, each
@@ -33,8 +36,10 @@ def indexed_layers(cfg: ModelConfig, mtp: bool) -> tuple[int, ...]:
     return cfg.kv_layers if mtp else cfg.dsa_layers
 
 
-def kept_state_bytes(cfg: ModelConfig, tp: int, storage, page_tokens: int, length: int, mtp: bool = False) -> int:
-    """Bytes of a kept state at `length` (what `KeptStore.parts` covers), computed without any state."""
+def kept_state_bytes(cfg: ModelConfig, tp: int, storage, page_tokens: int, length: int, mtp: bool = False,
+                     shared: int = 0) -> int:
+    """Bytes of a kept state at `length` (what `KeptStore.parts` covers), computed without any state; `shared`:
+    the leading pages a page store holds instead (their rows are not copied)."""
     total = 0
     for layer in cfg.kda_layers:
         total += sum(a.nbytes(storage) for a in kda_state_arrays(cfg, tp, layer))
@@ -42,6 +47,7 @@ def kept_state_bytes(cfg: ModelConfig, tp: int, storage, page_tokens: int, lengt
     for _ in indexed_layers(cfg, mtp):
         total += 2 * (length % cfg.index_kpool) * cfg.index_head_dim * bf
         total += length * cfg.kv_lora_rank * bf + (length // cfg.index_kpool) * cfg.index_head_dim * bf
+        total -= shared * (page_tokens * cfg.kv_lora_rank + page_tokens // cfg.index_kpool * cfg.index_head_dim) * bf
     if mtp and length:
         total += cfg.hidden_size * bf
     return total
@@ -51,8 +57,10 @@ class KeptStore:
     """The arena of one rank and the kept states on it, by entry id."""
 
     def __init__(self, cfg: ModelConfig, ops, kv, tp: int, cache_bytes: int, host: bool = False,
-                 mtp: bool = False):
+                 mtp: bool = False, share: int = 0):
         self.cfg, self.ops, self.kv, self.tp, self.mtp = cfg, ops, kv, tp, mtp
+        # CUPYGLM_KV_SHARE: the whole KV pages before a keep point stay in the pool, held by the entry
+        self.pages = PageStore(kv.pool, kv.page_tokens, share, mtp) if share else None
         self.storage = storage_of(ops)
         self.page_bytes = total_bytes(kv_arrays(cfg, 1, kv.page_tokens), self.storage)   # one KV page's bytes
         spec = prompt_cache_arena(cache_bytes, self.page_bytes)
@@ -71,8 +79,13 @@ class KeptStore:
     def nbytes(self) -> int:
         return self.pool.num_pages * self.page_bytes
 
+    def shared_pages(self, length: int) -> int:
+        """Leading KV pages of a state kept at `length` that the page store holds (the walk's `from`)."""
+        return self.pages.shared_pages(length) if self.pages is not None else 0
+
     def state_bytes(self, length: int) -> int:
-        return kept_state_bytes(self.cfg, self.tp, self.storage, self.kv.page_tokens, length, self.mtp)
+        return kept_state_bytes(self.cfg, self.tp, self.storage, self.kv.page_tokens, length, self.mtp,
+                                self.shared_pages(length))
 
     def pages_for(self, length: int) -> int:
         return -(-self.state_bytes(length) // self.page_bytes)
@@ -94,13 +107,13 @@ class KeptStore:
             ik, ig = xp.ascontiguousarray(ik), xp.ascontiguousarray(ig)
             state.index_tail[layer] = (ik, ig)
             out += [Part(address_of(ik), int(ik.nbytes)), Part(address_of(ig), int(ig.nbytes))]
-        pages = tuple(state.pages)
+        pages, skip = tuple(state.pages), self.shared_pages(length)
         per_pool = kv.page_tokens // cfg.index_kpool
         for layer in indexed_layers(cfg, self.mtp):
             lat, pk = kv.latent[layer], kv.pooled[layer]
             row, prow = lat.shape[1] * lat.itemsize, pk.shape[1] * pk.itemsize
-            out.append(Part(address_of(lat), length * row, kv.page_tokens * row, pages))
-            out.append(Part(address_of(pk), (length // cfg.index_kpool) * prow, per_pool * prow, pages))
+            out.append(Part(address_of(lat), length * row, kv.page_tokens * row, pages, skip))
+            out.append(Part(address_of(pk), (length // cfg.index_kpool) * prow, per_pool * prow, pages, skip))
         if self.mtp and length:
             state.mtp_pending = xp.ascontiguousarray(state.mtp_pending)
             out.append(Part(address_of(state.mtp_pending), int(state.mtp_pending.nbytes)))
@@ -151,21 +164,33 @@ def _store(kept, rank: int, step: int):
     return kept
 
 
-def apply_restores(kept, kv, states: dict, msg, rank: int) -> None:
-    """A step message's restores, before its rows run (on rank 0 the scheduler leased the pages already)."""
+def apply_restores(kept, kv, states: dict, msg, rank: int, pages=None) -> None:
+    """A step message's evicts, then its restores, before its rows run (on rank 0 the scheduler leased the pages
+    already). `pages`: the page store whose holds this call applies (None on rank 0: its scheduler applied them)."""
+    for eid in msg.evicts:
+        _store(kept, rank, msg.step).drop(eid)
+        if pages is not None:
+            pages.drop(eid)
     for rid, eid, length in msg.restores:
         state = states[rid]
+        if pages is not None:
+            state.pages.extend(pages.lend(eid))
         kv.ensure(state.pages, length)
         _store(kept, rank, msg.step).restore(eid, state)
 
 
-def apply_keeps(kept, states: dict, msg, rank: int) -> None:
-    """A step message's drops, then its keeps, after its rows ran."""
+def apply_keeps(kept, states: dict, msg, rank: int, pages=None) -> None:
+    """A step message's drops, then its keeps, after its rows ran (`pages` as in `apply_restores`)."""
     for eid in msg.drops:
         _store(kept, rank, msg.step).drop(eid)
+        if pages is not None:
+            pages.drop(eid)
     for rid, eid, length in msg.keeps:
         state = states[rid]
         if state.length != length:
             raise RuntimeError(f"rank {rank}: request {rid} is at position {state.length}, step {msg.step} "
                                f"keeps it at {length}")
-        _store(kept, rank, msg.step).keep(eid, state)
+        store = _store(kept, rank, msg.step)
+        store.keep(eid, state)
+        if pages is not None:
+            pages.hold(eid, state.pages[:store.shared_pages(length)])

@@ -154,6 +154,9 @@ class EngineBridge:
         cache = getattr(self.engine, "cache_held", None)
         if cache is not None:
             self.metrics.set_cache(*cache)
+        held = getattr(self.engine, "store_pages", None)
+        if held is not None:
+            self.metrics.store_pages.set(held)
 
     # ---- the event loop side ------------------------------------------------------------------------------------
     def submit(self, prompt_ids: list[int], params: Any, cache_salt: str | None = None) -> RequestStream:

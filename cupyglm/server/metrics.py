@@ -41,6 +41,8 @@ class Metrics:
         self.cache_bytes = Gauge("cupyglm:prefix_cache_bytes", "Bytes of kept prompt states held (per rank).",
                                  registry=r)
         self.cache_evictions = Counter("cupyglm:prefix_cache_evictions", "Kept prompt states evicted.", registry=r)
+        self.store_pages = Gauge("cupyglm:prefix_cache_kv_pages", "KV pool pages held by kept prompts "
+                                 "(CUPYGLM_KV_SHARE).", registry=r)
         self._evictions_seen = 0
         self.success = Counter("cupyglm:request_success", "Finished requests by finish reason.",
                                ["finished_reason"], registry=r)

@@ -2,11 +2,13 @@
 equals the same request on a cold server (`--prompt-cache-gib 0`), token id for token id.
 
 Servers: `warm` (room for every state), `tight` (a budget a few states overflow, kept in the host arena:
-CUPYGLM_HOST_CACHE=1), `cold` (the cache-off control). `--prefill-chunk` is the keep grid, so every grid point of a prompt is a keep point."""
+CUPYGLM_HOST_CACHE=1), `share` (kept prompts as KV pool pages: CUPYGLM_KV_SHARE=16), `cold` (the cache-off
+control). `--prefill-chunk` is the keep grid, so every grid point of a prompt is a keep point."""
 from __future__ import annotations
 
 import concurrent.futures
 import re
+import signal
 
 import httpx
 import numpy as np
@@ -22,6 +24,8 @@ BASE = ["--context", "512", "--parallel", "4", "--prefill-chunk", str(GRID)]
 def servers(start_server):
     out = {"warm": start_server(BASE + ["--prompt-cache-gib", "0.05"], wait=False),
            "tight": start_server(BASE + ["--prompt-cache-gib", "0.0006"], env={"CUPYGLM_HOST_CACHE": "1"},
+                                 wait=False),
+           "share": start_server(BASE + ["--prompt-cache-gib", "0.05"], env={"CUPYGLM_KV_SHARE": "16"},
                                  wait=False),
            "cold": start_server(BASE + ["--prompt-cache-gib", "0"], wait=False)}
     for s in out.values():
@@ -106,16 +110,64 @@ def test_gate3_host_arena_resumed_equals_fresh(servers, http):
         assert got[1] == keep and got[0] == complete(http["cold"], prompt)[0], keep
 
 
-def test_gate5_streams_resuming_at_once(http):
+def idle_pages(c) -> tuple[float, float, float]:
+    """(free KV pages, pages the kept prompts hold, total) from /metrics."""
+    return tuple(metric(c, f"cupyglm:{m}") for m in ("kv_free_pages", "prefix_cache_kv_pages", "kv_total_pages"))
+
+
+def share_cell2(c, cold) -> list[float]:
+    """Gate 2's cell on a page-sharing server; the idle check after every reply: free + the store's = total."""
+    base = ids(460, 2)
+    complete(c, base, max_tokens=1)
+    held = []
+    for keep in (GRID, 2 * GRID, 7 * GRID, 460):
+        prompt = base[:keep] + ids(9, keep)
+        got = complete(c, prompt)
+        assert got[1] == keep, keep
+        assert got[0] == complete(cold, prompt)[0], keep
+        free, store, total = idle_pages(c)
+        assert free + store == total and store >= 460 // 16, (keep, free, store, total)
+        held.append(store)
+    return held
+
+
+def test_gate4_shared_pages_resumed_equals_fresh_and_all_free_at_stop(start_server, http):
+    s = start_server(BASE + ["--prompt-cache-gib", "0.05", "--kv-pages", "40"], env={"CUPYGLM_KV_SHARE": "16"})
+    try:
+        with httpx.Client(base_url=s.base, timeout=120) as c:
+            held = share_cell2(c, http["cold"])
+            fresh, evicted = ids(400, 77), metric(c, "cupyglm:prefix_cache_evictions_total")
+            got = complete(c, fresh)                         # 26 pages: more than the 40 - 28 the store leaves
+            assert got[0] == complete(http["cold"], fresh)[0] and got[1:] == (0, "no prefix")
+            evicted = metric(c, "cupyglm:prefix_cache_evictions_total") - evicted
+            free, store, total = idle_pages(c)
+            assert evicted > 0 and free + store == total == 40, (evicted, free, store, total)
+        s.proc.send_signal(signal.SIGTERM)
+        rc, _ = s.wait(60)
+    finally:
+        s.kill()
+    print(f"gate 4: KV pages the store held after each resumed reply: {held}; pool pressure evicted {evicted:.0f}")
+    assert rc == 0, s.output
+    lines = re.findall(r"rank (\d): KV pages at stop: (\d+) of (\d+) free, (\d+) held by kept prompts", s.output)
+    assert sorted(r for r, *_ in lines) == ["0", "1"], s.output
+    assert all(free == total and held == "0" for _, free, total, held in lines), lines
+    print("gate 4 stop lines:", lines)
+
+
+@pytest.mark.parametrize("arm", ["warm", "share"])
+def test_gate5_streams_resuming_at_once(http, arm):
     base = ids(300, 3)
-    complete(http["warm"], base, max_tokens=1)
+    complete(http[arm], base, max_tokens=1)
     prompts = [base[:GRID * (i + 1)] + ids(5, 50 + i) for i in range(4)]
     solo = [complete(http["cold"], p) for p in prompts]
     for n in (1, 2, 4):
         with concurrent.futures.ThreadPoolExecutor(n) as pool:
-            got = list(pool.map(lambda p: complete(http["warm"], p), prompts[:n]))
+            got = list(pool.map(lambda p: complete(http[arm], p), prompts[:n]))
         for i, (g, s) in enumerate(zip(got, solo)):
             assert g[0] == s[0] and g[1] >= GRID * (i + 1), (n, i)
+    if arm == "share":
+        free, store, total = idle_pages(http[arm])
+        assert free + store == total and store > 0
 
 
 def test_gate6_eviction_past_the_budget(http):

@@ -87,3 +87,36 @@ def kept_probe(kept, length):
 
     n = -(-kept.state_bytes(length) // kept.page_bytes)
     return Kept(kept.base, page_bytes=kept.page_bytes, pages=tuple(range(n)))
+
+
+def test_shared_pages_are_not_copied_on_cuda_double(cuda_double):
+    """CUPYGLM_KV_SHARE: a keep copies the fixed parts and the partly filled page only; a restore lends the whole
+    pages and fills the rest, one memcpyAsync per piece."""
+    from cupyglm.backend.cuda_ops import CudaOps
+    from cupyglm.kv.kept import KeptStore
+    from cupyglm.kv.store import KVStore
+
+    cfg = preset("tiny")
+    ops = CudaOps()
+    kv = KVStore(cfg, ops, 8, cfg.page_tokens)
+    length = 2 * cfg.page_tokens + 5
+    src = _state(cfg, ops, kv, length, np.random.default_rng(2))
+    kept, full = KeptStore(cfg, ops, kv, 1, 1 << 22, share=4), KeptStore(cfg, ops, kv, 1, 1 << 22)
+    assert kept.shared_pages(length) == 2
+    with cuda_double.counting() as c:
+        entry = kept.keep(7, src)
+    kept.pages.hold(7, src.pages[:2])
+    assert c.memcpy_bytes == entry.nbytes == kept.state_bytes(length) < full.state_bytes(length)
+    pos = np.arange(length)
+    before = [ops.asnumpy(kv.latent[l])[kv.rows(src.pages, pos)].copy() for l in cfg.dsa_layers]
+    dst = SeqState(pages=kept.pages.lend(7))
+    kv.ensure(dst.pages, length)
+    for layer in cfg.kda_layers:
+        dst.kda_state[layer], dst.kda_conv[layer] = (x * 0 for x in (src.kda_state[layer], src.kda_conv[layer]))
+    with cuda_double.counting() as c:
+        kept.restore(7, dst)
+    assert c.memcpy_bytes == entry.nbytes and c.syncs == 0
+    assert dst.pages[:2] == src.pages[:2] and dst.pages[2] != src.pages[2]
+    assert [kv.pool.refcount(p) for p in src.pages] == [3, 3, 1]
+    got = [ops.asnumpy(kv.latent[l])[kv.rows(dst.pages, pos)] for l in cfg.dsa_layers]
+    assert all(np.array_equal(bits(g), bits(b)) for g, b in zip(got, before))

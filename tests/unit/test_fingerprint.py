@@ -71,7 +71,7 @@ def test_compare_kv_host_line():
     ("kv_gib", {"kv_gib": 1.0}, "--kv-gib"),
     ("prompt_cache_gib", {"prompt_cache_gib": 1.0}, "--prompt-cache-gib"),
     ("host_cache", {"host_cache": True}, "CUPYGLM_HOST_CACHE"),
-    ("kv_share", {"kv_share": True}, "CUPYGLM_KV_SHARE"),
+    ("kv_share", {"kv_share": 16}, "CUPYGLM_KV_SHARE"),
     ("mtp_drafts", {"mtp_drafts": 1}, "--mtp-drafts"),
     ("memory_reserve_gib", {"memory_reserve_gib": 2.0}, "CUPYGLM_MEMORY_RESERVE_GIB"),
     ("max_queue", {"max_queue": 1}, "--max-queue"),

@@ -36,7 +36,7 @@ def test_defaults():
     assert (s.model, s.backend, s.context, s.parallel, s.page_tokens, s.kv_cache, s.kv_pages, s.kv_gib) == \
         (None, "auto", 0, 4, 0, "bf16", 0, None)
     assert (s.prompt_cache_gib, s.host_cache, s.kv_share, s.kv_host, s.kv_host_shared, s.kv_host_gib) == \
-        (0.0, False, False, False, False, None)
+        (0.0, False, 0, False, False, None)
     assert (s.mtp_drafts, s.memory_reserve_gib, s.max_queue, s.seed, s.model_id) == (0, 1.0, 256, 0, None)
     assert s.kv_host_mode == 0
 
@@ -45,10 +45,10 @@ def test_flags_and_env_parse():
     s = settings("--model", "/m", "--backend", "sim", "--context", "4096", "--parallel", "2", "--page-tokens", "16",
                  "--kv-cache", "fp8", "--kv-pages", "9", "--kv-gib", "1.5", "--prompt-cache-gib", "0.25",
                  "--mtp-drafts", "15", "--max-queue", "0", "--seed", "18446744073709551615",
-                 CUPYGLM_HOST_CACHE="1", CUPYGLM_KV_SHARE="1", CUPYGLM_KV_HOST="1", CUPYGLM_KV_HOST_SHARED="1",
+                 CUPYGLM_HOST_CACHE="1", CUPYGLM_KV_SHARE="16", CUPYGLM_KV_HOST="1", CUPYGLM_KV_HOST_SHARED="1",
                  CUPYGLM_KV_HOST_GIB="2.5", CUPYGLM_MEMORY_RESERVE_GIB="0")
     assert s == Settings(model="/m", backend="sim", context=4096, parallel=2, page_tokens=16, kv_cache="fp8",
-                         kv_pages=9, kv_gib=1.5, prompt_cache_gib=0.25, host_cache=True, kv_share=True, kv_host=True,
+                         kv_pages=9, kv_gib=1.5, prompt_cache_gib=0.25, host_cache=True, kv_share=16, kv_host=True,
                          kv_host_shared=True, kv_host_gib=2.5, mtp_drafts=15, memory_reserve_gib=0.0, max_queue=0,
                          seed=2**64 - 1)
     assert s.kv_host_mode == 2
@@ -64,12 +64,18 @@ def test_empty_variable_counts_as_unset():
     assert settings(CUPYGLM_KV_HOST="", CUPYGLM_KV_HOST_GIB="").kv_host is False
 
 
-@pytest.mark.parametrize("name", ["CUPYGLM_HOST_CACHE", "CUPYGLM_KV_SHARE", "CUPYGLM_KV_HOST",
-                                  "CUPYGLM_KV_HOST_SHARED"])
+@pytest.mark.parametrize("name", ["CUPYGLM_HOST_CACHE", "CUPYGLM_KV_HOST", "CUPYGLM_KV_HOST_SHARED"])
 @pytest.mark.parametrize("value", ["yes", "2", "true", " 1", "01"])
 def test_bool_variables_take_only_0_or_1(name, value):
     extra = {"CUPYGLM_KV_HOST": "1"} if name == "CUPYGLM_KV_HOST_SHARED" else {}
     assert refused(**extra, **{name: value}) == f"{name} must be 0 or 1, got {value!r}"
+
+
+@pytest.mark.parametrize("value, message", [("yes", "an integer, got 'yes'"), ("-1", "an integer >= 0, got -1"),
+                                            ("1.5", "an integer, got '1.5'")])
+def test_kv_share_takes_a_count(value, message):
+    assert refused(CUPYGLM_KV_SHARE=value) == f"CUPYGLM_KV_SHARE must be {message}"
+    assert settings(CUPYGLM_KV_SHARE="0").kv_share == 0 and settings(CUPYGLM_KV_SHARE="").kv_share == 0
 
 
 def test_kv_host_yes_message():
@@ -169,7 +175,10 @@ def test_line():
 @pytest.mark.parametrize("kwargs, message", [
     ({"kv_cache": "fp8"}, "--kv-cache fp8: fp8 KV is not available yet"),
     ({"kv_host": True}, "CUPYGLM_KV_HOST=1: KV rows in host memory are not available yet"),
-    ({"kv_share": True}, "CUPYGLM_KV_SHARE=1: prompt pages shared with the KV pool are not available yet"),
+    ({"kv_share": 16}, "CUPYGLM_KV_SHARE=16 needs a prompt cache (--prompt-cache-gib > 0): a kept prompt's fixed "
+                       "parts and its last, partly filled page live there"),
+    ({"kv_share": 2, "prompt_cache_gib": 1.0, "kv_host": True}, "CUPYGLM_KV_HOST=1: KV rows in host memory are not "
+                                                                "available yet"),
     ({"mtp_drafts": 3}, "--mtp-drafts 3: MTP drafts are not available yet"),
 ])
 def test_refuse_unavailable(kwargs, message):
@@ -192,3 +201,13 @@ def test_plain_settings_pass_refuse_unavailable():
     Settings().refuse_unavailable()
     Settings(prompt_cache_gib=0.0, mtp_drafts=0).refuse_unavailable()
     Settings(prompt_cache_gib=2.0, host_cache=True).refuse_unavailable()      # the prompt cache is built
+    Settings(prompt_cache_gib=0.5, kv_share=16).refuse_unavailable()            # kept prompts as pool pages
+    Settings(prompt_cache_gib=0.5, kv_share=16, host_cache=True).refuse_unavailable()
+
+
+def test_kv_share_with_host_kv_rows_is_refused_once_host_rows_exist():
+    s = Settings(prompt_cache_gib=1.0, kv_share=4, kv_host=True)
+    with pytest.raises(SettingsError, match="CUPYGLM_KV_SHARE=4 with CUPYGLM_KV_HOST=1: kept prompts share device KV") \
+            as info:
+        s.refuse_unavailable(available={"kv_host"})
+    assert info.value.agreed

@@ -27,7 +27,8 @@ kept = st.tuples(u64, u64, u32)
 messages = st.builds(StepMessage, step=u64, new=st.lists(requests, max_size=4).map(tuple),
                      cancelled=st.lists(u64, max_size=5).map(tuple), schedule=st.lists(entries, max_size=6).map(tuple),
                      stop=st.booleans(), restores=st.lists(kept, max_size=3).map(tuple),
-                     drops=st.lists(u64, max_size=3).map(tuple), keeps=st.lists(kept, max_size=3).map(tuple))
+                     drops=st.lists(u64, max_size=3).map(tuple), keeps=st.lists(kept, max_size=3).map(tuple),
+                     evicts=st.lists(u64, max_size=3).map(tuple))
 
 
 @settings(max_examples=300, deadline=None)
@@ -63,8 +64,18 @@ def test_header_bytes():
 def test_wrong_version_names_both():
     blob = bytearray(encode(StepMessage(step=1)))
     struct.pack_into("<H", blob, 4, 9)
-    with pytest.raises(StepVersionError, match=r"version 9 from rank 0 differs from this rank's version 2"):
+    with pytest.raises(StepVersionError, match=r"version 9 from rank 0 differs from this rank's version 3"):
         decode(bytes(blob))
+
+
+def test_evict_section_bytes():
+    """The evicts travel first in the prompt-cache section, before the restores (they run before the leases)."""
+    blob = encode(StepMessage(step=2, evicts=(7, 3), restores=((1, 9, 64),), drops=(4,)))
+    at = step._HEADER.size
+    assert struct.unpack_from("<IIII", blob, at) == (2, 1, 1, 0)
+    assert struct.unpack_from("<QQ", blob, at + 16) == (7, 3)
+    assert struct.unpack_from("<QQI", blob, at + 32) == (1, 9, 64)
+    assert decode(blob).evicts == (7, 3) and len(blob) == at + 16 + 16 + 20 + 8
 
 
 def test_wrong_magic():
