@@ -87,6 +87,13 @@ class PromptCache:
                 return None, 0, MISS_SALT
         return None, 0, MISS_NONE
 
+    def forget(self, eid: int) -> None:
+        """Remove an entry no rank holds (a disk load the ranks could not all read, or a clear); not an eviction."""
+        e = self.entries.pop(eid, None)
+        if e is not None:
+            self.trees[e.salt].remove(e.tokens)
+            self.free_pages += e.pages
+
     def restored(self, eid: int, length: int) -> None:
         self.entries[eid].used = self._tick()
         self.stats.hits += length

@@ -16,6 +16,9 @@ that asked for logits.
 - With a prompt cache (`cupyglm.engine.prompt_cache`): an admitted request whose prompt starts with a kept
   state resumes there (its pages for those positions leased at once, the restore in the plan); a prompt chunk
   that ends on the keep grid or at the prompt's end is a keep point (the keep and any evictions in the plan).
+- With a disk tier (`cupyglm.engine.disk_tier.DiskPlanner`): a request whose longest prefix is on disk (and
+  longer than any in memory) waits one step while the ranks load it into a kept entry, then resumes from it;
+  evicted states spill (the plan's disk section).
 """
 from __future__ import annotations
 
@@ -59,10 +62,12 @@ class StepPlan:
     restores: tuple[tuple[int, int, int], ...] = ()   # (request, kept entry, length) before the step runs
     drops: tuple[int, ...] = ()                        # kept entries evicted after the step runs
     keeps: tuple[tuple[int, int, int], ...] = ()      # (request, new kept entry, length) after the drops
+    disk: object = None                                # the disk section (cupyglm.dist.step.DiskOps) or None
 
     @property
     def empty(self) -> bool:
-        return not (self.groups or self.admitted or self.released or self.restores or self.drops or self.keeps)
+        return not (self.groups or self.admitted or self.released or self.restores or self.drops or self.keeps
+                    or (self.disk is not None and not self.disk.empty))
 
     @property
     def rows(self) -> int:
@@ -70,10 +75,14 @@ class StepPlan:
 
 
 class Scheduler:
-    def __init__(self, cfg: EngineConfig, pool: PagePool | None = None, cache: PromptCache | None = None):
+    def __init__(self, cfg: EngineConfig, pool: PagePool | None = None, cache: PromptCache | None = None,
+                 disk=None):
         self.cfg = cfg
         self.pool = pool if pool is not None else PagePool(cfg.num_pages)
         self.cache = cache
+        self.disk = disk                  # rank 0's DiskPlanner (None: no disk tier)
+        if disk is not None:
+            disk.forgotten = cache.forget
         self._restores: list[tuple[int, int, int]] = []
         self.waiting: collections.deque[Request] = collections.deque()
         self.running: list[Request] = []
@@ -140,6 +149,8 @@ class Scheduler:
             r.miss_reason = MISS_PROMPT_LOGPROBS
             return
         eid, length, r.miss_reason = self.cache.lookup(r.salt, r.prompt)
+        if self.disk is not None and self.disk.plan_load(self, r, length, {e for _, e, _ in self._restores}):
+            return                                     # restored once the ranks have read it (next step)
         if eid is None:
             return
         self._lease(r, length)
@@ -151,7 +162,7 @@ class Scheduler:
         """The keep points this step's prompt chunks end on, and the evictions that make room for them."""
         if self.cache is None or not self.cache.on:
             return (), ()
-        protect = {eid for _, eid, _ in restores}
+        protect = {eid for _, eid, _ in restores} | (self.disk.protected if self.disk is not None else set())
         drops, keeps = [], []
         for g in groups:
             r = self.requests[g.request_id]
@@ -161,6 +172,8 @@ class Scheduler:
             drops += evict
             if eid is not None:
                 keeps.append((r.id, eid, g.end))
+                if self.disk is not None:
+                    self.disk.note_keep(eid, r.salt, r.prompt[:g.end])
         return tuple(drops), tuple(keeps)
 
     # ---- the two calls -----------------------------------------------------------------------------------------
@@ -169,10 +182,15 @@ class Scheduler:
         leasing its pages."""
         cfg = self.cfg
         self.step += 1
+        evicted_from = len(self.cache.evicted) if self.cache is not None else 0
         admitted = self._admit()
+        if self.disk is not None:
+            self._restores += self.disk.resume_loaded(self)
         budget = cfg.chunk
         groups = []
         for r in self.running:
+            if self.disk is not None and r.id in self.disk.pending:
+                continue
             if r.prefilling:
                 end = min(r.prompt_len, r.fed + budget)
                 if end < r.prompt_len:
@@ -190,7 +208,10 @@ class Scheduler:
         released, self._released = tuple(self._released), []
         restores, self._restores = tuple(self._restores), []
         drops, keeps = self._keeps(groups, restores)
-        return StepPlan(self.step, tuple(groups), tuple(admitted), released, restores, drops, keeps)
+        disk = None
+        if self.disk is not None:
+            drops, disk = self.disk.step_ops(self, drops, evicted_from)
+        return StepPlan(self.step, tuple(groups), tuple(admitted), released, restores, drops, keeps, disk)
 
     def _lease(self, r: Request, positions: int) -> bool:
         need = self.cfg.pages_needed(positions) - len(r.pages)

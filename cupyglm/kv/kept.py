@@ -159,10 +159,12 @@ def apply_restores(kept, kv, states: dict, msg, rank: int) -> None:
         _store(kept, rank, msg.step).restore(eid, state)
 
 
-def apply_keeps(kept, states: dict, msg, rank: int) -> None:
-    """A step message's drops, then its keeps, after its rows ran."""
+def apply_keeps(kept, states: dict, msg, rank: int, between=None) -> None:
+    """A step message's drops, then `between()` (the disk tier's loads), then its keeps, after its rows ran."""
     for eid in msg.drops:
         _store(kept, rank, msg.step).drop(eid)
+    if between is not None:
+        between()
     for rid, eid, length in msg.keeps:
         state = states[rid]
         if state.length != length:

@@ -42,7 +42,8 @@ def test_fingerprint_uses_model_id_when_filled():
 
 def test_every_settings_field_but_per_rank_ones_is_fingerprinted():
     fields = {f.name for f in dataclasses.fields(Settings)}
-    covered = set(fp.FIELDS) | {"model_id", "kv_host_shared"}  # model_id is "model"; shared is inside kv_host
+    # model_id is "model"; shared is inside kv_host; the disk directory differs per host (prompt_cache_disk: set or not)
+    covered = set(fp.FIELDS) - {"prompt_cache_disk"} | {"model_id", "kv_host_shared", "prompt_cache_dir"}
     assert fields == covered
 
 
