@@ -32,6 +32,7 @@ SOURCES: dict[str, str] = {
     "prompt_cache_gib": "--prompt-cache-gib",
     "host_cache": "CUPYGLM_HOST_CACHE",
     "prompt_cache_disk": "--prompt-cache-dir",
+    "prompt_cache_dir": "--prompt-cache-dir (not compared: the directory may differ per host)",
     "prompt_cache_disk_gib": "--prompt-cache-disk-gib",
     "kv_share": "CUPYGLM_KV_SHARE",
     "kv_host": "CUPYGLM_KV_HOST or CUPYGLM_KV_HOST_SHARED",

@@ -3,7 +3,7 @@
 Every copy goes through `cupyglm.kv.walk.each`: a spill walks a kept entry's arena pages into a host buffer
 (a disk `Kept`: one buffer) that the writer thread then writes; a load reads a file into a host buffer and walks
 it into freshly leased arena pages, after which the state is an ordinary kept entry (restored by the memory
-cache's own walk). The arena side of both is one paged part over the entry's kept pages.
+cache's own walk). The arena side of both is the entry's kept pages, one fixed part per run of consecutive pages.
 
 What must stay true: this rank leases or releases arena pages only where rank 0's step message says so and
 every rank agreed (`cupyglm.engine.disk_tier`), so the kept pools stay identical on every rank; a failed write
@@ -118,8 +118,17 @@ class DiskStore:
         self.states = {k: s for k, s in self.states.items() if k in keys}
 
     # ---- spill: arena -> host buffer (walk) -> writer thread ----------------------------------------------------
-    def _arena_part(self, entry: KeptEntry) -> Part:
-        return Part(self.kept.base, entry.nbytes, self.kept.page_bytes, entry.kept.pages)
+    def _arena_parts(self, entry: KeptEntry) -> list[Part]:
+        """The entry's kept bytes in the arena: one fixed part per run of consecutive kept pages (the pool leases
+        lowest id first, so a state is mostly one run: few pieces for the walk)."""
+        pb, pages, out = self.kept.page_bytes, entry.kept.pages, []
+        start = 0
+        for j in range(1, len(pages) + 1):
+            if j == len(pages) or pages[j] != pages[j - 1] + 1:
+                n = min(entry.nbytes, j * pb) - start * pb
+                out.append(Part(self.kept.base + pages[start] * pb, n))
+                start = j
+        return out
 
     def spill(self, entry_id: int, key: str, salt: str) -> None:
         """Copy a kept entry's bytes to a host buffer (before its pages go back) and queue the file write."""
@@ -128,7 +137,7 @@ class DiskStore:
         entry = self.kept.entries[entry_id]
         tokens = self.tokens_of[entry_id]
         body = np.empty(entry.nbytes, dtype=np.uint8)          # [state bytes] u8, host
-        each([self._arena_part(entry)], Kept(address_of(body), size=body.size), self.kept.hook)
+        each(self._arena_parts(entry), Kept(address_of(body), size=body.size), self.kept.hook)
         _sync(self.kept.ops)                                   # the copy is done before another thread reads it
         lay = layout(self.kept.cfg, self.tp, self.kept.storage, entry.length, self.kept.mtp)
         self._queue.put(("write", key, salt, tokens, lay, body))
@@ -203,7 +212,7 @@ class DiskStore:
         kept = self.kept
         ids = kept.pool.lease(-(-body.size // kept.page_bytes))
         entry = KeptEntry(entry_id, length, Kept(kept.base, page_bytes=kept.page_bytes, pages=tuple(ids)), body.size)
-        each([self._arena_part(entry)], Kept(address_of(body), size=body.size), kept.hook, restore=True)
+        each(self._arena_parts(entry), Kept(address_of(body), size=body.size), kept.hook, restore=True)
         _sync(kept.ops)                                       # the host buffer is freed after this
         kept.entries[entry_id] = entry
         self.stats.hits += 1
