@@ -40,7 +40,8 @@ def layout(cfg: ModelConfig, tp: int, storage, length: int, mtp: bool = False) -
     rows = length % cfg.index_kpool
     layers = indexed_layers(cfg, mtp)
     for layer in layers:
-        out += [(f"tail_ik.{layer}", rows * cfg.index_head_dim * bf), (f"tail_ig.{layer}", rows * cfg.index_head_dim * bf)]
+        tail = rows * cfg.index_head_dim * bf
+        out += [(f"tail_ik.{layer}", tail), (f"tail_ig.{layer}", tail)]
     for layer in layers:
         out += [(f"latent.{layer}", length * cfg.kv_lora_rank * bf),
                 (f"pooled.{layer}", (length // cfg.index_kpool) * cfg.index_head_dim * bf)]

@@ -176,3 +176,23 @@ def test_clear_drops_memory_and_disk(tiny_ckpt, tmp_path):
     assert out["disk_cleared"] and out["memory_states_dropped"] >= 1 and _files(tmp_path) == []
     assert _run(eng, [prompt + [1]])[1] == [(0, "no prefix")]
     assert eng.free_pages == PAGES
+
+
+def test_a_write_error_stops_spilling_and_serving_goes_on(tiny_ckpt, tmp_path, monkeypatch):
+    import errno
+
+    def full(*a, **kw):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(df, "write_state", full)
+    lines = []
+    eng = _engine(tiny_ckpt, tmp_path, log=lines.append)
+    a, b = _prompt(40, seed=50), _prompt(40, seed=51)
+    _run(eng, [a])
+    assert eng.cache_admin("save")["disk_ok"] is False
+    assert any("No space left on device" in x and "spilling to disk stopped, serving continues" in x for x in lines)
+    got, info = _run(eng, [a + [3]])
+    assert info == [(40, None)] and got == _run(_engine(tiny_ckpt, None, kept_pages=0), [a + [3]])[0]
+    _run(eng, [b])
+    eng.shutdown()
+    assert _files(tmp_path) == [] and sum("spilling to disk stopped" in x for x in lines) == 1
