@@ -63,7 +63,7 @@ def build(world, ckpt, *, poison: bool = False, log=log_line):
 
         kept = KeptStore(cfg, ops, runner.kv, world.size, plan.prompt_cache_bytes, host=st.host_cache)
     if kept is not None and st.prompt_cache_dir is not None:
-        disk, planner = build_disk(world, kept, plan.page_tokens, log or (lambda line: None))
+        disk, planner = build_disk(world, ckpt, kept, plan.page_tokens, log or (lambda line: None))
     ecfg = EngineConfig(context=plan.context, num_pages=plan.num_pages, page_tokens=plan.page_tokens,
                         keep_grid=cfg.keep_grid, parallel=st.parallel, max_queue=st.max_queue,
                         prefill_chunk=st.prefill_chunk, seed=st.seed, eos_token_ids=cfg.eos_token_ids,
@@ -72,19 +72,20 @@ def build(world, ckpt, *, poison: bool = False, log=log_line):
                   disk=disk, planner=planner, host_comm=world.host_comm), plan
 
 
-def build_disk(world, kept, page_tokens: int, log):
+def build_disk(world, ckpt, kept, page_tokens: int, log):
     """This rank's disk tier: index its files (headers only), agree with the other ranks on the usable ones
     (a collective), and on rank 0 the planner over them. Returns (DiskStore, DiskPlanner or None)."""
     from cupyglm import env
     from cupyglm.engine.disk_tier import agree_index, planner_from
     from cupyglm.engine.plan import GIB
-    from cupyglm.kv.disk_file import state_fingerprint
+    from cupyglm.kv.disk_file import checkpoint_identity, state_fingerprint
     from cupyglm.kv.disk_store import DiskStore
     from cupyglm.memory import BF16
 
     st = world.settings
     pause = float(env.get_or("CUPYGLM_TEST_DISK_WRITE_PAUSE") or 0)
-    fp = state_fingerprint(model=st.model_id, backend=world.backend, tp=world.size, rank=world.rank,
+    model = checkpoint_identity(ckpt.path, builtin=st.model is None)
+    fp = state_fingerprint(model=model, backend=world.backend, tp=world.size, rank=world.rank,
                            page_tokens=page_tokens, kv_cache=st.kv_cache,
                            storage=f"bf16 in {kept.storage.itemsize(BF16)} bytes", mtp=kept.mtp)
     disk = DiskStore(st.prompt_cache_dir, fp, kept, world.rank, world.size, log, pause_s=pause)

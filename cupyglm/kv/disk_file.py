@@ -94,6 +94,22 @@ def file_name(fp: dict, key: str, rank: int) -> str:
     return f"{fingerprint_tag(fp)}-{key}-r{rank}{SUFFIX}"
 
 
+def checkpoint_identity(path: str | Path, builtin: bool = False) -> str:
+    """SHA-256 over config.json, each safetensors file's name, size and header (shapes, dtypes, offsets), and for
+    the built-in tiny checkpoint its directory name (generator version and seed); weights rewritten in place
+    under identical headers are not told apart (reading every weight byte at startup would be)."""
+    root = Path(path)
+    h = hashlib.sha256((root / "config.json").read_bytes())
+    for f in sorted(root.glob("*.safetensors")):
+        with open(f, "rb") as fh:
+            (n,) = struct.unpack("<Q", fh.read(8))
+            h.update(f"{f.name}:{os.fstat(fh.fileno()).st_size}:".encode())
+            h.update(fh.read(n))
+    if builtin:
+        h.update(root.name.encode())
+    return h.hexdigest()
+
+
 def state_fingerprint(*, model: str, backend: str, tp: int, rank: int, page_tokens: int, kv_cache: str,
                       storage: str, mtp: bool) -> dict:
     """Every setting that changes the bytes of a rank's kept state (or how they are read back)."""

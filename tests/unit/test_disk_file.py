@@ -80,3 +80,16 @@ def test_disk_index_lru_by_bytes():
     assert idx.add("c", "s", (4,), 100) == ["b"]            # b is least recently used
     assert idx.longest("s", (1, 2, 3, 9), 3) == ("a", 2) and idx.longest("t", (1, 2, 3), 3) == (None, 0)
     assert idx.held == 200
+
+
+def test_checkpoint_identity(tiny_dir, tmp_path):
+    import shutil
+
+    a = df.checkpoint_identity(tiny_dir)
+    assert a == df.checkpoint_identity(tiny_dir) and a != df.checkpoint_identity(tiny_dir, builtin=True)
+    copy = tmp_path / "copy"
+    shutil.copytree(tiny_dir, copy)
+    assert df.checkpoint_identity(copy) == a                 # a moved checkpoint keeps its states
+    cfg = (copy / "config.json").read_text()
+    (copy / "config.json").write_text(cfg.replace('"hidden_size": 256', '"hidden_size": 256 '))
+    assert df.checkpoint_identity(copy) != a
