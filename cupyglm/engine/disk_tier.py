@@ -15,6 +15,7 @@ At startup the ranks all-gather the keys of their valid files and keep only the 
 from __future__ import annotations
 
 import dataclasses
+import itertools
 
 import numpy as np
 
@@ -43,6 +44,7 @@ class DiskIndex:
         self.trees: dict[str, RadixTree] = {}
         self._ids: dict[int, str] = {}
         self._id_of: dict[str, int] = {}
+        self._next_id = itertools.count(1)
         self._clock = 0
         self.held = 0
 
@@ -62,7 +64,7 @@ class DiskIndex:
         if key in self.entries:
             self.entries[key].used = self._tick()
             return []
-        vid = len(self._ids) + 1 + self._clock
+        vid = next(self._next_id)
         self._ids[vid], self._id_of[key] = key, vid
         self.entries[key] = DiskEntry(key, salt, tuple(tokens), nbytes, self._tick())
         self.trees.setdefault(salt, RadixTree()).insert(tuple(tokens), vid)
@@ -99,7 +101,7 @@ class DiskPlanner:
         self._loads: list[tuple[int, int, bytes]] = []
         self._drops: list[int] = []
         self._unlinks: list[str] = []
-        self._spilled: set[str] = set()
+        self.can_spill = lambda: True          # rank 0's own writer still works (set by build)
 
     @property
     def protected(self) -> set[int]:
@@ -153,6 +155,8 @@ class DiskPlanner:
 
     def _spill(self, eid: int):
         salt, tokens = self.meta[eid]
+        if not self.can_spill():
+            return None
         key = df.state_key(salt, tokens)
         if key in self.index.entries:
             self.index.touch(key)

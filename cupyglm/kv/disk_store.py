@@ -157,6 +157,8 @@ class DiskStore:
                         s = self.states.pop(item[1], None)
                     if s is not None:
                         s.path.unlink(missing_ok=True)
+            except Exception as e:  # noqa: BLE001 - the writer must outlive any one file (flush waits on it)
+                self._stop_spilling(f"{type(e).__name__}: {e}")
             finally:
                 self._queue.task_done()
 
@@ -167,15 +169,19 @@ class DiskStore:
         pause = (lambda: time.sleep(self.pause_s)) if self.pause_s else None
         try:
             n = df.write_state(self.dir, name, self.fp, salt, tokens, lay, body, pause=pause)
-        except OSError as e:
-            self.failed = f"{e.strerror or e} writing {name}"
-            self.log(f"{LOG}: rank {self.rank}: {self.failed}; spilling to disk stopped, serving continues")
+            header = df.read_header(self.dir / name, self.fp)
+        except (OSError, df.StateRefused) as e:
+            self._stop_spilling(f"{getattr(e, 'strerror', None) or e} writing {name}")
             return
-        header = df.read_header(self.dir / name, self.fp)
         with self._lock:
             self.states[key] = DiskState(key, self.dir / name, header)
         self.stats.bytes_written += n
         self.stats.files_written += 1
+
+    def _stop_spilling(self, why: str) -> None:
+        if self.failed is None:
+            self.failed = why
+            self.log(f"{LOG}: rank {self.rank}: {why}; spilling to disk stopped, serving continues")
 
     def flush(self) -> None:
         """Wait until every queued write and unlink is done."""

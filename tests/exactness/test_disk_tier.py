@@ -43,6 +43,7 @@ def _engine(ckpt, directory=None, kept_pages=400, fp=None, log=None, pause_s=0.0
         disk.index()
         agree_index(disk, None)
         planner = planner_from(disk, 1 << 30, kept.state_bytes)
+        planner.can_spill = lambda: disk.failed is None
     cfg = EngineConfig(context=PAGES * PT, num_pages=PAGES, page_tokens=PT, keep_grid=c.keep_grid, parallel=2,
                        prefill_chunk=c.keep_grid, eos_token_ids=c.eos_token_ids, vocab_size=c.vocab_size,
                        poison=True)

@@ -93,3 +93,18 @@ def test_checkpoint_identity(tiny_dir, tmp_path):
     cfg = (copy / "config.json").read_text()
     (copy / "config.json").write_text(cfg.replace('"hidden_size": 256', '"hidden_size": 256 '))
     assert df.checkpoint_identity(copy) != a
+
+
+def test_disk_settings_are_checked_and_the_directory_is_not_compared():
+    from cupyglm.dist.fingerprint import fingerprint
+    from cupyglm.settings import Settings, SettingsError
+
+    with pytest.raises(SettingsError, match="--prompt-cache-dir needs --prompt-cache-gib > 0"):
+        Settings.from_argv(["--prompt-cache-dir", "/tmp/x"])
+    with pytest.raises(SettingsError, match="--prompt-cache-disk-gib needs --prompt-cache-dir"):
+        Settings.from_argv(["--prompt-cache-gib", "1", "--prompt-cache-disk-gib", "2"])
+    a = Settings.from_argv(["--prompt-cache-gib", "1", "--prompt-cache-dir", "/a", "--prompt-cache-disk-gib", "2"])
+    b = Settings.from_argv(["--prompt-cache-gib", "1", "--prompt-cache-dir", "/b", "--prompt-cache-disk-gib", "2"])
+    off = Settings.from_argv(["--prompt-cache-gib", "1"])
+    assert fingerprint(a, backend="numpy") == fingerprint(b, backend="numpy") != fingerprint(off, backend="numpy")
+    assert fingerprint(a, backend="numpy")["prompt_cache_disk_gib"] == 2.0
