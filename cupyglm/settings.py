@@ -31,6 +31,9 @@ SOURCES: dict[str, str] = {
     "kv_gib": "--kv-gib",
     "prompt_cache_gib": "--prompt-cache-gib",
     "host_cache": "CUPYGLM_HOST_CACHE",
+    "prompt_cache_disk": "--prompt-cache-dir",
+    "prompt_cache_dir": "--prompt-cache-dir (not compared: the directory may differ per host)",
+    "prompt_cache_disk_gib": "--prompt-cache-disk-gib",
     "kv_share": "CUPYGLM_KV_SHARE",
     "kv_host": "CUPYGLM_KV_HOST or CUPYGLM_KV_HOST_SHARED",
     "kv_host_shared": "CUPYGLM_KV_HOST_SHARED",
@@ -130,6 +133,8 @@ class Settings:
     kv_pages: int = 0                     # KV pages; 0 = from the memory plan
     kv_gib: float | None = None           # explicit KV budget on CPU backends
     prompt_cache_gib: float = 0.0         # prompt-cache budget; 0 = no prompt cache
+    prompt_cache_dir: str | None = None   # where kept states spill to disk (per rank files); None = no disk tier
+    prompt_cache_disk_gib: float = 16.0   # disk budget of the spilled states (each rank's files)
     host_cache: bool = False              # CUPYGLM_HOST_CACHE
     kv_share: int = 0                     # CUPYGLM_KV_SHARE: most kept prompts held as KV pool pages; 0 = off
     kv_host: bool = False                 # CUPYGLM_KV_HOST
@@ -152,6 +157,13 @@ class Settings:
         if self.kv_gib is not None:
             _float("--kv-gib", self.kv_gib, positive=True)
         _float("--prompt-cache-gib", self.prompt_cache_gib, positive=False)
+        _float("--prompt-cache-disk-gib", self.prompt_cache_disk_gib, positive=True)
+        if self.prompt_cache_dir is not None:
+            if not str(self.prompt_cache_dir).strip():
+                raise SettingsError("--prompt-cache-dir must be a directory, got ''")
+            if self.prompt_cache_gib <= 0:
+                raise SettingsError("--prompt-cache-dir needs --prompt-cache-gib > 0 (states spill to disk from the "
+                                    "memory prompt cache)")
         _int("--mtp-drafts", self.mtp_drafts, 0, MAX_MTP_DRAFTS)
         _float("CUPYGLM_MEMORY_RESERVE_GIB", self.memory_reserve_gib, positive=False)
         _int("--max-queue", self.max_queue, 0)
@@ -194,6 +206,12 @@ class Settings:
         kv_gib_raw = getattr(ns, "kv_gib", None)
         kv_gib = None if kv_gib_raw is None else _float("--kv-gib", kv_gib_raw, positive=True)
         prompt_cache_gib = _float("--prompt-cache-gib", flag("prompt_cache_gib", 0.0), positive=False)
+        prompt_cache_dir = getattr(ns, "prompt_cache_dir", None)
+        disk_gib_raw = getattr(ns, "prompt_cache_disk_gib", None)
+        if disk_gib_raw is not None and prompt_cache_dir is None:
+            raise SettingsError("--prompt-cache-disk-gib needs --prompt-cache-dir")
+        prompt_cache_disk_gib = _float("--prompt-cache-disk-gib", 16.0 if disk_gib_raw is None else disk_gib_raw,
+                                       positive=True)
         mtp_drafts = _int("--mtp-drafts", flag("mtp_drafts", 0), 0, MAX_MTP_DRAFTS)
         max_queue = _int("--max-queue", flag("max_queue", 256), 0)
         seed = _int("--seed", flag("seed", 0), 0, 2**64 - 1)
@@ -218,6 +236,8 @@ class Settings:
 
         return cls(model=model, backend=backend, context=context, parallel=parallel, page_tokens=page_tokens,
                    kv_cache=kv_cache, kv_pages=kv_pages, kv_gib=kv_gib, prompt_cache_gib=prompt_cache_gib,
+                   prompt_cache_dir=None if prompt_cache_dir is None else str(prompt_cache_dir),
+                   prompt_cache_disk_gib=prompt_cache_disk_gib,
                    host_cache=host_cache, kv_share=kv_share, kv_host=kv_host, kv_host_shared=kv_host_shared,
                    kv_host_gib=kv_host_gib, mtp_drafts=mtp_drafts, memory_reserve_gib=memory_reserve_gib,
                    max_queue=max_queue, seed=seed, prefill_chunk=prefill_chunk)
@@ -234,6 +254,11 @@ class Settings:
     def kv_host_mode(self) -> int:
         """0: device KV rows; 1: host KV rows per rank; 2: host KV rows shared by the ranks of a host."""
         return 2 if self.kv_host_shared else (1 if self.kv_host else 0)
+
+    @property
+    def prompt_cache_disk(self) -> bool:
+        """Whether kept states spill to disk (the directory itself differs per host and is not compared)."""
+        return self.prompt_cache_dir is not None
 
     @staticmethod
     def how_set(name: str) -> str:
@@ -263,6 +288,10 @@ class Settings:
             raise SettingsError(f"CUPYGLM_KV_SHARE={self.kv_share} with CUPYGLM_KV_HOST=1: kept prompts share "
                                 f"device KV pages, and with host KV rows the latent rows are not on those pages",
                                 agreed=True)
+        if self.kv_share and self.prompt_cache_dir is not None:
+            raise SettingsError(f"CUPYGLM_KV_SHARE={self.kv_share} with --prompt-cache-dir: a state file holds a "
+                                f"whole kept state, and with shared pages its rows before the keep point live in "
+                                f"the KV pool, not in the kept state", agreed=True)
 
 
 def _check_page_tokens(label: str, raw: Any) -> int:
@@ -289,6 +318,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--kv-gib", default=None, metavar="GIB", help="KV budget in GiB on CPU backends")
     g.add_argument("--prompt-cache-gib", default=None, metavar="GIB",
                    help="prompt-cache budget in GiB (default 0: no prompt cache)")
+    g.add_argument("--prompt-cache-dir", default=None, metavar="DIR",
+                   help="kept states evicted from the prompt cache spill to files here and survive a restart "
+                        "(each rank its own shard; default: no disk tier)")
+    g.add_argument("--prompt-cache-disk-gib", default=None, metavar="GIB",
+                   help="disk budget of each rank's spilled states in GiB, LRU (default 16)")
     g.add_argument("--mtp-drafts", default=None, metavar="N", help="MTP draft tokens per step, 0..15 (default 0)")
     g.add_argument("--max-queue", default=None, metavar="N", help="waiting requests before 429 (default 256)")
     g.add_argument("--seed", default=None, metavar="N", help="default sampling seed (default 0)")

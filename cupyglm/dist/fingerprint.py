@@ -8,7 +8,8 @@ Fingerprint (a JSON object; VERSION is bumped whenever a key is added, removed o
     model               model_identity(--model): SHA-256 of the checkpoint's config.json bytes, or "builtin-tiny"
     backend             the resolved backend (auto resolved on each rank, so a cuda rank never pairs with a numpy one)
     context, parallel, page_tokens, kv_cache, kv_pages, kv_gib, prompt_cache_gib,
-    host_cache, kv_share, kv_host_gib, mtp_drafts, memory_reserve_gib, max_queue, seed
+    prompt_cache_disk (whether --prompt-cache-dir is set; the directory itself is not compared),
+    prompt_cache_disk_gib, host_cache, kv_share, kv_host_gib, mtp_drafts, memory_reserve_gib, max_queue, seed
                         the Settings fields of those names
     kv_host             the combined kv host mode (0 off, 1 per-rank host rows, 2 shared per host), so a rank
                         that differs in CUPYGLM_KV_HOST or CUPYGLM_KV_HOST_SHARED is named by both variables
@@ -30,13 +31,14 @@ from typing import Any
 
 from cupyglm.settings import SOURCES, Settings, SettingsError
 
-VERSION = 1
+VERSION = 2
 BUILTIN_MODEL = "builtin-tiny"
 PREFIX = "REFUSE rank settings: "
 
 # Keys compared, in the order a refusal looks at them.
 FIELDS: tuple[str, ...] = ("model", "backend", "context", "parallel", "page_tokens", "kv_cache", "kv_pages", "kv_gib",
-                           "prompt_cache_gib", "host_cache", "kv_share", "kv_host", "kv_host_gib", "mtp_drafts",
+                           "prompt_cache_gib", "prompt_cache_disk", "prompt_cache_disk_gib", "host_cache", "kv_share",
+                           "kv_host", "kv_host_gib", "mtp_drafts",
                            "memory_reserve_gib", "max_queue", "seed", "prefill_chunk")
 
 

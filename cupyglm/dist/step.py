@@ -7,7 +7,7 @@ name it by its integer id. Stop strings stay on rank 0 (it alone detokenizes); s
 Byte layout (little-endian, packed, no padding; VERSION is bumped on any change):
 
     header      magic 4s = b"CGST" | version u16 | flags u16 (bit 0: stop, shut down after this message;
-                bit 1: a prompt-cache section follows the row groups)
+                bit 1: a prompt-cache section follows the row groups; bit 2: a disk section follows that)
                 | step u64 | n_new u32 | n_cancelled u32 | n_schedule u32                              28 bytes
     n_new x new request
                 request_id u64 | n_prompt u32
@@ -28,8 +28,15 @@ Byte layout (little-endian, packed, no padding; VERSION is bumped on any change)
                 | n_drop x entry u64: drop kept entries after the step runs
                 | n_keep x (request_id u64 | entry u64 | length u32): keep the request's state (at `length`)
                   under a new entry after the drops
+    disk section (flag bit 2 only; cupyglm.engine.disk_tier applies it)
+                n_spill u32 | n_load u32 | n_unlink u32 | ops u32 (bit 0: sync, every rank finishes its writes
+                and the ranks agree; bit 1: clear, every rank deletes its state files)
+                | n_spill x (entry u64 | salt 16s | key 16s): write a kept entry to disk before the drops
+                | n_load x (entry u64 | length u32 | key 16s): read a state file into a new kept entry after the
+                  drops, before the keeps (the ranks agree on the reads)
+                | n_unlink x key 16s: delete a state file (after the queued writes)
 
-The message must end exactly after the last row group (or the prompt-cache section). `decode` refuses a wrong magic or version by name.
+The message must end exactly after the last row group (or the prompt-cache or disk section). `decode` refuses a wrong magic or version by name.
 """
 from __future__ import annotations
 
@@ -40,7 +47,7 @@ from collections.abc import Sequence
 import numpy as np
 
 MAGIC = b"CGST"
-VERSION = 3
+VERSION = 4
 
 _HEADER = struct.Struct("<4sHHQIII")
 _REQUEST = struct.Struct("<QI")
@@ -49,9 +56,16 @@ _CANCEL = struct.Struct("<Q")
 _ENTRY = struct.Struct("<QIIII")
 _CACHE = struct.Struct("<IIII")
 _KEPT = struct.Struct("<QQI")
+_DISK = struct.Struct("<IIII")
+_SPILL = struct.Struct("<Q16s16s")
+_LOAD = struct.Struct("<QI16s")
+_KEY = struct.Struct("<16s")
 
 FLAG_STOP = 1
 FLAG_CACHE = 2
+FLAG_DISK = 4
+DISK_SYNC = 1
+DISK_CLEAR = 2
 SAMPLING_IGNORE_EOS = 1
 SAMPLING_HAS_SEED = 2
 
@@ -98,6 +112,20 @@ class ScheduleEntry:
 
 
 @dataclasses.dataclass(frozen=True)
+class DiskOps:
+    """The disk section: salts and keys are 16-byte digests (cupyglm.kv.disk_file)."""
+
+    spills: tuple[tuple[int, bytes, bytes], ...] = ()   # (entry, salt, key)
+    loads: tuple[tuple[int, int, bytes], ...] = ()      # (entry, length, key)
+    unlinks: tuple[bytes, ...] = ()
+    ops: int = 0                                         # DISK_SYNC | DISK_CLEAR
+
+    @property
+    def empty(self) -> bool:
+        return not (self.spills or self.loads or self.unlinks or self.ops)
+
+
+@dataclasses.dataclass(frozen=True)
 class StepMessage:
     step: int = 0
     new: tuple[NewRequest, ...] = ()
@@ -108,6 +136,7 @@ class StepMessage:
     drops: tuple[int, ...] = ()                         # entries
     keeps: tuple[tuple[int, int, int], ...] = ()       # (request_id, entry, length)
     evicts: tuple[int, ...] = ()                        # entries dropped before the step's restores and leases
+    disk: DiskOps | None = None
 
     @property
     def has_cache(self) -> bool:
@@ -130,7 +159,8 @@ def encode(msg: StepMessage) -> bytes:
     """The bytes of `msg` (layout in the module docstring)."""
     out = bytearray()
     try:
-        flags = (FLAG_STOP if msg.stop else 0) | (FLAG_CACHE if msg.has_cache else 0)
+        disk = msg.disk is not None and not msg.disk.empty
+        flags = (FLAG_STOP if msg.stop else 0) | (FLAG_CACHE if msg.has_cache else 0) | (FLAG_DISK if disk else 0)
         out += _HEADER.pack(MAGIC, VERSION, flags, msg.step, len(msg.new),
                             len(msg.cancelled), len(msg.schedule))
         for req in msg.new:
@@ -153,6 +183,12 @@ def encode(msg: StepMessage) -> bytes:
             out += b"".join(_KEPT.pack(*r) for r in msg.restores)
             out += b"".join(_CANCEL.pack(d) for d in msg.drops)
             out += b"".join(_KEPT.pack(*k) for k in msg.keeps)
+        if disk:
+            d = msg.disk
+            out += _DISK.pack(len(d.spills), len(d.loads), len(d.unlinks), d.ops)
+            out += b"".join(_SPILL.pack(*x) for x in d.spills)
+            out += b"".join(_LOAD.pack(*x) for x in d.loads)
+            out += b"".join(_KEY.pack(k) for k in d.unlinks)
     except struct.error as err:
         raise ValueError(f"step message: a value does not fit its field ({err})") from None
     return bytes(out)
@@ -193,7 +229,7 @@ def decode(data: bytes) -> StepMessage:
                                f"{VERSION} (the ranks run different cupyglm builds)")
     r = _Reader(data)
     _, _, flags, step, n_new, n_cancel, n_sched = r.take(_HEADER, "the header")
-    if flags & ~(FLAG_STOP | FLAG_CACHE):
+    if flags & ~(FLAG_STOP | FLAG_CACHE | FLAG_DISK):
         raise StepFormatError(f"step message has unknown flags {flags:#x}")
     new = []
     for _ in range(n_new):
@@ -217,11 +253,17 @@ def decode(data: bytes) -> StepMessage:
         restores = tuple(r.take(_KEPT, "a restore") for _ in range(n_res))
         drops = tuple(r.take(_CANCEL, "a drop")[0] for _ in range(n_drop))
         keeps = tuple(r.take(_KEPT, "a keep") for _ in range(n_keep))
+    disk = None
+    if flags & FLAG_DISK:
+        n_spill, n_load, n_unlink, ops = r.take(_DISK, "the disk section")
+        disk = DiskOps(tuple(r.take(_SPILL, "a spill") for _ in range(n_spill)),
+                       tuple(r.take(_LOAD, "a load") for _ in range(n_load)),
+                       tuple(r.take(_KEY, "an unlink")[0] for _ in range(n_unlink)), ops)
     if r.pos != len(data):
         raise StepFormatError(f"step message has {len(data) - r.pos} trailing bytes")
     return StepMessage(step=step, new=tuple(new), cancelled=cancelled, schedule=tuple(schedule),
                        stop=bool(flags & FLAG_STOP), restores=restores, drops=drops, keeps=keeps,
-                       evicts=evicts)
+                       evicts=evicts, disk=disk)
 
 
 class Mirror:

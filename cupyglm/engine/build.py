@@ -57,14 +57,45 @@ def build(world, ckpt, *, poison: bool = False, log=log_line):
     if log is not None:
         log(plan.line())
     runner = ModelRunner(ckpt, ops, world.comm, plan.num_pages, plan.page_tokens, poison=poison)
-    kept = None
+    kept = disk = planner = None
     if plan.prompt_cache_bytes:
         from cupyglm.kv.kept import KeptStore
 
         kept = KeptStore(cfg, ops, runner.kv, world.size, plan.prompt_cache_bytes, host=st.host_cache,
                          share=st.kv_share)
+    if kept is not None and st.prompt_cache_dir is not None:
+        disk, planner = build_disk(world, ckpt, kept, plan.page_tokens, log or (lambda line: None))
     ecfg = EngineConfig(context=plan.context, num_pages=plan.num_pages, page_tokens=plan.page_tokens,
                         keep_grid=cfg.keep_grid, parallel=st.parallel, max_queue=st.max_queue,
                         prefill_chunk=st.prefill_chunk, seed=st.seed, eos_token_ids=cfg.eos_token_ids,
                         vocab_size=cfg.vocab_size, poison=poison)
-    return Engine(runner, world.comm, ecfg, ckpt.tokenizer if world.rank == 0 else None, log=log, kept=kept), plan
+    return Engine(runner, world.comm, ecfg, ckpt.tokenizer if world.rank == 0 else None, log=log, kept=kept,
+                  disk=disk, planner=planner, host_comm=world.host_comm), plan
+
+
+def build_disk(world, ckpt, kept, page_tokens: int, log):
+    """This rank's disk tier: index its files (headers only), agree with the other ranks on the usable ones
+    (a collective), and on rank 0 the planner over them. Returns (DiskStore, DiskPlanner or None)."""
+    from cupyglm import env
+    from cupyglm.engine.disk_tier import agree_index, planner_from
+    from cupyglm.engine.plan import GIB
+    from cupyglm.kv.disk_file import checkpoint_identity, state_fingerprint
+    from cupyglm.kv.disk_store import DiskStore
+    from cupyglm.memory import BF16
+
+    st = world.settings
+    pause = float(env.get_or("CUPYGLM_TEST_DISK_WRITE_PAUSE") or 0)
+    model = checkpoint_identity(ckpt.path, builtin=st.model is None)
+    fp = state_fingerprint(model=model, backend=world.backend, tp=world.size, rank=world.rank,
+                           page_tokens=page_tokens, kv_cache=st.kv_cache,
+                           storage=f"bf16 in {kept.storage.itemsize(BF16)} bytes", mtp=kept.mtp)
+    disk = DiskStore(st.prompt_cache_dir, fp, kept, world.rank, world.size, log, pause_s=pause)
+    found = len(disk.index())
+    usable = agree_index(disk, world.host_comm)
+    planner = None
+    if world.rank == 0:
+        planner = planner_from(disk, int(st.prompt_cache_disk_gib * GIB), kept.state_bytes)
+        planner.can_spill = lambda: disk.failed is None
+        log(f"prompt cache on disk: {st.prompt_cache_dir}, {len(usable)} state(s) usable by every rank "
+            f"({found} valid here), budget {st.prompt_cache_disk_gib:g} GiB per rank")
+    return disk, planner

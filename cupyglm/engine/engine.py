@@ -16,7 +16,9 @@ the same leases in the same order (lowest free id first); each row group's flags
 Kept prompt states: rank 0's `PromptCache` decides, the message carries it, every rank applies it alike
 (`cupyglm.kv.kept`: evicts, then restores, before the rows run; after the model call the drops, then the keeps).
 With kept prompts as pool pages (CUPYGLM_KV_SHARE) rank 0's scheduler makes the page store's holds as it plans,
-and every other rank makes them as it applies the message (`cupyglm.kv.page_store`).
+and every other rank makes them as it applies the message (`cupyglm.kv.page_store`). The disk
+tier (`cupyglm.engine.disk_tier`) rides in the same message: spills before the drops, loads (agreed by every
+rank) between the drops and the keeps, and a save or a clear as a message of its own.
 
 Thread safety: `add_request`, `abort`, `has_work` and the page counts may be called from any thread; `step`
 from one thread at a time. An abort that arrives while a step runs is applied when the step's model call
@@ -31,7 +33,7 @@ import zlib
 import numpy as np
 
 from cupyglm.dist import step as stepmod
-from cupyglm.engine import penalties, prompt_logprobs
+from cupyglm.engine import disk_tier, penalties, prompt_logprobs
 from cupyglm.engine.config import EngineConfig
 from cupyglm.engine.logprobs import tokens_and_logprobs
 from cupyglm.engine.prompt_cache import PromptCache
@@ -57,7 +59,8 @@ def page_hash(pages: list[int]) -> int:
 class Engine:
     """Rank 0: the API below. Other ranks: `worker_loop()`."""
 
-    def __init__(self, runner, comm, cfg: EngineConfig, tokenizer=None, log=None, kept=None):
+    def __init__(self, runner, comm, cfg: EngineConfig, tokenizer=None, log=None, kept=None, disk=None,
+                 planner=None, host_comm=None):
         if runner.kv.pool.num_pages != cfg.num_pages or runner.kv.page_tokens != cfg.page_tokens:
             raise ValueError("the runner's KV store does not match the EngineConfig's pages")
         self.runner, self.comm, self.cfg, self.tokenizer = runner, comm, cfg, tokenizer
@@ -69,6 +72,10 @@ class Engine:
         cache = PromptCache(kept.pool.num_pages if kept else 0, kept.pages_for if kept else (lambda n: 0),
                             self.pages.limit if self.pages else 0)
         self.scheduler = Scheduler(cfg, runner.kv.pool, cache if kept else None, self.pages) \
+            if self.rank == 0 else None
+        self.disk, self.host_comm = disk, host_comm     # this rank's DiskStore (None: no disk tier)
+        self._disk_results: dict[int, bool] = {}
+        self.scheduler = Scheduler(cfg, runner.kv.pool, cache if kept else None, self.pages, planner) \
             if self.rank == 0 else None
         self._mirror = stepmod.Mirror()
         self._states: dict = {}
@@ -198,6 +205,8 @@ class Engine:
             if self.size > 1:
                 self.comm.bcast_bytes(data)
             outs = self._run(stepmod.decode(data), check=False)     # checked with the sampled tokens
+            if self.scheduler.disk is not None:
+                self.scheduler.disk.resolved(self._disk_results)      # the ranks' agreed loads
             for rid, got in prompt_logprobs.collect(self.ops, plan.groups, outs, reqs).items():
                 self._prompt_lp.setdefault(rid, []).extend(got)
             sampled = self._sample(plan, outs, reqs)
@@ -226,8 +235,9 @@ class Engine:
                 self.scheduler.abort(r.id)
             plan = self.scheduler.schedule()
             drops = self.scheduler.drop_kept() if self.pages is not None else ()
+            disk = self.scheduler.disk.save_ops(self.scheduler) if self.scheduler.disk is not None else None
             msg = stepmod.StepMessage(step=plan.step, new=(), cancelled=plan.released, schedule=(), stop=True,
-                                      drops=drops)
+                                      drops=drops, disk=disk)       # the stop saves the memory states to disk
             self._stopped = True
         data = stepmod.encode(msg)
         if self.size > 1:
@@ -273,7 +283,7 @@ class Engine:
                                                   g.tokens if g.decode else (), flags))
         return stepmod.StepMessage(step=plan.step, new=tuple(new), cancelled=plan.released,
                                    schedule=tuple(entries), restores=plan.restores, drops=plan.drops,
-                                   keeps=plan.keeps, evicts=plan.evicts)
+                                   keeps=plan.keeps, evicts=plan.evicts, disk=plan.disk)
 
     def _run(self, msg: stepmod.StepMessage, check: bool = True):
         """Apply a step message on this rank and run its rows; the model's outputs, one per row group."""
@@ -308,9 +318,27 @@ class Engine:
             every = bool(e.flags & FLAG_ALL_LOGITS)
             batch.append(SeqInput(np.asarray(tokens, dtype=np.int32), state, all_logits=every))
         outs = self.runner.forward(batch, check=check) if batch else []
-        if msg.has_cache:
+        self._disk_results = {}
+        if msg.disk is not None:         # spills before the drops; the ranks agree on the loads between
+            disk_tier.spill_before_drops(self.disk, msg)
+            apply_keeps(self.kept, self._states, msg, self.rank, pages, between=lambda: self._disk_results.update(
+                disk_tier.apply_disk(self.disk, self.host_comm, msg)))
+        elif msg.has_cache:
             apply_keeps(self.kept, self._states, msg, self.rank, pages)
+        if self.disk is not None and msg.keeps:
+            disk_tier.note_keeps(self.disk, msg, self._mirror)
         return outs
+
+    def cache_admin(self, op: str) -> dict:
+        """Rank 0, between steps: "save" (memory states to disk) or "clear" (memory and disk), as one message."""
+        self._root("cache_admin")
+        with self._lock:
+            msg = disk_tier.admin_message(self.scheduler, op)     # ValueError when this server cannot
+        data = stepmod.encode(msg)
+        if self.size > 1:
+            self.comm.bcast_bytes(data)
+        self._run(stepmod.decode(data))
+        return disk_tier.admin_result(msg, self._disk_results)
 
     # ---- rank 0: sampling and outputs --------------------------------------------------------------------------
     def _sample(self, plan: StepPlan, outs, reqs: dict[int, Request]) -> dict[int, int]:

@@ -95,6 +95,13 @@ class PromptCache:
         tree = self.trees.get(salt) if self.on else None
         return tree.longest(prompt, len(prompt) - 1) if tree is not None else (None, 0)
 
+    def forget(self, eid: int) -> None:
+        """Remove an entry no rank holds (a disk load the ranks could not all read, or a clear); not an eviction."""
+        e = self.entries.pop(eid, None)
+        if e is not None:
+            self.trees[e.salt].remove(e.tokens)
+            self.free_pages += e.pages
+
     def restored(self, eid: int, length: int) -> None:
         self.entries[eid].used = self._tick()
         self.stats.hits += length

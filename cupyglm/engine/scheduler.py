@@ -20,6 +20,9 @@ that asked for logits.
   and leases only the rest, and pages only the store holds count as free for admission: an admission short of
   pages evicts such entries first (the plan's `evicts`, applied on every rank before any of the step's leases;
   so here every admission is decided, and its evictions made, before the first restore leases a page).
+- With a disk tier (`cupyglm.engine.disk_tier.DiskPlanner`): a request whose longest prefix is on disk (and
+  longer than any in memory) waits one step while the ranks load it into a kept entry, then resumes from it;
+  evicted states spill (the plan's disk section).
 """
 from __future__ import annotations
 
@@ -65,11 +68,12 @@ class StepPlan:
     drops: tuple[int, ...] = ()                        # kept entries evicted after the step runs
     keeps: tuple[tuple[int, int, int], ...] = ()      # (request, new kept entry, length) after the drops
     evicts: tuple[int, ...] = ()                       # kept entries evicted before the restores and leases
+    disk: object = None                                # the disk section (cupyglm.dist.step.DiskOps) or None
 
     @property
     def empty(self) -> bool:
         return not (self.groups or self.admitted or self.released or self.restores or self.drops or self.keeps
-                    or self.evicts)
+                    or self.evicts or (self.disk is not None and not self.disk.empty))
 
     @property
     def rows(self) -> int:
@@ -78,11 +82,14 @@ class StepPlan:
 
 class Scheduler:
     def __init__(self, cfg: EngineConfig, pool: PagePool | None = None, cache: PromptCache | None = None,
-                 pages=None):
+                 pages=None, disk=None):
         self.cfg = cfg
         self.pool = pool if pool is not None else PagePool(cfg.num_pages)
         self.cache = cache
         self.pages = pages                              # the kept prompts' pool pages (PageStore), or None
+        self.disk = disk                                # rank 0's DiskPlanner (None: no disk tier)
+        if disk is not None:
+            disk.forgotten = cache.forget
         self._restores: list[tuple[int, int, int]] = []
         self._evicts: list[int] = []
         self.waiting: collections.deque[Request] = collections.deque()
@@ -168,6 +175,8 @@ class Scheduler:
             r.miss_reason = MISS_PROMPT_LOGPROBS
             return
         eid, length, r.miss_reason = self.cache.lookup(r.salt, r.prompt)
+        if self.disk is not None and self.disk.plan_load(self, r, length, {e for _, e, _ in self._restores}):
+            return                                     # restored once the ranks have read it (next step)
         if eid is None:
             return
         if self.pages is not None:
@@ -181,7 +190,7 @@ class Scheduler:
         """The keep points this step's prompt chunks end on, and the evictions that make room for them."""
         if self.cache is None or not self.cache.on:
             return (), ()
-        protect = {eid for _, eid, _ in restores}
+        protect = {eid for _, eid, _ in restores} | (self.disk.protected if self.disk is not None else set())
         drops, keeps = [], []
         for g in groups:
             r = self.requests[g.request_id]
@@ -196,6 +205,8 @@ class Scheduler:
                     self.pages.drop(d)
                 if eid is not None:
                     self.pages.hold(eid, r.pages[:self.pages.shared_pages(g.end)])
+            if self.disk is not None and eid is not None:
+                self.disk.note_keep(eid, r.salt, r.prompt[:g.end])
         return tuple(drops), tuple(keeps)
 
     # ---- the two calls -----------------------------------------------------------------------------------------
@@ -204,10 +215,15 @@ class Scheduler:
         leasing its pages."""
         cfg = self.cfg
         self.step += 1
+        evicted_from = len(self.cache.evicted) if self.cache is not None else 0
         admitted = self._admit()
+        if self.disk is not None:
+            self._restores += self.disk.resume_loaded(self)
         budget = cfg.chunk
         groups = []
         for r in self.running:
+            if self.disk is not None and r.id in self.disk.pending:
+                continue
             if r.prefilling:
                 end = min(r.prompt_len, r.fed + budget)
                 if end < r.prompt_len:
@@ -226,7 +242,10 @@ class Scheduler:
         restores, self._restores = tuple(self._restores), []
         evicts, self._evicts = tuple(self._evicts), []
         drops, keeps = self._keeps(groups, restores)
-        return StepPlan(self.step, tuple(groups), tuple(admitted), released, restores, drops, keeps, evicts)
+        disk = None
+        if self.disk is not None:
+            drops, disk = self.disk.step_ops(self, drops, evicted_from)
+        return StepPlan(self.step, tuple(groups), tuple(admitted), released, restores, drops, keeps, evicts, disk)
 
     def _lease(self, r: Request, positions: int) -> bool:
         need = self.cfg.pages_needed(positions) - len(r.pages)

@@ -179,12 +179,15 @@ def apply_restores(kept, kv, states: dict, msg, rank: int, pages=None) -> None:
         _store(kept, rank, msg.step).restore(eid, state)
 
 
-def apply_keeps(kept, states: dict, msg, rank: int, pages=None) -> None:
-    """A step message's drops, then its keeps, after its rows ran (`pages` as in `apply_restores`)."""
+def apply_keeps(kept, states: dict, msg, rank: int, pages=None, between=None) -> None:
+    """A step message's drops, then `between()` (the disk tier's loads), then its keeps, after its rows ran
+    (`pages` as in `apply_restores`)."""
     for eid in msg.drops:
         _store(kept, rank, msg.step).drop(eid)
         if pages is not None:
             pages.drop(eid)
+    if between is not None:
+        between()
     for rid, eid, length in msg.keeps:
         state = states[rid]
         if state.length != length:

@@ -1,4 +1,5 @@
-"""The HTTP routes (starlette) of rank 0: OpenAI chat/completions, models, health, metrics, tokenize/detokenize.
+"""The HTTP routes (starlette) of rank 0: OpenAI chat/completions, models, health, metrics, tokenize/detokenize,
+the prompt cache's save and clear (`cupyglm.server.cache_routes`).
 
 `create_app(state)` builds the ASGI app around a `ServerState` whose bridge drives the engine. Every error is
 the OpenAI error JSON; errors found before a stream opens get their HTTP status (400/401/404/413/429/503), an
@@ -20,6 +21,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from cupyglm.server.bridge import EngineBridge, EngineDied, RequestStream, merge_streams
+from cupyglm.server.cache_routes import cache_routes
 from cupyglm.server.errors import ApiError, bad
 from cupyglm.server.fields import parse_json_object, short
 from cupyglm.server.glm_output import GlmOutput
@@ -340,6 +342,7 @@ def create_app(state: ServerState, *, lifespan: Any = None) -> Starlette:
         Route("/metrics", metrics, methods=["GET"]),
         Route("/tokenize", tokenize, methods=["POST"]),
         Route("/detokenize", detokenize, methods=["POST"]),
+        *cache_routes(state, _not_ready),
     ]
     middleware = [Middleware(ApiKeyMiddleware, keys=state.api_keys)] if state.api_keys else []
     app = Starlette(routes=routes, middleware=middleware, lifespan=lifespan,

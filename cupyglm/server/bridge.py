@@ -95,6 +95,7 @@ class EngineBridge:
         self._stop = threading.Event()
         self._lock = threading.Lock()
         self._aborts: list[int] = []
+        self._admin: list[tuple[str, asyncio.Future]] = []
         self._thread: threading.Thread | None = None
         self.on_dead: Callable[[BaseException], None] | None = None
         self.step_count = 0
@@ -136,6 +137,10 @@ class EngineBridge:
                 engine.abort(rid)
             if aborts:
                 self._snapshot()
+            with self._lock:
+                admin, self._admin = self._admin, []
+            for op, fut in admin:
+                self._run_admin(engine, op, fut)
             if engine.has_work():
                 t0 = time.monotonic()
                 outs = engine.step()
@@ -157,6 +162,32 @@ class EngineBridge:
         held = getattr(self.engine, "store_pages", None)
         if held is not None:
             self.metrics.store_pages.set(held)
+        disk = getattr(self.engine, "disk", None)
+        if disk is not None:
+            self.metrics.set_disk(disk.stats)
+
+    def _run_admin(self, engine, op: str, fut: asyncio.Future) -> None:
+        """A cache operation between steps (engine thread); its result or ValueError goes to `fut`."""
+        def settle(value, error) -> None:
+            if not fut.done():
+                fut.set_exception(error) if error is not None else fut.set_result(value)
+
+        try:
+            value, error = engine.cache_admin(op), None
+        except ValueError as e:
+            value, error = None, e
+        self._snapshot()
+        self.loop.call_soon_threadsafe(settle, value, error)
+
+    def admin(self, op: str) -> asyncio.Future:
+        """Queue a cache operation ("save", "clear") for the engine thread (event loop thread)."""
+        if self.dead is not None:
+            raise EngineDied(f"the engine stopped: {self.dead}")
+        fut = self.loop.create_future()
+        with self._lock:
+            self._admin.append((op, fut))
+        self._wake.set()
+        return fut
 
     # ---- the event loop side ------------------------------------------------------------------------------------
     def submit(self, prompt_ids: list[int], params: Any, cache_salt: str | None = None) -> RequestStream:

@@ -44,6 +44,14 @@ class Metrics:
         self.store_pages = Gauge("cupyglm:prefix_cache_kv_pages", "KV pool pages held by kept prompts "
                                  "(CUPYGLM_KV_SHARE).", registry=r)
         self._evictions_seen = 0
+        self.disk_hits = Counter("cupyglm:prefix_cache_disk_hits", "Kept prompt states loaded from disk.", registry=r)
+        self.disk_read = Counter("cupyglm:prefix_cache_disk_read_bytes", "Bytes of kept states read from disk "
+                                 "(rank 0's shard).", registry=r)
+        self.disk_written = Counter("cupyglm:prefix_cache_disk_written_bytes", "Bytes of kept state files "
+                                    "written (rank 0's shard).", registry=r)
+        self.disk_refused = Counter("cupyglm:prefix_cache_disk_refused", "State files refused (rank 0's), by "
+                                    "reason.", ["reason"], registry=r)
+        self._disk_seen: dict = {}
         self.success = Counter("cupyglm:request_success", "Finished requests by finish reason.",
                                ["finished_reason"], registry=r)
         for reason in ("stop", "length", "abort"):
@@ -60,6 +68,19 @@ class Metrics:
         if evictions > self._evictions_seen:
             self.cache_evictions.inc(evictions - self._evictions_seen)
             self._evictions_seen = evictions
+
+    def set_disk(self, stats: Any) -> None:
+        """Counters from the disk tier's running totals (cupyglm.kv.disk_store.DiskStats)."""
+        now = {"hits": stats.hits, "read": stats.bytes_read, "written": stats.bytes_written,
+               **{("refused", k): v for k, v in stats.refused.items()}}
+        for key, value in now.items():
+            delta = value - self._disk_seen.get(key, 0)
+            if delta > 0:
+                if isinstance(key, tuple):
+                    self.disk_refused.labels(reason=key[1]).inc(delta)
+                else:
+                    {"hits": self.disk_hits, "read": self.disk_read, "written": self.disk_written}[key].inc(delta)
+            self._disk_seen[key] = value
 
     def set_counts(self, running: int, waiting: int) -> None:
         self.running.set(running)

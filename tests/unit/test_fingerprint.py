@@ -27,7 +27,7 @@ def test_model_identity_missing(tmp_path):
 
 def test_fingerprint_holds_every_agreed_setting():
     f = fp.fingerprint(Settings(kv_host=True, kv_host_shared=True), backend="numpy")
-    assert f["version"] == fp.VERSION == 1
+    assert f["version"] == fp.VERSION == 2
     assert set(f) == {"version", *fp.FIELDS}
     assert f["model"] == "builtin-tiny" and f["backend"] == "numpy"
     assert f["kv_host"] == 2 and "kv_host_shared" not in f
@@ -42,7 +42,8 @@ def test_fingerprint_uses_model_id_when_filled():
 
 def test_every_settings_field_but_per_rank_ones_is_fingerprinted():
     fields = {f.name for f in dataclasses.fields(Settings)}
-    covered = set(fp.FIELDS) | {"model_id", "kv_host_shared"}  # model_id is "model"; shared is inside kv_host
+    # model_id is "model"; shared is inside kv_host; the disk directory differs per host (prompt_cache_disk: set or not)
+    covered = set(fp.FIELDS) - {"prompt_cache_disk"} | {"model_id", "kv_host_shared", "prompt_cache_dir"}
     assert fields == covered
 
 
@@ -98,9 +99,9 @@ def test_compare_reports_the_lowest_rank_and_first_field():
 
 
 def test_compare_version_and_missing_keys():
-    other = dict(base(), version=2)
-    assert fp.compare([base(), other]) == ("REFUSE rank settings: rank 1's fingerprint version 2 differs from "
-                                           "rank 0's 1 (the ranks run different cupyglm builds)")
+    other = dict(base(), version=3)
+    assert fp.compare([base(), other]) == ("REFUSE rank settings: rank 1's fingerprint version 3 differs from "
+                                           "rank 0's 2 (the ranks run different cupyglm builds)")
     fewer = base()
     del fewer["seed"]
     assert fp.compare([base(), fewer]).startswith("REFUSE rank settings: rank 1's seed differs")

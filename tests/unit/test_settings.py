@@ -211,3 +211,12 @@ def test_kv_share_with_host_kv_rows_is_refused_once_host_rows_exist():
             as info:
         s.refuse_unavailable(available={"kv_host"})
     assert info.value.agreed
+
+
+def test_kv_share_with_a_disk_tier_is_refused(tmp_path):
+    s = Settings(prompt_cache_gib=1.0, kv_share=4, prompt_cache_dir=str(tmp_path))
+    with pytest.raises(SettingsError, match="CUPYGLM_KV_SHARE=4 with --prompt-cache-dir: a state file holds a whole") \
+            as info:
+        s.refuse_unavailable()
+    assert info.value.agreed
+    Settings(prompt_cache_gib=1.0, prompt_cache_dir=str(tmp_path)).refuse_unavailable()

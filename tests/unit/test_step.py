@@ -64,7 +64,7 @@ def test_header_bytes():
 def test_wrong_version_names_both():
     blob = bytearray(encode(StepMessage(step=1)))
     struct.pack_into("<H", blob, 4, 9)
-    with pytest.raises(StepVersionError, match=r"version 9 from rank 0 differs from this rank's version 3"):
+    with pytest.raises(StepVersionError, match=r"version 9 from rank 0 differs from this rank's version 4"):
         decode(bytes(blob))
 
 
@@ -89,7 +89,7 @@ def test_trailing_bytes_and_unknown_flags():
     with pytest.raises(StepFormatError, match="2 trailing bytes"):
         decode(encode(StepMessage()) + b"\0\0")
     blob = bytearray(encode(StepMessage()))
-    struct.pack_into("<H", blob, 6, 4)
+    struct.pack_into("<H", blob, 6, 8)
     with pytest.raises(StepFormatError, match="unknown flags"):
         decode(bytes(blob))
 

@@ -1,0 +1,311 @@
+"""The disk tier under the memory prompt cache: rank 0 decides, the step message's disk section carries it, and
+every rank applies it to its own shard's files (`cupyglm.kv.disk_store`).
+
+Rank 0 (`DiskPlanner`, pure CPU): an index of the states on disk (a radix tree per salt digest, LRU by bytes
+within `--prompt-cache-disk-gib`). A state the memory cache evicts (unless a longer kept state supersedes it)
+spills; a request whose longest prefix is on disk and longer than any in memory first loads it into a new
+kept entry (one step), then resumes from that entry through the memory cache's own restore (the next step).
+
+Lockstep: every rank learns the same spills, loads and unlinks from the message, in the same order. A load is
+the one place a rank's disk can disagree with another's: every rank reads and checks its own file, then the
+ranks all-gather one ok flag per load (`apply_disk`) and lease kept pages only when every rank read its file;
+otherwise every rank drops its read and rank 0 serves the request fresh (miss reason "disk state unreadable").
+At startup the ranks all-gather the keys of their valid files and keep only the keys every rank holds.
+"""
+from __future__ import annotations
+
+import dataclasses
+import itertools
+
+import numpy as np
+
+from cupyglm.dist import step as stepmod
+from cupyglm.engine.radix import RadixTree
+from cupyglm.kv import disk_file as df
+
+MISS_DISK = "disk state unreadable"
+
+
+@dataclasses.dataclass
+class DiskEntry:
+    key: str
+    salt: str                          # salt digest (hex)
+    tokens: tuple[int, ...]
+    nbytes: int
+    used: int
+
+
+class DiskIndex:
+    """Rank 0's view of the states on disk (those every rank holds)."""
+
+    def __init__(self, budget_bytes: int):
+        self.budget = budget_bytes
+        self.entries: dict[str, DiskEntry] = {}
+        self.trees: dict[str, RadixTree] = {}
+        self._ids: dict[int, str] = {}
+        self._id_of: dict[str, int] = {}
+        self._next_id = itertools.count(1)
+        self._clock = 0
+        self.held = 0
+
+    def _tick(self) -> int:
+        self._clock += 1
+        return self._clock
+
+    def longest(self, salt: str, prompt, limit: int) -> tuple[str | None, int]:
+        tree = self.trees.get(salt)
+        if tree is None:
+            return None, 0
+        vid, n = tree.longest(prompt, limit)
+        return (None, 0) if vid is None else (self._ids[vid], n)
+
+    def add(self, key: str, salt: str, tokens, nbytes: int) -> list[str]:
+        """Index a state (newest); returns the keys evicted, least recently used first, to stay in the budget."""
+        if key in self.entries:
+            self.entries[key].used = self._tick()
+            return []
+        vid = next(self._next_id)
+        self._ids[vid], self._id_of[key] = key, vid
+        self.entries[key] = DiskEntry(key, salt, tuple(tokens), nbytes, self._tick())
+        self.trees.setdefault(salt, RadixTree()).insert(tuple(tokens), vid)
+        self.held += nbytes
+        out = []
+        while self.held > self.budget and self.entries:
+            victim = min(self.entries.values(), key=lambda e: e.used)
+            self.remove(victim.key)
+            out.append(victim.key)
+        return out
+
+    def touch(self, key: str) -> None:
+        if key in self.entries:
+            self.entries[key].used = self._tick()
+
+    def remove(self, key: str) -> None:
+        e = self.entries.pop(key, None)
+        if e is None:
+            return
+        self.trees[e.salt].remove(e.tokens)
+        del self._ids[self._id_of.pop(key)]
+        self.held -= e.nbytes
+
+
+class DiskPlanner:
+    """Rank 0's decisions for the disk tier; the scheduler calls it while it plans a step."""
+
+    def __init__(self, index: DiskIndex, state_bytes):
+        self.index = index
+        self.state_bytes = state_bytes          # length -> bytes of this rank's kept state
+        self.meta: dict[int, tuple[str, tuple[int, ...]]] = {}   # memory entry -> (salt digest, tokens)
+        self.pending: dict[int, tuple[int, int, str, object]] = {}   # request -> (entry, length, key, request)
+        self.ready: list[tuple[int, int, int]] = []              # (request, entry, length) loaded, to restore
+        self._loads: list[tuple[int, int, bytes]] = []
+        self._drops: list[int] = []
+        self._unlinks: list[str] = []
+        self.can_spill = lambda: True          # rank 0's own writer still works (set by build)
+
+    @property
+    def protected(self) -> set[int]:
+        return {p[0] for p in self.pending.values()} | {e for _, e, _ in self.ready}
+
+    def note_keep(self, eid: int, salt: str, tokens) -> None:
+        self.meta[eid] = (df.salt_digest(salt), tuple(tokens))
+
+    def plan_load(self, sch, r, memory_len: int, protect: set[int]) -> bool:
+        """Load r's longest prefix from disk when it is longer than the memory cache's; True when planned."""
+        salt = df.salt_digest(r.salt)
+        key, length = self.index.longest(salt, r.prompt, len(r.prompt) - 1)
+        if key is None or length <= memory_len:
+            return False
+        eid, drops = sch.cache.plan_keep(r.salt, r.prompt[:length], protect | self.protected)
+        if eid is None:
+            return False
+        self.index.touch(key)
+        self.note_keep(eid, r.salt, r.prompt[:length])
+        self.pending[r.id] = (eid, length, key, r)
+        self._drops += drops
+        self._loads.append((eid, length, bytes.fromhex(key)))
+        return True
+
+    def resume_loaded(self, sch) -> list[tuple[int, int, int]]:
+        """Requests whose load every rank completed: restore them from the new kept entry now."""
+        out = []
+        for rid, eid, length in self.ready:
+            r = sch.requests.get(rid)
+            if r is None or not r.prefilling or r.fed:
+                continue                                   # aborted while loading
+            sch._lease(r, length)
+            r.fed = r.cached = length
+            r.miss_reason = None
+            sch.cache.restored(eid, length)
+            out.append((rid, eid, length))
+        self.ready = []
+        return out
+
+    def step_ops(self, sch, drops: tuple[int, ...], evicted_from: int) -> tuple[tuple[int, ...], stepmod.DiskOps]:
+        """This step's drops (the loads' evictions first) and disk section: spill every evicted entry that no
+        longer kept state supersedes."""
+        why = {eid: w for eid, _, _, w in sch.cache.evicted[evicted_from:]}
+        drops = tuple(self._drops) + drops
+        spills = [self._spill(eid) for eid in drops if why.get(eid) != "superseded" and eid in self.meta]
+        for eid in drops:
+            self.meta.pop(eid, None)
+        ops = self._ops([s for s in spills if s is not None])
+        self._drops = []
+        return drops, ops
+
+    def _spill(self, eid: int):
+        salt, tokens = self.meta[eid]
+        if not self.can_spill():
+            return None
+        key = df.state_key(salt, tokens)
+        if key in self.index.entries:
+            self.index.touch(key)
+            return None
+        self._unlinks += self.index.add(key, salt, tokens, self.state_bytes(len(tokens)))
+        return eid, bytes.fromhex(salt), bytes.fromhex(key)
+
+    def _ops(self, spills, flags: int = 0) -> stepmod.DiskOps:
+        ops = stepmod.DiskOps(tuple(spills), tuple(self._loads), tuple(bytes.fromhex(k) for k in self._unlinks),
+                              flags)
+        self._loads, self._unlinks = [], []
+        return ops
+
+    def resolved(self, results: dict[int, bool]) -> None:
+        """The ranks' agreed outcome of this step's loads (entry -> every rank read its file)."""
+        for rid, (eid, length, key, r) in list(self.pending.items()):
+            if eid not in results:
+                continue
+            del self.pending[rid]
+            if results[eid]:
+                self.ready.append((rid, eid, length))
+                continue
+            r.miss_reason = MISS_DISK
+            self.index.remove(key)
+            self._unlinks.append(key)
+            self.meta.pop(eid, None)
+            self.forgotten(eid)
+
+    def forgotten(self, eid: int) -> None:
+        """Hook set by the scheduler: drop a memory entry no rank leased (a failed load)."""
+
+    def save_ops(self, sch, flags: int = stepmod.DISK_SYNC) -> stepmod.DiskOps:
+        """Spill every memory state that no longer kept state supersedes (a save, or the stop)."""
+        spills = []
+        for e in sch.cache.entries.values():
+            if e.entry_id in self.meta and not sch.cache.trees[e.salt].has_longer(e.tokens):
+                s = self._spill(e.entry_id)
+                if s is not None:
+                    spills.append(s)
+        return self._ops(spills, flags)
+
+
+# ---- every rank -------------------------------------------------------------------------------------------------
+
+def note_keeps(disk, msg, mirror) -> None:
+    """Remember the tokens of the states this step kept (a spill writes them into the file's header)."""
+    for rid, eid, length in msg.keeps:
+        disk.tokens_of[eid] = tuple(mirror.requests[rid].prompt[:length])
+
+
+def spill_before_drops(disk, msg) -> None:
+    for eid, salt, key in msg.disk.spills:
+        if eid in disk.kept.entries:
+            disk.spill(eid, key.hex(), salt.hex())
+
+
+def apply_disk(disk, comm, msg) -> dict[int, bool]:
+    """After the drops, before the keeps: unlinks, clear, then the loads (the ranks agree on every read);
+    a sync waits for every rank's writes. Returns entry -> loaded, and -1 -> every rank's writes succeeded."""
+    d = msg.disk
+    for eid in msg.drops:
+        disk.tokens_of.pop(eid, None)
+    for key in d.unlinks:
+        disk.unlink(key.hex())
+    if d.ops & stepmod.DISK_CLEAR:
+        disk.clear()
+    results: dict[int, bool] = {}
+    if d.loads:
+        oks = np.array([disk.read(eid, key.hex(), length) for eid, length, key in d.loads], dtype=np.uint8)
+        every = _agree(comm, oks)                          # collective: every rank, every step with loads
+        for (eid, length, _), ok in zip(d.loads, every):
+            if ok:
+                disk.commit(eid, length)
+            else:
+                disk.discard(eid)
+            results[eid] = bool(ok)
+    if d.ops & stepmod.DISK_SYNC:
+        disk.flush()
+        results[-1] = bool(_agree(comm, np.array([disk.failed is None], dtype=np.uint8))[0])
+    return results
+
+
+def _agree(comm, flags: np.ndarray) -> np.ndarray:
+    """The element-wise minimum of every rank's flags (an all-gather on the host communicator)."""
+    if comm is None or getattr(comm, "size", 1) == 1:
+        return flags
+    return comm.allgather(flags).min(axis=0)
+
+
+def agree_index(disk, comm) -> set[str]:
+    """Startup, every rank: the keys of the states every rank holds a valid file for; the rest are set aside."""
+    mine = sorted(disk.states)
+    raw = np.frombuffer(b"".join(bytes.fromhex(k) for k in mine), dtype=np.uint8).reshape(-1, 16)
+    if comm is None or getattr(comm, "size", 1) == 1:
+        common = set(mine)
+    else:
+        counts = comm.allgather(np.array([len(mine)], dtype=np.int64)).reshape(-1)
+        padded = np.zeros((int(counts.max()), 16), dtype=np.uint8)
+        padded[:len(mine)] = raw
+        every = comm.allgather(padded)
+        sets = [{bytes(row).hex() for row in every[i][:int(counts[i])]} for i in range(len(counts))]
+        common = set.intersection(*sets)
+    disk.forget_except(common)
+    return common
+
+
+def planner_from(disk, budget_bytes: int, state_bytes) -> DiskPlanner:
+    """Rank 0: the index of the agreed states, oldest file first (LRU); over-budget ones are unlinked first."""
+    index = DiskIndex(budget_bytes)
+    planner = DiskPlanner(index, state_bytes)
+    for s in sorted(disk.states.values(), key=lambda s: s.path.stat().st_mtime_ns):
+        planner._unlinks += index.add(s.key, s.header.salt, s.header.tokens, s.header.body_len)
+    return planner
+
+
+# ---- rank 0: the admin messages (POST /v1/cache/save and /v1/cache/clear) ---------------------------------------
+
+def admin_message(sch, op: str) -> stepmod.StepMessage:
+    """A message of its own: "save" spills every memory state not on disk yet and waits for every rank's writes;
+    "clear" drops every memory state and deletes every rank's state files. ValueError when this server cannot."""
+    if op not in ("save", "clear"):
+        raise ValueError(f"unknown cache operation {op!r} (save or clear)")
+    if sch.cache is None:
+        raise ValueError("this server has no prompt cache (--prompt-cache-gib 0)")
+    planner = sch.disk
+    if op == "save" and planner is None:
+        raise ValueError("this server keeps no states on disk (no --prompt-cache-dir)")
+    if planner is not None and (planner.pending or planner.ready):
+        raise ValueError("a state is being loaded from disk; retry in a moment")
+    sch.step += 1
+    if op == "save":
+        return stepmod.StepMessage(step=sch.step, disk=planner.save_ops(sch))
+    drops = tuple(sorted(sch.cache.entries))
+    for eid in drops:
+        sch.cache.forget(eid)
+    disk = None
+    if planner is not None:
+        planner.meta.clear()
+        planner._unlinks.clear()
+        for key in list(planner.index.entries):
+            planner.index.remove(key)
+        disk = stepmod.DiskOps(ops=stepmod.DISK_CLEAR | stepmod.DISK_SYNC)
+    return stepmod.StepMessage(step=sch.step, drops=drops, disk=disk)
+
+
+def admin_result(msg: stepmod.StepMessage, results: dict[int, bool]) -> dict:
+    out = {"memory_states_dropped": len(msg.drops)}
+    if msg.disk is not None:
+        out["states_written"] = len(msg.disk.spills)
+        out["disk_ok"] = results.get(-1, True)
+        out["disk_cleared"] = bool(msg.disk.ops & stepmod.DISK_CLEAR)
+    return out
