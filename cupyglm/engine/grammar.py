@@ -29,8 +29,9 @@ import json
 import numpy as np
 
 from cupyglm.engine.token_mask import words
+from cupyglm.engine.tool_grammar import tool_call_lark
 
-KINDS = ("json_schema", "regex", "choice", "grammar")
+KINDS = ("json_schema", "regex", "choice", "grammar", "tool_call")
 # compact JSON (no free whitespace): a sampler cannot pad a reply with blanks forever; a schema's x-guidance wins
 JSON_DEFAULTS = {"whitespace_flexible": False}
 
@@ -43,7 +44,8 @@ def _llg():
 @dataclasses.dataclass(frozen=True)
 class Guide:
     """What a request's output must match: kind in KINDS; text is the JSON schema (JSON text), the regex, the
-    choices (a JSON array of strings) or a grammar (Lark as llguidance reads it, or GBNF)."""
+    choices (a JSON array of strings), a grammar (Lark as llguidance reads it, or GBNF), or for tool_call the JSON
+    {"tools": [...], "name": a tool's name or null} (cupyglm.engine.tool_grammar)."""
 
     kind: str
     text: str
@@ -54,9 +56,13 @@ class Guide:
         if not isinstance(self.text, str):
             raise ValueError("guide text must be a string")
 
-    def grammar(self) -> str:
-        """The llguidance grammar; ValueError when the text is malformed."""
+    def grammar(self, added: frozenset[str] = frozenset()) -> str:
+        """The llguidance grammar (`added`: the tokenizer's added tokens, for tool_call); ValueError when the text
+        is malformed."""
         llg = _llg()
+        if self.kind == "tool_call":
+            spec = json.loads(self.text)
+            return llg.grammar_from("lark", tool_call_lark(spec["tools"], spec["name"], added))
         if self.kind == "json_schema":
             try:
                 schema = json.loads(self.text)
@@ -97,7 +103,8 @@ class Guides:
 
     def compile(self, guide: Guide):
         """A matcher of `guide` at the start of the output; ValueError naming the grammar's error."""
-        m = _llg().LLMatcher(self.view(), guide.grammar(), log_level=0)
+        added = frozenset(t.content for t in self.tokenizer.raw.get_added_tokens_decoder().values())
+        m = _llg().LLMatcher(self.view(), guide.grammar(added), log_level=0)
         if m.is_error():
             raise ValueError(f"structured output: the {guide.kind} does not compile: {m.get_error()}")
         return m
