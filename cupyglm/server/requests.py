@@ -11,6 +11,7 @@ from cupyglm.server.errors import ApiError, bad
 from cupyglm.server.fields import (check_token_ids, get_bool, get_dict, get_float, get_int, get_str, json_kind,
                                    short)
 from cupyglm.server.messages import check_messages, check_tools
+from cupyglm.server.structured import structured_guide, tool_guide
 from cupyglm.server.unsupported import refuse_unsupported
 
 MAX_STOP_STRINGS = 128
@@ -167,7 +168,11 @@ def _sampling(body: Mapping, info: ModelInfo, kind: str) -> dict:
     plp = get_int(body, "prompt_logprobs", None, lo=0, hi=MAX_TOP_LOGPROBS)
     if kind == "completion" and get_bool(body, "echo", False) and lp is not None:
         plp = max(lp, plp or 0)                 # echo with logprobs: the prompt's tokens carry them too
-    return dict(logprobs=lp, prompt_logprobs=plp, logit_bias=_logit_bias(body, info),
+    guide = structured_guide(body)
+    if guide is not None and (ignore_eos or min_tokens):
+        name = "ignore_eos" if ignore_eos else "min_tokens"
+        raise bad(name, f"'{name}' cannot be combined with structured output (EOS ends the match)")
+    return dict(logprobs=lp, prompt_logprobs=plp, logit_bias=_logit_bias(body, info), guide=guide,
                 presence_penalty=get_float(body, "presence_penalty", 0.0, lo=-2.0, hi=2.0),
                 frequency_penalty=get_float(body, "frequency_penalty", 0.0, lo=-2.0, hi=2.0),
                 repetition_penalty=get_float(body, "repetition_penalty", 1.0, lo=0.0, hi=10.0, lo_open=True),
@@ -229,6 +234,14 @@ def parse_chat(body: Mapping, info: ModelInfo) -> GenRequest:
     tools = check_tools(body)
     if tools:
         kwargs["tools"] = tools
+    forced = tool_guide(tools, body.get("tool_choice"))
+    if forced is not None:
+        if c["sampling"]["guide"] is not None:
+            raise bad("tool_choice", "'tool_choice' forces a tool call and the request also constrains the output "
+                      "(response_format / structured_outputs / guided_*); send one")
+        if c["sampling"]["ignore_eos"] or c["sampling"]["min_tokens"]:
+            raise bad("tool_choice", "a forced tool call cannot be combined with ignore_eos or min_tokens")
+        c["sampling"]["guide"] = forced
     return GenRequest(kind="chat", messages=messages, chat_kwargs=kwargs, add_generation_prompt=bool(agp),
                       tools=tools, **c)
 

@@ -74,10 +74,10 @@ def test_completion_defaults_and_aliases():
     ("logit_bias", {"1": 200}, "invalid_value"), ("logit_bias", {"99": 1}, "invalid_token_id"),
     ("logit_bias", {"a": 1}, "invalid_value"), ("frequency_penalty", 2.5, "invalid_value"),
     ("repetition_penalty", 0, "invalid_value"), ("draft", True, "unsupported_parameter"),
-    ("draft", "no", "invalid_type"), ("response_format", {"type": "json_object"}, "unsupported_parameter"),
+    ("draft", "no", "invalid_type"), ("response_format", "json", "invalid_type"),
     ("return_token_ids", 1, "invalid_type"), ("stream", "yes", "invalid_type"),
-    ("use_beam_search", True, "unsupported_parameter"), ("guided_json", {}, "unsupported_parameter"),
-    ("guided_choice", ["a"], "unsupported_parameter"), ("structured_outputs", {"json": {}}, "unsupported_parameter"),
+    ("use_beam_search", True, "unsupported_parameter"), ("guided_json", "[", "invalid_value"),
+    ("guided_choice", [1], "invalid_value"), ("structured_outputs", 5, "invalid_type"),
     ("prompt_logprobs", 21, "invalid_value"), ("no_such_field", 1, "unknown_parameter"),
     ("stream_options", {"include_usage": True}, "invalid_value"),
 ])
@@ -116,10 +116,9 @@ def test_chat_messages():
     assert r.tools == [tool] and r.chat_kwargs["tools"] == [tool]
     r = parse_chat({"messages": [{"role": "user", "content": "x"}], "tools": [tool], "tool_choice": "none"}, INFO)
     assert r.tools is None and "tools" not in r.chat_kwargs
-    for choice in ("required", {"type": "function", "function": {"name": "f"}}):
-        e = err(parse_chat, {"messages": [{"role": "user", "content": "x"}], "tools": [tool], "tool_choice": choice},
-                INFO)
-        assert (e.param, e.code) == ("tool_choice", "unsupported_parameter")
+    for choice in ("required", {"type": "function", "function": {"name": "f"}}):     # a grammar forces the call
+        r = parse_chat({"messages": [{"role": "user", "content": "x"}], "tools": [tool], "tool_choice": choice}, INFO)
+        assert r.tools == [tool] and r.sampling["guide"].kind == "tool_call"
     dev = parse_chat({"messages": [{"role": "developer", "content": "d"}, {"role": "user", "content": "u"}]}, INFO)
     assert dev.messages[0]["role"] == "system"
 
