@@ -18,8 +18,8 @@ _COMMON_IMPLEMENTED = frozenset({
     "model", "stream", "stream_options", "max_tokens", "temperature", "top_p", "top_k", "min_p", "seed", "stop",
     "stop_token_ids", "ignore_eos", "min_tokens", "skip_special_tokens", "n", "return_token_ids", "cache_salt",
     "draft", "max_completion_tokens", "logprobs", "presence_penalty", "frequency_penalty", "repetition_penalty",
-    "logit_bias", "prompt_logprobs", "response_format", "structured_outputs", "guided_json", "guided_regex",
-    "guided_choice", "guided_grammar",
+    "logit_bias", "prompt_logprobs", "best_of", "response_format", "structured_outputs", "guided_json",
+    "guided_regex", "guided_choice", "guided_grammar",
 })
 CHAT_IMPLEMENTED = _COMMON_IMPLEMENTED | {"messages", "chat_template_kwargs", "top_logprobs", "tools", "tool_choice",
                                           "add_generation_prompt"}
@@ -52,7 +52,6 @@ def _is(*neutral: float) -> Callable[[Any], bool]:
 
 # name -> (is the value neutral, what to tell the client)
 _COMMON_REFUSED: dict[str, tuple[Callable[[Any], bool], str]] = {
-    "best_of": (_is(1), "only 1 (send n for several choices)"),
     "use_beam_search": (_off, ""),
     "length_penalty": (_is(1, 1.0), "only 1 (it applies to beam search)"),
     "include_stop_str_in_output": (_off, ""),

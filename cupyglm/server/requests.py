@@ -52,10 +52,16 @@ class GenRequest:
     add_generation_prompt: bool = True
     prompts: list = dataclasses.field(default_factory=list)   # completion: each a text (str) or token ids
     n: int = 1                                  # choices per prompt (choice i: seed + i, see choice_seed)
+    best_of: int = 1                            # candidates per prompt (>= n); the n best returned (server/best_of.py)
     continuous_usage: bool = False              # stream_options.continuous_usage_stats: usage on every chunk
     echo: bool = False                          # completion: the prompt's text (and logprobs) before the reply
     tools: list[dict] | None = None             # chat: the tools rendered and parsed (None: tool_choice none)
     cache_salt: str | None = None               # kept prompt states are shared only under the same salt
+
+    @property
+    def per(self) -> int:
+        """Engine requests per prompt: best_of candidates, or the n choices."""
+        return max(self.n, self.best_of)
 
     @property
     def prompt_param(self) -> str:
@@ -197,7 +203,12 @@ def _common(body: Mapping, kind: str, info: ModelInfo) -> dict:
         continuous = bool(get_bool(so, "continuous_usage_stats", False, param="stream_options.continuous_usage_stats"))
         get_bool(so, "include_obfuscation", False, param="stream_options.include_obfuscation")
     n = get_int(body, "n", 1, lo=1, hi=MAX_N)
-    return dict(model=model, stream=stream, include_usage=include_usage, n=n, cache_salt=salt,
+    best_of = get_int(body, "best_of", n, lo=1, hi=MAX_N)
+    if best_of < n:
+        raise bad("best_of", f"'best_of' = {best_of} must be at least 'n' = {n}")
+    if best_of > n and stream:
+        raise bad("best_of", "'best_of' greater than 'n' cannot be streamed")
+    return dict(model=model, stream=stream, include_usage=include_usage, n=n, best_of=best_of, cache_salt=salt,
                 continuous_usage=include_usage and continuous,
                 return_token_ids=bool(get_bool(body, "return_token_ids", False)),
                 sampling=_sampling(body, info, kind))
@@ -257,8 +268,10 @@ def parse_completion(body: Mapping, info: ModelInfo) -> GenRequest:
     else:
         prompts = [_one_prompt(prompt, "prompt", info)]
     c = _common(body, "completion", info)
-    if len(prompts) * c["n"] > MAX_CHOICES:
-        raise bad("n", f"{len(prompts)} prompts x n = {c['n']} asks for {len(prompts) * c['n']} choices; at most "
+    per = max(c["n"], c["best_of"])
+    if len(prompts) * per > MAX_CHOICES:
+        name = "n" if per == c["n"] else "best_of"
+        raise bad(name, f"{len(prompts)} prompts x {name} = {per} asks for {len(prompts) * per} choices; at most "
                   f"{MAX_CHOICES} per request")
     return GenRequest(kind="completion", prompts=prompts, echo=bool(get_bool(body, "echo", False)), **c)
 
