@@ -62,7 +62,7 @@ def _ctl_msb_first(k, d):
 
 def _ctl_row_m(k, d):
     x = k.xp.array(d["logits"])
-    ops_token_mask.mask_tokens(k, x, np.arange(d["row"].shape[0], dtype=np.int32), d["bits"])
+    ops_token_mask.mask_tokens(k, x, k.xp.asarray(np.arange(d["row"].shape[0], dtype=np.int32)), d["bits"])
     return {"logits": x}
 
 
