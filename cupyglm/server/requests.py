@@ -252,6 +252,8 @@ def parse_chat(body: Mapping, info: ModelInfo) -> GenRequest:
                       "(response_format / structured_outputs / guided_*); send one")
         if c["sampling"]["ignore_eos"] or c["sampling"]["min_tokens"]:
             raise bad("tool_choice", "a forced tool call cannot be combined with ignore_eos or min_tokens")
+        if err := forced.check():
+            raise bad("tools", f"the tools' parameters do not compile into a tool-call grammar: {short(err, 300)}")
         c["sampling"]["guide"] = forced
     return GenRequest(kind="chat", messages=messages, chat_kwargs=kwargs, add_generation_prompt=bool(agp),
                       tools=tools, **c)

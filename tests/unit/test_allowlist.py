@@ -189,3 +189,7 @@ def test_tool_choice_required_and_named_become_guides():
     with pytest.raises(ApiError) as e:
         _parse("chat", {"tools": [tool], "tool_choice": "required", "guided_regex": "a"})
     assert e.value.param == "tool_choice"
+    broken = {"type": "function", "function": {"name": "f", "parameters": {"properties": {"n": {"type": "nope"}}}}}
+    with pytest.raises(ApiError) as e:
+        _parse("chat", {"tools": [broken], "tool_choice": "required"})
+    assert e.value.param == "tools"
