@@ -12,9 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from cupyglm.backend.lanes import BF16, bf16, exp_f32, f32, gemm, gemm_batched, lane_sum, out_kind, stored_weight
-from cupyglm.engine.logprobs import logprobs_rows
-from cupyglm.engine.penalties import penalize_rows
-from cupyglm.engine.sampling import sample_rows
+from cupyglm.backend.logits_ops import LogitsOps
 
 NEG_INF = np.float32(-np.inf)
 def _round(y: np.ndarray, out: str) -> np.ndarray:
@@ -45,8 +43,9 @@ def expand_pools(pools: np.ndarray, q: int, kpool: int) -> np.ndarray:
     return np.concatenate([toks, tail])
 
 
-class NumpyOps:
-    """The ops interface (DESIGN §2). Backends subclass it and replace ops with kernels."""
+class NumpyOps(LogitsOps):
+    """The ops interface (DESIGN §2). Backends subclass it and replace ops with kernels. The ops on a step's fp32
+    logits rows (sample, logprobs, penalize, mask_tokens) live in cupyglm.backend.logits_ops."""
 
     name = "numpy"
     xp = np
@@ -375,24 +374,3 @@ class NumpyOps:
         for j in range(y.shape[1]):
             acc = acc + weights[:, j:j + 1] * y[:, j]
         return acc + shared
-
-    # ---- sampling --------------------------------------------------------------------------------
-    def sample(self, logits: np.ndarray, temperature: np.ndarray, top_k: np.ndarray, top_p: np.ndarray,
-               min_p: np.ndarray, seed: np.ndarray, position: np.ndarray) -> np.ndarray:
-        """One token per row: cupyglm.engine.sampling.draw (the one definition) on each row of logits [R, V]
-        fp32. temperature [R] f32 (< 1e-5: greedy, the lowest id among the maxima), top_k [R] i32 (0 = off),
-        top_p [R] f32, min_p [R] f32, seed [R] u64, position [R] i32 (the drawn token's position: the RNG's
-        counter) -> tokens [R] int32, -1 for a row holding NaN. Bans (min_tokens) are logits edits made by the
-        caller before the op."""
-        return sample_rows(logits, temperature, top_k, top_p, min_p, seed, position)
-
-    def logprobs(self, logits: np.ndarray, tokens: np.ndarray, top: int) -> np.ndarray:
-        """The sampled tokens' logprobs and each row's `top` best (cupyglm.engine.logprobs.logprobs_rows): logits
-        [R, V] f32 (what `sample` drew from), tokens [R] i32 -> [R, 2 + 2 top] int32 packed, one transfer."""
-        return logprobs_rows(logits, tokens, int(top))
-
-    def penalize(self, logits: np.ndarray, row, id, count, seen, bias, repetition, frequency, presence) -> None:
-        """Penalties and logit_bias edited into logits [R, V] f32 in place (cupyglm.engine.penalties): one edit
-        per distinct (row, id) of row/id/count/seen [N] i32 and bias [N] f32; repetition/frequency/presence
-        [R'] f32 per row."""
-        penalize_rows(logits, row, id, count, seen, bias, repetition, frequency, presence)

@@ -35,6 +35,7 @@ import numpy as np
 from cupyglm.dist import step as stepmod
 from cupyglm.engine import disk_tier, penalties, prompt_logprobs
 from cupyglm.engine.config import EngineConfig
+from cupyglm.engine.grammar import Guides
 from cupyglm.engine.logprobs import tokens_and_logprobs
 from cupyglm.engine.prompt_cache import PromptCache
 from cupyglm.engine.request import EngineError, Request, RequestOutput
@@ -86,6 +87,9 @@ class Engine:
         self._texts: dict[int, RequestText] = {}
         self._logprobs: dict[int, tuple] = {}             # this step's (logprob, top) per request that asked
         self._prompt_lp: dict[int, list] = {}             # prompt logprobs gathered until the first token
+        vocab = cfg.vocab_size or runner.cfg.vocab_size
+        self.guides = Guides(tokenizer, vocab, cfg.eos_token_ids) if self.rank == 0 else None   # structured output
+        self._masks = None                                # this step's grammar masks, being computed
         self._ids = itertools.count()
         self._seeds = itertools.count()
         self._stopped = False
@@ -123,7 +127,10 @@ class Engine:
             max_tokens = self.scheduler.resolve_max_tokens(len(prompt), params.max_tokens)
             seed = params.seed if params.seed is not None else None
             req = Request(int(request_id), prompt, params, 0, max_tokens, salt=cache_salt or "")
+            matcher = None if params.guide is None else self.guides.compile(params.guide)   # ValueError first
             self.scheduler.add(req)                       # QueueFull / duplicate id raise before a seed is used
+            if matcher is not None:
+                self.guides.put(req.id, matcher)
             req.seed = seed if seed is not None else (self.cfg.seed + next(self._seeds)) % 2**64
             self._texts[req.id] = RequestText(self.tokenizer, params)
             return req.id
@@ -144,6 +151,7 @@ class Engine:
         r = self.scheduler.abort(request_id)
         if r is not None:
             self._texts.pop(r.id, None)
+            self.guides.drop(r.id)
             self._prompt_lp.pop(r.id, None)
             self._ready.append(RequestOutput(r.id, [], "", True, FINISH_ABORT, r.prompt_len, len(r.output),
                                              r.cached, None if r.cached else r.miss_reason))
@@ -197,6 +205,7 @@ class Engine:
                 return ready
             msg = self._message(plan)
             reqs = {g.request_id: self.scheduler.requests[g.request_id] for g in plan.groups}
+            self._masks = self.guides.start([g.request_id for g in plan.groups if g.logits])   # while the step runs
             self._in_step = True
         if self.watch is not None:
             self.watch.step_started(plan.step, sum(g.count for g in plan.groups))
@@ -239,6 +248,7 @@ class Engine:
             msg = stepmod.StepMessage(step=plan.step, new=(), cancelled=plan.released, schedule=(), stop=True,
                                       drops=drops, disk=disk)       # the stop saves the memory states to disk
             self._stopped = True
+            self.guides.close()
         data = stepmod.encode(msg)
         if self.size > 1:
             self.comm.bcast_bytes(data)
@@ -358,6 +368,8 @@ class Engine:
                               vocab)
         if pen is not None:                 # before the bans: a banned id stays -inf
             ops.penalize(logits, *pen.values())
+        masks, self._masks = self._masks, None
+        self._pending_aborts += self.guides.apply(ops, logits, masks, [g.request_id for g, _ in rows])
         params = []
         for i, (g, _) in enumerate(rows):
             r = reqs[g.request_id]
@@ -379,6 +391,8 @@ class Engine:
             if tok < 0:
                 raise EngineError(f"request {g.request_id} at position {g.end}: logits hold NaN")
             sampled[g.request_id] = int(tok)
+            if not self.guides.consume(g.request_id, tok):
+                self._pending_aborts.append(g.request_id)   # the grammar failed: the request ends "abort"
         return sampled
 
     def _outputs(self, events) -> list[RequestOutput]:
@@ -399,6 +413,7 @@ class Engine:
                 piece = ""
             if finished:
                 self._texts.pop(r.id, None)
+                self.guides.drop(r.id)
             lp = self._logprobs.pop(r.id, None)
             out.append(RequestOutput(r.id, [tok], piece, finished, reason, r.prompt_len, len(r.output),
                                      r.cached, None if r.cached else r.miss_reason,

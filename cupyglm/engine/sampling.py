@@ -84,6 +84,7 @@ class SamplingParams:
     repetition_penalty: float = 1.0       # (0, 10], ids in the prompt or the output
     logit_bias: tuple[tuple[int, float], ...] = ()   # (id, bias in -100..100) pairs, distinct ids
     prompt_logprobs: int | None = None    # None: off; k: each prompt token's logprob and its k most likely
+    guide: object | None = None           # structured output: a cupyglm.engine.grammar.Guide the output matches
 
     def __post_init__(self) -> None:
         def num(name: str) -> float:
@@ -142,6 +143,8 @@ class SamplingParams:
         for t, b in bias.items():
             if not 0 <= integer("logit_bias", t) < 2**31 or not -100.0 <= float(b) <= 100.0:
                 raise ValueError(f"logit_bias must map token ids to biases in [-100, 100], got {t!r}: {b!r}")
+        if self.guide is not None and (self.ignore_eos or self.min_tokens):
+            raise ValueError("structured output cannot be combined with ignore_eos or min_tokens (EOS ends the match)")
         object.__setattr__(self, "logit_bias", tuple(sorted((int(t), float(b)) for t, b in bias.items())))
         object.__setattr__(self, "stop", stop)
         object.__setattr__(self, "stop_token_ids", ids)

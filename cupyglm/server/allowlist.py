@@ -18,7 +18,8 @@ _COMMON_IMPLEMENTED = frozenset({
     "model", "stream", "stream_options", "max_tokens", "temperature", "top_p", "top_k", "min_p", "seed", "stop",
     "stop_token_ids", "ignore_eos", "min_tokens", "skip_special_tokens", "n", "return_token_ids", "cache_salt",
     "draft", "max_completion_tokens", "logprobs", "presence_penalty", "frequency_penalty", "repetition_penalty",
-    "logit_bias", "prompt_logprobs",
+    "logit_bias", "prompt_logprobs", "best_of", "response_format", "structured_outputs", "guided_json",
+    "guided_regex", "guided_choice", "guided_grammar",
 })
 CHAT_IMPLEMENTED = _COMMON_IMPLEMENTED | {"messages", "chat_template_kwargs", "top_logprobs", "tools", "tool_choice",
                                           "add_generation_prompt"}
@@ -51,8 +52,6 @@ def _is(*neutral: float) -> Callable[[Any], bool]:
 
 # name -> (is the value neutral, what to tell the client)
 _COMMON_REFUSED: dict[str, tuple[Callable[[Any], bool], str]] = {
-    "best_of": (_is(1), "only 1 (send n for several choices)"),
-    "response_format": (lambda v: v is None or v == {"type": "text"}, "only type 'text'"),
     "use_beam_search": (_off, ""),
     "length_penalty": (_is(1, 1.0), "only 1 (it applies to beam search)"),
     "include_stop_str_in_output": (_off, ""),
@@ -61,14 +60,9 @@ _COMMON_REFUSED: dict[str, tuple[Callable[[Any], bool], str]] = {
     "allowed_token_ids": (_is(), ""),
     "bad_words": (_off, ""),
     "add_special_tokens": (_is(), ""),
-    "guided_json": (_is(), ""),
-    "guided_regex": (_is(), ""),
-    "guided_choice": (_is(), ""),
-    "guided_grammar": (_is(), ""),
-    "guided_decoding_backend": (_is(), ""),
-    "guided_whitespace_pattern": (_is(), ""),
+    "guided_decoding_backend": (_is(), "the server's grammar library is llguidance"),
+    "guided_whitespace_pattern": (_is(), "JSON is generated compact"),
     "structural_tag": (_is(), ""),
-    "structured_outputs": (_is(), ""),
     "logits_processors": (_off, ""),
     "return_tokens_as_token_ids": (_off, ""),
     "kv_transfer_params": (_is(), ""),

@@ -20,6 +20,7 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from cupyglm.server import best_of
 from cupyglm.server.bridge import EngineBridge, EngineDied, RequestStream, merge_streams
 from cupyglm.server.cache_routes import cache_routes
 from cupyglm.server.errors import ApiError, bad
@@ -31,7 +32,7 @@ from cupyglm.server.prompt import PromptBuilder, WorkPool
 from cupyglm.server.requests import (GenRequest, ModelInfo, choice_seed, fit_context, parse_chat,
                                      parse_completion, parse_detokenize, parse_tokenize)
 from cupyglm.server.responses import (Reply, chat_response, chunk, completion_response, entries, model_card,
-                                      models_response, new_id, now, usage_chunk)
+                                      models_response, new_id, now, usage_chunk, usage_of)
 from cupyglm.server.sse import SSE_DONE, sse, sse_error
 
 DEFAULT_MAX_BODY_BYTES = 16 * 1024 * 1024
@@ -150,7 +151,9 @@ def create_app(state: ServerState, *, lifespan: Any = None) -> Starlette:
         plans = []
         for ids in prompts:
             sampling = fit_context(req, len(ids), info)
-            for i in range(req.n):
+            if req.per > req.n and sampling["logprobs"] is None:
+                sampling["logprobs"] = 0                  # best_of ranks by them (left out of the reply)
+            for i in range(req.per):
                 try:
                     params = state.make_params(**{**sampling, "seed": choice_seed(sampling["seed"], i)})
                 except ValueError as e:
@@ -179,14 +182,14 @@ def create_app(state: ServerState, *, lifespan: Any = None) -> Starlette:
         except ClientDisconnect:
             return Response(status_code=499)
         rid, created = new_id("chatcmpl" if kind == "chat" else "cmpl"), now()
-        replies = [Reply(id=rid, model=req.model, created=created, prompt_ids=prompts[k // req.n], index=k,
-                         counts_prompt=k % req.n == 0) for k in range(len(streams))]
+        replies = [Reply(id=rid, model=req.model, created=created, prompt_ids=prompts[k // req.per], index=k,
+                         counts_prompt=k % req.per == 0) for k in range(len(streams))]
         if req.kind == "chat":
             for r in replies:
                 r.glm = GlmOutput(bool(req.chat_kwargs.get("enable_thinking", True)), req.tools)
         if req.echo:
             for r in replies:
-                p = req.prompts[r.index // req.n]
+                p = req.prompts[r.index // req.per]
                 r.echo_text = p if isinstance(p, str) else state.tokenizer.decode(r.prompt_ids)
         if req.stream:
             return StreamingResponse(_stream(req, streams, replies), media_type="text/event-stream",
@@ -247,7 +250,11 @@ def create_app(state: ServerState, *, lifespan: Any = None) -> Starlette:
             for st in streams:
                 st.abort()
         build = chat_response if req.kind == "chat" else completion_response
-        return JSONResponse(build(replies, req.return_token_ids, token_text))
+        if req.per == req.n:
+            return JSONResponse(build(replies, req.return_token_ids, token_text))
+        body = build(best_of.pick(replies, req.per, req.n, req.sampling["logprobs"] is not None),
+                     req.return_token_ids, token_text)
+        return JSONResponse({**body, "usage": usage_of(replies)})      # every candidate's tokens count
 
     async def chat(request: Request) -> Response:
         return await generate(request, "chat")

@@ -64,9 +64,9 @@ def check_messages(v: Any) -> list[dict]:
 
 
 def check_tools(body: dict) -> list[dict] | None:
-    """`tools` (function tools) under `tool_choice` "auto" (default with tools) or "none" (not rendered, not
-    parsed). "required" and a named function are refused by name: without constrained decoding nothing makes
-    the model call one."""
+    """`tools` (function tools) under `tool_choice` "auto" (default with tools), "none" (not rendered, not
+    parsed), "required" or {"type": "function", "function": {"name": ...}} naming one of them (a grammar forces
+    the call: cupyglm.server.structured.tool_guide)."""
     tools = body.get("tools")
     choice = body.get("tool_choice")
     if tools is None or tools == []:
@@ -85,9 +85,14 @@ def check_tools(body: dict) -> list[dict] | None:
         params = t["function"].get("parameters")
         if params is not None and not isinstance(params, dict):
             raise bad(f"{p}.function.parameters", f"'{p}.function.parameters' must be an object", "invalid_type")
-    if choice is None or choice == "auto":
+    if choice is None or choice in ("auto", "required"):
         return tools
     if choice == "none":
         return None
-    raise bad("tool_choice", f"'tool_choice' = {shown(choice)} is not supported yet (only 'auto' or 'none': "
-              "forcing a call needs constrained decoding)", "unsupported_parameter")
+    fn = choice.get("function") if isinstance(choice, dict) and choice.get("type") == "function" else None
+    if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
+        raise bad("tool_choice", f"'tool_choice' = {shown(choice)} must be 'none', 'auto', 'required' or "
+                  "{'type': 'function', 'function': {'name': ...}}")
+    if fn["name"] not in {t["function"]["name"] for t in tools}:
+        raise bad("tool_choice", f"'tool_choice' names the function {shown(fn['name'])}, which is not in 'tools'")
+    return tools

@@ -11,6 +11,7 @@ from cupyglm.server.errors import ApiError, bad
 from cupyglm.server.fields import (check_token_ids, get_bool, get_dict, get_float, get_int, get_str, json_kind,
                                    short)
 from cupyglm.server.messages import check_messages, check_tools
+from cupyglm.server.structured import structured_guide, tool_guide
 from cupyglm.server.unsupported import refuse_unsupported
 
 MAX_STOP_STRINGS = 128
@@ -51,10 +52,16 @@ class GenRequest:
     add_generation_prompt: bool = True
     prompts: list = dataclasses.field(default_factory=list)   # completion: each a text (str) or token ids
     n: int = 1                                  # choices per prompt (choice i: seed + i, see choice_seed)
+    best_of: int = 1                            # candidates per prompt (>= n); the n best returned (server/best_of.py)
     continuous_usage: bool = False              # stream_options.continuous_usage_stats: usage on every chunk
     echo: bool = False                          # completion: the prompt's text (and logprobs) before the reply
     tools: list[dict] | None = None             # chat: the tools rendered and parsed (None: tool_choice none)
     cache_salt: str | None = None               # kept prompt states are shared only under the same salt
+
+    @property
+    def per(self) -> int:
+        """Engine requests per prompt: best_of candidates, or the n choices."""
+        return max(self.n, self.best_of)
 
     @property
     def prompt_param(self) -> str:
@@ -167,7 +174,11 @@ def _sampling(body: Mapping, info: ModelInfo, kind: str) -> dict:
     plp = get_int(body, "prompt_logprobs", None, lo=0, hi=MAX_TOP_LOGPROBS)
     if kind == "completion" and get_bool(body, "echo", False) and lp is not None:
         plp = max(lp, plp or 0)                 # echo with logprobs: the prompt's tokens carry them too
-    return dict(logprobs=lp, prompt_logprobs=plp, logit_bias=_logit_bias(body, info),
+    guide = structured_guide(body)
+    if guide is not None and (ignore_eos or min_tokens):
+        name = "ignore_eos" if ignore_eos else "min_tokens"
+        raise bad(name, f"'{name}' cannot be combined with structured output (EOS ends the match)")
+    return dict(logprobs=lp, prompt_logprobs=plp, logit_bias=_logit_bias(body, info), guide=guide,
                 presence_penalty=get_float(body, "presence_penalty", 0.0, lo=-2.0, hi=2.0),
                 frequency_penalty=get_float(body, "frequency_penalty", 0.0, lo=-2.0, hi=2.0),
                 repetition_penalty=get_float(body, "repetition_penalty", 1.0, lo=0.0, hi=10.0, lo_open=True),
@@ -192,7 +203,12 @@ def _common(body: Mapping, kind: str, info: ModelInfo) -> dict:
         continuous = bool(get_bool(so, "continuous_usage_stats", False, param="stream_options.continuous_usage_stats"))
         get_bool(so, "include_obfuscation", False, param="stream_options.include_obfuscation")
     n = get_int(body, "n", 1, lo=1, hi=MAX_N)
-    return dict(model=model, stream=stream, include_usage=include_usage, n=n, cache_salt=salt,
+    best_of = get_int(body, "best_of", n, lo=1, hi=MAX_N)
+    if best_of < n:
+        raise bad("best_of", f"'best_of' = {best_of} must be at least 'n' = {n}")
+    if best_of > n and stream:
+        raise bad("best_of", "'best_of' greater than 'n' cannot be streamed")
+    return dict(model=model, stream=stream, include_usage=include_usage, n=n, best_of=best_of, cache_salt=salt,
                 continuous_usage=include_usage and continuous,
                 return_token_ids=bool(get_bool(body, "return_token_ids", False)),
                 sampling=_sampling(body, info, kind))
@@ -229,6 +245,16 @@ def parse_chat(body: Mapping, info: ModelInfo) -> GenRequest:
     tools = check_tools(body)
     if tools:
         kwargs["tools"] = tools
+    forced = tool_guide(tools, body.get("tool_choice"))
+    if forced is not None:
+        if c["sampling"]["guide"] is not None:
+            raise bad("tool_choice", "'tool_choice' forces a tool call and the request also constrains the output "
+                      "(response_format / structured_outputs / guided_*); send one")
+        if c["sampling"]["ignore_eos"] or c["sampling"]["min_tokens"]:
+            raise bad("tool_choice", "a forced tool call cannot be combined with ignore_eos or min_tokens")
+        if err := forced.check():
+            raise bad("tools", f"the tools' parameters do not compile into a tool-call grammar: {short(err, 300)}")
+        c["sampling"]["guide"] = forced
     return GenRequest(kind="chat", messages=messages, chat_kwargs=kwargs, add_generation_prompt=bool(agp),
                       tools=tools, **c)
 
@@ -244,8 +270,10 @@ def parse_completion(body: Mapping, info: ModelInfo) -> GenRequest:
     else:
         prompts = [_one_prompt(prompt, "prompt", info)]
     c = _common(body, "completion", info)
-    if len(prompts) * c["n"] > MAX_CHOICES:
-        raise bad("n", f"{len(prompts)} prompts x n = {c['n']} asks for {len(prompts) * c['n']} choices; at most "
+    per = max(c["n"], c["best_of"])
+    if len(prompts) * per > MAX_CHOICES:
+        name = "n" if per == c["n"] else "best_of"
+        raise bad(name, f"{len(prompts)} prompts x {name} = {per} asks for {len(prompts) * per} choices; at most "
                   f"{MAX_CHOICES} per request")
     return GenRequest(kind="completion", prompts=prompts, echo=bool(get_bool(body, "echo", False)), **c)
 

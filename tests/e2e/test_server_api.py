@@ -168,3 +168,21 @@ def test_echo_and_prompt_logprobs(client, http):
                                                  "temperature": 0, "logprobs": 2, "echo": True,
                                                  "ignore_eos": True}).json()["choices"]
     assert [c for c in batched if c["index"] == 1][0]["logprobs"] == lp     # alone = batched
+
+
+def test_best_of_returns_the_candidates_with_the_highest_cumulative_logprob(http):
+    body = {"prompt": "Once upon a time", "temperature": 1.0, "max_tokens": 6, "seed": 17, "return_token_ids": True}
+    singles = []
+    for i in range(4):                             # candidate i = the same request with seed 17 + i
+        r = http.post("/v1/completions", json={**body, "seed": 17 + i, "logprobs": 0})
+        c = r.json()["choices"][0]
+        singles.append((sum(c["logprobs"]["token_logprobs"]), -i, c["token_ids"]))
+    r = http.post("/v1/completions", json={**body, "best_of": 4, "n": 2})
+    assert r.status_code == 200, r.text
+    got = r.json()
+    best = sorted(singles, reverse=True)[:2]
+    assert [c["token_ids"] for c in got["choices"]] == [b[2] for b in best]
+    assert [c["index"] for c in got["choices"]] == [0, 1] and all(c["logprobs"] is None for c in got["choices"])
+    assert got["usage"]["completion_tokens"] == sum(len(s[2]) for s in singles)
+    r = http.post("/v1/completions", json={**body, "best_of": 2, "stream": True})
+    assert (r.status_code, r.json()["error"]["param"]) == (400, "best_of")

@@ -104,7 +104,8 @@ def test_without_tools_or_thinking_the_text_is_content(client):
     assert off.choices[0].message.content.startswith("<think>The user")
     assert off.choices[0].message.tool_calls[0].function.name == "get_weather"
     with pytest.raises(openai.BadRequestError) as e:
-        client.chat.completions.create(model="fake", messages=MSG, tools=TOOLS, tool_choice="required")
+        client.chat.completions.create(model="fake", messages=MSG, tools=TOOLS,
+                                       tool_choice={"type": "function", "function": {"name": "no_such_tool"}})
     assert e.value.body["param"] == "tool_choice"
 
 

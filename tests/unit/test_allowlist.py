@@ -119,3 +119,77 @@ def test_unknown_field_refused(kind):
     with pytest.raises(ApiError) as e:
         _parse(kind, {"stream": True, "stream_options": {"include_usage": True, "every_chunk": True}})
     assert e.value.param == "stream_options.every_chunk"
+
+
+# structured output (llguidance): each source becomes the engine's guide; what is not built is refused by name
+STRUCTURED = {
+    "response_format": ({"type": "json_object"}, "json_schema"),
+    "guided_json": ({"type": "object", "properties": {"a": {"type": "integer"}}}, "json_schema"),
+    "guided_regex": ("a+", "regex"), "guided_choice": (["a", "b"], "choice"),
+    "guided_grammar": ('start: "a" | "b"', "grammar"),
+    "structured_outputs": ({"choice": ["a"]}, "choice"),
+}
+
+
+@pytest.mark.parametrize("kind", ["chat", "completion"])
+def test_structured_fields_become_guides(kind):
+    implemented, _, _ = lists(kind)
+    for name, (value, guide_kind) in STRUCTURED.items():
+        assert name in implemented
+        assert _parse(kind, {name: value}).sampling["guide"].kind == guide_kind, name
+    schema = {"type": "object", "properties": {"x": {"type": "string"}}, "required": ["x"]}
+    g = _parse(kind, {"response_format": {"type": "json_schema", "json_schema": {"name": "n", "schema": schema,
+                                                                                 "strict": True}}}).sampling["guide"]
+    assert g.kind == "json_schema" and g.text == __import__("json").dumps(schema)
+    for so, guide_kind in (({"json": schema}, "json_schema"), ({"regex": "[0-9]+"}, "regex"),
+                           ({"grammar": 'start: "x"'}, "grammar"), ({"json_object": True}, "json_schema")):
+        assert _parse(kind, {"structured_outputs": so}).sampling["guide"].kind == guide_kind
+    assert _parse(kind, {"response_format": {"type": "text"}}).sampling["guide"] is None
+
+
+@pytest.mark.parametrize("kind", ["chat", "completion"])
+@pytest.mark.parametrize("extra,param,code", [
+    ({"response_format": {"type": "structural_tag"}}, "response_format.type", "unsupported_parameter"),
+    ({"response_format": {"type": "xml"}}, "response_format.type", "invalid_value"),
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "n", "schema": {}, "extra": 1}}},
+     "response_format.json_schema.extra", "unknown_parameter"),
+    ({"structured_outputs": {"regex": "a", "structural_tag": "t"}}, "structured_outputs.structural_tag",
+     "unsupported_parameter"),
+    ({"structured_outputs": {"regex": "a", "whitespace_pattern": " "}}, "structured_outputs.whitespace_pattern",
+     "unsupported_parameter"),
+    ({"structured_outputs": {"regex": "a", "choice": ["b"]}}, "structured_outputs", "invalid_value"),
+    ({"structured_outputs": {"regex": "a", "backend": "x"}}, "structured_outputs.backend", "unknown_parameter"),
+    ({"guided_regex": "("}, "guided_regex", "invalid_value"),
+    ({"guided_json": "{"}, "guided_json", "invalid_value"),
+    ({"guided_choice": []}, "guided_choice", "invalid_value"),
+    ({"guided_regex": "a", "guided_choice": ["b"]}, "guided_choice", "invalid_value"),
+    ({"guided_regex": "a", "ignore_eos": True}, "ignore_eos", "invalid_value"),
+    ({"guided_regex": "a", "min_tokens": 2}, "min_tokens", "invalid_value"),
+    ({"guided_regex": "a", "guided_decoding_backend": "xgrammar"}, "guided_decoding_backend",
+     "unsupported_parameter"),
+])
+def test_structured_refusals_by_name(kind, extra, param, code):
+    with pytest.raises(ApiError) as e:
+        _parse(kind, extra)
+    assert (e.value.param, e.value.code) == (param, code)
+
+
+def test_tool_choice_required_and_named_become_guides():
+    tool = {"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {
+        "n": {"type": "integer"}}, "required": ["n"]}}}
+    for choice, name in (("required", None), ({"type": "function", "function": {"name": "f"}}, "f")):
+        r = _parse("chat", {"tools": [tool], "tool_choice": choice})
+        g = r.sampling["guide"]
+        assert g.kind == "tool_call" and __import__("json").loads(g.text)["name"] == name and r.tools == [tool]
+    assert _parse("chat", {"tools": [tool], "tool_choice": "auto"}).sampling["guide"] is None
+    for choice in ({"type": "function", "function": {"name": "g"}}, {"type": "function"}, "always"):
+        with pytest.raises(ApiError) as e:
+            _parse("chat", {"tools": [tool], "tool_choice": choice})
+        assert e.value.param == "tool_choice"
+    with pytest.raises(ApiError) as e:
+        _parse("chat", {"tools": [tool], "tool_choice": "required", "guided_regex": "a"})
+    assert e.value.param == "tool_choice"
+    broken = {"type": "function", "function": {"name": "f", "parameters": {"properties": {"n": {"type": "nope"}}}}}
+    with pytest.raises(ApiError) as e:
+        _parse("chat", {"tools": [broken], "tool_choice": "required"})
+    assert e.value.param == "tools"

@@ -69,15 +69,15 @@ def test_completion_defaults_and_aliases():
     ("max_tokens", 0, "invalid_value"), ("max_tokens", 101, "context_length_exceeded"),
     ("max_completion_tokens", -3, "invalid_value"), ("min_tokens", -1, "invalid_value"),
     ("stop_token_ids", [50], "invalid_token_id"), ("n", 17, "invalid_value"), ("n", 0, "invalid_value"),
-    ("best_of", 2, "unsupported_parameter"), ("logprobs", 21, "invalid_value"), ("top_logprobs", 2, "unknown_parameter"),
+    ("best_of", 0, "invalid_value"), ("logprobs", 21, "invalid_value"), ("top_logprobs", 2, "unknown_parameter"),
     ("echo", "yes", "invalid_type"), ("suffix", "s", "unsupported_parameter"),
     ("logit_bias", {"1": 200}, "invalid_value"), ("logit_bias", {"99": 1}, "invalid_token_id"),
     ("logit_bias", {"a": 1}, "invalid_value"), ("frequency_penalty", 2.5, "invalid_value"),
     ("repetition_penalty", 0, "invalid_value"), ("draft", True, "unsupported_parameter"),
-    ("draft", "no", "invalid_type"), ("response_format", {"type": "json_object"}, "unsupported_parameter"),
+    ("draft", "no", "invalid_type"), ("response_format", "json", "invalid_type"),
     ("return_token_ids", 1, "invalid_type"), ("stream", "yes", "invalid_type"),
-    ("use_beam_search", True, "unsupported_parameter"), ("guided_json", {}, "unsupported_parameter"),
-    ("guided_choice", ["a"], "unsupported_parameter"), ("structured_outputs", {"json": {}}, "unsupported_parameter"),
+    ("use_beam_search", True, "unsupported_parameter"), ("guided_json", "[", "invalid_value"),
+    ("guided_choice", [1], "invalid_value"), ("structured_outputs", 5, "invalid_type"),
     ("prompt_logprobs", 21, "invalid_value"), ("no_such_field", 1, "unknown_parameter"),
     ("stream_options", {"include_usage": True}, "invalid_value"),
 ])
@@ -116,10 +116,9 @@ def test_chat_messages():
     assert r.tools == [tool] and r.chat_kwargs["tools"] == [tool]
     r = parse_chat({"messages": [{"role": "user", "content": "x"}], "tools": [tool], "tool_choice": "none"}, INFO)
     assert r.tools is None and "tools" not in r.chat_kwargs
-    for choice in ("required", {"type": "function", "function": {"name": "f"}}):
-        e = err(parse_chat, {"messages": [{"role": "user", "content": "x"}], "tools": [tool], "tool_choice": choice},
-                INFO)
-        assert (e.param, e.code) == ("tool_choice", "unsupported_parameter")
+    for choice in ("required", {"type": "function", "function": {"name": "f"}}):     # a grammar forces the call
+        r = parse_chat({"messages": [{"role": "user", "content": "x"}], "tools": [tool], "tool_choice": choice}, INFO)
+        assert r.tools == [tool] and r.sampling["guide"].kind == "tool_call"
     dev = parse_chat({"messages": [{"role": "developer", "content": "d"}, {"role": "user", "content": "u"}]}, INFO)
     assert dev.messages[0]["role"] == "system"
 
@@ -156,3 +155,28 @@ def test_reply_shapes():
     last = chunk("completion", r, text="i", finish_reason="stop")
     assert last["token_sha"] == token_sha([3, 4]) and last["choices"][0]["text"] == "i"
     assert usage_chunk("chat", r)["choices"] == []
+
+
+def test_best_of():
+    r = parse_completion({"prompt": "x", "best_of": 3, "n": 2}, INFO)
+    assert (r.n, r.best_of, r.per) == (2, 3, 3)
+    assert parse_completion({"prompt": "x", "n": 2}, INFO).per == 2
+    assert err(parse_completion, {"prompt": "x", "best_of": 1, "n": 2}, INFO).param == "best_of"
+    assert err(parse_completion, {"prompt": "x", "best_of": 2, "stream": True}, INFO).param == "best_of"
+    assert parse_completion({"prompt": "x", "best_of": 2, "n": 2, "stream": True}, INFO).per == 2
+    assert err(parse_completion, {"prompt": ["a"] * 5, "best_of": 16}, INFO).param == "best_of"
+
+
+def test_best_of_pick():
+    from cupyglm.server.best_of import pick, score
+    from cupyglm.server.responses import Reply
+
+    def rep(i, lps):
+        return Reply(id="c", model="m", created=0, prompt_ids=[1], token_ids=list(range(len(lps))),
+                     logprobs=[(t, lp, []) for t, lp in enumerate(lps)], index=i, counts_prompt=i % 3 == 0)
+    rs = [rep(0, [-1.0, -2.0]), rep(1, [-0.5]), rep(2, [-0.5]), rep(3, [-3.0]), rep(4, [-0.1, -0.1]), rep(5, [-9.0])]
+    assert score(rs[0]) == -3.0
+    got = pick(rs, 3, 2, asked_logprobs=False)
+    assert [(r.index, r.token_ids, r.counts_prompt, r.logprobs) for r in got] == [
+        (0, [0], True, None), (1, [0], False, None), (2, [0, 1], True, None), (3, [0], False, None)]
+    assert pick(rs, 3, 1, asked_logprobs=True)[0].logprobs == rs[1].logprobs
