@@ -12,6 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from cupyglm.backend.lanes import BF16, bf16, exp_f32, f32, gemm, gemm_batched, lane_sum, out_kind, stored_weight
+from cupyglm.backend.numpy_gather import GatherOps
 from cupyglm.engine.logprobs import logprobs_rows
 from cupyglm.engine.penalties import penalize_rows
 from cupyglm.engine.sampling import sample_rows
@@ -45,7 +46,7 @@ def expand_pools(pools: np.ndarray, q: int, kpool: int) -> np.ndarray:
     return np.concatenate([toks, tail])
 
 
-class NumpyOps:
+class NumpyOps(GatherOps):
     """The ops interface (DESIGN §2). Backends subclass it and replace ops with kernels."""
 
     name = "numpy"
