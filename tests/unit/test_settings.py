@@ -168,7 +168,8 @@ def test_line():
 
 @pytest.mark.parametrize("kwargs, message", [
     ({"kv_cache": "fp8"}, "--kv-cache fp8: fp8 KV is not available yet"),
-    ({"kv_host": True}, "CUPYGLM_KV_HOST=1: KV rows in host memory are not available yet"),
+    ({"kv_host": True, "kv_cache": "fp8"}, "CUPYGLM_KV_HOST=1 with --kv-cache fp8: host KV rows are bf16 latent "
+                                           "rows on pages (use --kv-cache bf16)"),
     ({"kv_share": True}, "CUPYGLM_KV_SHARE=1: prompt pages shared with the KV pool are not available yet"),
     ({"mtp_drafts": 3}, "--mtp-drafts 3: MTP drafts are not available yet"),
 ])
@@ -180,11 +181,10 @@ def test_refuse_unavailable(kwargs, message):
 
 
 def test_refuse_unavailable_names_each_part_of_kv_host():
+    Settings(kv_host=True, kv_host_gib=3.0).refuse_unavailable()          # host KV rows are built
     s = Settings(kv_host=True, kv_host_shared=True, kv_host_gib=3.0)
     with pytest.raises(SettingsError, match="CUPYGLM_KV_HOST_SHARED=1: shared host KV pages"):
-        s.refuse_unavailable(available={"kv_host"})
-    with pytest.raises(SettingsError, match="CUPYGLM_KV_HOST_GIB=3: host KV pages"):
-        s.refuse_unavailable(available={"kv_host", "kv_host_shared"})
+        s.refuse_unavailable()
     s.refuse_unavailable(available=set(UNAVAILABLE))
 
 
