@@ -98,3 +98,76 @@ extern "C" __global__ void gather_unmark(const int* __restrict__ slot_row,  // [
   const int r = slot_row[s];
   if (r >= 0 && r < N) mark[r] = GATHER_FREE;
 }
+
+// ---- the row cache of decode and verify segments (<= 16 rows): each layer keeps the rows its last such
+// segment gathered.  Per layer: cache [C, words] u32 rows, cache_rows [C] i32 (-1 empty), cmark [N] i32 (a
+// row's cache entry, else -1).  A cached row always holds its store row's bytes: the cache is forgotten
+// whenever pages change hands, and a row is written before any call can pick it.  Order per segment:
+// mark, copy_cached, remap, forget, keep, unmark.
+
+// copy_cached: like gather_copy, but a row the cache holds comes from the cache (device memory); hits and
+// misses counted in stats[0], stats[1].
+extern "C" __global__ void gather_copy_cached(const unsigned int* __restrict__ store,  // [N, words] u32
+                                              const int* __restrict__ slot_row,        // [S] i32
+                                              const int* __restrict__ used,            // [1] i32
+                                              const unsigned int* __restrict__ cache,  // [C, words] u32
+                                              const int* __restrict__ cmark,           // [N] i32
+                                              unsigned int* __restrict__ slots,        // [S, words] u32
+                                              int* __restrict__ stats,                 // [2] i32 hits, misses
+                                              int N, int S, int C, int words) {
+  const long long warp = ((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+  const int lane = threadIdx.x & 31;
+  const int n = min(*used, S);
+  if (warp >= n) return;
+  const int r = slot_row[warp];
+  if (r < 0 || r >= N) return;
+  int c = cmark[r];
+#ifdef GATHER_CONTROL_CACHE_SWAP
+  if (c >= 0) c = c ^ 1;  // a neighbouring cache entry
+#endif
+  const bool hit = c >= 0 && c < C;
+  const unsigned int* src = hit ? cache + (long long)c * words : store + (long long)r * words;
+  unsigned int* dst = slots + warp * words;
+  for (int i = lane; i < words; i += 32) dst[i] = src[i];
+  if (lane == 0) atomicAdd(&stats[hit ? 0 : 1], 1);
+}
+
+// forget: every cache entry emptied and its row unmarked.  grid: ceil(C / blockDim.x).
+extern "C" __global__ void gather_forget(int* __restrict__ cache_rows,  // [C] i32
+                                         int* __restrict__ cmark,       // [N] i32
+                                         int N, int C) {
+  const int c = blockIdx.x * blockDim.x + threadIdx.x;
+#ifdef GATHER_CONTROL_FORGET_STALE
+  if (c == 0) return;  // entry 0 stays marked
+#endif
+  if (c >= C) return;
+  const int r = cache_rows[c];
+  if (r >= 0 && r < N) cmark[r] = GATHER_FREE;
+  cache_rows[c] = GATHER_FREE;
+}
+
+// keep: the first min(used, C) slots become the cache (after forget).  One warp a slot.
+extern "C" __global__ void gather_keep(const unsigned int* __restrict__ slots,  // [S, words] u32
+                                       const int* __restrict__ slot_row,        // [S] i32
+                                       const int* __restrict__ used,            // [1] i32
+                                       unsigned int* __restrict__ cache,        // [C, words] u32
+                                       int* __restrict__ cache_rows,            // [C] i32
+                                       int* __restrict__ cmark,                 // [N] i32
+                                       int N, int S, int C, int words) {
+  const long long warp = ((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+  const int lane = threadIdx.x & 31;
+  int n = min(min(*used, S), C);
+#ifdef GATHER_CONTROL_KEEP_DROP
+  n = n - 1;  // the last slot is not kept
+#endif
+  if (warp >= n) return;
+  const int r = slot_row[warp];
+  if (r < 0 || r >= N) return;
+  const unsigned int* src = slots + warp * words;
+  unsigned int* dst = cache + warp * words;
+  for (int i = lane; i < words; i += 32) dst[i] = src[i];
+  if (lane == 0) {
+    cache_rows[warp] = r;
+    cmark[r] = (int)warp;
+  }
+}

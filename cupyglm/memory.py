@@ -137,11 +137,23 @@ def host_latent_arrays(cfg: ModelConfig, num_pages: int, page_tokens: int) -> li
     return [latent_array(cfg, layer, num_pages * page_tokens) for layer in cfg.kv_layers]
 
 
+def row_cache_rows(cfg: ModelConfig) -> int:
+    """Rows each KV layer's row cache holds (decode and verify segments): 4 x index_topk (8,192 full, 128 tiny)."""
+    return 4 * cfg.index_topk
+
+
 def gather_arrays(cfg: ModelConfig, rows: int, slots: int) -> list[ArraySpec]:
-    """With kv_host: the gather's device buffers, shared by every KV layer (kv/host_rows.py)."""
-    return [ArraySpec("kv_host.slots", (slots, cfg.kv_lora_rank), BF16),     # [slots, R] gathered rows
-            ArraySpec("kv_host.slot_row", (slots,), I32),                    # [slots] the row in each slot
-            ArraySpec("kv_host.marks", (rows,), I32)]                        # [host rows] a row's slot, else -1
+    """With kv_host: the gather's device buffers (kv/host_rows.py): slots shared by every KV layer, a row cache
+    per KV layer."""
+    c = row_cache_rows(cfg)
+    out = [ArraySpec("kv_host.slots", (slots, cfg.kv_lora_rank), BF16),      # [slots, R] gathered rows
+           ArraySpec("kv_host.slot_row", (slots,), I32),                     # [slots] the row in each slot
+           ArraySpec("kv_host.marks", (rows,), I32)]                         # [host rows] a row's slot, else -1
+    for layer in cfg.kv_layers:
+        out += [ArraySpec(f"kv_host.cache.{layer}", (c, cfg.kv_lora_rank), BF16),   # [C, R] cached rows
+                ArraySpec(f"kv_host.cache_rows.{layer}", (c,), I32),                # [C] row of each entry, or -1
+                ArraySpec(f"kv_host.cmark.{layer}", (rows,), I32)]                  # [host rows] entry, or -1
+    return out
 
 
 # ---- per-sequence state -----------------------------------------------------------------------------------------

@@ -1,5 +1,5 @@
-"""The NumPy twin of cuda_src/gather.cu (KV rows in host memory): mark, copy, remap, unmark, and the op
-`kv_gather` that runs them for one call segment of one layer.
+"""The NumPy twin of cuda_src/gather.cu (KV rows in host memory): mark, copy, remap, unmark (op kv_gather), and
+the row cache's copy_cached, forget, keep (op kv_gather_cached), for one call segment of one layer.
 
 Slots are numbered in first-occurrence order of the flat token lists (the kernels number them in their
 atomics' order); every output a caller reads through (slots[ids[t, j]], the marks after the call, the flag)
@@ -52,8 +52,34 @@ def unmark(slot_row: np.ndarray, used: int, marks: np.ndarray) -> None:
     marks[slot_row[:n]] = FREE
 
 
+# ---- the row cache (decode and verify segments) ---------------------------------------------------------------
+
+def copy_cached(store, slot_row, used: int, cache, cmark, slots, stats) -> None:
+    """Like copy, but rows the cache holds (cmark[row] >= 0) come from the cache; stats += (hits, misses)."""
+    n = min(used, slot_row.shape[0])
+    r = slot_row[:n]
+    c = cmark[r]
+    hit = c >= 0
+    slots[:n] = np.where(hit[:, None], cache[np.maximum(c, 0)], store[r])
+    stats[0] += int(hit.sum())
+    stats[1] += int(n - hit.sum())
+
+
+def forget(cache_rows, cmark) -> None:
+    held = cache_rows[cache_rows >= 0]
+    cmark[held] = FREE
+    cache_rows[:] = FREE
+
+
+def keep(slots, slot_row, used: int, cache, cache_rows, cmark) -> None:
+    m = min(used, slot_row.shape[0], cache.shape[0])
+    cache[:m] = slots[:m]
+    cache_rows[:m] = slot_row[:m]
+    cmark[slot_row[:m]] = np.arange(m, dtype=np.int32)
+
+
 class GatherOps:
-    """The ops interface's gather (NumpyOps inherits it; sim and cuda replace it with the kernels)."""
+    """The ops interface's gathers (NumpyOps inherits them; sim and cuda replace them with the kernels)."""
 
     def kv_gather(self, store, rows, counts, marks, slot_row, slots, flags, which: int):
         """One segment's rows of one layer gathered into device slots. store: [N, R] bf16 (host rows),
@@ -63,5 +89,18 @@ class GatherOps:
         used = mark(rows, counts, marks, slot_row, flags, which)
         copy(store, slot_row, used, slots)
         out = remap(rows, counts, marks)
+        unmark(slot_row, used, marks)
+        return out
+
+    def kv_gather_cached(self, store, rows, counts, marks, slot_row, slots, flags, which: int, cache, cache_rows,
+                         cmark, stats):
+        """kv_gather for a decode or verify segment through one layer's row cache. cache: [C, R] bf16,
+        cache_rows: [C] int32, cmark: [N] int32, stats: [2] int32 (+= hits, misses); afterwards the cache holds
+        this segment's rows (the first C slots)."""
+        used = mark(rows, counts, marks, slot_row, flags, which)
+        copy_cached(store, slot_row, used, cache, cmark, slots, stats)
+        out = remap(rows, counts, marks)
+        forget(cache_rows, cmark)
+        keep(slots, slot_row, used, cache, cache_rows, cmark)
         unmark(slot_row, used, marks)
         return out

@@ -65,6 +65,7 @@ class Engine:
         self.log = log
         self.kept = kept                 # this rank's KeptStore (None: no prompt cache)
         cache = PromptCache(kept.pool.num_pages if kept else 0, kept.pages_for if kept else (lambda n: 0))
+        self.kv_host_stats: dict | None = None     # the row cache's totals (KV rows in host memory), rank 0
         self.scheduler = Scheduler(cfg, runner.kv.pool, cache if kept else None) if self.rank == 0 else None
         self._mirror = stepmod.Mirror()
         self._states: dict = {}
@@ -351,7 +352,9 @@ class Engine:
         host = self.runner.kv.host
         if host is None:
             return {}
-        return {plan.groups[i].request_id: host.message for i in host.take_refused() if i < len(plan.groups)}
+        refused = {plan.groups[i].request_id: host.message for i in host.take_refused() if i < len(plan.groups)}
+        self.kv_host_stats = host.take_stats()
+        return refused
 
     def _outputs(self, events) -> list[RequestOutput]:
         out = []

@@ -86,3 +86,58 @@ def kv_gather(k: Kernels, store, rows, counts, marks, slot_row, slots, flags, wh
     out = launch_remap(k, rows, counts, marks)
     launch_unmark(k, slot_row, used, marks, bound)
     return out
+
+
+# ---- the row cache of decode and verify segments -------------------------------------------------------------
+
+def launch_copy_cached(k: Kernels, store, slot_row, used, cache, cmark, slots, stats, bound: int) -> None:
+    src, dst = _words(k, "gather_copy_cached", "store", store), _words(k, "gather_copy_cached", "slots", slots)
+    cw = _words(k, "gather_copy_cached", "cache", cache)
+    check("gather_copy_cached", "slot_row", slot_row, (slots.shape[0],), np.int32)
+    check("gather_copy_cached", "used", used, (1,), np.int32)
+    check("gather_copy_cached", "cmark", cmark, (store.shape[0],), np.int32)
+    check("gather_copy_cached", "stats", stats, (2,), np.int32)
+    if not store.shape[1] == slots.shape[1] == cache.shape[1]:
+        raise ValueError("gather_copy_cached: store, cache and slots rows must hold the same values")
+    if bound > 0 and src.shape[1]:
+        k.launch(SRC, "gather_copy_cached", (-(-bound // WARPS),), (THREADS,),
+                 (src, slot_row, used, cw, cmark, dst, stats, i32(store.shape[0]), i32(slots.shape[0]),
+                  i32(cache.shape[0]), i32(src.shape[1])))
+
+
+def launch_forget(k: Kernels, cache_rows, cmark) -> None:
+    check("gather_forget", "cache_rows", cache_rows, (None,), np.int32)
+    check("gather_forget", "cmark", cmark, (None,), np.int32)
+    c = cache_rows.shape[0]
+    if c:
+        k.launch(SRC, "gather_forget", (-(-c // THREADS),), (THREADS,), (cache_rows, cmark, i32(cmark.shape[0]), i32(c)))
+
+
+def launch_keep(k: Kernels, slots, slot_row, used, cache, cache_rows, cmark, bound: int) -> None:
+    src, dst = _words(k, "gather_keep", "slots", slots), _words(k, "gather_keep", "cache", cache)
+    check("gather_keep", "slot_row", slot_row, (slots.shape[0],), np.int32)
+    check("gather_keep", "used", used, (1,), np.int32)
+    check("gather_keep", "cache_rows", cache_rows, (cache.shape[0],), np.int32)
+    check("gather_keep", "cmark", cmark, (None,), np.int32)
+    n = min(bound, cache.shape[0])
+    if n > 0 and src.shape[1]:
+        k.launch(SRC, "gather_keep", (-(-n // WARPS),), (THREADS,),
+                 (src, slot_row, used, dst, cache_rows, cmark, i32(cmark.shape[0]), i32(slots.shape[0]),
+                  i32(cache.shape[0]), i32(src.shape[1])))
+
+
+@op("kv_gather_cached", inplace=(0, 3, 4, 5, 6, 8, 9, 10, 11))
+def kv_gather_cached(k: Kernels, store, rows, counts, marks, slot_row, slots, flags, which, cache, cache_rows, cmark,
+                     stats):
+    """NumpyOps.kv_gather_cached on the kernels: mark, copy_cached, remap, forget, keep, unmark."""
+    if slots.shape[0] < 1:
+        raise ValueError("kv_gather_cached: parameter slots must hold at least one slot")
+    used = k.xp.zeros((1,), dtype=np.int32)
+    bound = bound_of(rows, marks, slot_row)
+    launch_mark(k, rows, counts, marks, slot_row, used, flags, int(which))
+    launch_copy_cached(k, store, slot_row, used, cache, cmark, slots, stats, bound)
+    out = launch_remap(k, rows, counts, marks)
+    launch_forget(k, cache_rows, cmark)
+    launch_keep(k, slots, slot_row, used, cache, cache_rows, cmark, bound)
+    launch_unmark(k, slot_row, used, marks, bound)
+    return out

@@ -6,6 +6,11 @@ cuda: the host rows are pinned host memory mapped into the device (`cudaHostAllo
 reach them like device memory; the flag words are mapped the same way, so the host reads them after the step's
 synchronize without a copy. CPU backends: a separate host allocation through the same code.
 
+Row cache: a segment of at most CACHED_ROWS rows (decode, verify) gathers through its layer's cache, which
+then holds that segment's rows; only rows it lacks cross the bus. A cached row always holds its host row's
+bytes: the cache is forgotten whenever a page changes hands (the pool's generation moves), and a position is
+written before any call can pick it (the call that writes a row writes it before its own gather).
+
 What bounds a gather's distinct rows (checked: a gather past its slots raises its flag word, and the engine
 refuses the request by name after the step): a gather covers one call segment, i.e. one sequence's rows
 start..start+n-1; every id it lists is a position below start + n, one host row each, so it needs at most
@@ -19,9 +24,10 @@ import ctypes
 import numpy as np
 
 from cupyglm.config import ModelConfig
-from cupyglm.memory import ArraySpec, gather_arrays, host_latent_arrays, storage_of
+from cupyglm.memory import ArraySpec, gather_arrays, host_latent_arrays, row_cache_rows, storage_of
 
 FLAG_WORDS = 1024                      # segments one call may hold (a flag word each)
+CACHED_ROWS = 16                       # segments of at most this many rows gather through the row cache
 CUDA_HOST_ALLOC_MAPPED = 2             # cudaHostAllocMapped
 _NAN_BITS = 0x7FC0                     # bf16 quiet NaN as stored on cuda
 
@@ -70,20 +76,28 @@ def _mapped(shape, dtype, fill):
 class HostRows:
     """One rank's host latent rows (per KV layer [rows, R] bf16), the gather's device buffers and flag words."""
 
-    def __init__(self, cfg: ModelConfig, ops, rows: int, slots: int, poison: bool = False):
+    def __init__(self, cfg: ModelConfig, ops, rows: int, slots: int, poison: bool = False, pool=None):
         if slots < 1:
             raise ValueError(f"kv host: the gather needs at least one slot, got {slots}")
-        self.ops, self.rows, self.num_slots = ops, rows, slots
+        self.ops, self.rows, self.num_slots, self.pool = ops, rows, slots, pool
+        self.row_bytes = cfg.kv_lora_rank * storage_of(ops).itemsize("bf16")
         xp, storage = ops.xp, storage_of(ops)
         cpu = xp is np
         self.latent = {}
         for spec in host_latent_arrays(cfg, 1, rows):           # kv.latent.<layer>: [rows, R] bf16, host memory
             self.latent[int(spec.name.rsplit(".", 1)[1])] = self._host(spec, storage, poison, cpu)
-        slots_spec, _, _ = gather_arrays(cfg, rows, slots)
+        slots_spec = gather_arrays(cfg, rows, slots)[0]
         dtype = storage.dtype(slots_spec.kind)
         self.slots = xp.zeros(slots_spec.shape, dtype=dtype)     # [slots, R] bf16, device
         self.slot_row = xp.full((slots,), -1, dtype=np.int32)    # [slots] i32, device
         self.marks = xp.full((rows,), -1, dtype=np.int32)        # [rows] i32, -1 between calls, device
+        c = row_cache_rows(cfg)
+        self.cache = {l: xp.zeros((c, cfg.kv_lora_rank), dtype=dtype) for l in cfg.kv_layers}   # [C, R] bf16
+        self.cache_rows = {l: xp.full((c,), -1, dtype=np.int32) for l in cfg.kv_layers}        # [C] i32
+        self.cmark = {l: xp.full((rows,), -1, dtype=np.int32) for l in cfg.kv_layers}          # [rows] i32
+        self.stats = {l: xp.zeros((2,), dtype=np.int32) for l in cfg.kv_layers}                # [2] hits, misses
+        self._generation = {l: -1 for l in cfg.kv_layers}        # the pool's generation the cache was filled at
+        self.hits = self.misses = self.decode_rows = 0           # since startup (take_stats)
         if cpu:
             self.flags = np.zeros((FLAG_WORDS,), dtype=np.int32)    # [F] i32 a word per call segment
             self._flags_host = self.flags
@@ -107,8 +121,32 @@ class HostRows:
         """Slot ids [T, W] int32 for one segment's store rows [T, W] (-1 padded); the slots hold the rows."""
         if which >= FLAG_WORDS:
             raise ValueError(f"kv host: a call of more than {FLAG_WORDS} sequences")
-        return self.ops.kv_gather(self.latent[layer], rows, counts, self.marks, self.slot_row, self.slots,
-                                  self.flags, which)
+        if rows.shape[0] > CACHED_ROWS:                           # a prompt chunk: the union once, no cache
+            return self.ops.kv_gather(self.latent[layer], rows, counts, self.marks, self.slot_row, self.slots,
+                                      self.flags, which)
+        generation = -2 if self.pool is None else self.pool.generation
+        if generation != self._generation[layer] or self.pool is None:   # pages changed hands: forget
+            self.cmark[layer].fill(-1)
+            self.cache_rows[layer].fill(-1)
+            self._generation[layer] = generation
+        self.decode_rows += rows.shape[0]
+        return self.ops.kv_gather_cached(self.latent[layer], rows, counts, self.marks, self.slot_row, self.slots,
+                                         self.flags, which, self.cache[layer], self.cache_rows[layer],
+                                         self.cmark[layer], self.stats[layer])
+
+    def take_stats(self) -> dict:
+        """After the step's synchronize: the row cache's totals since startup (the per-layer counters added in
+        and cleared); bytes_per_decode_token counts the rows that crossed the bus per decode row and layer sum."""
+        xp = self.ops.xp
+        for st in self.stats.values():
+            h = st if xp is np else xp.asnumpy(st)
+            self.hits += int(h[0])
+            self.misses += int(h[1])
+            st.fill(0)
+        layers = max(1, len(self.stats))
+        tokens = self.decode_rows / layers
+        return {"hits": self.hits, "misses": self.misses,
+                "bytes_per_decode_token": self.misses * self.row_bytes / tokens if tokens else 0.0}
 
     def take_refused(self) -> list[int]:
         """After the step's synchronize: the call segments that ran out of slots (their flag words cleared)."""

@@ -27,7 +27,7 @@ class KVStore:
         xp, storage = ops.xp, storage_of(ops)
         rows, pools = num_pages * page_tokens, num_pages * page_tokens // cfg.index_kpool
         # latent[layer]: [pages * page_tokens, R] bf16; pooled[layer]: [pages * page_tokens / 4, I] bf16
-        self.host = HostRows(cfg, ops, rows, host_slots, poison) if host_slots else None
+        self.host = HostRows(cfg, ops, rows, host_slots, poison, pool=self.pool) if host_slots else None
         if self.host is not None:
             self.latent = self.host.latent
         else:

@@ -154,6 +154,9 @@ class EngineBridge:
         cache = getattr(self.engine, "cache_held", None)
         if cache is not None:
             self.metrics.set_cache(*cache)
+        host = getattr(self.engine, "kv_host_stats", None)
+        if host:
+            self.metrics.set_kv_host(host)
 
     # ---- the event loop side ------------------------------------------------------------------------------------
     def submit(self, prompt_ids: list[int], params: Any, cache_salt: str | None = None) -> RequestStream:

@@ -93,3 +93,25 @@ def test_slot_guard_refuses_by_name_then_next_succeeds(tiny_ckpt):
     ok, ends2 = run(eng, prompts([20]), [sp])
     want, _ = run(make_engine(tiny_ckpt), prompts([20]), [sp])
     assert ok == want and ends2[0][0] == "length"
+
+
+def test_row_cache_hits_and_forgets_when_pages_change_hands(tiny_ckpt):
+    """Decode segments hit the row cache; a second sequence on the pages the first released gets the logits of
+    a fresh device-resident run, bit for bit (the cache was forgotten when the pages changed hands)."""
+    def logits(runner, prompt, steps=12):
+        st, toks, seen = runner.new_state(), np.asarray(prompt, np.int32), []
+        for _ in range(steps):
+            lg = runner.forward([SeqInput(toks, st)])[0].logits
+            seen.append(np.ascontiguousarray(lg, dtype=np.float32).view(np.uint32).copy())
+            toks = np.array([int(np.argmax(lg[-1]))], np.int32)
+        runner.release(st)
+        return seen
+
+    a, b = prompts([200, 150], seed=3)
+    host = ModelRunner(tiny_ckpt, NumpyOps(), LocalComm(), 16, 16, poison=True, host_slots=256)
+    dev = ModelRunner(tiny_ckpt, NumpyOps(), LocalComm(), 16, 16, poison=True)
+    logits(host, a)
+    stats = host.kv.host.take_stats()
+    got, want = logits(host, b), logits(dev, b)
+    assert all(np.array_equal(x, y) for x, y in zip(got, want))
+    assert stats["hits"] > 0 and stats["misses"] > 0 and 0 < stats["bytes_per_decode_token"]
