@@ -24,11 +24,11 @@ import ctypes
 import numpy as np
 
 from cupyglm.config import ModelConfig
+from cupyglm.kv.copy_hooks import PinnedArena
 from cupyglm.memory import ArraySpec, gather_arrays, host_latent_arrays, row_cache_rows, storage_of
 
 FLAG_WORDS = 1024                      # segments one call may hold (a flag word each)
 CACHED_ROWS = 16                       # segments of at most this many rows gather through the row cache
-CUDA_HOST_ALLOC_MAPPED = 2             # cudaHostAllocMapped
 _NAN_BITS = 0x7FC0                     # bf16 quiet NaN as stored on cuda
 
 
@@ -40,32 +40,13 @@ class KVHostSlots(RuntimeError):
     """A call segment needed more distinct rows than the gather has slots."""
 
 
-class _Pinned:
-    """Pinned host memory mapped into the device: `nbytes` at host pointer `host`, device pointer `device`."""
-
-    def __init__(self, nbytes: int):
-        import cupy
-
-        self._runtime = cupy.cuda.runtime
-        self.host = int(self._runtime.hostAlloc(max(1, nbytes), CUDA_HOST_ALLOC_MAPPED))
-        self.device = int(self._runtime.pointerGetAttributes(self.host).devicePointer)
-
-    def __del__(self):
-        try:
-            if self.host:
-                self._runtime.freeHost(self.host)
-                self.host = 0
-        except Exception:               # interpreter shutdown: the driver may be gone already
-            pass
-
-
 def _mapped(shape, dtype, fill):
     """(a cupy array over mapped pinned host memory, a numpy view of the same bytes)."""
     import cupy
 
     dtype = np.dtype(dtype)
     nbytes = int(np.prod(shape)) * dtype.itemsize
-    pin = _Pinned(nbytes)
+    pin = PinnedArena(max(1, nbytes))
     host = np.ctypeslib.as_array((ctypes.c_uint8 * max(1, nbytes)).from_address(pin.host))[:nbytes]
     host = host.view(dtype).reshape(shape)
     host[...] = fill
