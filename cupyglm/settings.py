@@ -45,7 +45,6 @@ SOURCES: dict[str, str] = {
 # Features validated and fingerprinted but not built yet: name -> why it is refused.
 UNAVAILABLE: dict[str, str] = {
     "kv_cache_fp8": "fp8 KV is not available yet",
-    "kv_host_shared": "shared host KV pages are not available yet",
     "kv_share": "prompt pages shared with the KV pool are not available yet",
     "mtp_drafts": "MTP drafts are not available yet",
 }
@@ -249,8 +248,6 @@ class Settings:
                                 "pages (use --kv-cache bf16)", agreed=True)
         if self.kv_cache == "fp8":
             refuse("kv_cache_fp8", "--kv-cache fp8")
-        if self.kv_host_shared:
-            refuse("kv_host_shared", "CUPYGLM_KV_HOST_SHARED=1")
         if self.kv_share:
             refuse("kv_share", "CUPYGLM_KV_SHARE=1")
         if self.mtp_drafts > 0:

@@ -70,7 +70,8 @@ def build(world, ckpt, *, poison: bool = False, log=log_line):
     if log is not None:
         log(plan.line())
     runner = ModelRunner(ckpt, ops, world.comm, plan.num_pages, plan.page_tokens, poison=poison,
-                         host_slots=host_slots(plan) if st.kv_host else 0)
+                         host_slots=host_slots(plan) if st.kv_host else 0,
+                         host_shared=(lambda n: world.shared_segment("kv_host", n)) if st.kv_host_shared else None)
     kept = None
     if plan.prompt_cache_bytes:
         from cupyglm.kv.kept import KeptStore

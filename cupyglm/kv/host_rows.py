@@ -20,6 +20,7 @@ start + n <= the window (`context`) slots, and the plan sizes the slots to the w
 from __future__ import annotations
 
 import ctypes
+import os
 
 import numpy as np
 
@@ -27,6 +28,7 @@ from cupyglm.config import ModelConfig
 from cupyglm.kv.copy_hooks import PinnedArena
 from cupyglm.memory import ArraySpec, gather_arrays, host_latent_arrays, row_cache_rows, storage_of
 
+CUDA_HOST_REGISTER_MAPPED = 2          # cudaHostRegisterMapped
 FLAG_WORDS = 1024                      # segments one call may hold (a flag word each)
 CACHED_ROWS = 16                       # segments of at most this many rows gather through the row cache
 _NAN_BITS = 0x7FC0                     # bf16 quiet NaN as stored on cuda
@@ -54,19 +56,57 @@ def _mapped(shape, dtype, fill):
     return cupy.ndarray(shape, dtype, memptr=cupy.cuda.MemoryPointer(mem, 0)), host
 
 
+def _layer(spec: ArraySpec) -> int:
+    return int(spec.name.rsplit(".", 1)[1])
+
+
+def shared_latent(shared, specs, storage, poison: bool, cpu: bool):
+    """CUPYGLM_KV_HOST_SHARED=1: every layer's host rows in one /dev/shm segment that the ranks of this host
+    map (`shared(nbytes)` is World.shared_segment: the last rank to map it unlinks the file). Every rank writes
+    the same (bit-identical) rows. No rank reads a page another rank has already reused: a page released in a
+    step is leased again at the earliest for the next step, and the next step's first KV write comes after its
+    first all-reduce, which no rank passes before every rank has finished the step before."""
+    sizes = [s.nbytes(storage) for s in specs]
+    seg = shared(sum(sizes))
+    out, at = {}, 0
+    for spec, n in zip(specs, sizes):
+        view = seg.array(storage.dtype(spec.kind), spec.shape, offset=at)    # [rows, R] bf16 in the segment
+        if poison and seg.header.creator_pid == os.getpid():            # the host's first rank fills it
+            view[...] = _NAN_BITS if view.dtype.kind in "iu" else np.nan
+        out[_layer(spec)] = view if cpu else _registered(view)
+        at += n
+    return seg, out
+
+
+def _registered(view: np.ndarray):
+    """A host view registered as mapped pinned memory (`cudaHostRegister`), as a cupy array on its device pointer."""
+    import cupy
+
+    rt = cupy.cuda.runtime
+    ptr = int(view.ctypes.data)
+    rt.hostRegister(ptr, view.nbytes, CUDA_HOST_REGISTER_MAPPED)
+    dev = int(rt.pointerGetAttributes(ptr).devicePointer)
+    mem = cupy.cuda.UnownedMemory(dev, view.nbytes, view)
+    return cupy.ndarray(view.shape, view.dtype, memptr=cupy.cuda.MemoryPointer(mem, 0))
+
+
 class HostRows:
     """One rank's host latent rows (per KV layer [rows, R] bf16), the gather's device buffers and flag words."""
 
-    def __init__(self, cfg: ModelConfig, ops, rows: int, slots: int, poison: bool = False, pool=None):
+    def __init__(self, cfg: ModelConfig, ops, rows: int, slots: int, poison: bool = False, pool=None,
+                 shared=None):
         if slots < 1:
             raise ValueError(f"kv host: the gather needs at least one slot, got {slots}")
         self.ops, self.rows, self.num_slots, self.pool = ops, rows, slots, pool
         self.row_bytes = cfg.kv_lora_rank * storage_of(ops).itemsize("bf16")
         xp, storage = ops.xp, storage_of(ops)
         cpu = xp is np
-        self.latent = {}
-        for spec in host_latent_arrays(cfg, 1, rows):           # kv.latent.<layer>: [rows, R] bf16, host memory
-            self.latent[int(spec.name.rsplit(".", 1)[1])] = self._host(spec, storage, poison, cpu)
+        specs = host_latent_arrays(cfg, 1, rows)                # kv.latent.<layer>: [rows, R] bf16, host memory
+        self.segment = None
+        if shared is not None:                                   # CUPYGLM_KV_HOST_SHARED: one file per host
+            self.segment, self.latent = shared_latent(shared, specs, storage, poison, cpu)
+        else:
+            self.latent = {_layer(spec): self._host(spec, storage, poison, cpu) for spec in specs}
         slots_spec = gather_arrays(cfg, rows, slots)[0]
         dtype = storage.dtype(slots_spec.kind)
         self.slots = xp.zeros(slots_spec.shape, dtype=dtype)     # [slots, R] bf16, device

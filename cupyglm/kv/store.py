@@ -18,7 +18,7 @@ from cupyglm.memory import alloc, latent_array, pooled_array, storage_of
 
 class KVStore:
     def __init__(self, cfg: ModelConfig, ops, num_pages: int, page_tokens: int, poison: bool = False,
-                 host_slots: int = 0):
+                 host_slots: int = 0, host_shared=None):
         if page_tokens <= 0 or page_tokens % cfg.index_kpool:
             raise ValueError(f"page_tokens must be a positive multiple of {cfg.index_kpool}, got {page_tokens}")
         self.cfg = cfg
@@ -27,7 +27,8 @@ class KVStore:
         xp, storage = ops.xp, storage_of(ops)
         rows, pools = num_pages * page_tokens, num_pages * page_tokens // cfg.index_kpool
         # latent[layer]: [pages * page_tokens, R] bf16; pooled[layer]: [pages * page_tokens / 4, I] bf16
-        self.host = HostRows(cfg, ops, rows, host_slots, poison, pool=self.pool) if host_slots else None
+        self.host = HostRows(cfg, ops, rows, host_slots, poison, pool=self.pool, shared=host_shared) \
+            if host_slots else None
         if self.host is not None:
             self.latent = self.host.latent
         else:

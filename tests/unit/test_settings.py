@@ -182,10 +182,10 @@ def test_refuse_unavailable(kwargs, message):
 
 def test_refuse_unavailable_names_each_part_of_kv_host():
     Settings(kv_host=True, kv_host_gib=3.0).refuse_unavailable()          # host KV rows are built
-    s = Settings(kv_host=True, kv_host_shared=True, kv_host_gib=3.0)
-    with pytest.raises(SettingsError, match="CUPYGLM_KV_HOST_SHARED=1: shared host KV pages"):
-        s.refuse_unavailable()
-    s.refuse_unavailable(available=set(UNAVAILABLE))
+    Settings(kv_host=True, kv_host_shared=True, kv_host_gib=3.0).refuse_unavailable()   # and shared per host
+    with pytest.raises(SettingsError, match="needs CUPYGLM_KV_HOST=1"):
+        Settings(kv_host_shared=True)
+    Settings(kv_host=True).refuse_unavailable(available=set(UNAVAILABLE))
 
 
 def test_plain_settings_pass_refuse_unavailable():
