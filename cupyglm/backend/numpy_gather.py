@@ -21,7 +21,8 @@ def mark(rows: np.ndarray, counts: np.ndarray, marks: np.ndarray, slot_row: np.n
     t, w = rows.shape
     listed = np.arange(w)[None, :] < np.minimum(counts, w)[:, None]
     ids = rows[listed]
-    ids = ids[(ids >= 0) & (ids < marks.shape[0]) & (marks[np.clip(ids, 0, None)] == FREE)]
+    ids = ids[(ids >= 0) & (ids < marks.shape[0])]
+    ids = ids[marks[ids] == FREE]
     _, first = np.unique(ids, return_index=True)
     distinct = ids[np.sort(first)]
     s = min(distinct.size, slot_row.shape[0])
