@@ -11,6 +11,8 @@ plan of every backend counts the bytes that backend allocates.
     state        per sequence: per KDA layer the recurrent state [H/tp, K, K] fp32 and the conv window
                  [taps - 1, 3 H/tp K] bf16; per KV layer the incomplete pool's index keys and gates
                  (at most kpool - 1 rows each) bf16; with MTP the pending row [D] bf16
+    kv host     with CUPYGLM_KV_HOST: latent rows in host memory; on the device the gather's slots [S, R] bf16,
+                 their rows [S] i32 and a mark per host row [N] i32
     prompt cache the kept-state arena: [kept pages, page bytes] u8 (device, or host with CUPYGLM_HOST_CACHE)
 """
 from __future__ import annotations
@@ -27,6 +29,7 @@ from cupyglm.config import ModelConfig
 BF16 = "bf16"
 FP32 = "fp32"
 U8 = "u8"
+I32 = "i32"
 _BF16_NAN_BITS = 0x7FC0                 # the quiet NaN of bf16, for storage that keeps bf16 as uint16 bits
 
 
@@ -43,7 +46,9 @@ class Storage:
             return self.fp32
         if kind == U8:
             return np.dtype(np.uint8)
-        raise ValueError(f"unknown logical dtype {kind!r} (bf16, fp32 or u8)")
+        if kind == I32:
+            return np.dtype(np.int32)
+        raise ValueError(f"unknown logical dtype {kind!r} (bf16, fp32, u8 or i32)")
 
     def itemsize(self, kind: str) -> int:
         return self.dtype(kind).itemsize
@@ -72,7 +77,7 @@ def storage_of(ops) -> Storage:
 class ArraySpec:
     name: str
     shape: tuple[int, ...]
-    kind: str                           # BF16 | FP32 | U8
+    kind: str                           # BF16 | FP32 | U8 | I32
 
     def nbytes(self, storage: Storage) -> int:
         return math.prod(self.shape) * storage.itemsize(self.kind)
@@ -130,6 +135,25 @@ def pooled_array(cfg: ModelConfig, layer: int, pools: int) -> ArraySpec:
 def host_latent_arrays(cfg: ModelConfig, num_pages: int, page_tokens: int) -> list[ArraySpec]:
     """With kv_host: the latent rows kept in host memory."""
     return [latent_array(cfg, layer, num_pages * page_tokens) for layer in cfg.kv_layers]
+
+
+def row_cache_rows(cfg: ModelConfig) -> int:
+    """Rows each KV layer's row cache holds (decode and verify segments): 4 x index_topk (8,192 full, 128 tiny)."""
+    return 4 * cfg.index_topk
+
+
+def gather_arrays(cfg: ModelConfig, rows: int, slots: int) -> list[ArraySpec]:
+    """With kv_host: the gather's device buffers (kv/host_rows.py): slots shared by every KV layer, a row cache
+    per KV layer."""
+    c = row_cache_rows(cfg)
+    out = [ArraySpec("kv_host.slots", (slots, cfg.kv_lora_rank), BF16),      # [slots, R] gathered rows
+           ArraySpec("kv_host.slot_row", (slots,), I32),                     # [slots] the row in each slot
+           ArraySpec("kv_host.marks", (rows,), I32)]                         # [host rows] a row's slot, else -1
+    for layer in cfg.kv_layers:
+        out += [ArraySpec(f"kv_host.cache.{layer}", (c, cfg.kv_lora_rank), BF16),   # [C, R] cached rows
+                ArraySpec(f"kv_host.cache_rows.{layer}", (c,), I32),                # [C] row of each entry, or -1
+                ArraySpec(f"kv_host.cmark.{layer}", (rows,), I32)]                  # [host rows] entry, or -1
+    return out
 
 
 # ---- per-sequence state -----------------------------------------------------------------------------------------

@@ -48,9 +48,6 @@ SOURCES: dict[str, str] = {
 # Features validated and fingerprinted but not built yet: name -> why it is refused.
 UNAVAILABLE: dict[str, str] = {
     "kv_cache_fp8": "fp8 KV is not available yet",
-    "kv_host": "KV rows in host memory are not available yet",
-    "kv_host_shared": "shared host KV pages are not available yet",
-    "kv_host_gib": "host KV pages are not available yet",
     "mtp_drafts": "MTP drafts are not available yet",
 }
 
@@ -271,14 +268,11 @@ class Settings:
             if feature not in available:
                 raise SettingsError(f"{setting}: {UNAVAILABLE[feature]}", agreed=True)
 
+        if self.kv_host and self.kv_cache == "fp8":
+            raise SettingsError("CUPYGLM_KV_HOST=1 with --kv-cache fp8: host KV rows are bf16 latent rows on "
+                                "pages (use --kv-cache bf16)", agreed=True)
         if self.kv_cache == "fp8":
             refuse("kv_cache_fp8", "--kv-cache fp8")
-        if self.kv_host:
-            refuse("kv_host", "CUPYGLM_KV_HOST=1")
-        if self.kv_host_shared:
-            refuse("kv_host_shared", "CUPYGLM_KV_HOST_SHARED=1")
-        if self.kv_host_gib is not None:
-            refuse("kv_host_gib", f"CUPYGLM_KV_HOST_GIB={self.kv_host_gib:g}")
         if self.mtp_drafts > 0:
             refuse("mtp_drafts", f"--mtp-drafts {self.mtp_drafts}")
         if self.kv_share and not self.prompt_cache_gib:

@@ -13,6 +13,7 @@ import numpy as np
 
 from cupyglm.backend.lanes import BF16, bf16, exp_f32, f32, gemm, gemm_batched, lane_sum, out_kind, stored_weight
 from cupyglm.backend.logits_ops import LogitsOps
+from cupyglm.backend.numpy_gather import GatherOps
 
 NEG_INF = np.float32(-np.inf)
 def _round(y: np.ndarray, out: str) -> np.ndarray:
@@ -43,9 +44,10 @@ def expand_pools(pools: np.ndarray, q: int, kpool: int) -> np.ndarray:
     return np.concatenate([toks, tail])
 
 
-class NumpyOps(LogitsOps):
+class NumpyOps(LogitsOps, GatherOps):
     """The ops interface (DESIGN §2). Backends subclass it and replace ops with kernels. The ops on a step's fp32
-    logits rows (sample, logprobs, penalize, mask_tokens) live in cupyglm.backend.logits_ops."""
+    logits rows (sample, logprobs, penalize, mask_tokens) live in cupyglm.backend.logits_ops,
+    the KV host-row gathers in cupyglm.backend.numpy_gather."""
 
     name = "numpy"
     xp = np

@@ -34,6 +34,7 @@ def plan_for(world, ckpt, ops, *, parallel: int | None = None, mtp: bool = False
     kw = dict(storage=storage_of(ops), tp=world.size, rank=world.rank, budget_bytes=budget,
               kv_budget_bytes=None if st.kv_gib is None else int(st.kv_gib * GIB), parallel=parallel,
               context=st.context, page_tokens=st.page_tokens, kv_pages=st.kv_pages, kv_host=st.kv_host,
+              kv_host_bytes=None if st.kv_host_gib is None else int(st.kv_host_gib * GIB),
               reserve_gib=st.memory_reserve_gib, prompt_cache_gib=st.prompt_cache_gib, host_cache=st.host_cache,
               chunk_rows=chunk, mtp=mtp, pool_cap=cpu)
     try:                                   # what fits this rank; refusals wait until the ranks agree
@@ -46,6 +47,18 @@ def plan_for(world, ckpt, ops, *, parallel: int | None = None, mtp: bool = False
     return plan_memory(cfg, **kw, fit_pages=fit)
 
 
+def host_slots(plan) -> int:
+    """The gather's slots: the plan's (the window), or fewer for a test (CUPYGLM_KV_HOST_SLOTS)."""
+    from cupyglm import env
+
+    raw = env.get("CUPYGLM_KV_HOST_SLOTS")
+    if raw in (None, ""):
+        return plan.gather_slots
+    if not raw.isdigit() or int(raw) < 1:
+        raise ValueError(f"CUPYGLM_KV_HOST_SLOTS must be a positive integer, got {raw!r}")
+    return min(int(raw), plan.gather_slots)
+
+
 def build(world, ckpt, *, poison: bool = False, log=log_line):
     """The engine of this rank (plan, runner, engine); prints this rank's plan line. Returns (engine, plan)."""
     from cupyglm.backend import make_ops
@@ -56,7 +69,9 @@ def build(world, ckpt, *, poison: bool = False, log=log_line):
     plan = plan_for(world, ckpt, ops)
     if log is not None:
         log(plan.line())
-    runner = ModelRunner(ckpt, ops, world.comm, plan.num_pages, plan.page_tokens, poison=poison)
+    runner = ModelRunner(ckpt, ops, world.comm, plan.num_pages, plan.page_tokens, poison=poison,
+                         host_slots=host_slots(plan) if st.kv_host else 0,
+                         host_shared=(lambda n: world.shared_segment("kv_host", n)) if st.kv_host_shared else None)
     kept = disk = planner = None
     if plan.prompt_cache_bytes:
         from cupyglm.kv.kept import KeptStore

@@ -46,6 +46,8 @@ from cupyglm.kv.page_store import stop_line
 from cupyglm.engine.scheduler import Scheduler, StepPlan
 from cupyglm.model.glm import SeqInput
 
+FINISH_ERROR = "error"          # rank 0 refused a running request (RequestOutput.error names why)
+
 FLAG_LOGITS = 1
 FLAG_DECODE = 2
 FLAG_ALL_LOGITS = 4        # a prompt chunk whose every row's logits are needed (prompt logprobs)
@@ -78,6 +80,7 @@ class Engine:
         self._disk_results: dict[int, bool] = {}
         self.scheduler = Scheduler(cfg, runner.kv.pool, cache if kept else None, self.pages, planner) \
             if self.rank == 0 else None
+        self.kv_host_stats: dict | None = None     # the row cache's totals (KV rows in host memory), rank 0
         self._mirror = stepmod.Mirror()
         self._states: dict = {}
         self._lock = threading.RLock()
@@ -219,6 +222,9 @@ class Engine:
             for rid, got in prompt_logprobs.collect(self.ops, plan.groups, outs, reqs).items():
                 self._prompt_lp.setdefault(rid, []).extend(got)
             sampled = self._sample(plan, outs, reqs)
+            refused = self._host_refused(plan)
+            for rid in refused:
+                sampled.pop(rid, None)
         finally:
             with self._lock:
                 self._in_step = False
@@ -228,6 +234,12 @@ class Engine:
             for rid in self._pending_aborts:
                 self._abort_now(rid)
             self._pending_aborts.clear()
+            for rid, why in refused.items():
+                r = self.scheduler.finish(rid, FINISH_ERROR)
+                if r is not None:
+                    self._texts.pop(rid, None)
+                    ready.append(RequestOutput(rid, [], "", True, FINISH_ERROR, r.prompt_len, len(r.output),
+                                               r.cached, error=why))
             events = self.scheduler.update(plan, sampled)
             outputs = ready + self._outputs(events)
             outputs += self._ready
@@ -394,6 +406,16 @@ class Engine:
             if not self.guides.consume(g.request_id, tok):
                 self._pending_aborts.append(g.request_id)   # the grammar failed: the request ends "abort"
         return sampled
+
+    def _host_refused(self, plan: StepPlan) -> dict[int, str]:
+        """Rank 0, after the step's read-back: the requests whose gather ran past its slots (kv/host_rows.py),
+        with the named error. A call's segment i is plan.groups[i] (the step's rows in schedule order)."""
+        host = self.runner.kv.host
+        if host is None:
+            return {}
+        refused = {plan.groups[i].request_id: host.message for i in host.take_refused() if i < len(plan.groups)}
+        self.kv_host_stats = host.take_stats()
+        return refused
 
     def _outputs(self, events) -> list[RequestOutput]:
         out = []

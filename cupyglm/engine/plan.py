@@ -23,8 +23,8 @@ import math
 import numpy as np
 
 from cupyglm.config import ModelConfig
-from cupyglm.memory import (FP32, Storage, host_latent_arrays, kv_arrays, prompt_cache_arena, state_arrays,
-                            total_bytes, weight_arrays)
+from cupyglm.memory import (FP32, Storage, gather_arrays, host_latent_arrays, kv_arrays, prompt_cache_arena,
+                            state_arrays, total_bytes, weight_arrays)
 
 GIB = 1 << 30
 MIB = 1 << 20
@@ -122,6 +122,9 @@ class MemoryPlan:
     window_cap: str                   # what capped the window of `context 0` ("" when memory did)
     free_bytes: int                   # left over after everything
     explicit_kv_bytes: int = 0        # --kv-gib
+    host_pages: int = 0               # --kv-host: pages the host rows hold (CUPYGLM_KV_HOST_GIB, one window unasked)
+    gather_slots: int = 0             # --kv-host: the gather's slots (the window: host_rows.py's bound)
+    gather_bytes: int = 0             # --kv-host: the gather's device buffers (in the scratch)
 
     @property
     def kv_bytes(self) -> int:
@@ -139,7 +142,9 @@ class MemoryPlan:
             cache = f"prompt cache {_gib(self.prompt_cache_bytes)}{where}"
         kv = f"pages {self.num_pages:,} x {_size(self.page_bytes)} = {_gib(self.kv_bytes)}"
         if self.host_bytes_per_token:
-            kv += f" (pooled keys; latent rows in host memory at {self.host_bytes_per_token:,} B/token)"
+            kv += (f" (pooled keys; latent rows in host memory at {self.host_bytes_per_token:,} B/token, "
+                   f"{self.host_pages:,} host pages = {_gib(self.host_pages * self.page_tokens * self.host_bytes_per_token)}; "
+                   f"gather {self.gather_slots:,} slots = {_gib(self.gather_bytes)} in the scratch)")
         budget = f" of {_gib(self.budget_bytes)}" if self.budget_bytes else f" (--kv-gib {_gib(self.explicit_kv_bytes)})"
         cap = f" ({self.window_cap})" if self.window_cap else ""
         return (f"rank {self.rank} plan ({self.storage}): weights {_gib(self.weights_bytes)}, scratch "
@@ -194,7 +199,9 @@ def plan_memory(cfg: ModelConfig, *, storage: Storage, tp: int = 1, rank: int = 
     host_bpt = host_kv_bytes_per_token(cfg, storage) if kv_host else 0
     wbytes = weights if weights is not None else weight_bytes(cfg, tp, storage, weight_bits, mtp)
     state = fixed_state_bytes(cfg, tp, storage, mtp)
+    host_pages, slots, gather = _host_rows(cfg, storage, page_tokens, context, kv_host, kv_host_bytes, host_bpt)
     scratch = activation_bytes(cfg, tp, chunk_rows + parallel, parallel, storage.itemsize(FP32)) + parallel * state
+    scratch += gather
     reserve = int(reserve_gib * GIB)
     cache = total_bytes([prompt_cache_arena(int(prompt_cache_gib * GIB), page_bytes)], storage)
     if prompt_cache_gib > 0 and not cache:
@@ -215,8 +222,8 @@ def plan_memory(cfg: ModelConfig, *, storage: Storage, tp: int = 1, rank: int = 
                             + f" exceed the {_gib(budget)} budget (a quantised checkpoint: --weight-bits or "
                             f"--weights-gib in cupyglm-plan)")
     fit = max(0, room // page_bytes) if fit_pages is None else fit_pages
-    if kv_host and kv_host_bytes is not None:
-        fit = min(fit, kv_host_bytes // (page_tokens * host_bpt))
+    if kv_host:
+        fit = min(fit, host_pages)
     if fit < 1:
         raise PlanError(f"no room for KV pages on rank {rank} (a page is {_size(page_bytes)})")
     if kv_pages:
@@ -234,7 +241,30 @@ def plan_memory(cfg: ModelConfig, *, storage: Storage, tp: int = 1, rank: int = 
                       prompt_cache_host=host_cache and cache > 0, page_tokens=page_tokens, page_bytes=page_bytes,
                       bytes_per_token=page_bytes // page_tokens, host_bytes_per_token=host_bpt, fit_pages=fit,
                       num_pages=pages, context=window, window_cap=cap, free_bytes=free,
-                      explicit_kv_bytes=int(kv_budget_bytes or 0))
+                      explicit_kv_bytes=int(kv_budget_bytes or 0), host_pages=host_pages, gather_slots=slots,
+                      gather_bytes=gather)
+
+
+def _host_rows(cfg: ModelConfig, storage: Storage, page_tokens: int, context: int, kv_host: bool,
+               kv_host_bytes: int | None, host_bpt: int) -> tuple[int, int, int]:
+    """--kv-host: (host pages, gather slots, the gather's device bytes); zeros without it. The host pages hold
+    `kv_host_bytes` (CUPYGLM_KV_HOST_GIB), one full window unasked (--context, else the model's maximum); the
+    slots are the largest window the pages allow, since one segment's gather needs at most its window."""
+    if not kv_host:
+        return 0, 0, 0
+    window = context or cfg.max_position_embeddings
+    if kv_host_bytes is None:
+        host_pages = -(-window // page_tokens)
+    else:
+        host_pages = int(kv_host_bytes) // (page_tokens * host_bpt)
+        need = -(-(context or 1) // page_tokens)
+        if host_pages < need:
+            raise PlanError(f"CUPYGLM_KV_HOST_GIB={kv_host_bytes / GIB:g} holds {host_pages} host pages of "
+                            f"{page_tokens * host_bpt:,} bytes, fewer than one request's {need} "
+                            f"(--context {context or 1:,} tokens)")
+    slots = min(context or host_pages * page_tokens, host_pages * page_tokens, cfg.max_position_embeddings)
+    gather = total_bytes(gather_arrays(cfg, host_pages * page_tokens, slots), storage)
+    return host_pages, slots, gather
 
 
 def agree(local_fit: int, host_comm) -> int:

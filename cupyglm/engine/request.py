@@ -76,3 +76,4 @@ class RequestOutput:
     cache_miss_reason: str | None = None    # why no prompt positions were restored
     logprobs: list | None = None            # per new token (logprob, [(id, logprob)] top k), if requested
     prompt_logprobs: list | None = None     # with the first token: [(prompt token, logprob, top)] from token 1
+    error: str | None = None                # finish_reason "error": why the engine refused the request

@@ -10,10 +10,11 @@ from cupyglm.model.glm import GLMModel, SeqInput, SeqOutput
 
 class ModelRunner:
     def __init__(self, ckpt: Checkpoint, ops, comm, num_pages: int, page_tokens: int, mtp: bool = False,
-                 poison: bool = False):
+                 poison: bool = False, host_slots: int = 0, host_shared=None):
         self.cfg = ckpt.config
         self.ops, self.comm = ops, comm
-        self.kv = KVStore(self.cfg, ops, num_pages, page_tokens, poison)
+        self.kv = KVStore(self.cfg, ops, num_pages, page_tokens, poison, host_slots=host_slots,
+                          host_shared=host_shared)
         self.model = GLMModel(self.cfg, ckpt.shard(comm.rank, comm.size), ops, comm, self.kv, mtp=mtp)
 
     def new_state(self):

@@ -18,6 +18,7 @@ class PagePool:
         self.num_pages = num_pages
         self._free = list(range(num_pages))        # min-heap of free page ids
         self._refs = [0] * num_pages
+        self.generation = 0                        # + 1 whenever a page changes hands (lease, share, release)
 
     @property
     def free_count(self) -> int:
@@ -33,6 +34,7 @@ class PagePool:
         """n fresh pages, lowest ids first; all or nothing."""
         if n > len(self._free):
             raise OutOfPages(f"need {n} KV pages, {len(self._free)} free of {self.num_pages}")
+        self.generation += 1
         pages = [heapq.heappop(self._free) for _ in range(n)]
         for p in pages:
             self._refs[p] = 1
@@ -43,6 +45,7 @@ class PagePool:
         for p in pages:
             if self._refs[p] <= 0:
                 raise ValueError(f"page {p} is free; only held pages can be shared")
+        self.generation += 1
         for p in pages:
             self._refs[p] += 1
 
@@ -50,6 +53,7 @@ class PagePool:
         for p in pages:
             if self._refs[p] <= 0:
                 raise ValueError(f"page {p} released while free")
+        self.generation += 1
         for p in pages:
             self._refs[p] -= 1
             if self._refs[p] == 0:

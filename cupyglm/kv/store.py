@@ -3,19 +3,22 @@
 A page of `page_tokens` tokens holds, per KV layer, latent rows [page_tokens, R] and pooled keys
 [page_tokens / kpool, I], each array with its own page stride. Position p of a sequence lives at
 row pages[p // page_tokens] * page_tokens + p % page_tokens. The arrays are those `cupyglm.memory.kv_arrays`
-describes (the plan counts the same description).
+describes (the plan counts the same description). With `host_slots` (CUPYGLM_KV_HOST=1) the latent rows
+live in host memory (`cupyglm.kv.host_rows`) and `host` gathers a call's picked rows into device slots.
 """
 from __future__ import annotations
 
 import numpy as np
 
 from cupyglm.config import ModelConfig
+from cupyglm.kv.host_rows import HostRows
 from cupyglm.kv.pool import PagePool
 from cupyglm.memory import alloc, latent_array, pooled_array, storage_of
 
 
 class KVStore:
-    def __init__(self, cfg: ModelConfig, ops, num_pages: int, page_tokens: int, poison: bool = False):
+    def __init__(self, cfg: ModelConfig, ops, num_pages: int, page_tokens: int, poison: bool = False,
+                 host_slots: int = 0, host_shared=None):
         if page_tokens <= 0 or page_tokens % cfg.index_kpool:
             raise ValueError(f"page_tokens must be a positive multiple of {cfg.index_kpool}, got {page_tokens}")
         self.cfg = cfg
@@ -24,7 +27,12 @@ class KVStore:
         xp, storage = ops.xp, storage_of(ops)
         rows, pools = num_pages * page_tokens, num_pages * page_tokens // cfg.index_kpool
         # latent[layer]: [pages * page_tokens, R] bf16; pooled[layer]: [pages * page_tokens / 4, I] bf16
-        self.latent = {l: alloc(xp, latent_array(cfg, l, rows), storage, poison) for l in cfg.kv_layers}
+        self.host = HostRows(cfg, ops, rows, host_slots, poison, pool=self.pool, shared=host_shared) \
+            if host_slots else None
+        if self.host is not None:
+            self.latent = self.host.latent
+        else:
+            self.latent = {l: alloc(xp, latent_array(cfg, l, rows), storage, poison) for l in cfg.kv_layers}
         self.pooled = {l: alloc(xp, pooled_array(cfg, l, pools), storage, poison) for l in cfg.kv_layers}
 
     def pages_needed(self, length: int) -> int:

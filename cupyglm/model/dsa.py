@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 
 from cupyglm.config import ModelConfig
-from cupyglm.model import seg_device
+from cupyglm.model import gather, seg_device
 from cupyglm.model.batch import Segment, Weights
 from cupyglm.model.indexer import Indexer
 
@@ -50,7 +50,11 @@ class DSALayer:
         counts = ns[0] if len(ns) == 1 else xp.concatenate(ns)                 # [T] int32
         rows = seg_device.call_token_rows(segs, kv, xp, tokens)                # [T, max_pick] latent row ids
         qa = ops.gemm_heads(q.transpose(1, 0, 2), self.w_k_t, out="bf16").transpose(1, 0, 2)  # [T, H, R] bf16
-        o = ops.attention(xp.ascontiguousarray(qa), store, rows, counts,
-                          c.qk_nope_head_dim ** -0.5, c.attn_chunk)                         # [T, H, R]
+        if kv.host is not None:                                                # latent rows in host memory
+            o = gather.attend_host(ops, kv.host, self.layer, segs, xp.ascontiguousarray(qa), rows, counts,
+                                   c.qk_nope_head_dim ** -0.5, c.attn_chunk)
+        else:
+            o = ops.attention(xp.ascontiguousarray(qa), store, rows, counts,
+                              c.qk_nope_head_dim ** -0.5, c.attn_chunk)                     # [T, H, R]
         out = ops.gemm_heads(xp.ascontiguousarray(o.transpose(1, 0, 2)), self.w_v, out="bf16")  # [H, T, V] bf16
         return ops.gemm(xp.ascontiguousarray(out.transpose(1, 0, 2)).reshape(t, -1), self.o_proj)

@@ -188,6 +188,9 @@ class EngineBridge:
             self._admin.append((op, fut))
         self._wake.set()
         return fut
+        host = getattr(self.engine, "kv_host_stats", None)
+        if host:
+            self.metrics.set_kv_host(host)
 
     # ---- the event loop side ------------------------------------------------------------------------------------
     def submit(self, prompt_ids: list[int], params: Any, cache_salt: str | None = None) -> RequestStream:

@@ -52,6 +52,14 @@ class Metrics:
         self.disk_refused = Counter("cupyglm:prefix_cache_disk_refused", "State files refused (rank 0's), by "
                                     "reason.", ["reason"], registry=r)
         self._disk_seen: dict = {}
+        self.row_hits = Gauge("cupyglm:kv_host_row_cache_hits", "KV host rows the row cache served (decode and "
+                              "verify gathers, all layers, since startup).", registry=r)
+        self.row_misses = Gauge("cupyglm:kv_host_row_cache_misses", "KV host rows decode and verify gathers "
+                                "copied from host memory (all layers, since startup).", registry=r)
+        self.row_hit_rate = Gauge("cupyglm:kv_host_row_cache_hit_rate", "Row cache hits / gathered rows.",
+                                  registry=r)
+        self.row_bytes = Gauge("cupyglm:kv_host_bytes_per_decode_token", "Host bytes a decode row copied "
+                               "across the bus (all layers).", registry=r)
         self.success = Counter("cupyglm:request_success", "Finished requests by finish reason.",
                                ["finished_reason"], registry=r)
         for reason in ("stop", "length", "abort"):
@@ -81,6 +89,13 @@ class Metrics:
                 else:
                     {"hits": self.disk_hits, "read": self.disk_read, "written": self.disk_written}[key].inc(delta)
             self._disk_seen[key] = value
+    def set_kv_host(self, stats: dict) -> None:
+        """KV rows in host memory: the row cache's totals (HostRows.take_stats)."""
+        hits, misses = stats["hits"], stats["misses"]
+        self.row_hits.set(hits)
+        self.row_misses.set(misses)
+        self.row_hit_rate.set(hits / (hits + misses) if hits + misses else 0.0)
+        self.row_bytes.set(stats["bytes_per_decode_token"])
 
     def set_counts(self, running: int, waiting: int) -> None:
         self.running.set(running)

@@ -127,6 +127,15 @@ class Flags:
                 "OWNDATA": self.owndata}[name]
 
 
+class _Unowned:
+    """The buffer of an ndarray over memory the double did not allocate (no device budget)."""
+
+    __slots__ = ("array", "__weakref__")
+
+    def __init__(self, array: np.ndarray):
+        self.array = array
+
+
 class MemoryPointer:
     def __init__(self, a: np.ndarray):
         self.ptr = int(a.__array_interface__["data"][0])
@@ -142,8 +151,17 @@ class ndarray:
     __array_priority__ = 100
 
     def __init__(self, shape, dtype=float, memptr=None, strides=None, order="C"):
-        if memptr is not None or strides is not None or order != "C":
-            raise NotImplementedError("cupy double: ndarray(shape, dtype) only")
+        if strides is not None or order != "C":
+            raise NotImplementedError("cupy double: ndarray(shape, dtype[, memptr]) only")
+        if memptr is not None:                     # over mapped pinned host memory (cupy.cuda.MemoryPointer)
+            from .copies import pinned_view
+
+            dt = check_dtype(dtype)
+            shape = (int(shape),) if np.isscalar(shape) else tuple(int(x) for x in shape)
+            view = pinned_view(int(memptr.ptr), int(np.prod(shape, dtype=np.int64)) * dt.itemsize)
+            self._a = view.view(dt).reshape(shape)
+            self._buf = _Unowned(self._a)
+            return
         made = alloc(shape, dtype)
         self._a, self._buf = made._a, made._buf
 

@@ -59,6 +59,16 @@ def _pinned(ptr: int, n: int) -> int | None:
     return None
 
 
+def pinned_view(ptr: int, nbytes: int) -> np.ndarray:
+    """The bytes [ptr, ptr + nbytes) of a mapped pinned allocation as a uint8 view (cupy.ndarray(memptr=))."""
+    for a, (buf, flags) in _PINNED.items():
+        if a <= ptr and ptr + nbytes <= a + buf.size:
+            if not flags & MAPPED:
+                raise _invalid(f"ndarray over pinned memory at {ptr:#x} that is not mapped into the device")
+            return buf[ptr - a: ptr - a + nbytes]
+    raise _invalid(f"ndarray(memptr=) at {ptr:#x}+{nbytes}: the double wraps mapped pinned memory only")
+
+
 @dataclasses.dataclass(frozen=True)
 class PointerAttributes:
     device: int

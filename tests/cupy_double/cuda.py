@@ -164,6 +164,21 @@ def _nvrtc():
     return mod
 
 
+class UnownedMemory:
+    """cupy.cuda.UnownedMemory(ptr, size, owner): memory cupy does not allocate (the double: mapped pinned
+    host memory only, see copies.pinned_view)."""
+
+    def __init__(self, ptr, size, owner, device_id=-1):
+        self.ptr, self.size, self.owner = int(ptr), int(size), owner
+
+
+class MemoryPointer:
+    """cupy.cuda.MemoryPointer(mem, offset), for cupy.ndarray(shape, dtype, memptr=)."""
+
+    def __init__(self, mem, offset):
+        self.mem, self.ptr = mem, int(mem.ptr) + int(offset)
+
+
 def modules() -> dict[str, types.ModuleType]:
     """The sys.modules entries of cupy.cuda and its submodules."""
     from . import nccl

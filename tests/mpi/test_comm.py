@@ -99,9 +99,10 @@ def test_run_rank_main_single_process():
     out = _run_main("    Settings.from_argv([])", env={"CUPYGLM_KV_HOST": "yes"})
     assert out.returncode == 1
     assert out.stderr.strip() == "REFUSE rank settings: CUPYGLM_KV_HOST must be 0 or 1, got 'yes'"
-    out = _run_main("    Settings(kv_host=True).refuse_unavailable()")
+    out = _run_main("    Settings(kv_host=True, kv_cache='fp8').refuse_unavailable()")
     assert out.returncode == 1
-    assert out.stderr.strip() == "REFUSE rank settings: CUPYGLM_KV_HOST=1: KV rows in host memory are not available yet"
+    assert out.stderr.strip() == ("REFUSE rank settings: CUPYGLM_KV_HOST=1 with --kv-cache fp8: host KV rows are "
+                                  "bf16 latent rows on pages (use --kv-cache bf16)")
     out = _run_main("    return 0")
     assert out.returncode == 0 and out.stderr == ""
     out = _run_main("    raise ValueError('x')", env={"CUPYGLM_DEBUG": "1"})

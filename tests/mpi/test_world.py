@@ -149,9 +149,10 @@ def test_refuses_missing_model_dir(launch, tmp_path):
 
 @pytest.mark.timeout(60)
 def test_unavailable_refused_once_after_handshake(launch):
-    rc, out, took = run_job(launch, ["-n", "2", "-genv", "CUPYGLM_KV_HOST", "1", *SELFCHECK], timeout=30)
-    _assert_refused(rc, out, took, "REFUSE rank settings: CUPYGLM_KV_HOST=1: KV rows in host memory are not "
-                                   "available yet")
+    rc, out, took = run_job(launch, ["-n", "2", "-genv", "CUPYGLM_KV_HOST", "1", *SELFCHECK, "--kv-cache", "fp8"],
+                            timeout=30)
+    _assert_refused(rc, out, took, "REFUSE rank settings: CUPYGLM_KV_HOST=1 with --kv-cache fp8: host KV rows are "
+                                   "bf16 latent rows on pages (use --kv-cache bf16)")
 
 
 @pytest.mark.timeout(60)

@@ -105,11 +105,13 @@ def test_context_zero_is_the_largest_window():
     with pytest.raises(PlanError, match=f"--context {p.context + 1} does not fit: the largest window is "
                                         f"{p.context:,} tokens"):
         plan_memory(FULL, context=p.context + 1, **kw)
-    # --kv-host: only pooled keys on the card, so ~17x more tokens fit (the window stops at the model's maximum)
+    # --kv-host: only pooled keys on the card; the host pages hold one full window unasked, so the model's
+    # maximum fits where the device-resident pool holds a few hundred thousand tokens
     h = plan_memory(FULL, kv_host=True, **kw)
-    assert h.bytes_per_token == 768 and h.largest_window > 16 * p.largest_window
-    assert h.context == min(h.largest_window, FULL.max_position_embeddings)
-    assert "latent rows in host memory" in h.line()
+    assert h.bytes_per_token == 768 and h.host_pages == FULL.max_position_embeddings // 512
+    assert h.context == h.largest_window == FULL.max_position_embeddings > 3 * p.largest_window
+    assert h.gather_slots == FULL.max_position_embeddings
+    assert "latent rows in host memory" in h.line() and "2,048 host pages" in h.line()
     # a device prompt cache takes from the pool; the host cache does not
     c = plan_memory(FULL, prompt_cache_gib=1, **kw)
     assert c.num_pages < p.num_pages and "prompt cache 1.00 GiB" in c.line()
@@ -134,3 +136,21 @@ def test_cli_runs_as_a_module():
                         "--card-gib", "96", "--kv-host", "--weight-bits", "4", *BF16], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     assert "768 bytes/token" in r.stdout
+
+
+def test_kv_host_counts_the_gather_and_sizes_host_pages():
+    """--kv-host: the gather's device buffers (slots [window, R] bf16, their rows, a mark per host row, and per
+    KV layer a row cache of 8,192 rows with a cache mark per host row) are in the scratch; CUPYGLM_KV_HOST_GIB caps the host pages; a _GIB below one request's pages is refused by name."""
+    kw = dict(storage=B16, tp=2, budget_bytes=96 * GIB, weights=int(73.2 * GIB), parallel=2)
+    off = plan_memory(FULL, **kw)
+    h = plan_memory(FULL, kv_host=True, context=65_536, **kw)
+    rows = h.host_pages * 512
+    assert h.host_pages == 128 and h.gather_slots == 65_536
+    cache = 12 * (8192 * 512 * 2 + 8192 * 4 + rows * 4)                 # per KV layer: 8,192 cached rows
+    assert h.gather_bytes == 65_536 * 512 * 2 + 65_536 * 4 + rows * 4 + cache
+    assert h.scratch_bytes == off.scratch_bytes + h.gather_bytes
+    g = plan_memory(FULL, kv_host=True, kv_host_bytes=4 * GIB, **kw)
+    assert g.host_pages == 4 * GIB // (512 * 12 * 1024) == g.num_pages
+    with pytest.raises(PlanError, match=r"CUPYGLM_KV_HOST_GIB=0.5 holds 85 host pages .* fewer than one "
+                                        r"request's 128 \(--context 65,536 tokens\)"):
+        plan_memory(FULL, kv_host=True, kv_host_bytes=GIB // 2, context=65_536, **kw)

@@ -143,3 +143,21 @@ def test_prompt_cache_arena_equals_its_plan(tiny_dir, host):
     with pytest.raises(PlanError, match="holds no kept page"):
         plan_memory(ckpt.config, storage=storage_of(ops), kv_budget_bytes=1 << 22, page_tokens=16,
                     prompt_cache_gib=1e-9)
+
+
+def test_kv_host_store_equals_its_plan(tiny_dir):
+    """CUPYGLM_KV_HOST: the device holds the pooled keys the plan counts and the gather's buffers (slots, slot
+    rows, marks, the row caches) it puts in the scratch; the host holds the latent rows of every page."""
+    from cupyglm.kv.store import KVStore
+
+    ckpt = Checkpoint.open(tiny_dir)
+    cfg, ops = ckpt.config, NumpyOps()
+    plan = plan_memory(cfg, storage=storage_of(ops), kv_budget_bytes=1 << 22, page_tokens=16, kv_host=True,
+                       kv_host_bytes=24 * 16 * 384, context=256)
+    assert plan.num_pages == plan.host_pages == 24 and plan.gather_slots == 256
+    kv = KVStore(cfg, ops, plan.num_pages, plan.page_tokens, host_slots=plan.gather_slots)
+    h = kv.host
+    assert held_bytes(list(kv.pooled.values()), set()) == plan.kv_bytes
+    gather = [h.slots, h.slot_row, h.marks, *h.cache.values(), *h.cache_rows.values(), *h.cmark.values()]
+    assert held_bytes(gather, set()) == plan.gather_bytes
+    assert held_bytes(list(h.latent.values()), set()) == 24 * 16 * plan.host_bytes_per_token

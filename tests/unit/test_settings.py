@@ -174,11 +174,13 @@ def test_line():
 
 @pytest.mark.parametrize("kwargs, message", [
     ({"kv_cache": "fp8"}, "--kv-cache fp8: fp8 KV is not available yet"),
-    ({"kv_host": True}, "CUPYGLM_KV_HOST=1: KV rows in host memory are not available yet"),
+    ({"kv_host": True, "kv_cache": "fp8"}, "CUPYGLM_KV_HOST=1 with --kv-cache fp8: host KV rows are bf16 latent "
+                                           "rows on pages (use --kv-cache bf16)"),
     ({"kv_share": 16}, "CUPYGLM_KV_SHARE=16 needs a prompt cache (--prompt-cache-gib > 0): a kept prompt's fixed "
                        "parts and its last, partly filled page live there"),
-    ({"kv_share": 2, "prompt_cache_gib": 1.0, "kv_host": True}, "CUPYGLM_KV_HOST=1: KV rows in host memory are not "
-                                                                "available yet"),
+    ({"kv_share": 2, "prompt_cache_gib": 1.0, "kv_host": True}, "CUPYGLM_KV_SHARE=2 with CUPYGLM_KV_HOST=1: kept "
+                                                                "prompts share device KV pages, and with host KV rows "
+                                                                "the latent rows are not on those pages"),
     ({"mtp_drafts": 3}, "--mtp-drafts 3: MTP drafts are not available yet"),
 ])
 def test_refuse_unavailable(kwargs, message):
@@ -189,12 +191,11 @@ def test_refuse_unavailable(kwargs, message):
 
 
 def test_refuse_unavailable_names_each_part_of_kv_host():
-    s = Settings(kv_host=True, kv_host_shared=True, kv_host_gib=3.0)
-    with pytest.raises(SettingsError, match="CUPYGLM_KV_HOST_SHARED=1: shared host KV pages"):
-        s.refuse_unavailable(available={"kv_host"})
-    with pytest.raises(SettingsError, match="CUPYGLM_KV_HOST_GIB=3: host KV pages"):
-        s.refuse_unavailable(available={"kv_host", "kv_host_shared"})
-    s.refuse_unavailable(available=set(UNAVAILABLE))
+    Settings(kv_host=True, kv_host_gib=3.0).refuse_unavailable()          # host KV rows are built
+    Settings(kv_host=True, kv_host_shared=True, kv_host_gib=3.0).refuse_unavailable()   # and shared per host
+    with pytest.raises(SettingsError, match="needs CUPYGLM_KV_HOST=1"):
+        Settings(kv_host_shared=True)
+    Settings(kv_host=True).refuse_unavailable(available=set(UNAVAILABLE))
 
 
 def test_plain_settings_pass_refuse_unavailable():

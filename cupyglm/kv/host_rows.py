@@ -1,0 +1,180 @@
+"""KV rows in host memory (CUPYGLM_KV_HOST=1): every KV layer's latent rows on host pages, and the gather
+that brings a call's picked rows into device slots (op kv_gather, cuda_src/gather.cu).
+
+cuda: the host rows are pinned host memory mapped into the device (`cudaHostAlloc` with
+`cudaHostAllocMapped`), used through their device pointer, so the KV write, the gather and the kept-state copies
+reach them like device memory; the flag words are mapped the same way, so the host reads them after the step's
+synchronize without a copy. CPU backends: a separate host allocation through the same code.
+
+Row cache: a segment of at most CACHED_ROWS rows (decode, verify) gathers through its layer's cache, which
+then holds that segment's rows; only rows it lacks cross the bus. A cached row always holds its host row's
+bytes: the cache is forgotten whenever a page changes hands (the pool's generation moves), and a position is
+written before any call can pick it (the call that writes a row writes it before its own gather).
+
+What bounds a gather's distinct rows (checked: a gather past its slots raises its flag word, and the engine
+refuses the request by name after the step): a gather covers one call segment, i.e. one sequence's rows
+start..start+n-1; every id it lists is a position below start + n, one host row each, so it needs at most
+start + n <= the window (`context`) slots, and the plan sizes the slots to the window. A test-only knob
+(CUPYGLM_KV_HOST_SLOTS) makes the slots fewer.
+"""
+from __future__ import annotations
+
+import ctypes
+import os
+
+import numpy as np
+
+from cupyglm.config import ModelConfig
+from cupyglm.kv.copy_hooks import PinnedArena
+from cupyglm.memory import ArraySpec, gather_arrays, host_latent_arrays, row_cache_rows, storage_of
+
+CUDA_HOST_REGISTER_MAPPED = 2          # cudaHostRegisterMapped
+FLAG_WORDS = 1024                      # segments one call may hold (a flag word each)
+CACHED_ROWS = 16                       # segments of at most this many rows gather through the row cache
+_NAN_BITS = 0x7FC0                     # bf16 quiet NaN as stored on cuda
+
+
+def slots_message(slots: int) -> str:
+    return f"kv host: a call picked more distinct rows than the gather's {slots} slots"
+
+
+class KVHostSlots(RuntimeError):
+    """A call segment needed more distinct rows than the gather has slots."""
+
+
+def _mapped(shape, dtype, fill):
+    """(a cupy array over mapped pinned host memory, a numpy view of the same bytes)."""
+    import cupy
+
+    dtype = np.dtype(dtype)
+    nbytes = int(np.prod(shape)) * dtype.itemsize
+    pin = PinnedArena(max(1, nbytes))
+    host = np.ctypeslib.as_array((ctypes.c_uint8 * max(1, nbytes)).from_address(pin.host))[:nbytes]
+    host = host.view(dtype).reshape(shape)
+    host[...] = fill
+    mem = cupy.cuda.UnownedMemory(pin.device, max(1, nbytes), pin)
+    return cupy.ndarray(shape, dtype, memptr=cupy.cuda.MemoryPointer(mem, 0)), host
+
+
+def _layer(spec: ArraySpec) -> int:
+    return int(spec.name.rsplit(".", 1)[1])
+
+
+def shared_latent(shared, specs, storage, poison: bool, cpu: bool):
+    """CUPYGLM_KV_HOST_SHARED=1: every layer's host rows in one /dev/shm segment that the ranks of this host
+    map (`shared(nbytes)` is World.shared_segment: the last rank to map it unlinks the file). Every rank writes
+    the same (bit-identical) rows. No rank reads a page another rank has already reused: a page released in a
+    step is leased again at the earliest for the next step, and the next step's first KV write comes after its
+    first all-reduce, which no rank passes before every rank has finished the step before."""
+    sizes = [s.nbytes(storage) for s in specs]
+    seg = shared(sum(sizes))
+    out, at = {}, 0
+    for spec, n in zip(specs, sizes):
+        view = seg.array(storage.dtype(spec.kind), spec.shape, offset=at)    # [rows, R] bf16 in the segment
+        if poison and seg.header.creator_pid == os.getpid():            # the host's first rank fills it
+            view[...] = _NAN_BITS if view.dtype.kind in "iu" else np.nan
+        out[_layer(spec)] = view if cpu else _registered(view)
+        at += n
+    return seg, out
+
+
+def _registered(view: np.ndarray):
+    """A host view registered as mapped pinned memory (`cudaHostRegister`), as a cupy array on its device pointer."""
+    import cupy
+
+    rt = cupy.cuda.runtime
+    ptr = int(view.ctypes.data)
+    rt.hostRegister(ptr, view.nbytes, CUDA_HOST_REGISTER_MAPPED)
+    dev = int(rt.pointerGetAttributes(ptr).devicePointer)
+    mem = cupy.cuda.UnownedMemory(dev, view.nbytes, view)
+    return cupy.ndarray(view.shape, view.dtype, memptr=cupy.cuda.MemoryPointer(mem, 0))
+
+
+class HostRows:
+    """One rank's host latent rows (per KV layer [rows, R] bf16), the gather's device buffers and flag words."""
+
+    def __init__(self, cfg: ModelConfig, ops, rows: int, slots: int, poison: bool = False, pool=None,
+                 shared=None):
+        if slots < 1:
+            raise ValueError(f"kv host: the gather needs at least one slot, got {slots}")
+        self.ops, self.rows, self.num_slots, self.pool = ops, rows, slots, pool
+        self.row_bytes = cfg.kv_lora_rank * storage_of(ops).itemsize("bf16")
+        xp, storage = ops.xp, storage_of(ops)
+        cpu = xp is np
+        specs = host_latent_arrays(cfg, 1, rows)                # kv.latent.<layer>: [rows, R] bf16, host memory
+        self.segment = None
+        if shared is not None:                                   # CUPYGLM_KV_HOST_SHARED: one file per host
+            self.segment, self.latent = shared_latent(shared, specs, storage, poison, cpu)
+        else:
+            self.latent = {_layer(spec): self._host(spec, storage, poison, cpu) for spec in specs}
+        slots_spec = gather_arrays(cfg, rows, slots)[0]
+        dtype = storage.dtype(slots_spec.kind)
+        self.slots = xp.zeros(slots_spec.shape, dtype=dtype)     # [slots, R] bf16, device
+        self.slot_row = xp.full((slots,), -1, dtype=np.int32)    # [slots] i32, device
+        self.marks = xp.full((rows,), -1, dtype=np.int32)        # [rows] i32, -1 between calls, device
+        c = row_cache_rows(cfg)
+        self.cache = {l: xp.zeros((c, cfg.kv_lora_rank), dtype=dtype) for l in cfg.kv_layers}   # [C, R] bf16
+        self.cache_rows = {l: xp.full((c,), -1, dtype=np.int32) for l in cfg.kv_layers}        # [C] i32
+        self.cmark = {l: xp.full((rows,), -1, dtype=np.int32) for l in cfg.kv_layers}          # [rows] i32
+        self.stats = {l: xp.zeros((2,), dtype=np.int32) for l in cfg.kv_layers}                # [2] hits, misses
+        self._generation = {l: -1 for l in cfg.kv_layers}        # the pool's generation the cache was filled at
+        self.hits = self.misses = self.decode_rows = 0           # since startup (take_stats)
+        if cpu:
+            self.flags = np.zeros((FLAG_WORDS,), dtype=np.int32)    # [F] i32 a word per call segment
+            self._flags_host = self.flags
+        else:
+            self.flags, self._flags_host = _mapped((FLAG_WORDS,), np.int32, 0)
+
+    @staticmethod
+    def _host(spec: ArraySpec, storage, poison: bool, cpu: bool):
+        dtype = storage.dtype(spec.kind)
+        if cpu:
+            return np.full(spec.shape, np.nan, dtype=dtype) if poison else np.zeros(spec.shape, dtype=dtype)
+        fill = (_NAN_BITS if dtype.kind in "iu" else np.nan) if poison else 0
+        dev, _ = _mapped(spec.shape, dtype, fill)
+        return dev
+
+    @property
+    def message(self) -> str:
+        return slots_message(self.num_slots)
+
+    def gather(self, layer: int, rows, counts, which: int):
+        """Slot ids [T, W] int32 for one segment's store rows [T, W] (-1 padded); the slots hold the rows."""
+        if which >= FLAG_WORDS:
+            raise ValueError(f"kv host: a call of more than {FLAG_WORDS} sequences")
+        if rows.shape[0] > CACHED_ROWS:                           # a prompt chunk: the union once, no cache
+            return self.ops.kv_gather(self.latent[layer], rows, counts, self.marks, self.slot_row, self.slots,
+                                      self.flags, which)
+        generation = -2 if self.pool is None else self.pool.generation
+        if generation != self._generation[layer] or self.pool is None:   # pages changed hands: forget
+            self.cmark[layer].fill(-1)
+            self.cache_rows[layer].fill(-1)
+            self._generation[layer] = generation
+        self.decode_rows += rows.shape[0]
+        return self.ops.kv_gather_cached(self.latent[layer], rows, counts, self.marks, self.slot_row, self.slots,
+                                         self.flags, which, self.cache[layer], self.cache_rows[layer],
+                                         self.cmark[layer], self.stats[layer])
+
+    def take_stats(self) -> dict:
+        """After the step's synchronize: the row cache's totals since startup (the per-layer counters added in
+        and cleared); bytes_per_decode_token counts the rows that crossed the bus per decode row and layer sum."""
+        xp = self.ops.xp
+        for st in self.stats.values():
+            h = st if xp is np else xp.asnumpy(st)
+            self.hits += int(h[0])
+            self.misses += int(h[1])
+            st.fill(0)
+        layers = max(1, len(self.stats))
+        tokens = self.decode_rows / layers
+        return {"hits": self.hits, "misses": self.misses,
+                "bytes_per_decode_token": self.misses * self.row_bytes / tokens if tokens else 0.0}
+
+    def take_refused(self) -> list[int]:
+        """After the step's synchronize: the call segments that ran out of slots (their flag words cleared)."""
+        xp = self.ops.xp
+        if xp is not np:
+            xp.cuda.get_current_stream().synchronize()            # a no-op after the step's read-back
+        hit = np.flatnonzero(self._flags_host)
+        if hit.size:
+            self._flags_host[hit] = 0
+        return [int(i) for i in hit]
