@@ -49,7 +49,6 @@ UNAVAILABLE: dict[str, str] = {
     "kv_host_shared": "shared host KV pages are not available yet",
     "kv_host_gib": "host KV pages are not available yet",
     "kv_share": "prompt pages shared with the KV pool are not available yet",
-    "mtp_drafts": "MTP drafts are not available yet",
 }
 
 
@@ -256,8 +255,6 @@ class Settings:
             refuse("kv_host_gib", f"CUPYGLM_KV_HOST_GIB={self.kv_host_gib:g}")
         if self.kv_share:
             refuse("kv_share", "CUPYGLM_KV_SHARE=1")
-        if self.mtp_drafts > 0:
-            refuse("mtp_drafts", f"--mtp-drafts {self.mtp_drafts}")
 
 
 def _check_page_tokens(label: str, raw: Any) -> int:

@@ -53,17 +53,20 @@ def build(world, ckpt, *, poison: bool = False, log=log_line):
 
     st, cfg = world.settings, ckpt.config
     ops = make_ops(world.backend)
-    plan = plan_for(world, ckpt, ops)
+    mtp = st.mtp_drafts > 0                # the MTP head (weights, KV rows, pending row) only when drafting
+    plan = plan_for(world, ckpt, ops, mtp=mtp)
     if log is not None:
         log(plan.line())
-    runner = ModelRunner(ckpt, ops, world.comm, plan.num_pages, plan.page_tokens, poison=poison)
+    runner = ModelRunner(ckpt, ops, world.comm, plan.num_pages, plan.page_tokens, mtp=mtp,
+                         poison=poison)
     kept = None
     if plan.prompt_cache_bytes:
         from cupyglm.kv.kept import KeptStore
 
-        kept = KeptStore(cfg, ops, runner.kv, world.size, plan.prompt_cache_bytes, host=st.host_cache)
+        kept = KeptStore(cfg, ops, runner.kv, world.size, plan.prompt_cache_bytes, host=st.host_cache,
+                          mtp=mtp)
     ecfg = EngineConfig(context=plan.context, num_pages=plan.num_pages, page_tokens=plan.page_tokens,
                         keep_grid=cfg.keep_grid, parallel=st.parallel, max_queue=st.max_queue,
                         prefill_chunk=st.prefill_chunk, seed=st.seed, eos_token_ids=cfg.eos_token_ids,
-                        vocab_size=cfg.vocab_size, poison=poison)
+                        vocab_size=cfg.vocab_size, poison=poison, mtp_drafts=st.mtp_drafts)
     return Engine(runner, world.comm, ecfg, ckpt.tokenizer if world.rank == 0 else None, log=log, kept=kept), plan

@@ -84,6 +84,7 @@ class SamplingParams:
     repetition_penalty: float = 1.0       # (0, 10], ids in the prompt or the output
     logit_bias: tuple[tuple[int, float], ...] = ()   # (id, bias in -100..100) pairs, distinct ids
     prompt_logprobs: int | None = None    # None: off; k: each prompt token's logprob and its k most likely
+    draft: bool | None = None             # MTP drafts for this request; None: the server's --mtp-drafts decides
 
     def __post_init__(self) -> None:
         def num(name: str) -> float:
@@ -127,6 +128,8 @@ class SamplingParams:
         for i in ids:
             if not 0 <= i < 2**32:
                 raise ValueError(f"stop_token_ids must hold token ids >= 0, got {i}")
+        if self.draft is not None and not isinstance(self.draft, bool):
+            raise ValueError(f"draft must be true or false, got {self.draft!r}")
         for name in ("ignore_eos", "skip_special_tokens"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be true or false, got {getattr(self, name)!r}")

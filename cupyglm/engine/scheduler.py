@@ -33,21 +33,23 @@ __all__ = ["Scheduler", "StepPlan", "RowGroup", "QueueFull", "RequestTooLong"]
 
 @dataclasses.dataclass(frozen=True)
 class RowGroup:
-    """Rows of one request in one step: `tokens` fed at positions start, start + 1, ..."""
+    """Rows of one request in one step: `tokens` fed at positions start, start + 1, ... A verify group
+    (drafts > 0, `cupyglm.engine.verify`) is a decode row followed by `drafts` rows the ranks propose."""
 
     request_id: int
     tokens: tuple[int, ...]
     start: int
     logits: bool               # sample after this group (the prompt's last chunk, or a decode row)
     decode: bool               # a decode row (its token was sampled on rank 0), else a prompt chunk
+    drafts: int = 0            # drafted rows after the decode row (verify rows, decode role)
 
     @property
     def count(self) -> int:
-        return len(self.tokens)
+        return len(self.tokens) + self.drafts
 
     @property
     def end(self) -> int:
-        return self.start + len(self.tokens)
+        return self.start + self.count
 
 
 @dataclasses.dataclass(frozen=True)
@@ -70,8 +72,10 @@ class StepPlan:
 
 
 class Scheduler:
-    def __init__(self, cfg: EngineConfig, pool: PagePool | None = None, cache: PromptCache | None = None):
+    def __init__(self, cfg: EngineConfig, pool: PagePool | None = None, cache: PromptCache | None = None,
+                 pricer=None):
         self.cfg = cfg
+        self.pricer = pricer                            # cupyglm.engine.draft.Pricer: drafts per decode step
         self.pool = pool if pool is not None else PagePool(cfg.num_pages)
         self.cache = cache
         self._restores: list[tuple[int, int, int]] = []
@@ -181,7 +185,8 @@ class Scheduler:
                     continue
                 group = RowGroup(r.id, r.prompt[r.fed:end], r.fed, end == r.prompt_len, False)
             else:
-                group = RowGroup(r.id, (r.output[-1],), r.fed, True, True)
+                n = self.pricer.choose(r) if self.pricer is not None else 0
+                group = RowGroup(r.id, (r.output[-1],), r.fed, True, True, n)
             if not self._lease(r, group.end):
                 continue
             if not group.decode:
@@ -201,9 +206,11 @@ class Scheduler:
                 return False
         return True
 
-    def update(self, plan: StepPlan, sampled: dict[int, int]) -> list[tuple[Request, int, str | None]]:
+    def update(self, plan: StepPlan, sampled: dict) -> list[tuple[Request, int, str | None]]:
         """Apply a step's results: positions fed, sampled tokens, token-level finishes (pages released at
-        once). Returns (request, token, finish reason or None) for each sampled row, in plan order."""
+        once). `sampled[id]` is a token, or for a verify group the list of tokens it yields (a + 1 for a
+        accepted drafts: a + 1 positions fed, the table cut to them). Returns (request, token, finish reason or
+        None) for each token taken, in plan order."""
         events = []
         for g in plan.groups:
             r = self.requests.get(g.request_id)
@@ -214,12 +221,23 @@ class Scheduler:
             r.fed = g.end
             if not g.logits:
                 continue
-            tok = int(sampled[g.request_id])
-            r.output.append(tok)
-            reason = token_finish(r.params, tok, len(r.output), r.max_tokens, self.cfg.eos_token_ids)
-            if reason is not None:
-                self._finish(r, reason)
-            events.append((r, tok, reason))
+            got = sampled[g.request_id]
+            toks = [int(t) for t in got] if isinstance(got, (list, tuple)) else [int(got)]
+            if g.drafts:
+                r.fed = g.start + len(toks)
+                self.pricer.observe(r, g.drafts, len(toks) - 1)
+                keep = self.cfg.pages_needed(r.fed)
+                if len(r.pages) > keep:
+                    self.pool.release(r.pages[keep:])
+                    del r.pages[keep:]
+            for tok in toks:
+                r.output.append(tok)
+                reason = token_finish(r.params, tok, len(r.output), r.max_tokens, self.cfg.eos_token_ids)
+                if reason is not None:
+                    self._finish(r, reason)
+                events.append((r, tok, reason))
+                if reason is not None:
+                    break
         return events
 
     # ---- endings -----------------------------------------------------------------------------------------------
