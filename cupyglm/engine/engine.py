@@ -68,7 +68,7 @@ class Engine:
         cache = PromptCache(kept.pool.num_pages if kept else 0, kept.pages_for if kept else (lambda n: 0))
         pricer = Pricer(cfg.mtp_drafts, runner.cfg.num_hidden_layers, cfg.draft_pricing) if cfg.mtp_drafts else None
         self.scheduler = Scheduler(cfg, runner.kv.pool, cache if kept else None, pricer) if self.rank == 0 else None
-        self.verifier = Verifier(runner)               # this rank's verify groups in flight (engine.verify)
+        self.verifier = Verifier(runner, trim=self.rank != 0)   # this rank's verify groups in flight
         self._mirror = stepmod.Mirror()
         self._states: dict = {}
         self._lock = threading.RLock()

@@ -5,8 +5,9 @@ every row with the serial (seed, position) draw and accepts the longest prefix o
 plus the draw after it: a + 1 tokens, a + 1 positions fed. Every rank learns a from the next step's row group
 of r (its start is q + a + 1) and settles before anything else leases or reads:
 
-- Pages: the table is cut to the pages q + a + 1 positions need (on rank 0 the scheduler cut the shared table
-  when it accepted; every rank's pool then sees the same releases before the same leases).
+- Pages: the table is cut to the pages q + a + 1 positions need: on rank 0 by the scheduler when it accepts
+  (before it leases the next step's pages), elsewhere here; every rank's pool sees the same releases before
+  the same leases.
 - State: snapshot before the proposer runs (KDA states and conv windows copied, index-key tails and the MTP
   pending row by reference, since the model replaces those objects rather than writing into them); on a
   rejection the snapshot is put back (length q) and the accepted rows [T, d1..da] run again as one forward
@@ -59,8 +60,9 @@ def restore(state, snap: Snapshot) -> None:
 class Verifier:
     """One rank's verify groups in flight (request id -> Pending) and its proposer."""
 
-    def __init__(self, runner, proposer=None):
+    def __init__(self, runner, proposer=None, trim: bool = True):
         self.runner = runner
+        self.trim = trim                 # False on rank 0: its scheduler cuts the shared table when it accepts
         self.proposer = proposer
         self.pending: dict[int, Pending] = {}
         self.replayed_rows = 0
@@ -86,7 +88,7 @@ class Verifier:
                 raise ValueError(f"request {e.request_id}: verify at {p.start} of {len(p.tokens)} rows, "
                                  f"next row group at {e.start}")
             keep = kv.pages_needed(e.start)
-            if len(state.pages) > keep:
+            if self.trim and len(state.pages) > keep:
                 kv.pool.release(state.pages[keep:])
                 del state.pages[keep:]
             if fed < len(p.tokens):
