@@ -173,7 +173,8 @@ def _sampling(body: Mapping, info: ModelInfo, kind: str) -> dict:
                 repetition_penalty=get_float(body, "repetition_penalty", 1.0, lo=0.0, hi=10.0, lo_open=True),
                 temperature=temperature, top_p=top_p, top_k=max(top_k, 0), min_p=min_p, seed=seed,
                 max_tokens=max_tokens, min_tokens=min_tokens, stop=_stop(body), stop_token_ids=stop_ids,
-                ignore_eos=ignore_eos, skip_special_tokens=skip_special)
+                ignore_eos=ignore_eos, skip_special_tokens=skip_special,
+                draft=get_bool(body, "draft", None))        # None: the server's --mtp-drafts decides
 
 
 def _common(body: Mapping, kind: str, info: ModelInfo) -> dict:

@@ -170,7 +170,6 @@ def test_line():
     ({"kv_cache": "fp8"}, "--kv-cache fp8: fp8 KV is not available yet"),
     ({"kv_host": True}, "CUPYGLM_KV_HOST=1: KV rows in host memory are not available yet"),
     ({"kv_share": True}, "CUPYGLM_KV_SHARE=1: prompt pages shared with the KV pool are not available yet"),
-    ({"mtp_drafts": 3}, "--mtp-drafts 3: MTP drafts are not available yet"),
 ])
 def test_refuse_unavailable(kwargs, message):
     with pytest.raises(SettingsError) as info:
@@ -192,3 +191,11 @@ def test_plain_settings_pass_refuse_unavailable():
     Settings().refuse_unavailable()
     Settings(prompt_cache_gib=0.0, mtp_drafts=0).refuse_unavailable()
     Settings(prompt_cache_gib=2.0, host_cache=True).refuse_unavailable()      # the prompt cache is built
+
+
+def test_mtp_drafts_are_built():
+    s = Settings.from_argv(["--mtp-drafts", "3"])
+    assert s.mtp_drafts == 3
+    s.refuse_unavailable()                       # MTP drafts are no longer refused
+    with pytest.raises(SettingsError, match="--mtp-drafts"):
+        Settings.from_argv(["--mtp-drafts", "16"])
