@@ -206,3 +206,36 @@ def test_rollback_leaves_no_trace(tiny_ckpt, params):
             got += o.new_token_ids
     assert got == serial_out
     assert len(checked) >= 4 and eng.verifier.replayed_rows > 0
+
+
+def test_resumed_turn_drafts_and_equals_cold_serial(tiny_ckpt):
+    """The prompt cache with the MTP head: a turn resumed from a kept state (the MTP layer's rows, index tail
+    and pending row kept too) drafts and gives a cold serial engine's tokens."""
+    from cupyglm.kv.kept import KeptStore
+
+    c, ops = tiny_ckpt.config, NumpyOps()
+    pages = 48
+    runner = ModelRunner(tiny_ckpt, ops, LocalComm(), pages, PAGE, mtp=True, poison=True)
+    probe = KeptStore(c, ops, runner.kv, 1, 1 << 30, mtp=True)
+    kept = KeptStore(c, ops, runner.kv, 1, 400 * probe.page_bytes, mtp=True)
+    cfg = EngineConfig(context=pages * PAGE, num_pages=pages, page_tokens=PAGE, keep_grid=c.keep_grid,
+                       parallel=2, prefill_chunk=c.keep_grid, eos_token_ids=c.eos_token_ids,
+                       vocab_size=c.vocab_size, poison=True, mtp_drafts=3, draft_pricing=False)
+    warm = Engine(runner, LocalComm(), cfg, None, kept=kept)
+    rng = np.random.default_rng(5)
+    first = rng.integers(3, 400, c.keep_grid + 9).tolist()
+    params = [SamplingParams(temperature=0, max_tokens=12, ignore_eos=True),
+              SamplingParams(temperature=0.9, seed=4, max_tokens=12, ignore_eos=True)]
+    for sp in params:
+        turn1 = run(warm, [first], [sp])[0]
+        second = first + turn1[0] + rng.integers(3, 400, 7).tolist()
+        ids = warm.add_request(second, sp)
+        toks, cached, drafted = [], None, [0, 0]
+        while warm.has_work():
+            for o in warm.step():
+                toks += o.new_token_ids
+                cached = o.cached_tokens
+                drafted = [drafted[0] + o.draft[0], drafted[1] + o.draft[1]]
+        cold = run(make_engine(tiny_ckpt, pages=pages, context=pages * PAGE), [second], [sp])[0]
+        assert cached >= len(first) and drafted[0] > 0, (ids, cached, drafted)
+        assert toks == cold[0]
