@@ -16,6 +16,10 @@ the same leases in the same order (lowest free id first); each row group's flags
 Kept prompt states: rank 0's `PromptCache` decides, the message carries it, every rank applies it alike
 (`cupyglm.kv.kept`: restores before the rows run; after the model call the drops, then the keeps).
 
+MTP drafts (`cupyglm.engine.verify`): a verify group carries its one token; every rank drafts the rest, rank 0
+samples every row (`cupyglm.engine.step_sample`), and the next message's row group tells every rank how far to
+roll back (`Verifier.settle`, before anything else of that step leases or runs).
+
 Thread safety: `add_request`, `abort`, `has_work` and the page counts may be called from any thread; `step`
 from one thread at a time. An abort that arrives while a step runs is applied when the step's model call
 returns (its token is dropped); otherwise its pages go back at once.

@@ -13,6 +13,9 @@ that asked for logits.
   `RequestTooLong` in `add()`, before it takes anything.
 - Prefill is chunked: one step feeds at most `cfg.chunk` prompt tokens (all requests together), and a chunk
   ends on a multiple of the keep grid unless it ends the prompt. Decode rows (one per request) ride along.
+- MTP drafts (`pricer`, cupyglm.engine.draft): a drafting request's decode row is a verify group of 1 + n rows,
+  n never past the tokens it may still generate, so its pages stay within what admission reserved; `update`
+  takes the accepted tokens and cuts the table to the positions fed (before the next step leases).
 - With a prompt cache (`cupyglm.engine.prompt_cache`): an admitted request whose prompt starts with a kept
   state resumes there (its pages for those positions leased at once, the restore in the plan); a prompt chunk
   that ends on the keep grid or at the prompt's end is a keep point (the keep and any evictions in the plan).
