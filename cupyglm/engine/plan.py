@@ -184,7 +184,7 @@ def plan_memory(cfg: ModelConfig, *, storage: Storage, tp: int = 1, rank: int = 
     the memory this rank plans in (card or host); `kv_budget_bytes` (--kv-gib) replaces the arithmetic with an
     explicit KV budget. `fit_pages` overrides the pages that fit (the minimum over ranks, see `agree`).
     `pool_cap` (CPU backends) sizes the pool to `parallel` full windows rather than all memory; `mtp`: the
-    MTP head is built (its weights and state rows counted)."""
+    MTP head is built (its weights and state rows counted, and each stream's verify snapshot, engine/verify)."""
     if tp < 1 or parallel < 1:
         raise PlanError(f"tp and parallel must be positive (got tp {tp}, parallel {parallel})")
     page_tokens = page_tokens or cfg.page_tokens
@@ -194,7 +194,9 @@ def plan_memory(cfg: ModelConfig, *, storage: Storage, tp: int = 1, rank: int = 
     host_bpt = host_kv_bytes_per_token(cfg, storage) if kv_host else 0
     wbytes = weights if weights is not None else weight_bytes(cfg, tp, storage, weight_bits, mtp)
     state = fixed_state_bytes(cfg, tp, storage, mtp)
+    snapshots = parallel * state if mtp else 0          # the head is built to draft: a verify snapshot per stream
     scratch = activation_bytes(cfg, tp, chunk_rows + parallel, parallel, storage.itemsize(FP32)) + parallel * state
+    scratch += snapshots
     reserve = int(reserve_gib * GIB)
     cache = total_bytes([prompt_cache_arena(int(prompt_cache_gib * GIB), page_bytes)], storage)
     if prompt_cache_gib > 0 and not cache:
