@@ -73,7 +73,7 @@ def test_completion_defaults_and_aliases():
     ("echo", "yes", "invalid_type"), ("suffix", "s", "unsupported_parameter"),
     ("logit_bias", {"1": 200}, "invalid_value"), ("logit_bias", {"99": 1}, "invalid_token_id"),
     ("logit_bias", {"a": 1}, "invalid_value"), ("frequency_penalty", 2.5, "invalid_value"),
-    ("repetition_penalty", 0, "invalid_value"), ("draft", "no", "invalid_type"),
+    ("repetition_penalty", 0, "invalid_value"), ("draft", "no", "invalid_type"), ("draft", True, "unsupported_parameter"),
     ("response_format", {"type": "json_object"}, "unsupported_parameter"),
     ("return_token_ids", 1, "invalid_type"), ("stream", "yes", "invalid_type"),
     ("use_beam_search", True, "unsupported_parameter"), ("guided_json", {}, "unsupported_parameter"),
@@ -156,3 +156,12 @@ def test_reply_shapes():
     last = chunk("completion", r, text="i", finish_reason="stop")
     assert last["token_sha"] == token_sha([3, 4]) and last["choices"][0]["text"] == "i"
     assert usage_chunk("chat", r)["choices"] == []
+
+
+def test_draft_follows_the_server_and_true_needs_drafts():
+    import dataclasses
+
+    drafting = dataclasses.replace(INFO, mtp_drafts=3)
+    assert parse_completion({"prompt": "x", "draft": True}, drafting).sampling["draft"] is True
+    assert parse_completion({"prompt": "x", "draft": False}, INFO).sampling["draft"] is False
+    assert parse_completion({"prompt": "x"}, drafting).sampling["draft"] is None      # the server decides
