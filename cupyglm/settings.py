@@ -48,7 +48,6 @@ SOURCES: dict[str, str] = {
 # Features validated and fingerprinted but not built yet: name -> why it is refused.
 UNAVAILABLE: dict[str, str] = {
     "kv_cache_fp8": "fp8 KV is not available yet",
-    "mtp_drafts": "MTP drafts are not available yet",
 }
 
 
@@ -273,8 +272,6 @@ class Settings:
                                 "pages (use --kv-cache bf16)", agreed=True)
         if self.kv_cache == "fp8":
             refuse("kv_cache_fp8", "--kv-cache fp8")
-        if self.mtp_drafts > 0:
-            refuse("mtp_drafts", f"--mtp-drafts {self.mtp_drafts}")
         if self.kv_share and not self.prompt_cache_gib:
             raise SettingsError(f"CUPYGLM_KV_SHARE={self.kv_share} needs a prompt cache (--prompt-cache-gib > 0): a "
                                 f"kept prompt's fixed parts and its last, partly filled page live there", agreed=True)

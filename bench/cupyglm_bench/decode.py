@@ -4,6 +4,10 @@ Cells = prompt kind (a raw-completion code prompt via /v1/completions, a chat pr
 /v1/chat/completions) x temperature. Each rep streams `--tokens` tokens with ignore_eos; decode tok/s =
 (completion_tokens - 1) / (time of last piece - time of first piece); medians over reps. Sampled cells are
 seeded. Greedy cells whose reps differ fail the run (exit 1); sampled ones are flagged.
+
+`--draft both` runs every cell with "draft": true and "draft": false on the same server (cupyglm's MTP drafts;
+other servers ignore or refuse the field): the two must give the same tokens (drafted = serial, else exit 1),
+and `draft_ratio` gives drafted / serial median tok/s per prompt and temperature.
 """
 from __future__ import annotations
 
@@ -23,6 +27,8 @@ def add_arguments(p) -> None:
     p.add_argument("--prompts", default="code,chat", help="prompt kinds: code, chat (default both)")
     p.add_argument("--warmup", type=int, default=1, help="untimed requests per prompt kind first (default 1)")
     p.add_argument("--strict", action="store_true", help="a missing token_sha fails instead of 'unverified'")
+    p.add_argument("--draft", default="server", choices=("server", "on", "off", "both"),
+                   help='"draft" per request: server (field not sent), on, off, or both side by side')
 
 
 def _request(ctx: Context, kind: str, tokens: int, temperature: float, seed: int) -> tuple[str, str, dict]:
@@ -51,13 +57,34 @@ def run(ctx: Context) -> Outcome:
                 bar.update()
             for temp in temps:
                 name, endpoint, body = _request(ctx, kind, a.tokens, temp, a.seed)
-                runs = []
-                for _ in range(a.reps):
-                    runs.append(ctx.send(body))
-                    bar.update()
-                out.results["cells"].append(_cell(ctx, out, name, endpoint, temp, runs))
+                pair = []
+                for draft in DRAFTS[a.draft]:
+                    runs = []
+                    for _ in range(a.reps):
+                        runs.append(ctx.send(body if draft is None else {**body, "draft": draft}))
+                        bar.update()
+                    cell = _cell(ctx, out, name, endpoint, temp, runs)
+                    cell["draft"] = draft
+                    pair.append(cell)
+                    out.results["cells"].append(cell)
+                if len(pair) == 2:
+                    _pair(out, pair)
     out.tables.append(_table(out.results["cells"]))
     return out
+
+
+DRAFTS = {"server": (None,), "on": (True,), "off": (False,), "both": (True, False)}
+
+
+def _pair(out: Outcome, pair: list) -> None:
+    on, off = pair
+    label = f"{on['prompt']} t={on['temperature']:g}"
+    if on["token_sha"] != off["token_sha"]:
+        out.failures.append(f"{label}: drafted token_sha {on['token_sha']} differs from serial {off['token_sha']}")
+    ratio = on["median_tok_s"] / off["median_tok_s"] if on["median_tok_s"] and off["median_tok_s"] else None
+    out.results.setdefault("draft_ratio", []).append(
+        {"prompt": on["prompt"], "temperature": on["temperature"], "drafted_tok_s": on["median_tok_s"],
+         "serial_tok_s": off["median_tok_s"], "ratio": ratio, "equal": on["token_sha"] == off["token_sha"]})
 
 
 def _cell(ctx, out: Outcome, name: str, endpoint: str, temp: float, runs: list) -> dict:
@@ -110,10 +137,11 @@ def _cell(ctx, out: Outcome, name: str, endpoint: str, temp: float, runs: list) 
 
 
 def _table(cells: list) -> str:
-    rows = [[c["prompt"], f"{c['temperature']:g}", len(c["reps"]), c["median_tok_s"], c["min_tok_s"],
+    rows = [[c["prompt"], f"{c['temperature']:g}", {None: "-", True: "on", False: "off"}[c.get("draft")],
+             len(c["reps"]), c["median_tok_s"], c["min_tok_s"],
              c["max_tok_s"], c["median_ttft_s"] and c["median_ttft_s"] * 1000, c["completion_tokens"],
              c["token_sha"] or "-", c["sha_status"]] for c in cells]
-    return format_table(["prompt", "temp", "reps", "tok/s (median)", "min", "max", "ttft ms", "tokens",
+    return format_table(["prompt", "temp", "draft", "reps", "tok/s (median)", "min", "max", "ttft ms", "tokens",
                          "token_sha", "reps equal"], rows, title="decode")
 
 

@@ -233,7 +233,8 @@ async def _serve_rank0(world, link, st, sock, args, port, served_id, key, max_bo
         ckpt = holder["ckpt"]
         context = engine.context
         root = str(ckpt.path)
-        info = model_info(served_id, root, context, ckpt.config.vocab_size, getattr(engine, "kept", None) is not None)
+        info = model_info(served_id, root, context, ckpt.config.vocab_size, getattr(engine, "kept", None) is not None,
+                          world.settings.mtp_drafts)
 
         def publish() -> None:
             state.root = root

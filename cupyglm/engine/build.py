@@ -66,10 +66,11 @@ def build(world, ckpt, *, poison: bool = False, log=log_line):
 
     st, cfg = world.settings, ckpt.config
     ops = make_ops(world.backend)
-    plan = plan_for(world, ckpt, ops)
+    mtp = st.mtp_drafts > 0                # the MTP head (weights, KV rows, pending row) only when drafting
+    plan = plan_for(world, ckpt, ops, mtp=mtp)
     if log is not None:
         log(plan.line())
-    runner = ModelRunner(ckpt, ops, world.comm, plan.num_pages, plan.page_tokens, poison=poison,
+    runner = ModelRunner(ckpt, ops, world.comm, plan.num_pages, plan.page_tokens, mtp=mtp, poison=poison,
                          host_slots=host_slots(plan) if st.kv_host else 0,
                          host_shared=(lambda n: world.shared_segment("kv_host", n)) if st.kv_host_shared else None)
     kept = disk = planner = None
@@ -77,13 +78,13 @@ def build(world, ckpt, *, poison: bool = False, log=log_line):
         from cupyglm.kv.kept import KeptStore
 
         kept = KeptStore(cfg, ops, runner.kv, world.size, plan.prompt_cache_bytes, host=st.host_cache,
-                         share=st.kv_share)
+                         mtp=mtp, share=st.kv_share)
     if kept is not None and st.prompt_cache_dir is not None:
         disk, planner = build_disk(world, ckpt, kept, plan.page_tokens, log or (lambda line: None))
     ecfg = EngineConfig(context=plan.context, num_pages=plan.num_pages, page_tokens=plan.page_tokens,
                         keep_grid=cfg.keep_grid, parallel=st.parallel, max_queue=st.max_queue,
                         prefill_chunk=st.prefill_chunk, seed=st.seed, eos_token_ids=cfg.eos_token_ids,
-                        vocab_size=cfg.vocab_size, poison=poison)
+                        vocab_size=cfg.vocab_size, poison=poison, mtp_drafts=st.mtp_drafts)
     return Engine(runner, world.comm, ecfg, ckpt.tokenizer if world.rank == 0 else None, log=log, kept=kept,
                   disk=disk, planner=planner, host_comm=world.host_comm), plan
 

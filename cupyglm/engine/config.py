@@ -19,12 +19,17 @@ class EngineConfig:
     eos_token_ids: tuple[int, ...] = ()
     vocab_size: int = 0                   # 0 = do not check prompt ids
     poison: bool = False                  # KV pages start NaN-filled (tests)
+    mtp_drafts: int = 0                   # MTP drafts a decode step may verify, 0..15 (cupyglm.engine.draft)
+    draft_pricing: bool = True            # skip drafting where the acceptance rate says it loses (draft.Pricer)
 
     def __post_init__(self) -> None:
         for name in ("context", "num_pages", "page_tokens", "keep_grid", "parallel"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise ValueError(f"EngineConfig.{name} must be a positive integer, got {v!r}")
+        if not 0 <= self.mtp_drafts <= 15:
+            raise ValueError(f"EngineConfig.mtp_drafts must be in 0..15 (a verify group is at most 16 rows), "
+                             f"got {self.mtp_drafts}")
         if self.max_queue < 0:
             raise ValueError(f"EngineConfig.max_queue must be >= 0, got {self.max_queue}")
         if self.prefill_chunk < 0 or self.prefill_chunk % self.keep_grid:

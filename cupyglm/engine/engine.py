@@ -20,6 +20,10 @@ and every other rank makes them as it applies the message (`cupyglm.kv.page_stor
 tier (`cupyglm.engine.disk_tier`) rides in the same message: spills before the drops, loads (agreed by every
 rank) between the drops and the keeps, and a save or a clear as a message of its own.
 
+MTP drafts (`cupyglm.engine.verify`): a verify group carries its one token; every rank drafts the rest, rank 0
+samples every row (`cupyglm.engine.step_sample`), and the next message's row group tells every rank how far to
+roll back (`Verifier.settle`, before anything else of that step leases or runs).
+
 Thread safety: `add_request`, `abort`, `has_work` and the page counts may be called from any thread; `step`
 from one thread at a time. An abort that arrives while a step runs is applied when the step's model call
 returns (its token is dropped); otherwise its pages go back at once.
@@ -33,14 +37,16 @@ import zlib
 import numpy as np
 
 from cupyglm.dist import step as stepmod
-from cupyglm.engine import disk_tier, penalties, prompt_logprobs
+from cupyglm.engine import disk_tier, prompt_logprobs
 from cupyglm.engine.config import EngineConfig
+from cupyglm.engine.draft import Pricer
 from cupyglm.engine.grammar import Guides
-from cupyglm.engine.logprobs import tokens_and_logprobs
 from cupyglm.engine.prompt_cache import PromptCache
 from cupyglm.engine.request import EngineError, Request, RequestOutput
-from cupyglm.engine.sampling import FINISH_ABORT, FINISH_STOP, SamplingParams, banned_ids
+from cupyglm.engine.sampling import FINISH_ABORT, FINISH_STOP, SamplingParams
+from cupyglm.engine.step_sample import sample_step, sampled_rows
 from cupyglm.engine.text import RequestText
+from cupyglm.engine.verify import Verifier
 from cupyglm.kv.kept import apply_keeps, apply_restores
 from cupyglm.kv.page_store import stop_line
 from cupyglm.engine.scheduler import Scheduler, StepPlan
@@ -51,6 +57,7 @@ FINISH_ERROR = "error"          # rank 0 refused a running request (RequestOutpu
 FLAG_LOGITS = 1
 FLAG_DECODE = 2
 FLAG_ALL_LOGITS = 4        # a prompt chunk whose every row's logits are needed (prompt logprobs)
+FLAG_VERIFY = 8            # a verify group: its one token, then count - 1 rows every rank drafts (engine.verify)
 HASH_SHIFT = 8
 
 
@@ -74,12 +81,12 @@ class Engine:
         self.pages = kept.pages if kept else None       # the kept prompts' pool pages (CUPYGLM_KV_SHARE)
         cache = PromptCache(kept.pool.num_pages if kept else 0, kept.pages_for if kept else (lambda n: 0),
                             self.pages.limit if self.pages else 0)
-        self.scheduler = Scheduler(cfg, runner.kv.pool, cache if kept else None, self.pages) \
-            if self.rank == 0 else None
         self.disk, self.host_comm = disk, host_comm     # this rank's DiskStore (None: no disk tier)
         self._disk_results: dict[int, bool] = {}
-        self.scheduler = Scheduler(cfg, runner.kv.pool, cache if kept else None, self.pages, planner) \
-            if self.rank == 0 else None
+        pricer = Pricer(cfg.mtp_drafts, runner.cfg.num_hidden_layers, cfg.draft_pricing) if cfg.mtp_drafts else None
+        self.scheduler = Scheduler(cfg, runner.kv.pool, cache if kept else None, pages=self.pages, disk=planner,
+                                   pricer=pricer) if self.rank == 0 else None
+        self.verifier = Verifier(runner, trim=self.rank != 0)   # this rank's verify groups in flight
         self.kv_host_stats: dict | None = None     # the row cache's totals (KV rows in host memory), rank 0
         self._mirror = stepmod.Mirror()
         self._states: dict = {}
@@ -208,7 +215,7 @@ class Engine:
                 return ready
             msg = self._message(plan)
             reqs = {g.request_id: self.scheduler.requests[g.request_id] for g in plan.groups}
-            self._masks = self.guides.start([g.request_id for g in plan.groups if g.logits])   # while the step runs
+            self._masks = self.guides.start(sampled_rows(plan))   # while the step runs
             self._in_step = True
         if self.watch is not None:
             self.watch.step_started(plan.step, sum(g.count for g in plan.groups))
@@ -221,7 +228,11 @@ class Engine:
                 self.scheduler.disk.resolved(self._disk_results)      # the ranks' agreed loads
             for rid, got in prompt_logprobs.collect(self.ops, plan.groups, outs, reqs).items():
                 self._prompt_lp.setdefault(rid, []).extend(got)
-            sampled = self._sample(plan, outs, reqs)
+            drafts = {rid: p.tokens for rid, p in self.verifier.pending.items()}
+            masks, self._masks = self._masks, None
+            sampled, self._logprobs, failed = sample_step(self.ops, self.cfg, plan, outs, reqs, drafts,
+                                                          self.guides, masks)
+            self._pending_aborts += failed             # a failed grammar ends its request "abort"
             refused = self._host_refused(plan)
             for rid in refused:
                 sampled.pop(rid, None)
@@ -241,7 +252,9 @@ class Engine:
                     ready.append(RequestOutput(rid, [], "", True, FINISH_ERROR, r.prompt_len, len(r.output),
                                                r.cached, error=why))
             events = self.scheduler.update(plan, sampled)
-            outputs = ready + self._outputs(events)
+            drafted = {g.request_id: (g.drafts, len(sampled[g.request_id]) - 1)
+                       for g in plan.groups if g.drafts and g.request_id in sampled}
+            outputs = ready + self._outputs(events, drafted)
             outputs += self._ready
             self._ready = []
         self.steps += 1
@@ -299,6 +312,7 @@ class Engine:
         for g in plan.groups:
             r = sch.requests[g.request_id]
             flags = (FLAG_LOGITS if g.logits else 0) | (FLAG_DECODE if g.decode else 0)
+            flags |= FLAG_VERIFY if g.drafts else 0
             flags |= FLAG_ALL_LOGITS if not g.decode and prompt_logprobs.wants(r.params) else 0
             flags |= page_hash(r.pages) << HASH_SHIFT
             entries.append(stepmod.ScheduleEntry(g.request_id, g.start, g.count,
@@ -312,8 +326,10 @@ class Engine:
         self._mirror.apply(msg)
         for rid in msg.cancelled:
             state = self._states.pop(rid, None)
+            self.verifier.drop(rid)
             if state is not None:
                 self.runner.release(state)      # on rank 0 the scheduler already released: its table is empty
+        self.verifier.settle(msg.schedule, self._states)      # before this step leases or reads anything
         for req in msg.new:
             state = self.runner.new_state()
             if self.rank == 0:
@@ -323,22 +339,25 @@ class Engine:
         pages = self.pages if self.rank != 0 else None      # rank 0's scheduler made the page store's holds
         if msg.has_cache:
             apply_restores(self.kept, kv, self._states, msg, self.rank, pages)
-        batch = []
+        rows = []
         for e in msg.schedule:
             state = self._states[e.request_id]
             if state.length != e.start:
                 raise EngineError(f"rank {self.rank}: request {e.request_id} is at position {state.length}, "
                                   f"step {msg.step} feeds position {e.start}")
             tokens = e.tokens if e.tokens else self._mirror.requests[e.request_id].prompt[e.start:e.start + e.count]
-            if len(tokens) != e.count:
+            verify = bool(e.flags & FLAG_VERIFY)
+            if len(tokens) != (1 if verify else e.count) or (verify and not 2 <= e.count <= 16):
                 raise EngineError(f"rank {self.rank}: step {msg.step} gives request {e.request_id} "
                                   f"{len(tokens)} tokens for {e.count} rows")
             kv.ensure(state.pages, e.start + e.count)
             if page_hash(state.pages) != e.flags >> HASH_SHIFT:
                 raise EngineError(f"rank {self.rank}: request {e.request_id}'s page table {state.pages} differs "
                                   f"from rank 0's (step {msg.step})")
-            every = bool(e.flags & FLAG_ALL_LOGITS)
-            batch.append(SeqInput(np.asarray(tokens, dtype=np.int32), state, all_logits=every))
+            rows.append((e, state, tokens, verify))
+        drafted = self.verifier.propose([(e.request_id, st, t[0], e.count - 1) for e, st, t, v in rows if v])
+        batch = [SeqInput(np.asarray(drafted[e.request_id] if verify else tokens, dtype=np.int32), state,
+                          all_logits=verify or bool(e.flags & FLAG_ALL_LOGITS)) for e, state, tokens, verify in rows]
         outs = self.runner.forward(batch, check=check) if batch else []
         self._disk_results = {}
         if msg.disk is not None:         # spills before the drops; the ranks agree on the loads between
@@ -363,50 +382,6 @@ class Engine:
         return disk_tier.admin_result(msg, self._disk_results)
 
     # ---- rank 0: sampling and outputs --------------------------------------------------------------------------
-    def _sample(self, plan: StepPlan, outs, reqs: dict[int, Request]) -> dict[int, int]:
-        """Every logits row of the step at once through `ops.sample` (a kernel on sim and cuda, the NumPy
-        reference on numpy). min_tokens bans are logits edits before the op (a NaN stays NaN, so a NaN row is
-        still refused); the tokens come back to the host for the stops and the bookkeeping."""
-        rows = [(g, out) for g, out in zip(plan.groups, outs) if g.logits]
-        self._logprobs = {}
-        if not rows:
-            self.ops.raise_device_errors()
-            return {}
-        ops, xp = self.ops, self.ops.xp
-        logits = xp.stack([xp.asarray(out.logits[-1], dtype=xp.float32).reshape(-1) for _, out in rows])
-        vocab = logits.shape[1]
-        pen = penalties.edits([(i, reqs[g.request_id].params, reqs[g.request_id].prompt, reqs[g.request_id].output)
-                               for i, (g, _) in enumerate(rows) if penalties.wants(reqs[g.request_id].params)],
-                              vocab)
-        if pen is not None:                 # before the bans: a banned id stays -inf
-            ops.penalize(logits, *pen.values())
-        masks, self._masks = self._masks, None
-        self._pending_aborts += self.guides.apply(ops, logits, masks, [g.request_id for g, _ in rows])
-        params = []
-        for i, (g, _) in enumerate(rows):
-            r = reqs[g.request_id]
-            p = r.params
-            ban = [b for b in banned_ids(p, len(r.output), self.cfg.eos_token_ids) if 0 <= b < vocab]
-            if ban:
-                ban = xp.asarray(ban, dtype=xp.int64)
-                cur = logits[i, ban]
-                logits[i, ban] = xp.where(xp.isnan(cur), cur, xp.float32(-np.inf))
-            params.append((0.0 if p.greedy else p.temperature, p.top_k, p.top_p, p.min_p, r.seed, g.end))
-        temperature, top_k, top_p, min_p, seed, position = (
-            np.array(col, dtype=dt) for col, dt in zip(zip(*params), (np.float32, np.int32, np.float32,
-                                                                       np.float32, np.uint64, np.int32)))
-        drawn = ops.sample(logits, temperature, top_k, top_p, min_p, seed, position)
-        tokens, lps = tokens_and_logprobs(ops, logits, drawn, [reqs[g.request_id].params.logprobs for g, _ in rows])
-        self._logprobs = {rows[i][0].request_id: lp for i, lp in lps.items()}
-        sampled = {}
-        for (g, _), tok in zip(rows, tokens):
-            if tok < 0:
-                raise EngineError(f"request {g.request_id} at position {g.end}: logits hold NaN")
-            sampled[g.request_id] = int(tok)
-            if not self.guides.consume(g.request_id, tok):
-                self._pending_aborts.append(g.request_id)   # the grammar failed: the request ends "abort"
-        return sampled
-
     def _host_refused(self, plan: StepPlan) -> dict[int, str]:
         """Rank 0, after the step's read-back: the requests whose gather ran past its slots (kv/host_rows.py),
         with the named error. A call's segment i is plan.groups[i] (the step's rows in schedule order)."""
@@ -417,9 +392,17 @@ class Engine:
         self.kv_host_stats = host.take_stats()
         return refused
 
-    def _outputs(self, events) -> list[RequestOutput]:
-        out = []
+    def _outputs(self, events, drafted: dict[int, tuple[int, int]]) -> list[RequestOutput]:
+        """One output per request from its events in order (a verify group gives several tokens); a stop
+        string ends a request at its token, dropping the tokens after it, as serial decoding would."""
+        out, by_id, base = [], {}, {}
+        for r, _, _ in events:
+            base[r.id] = base.get(r.id, len(r.output)) - 1
         for r, tok, reason in events:
+            if r.id in by_id and by_id[r.id].finished:
+                continue
+            base[r.id] += 1
+            done = base[r.id] + 1                               # tokens generated with this one
             text = self._texts.get(r.id)
             finished = reason is not None
             if text is not None:
@@ -427,6 +410,7 @@ class Engine:
                 if text.push(tok, finished, include) and not finished:
                     self.scheduler.finish(r.id, FINISH_STOP)
                     finished, reason = True, FINISH_STOP
+                    del r.output[done:]
                 elif text.stopped:
                     reason = FINISH_STOP                        # the last token also completed a stop string
                     r.finish_reason = reason
@@ -436,10 +420,20 @@ class Engine:
             if finished:
                 self._texts.pop(r.id, None)
                 self.guides.drop(r.id)
-            lp = self._logprobs.pop(r.id, None)
-            out.append(RequestOutput(r.id, [tok], piece, finished, reason, r.prompt_len, len(r.output),
-                                     r.cached, None if r.cached else r.miss_reason,
-                                     logprobs=None if lp is None else [lp],
-                                     prompt_logprobs=self._prompt_lp.pop(r.id, None)))
+            lps = self._logprobs.get(r.id)
+            lp = lps.pop(0) if lps else None
+            o = by_id.get(r.id)
+            if o is None:
+                on = self.cfg.mtp_drafts > 0 and r.params.draft is not False
+                o = by_id[r.id] = RequestOutput(r.id, [], "", False, None, r.prompt_len, 0, r.cached,
+                                                None if r.cached else r.miss_reason,
+                                                prompt_logprobs=self._prompt_lp.pop(r.id, None),
+                                                draft=drafted.get(r.id, (0, 0)) if on else None)
+                out.append(o)
+            o.new_token_ids.append(tok)
+            o.new_text += piece
+            o.finished, o.finish_reason, o.completion_tokens = finished, reason, done
+            if lp is not None:
+                o.logprobs = (o.logprobs or []) + [lp]
+        self._logprobs = {}
         return out
-

@@ -189,7 +189,7 @@ def plan_memory(cfg: ModelConfig, *, storage: Storage, tp: int = 1, rank: int = 
     the memory this rank plans in (card or host); `kv_budget_bytes` (--kv-gib) replaces the arithmetic with an
     explicit KV budget. `fit_pages` overrides the pages that fit (the minimum over ranks, see `agree`).
     `pool_cap` (CPU backends) sizes the pool to `parallel` full windows rather than all memory; `mtp`: the
-    MTP head is built (its weights and state rows counted)."""
+    MTP head is built (its weights and state rows counted, and each stream's verify snapshot, engine/verify)."""
     if tp < 1 or parallel < 1:
         raise PlanError(f"tp and parallel must be positive (got tp {tp}, parallel {parallel})")
     page_tokens = page_tokens or cfg.page_tokens
@@ -202,6 +202,8 @@ def plan_memory(cfg: ModelConfig, *, storage: Storage, tp: int = 1, rank: int = 
     host_pages, slots, gather = _host_rows(cfg, storage, page_tokens, context, kv_host, kv_host_bytes, host_bpt)
     scratch = activation_bytes(cfg, tp, chunk_rows + parallel, parallel, storage.itemsize(FP32)) + parallel * state
     scratch += gather
+    snapshots = parallel * state if mtp else 0          # the head is built to draft: a verify snapshot per stream
+    scratch += snapshots
     reserve = int(reserve_gib * GIB)
     cache = total_bytes([prompt_cache_arena(int(prompt_cache_gib * GIB), page_bytes)], storage)
     if prompt_cache_gib > 0 and not cache:

@@ -42,6 +42,10 @@ class Request:
     salt: str = ""                          # cache_salt: kept states are found only under the same salt
     cached: int = 0                         # prompt positions restored from a kept state
     miss_reason: str | None = None          # why nothing was restored (None when something was)
+    draft_proposed: int = 0                 # MTP drafts verified so far (cupyglm.engine.draft)
+    draft_accepted: int = 0                 # of them accepted
+    draft_rate: float = 1.0                 # the price's acceptance average (draft.Pricer; starts optimistic)
+    draft_skipped: int = 0                  # steps the price skipped drafting
 
     @property
     def prompt_len(self) -> int:
@@ -77,3 +81,4 @@ class RequestOutput:
     logprobs: list | None = None            # per new token (logprob, [(id, logprob)] top k), if requested
     prompt_logprobs: list | None = None     # with the first token: [(prompt token, logprob, top)] from token 1
     error: str | None = None                # finish_reason "error": why the engine refused the request
+    draft: tuple[int, int] | None = None    # (drafts proposed, accepted) this step; None: the request drafts off

@@ -85,6 +85,7 @@ class SamplingParams:
     logit_bias: tuple[tuple[int, float], ...] = ()   # (id, bias in -100..100) pairs, distinct ids
     prompt_logprobs: int | None = None    # None: off; k: each prompt token's logprob and its k most likely
     guide: object | None = None           # structured output: a cupyglm.engine.grammar.Guide the output matches
+    draft: bool | None = None             # MTP drafts for this request; None: the server's --mtp-drafts decides
 
     def __post_init__(self) -> None:
         def num(name: str) -> float:
@@ -128,6 +129,8 @@ class SamplingParams:
         for i in ids:
             if not 0 <= i < 2**32:
                 raise ValueError(f"stop_token_ids must hold token ids >= 0, got {i}")
+        if self.draft is not None and not isinstance(self.draft, bool):
+            raise ValueError(f"draft must be true or false, got {self.draft!r}")
         for name in ("ignore_eos", "skip_special_tokens"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be true or false, got {getattr(self, name)!r}")

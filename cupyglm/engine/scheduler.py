@@ -13,6 +13,9 @@ that asked for logits.
   `RequestTooLong` in `add()`, before it takes anything.
 - Prefill is chunked: one step feeds at most `cfg.chunk` prompt tokens (all requests together), and a chunk
   ends on a multiple of the keep grid unless it ends the prompt. Decode rows (one per request) ride along.
+- MTP drafts (`pricer`, cupyglm.engine.draft): a drafting request's decode row is a verify group of 1 + n rows,
+  n never past the tokens it may still generate, so its pages stay within what admission reserved; `update`
+  takes the accepted tokens and cuts the table to the positions fed (before the next step leases).
 - With a prompt cache (`cupyglm.engine.prompt_cache`): an admitted request whose prompt starts with a kept
   state resumes there (its pages for those positions leased at once, the restore in the plan); a prompt chunk
   that ends on the keep grid or at the prompt's end is a keep point (the keep and any evictions in the plan).
@@ -41,21 +44,23 @@ __all__ = ["Scheduler", "StepPlan", "RowGroup", "QueueFull", "RequestTooLong"]
 
 @dataclasses.dataclass(frozen=True)
 class RowGroup:
-    """Rows of one request in one step: `tokens` fed at positions start, start + 1, ..."""
+    """Rows of one request in one step: `tokens` fed at positions start, start + 1, ... A verify group
+    (drafts > 0, `cupyglm.engine.verify`) is a decode row followed by `drafts` rows the ranks propose."""
 
     request_id: int
     tokens: tuple[int, ...]
     start: int
     logits: bool               # sample after this group (the prompt's last chunk, or a decode row)
     decode: bool               # a decode row (its token was sampled on rank 0), else a prompt chunk
+    drafts: int = 0            # drafted rows after the decode row (verify rows, decode role)
 
     @property
     def count(self) -> int:
-        return len(self.tokens)
+        return len(self.tokens) + self.drafts
 
     @property
     def end(self) -> int:
-        return self.start + len(self.tokens)
+        return self.start + self.count
 
 
 @dataclasses.dataclass(frozen=True)
@@ -82,8 +87,9 @@ class StepPlan:
 
 class Scheduler:
     def __init__(self, cfg: EngineConfig, pool: PagePool | None = None, cache: PromptCache | None = None,
-                 pages=None, disk=None):
+                 pages=None, disk=None, pricer=None):
         self.cfg = cfg
+        self.pricer = pricer                            # cupyglm.engine.draft.Pricer: drafts per decode step
         self.pool = pool if pool is not None else PagePool(cfg.num_pages)
         self.cache = cache
         self.pages = pages                              # the kept prompts' pool pages (PageStore), or None
@@ -232,7 +238,8 @@ class Scheduler:
                     continue
                 group = RowGroup(r.id, r.prompt[r.fed:end], r.fed, end == r.prompt_len, False)
             else:
-                group = RowGroup(r.id, (r.output[-1],), r.fed, True, True)
+                n = self.pricer.choose(r) if self.pricer is not None else 0
+                group = RowGroup(r.id, (r.output[-1],), r.fed, True, True, n)
             if not self._lease(r, group.end):
                 continue
             if not group.decode:
@@ -256,9 +263,11 @@ class Scheduler:
                 return False
         return True
 
-    def update(self, plan: StepPlan, sampled: dict[int, int]) -> list[tuple[Request, int, str | None]]:
+    def update(self, plan: StepPlan, sampled: dict) -> list[tuple[Request, int, str | None]]:
         """Apply a step's results: positions fed, sampled tokens, token-level finishes (pages released at
-        once). Returns (request, token, finish reason or None) for each sampled row, in plan order."""
+        once). `sampled[id]` is a token, or for a verify group the list of tokens it yields (a + 1 for a
+        accepted drafts: a + 1 positions fed, the table cut to them). Returns (request, token, finish reason or
+        None) for each token taken, in plan order."""
         events = []
         for g in plan.groups:
             r = self.requests.get(g.request_id)
@@ -269,12 +278,23 @@ class Scheduler:
             r.fed = g.end
             if not g.logits:
                 continue
-            tok = int(sampled[g.request_id])
-            r.output.append(tok)
-            reason = token_finish(r.params, tok, len(r.output), r.max_tokens, self.cfg.eos_token_ids)
-            if reason is not None:
-                self._finish(r, reason)
-            events.append((r, tok, reason))
+            got = sampled[g.request_id]
+            toks = [int(t) for t in got] if isinstance(got, (list, tuple)) else [int(got)]
+            if g.drafts:
+                r.fed = g.start + len(toks)
+                self.pricer.observe(r, g.drafts, len(toks) - 1)
+                keep = self.cfg.pages_needed(r.fed)
+                if len(r.pages) > keep:
+                    self.pool.release(r.pages[keep:])
+                    del r.pages[keep:]
+            for tok in toks:
+                r.output.append(tok)
+                reason = token_finish(r.params, tok, len(r.output), r.max_tokens, self.cfg.eos_token_ids)
+                if reason is not None:
+                    self._finish(r, reason)
+                events.append((r, tok, reason))
+                if reason is not None:
+                    break
         return events
 
     # ---- endings -----------------------------------------------------------------------------------------------

@@ -1,9 +1,10 @@
 """Kept prompt states on one rank: the arena, its kept pages, and the parts of a sequence's state at a keep point.
 
 A kept state at length L = the fixed parts (per KDA layer the recurrent state and conv window; per indexed KV
-layer the incomplete pool's L % kpool index-key and gate rows; the MTP pending row when the head is built) and
-the paged parts (per indexed KV layer the latent rows of positions 0..L-1 and the L // kpool pooled keys, each
-with its own page stride). Every copy goes through `cupyglm.kv.walk.each`; the backend gives only the hook.
+layer the incomplete pool's n % kpool index-key and gate rows; the MTP pending row when the head is built) and
+the paged parts (per indexed KV layer the latent rows of positions 0..n-1 and the n // kpool pooled keys, each
+with its own page stride), n = L for a DSA layer and L - 1 for the MTP layer (`written`). Every copy goes
+through `cupyglm.kv.walk.each`; the backend gives only the hook.
 With a page store (CUPYGLM_KV_SHARE, `cupyglm.kv.page_store`) the paged parts start after the whole pages the
 store holds (the walk's `from`), so a kept state copies the fixed parts and a partly filled last page only.
 
@@ -36,6 +37,12 @@ def indexed_layers(cfg: ModelConfig, mtp: bool) -> tuple[int, ...]:
     return cfg.kv_layers if mtp else cfg.dsa_layers
 
 
+def written(cfg: ModelConfig, layer: int, length: int) -> int:
+    """Positions a KV layer has written at sequence length `length`: the MTP layer's row L - 1 waits for the
+    token at L (the pending row), so it has written L - 1."""
+    return max(length - 1, 0) if layer == cfg.mtp_layer else length
+
+
 def kept_state_bytes(cfg: ModelConfig, tp: int, storage, page_tokens: int, length: int, mtp: bool = False,
                      shared: int = 0) -> int:
     """Bytes of a kept state at `length` (what `KeptStore.parts` covers), computed without any state; `shared`:
@@ -44,9 +51,10 @@ def kept_state_bytes(cfg: ModelConfig, tp: int, storage, page_tokens: int, lengt
     for layer in cfg.kda_layers:
         total += sum(a.nbytes(storage) for a in kda_state_arrays(cfg, tp, layer))
     bf = storage.itemsize(BF16)
-    for _ in indexed_layers(cfg, mtp):
-        total += 2 * (length % cfg.index_kpool) * cfg.index_head_dim * bf
-        total += length * cfg.kv_lora_rank * bf + (length // cfg.index_kpool) * cfg.index_head_dim * bf
+    for layer in indexed_layers(cfg, mtp):
+        n = written(cfg, layer, length)
+        total += 2 * (n % cfg.index_kpool) * cfg.index_head_dim * bf
+        total += n * cfg.kv_lora_rank * bf + (n // cfg.index_kpool) * cfg.index_head_dim * bf
         total -= shared * (page_tokens * cfg.kv_lora_rank + page_tokens // cfg.index_kpool * cfg.index_head_dim) * bf
     if mtp and length:
         total += cfg.hidden_size * bf
@@ -99,8 +107,8 @@ class KeptStore:
             for d in (state.kda_state, state.kda_conv):
                 d[layer] = xp.ascontiguousarray(d[layer])        # an address needs one contiguous buffer
                 out.append(Part(address_of(d[layer]), int(d[layer].nbytes)))
-        rows = length % cfg.index_kpool
         for layer in indexed_layers(cfg, self.mtp):
+            rows = written(cfg, layer, length) % cfg.index_kpool
             ik, ig = state.index_tail[layer]
             if ik.shape[0] != rows or ig.shape[0] != rows:
                 raise ValueError(f"layer {layer}'s index tail holds {ik.shape[0]} rows at length {length}")
@@ -112,8 +120,9 @@ class KeptStore:
         for layer in indexed_layers(cfg, self.mtp):
             lat, pk = kv.latent[layer], kv.pooled[layer]
             row, prow = lat.shape[1] * lat.itemsize, pk.shape[1] * pk.itemsize
-            out.append(Part(address_of(lat), length * row, kv.page_tokens * row, pages, skip))
-            out.append(Part(address_of(pk), (length // cfg.index_kpool) * prow, per_pool * prow, pages, skip))
+            n = written(cfg, layer, length)
+            out.append(Part(address_of(lat), n * row, kv.page_tokens * row, pages, skip))
+            out.append(Part(address_of(pk), (n // cfg.index_kpool) * prow, per_pool * prow, pages, skip))
         if self.mtp and length:
             state.mtp_pending = xp.ascontiguousarray(state.mtp_pending)
             out.append(Part(address_of(state.mtp_pending), int(state.mtp_pending.nbytes)))
@@ -143,8 +152,8 @@ class KeptStore:
         if state.length or len(state.pages) < self.kv.pages_needed(length):
             raise ValueError(f"restore needs a fresh state with {self.kv.pages_needed(length)} pages")
         bf = self.storage.dtype(BF16)
-        rows = length % cfg.index_kpool
         for layer in indexed_layers(cfg, self.mtp):
+            rows = written(cfg, layer, length) % cfg.index_kpool
             state.index_tail[layer] = (xp.empty((rows, cfg.index_head_dim), dtype=bf),
                                        xp.empty((rows, cfg.index_head_dim), dtype=bf))
         if self.mtp and length:

@@ -368,10 +368,11 @@ def tokenizer_info_of(tokenizer: Any, info: ModelInfo) -> dict:
     return out
 
 
-def model_info(served_id: str, root: str, max_model_len: int, vocab_size: int, prompt_cache: bool = False) -> ModelInfo:
+def model_info(served_id: str, root: str, max_model_len: int, vocab_size: int, prompt_cache: bool = False,
+               mtp_drafts: int = 0) -> ModelInfo:
     import os
 
     aliases = {root, os.path.basename(root.rstrip("/"))} - {""}
     return ModelInfo(served_id=served_id, aliases=frozenset(aliases), max_model_len=max_model_len,
-                     vocab_size=vocab_size, prompt_cache=prompt_cache)
+                     vocab_size=vocab_size, prompt_cache=prompt_cache, mtp_drafts=mtp_drafts)
 

@@ -34,6 +34,7 @@ class Delta:
     cache_miss_reason: str | None = None
     logprobs: list | None = None         # per token (logprob, [(id, logprob)]) when the request asked for them
     prompt_logprobs: list | None = None  # with the first token: [(prompt token, logprob, top)] from token 1
+    draft: tuple[int, int] | None = None  # (MTP drafts proposed, accepted) this step when the request drafts
 
 
 class EngineDied(RuntimeError):
@@ -46,7 +47,7 @@ def normalize(out) -> Delta:
                  finished=bool(out.finished), finish_reason=out.finish_reason, prompt_tokens=out.prompt_tokens,
                  cached_tokens=int(out.cached_tokens or 0),
                  cache_miss_reason=getattr(out, "cache_miss_reason", None), logprobs=getattr(out, "logprobs", None),
-                 prompt_logprobs=getattr(out, "prompt_logprobs", None))
+                 prompt_logprobs=getattr(out, "prompt_logprobs", None), draft=getattr(out, "draft", None))
 
 
 class RequestStream:
@@ -235,6 +236,8 @@ class EngineBridge:
                 stream.last_token_at = now
                 stream.generated += len(d.token_ids)
                 self.metrics.generation_tokens.inc(len(d.token_ids))
+            if d.draft is not None and d.draft[0]:
+                self.metrics.on_draft(*d.draft)
             if d.finished:
                 self._streams.pop(d.request_id, None)
                 self.metrics.on_finish(stream, d.finish_reason or "stop", now, cached=d.cached_tokens)

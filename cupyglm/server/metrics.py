@@ -60,6 +60,14 @@ class Metrics:
                                   registry=r)
         self.row_bytes = Gauge("cupyglm:kv_host_bytes_per_decode_token", "Host bytes a decode row copied "
                                "across the bus (all layers).", registry=r)
+        # speculative decoding, vLLM's spec_decode names: verify calls, drafts verified, drafts accepted
+        self.spec_drafts = Counter("cupyglm:spec_decode_num_drafts", "Verify calls with MTP drafts.", registry=r)
+        self.spec_draft_tokens = Counter("cupyglm:spec_decode_num_draft_tokens", "MTP draft tokens verified.",
+                                         registry=r)
+        self.spec_accepted = Counter("cupyglm:spec_decode_num_accepted_tokens", "MTP draft tokens accepted.",
+                                     registry=r)
+        self.spec_per_pos = Counter("cupyglm:spec_decode_num_accepted_tokens_per_pos", "MTP draft tokens accepted "
+                                    "by draft position.", ["position"], registry=r)
         self.success = Counter("cupyglm:request_success", "Finished requests by finish reason.",
                                ["finished_reason"], registry=r)
         for reason in ("stop", "length", "abort"):
@@ -118,6 +126,13 @@ class Metrics:
         self.prefix_queries.inc(stream.prompt_len)
         if cached:
             self.prefix_hits.inc(cached)
+
+    def on_draft(self, proposed: int, accepted: int) -> None:
+        self.spec_drafts.inc()
+        self.spec_draft_tokens.inc(proposed)
+        self.spec_accepted.inc(accepted)
+        for pos in range(accepted):
+            self.spec_per_pos.labels(position=str(pos)).inc()
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

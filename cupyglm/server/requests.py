@@ -35,6 +35,7 @@ class ModelInfo:
     max_model_len: int
     vocab_size: int
     prompt_cache: bool = False       # the engine keeps prompt states (cache_salt isolates them per tenant)
+    mtp_drafts: int = 0              # --mtp-drafts: 0 refuses "draft": true (nothing would draft)
 
 
 @dataclasses.dataclass
@@ -184,7 +185,17 @@ def _sampling(body: Mapping, info: ModelInfo, kind: str) -> dict:
                 repetition_penalty=get_float(body, "repetition_penalty", 1.0, lo=0.0, hi=10.0, lo_open=True),
                 temperature=temperature, top_p=top_p, top_k=max(top_k, 0), min_p=min_p, seed=seed,
                 max_tokens=max_tokens, min_tokens=min_tokens, stop=_stop(body), stop_token_ids=stop_ids,
-                ignore_eos=ignore_eos, skip_special_tokens=skip_special)
+                ignore_eos=ignore_eos, skip_special_tokens=skip_special,
+                draft=_draft(body, info))
+
+
+def _draft(body: Mapping, info: ModelInfo) -> bool | None:
+    """"draft": None follows the server's --mtp-drafts; true on a server that drafts nothing is refused."""
+    draft = get_bool(body, "draft", None)
+    if draft and not info.mtp_drafts:
+        raise bad("draft", "'draft': true needs a server started with --mtp-drafts N (this one drafts nothing); "
+                  "send false or leave it out", "unsupported_parameter")
+    return draft
 
 
 def _common(body: Mapping, kind: str, info: ModelInfo) -> dict:

@@ -27,12 +27,15 @@ def now() -> int:
     return int(time.time())
 
 
-def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0, miss: str | None = None) -> dict:
+def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0, miss: str | None = None,
+          draft: tuple[int, int] | None = None) -> dict:
     out = {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
            "total_tokens": prompt_tokens + completion_tokens,
            "prompt_tokens_details": {"cached_tokens": cached_tokens}}
     if miss and not cached_tokens:
         out["cache_miss_reason"] = miss          # why nothing was restored from the prompt cache
+    if draft is not None:                        # the request drafted: MTP drafts verified and accepted
+        out["draft_tokens"] = {"proposed": draft[0], "accepted": draft[1]}
     return out
 
 
@@ -56,9 +59,11 @@ class Reply:
     fields: dict = dataclasses.field(default_factory=dict)    # chat: the delta fields of the last add
     index: int = 0                   # the choice's index in the reply
     counts_prompt: bool = True       # the first choice of its prompt: its prompt counts in usage
+    draft: tuple[int, int] | None = None   # (MTP drafts proposed, accepted) when the request drafted
 
     def usage(self) -> dict:
-        return usage(len(self.prompt_ids), len(self.token_ids), self.cached_tokens, self.cache_miss_reason)
+        return usage(len(self.prompt_ids), len(self.token_ids), self.cached_tokens, self.cache_miss_reason,
+                     self.draft)
 
     def add(self, delta) -> None:
         """Fold one engine step's Delta for this request into the reply."""
@@ -66,6 +71,9 @@ class Reply:
         self.text += delta.text
         self.cached_tokens = delta.cached_tokens or self.cached_tokens
         self.cache_miss_reason = getattr(delta, "cache_miss_reason", None) or self.cache_miss_reason
+        step = getattr(delta, "draft", None)
+        if step is not None:
+            self.draft = (step[0] + (self.draft or (0, 0))[0], step[1] + (self.draft or (0, 0))[1])
         if delta.logprobs is not None:
             self.logprobs = (self.logprobs or []) + entries(delta)
         if delta.prompt_logprobs is not None:
@@ -95,7 +103,13 @@ def usage_of(replies: Sequence[Reply]) -> dict:
     misses = [r.cache_miss_reason for r in replies if r.counts_prompt and r.cache_miss_reason]
     return usage(sum(len(r.prompt_ids) for r in replies if r.counts_prompt),
                  sum(len(r.token_ids) for r in replies),
-                 sum(r.cached_tokens for r in replies if r.counts_prompt), misses[0] if misses else None)
+                 sum(r.cached_tokens for r in replies if r.counts_prompt), misses[0] if misses else None,
+                 _draft_sum(replies))
+
+
+def _draft_sum(replies: Sequence[Reply]) -> tuple[int, int] | None:
+    drafted = [r.draft for r in replies if r.draft is not None]
+    return (sum(d[0] for d in drafted), sum(d[1] for d in drafted)) if drafted else None
 
 
 def _many(r: Reply | Sequence[Reply]) -> list[Reply]:

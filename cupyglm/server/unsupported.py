@@ -25,6 +25,3 @@ def refuse_unsupported(body: Mapping, kind: str) -> None:
     get_dict(body, "response_format")
     get_bool(body, "use_beam_search", False)
     check_fields(body, kind)
-    if get_bool(body, "draft", False):
-        raise bad("draft", "'draft': true is not supported yet (MTP drafts are not available); send false",
-                  "unsupported_parameter")

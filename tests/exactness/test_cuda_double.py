@@ -72,11 +72,12 @@ PARAMS = [SamplingParams(temperature=0, max_tokens=6),
           SamplingParams(temperature=0.7, min_p=0.1, seed=9, max_tokens=6)]
 
 
-def make_engine(ckpt, ops, parallel=4, pages=32):
+def make_engine(ckpt, ops, parallel=4, pages=32, drafts=0):
     c = ckpt.config
-    runner = ModelRunner(ckpt, ops, LocalComm(), pages, 16, poison=True)
+    runner = ModelRunner(ckpt, ops, LocalComm(), pages, 16, mtp=drafts > 0, poison=True)
     cfg = EngineConfig(context=128, num_pages=pages, page_tokens=16, keep_grid=c.keep_grid, parallel=parallel,
-                       seed=0, eos_token_ids=c.eos_token_ids, vocab_size=c.vocab_size, poison=True)
+                       seed=0, eos_token_ids=c.eos_token_ids, vocab_size=c.vocab_size, poison=True,
+                       mtp_drafts=drafts, draft_pricing=False)
     return Engine(runner, LocalComm(), cfg, ckpt.tokenizer)
 
 
@@ -102,6 +103,17 @@ def test_cuda_engine_concurrent_equals_solo_and_numpy(tiny_ckpt, cuda_ops):
     assert together == alone
     reference, _ = run(make_engine(tiny_ckpt, NumpyOps()), prompts, PARAMS)
     assert together == reference
+
+
+def test_cuda_engine_drafted_equals_numpy_serial(tiny_ckpt, cuda_ops):
+    """MTP drafts on the cuda path (the chained proposer, verify groups, rollback replays): numpy's serial tokens."""
+    rng = np.random.default_rng(7)
+    prompts = [rng.integers(0, 496, n).tolist() for n in LENGTHS]
+    eng = make_engine(tiny_ckpt, cuda_ops, drafts=3)
+    drafted, _ = run(eng, prompts, PARAMS)
+    assert eng.verifier.replayed_rows > 0
+    reference, _ = run(make_engine(tiny_ckpt, NumpyOps()), prompts, PARAMS)
+    assert drafted == reference
 
 
 def test_bench_cuda_counts_prints_the_per_token_baseline():

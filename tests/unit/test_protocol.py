@@ -180,3 +180,12 @@ def test_best_of_pick():
     assert [(r.index, r.token_ids, r.counts_prompt, r.logprobs) for r in got] == [
         (0, [0], True, None), (1, [0], False, None), (2, [0, 1], True, None), (3, [0], False, None)]
     assert pick(rs, 3, 1, asked_logprobs=True)[0].logprobs == rs[1].logprobs
+
+
+def test_draft_follows_the_server_and_true_needs_drafts():
+    import dataclasses
+
+    drafting = dataclasses.replace(INFO, mtp_drafts=3)
+    assert parse_completion({"prompt": "x", "draft": True}, drafting).sampling["draft"] is True
+    assert parse_completion({"prompt": "x", "draft": False}, INFO).sampling["draft"] is False
+    assert parse_completion({"prompt": "x"}, drafting).sampling["draft"] is None      # the server decides

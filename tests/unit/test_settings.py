@@ -181,7 +181,6 @@ def test_line():
     ({"kv_share": 2, "prompt_cache_gib": 1.0, "kv_host": True}, "CUPYGLM_KV_SHARE=2 with CUPYGLM_KV_HOST=1: kept "
                                                                 "prompts share device KV pages, and with host KV rows "
                                                                 "the latent rows are not on those pages"),
-    ({"mtp_drafts": 3}, "--mtp-drafts 3: MTP drafts are not available yet"),
 ])
 def test_refuse_unavailable(kwargs, message):
     with pytest.raises(SettingsError) as info:
@@ -221,3 +220,11 @@ def test_kv_share_with_a_disk_tier_is_refused(tmp_path):
         s.refuse_unavailable()
     assert info.value.agreed
     Settings(prompt_cache_gib=1.0, prompt_cache_dir=str(tmp_path)).refuse_unavailable()
+
+
+def test_mtp_drafts_are_built():
+    s = Settings.from_argv(["--mtp-drafts", "3"])
+    assert s.mtp_drafts == 3
+    s.refuse_unavailable()                       # MTP drafts are no longer refused
+    with pytest.raises(SettingsError, match="--mtp-drafts"):
+        Settings.from_argv(["--mtp-drafts", "16"])
