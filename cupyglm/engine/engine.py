@@ -287,7 +287,8 @@ class Engine:
                 raise EngineError(f"rank {self.rank}: request {e.request_id}'s page table {state.pages} differs "
                                   f"from rank 0's (step {msg.step})")
             every = bool(e.flags & FLAG_ALL_LOGITS)
-            batch.append(SeqInput(np.asarray(tokens, dtype=np.int32), state, all_logits=every))
+            batch.append(SeqInput(np.asarray(tokens, dtype=np.int32), state, all_logits=every,
+                                  decode=bool(e.flags & FLAG_DECODE)))
         outs = self.runner.forward(batch, check=check) if batch else []
         if msg.has_cache:
             apply_keeps(self.kept, self._states, msg, self.rank)

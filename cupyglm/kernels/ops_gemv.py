@@ -1,7 +1,8 @@
 """Launchers of cuda_src/gemv.cu: the decode/verify GEMM, which streams each bf16 weight once per call for all of
 the call's decode/verify rows (DESIGN §3b). Not ops of their own: ops_gemm's gemm, gemm_heads and gemm_grouped
-send a call's leading `decode` rows here (the rows whose role is decode or verify) and the rest to gemm.cu, so a
-row's path is set by its role, never by how many rows share the call. Both paths give the same bits (lane-16)."""
+send a call's leading `decode` rows here (the rows whose role is decode or verify) and the rest to gemm.cu, as ops_gemm_swiglu does
+with gemv_swiglu.cu / gemm_swiglu.cu, so a row's path is set by its role, never by how many rows share the call.
+Both paths give the same bits (lane-16)."""
 from __future__ import annotations
 
 import numpy as np
@@ -9,6 +10,7 @@ import numpy as np
 from cupyglm.kernels.ops import Kernels, check, i32
 
 SRC = "gemv.cu"
+SRC_SWIGLU = "gemv_swiglu.cu"
 OUTS = 16          # GEMV_OUTS: output columns per block
 ROWS = 16          # GEMV_ROWS: rows per block (a block reads its columns' weights once for these rows)
 THREADS = (16, OUTS)
@@ -50,3 +52,32 @@ def gemv_grouped(k: Kernels, x, w, group, y, suffix: str) -> None:
         raise ValueError(f"gemv_grouped_lane16: {m} decode rows exceed the grid's 65,535 limit")
     k.launch(SRC, "gemv_grouped_lane16" + suffix, (-(-n // OUTS), m, 1), THREADS,
              (x, w, group, y, i32(m), i32(n), i32(kk), i32(e)))
+
+
+def gemv_swiglu(k: Kernels, x, w_gate, w_up, y, rows: int, limit_args) -> None:
+    """y[:rows] = swiglu of x[:rows]'s gate and up projections (bf16). x [M, K], w_* [N, K], y [M, N] bf16."""
+    check("gemv_swiglu_lane16", "x", x, (None, None), k.bf16)
+    check("gemv_swiglu_lane16", "w_gate", w_gate, (None, x.shape[1]), k.bf16)
+    check("gemv_swiglu_lane16", "w_up", w_up, tuple(w_gate.shape), k.bf16)
+    m, kk = x.shape
+    n = w_gate.shape[0]
+    check("gemv_swiglu_lane16", "y", y, (m, n), k.bf16)
+    if not 0 < rows <= m:
+        raise ValueError(f"gemv_swiglu_lane16: rows must be in (0, {m}], got {rows}")
+    k.launch(SRC_SWIGLU, "gemv_swiglu_lane16", grid(rows, n)[:2], THREADS,
+             (x, w_gate, w_up, y, i32(m), i32(n), i32(kk), i32(rows), *limit_args))
+
+
+def gemv_grouped_swiglu(k: Kernels, x, w_gate, w_up, group, y, limit_args) -> None:
+    """Every row (all decode/verify rows): y[m] = swiglu of x[m] against expert group[m]'s gate and up slices."""
+    check("gemv_grouped_swiglu_lane16", "x", x, (None, None), k.bf16)
+    check("gemv_grouped_swiglu_lane16", "w_gate", w_gate, (None, None, x.shape[1]), k.bf16)
+    check("gemv_grouped_swiglu_lane16", "w_up", w_up, tuple(w_gate.shape), k.bf16)
+    check("gemv_grouped_swiglu_lane16", "group", group, (x.shape[0],), np.int32)
+    m, kk = x.shape
+    e, n = w_gate.shape[0], w_gate.shape[1]
+    check("gemv_grouped_swiglu_lane16", "y", y, (m, n), k.bf16)
+    if m > MAX_GRID:
+        raise ValueError(f"gemv_grouped_swiglu_lane16: {m} decode rows exceed the grid's 65,535 limit")
+    k.launch(SRC_SWIGLU, "gemv_grouped_swiglu_lane16", (-(-n // OUTS), m, 1), THREADS,
+             (x, w_gate, w_up, group, y, i32(m), i32(n), i32(kk), i32(e), *limit_args))
