@@ -13,6 +13,7 @@ import numpy as np
 
 from cupyglm.backend.lanes import BF16, bf16, exp_f32, f32, gemm, lane_sum, out_kind, stored_weight
 from cupyglm.backend.numpy_gemm import NumpyGemm, round_out as _round
+from cupyglm.backend.roles import decode_rows
 from cupyglm.engine.logprobs import logprobs_rows
 from cupyglm.engine.penalties import penalize_rows
 from cupyglm.engine.sampling import sample_rows
@@ -268,14 +269,16 @@ class NumpyOps(NumpyGemm):
 
     # ---- DSA attention ---------------------------------------------------------------------------
     def attention(self, qa: np.ndarray, store: np.ndarray, rows: np.ndarray, counts: np.ndarray,
-                  scale: float, chunk: int) -> np.ndarray:
+                  scale: float, chunk: int, decode: int = 0) -> np.ndarray:
         """Absorbed MLA over latent rows read through row ids.
 
         qa: [T, H, R] bf16 (queries absorbed into latent space), store: [rows_total, R] bf16 (latent rows;
         keys equal values), rows: [T, W] int32 physical row ids (-1 padded), counts: [T] int32.
         Online softmax over `chunk`-key chunks of the row's list, merged in list order; fp32 m, l, o;
-        P rounded to bf16 before P.V and the sum l. Returns [T, H, R] bf16 (o / l).
+        P rounded to bf16 before P.V and the sum l. Returns [T, H, R] bf16 (o / l). Rows [0, decode) are
+        decode/verify rows (backend/roles.py: the kernels split them by chunk; the same bits).
         """
+        decode_rows("attention", decode, qa.shape[0])
         qa = f32(qa)
         t, h, r = qa.shape
         out = np.empty((t, h, r), dtype=np.float32)

@@ -51,6 +51,6 @@ class DSALayer:
         rows = seg_device.call_token_rows(segs, kv, xp, tokens)                # [T, max_pick] latent row ids
         qa = ops.gemm_heads(q.transpose(1, 0, 2), self.w_k_t, out="bf16", decode=d).transpose(1, 0, 2)  # [T, H, R]
         o = ops.attention(xp.ascontiguousarray(qa), store, rows, counts,
-                          c.qk_nope_head_dim ** -0.5, c.attn_chunk)                         # [T, H, R]
+                          c.qk_nope_head_dim ** -0.5, c.attn_chunk, decode=d)               # [T, H, R]
         out = ops.gemm_heads(xp.ascontiguousarray(o.transpose(1, 0, 2)), self.w_v, out="bf16", decode=d)  # [H, T, V]
         return ops.gemm(xp.ascontiguousarray(out.transpose(1, 0, 2)).reshape(t, -1), self.o_proj, decode=d)
