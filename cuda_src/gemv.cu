@@ -7,7 +7,7 @@
 // Launch: block (16, GEMV_OUTS); grid (ceil(N / GEMV_OUTS), ceil(rows / GEMV_ROWS), H).
 // Grouped: grid (ceil(N / GEMV_OUTS), M): block y = m works only if row m starts a run of equal expert ids
 // (m = 0 or group[m - 1] != group[m]) and takes the run GEMV_ROWS rows at a time; an id outside [0, E) reads
-// nothing and gets NaN (the launcher's device guard reports it).
+// nothing, gets NaN and is counted into the guard slot `slot` of `flags` (guards.py: no separate check launch).
 #include "common.cuh"
 #include "gemv_tile.cuh"
 
@@ -32,7 +32,8 @@ static __device__ __forceinline__ void gemv_body(
   src.vec = gemv_aligned(x, w, K);
   gemv_rows(sh, src);
   const int lane = threadIdx.x, o = threadIdx.y, n = n0 + o;
-  if (n < N && lane < src.nrows) gemv_store(y, (h * M + m0 + lane) * (long long)N + n, gemm_fold16(sh.part[0][o][lane]));
+  if (n < N && lane < src.nrows)
+    gemv_store(y, (h * M + m0 + lane) * (long long)N + n, gemm_fold16(sh.part[0][o][lane]));
 }
 
 extern "C" __global__ void __launch_bounds__(256) gemv_lane16(
@@ -57,7 +58,7 @@ static __device__ __forceinline__ void gemv_grouped_body(
     const __nv_bfloat16* __restrict__ w,   // [E, N, K] bf16
     const int* __restrict__ group,         // [M] int32: expert id of each row
     Out* __restrict__ y,                   // [M, N] fp32 or bf16
-    int M, int N, int K, int E) {
+    int M, int N, int K, int E, unsigned int* flags, int slot) {
   __shared__ __align__(16) GemvShared<1> sh;
   const int m = blockIdx.y;
   const int g = group[m];
@@ -65,6 +66,7 @@ static __device__ __forceinline__ void gemv_grouped_body(
   int end = m + 1;
   while (end < M && group[end] == g) ++end;
   const bool valid = g >= 0 && g < E;
+  if (!valid) gemv_flag_run(flags, slot, m, end);
   const int n0 = blockIdx.x * GEMV_OUTS;
   GemvSrc<1> src;
   src.w[0] = w + ((long long)(valid ? g : 0) * N + n0) * K;
@@ -77,7 +79,8 @@ static __device__ __forceinline__ void gemv_grouped_body(
     src.x = x + (long long)m0 * K;
     src.nrows = valid ? nrows : 0;
     gemv_rows(sh, src);
-    if (n < N && lane < nrows) gemv_store(y, (long long)(m0 + lane) * N + n, valid ? gemm_fold16(sh.part[0][o][lane]) : NAN);
+    if (n < N && lane < nrows)
+      gemv_store(y, (long long)(m0 + lane) * N + n, valid ? gemm_fold16(sh.part[0][o][lane]) : NAN);
   }
 }
 
@@ -86,8 +89,10 @@ extern "C" __global__ void __launch_bounds__(256) gemv_grouped_lane16(
     const __nv_bfloat16* __restrict__ w,     // [E, N, K] bf16
     const int* __restrict__ group,           // [M] int32: expert id of each row (sorted: each slice read once)
     float* __restrict__ y,                   // [M, N] f32
-    int M, int N, int K, int E) {
-  gemv_grouped_body(x, w, group, y, M, N, K, E);
+    int M, int N, int K, int E,
+    unsigned int* __restrict__ flags,        // [slots, 2] u32 guard flags
+    int slot) {                              // the slot of "group holds expert ids outside [0, E)", or -1
+  gemv_grouped_body(x, w, group, y, M, N, K, E, flags, slot);
 }
 
 extern "C" __global__ void __launch_bounds__(256) gemv_grouped_lane16_bf16(
@@ -95,6 +100,8 @@ extern "C" __global__ void __launch_bounds__(256) gemv_grouped_lane16_bf16(
     const __nv_bfloat16* __restrict__ w,     // [E, N, K] bf16
     const int* __restrict__ group,           // [M] int32
     __nv_bfloat16* __restrict__ y,           // [M, N] bf16 (the fp32 sum rounded once)
-    int M, int N, int K, int E) {
-  gemv_grouped_body(x, w, group, y, M, N, K, E);
+    int M, int N, int K, int E,
+    unsigned int* __restrict__ flags,        // [slots, 2] u32 guard flags
+    int slot) {
+  gemv_grouped_body(x, w, group, y, M, N, K, E, flags, slot);
 }

@@ -5,7 +5,8 @@
 // gemm_swiglu.cu's (the same sums, folds, roundings and swiglu.cuh epilogue).
 //
 // Launch: block (16, GEMV_OUTS); dense grid (ceil(N / GEMV_OUTS), ceil(rows / GEMV_ROWS)); grouped grid
-// (ceil(N / GEMV_OUTS), M), one block per run of equal expert ids as in gemv.cu; an id outside [0, E) gets NaN.
+// (ceil(N / GEMV_OUTS), M), one block per run of equal expert ids as in gemv.cu; an id outside [0, E) gets NaN
+// and is counted into the guard slot, as in gemv.cu.
 #include "common.cuh"
 #include "gemv_tile.cuh"
 #include "swiglu.cuh"
@@ -44,7 +45,9 @@ extern "C" __global__ void __launch_bounds__(256) gemv_grouped_swiglu_lane16(
     const __nv_bfloat16* __restrict__ wu,   // [E, N, K] bf16 experts' up_proj
     const int* __restrict__ group,          // [M] int32 expert id of each row (sorted: each slice read once)
     __nv_bfloat16* __restrict__ y,          // [M, N] bf16
-    int M, int N, int K, int E, int has_limit, float limit) {
+    int M, int N, int K, int E, int has_limit, float limit,
+    unsigned int* __restrict__ flags,       // [slots, 2] u32 guard flags
+    int slot) {                             // the slot of "group holds expert ids outside [0, E)", or -1
   __shared__ __align__(16) GemvShared<2> sh;
   const int m = blockIdx.y;
   const int g = group[m];
@@ -52,6 +55,7 @@ extern "C" __global__ void __launch_bounds__(256) gemv_grouped_swiglu_lane16(
   int end = m + 1;
   while (end < M && group[end] == g) ++end;
   const bool valid = g >= 0 && g < E;
+  if (!valid) gemv_flag_run(flags, slot, m, end);
   const int n0 = blockIdx.x * GEMV_OUTS;
   const long long at = ((long long)(valid ? g : 0) * N + n0) * K;
   GemvSrc<2> src;

@@ -11,6 +11,7 @@
 #pragma once
 #include "common.cuh"
 #include "gemm_tile.cuh"
+#include "check_flag.cuh"
 
 #define GEMV_OUTS 16                   // output columns per block (threadIdx.y)
 #define GEMV_ROWS 16                   // rows per block: a call's decode/verify rows of one block
@@ -44,6 +45,13 @@ struct GemvSrc {
   int ncols, nrows, K;
   bool vec;
 };
+
+// A grouped call's run of rows [m, end) whose expert id is outside [0, E): each row counted once (by the
+// blocks of the first column block) into the launcher's guard slot (slot < 0: the ids were checked on the host).
+static __device__ __forceinline__ void gemv_flag_run(unsigned int* flags, int slot, int m, int end) {
+  if (slot < 0 || blockIdx.x != 0) return;
+  for (int i = m + threadIdx.y * 16 + threadIdx.x; i < end; i += 256) check_flag(flags, slot, i);
+}
 
 static __device__ __forceinline__ bool gemv_aligned(const void* a, const void* b, int K) {
   return (K % 8) == 0 && ((((unsigned long long)a) | ((unsigned long long)b)) & 15ull) == 0;

@@ -109,14 +109,16 @@ def gemm_grouped(k: Kernels, x, w, group, out: str = "f32", decode: int = 0):
     m, kk = x.shape
     e, n = w.shape[0], w.shape[1]
     d = decode_rows("gemm_grouped", decode, m)
-    guards.ids_in_range(k, "gemm_grouped", "group", group, e, "expert ids")   # no host sync of a device array
+    if d < m or not (n and kk):              # the gemv checks the ids it reads itself (no check launch)
+        guards.ids_in_range(k, "gemm_grouped", "group", group, e, "expert ids")   # no host sync of a device array
     y = k.empty((m, n), dt)
     if m and n:
         if kk == 0:
             _zero(k, y)
             return y
         if d:
-            ops_gemv.gemv_grouped(k, x[:d], w, group[:d], y[:d], suffix)
+            guard = guards.kernel_guard(k, "gemm_grouped", "group", group, e, "expert ids", own=d == m)
+            ops_gemv.gemv_grouped(k, x[:d], w, group[:d], y[:d], suffix, guard)
         if d < m:
             rows = min(MAX_ROWS, m - d)
             k.launch(SRC, "gemm_grouped_lane16" + suffix, grid(m - d, n), (16, OUTS),

@@ -48,11 +48,13 @@ def gemm_grouped_swiglu(k: Kernels, x, w_gate, w_up, group, limit, decode: int =
     m, kk = x.shape
     e, n = w_gate.shape[0], w_gate.shape[1]
     d = decode_rows("gemm_grouped_swiglu", decode, m)
-    guards.ids_in_range(k, "gemm_grouped_swiglu", "group", group, e, "expert ids")
+    if d < m or not n:                       # the gemv checks the ids it reads itself (no check launch)
+        guards.ids_in_range(k, "gemm_grouped_swiglu", "group", group, e, "expert ids")
     y = k.empty((m, n), k.bf16)
     if m and n:
         if d:
-            ops_gemv.gemv_grouped_swiglu(k, x[:d], w_gate, w_up, group[:d], y[:d], _limit(limit))
+            guard = guards.kernel_guard(k, "gemm_grouped_swiglu", "group", group, e, "expert ids", own=d == m)
+            ops_gemv.gemv_grouped_swiglu(k, x[:d], w_gate, w_up, group[:d], y[:d], _limit(limit), guard)
         if d < m:
             k.launch(SRC, "gemm_grouped_swiglu_lane16", grid(m - d, n), (16, OUTS),
                      (x[d:], w_gate, w_up, group[d:], y[d:], i32(m - d), i32(n), i32(kk), i32(e),

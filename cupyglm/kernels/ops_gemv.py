@@ -38,10 +38,10 @@ def gemv(k: Kernels, x, w, y, rows: int, suffix: str) -> None:
     k.launch(SRC, "gemv_lane16" + suffix, grid(rows, n, h), THREADS, (x, w, y, i32(m), i32(n), i32(kk), i32(rows)))
 
 
-def gemv_grouped(k: Kernels, x, w, group, y, suffix: str) -> None:
+def gemv_grouped(k: Kernels, x, w, group, y, suffix: str, guard) -> None:
     """y[m] = x[m] @ w[group[m]].T for every row (all decode/verify rows) in lane-16 order; a run of equal ids
     reads its expert's slice once. x [M, K] bf16, w [E, N, K] bf16, group [M] int32, y [M, N]; an id outside
-    [0, E) gives a NaN row (the caller's device guard reports it)."""
+    [0, E) gives a NaN row and is counted by the kernel into guard = (flags, slot) (guards.range_slot)."""
     check("gemv_grouped_lane16", "x", x, (None, None), k.bf16)
     check("gemv_grouped_lane16", "w", w, (None, None, x.shape[1]), k.bf16)
     check("gemv_grouped_lane16", "group", group, (x.shape[0],), np.int32)
@@ -51,7 +51,7 @@ def gemv_grouped(k: Kernels, x, w, group, y, suffix: str) -> None:
     if m > MAX_GRID:
         raise ValueError(f"gemv_grouped_lane16: {m} decode rows exceed the grid's 65,535 limit")
     k.launch(SRC, "gemv_grouped_lane16" + suffix, (-(-n // OUTS), m, 1), THREADS,
-             (x, w, group, y, i32(m), i32(n), i32(kk), i32(e)))
+             (x, w, group, y, i32(m), i32(n), i32(kk), i32(e), guard[0], i32(guard[1])))
 
 
 def gemv_swiglu(k: Kernels, x, w_gate, w_up, y, rows: int, limit_args) -> None:
@@ -68,8 +68,9 @@ def gemv_swiglu(k: Kernels, x, w_gate, w_up, y, rows: int, limit_args) -> None:
              (x, w_gate, w_up, y, i32(m), i32(n), i32(kk), i32(rows), *limit_args))
 
 
-def gemv_grouped_swiglu(k: Kernels, x, w_gate, w_up, group, y, limit_args) -> None:
-    """Every row (all decode/verify rows): y[m] = swiglu of x[m] against expert group[m]'s gate and up slices."""
+def gemv_grouped_swiglu(k: Kernels, x, w_gate, w_up, group, y, limit_args, guard) -> None:
+    """Every row (all decode/verify rows): y[m] = swiglu of x[m] against expert group[m]'s gate and up slices;
+    ids outside [0, E) counted into guard = (flags, slot) by the kernel."""
     check("gemv_grouped_swiglu_lane16", "x", x, (None, None), k.bf16)
     check("gemv_grouped_swiglu_lane16", "w_gate", w_gate, (None, None, x.shape[1]), k.bf16)
     check("gemv_grouped_swiglu_lane16", "w_up", w_up, tuple(w_gate.shape), k.bf16)
@@ -80,4 +81,4 @@ def gemv_grouped_swiglu(k: Kernels, x, w_gate, w_up, group, y, limit_args) -> No
     if m > MAX_GRID:
         raise ValueError(f"gemv_grouped_swiglu_lane16: {m} decode rows exceed the grid's 65,535 limit")
     k.launch(SRC_SWIGLU, "gemv_grouped_swiglu_lane16", (-(-n // OUTS), m, 1), THREADS,
-             (x, w_gate, w_up, group, y, i32(m), i32(n), i32(kk), i32(e), *limit_args))
+             (x, w_gate, w_up, group, y, i32(m), i32(n), i32(kk), i32(e), *limit_args, guard[0], i32(guard[1])))
