@@ -14,7 +14,7 @@ import numpy as np
 from cupyglm.backend.lanes import bf16
 from cupyglm.backend.numpy_ops import NumpyOps
 from cupyglm.contract.registry import Case, case
-from cupyglm.kernels import ops_gemm
+from cupyglm.kernels import ops_gemm, ops_gemv
 
 REF = NumpyOps()
 
@@ -128,3 +128,34 @@ _grouped_case("verify-runs",       48,  48,   6,   2,  40,  256, "route")   # ru
 _grouped_case("mixed",             30,  10,   6,   4,  33,  100, "route")   # decode pairs, then prompt pairs
 _grouped_case("decode",             8,   8,   8,   5,  64,  256, "route", "bf16")
 _grouped_case("mixed",             30,  10,   6,   4,  33,  100, "route", "bf16")
+
+
+def _flags_case(label: str, m: int, e: int, n: int, k: int, bad: int) -> Case:
+    """The grouped gemv counting ids outside [0, E) into its guard slot itself: the last `bad` rows carry ids E
+    and E + 3 (sorted last, as moe_sort puts them); their rows are NaN, flags = [bad, ~first bad row].
+    Control: the kernel given slot -1 (nothing counted)."""
+    def make(rng):
+        ids = np.sort(rng.integers(0, e, m - bad)).astype(np.int32)
+        tail = np.where(np.arange(bad) < bad // 2, e, e + 3).astype(np.int32)
+        return {"x": _bf(rng, (m, k)), "w": _bf(rng, (e, n, k), k ** -0.5), "group": np.concatenate([ids, tail])}
+
+    def launch(kn, dd, slot):
+        y = kn.empty((m, n), np.float32)
+        flags = kn.xp.zeros((1, 2), dtype=np.uint32)
+        ops_gemv.gemv_grouped(kn, dd["x"], dd["w"], dd["group"], y, "", (flags, slot))
+        return {"y": y, "flags": flags}
+
+    def replay(dd):
+        y = np.full((m, n), np.nan, np.float32)
+        for r in range(m - bad):
+            y[r] = REF.gemm(dd["x"][r:r + 1], dd["w"][dd["group"][r]])[0]
+        first = m - bad
+        return {"y": y, "flags": np.array([[bad, ~np.uint32(first)]], dtype=np.uint32)}
+
+    return case(Case(f"gemv_grouped.flags[{label}]", ("gemv_grouped_lane16",), make,
+                     lambda kn, dd: launch(kn, dd, 0), replay, lambda kn, dd: launch(kn, dd, -1)))
+
+
+#             label      M   E   N    K  bad
+_flags_case("decode",    8,  4, 40, 256,  3)     # one token's 8 pairs, 3 of them with bad ids
+_flags_case("runs",     40,  3, 17, 100, 20)     # bad runs longer than 16 rows
