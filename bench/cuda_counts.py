@@ -33,7 +33,7 @@ def _model_row(ckpt, ops, tokens: int, where: bool):
         t0 = time.perf_counter()
         for _ in range(tokens):
             tok = int(np.argmax(_read_checked(ops, out[0].logits[-1])))
-            out = runner.model.forward([SeqInput(np.array([tok], np.int32), st)])     # checked with the read
+            out = runner.model.forward([SeqInput(np.array([tok], np.int32), st, decode=True)])  # checked with the read
         c.host_s = time.perf_counter() - t0
     _read_checked(ops, out[0].logits[-1])
     runner.release(st)

@@ -41,8 +41,9 @@ def _greedy(runner: ModelRunner, prompt: np.ndarray, n: int):
     toks, logits = [], []
     try:
         feed = prompt
-        for _ in range(n):
-            lg = np.asarray(runner.ops.asnumpy(runner.forward([SeqInput(feed, st)])[0].logits[-1]), np.float32)
+        for step in range(n):                   # the prompt, then decode rows
+            lg = np.asarray(runner.ops.asnumpy(runner.forward([SeqInput(feed, st, decode=step > 0)])[0].logits[-1]),
+                            np.float32)
             tok = int(np.argmax(lg))
             toks.append(tok)
             logits.append(lg)
@@ -120,7 +121,8 @@ def _batched_decode(ckpt, a, batch: int, runner=None) -> None:
             if sync is not None:
                 sync.cuda.Device().synchronize()
             t0 = time.perf_counter()
-        outs = runner.forward([SeqInput(np.array([t], np.int32), st) for t, st in zip(toks, states)], check=False)
+        outs = runner.forward([SeqInput(np.array([t], np.int32), st, decode=True) for t, st in zip(toks, states)],
+                              check=False)
         logits = runner.ops.asnumpy_checked(runner.ops.xp.stack([o.logits[-1] for o in outs]))
         toks = [int(t) for t in np.argmax(logits, axis=1)]
     if sync is not None:
@@ -155,7 +157,7 @@ def cmd_speed(a) -> bool:
         tok = int(np.argmax(runner.ops.asnumpy(out[0].logits[-1])))
         t1 = time.perf_counter()
         for _ in range(a.decode_tokens):
-            out = runner.forward([SeqInput(np.array([tok], np.int32), st)])
+            out = runner.forward([SeqInput(np.array([tok], np.int32), st, decode=True)])
             tok = int(np.argmax(runner.ops.asnumpy(out[0].logits[-1])))
         if sync is not None:
             sync.cuda.Device().synchronize()

@@ -38,7 +38,7 @@ def main() -> None:
         t1 = time.perf_counter()
         tok = int(np.argmax(runner.ops.asnumpy(out[0].logits[-1])))
         for _ in range(a.decode_tokens):
-            out = runner.forward([SeqInput(np.array([tok], np.int32), st)])
+            out = runner.forward([SeqInput(np.array([tok], np.int32), st, decode=True)])
             tok = int(np.argmax(runner.ops.asnumpy(out[0].logits[-1])))
         t2 = time.perf_counter()
         runner.release(st)

@@ -26,12 +26,12 @@ import numpy as np
 from cupyglm.config import preset
 from cupyglm.memory import Storage, weight_arrays
 
-# fraction of HBM bandwidth each kernel class is expected to reach once the decode-speed kernels are in
+# fraction of HBM bandwidth each kernel class is expected to reach once the decode-speed kernels are in; the
+# gemv classes are cuda_src/gemv.cu / gemv_swiglu.cu (see gemv_call below for the bytes one call moves)
 EXPECTED = {"gemv (dense)": 0.80, "gemv (experts)": 0.70, "lm_head": 0.85, "dsa kv": 0.60, "kda state": 0.70,
             "small (norms, hc, router)": 0.30}
 LAUNCH_US = 2.5           # the per-launch floor of a captured (graph) step, per kernel
 LAUNCHES_PER_LAYER = 10   # issue 15's target
-
 
 def _class(name: str) -> str:
     if "embed_tokens" in name:
@@ -43,6 +43,65 @@ def _class(name: str) -> str:
     if re.search(r"(norm|hc_|\.gate\.|_bias|A_log|dt_bias|convNd|ape)", name):
         return "small (norms, hc, router)"
     return "gemv (dense)"
+
+
+# cuda_src/gemv_tile.cuh's block: 16 columns x up to 16 rows, 256 threads, 1 KiB of each column's weights per
+# stage (4 x 16-byte weight loads in flight per thread); with its ~80-110 registers and 34 KiB of shared memory
+# about 3 blocks fit an SM, i.e. ~48 KiB of weight loads in flight per SM (H200: 132 SMs, ~6 MB in all,
+# above the ~5 MB that 4.8 TB/s x ~1 us of loaded latency needs).  A call with fewer blocks than the SMs hold
+# keeps proportionally fewer bytes in flight: split along N only (never K) is what the lane-16 contract allows.
+GEMV_OUTS, GEMV_ROWS, GEMV_SLOTS = 16, 16, 132 * 3
+GEMV_FRACTION = 0.80      # a full machine of streaming 16-byte loads (the "gemv (dense)" class)
+
+
+def gemv_call(n: int, k: int, rows: int, weights: int = 1, out_bytes: int = 4, slices: float = 1.0) -> dict:
+    """Bytes one gemv.cu call moves for `rows` decode/verify rows per weight slice against `weights` [N, K] bf16
+    matrices (2: the fused gate/up of gemv_swiglu.cu), over `slices` slices (the experts a grouped call touches):
+    HBM weight reads (once per 16 rows), x rows re-read by each 16-column block (L2-resident), y written; and the
+    HBM fraction the design expects from how many blocks fill the machine."""
+    groups = -(-rows // GEMV_ROWS)
+    cols = -(-n // GEMV_OUTS)
+    blocks = cols * groups * slices
+    return {"weights (HBM)": slices * weights * n * k * 2 * groups, "x (L2)": slices * cols * rows * k * 2,
+            "y": slices * rows * n * out_bytes, "blocks": blocks,
+            "fraction": GEMV_FRACTION * min(1.0, blocks / GEMV_SLOTS)}
+
+
+def _gemv_shapes(cfg, tp: int) -> dict[str, tuple[int, int, int, int, bool]]:
+    """(N, K, weights, out bytes, grouped) of the rank's decode GEMMs that dominate the bytes: the largest dense
+    projection of a layer, the experts' gate/up (fused) and down, the lm_head slice."""
+    arrays = {a.name: a for a in weight_arrays(cfg, tp)}
+    out = {}
+    dense = [a for name, a in arrays.items() if _class(name) == "gemv (dense)" and len(a.shape) == 2
+             and not name.startswith("lm_head")]
+    if dense:
+        big = max(dense, key=lambda a: a.shape[0] * a.shape[1])
+        out[f"dense {big.name.split('.layers.')[-1].replace('.weight', '')}"] = (*big.shape, 1, 2, False)
+    gate = next((a for name, a in arrays.items() if name.endswith("experts.0.gate_proj.weight")), None)
+    down = next((a for name, a in arrays.items() if name.endswith("experts.0.down_proj.weight")), None)
+    if gate is not None:
+        out["experts gate+up (fused, grouped)"] = (*gate.shape, 2, 2, True)
+    if down is not None:
+        out["experts down (grouped)"] = (*down.shape, 1, 4, True)
+    head = arrays.get("lm_head.weight")
+    if head is not None:
+        out["lm_head"] = (*head.shape, 1, 4, False)
+    return out
+
+
+def print_gemv_table(cfg, tp: int, batch: list[int], bw: float) -> None:
+    """gemv.cu's traffic per call for the decode GEMMs that carry the bytes, at each batch (decode rows)."""
+    e, k = cfg.n_routed_experts, cfg.num_experts_per_tok
+    print(f"  gemv.cu / gemv_swiglu.cu per call, TP={tp} (grouped: the experts a step touches, their rows each):")
+    for label, (n, kk, nw, ob, grouped) in _gemv_shapes(cfg, tp).items():
+        for b in batch:
+            slices = e * (1 - (1 - k / e) ** b) if grouped else 1.0
+            rows = max(1, round(b * k / slices)) if grouped else b
+            g = gemv_call(n, kk, rows, nw, ob, slices)
+            t = g["weights (HBM)"] / (g["fraction"] * bw) * 1e6
+            print(f"    {label:<34} N {n:>5} K {kk:>5} rows {b:>2}: weights {g['weights (HBM)'] / 1e6:7.2f} MB HBM, "
+                  f"x {g['x (L2)'] / 1e6:6.2f} MB L2, y {g['y'] / 1e3:6.1f} KB; {g['blocks']:>6.0f} blocks, "
+                  f"expected {g['fraction']:.0%} of HBM -> {t:6.1f} us")
 
 
 def step_bytes(cfg, tp: int, batch: int, context: int, weight_bits: int | None = None) -> dict[str, float]:
@@ -98,6 +157,7 @@ def main(argv=None) -> int:
                           f"predicted {pred[c]:7.3f} ms at {EXPECTED[c]:.0%}")
                 print(f"    {'launch floor':<26} {'':>10}     {LAUNCHES_PER_LAYER} launches/layer x "
                       f"{LAUNCH_US} us = {launch_ms:.3f} ms")
+        print_gemv_table(cfg, tp, a.batch, bw)
     return 0
 
 

@@ -74,8 +74,8 @@ def greedy(runner: ModelRunner, prompts: list[list[int]], steps: int):
     feed = [np.asarray(p, np.int32) for p in prompts]
     ids: list[list[int]] = [[] for _ in prompts]
     last = [None] * len(prompts)
-    for _ in range(steps):
-        outs = runner.forward([SeqInput(f, s) for f, s in zip(feed, states)])
+    for step in range(steps):
+        outs = runner.forward([SeqInput(f, s, decode=step > 0) for f, s in zip(feed, states)])   # prompt, then decode
         for i, o in enumerate(outs):
             last[i] = o.logits[-1] if o.mtp_logits is None else (o.logits[-1], o.mtp_logits)
             tok = int(np.argmax(ops.asnumpy(o.logits[-1])))

@@ -7,12 +7,7 @@
 // every thread order gives the same flags (the contract checks it).  The kernels the checks guard stay
 // memory-safe on bad input (they skip, or write NaN / -1); the check only makes the mistake an error.
 #include "common.cuh"
-
-static __device__ __forceinline__ void check_flag(unsigned int* flags, int slot, int i) {
-  unsigned int* f = flags + 2 * slot;
-  atomicAdd(&f[0], 1u);
-  atomicMax(&f[1], ~(unsigned int)i);
-}
+#include "check_flag.cuh"
 
 // ids[i] in [0, limit) for every i < n; one thread per id.
 extern "C" __global__ void check_ids_range(const int* __restrict__ ids,      // [n] i32

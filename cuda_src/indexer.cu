@@ -40,41 +40,56 @@ extern "C" __global__ void index_pool(const __nv_bfloat16* __restrict__ ik,   //
 
 // scores[t, p] = sum_h hw[t, h] * relu(qscale * (qi[t, h] . pk[p])), heads summed in lane-16 order (head h
 // in lane h % 16), each dot over I in lane-16 order (16 partials per thread, folded 8, 4, 2, 1).
-// A group of 16 threads per pool: lane l computes the dots of heads l, l+16, ...; the group folds.
-// grid (T * ceil(P / (blockDim.x / 16))): one flat grid.x (2^31 - 1) over (token, pool block), so neither the
-// token count nor the pool count meets grid.y's 65,535 limit; blockDim.x a multiple of 32.
-extern "C" __global__ void index_scores(const __nv_bfloat16* __restrict__ qi,  // [T, Hi, I] bf16
-                                        const float* __restrict__ hw,          // [T, Hi] f32
-                                        const __nv_bfloat16* __restrict__ pk,  // [P, I] bf16
-                                        float* __restrict__ scores,            // [T, P] f32
-                                        int T, int Hi, int I, int P, float qscale) {
-  const int per_block = blockDim.x >> 4;
-  const int pblocks = (P + per_block - 1) / per_block;
-  const int t = (int)(blockIdx.x / pblocks);
-  const int p = (int)(blockIdx.x % pblocks) * per_block + (threadIdx.x >> 4);
-  const int lane = threadIdx.x & 15;
-  float acc = 0.0f;
-  if (p < P) {
-    const __nv_bfloat16* kr = pk + (long long)p * I;
-    for (int h = lane; h < Hi; h += 16) {
-      const __nv_bfloat16* qr = qi + ((long long)t * Hi + h) * I;
-      float a[16];
-#pragma unroll
-      for (int m = 0; m < 16; ++m) a[m] = 0.0f;
-      for (int k0 = 0; k0 < I; k0 += 16) {
-#pragma unroll
-        for (int m = 0; m < 16; ++m)
-          if (k0 + m < I) a[m] += ld_bf16(qr, k0 + m) * ld_bf16(kr, k0 + m);
-      }
-#pragma unroll
-      for (int w = 8; w > 0; w >>= 1)
-#pragma unroll
-        for (int m = 0; m < w; ++m) a[m] = a[m] + a[m + w];
-      float z = a[0] * qscale;
-      z = (z < 0.0f) ? 0.0f : z;  // np.maximum(z, 0): NaN stays NaN
-      acc += z * hw[(long long)t * Hi + h];
-    }
+// A block takes IDX_POOLS pools and up to IDX_ROWS rows: the pools' keys are read once into shared memory and
+// serve every head of every row of the block (a verify call's 16 rows share one read); a group of 16 threads
+// per pool, lane l computing the dots of heads l, l+16, ..., the group folding, row after row.
+// grid (ceil(T / IDX_ROWS) * ceil(P / IDX_POOLS)): one flat grid.x (2^31 - 1) over (row group, pool block), so
+// neither the token count nor the pool count meets grid.y's 65,535 limit; blockDim.x = 16 * IDX_POOLS.
+#define IDX_POOLS 16
+#define IDX_ROWS 16
+#define IDX_MAX_I 256  // index head dimension <= 256 (the model has 128)
+extern "C" __global__ void __launch_bounds__(16 * IDX_POOLS) index_scores(
+    const __nv_bfloat16* __restrict__ qi,  // [T, Hi, I] bf16
+    const float* __restrict__ hw,          // [T, Hi] f32
+    const __nv_bfloat16* __restrict__ pk,  // [P, I] bf16
+    float* __restrict__ scores,            // [T, P] f32
+    int T, int Hi, int I, int P, float qscale) {
+  __shared__ unsigned short kt[IDX_POOLS][IDX_MAX_I];   // the block's pooled keys, bf16 bit patterns
+  const int pblocks = (P + IDX_POOLS - 1) / IDX_POOLS;
+  const int t0 = (int)(blockIdx.x / pblocks) * IDX_ROWS;
+  const int pb = (int)(blockIdx.x % pblocks) * IDX_POOLS;
+  const int g = threadIdx.x >> 4, lane = threadIdx.x & 15;
+  const int p = pb + g;
+  for (int i = threadIdx.x; i < IDX_POOLS * I; i += blockDim.x) {
+    const int gg = i / I, d = i % I;
+    kt[gg][d] = pb + gg < P ? __bfloat16_as_ushort(pk[(long long)(pb + gg) * I + d]) : (unsigned short)0;
   }
-  acc = lane16_fold(acc);
-  if (p < P && lane == 0) scores[(long long)t * P + p] = acc;
+  __syncthreads();
+  const int nt = min(IDX_ROWS, T - t0);
+  for (int tt = 0; tt < nt; ++tt) {        // block-uniform: every group folds (full-mask shuffles)
+    const int t = t0 + tt;
+    float acc = 0.0f;
+    if (p < P) {
+      for (int h = lane; h < Hi; h += 16) {
+        const __nv_bfloat16* qr = qi + ((long long)t * Hi + h) * I;
+        float a[16];
+#pragma unroll
+        for (int m = 0; m < 16; ++m) a[m] = 0.0f;
+        for (int k0 = 0; k0 < I; k0 += 16) {
+#pragma unroll
+          for (int m = 0; m < 16; ++m)
+            if (k0 + m < I) a[m] += ld_bf16(qr, k0 + m) * __bfloat162float(__ushort_as_bfloat16(kt[g][k0 + m]));
+        }
+#pragma unroll
+        for (int w = 8; w > 0; w >>= 1)
+#pragma unroll
+          for (int m = 0; m < w; ++m) a[m] = a[m] + a[m + w];
+        float z = a[0] * qscale;
+        z = (z < 0.0f) ? 0.0f : z;  // np.maximum(z, 0): NaN stays NaN
+        acc += z * hw[(long long)t * Hi + h];
+      }
+    }
+    acc = lane16_fold(acc);
+    if (p < P && lane == 0) scores[(long long)t * P + p] = acc;
+  }
 }

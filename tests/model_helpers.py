@@ -73,7 +73,7 @@ def prefill_and_decode(model: GLMModel, prompts: list[list[int]], steps: int) ->
     outs = model.forward([SeqInput(np.asarray(p, np.int32), s) for p, s in zip(prompts, states)])
     tokens = [[int(np.argmax(o.logits[-1]))] for o in outs]
     for _ in range(steps - 1):
-        outs = model.forward([SeqInput(np.array([t[-1]], np.int32), s) for t, s in zip(tokens, states)])
+        outs = model.forward([SeqInput(np.array([t[-1]], np.int32), s, decode=True) for t, s in zip(tokens, states)])
         for t, o in zip(tokens, outs):
             t.append(int(np.argmax(o.logits[-1])))
     for s in states:

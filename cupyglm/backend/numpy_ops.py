@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import numpy as np
 
-from cupyglm.backend.lanes import BF16, bf16, exp_f32, f32, gemm, gemm_batched, lane_sum, out_kind, stored_weight
+from cupyglm.backend.lanes import BF16, bf16, exp_f32, f32, gemm, lane_sum, out_kind, stored_weight
 from cupyglm.backend.logits_ops import LogitsOps
 from cupyglm.backend.numpy_gather import GatherOps
+from cupyglm.backend.numpy_gemm import NumpyGemm, round_out as _round
+from cupyglm.backend.roles import decode_rows
 
 NEG_INF = np.float32(-np.inf)
-def _round(y: np.ndarray, out: str) -> np.ndarray:
-    return bf16(y) if out == "bf16" else y
 
 
 def _sigmoid(x: np.ndarray) -> np.ndarray:
@@ -44,10 +44,10 @@ def expand_pools(pools: np.ndarray, q: int, kpool: int) -> np.ndarray:
     return np.concatenate([toks, tail])
 
 
-class NumpyOps(LogitsOps, GatherOps):
-    """The ops interface (DESIGN §2). Backends subclass it and replace ops with kernels. The ops on a step's fp32
-    logits rows (sample, logprobs, penalize, mask_tokens) live in cupyglm.backend.logits_ops,
-    the KV host-row gathers in cupyglm.backend.numpy_gather."""
+class NumpyOps(NumpyGemm, LogitsOps, GatherOps):
+    """The ops interface (DESIGN §2). Backends subclass it and replace ops with kernels. The reference GEMMs live in
+    cupyglm.backend.numpy_gemm, the ops on a step's fp32 logits rows (sample, logprobs, penalize, mask_tokens) in
+    cupyglm.backend.logits_ops, the KV host-row gathers in cupyglm.backend.numpy_gather."""
 
     name = "numpy"
     xp = np
@@ -94,42 +94,7 @@ class NumpyOps(LogitsOps, GatherOps):
         (the sublayer's output summed across ranks) -> [T, D] bf16."""
         return bf16(f32(x) + f32(bf16(partial)))
 
-    # ---- dense algebra ---------------------------------------------------------------------------
-    def gemm(self, x: np.ndarray, w: np.ndarray, out: str = "f32") -> np.ndarray:
-        """[M, K] bf16 x [N, K] bf16 -> [M, N] fp32, lane-16 order over K; out="bf16" rounds it once."""
-        return _round(gemm(x, w), out_kind("gemm", out))
-
-    def gemm_heads(self, x: np.ndarray, w: np.ndarray, out: str = "f32") -> np.ndarray:
-        """Per-head GEMM: [H, M, K] bf16 x [H, N, K] bf16 -> [H, M, N] fp32 (or bf16 with out="bf16")."""
-        return _round(gemm_batched(x, w), out_kind("gemm_heads", out))
-
-    def gemm_grouped(self, x: np.ndarray, w: np.ndarray, group: np.ndarray, out: str = "f32") -> np.ndarray:
-        """Grouped expert GEMM: x [M, K] bf16, w [E, N, K] bf16, group [M] int32 expert of each row -> [M, N]
-        fp32 (or bf16 with out="bf16"). Row m is exactly gemm(x[m:m+1], w[group[m]]) (lane-16 order over K):
-        one gemm per expert present on its rows, scattered back."""
-        out_kind("gemm_grouped", out)
-        m, k = x.shape
-        e, n, k2 = w.shape
-        if k != k2:
-            raise ValueError(f"gemm_grouped: x has K={k} but w has K={k2}")
-        group = np.asarray(group)
-        if group.shape != (m,):
-            raise ValueError(f"gemm_grouped: group must have shape ({m},), got {group.shape}")
-        y = np.empty((m, n), dtype=np.float32)
-        if m == 0:
-            return _round(y, out)
-        if int(group.min()) < 0 or int(group.max()) >= e:
-            raise ValueError(f"gemm_grouped: group holds expert ids outside [0, {e})")
-        if m == 1 or bool((group[1:] >= group[:-1]).all()):      # sorted by expert: one slice per expert
-            cuts = np.flatnonzero(group[1:] != group[:-1]) + 1
-            for a, b in zip([0, *cuts.tolist()], [*cuts.tolist(), m]):
-                y[a:b] = gemm(x[a:b], w[group[a]])
-            return _round(y, out)
-        for ex in np.unique(group):
-            rows = np.nonzero(group == ex)[0]
-            y[rows] = gemm(x[rows], w[ex])
-        return _round(y, out)
-
+    # ---- dense algebra: gemm, gemm_heads, gemm_grouped and the gate/up + SwiGLU forms (NumpyGemm) -------
     def rmsnorm(self, x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
         """Llama form per row: bf16(w * bf16(x * rsqrt(mean(x^2) + eps))). x: [..., D] bf16, w: [D] bf16."""
         x, w = f32(x), f32(w)
@@ -305,14 +270,16 @@ class NumpyOps(LogitsOps, GatherOps):
 
     # ---- DSA attention ---------------------------------------------------------------------------
     def attention(self, qa: np.ndarray, store: np.ndarray, rows: np.ndarray, counts: np.ndarray,
-                  scale: float, chunk: int) -> np.ndarray:
+                  scale: float, chunk: int, decode: int = 0) -> np.ndarray:
         """Absorbed MLA over latent rows read through row ids.
 
         qa: [T, H, R] bf16 (queries absorbed into latent space), store: [rows_total, R] bf16 (latent rows;
         keys equal values), rows: [T, W] int32 physical row ids (-1 padded), counts: [T] int32.
         Online softmax over `chunk`-key chunks of the row's list, merged in list order; fp32 m, l, o;
-        P rounded to bf16 before P.V and the sum l. Returns [T, H, R] bf16 (o / l).
+        P rounded to bf16 before P.V and the sum l. Returns [T, H, R] bf16 (o / l). Rows [0, decode) are
+        decode/verify rows (backend/roles.py: the kernels split them by chunk; the same bits).
         """
+        decode_rows("attention", decode, qa.shape[0])
         qa = f32(qa)
         t, h, r = qa.shape
         out = np.empty((t, h, r), dtype=np.float32)
@@ -352,14 +319,6 @@ class NumpyOps(LogitsOps, GatherOps):
             gate = np.minimum(gate, np.float32(limit))
             up = np.clip(up, np.float32(-limit), np.float32(limit))
         return bf16(f32(bf16(gate * _sigmoid(gate))) * up)
-
-    def gemm_swiglu(self, x, w_gate, w_up, limit: float | None) -> np.ndarray:
-        """swiglu(gemm(x, w_gate, bf16), gemm(x, w_up, bf16), limit): the dense MLP's [M, N] bf16 activation."""
-        return self.swiglu(self.gemm(x, w_gate, out="bf16"), self.gemm(x, w_up, out="bf16"), limit)
-
-    def gemm_grouped_swiglu(self, x, w_gate, w_up, group, limit: float | None) -> np.ndarray:
-        """The experts' [M, N] bf16 activation: swiglu of the two grouped GEMMs (w_*: [E, N, K] bf16)."""
-        return self.swiglu(*(self.gemm_grouped(x, w, group, out="bf16") for w in (w_gate, w_up)), limit)
 
     def moe_sort(self, ids: np.ndarray, n_experts: int):
         """ids [T, k] -> (order, group, src, pos) [T*k] int32: pairs p = (row p // k, slot p % k) by expert (ids

@@ -7,6 +7,8 @@ above it, as the model builds them.
 
 Controls: `attention[..]` with a wrong page mapping (16 list entries read another page's rows);
 `attention.chunks[..]` with the chunks of each list merged in reverse order (same keys, other merge order).
+`attention_split[..]`: the leading `decode` rows as decode/verify rows (cuda_src/attention_split.cu: heads
+sharing each latent row, chunks in parallel, merged in list order), the same controls.
 """
 from __future__ import annotations
 
@@ -67,7 +69,11 @@ def _inputs(rng, positions, h, r, npools, qstd):
     return {"qa": qa, "store": store, "rows": rows, "counts": counts}
 
 
-def _attention(label: str, positions, h: int, r: int, chunk: int, npools: int, qstd: float = 1.0) -> None:
+SPLIT = ("attention_chunk_scores", "attention_chunk_pv", "attention_merge")
+
+
+def _attention(label: str, positions, h: int, r: int, chunk: int, npools: int, qstd: float = 1.0,
+               decode: int = 0) -> None:
     positions = list(positions)
     scale = r ** -0.5 if r < 256 else 256 ** -0.5
 
@@ -75,10 +81,11 @@ def _attention(label: str, positions, h: int, r: int, chunk: int, npools: int, q
         return _inputs(rng, positions, h, r, npools, qstd)
 
     def run(k, d):
-        return {"o": ops_attention.attention(k, d["qa"], d["store"], d["rows"], d["counts"], scale, chunk)}
+        return {"o": ops_attention.attention(k, d["qa"], d["store"], d["rows"], d["counts"], scale, chunk,
+                                             decode=decode)}
 
     def replay(d):
-        return {"o": REF.attention(d["qa"], d["store"], d["rows"], d["counts"], scale, chunk)}
+        return {"o": REF.attention(d["qa"], d["store"], d["rows"], d["counts"], scale, chunk, decode=decode)}
 
     def ctl_page(k, d):                                # a wrong page: list entries 0..15 read entries 16..31's rows
         rows = d["rows"].copy()                        # (lists shorter than 32: entry 1 reads entry 0's row)
@@ -88,7 +95,7 @@ def _attention(label: str, positions, h: int, r: int, chunk: int, npools: int, q
                 rows[i, :PAGE] = d["rows"][i, PAGE:2 * PAGE]
             elif c > 1:
                 rows[i, 1] = d["rows"][i, 0]
-        return {"o": ops_attention.attention(k, d["qa"], d["store"], rows, d["counts"], scale, chunk)}
+        return {"o": ops_attention.attention(k, d["qa"], d["store"], rows, d["counts"], scale, chunk, decode=decode)}
 
     def ctl_chunks(k, d):                              # the chunks of every list merged last to first
         rows = d["rows"].copy()
@@ -97,11 +104,14 @@ def _attention(label: str, positions, h: int, r: int, chunk: int, npools: int, q
             starts = list(range(0, c, chunk))
             order = [j for s in reversed(starts) for j in range(s, min(s + chunk, c))]
             rows[i, :c] = d["rows"][i, order]
-        return {"o": ops_attention.attention(k, d["qa"], d["store"], rows, d["counts"], scale, chunk)}
+        return {"o": ops_attention.attention(k, d["qa"], d["store"], rows, d["counts"], scale, chunk, decode=decode)}
 
-    case(Case(f"attention[{label}]", ("attention",), make, run, replay, ctl_page, ULPS, WHY))
+    name, kernels = "attention", ("attention",)
+    if decode:
+        name, kernels = "attention_split", SPLIT + (("attention",) if decode < len(positions) else ())
+    case(Case(f"{name}[{label}]", kernels, make, run, replay, ctl_page, ULPS, WHY))
     if any(p + 1 > chunk for p in positions):
-        case(Case(f"attention.chunks[{label}]", ("attention",), make, run, replay, ctl_chunks, ULPS, WHY))
+        case(Case(f"{name}.chunks[{label}]", kernels, make, run, replay, ctl_chunks, ULPS, WHY))
 
 
 # tiny model: 4 heads, latent 64, chunks of 32, 8 pools of 4 (sparse from position 35), width 35
@@ -112,3 +122,9 @@ _attention("prompt37",  range(37),              4,  64,  32,  8, 2.0)
 _attention("odd",       [0, 5, 77, 200],        3,  72,  20,  8, 2.0)   # R % 16 = 8, chunk 20
 # full model: latent 512, chunks of 512, 512 pools (sparse from 2051), two of its heads
 _attention("full",      [2050, 2051, 3000],     2, 512, 512, 512, 6.0)
+# decode/verify rows (attention_split.cu): one token, MTP verify rows, a mixed call, heads not a multiple of 4
+_attention("decode",    [100],                  4,  64,  16,  8, 2.0, decode=1)     # 3 chunks (16, 16, 3)
+_attention("verify",    range(30, 46),          4,  64,  32,  8, 2.0, decode=16)
+_attention("mixed",     [0, 5, 77, 200],        3,  72,  20,  8, 2.0, decode=2)     # 2 decode rows, 2 prompt rows
+_attention("heads6",    [40, 90],               6,  64,  16,  8, 2.0, decode=2)     # 2 head groups, one partial
+_attention("full",      [2050, 3000],           2, 512, 512, 512, 6.0, decode=2)

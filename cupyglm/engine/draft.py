@@ -101,10 +101,10 @@ class MTPProposer:
         h = xp.stack([d.state.mtp_pending for d in live])                       # [R, D] bf16
         ids = np.array([d.token for d in live], dtype=np.int32)
         for k in range(max(d.n for d in live)):
-            segs = [Segment(d.state, d.start - 1 + k, 1, i) for i, d in enumerate(live)]
+            segs = [Segment(d.state, d.start - 1 + k, 1, i, True) for i, d in enumerate(live)]   # decode role
             positions = np.array([d.start - 1 + k for d in live], dtype=np.int32)
             hm = m.mtp(m.embed, h, xp.asarray(ids), positions, segs, m.kv, m.comm)  # [R, D] head-normed
-            tok = ops.asnumpy(xp.argmax(m.logits(hm), axis=1)).astype(np.int32)   # ties: the lower id
+            tok = ops.asnumpy(xp.argmax(m.logits(hm, decode=len(live)), axis=1)).astype(np.int32)   # ties: lower id
             for d, t in zip(live, tok):
                 out[d.request_id].append(int(t))
             keep = [i for i, d in enumerate(live) if d.n > k + 1]

@@ -357,7 +357,8 @@ class Engine:
             rows.append((e, state, tokens, verify))
         drafted = self.verifier.propose([(e.request_id, st, t[0], e.count - 1) for e, st, t, v in rows if v])
         batch = [SeqInput(np.asarray(drafted[e.request_id] if verify else tokens, dtype=np.int32), state,
-                          all_logits=verify or bool(e.flags & FLAG_ALL_LOGITS)) for e, state, tokens, verify in rows]
+                          all_logits=verify or bool(e.flags & FLAG_ALL_LOGITS),
+                          decode=bool(e.flags & FLAG_DECODE)) for e, state, tokens, verify in rows]
         outs = self.runner.forward(batch, check=check) if batch else []
         self._disk_results = {}
         if msg.disk is not None:         # spills before the drops; the ranks agree on the loads between

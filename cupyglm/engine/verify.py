@@ -93,7 +93,7 @@ class Verifier:
                 del state.pages[keep:]
             if fed < len(p.tokens):
                 restore(state, p.snap)
-                replay.append(SeqInput(np.asarray(p.tokens[:fed], dtype=np.int32), state))
+                replay.append(SeqInput(np.asarray(p.tokens[:fed], dtype=np.int32), state, decode=True))  # as verified
         if replay:
             self.replayed_rows += sum(s.tokens.size for s in replay)
             self.runner.forward(replay)

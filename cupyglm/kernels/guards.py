@@ -138,6 +138,26 @@ def ids_in_range(k: Kernels, kernel: str, param: str, ids, limit: int, what: str
     launch_range(k, ids, g.flags, limit, s)
 
 
+def range_slot(k: Kernels, kernel: str, param: str, ids, limit: int, what: str = "ids"):
+    """For a kernel that checks the ids it reads itself (cuda_src/check_flag.cuh): (flags, slot) to pass it. A host
+    array is checked here at once (ValueError) and gets a zeroed one-slot buffer and slot -1; a device array the
+    Kernels' flags buffer and the slot of ids_in_range's message, read with the step's other checks."""
+    if isinstance(ids, np.ndarray):
+        ids_in_range(k, kernel, param, ids, limit, what)
+        return k.xp.zeros((1, 2), dtype=np.uint32), -1
+    g = guards_of(k)
+    slot = g.slot(f"{kernel}: parameter {param} holds {what} outside [0, {limit})")     # makes g.flags
+    return g.flags, slot
+
+
+def kernel_guard(k: Kernels, kernel: str, param: str, ids, limit: int, what: str, own: bool):
+    """(flags, slot) for a kernel that can count bad ids itself: range_slot's when it checks them (own), else a
+    zeroed one-slot buffer and slot -1 (the ids were checked by ids_in_range)."""
+    if own:
+        return range_slot(k, kernel, param, ids, limit, what)
+    return k.xp.zeros((1, 2), dtype=np.uint32), -1
+
+
 def ids_distinct(k: Kernels, kernel: str, param: str, ids) -> None:
     """No id twice (write ids: the order of two writes would decide the row)."""
     if isinstance(ids, np.ndarray):

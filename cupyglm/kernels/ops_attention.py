@@ -1,11 +1,19 @@
-"""DSA attention launcher (cuda_src/attention.cu), with NumpyOps.attention's signature."""
+"""DSA attention launcher, with NumpyOps.attention's signature: the call's leading `decode` rows (decode/verify
+rows, cupyglm/backend/roles.py) run cuda_src/attention_split.cu (all heads of a block share each latent row,
+chunks in parallel, merged in list order), the rest cuda_src/attention.cu (a block per row and head); the same
+bits either way."""
 from __future__ import annotations
 
 import numpy as np
 
+from cupyglm.backend.roles import decode_rows
 from cupyglm.kernels.ops import Kernels, check, f32, i32, op
 
 SRC = "attention.cu"
+SRC_SPLIT = "attention_split.cu"
+HG = 4             # ATT_HG: heads per block sharing each latent row
+KT = 16            # ATT_KT: keys per shared tile of latent rows
+SPLIT_RT = 4       # ATT_SPLIT_RT: output columns per thread of attention_chunk_pv
 F32 = np.float32
 
 
@@ -14,10 +22,35 @@ def _arg(k: Kernels, kernel: str, name: str, a, shape=None, dtype=F32):
     return check(kernel, name, k.xp.ascontiguousarray(a), shape, dtype)
 
 
+def _split(k: Kernels, qa, store, rows, counts, out, scale: float, chunk: int, threads: int) -> None:
+    """attention_split.cu on rows [0, T) of these (decode/verify rows): scores, P.V per chunk, then the merge."""
+    t, h, r = qa.shape
+    w = rows.shape[1]
+    c = max(1, -(-w // chunk))
+    if r > SPLIT_RT * 256:
+        raise ValueError(f"attention: R <= {SPLIT_RT * 256} supported on decode rows, got {r}")
+    if c > 65535 or -(-h // HG) > 65535:
+        raise ValueError(f"attention: {c} chunks or {h} heads exceed the grid's 65,535 limit")
+    s = k.empty((t, h, w), np.float32)               # scratch: scores
+    cm = k.empty((t, h, c), np.float32)              # chunk max
+    ps = k.empty((t, h, c), np.float32)              # chunk sum of P
+    pv = k.empty((t, h, c, r), np.float32)           # chunk P.V
+    grid = (t, c, -(-h // HG))
+    k.launch(SRC_SPLIT, "attention_chunk_scores", grid, (256,),
+             (qa, store, rows, counts, s, cm, i32(t), i32(h), i32(r), i32(w), i32(c), f32(scale), i32(chunk)),
+             shared_mem=((KT * r + 1) // 2 + HG * chunk) * 4)
+    k.launch(SRC_SPLIT, "attention_chunk_pv", grid, (256,),
+             (store, rows, counts, s, cm, ps, pv, i32(t), i32(h), i32(r), i32(w), i32(c), i32(chunk)),
+             shared_mem=(HG * chunk + chunk) * 4)
+    k.launch(SRC_SPLIT, "attention_merge", (t, h), (threads,),
+             (counts, cm, ps, pv, out, i32(t), i32(h), i32(r), i32(c), i32(chunk)))
+
+
 @op("attention")
-def attention(k: Kernels, qa, store, rows, counts, scale, chunk):
+def attention(k: Kernels, qa, store, rows, counts, scale, chunk, decode: int = 0):
     """qa: [T, H, R] bf16, store: [N, R] bf16, rows: [T, W] int32 row ids (-1 padded), counts: [T] int32
-    -> [T, H, R] bf16. Online softmax over `chunk`-key chunks merged in list order."""
+    -> [T, H, R] bf16. Online softmax over `chunk`-key chunks merged in list order; rows [0, decode) are
+    decode/verify rows (attention_split.cu)."""
     qa = _arg(k, "attention", "qa", qa, (None, None, None), k.bf16)
     t, h, r = qa.shape
     store = check("attention", "store", store, (None, r), k.bf16)   # never copied: the KV rows
@@ -31,9 +64,13 @@ def attention(k: Kernels, qa, store, rows, counts, scale, chunk):
         raise ValueError(f"attention: R <= {8 * threads} supported, got {r}")
     if h > 65535:
         raise ValueError(f"attention: at most 65,535 heads (grid.y), got {h}")
+    d = decode_rows("attention", decode, t)
     out = k.empty((t, h, r), k.bf16)
     if t and h:
-        k.launch(SRC, "attention", (t, h), (threads,),
-                 (qa, store, rows, counts, out, i32(t), i32(h), i32(r), i32(rows.shape[1]), f32(scale), i32(chunk)),
-                 shared_mem=(2 * chunk + 1) * 4)
+        if d:
+            _split(k, qa[:d], store, rows[:d], counts[:d], out[:d], scale, chunk, threads)
+        if d < t:
+            k.launch(SRC, "attention", (t - d, h), (threads,),
+                     (qa[d:], store, rows[d:], counts[d:], out[d:], i32(t - d), i32(h), i32(r), i32(rows.shape[1]),
+                      f32(scale), i32(chunk)), shared_mem=(2 * chunk + 1) * 4)
     return out

@@ -7,6 +7,9 @@ from cupyglm.kernels.ops import Kernels, check, f32, i32, op
 
 SRC = "indexer.cu"
 F32 = np.float32
+POOLS = 16         # IDX_POOLS: pools per index_scores block (their keys read once for all its rows and heads)
+ROWS = 16          # IDX_ROWS: rows per index_scores block
+MAX_I = 256        # IDX_MAX_I
 
 
 def _arg(k: Kernels, kernel: str, name: str, a, shape=None, dtype=F32):
@@ -37,10 +40,13 @@ def index_scores(k: Kernels, qi, hw, pk):
     hw = _arg(k, "index_scores", "hw", hw, (t, h))
     pk = _arg(k, "index_scores", "pk", pk, (None, i), k.bf16)
     p = pk.shape[0]
-    if t * ((p + 15) // 16) > 2**31 - 1:
+    if i > MAX_I:
+        raise ValueError(f"index_scores: index head dimension <= {MAX_I} supported, got {i}")
+    blocks = -(-t // ROWS) * -(-p // POOLS)
+    if blocks > 2**31 - 1:
         raise ValueError(f"index_scores: T={t} rows x {p} pools exceed the grid's 2^31 - 1 blocks")
     out = k.empty((t, p))
     if t and p:
-        k.launch(SRC, "index_scores", (t * ((p + 15) // 16),), (256,),
+        k.launch(SRC, "index_scores", (blocks,), (16 * POOLS,),
                  (qi, hw, pk, out, i32(t), i32(h), i32(i), i32(p), f32(i ** -0.5)))
     return out

@@ -1,4 +1,6 @@
-"""How a forward call's rows map to sequences: rows of one sequence are contiguous and in position order."""
+"""How a forward call's rows map to sequences: rows of one sequence are contiguous and in position order, and the
+segments whose rows are decode/verify rows come first (cupyglm/backend/roles.py), so their rows are the call's
+leading `decode_rows(segs)` rows: the number every GEMM of the call is given to pick each row's kernel by role."""
 from __future__ import annotations
 
 import dataclasses
@@ -14,6 +16,7 @@ class Segment:
     start: int        # position of the segment's first row
     n: int            # rows (new tokens) of this sequence in the call
     off: int          # index of its first row in the call's flat rows
+    decode: bool = False   # the rows' role: decode/verify rows (their tokens were sampled), else prompt rows
     dev: dict = dataclasses.field(default_factory=dict, compare=False, repr=False)   # per-call device uploads
 
     @property
@@ -25,12 +28,26 @@ class Segment:
         return np.arange(self.start, self.start + self.n, dtype=np.int32)
 
 
-def segments(states: list[SeqState], starts: list[int], counts: list[int]) -> list[Segment]:
+def segments(states: list[SeqState], starts: list[int], counts: list[int],
+             decode: list[bool] | None = None) -> list[Segment]:
+    """Segments in the given order (decode/verify segments must come first: decode_rows refuses otherwise)."""
     out, off = [], 0
-    for st, s, n in zip(states, starts, counts):
-        out.append(Segment(st, s, n, off))
+    roles = decode if decode is not None else [False] * len(states)
+    for st, s, n, d in zip(states, starts, counts, roles):
+        out.append(Segment(st, s, n, off, bool(d)))
         off += n
     return out
+
+
+def decode_rows(segs: list[Segment]) -> int:
+    """How many leading rows of the call are decode/verify rows (the GEMMs' `decode`)."""
+    n, seen_prompt = 0, False
+    for s in segs:
+        if s.decode and seen_prompt:
+            raise ValueError("segments: a decode/verify segment follows a prompt segment (decode rows go first)")
+        seen_prompt |= not s.decode
+        n += s.n if s.decode else 0
+    return n
 
 
 class Weights:

@@ -9,7 +9,7 @@ import numpy as np
 
 from cupyglm.config import ModelConfig
 from cupyglm.model import gather, seg_device
-from cupyglm.model.batch import Segment, Weights
+from cupyglm.model.batch import Segment, Weights, decode_rows
 from cupyglm.model.indexer import Indexer
 
 
@@ -32,12 +32,12 @@ class DSALayer:
         """x: [T, D] bf16 (normed). Writes latent rows and pooled keys; returns the o_proj partial [T, D]."""
         ops, c, h = self.ops, self.cfg, self.heads
         xp = ops.xp
-        t = x.shape[0]
-        qn = ops.rmsnorm(ops.gemm(x, self.q_a, out="bf16"), self.q_a_norm, c.rms_norm_eps)     # [T, q_lora] bf16
-        q = ops.gemm(qn, self.q_b, out="bf16").reshape(t, h, c.qk_nope_head_dim)             # [T, H, nope] bf16
-        latent = ops.rmsnorm(ops.gemm(x, self.kv_a, out="bf16"), self.kv_a_norm, c.rms_norm_eps)  # [T, R] bf16
-        ik, ig = self.indexer.keys(x)
-        qi, hw = self.indexer.queries(x, qn)
+        t, d = x.shape[0], decode_rows(segs)                # d: the leading decode/verify rows (the gemv)
+        qn = ops.rmsnorm(ops.gemm(x, self.q_a, out="bf16", decode=d), self.q_a_norm, c.rms_norm_eps)  # [T, q_lora]
+        q = ops.gemm(qn, self.q_b, out="bf16", decode=d).reshape(t, h, c.qk_nope_head_dim)  # [T, H, nope] bf16
+        latent = ops.rmsnorm(ops.gemm(x, self.kv_a, out="bf16", decode=d), self.kv_a_norm, c.rms_norm_eps)  # [T, R]
+        ik, ig = self.indexer.keys(x, d)
+        qi, hw = self.indexer.queries(x, qn, d)
         store = kv.latent[self.layer]
         toks, ns = [], []
         for seg in segs:
@@ -49,12 +49,12 @@ class DSALayer:
         tokens = toks[0] if len(toks) == 1 else xp.concatenate(toks)           # [T, max_pick] positions, -1 padded
         counts = ns[0] if len(ns) == 1 else xp.concatenate(ns)                 # [T] int32
         rows = seg_device.call_token_rows(segs, kv, xp, tokens)                # [T, max_pick] latent row ids
-        qa = ops.gemm_heads(q.transpose(1, 0, 2), self.w_k_t, out="bf16").transpose(1, 0, 2)  # [T, H, R] bf16
+        qa = ops.gemm_heads(q.transpose(1, 0, 2), self.w_k_t, out="bf16", decode=d).transpose(1, 0, 2)  # [T, H, R]
         if kv.host is not None:                                                # latent rows in host memory
             o = gather.attend_host(ops, kv.host, self.layer, segs, xp.ascontiguousarray(qa), rows, counts,
                                    c.qk_nope_head_dim ** -0.5, c.attn_chunk)
         else:
             o = ops.attention(xp.ascontiguousarray(qa), store, rows, counts,
-                              c.qk_nope_head_dim ** -0.5, c.attn_chunk)                     # [T, H, R]
-        out = ops.gemm_heads(xp.ascontiguousarray(o.transpose(1, 0, 2)), self.w_v, out="bf16")  # [H, T, V] bf16
-        return ops.gemm(xp.ascontiguousarray(out.transpose(1, 0, 2)).reshape(t, -1), self.o_proj)
+                              c.qk_nope_head_dim ** -0.5, c.attn_chunk, decode=d)               # [T, H, R]
+        out = ops.gemm_heads(xp.ascontiguousarray(o.transpose(1, 0, 2)), self.w_v, out="bf16", decode=d)  # [H, T, V]
+        return ops.gemm(xp.ascontiguousarray(out.transpose(1, 0, 2)).reshape(t, -1), self.o_proj, decode=d)

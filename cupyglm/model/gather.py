@@ -15,5 +15,6 @@ def attend_host(ops, host, layer: int, segs, qa, rows, counts, scale: float, chu
     for i, seg in enumerate(segs):
         r, n = xp.ascontiguousarray(rows[seg.rows]), xp.ascontiguousarray(counts[seg.rows])
         ids = host.gather(layer, r, n, i)                                    # [n, W] int32 slot ids
-        outs.append(ops.attention(qa[seg.rows], host.slots, ids, n, scale, chunk))
+        outs.append(ops.attention(qa[seg.rows], host.slots, ids, n, scale, chunk,
+                                  decode=seg.n if seg.decode else 0))
     return outs[0] if len(outs) == 1 else xp.concatenate(outs)

@@ -14,7 +14,7 @@ from cupyglm.checkpoint.names import TEXT_PREFIX
 from cupyglm.config import ModelConfig
 from cupyglm.kv.state import SeqState
 from cupyglm.kv.store import KVStore
-from cupyglm.model.batch import Weights, segments
+from cupyglm.model.batch import Weights, decode_rows, segments
 from cupyglm.model.dsa import DSALayer
 from cupyglm.model.kda import KDALayer
 from cupyglm.model.moe import MLP, MoE
@@ -26,6 +26,7 @@ class SeqInput:
     tokens: np.ndarray            # [n] int32 new tokens, at positions state.length ..
     state: SeqState
     all_logits: bool = False      # logits for every row, else only the last
+    decode: bool = False          # the rows' role: decode/verify rows (sampled or drafted tokens), else a prompt chunk
 
 
 @dataclasses.dataclass
@@ -64,7 +65,7 @@ class Block:
         partial = self.attn(h, segs) if self.is_kda else self.attn(h, segs, kv)
         X = ops.hc_post(X, comm.allreduce_sum(partial), post, comb)     # hc_post rounds the fp32 sum to bf16
         x, post, comb = self.hc_ffn.pre(X)
-        partial = self.mlp(ops.rmsnorm(x, self.post_norm, eps))
+        partial = self.mlp(ops.rmsnorm(x, self.post_norm, eps), decode_rows(segs))
         return ops.hc_post(X, comm.allreduce_sum(partial), post, comb)
 
 
@@ -91,17 +92,29 @@ class GLMModel:
         self.kv.pool.release(state.pages)
         state.pages.clear()
 
-    def logits(self, h):
-        """Final-normed rows [R, D] -> full-vocab logits [R, V] fp32 (vocab slices gathered in rank order)."""
-        return self.comm.concat_last(self.ops.gemm(h, self.lm_head))
+    def logits(self, h, decode: int = 0):
+        """Final-normed rows [R, D] -> full-vocab logits [R, V] fp32 (vocab slices gathered in rank order); the
+        leading `decode` rows are decode/verify rows."""
+        return self.comm.concat_last(self.ops.gemm(h, self.lm_head, decode=decode))
 
     def forward(self, batch: list[SeqInput]) -> list[SeqOutput]:
+        """Outputs in the batch's order; inside, the decode/verify sequences' rows go first (rows are
+        batch-invariant, so the order changes no bit)."""
+        order = sorted(range(len(batch)), key=lambda i: not batch[i].decode)      # stable: decode first
+        outs = self._forward([batch[i] for i in order])
+        back = [None] * len(batch)
+        for i, o in zip(order, outs):
+            back[i] = o
+        return back
+
+    def _forward(self, batch: list[SeqInput]) -> list[SeqOutput]:
         ops, xp = self.ops, self.ops.xp
         for item in batch:
             if item.tokens.size == 0:
                 raise ValueError("a sequence in the batch has no new tokens")
             self.kv.ensure(item.state.pages, item.state.length + item.tokens.size)
-        segs = segments([b.state for b in batch], [b.state.length for b in batch], [b.tokens.size for b in batch])
+        segs = segments([b.state for b in batch], [b.state.length for b in batch], [b.tokens.size for b in batch],
+                        [b.decode for b in batch])
         tokens = np.concatenate([b.tokens.astype(np.int32) for b in batch])
         x = ops.read_rows(self.embed, xp.asarray(tokens))                            # [T, D] bf16
         X = xp.repeat(x[:, None, :], self.cfg.hc_mult, axis=1)                      # [T, 4, D] streams
@@ -110,7 +123,8 @@ class GLMModel:
         h = ops.rmsnorm(ops.stream_mean(X), self.norm, self.cfg.rms_norm_eps)       # [T, D]
         pick = [np.arange(s.off, s.off + s.n) if b.all_logits else np.array([s.off + s.n - 1])
                 for s, b in zip(segs, batch)]
-        logits = self.logits(h[xp.asarray(np.concatenate(pick))])
+        logits = self.logits(h[xp.asarray(np.concatenate(pick))],
+                             sum(p.size for p, s in zip(pick, segs) if s.decode))
         mtp_logits = self._mtp(segs, tokens, h)
         for item in batch:
             item.state.length += item.tokens.size
@@ -127,7 +141,7 @@ class GLMModel:
         out = {}
         if msegs:
             hm = self.mtp(self.embed, hrows, self.ops.xp.asarray(ids), positions, msegs, self.kv, self.comm)
-            lg = self.logits(hm)
+            lg = self.logits(hm, decode_rows(msegs))
             for s in msegs:
                 out[id(s.state)] = lg[s.rows]
         return [out.get(id(s.state)) for s in segs]

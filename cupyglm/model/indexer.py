@@ -23,17 +23,18 @@ class Indexer:
         self.compress_gate = w("index_kpool_compress_gate")       # [I, D]
         self.ape = w("index_kpool_compress_ape")                  # [kpool, I]
 
-    def keys(self, x):
-        """Per-token index keys and gates. x: [T, D] bf16 -> (ik, ig) [T, I] bf16."""
+    def keys(self, x, decode: int = 0):
+        """Per-token index keys and gates. x: [T, D] bf16 (the leading `decode` rows decode/verify rows) ->
+        (ik, ig) [T, I] bf16."""
         ops = self.ops
-        ik = ops.layernorm(ops.gemm(x, self.wk, out="bf16"), self.k_norm_w, self.k_norm_b, LN_EPS)
-        return ik, ops.gemm(x, self.compress_gate, out="bf16")
+        ik = ops.layernorm(ops.gemm(x, self.wk, out="bf16", decode=decode), self.k_norm_w, self.k_norm_b, LN_EPS)
+        return ik, ops.gemm(x, self.compress_gate, out="bf16", decode=decode)
 
-    def queries(self, x, qn):
+    def queries(self, x, qn, decode: int = 0):
         """Index queries [T, Hi, I] bf16 and head weights [T, Hi] fp32 (scaled by Hi^-0.5)."""
         ops, c = self.ops, self.cfg
-        qi = ops.gemm(qn, self.wq_b, out="bf16").reshape(-1, c.index_n_heads, c.index_head_dim)
-        hw = ops.gemm(x, self.weights_proj) * np.float32(c.index_n_heads ** -0.5)
+        qi = ops.gemm(qn, self.wq_b, out="bf16", decode=decode).reshape(-1, c.index_n_heads, c.index_head_dim)
+        hw = ops.gemm(x, self.weights_proj, decode=decode) * np.float32(c.index_n_heads ** -0.5)
         return qi, hw
 
     def write_pools(self, kv, layer: int, seg: Segment, ik, ig) -> None:

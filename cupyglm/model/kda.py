@@ -9,7 +9,7 @@ import numpy as np
 
 from cupyglm.config import ModelConfig
 from cupyglm.memory import alloc, kda_state_arrays, storage_of
-from cupyglm.model.batch import Segment, Weights
+from cupyglm.model.batch import Segment, Weights, decode_rows
 
 L2_EPS = 1e-6
 
@@ -39,11 +39,12 @@ class KDALayer:
 
     def __call__(self, x, segs: list[Segment]):
         """x: [T, D] bf16 (normed). Returns this rank's o_proj partial [T, D] fp32."""
-        ops, h, k = self.ops, self.heads, self.dk
-        qkv = ops.gemm(x, self.w_qkv, out="bf16")                                       # [T, 3HK] bf16
-        a = ops.gemm(ops.gemm(x, self.f_a, out="bf16"), self.f_b, out="bf16").reshape(-1, h, k)
-        gate_out = ops.gemm(ops.gemm(x, self.g_a, out="bf16"), self.g_b, out="bf16").reshape(-1, h, k)
-        beta = ops.sigmoid(ops.gemm(x, self.b), out="bf16")                             # [T, H] bf16
+        ops, h, k, d = self.ops, self.heads, self.dk, decode_rows(segs)
+        qkv = ops.gemm(x, self.w_qkv, out="bf16", decode=d)                             # [T, 3HK] bf16
+        a = ops.gemm(ops.gemm(x, self.f_a, out="bf16", decode=d), self.f_b, out="bf16", decode=d).reshape(-1, h, k)
+        gate_out = ops.gemm(ops.gemm(x, self.g_a, out="bf16", decode=d), self.g_b, out="bf16",
+                            decode=d).reshape(-1, h, k)
+        beta = ops.sigmoid(ops.gemm(x, self.b, decode=d), out="bf16")                   # [T, H] bf16
         decay = ops.kda_gate(a, self.a_log, self.dt_bias, self.cfg.kda_gate_lower_bound)  # [T, H, K] fp32
         whole = len(segs) == 1 and segs[0].n == x.shape[0]           # one sequence: its rows are all of y
         y = None if whole else ops.xp.empty((x.shape[0], h, k), dtype=ops.bf16_dtype)  # [T, H, V] bf16
@@ -60,4 +61,4 @@ class KDALayer:
                 y[seg.rows] = ys
             seg.state.kda_state[self.layer], seg.state.kda_conv[self.layer] = S, window
         o = ops.kda_out(y, self.o_norm, gate_out, self.cfg.rms_norm_eps)
-        return ops.gemm(o.reshape(x.shape[0], h * k), self.o_proj)
+        return ops.gemm(o.reshape(x.shape[0], h * k), self.o_proj, decode=d)

@@ -14,11 +14,11 @@ class MLP:
         self.ops, self.limit = ops, limit
         self.gate, self.up, self.down = w("gate_proj.weight"), w("up_proj.weight"), w("down_proj.weight")
 
-    def __call__(self, x):
-        """x: [T, D] bf16 -> [T, D] fp32 partial."""
+    def __call__(self, x, decode: int = 0):
+        """x: [T, D] bf16, the leading `decode` rows decode/verify rows -> [T, D] fp32 partial."""
         ops = self.ops
-        a = ops.gemm_swiglu(x, self.gate, self.up, self.limit)              # [T, inter] bf16, one kernel
-        return ops.gemm(a, self.down)
+        a = ops.gemm_swiglu(x, self.gate, self.up, self.limit, decode=decode)   # [T, inter] bf16, one kernel
+        return ops.gemm(a, self.down, decode=decode)
 
 
 class MoE:
@@ -36,15 +36,21 @@ class MoE:
         self.limit = cfg.swiglu_limit
         self.shared = MLP(w.sub("shared_experts"), ops, cfg.swiglu_limit)
 
-    def __call__(self, x):
+    def __call__(self, x, decode: int = 0):
+        """x: [T, D] bf16, the leading `decode` rows decode/verify rows -> [T, D] fp32 partial. A call mixing
+        roles runs each role's rows as their own call (rows are batch-invariant: the same bits), so the expert
+        pairs of decode rows, sorted by expert, reach the grouped gemv and the prompt rows' the grouped gemm."""
+        t = x.shape[0]
+        if 0 < decode < t:
+            return self.ops.xp.concatenate([self(x[:decode], decode), self(x[decode:], 0)])
         ops, c = self.ops, self.cfg
-        xp = ops.xp
-        ids, weights = ops.moe_route(ops.gemm(x, self.router), self.bias, c.num_experts_per_tok,
+        ids, weights = ops.moe_route(ops.gemm(x, self.router, decode=decode), self.bias, c.num_experts_per_tok,
                                      c.routed_scaling_factor)
-        t, k = ids.shape
+        k = ids.shape[1]
+        pairs = t * k if decode else 0                           # every pair a decode pair, or none
         # pairs p = (row p // k, slot p % k) sorted by expert, in pair order within one expert (on the device)
         _, group, src, pos = ops.moe_sort(ids, c.n_routed_experts)
         xs = x[src]                                              # [T*k, D] bf16
-        a = ops.gemm_grouped_swiglu(xs, self.gate, self.up, group, self.limit)    # [T*k, inter] bf16
-        ys = ops.gemm_grouped(a, self.down, group)               # [T*k, D] fp32, expert-sorted
-        return ops.moe_combine(ys, weights, self.shared(x), pos)  # slot j of row t: ys[pos[t*k + j]]
+        a = ops.gemm_grouped_swiglu(xs, self.gate, self.up, group, self.limit, decode=pairs)  # [T*k, inter]
+        ys = ops.gemm_grouped(a, self.down, group, decode=pairs)    # [T*k, D] fp32, expert-sorted
+        return ops.moe_combine(ys, weights, self.shared(x, decode), pos)  # slot j of row t: ys[pos[t*k + j]]

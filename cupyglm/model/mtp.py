@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from cupyglm.config import ModelConfig
-from cupyglm.model.batch import Segment, Weights
+from cupyglm.model.batch import Segment, Weights, decode_rows
 from cupyglm.model.dsa import DSALayer
 from cupyglm.model.moe import MoE
 
@@ -46,7 +46,7 @@ class MTPLayer:
             hs.append(hrows[:n])
             ids.append(tokens[seg.off + seg.n - n:seg.off + seg.n])      # tokens at positions start+1..
             pos.append(np.arange(start, start + n, dtype=np.int32))
-            new_segs.append(Segment(st, start, n, off))
+            new_segs.append(Segment(st, start, n, off, seg.decode))
             off += n
         if not new_segs:
             return [], None, None, None
@@ -61,7 +61,8 @@ class MTPLayer:
             e[ops.xp.asarray(first)] = 0                                # +0.0 in both bf16 storages
         x = ops.xp.concatenate([ops.rmsnorm(e, self.enorm, c.rms_norm_eps),
                                 ops.rmsnorm(h, self.hnorm, c.rms_norm_eps)], axis=1)
-        x = ops.gemm(x, self.eh_proj, out="bf16")                       # [T', D] bf16
+        d = decode_rows(segs)
+        x = ops.gemm(x, self.eh_proj, out="bf16", decode=d)            # [T', D] bf16
         x = ops.residual_add(x, comm.allreduce_sum(self.attn(ops.rmsnorm(x, self.in_norm, c.rms_norm_eps), segs, kv)))
-        x = ops.residual_add(x, comm.allreduce_sum(self.mlp(ops.rmsnorm(x, self.post_norm, c.rms_norm_eps))))
+        x = ops.residual_add(x, comm.allreduce_sum(self.mlp(ops.rmsnorm(x, self.post_norm, c.rms_norm_eps), d)))
         return ops.rmsnorm(x, self.head_norm, c.rms_norm_eps)

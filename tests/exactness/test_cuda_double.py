@@ -41,9 +41,9 @@ def teacher_forced(ckpt, ops, steps):
     rs, ds = [ref.new_state() for _ in PROMPTS], [dev.new_state() for _ in PROMPTS]
     feed = [np.asarray(p, np.int32) for p in PROMPTS]
     out = []
-    for _ in range(steps):
+    for step in range(steps):                  # the prompts, then decode rows (the gemv on the device)
         lr = np.stack([o.logits[-1] for o in ref.forward([SeqInput(f, s) for f, s in zip(feed, rs)])])
-        got = dev.forward([SeqInput(f, s) for f, s in zip(feed, ds)])
+        got = dev.forward([SeqInput(f, s, decode=step > 0) for f, s in zip(feed, ds)])
         ld = np.stack([ops.asnumpy(o.logits[-1]) for o in got])
         out.append((lr, ld))
         feed = [np.array([int(np.argmax(r))], np.int32) for r in lr]

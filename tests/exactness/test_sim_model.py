@@ -35,9 +35,9 @@ def _teacher_forced(ref, sim, prompts, steps):
     rs, ss = [ref.new_state() for _ in prompts], [sim.new_state() for _ in prompts]
     feed = [np.asarray(p, np.int32) for p in prompts]
     out = []
-    for _ in range(steps):
+    for step in range(steps):                  # the prompts, then decode rows (the gemv kernels on sim)
         lr = np.stack([o.logits[-1] for o in ref.forward([SeqInput(f, s) for f, s in zip(feed, rs)])])
-        ls = np.stack([o.logits[-1] for o in sim.forward([SeqInput(f, s) for f, s in zip(feed, ss)])])
+        ls = np.stack([o.logits[-1] for o in sim.forward([SeqInput(f, s, decode=step > 0) for f, s in zip(feed, ss)])])
         out.append((lr, ls))
         feed = [np.array([int(np.argmax(r))], np.int32) for r in lr]
     for m, sts in ((ref, rs), (sim, ss)):

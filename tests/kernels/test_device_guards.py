@@ -86,3 +86,26 @@ def test_the_flags_come_back_with_the_steps_result_in_one_transfer(ops, cuda_dou
             ops.asnumpy_checked(tokens)                          # raised before anyone reads the tokens
     assert c.syncs == 1
     ops.raise_device_errors()                                    # read and cleared: nothing pending now
+
+
+def test_decode_rows_grouped_gemv_flags_bad_ids_itself(ops, cuda_double):
+    """Decode rows: the grouped gemv kernels count an expert id outside [0, E) into the step's flags themselves,
+    with the message and first index of the check launch they replace, and no check_ids_range runs."""
+    xp = ops.xp
+    x, w = xp.full((4, 16), ONE, xp.uint16), xp.full((2, 16, 16), ONE, xp.uint16)
+    group = xp.asarray(np.array([0, 1, 5, 5], np.int32))
+    with cuda_double.counting(trace=True) as c:
+        y = ops.gemm_grouped(x, w, group, decode=4)
+        a = ops.gemm_grouped_swiglu(x, w, w, group, 10.0, decode=4)
+    assert c.syncs == 0, c
+    launched = c.where.get("launches", {})
+    assert not any("check_ids_range" in str(key) for key in launched), launched
+    assert np.isnan(y.get()[2:]).all() and not np.isnan(y.get()[:2]).any()
+    assert a.shape == (4, 16)
+    with pytest.raises(DeviceCheckError) as e:
+        ops.raise_device_errors()
+    assert "gemm_grouped: parameter group holds expert ids outside [0, 2) (2 of them, the first at index 2)" \
+        in str(e.value)
+    assert "gemm_grouped_swiglu: parameter group holds expert ids outside [0, 2) (2 of them, the first at index 2)" \
+        in str(e.value)
+    ops.raise_device_errors()                                   # read and cleared

@@ -37,9 +37,9 @@ def test_the_clamp_changes_the_dense_layer_and_the_logits(tiny_ckpt):
     seen = []
     mlp0 = clamped.blocks[0].mlp
 
-    def record(x):
+    def record(x, decode=0):
         seen.append(np.array(x))
-        return MLP.__call__(mlp0, x)
+        return MLP.__call__(mlp0, x, decode)
 
     clamped.blocks[0].mlp = record
     want = _logits(clamped)

@@ -54,7 +54,7 @@ CALLS = {
     "attention": (lambda k, m: ops_attention.attention(k, _bf((m, 3, 16)), _bf((8, 16)), np.zeros((m, 4), np.int32),
                                                        np.ones(m, np.int32), 0.25, 4), lambda m: (m, 3, 1)),
     "index_scores": (lambda k, m: ops_indexer.index_scores(k, _bf((m, 2, 16)), _f((m, 2)), _bf((40, 16))),
-                     lambda m: (m * 3, 1, 1)),
+                     lambda m: (-(-m // 16) * 3, 1, 1)),
     "rmsnorm_rows": (lambda k, m: ops_norm.rmsnorm(k, _bf((m, 16)), _bf((16,)), 1e-5), lambda m: (m, 1, 1)),
     "kv_read_rows": (lambda k, m: ops_kv.read_rows(k, _bf((8, 16)), np.zeros(m, np.int32)), lambda m: (m, 1, 1)),
 }

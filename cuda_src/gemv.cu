@@ -1,0 +1,107 @@
+// gemv.cu -- the decode/verify GEMM (DESIGN §3b): y[h, m, n] = sum_k x[h, m, k] * w[h, n, k] for the leading
+// `rows` rows of a call, the rows whose role is decode or verify, streaming each bf16 weight from memory once per
+// call for every GEMV_ROWS of them (gemv_tile.cuh: 16-byte loads staged through shared memory, lane-16 order
+// kept, bit for bit gemm.cu).  gemv_grouped_lane16 is the MoE form: y[m, n] = sum_k x[m, k] * w[group[m], n, k],
+// an expert's slice read once per run of rows of that expert.  Outputs fp32, or (_bf16) rounded once to bf16.
+//
+// Launch: block (16, GEMV_OUTS); grid (ceil(N / GEMV_OUTS), ceil(rows / GEMV_ROWS), H).
+// Grouped: grid (ceil(N / GEMV_OUTS), M): block y = m works only if row m starts a run of equal expert ids
+// (m = 0 or group[m - 1] != group[m]) and takes the run GEMV_ROWS rows at a time; an id outside [0, E) reads
+// nothing, gets NaN and is counted into the guard slot `slot` of `flags` (guards.py: no separate check launch).
+#include "common.cuh"
+#include "gemv_tile.cuh"
+
+static __device__ __forceinline__ void gemv_store(float* y, long long i, float v) { y[i] = v; }
+static __device__ __forceinline__ void gemv_store(__nv_bfloat16* y, long long i, float v) { y[i] = to_bf16(v); }
+
+template <typename Out>
+static __device__ __forceinline__ void gemv_body(
+    const __nv_bfloat16* __restrict__ x,   // [H, M, K] bf16
+    const __nv_bfloat16* __restrict__ w,   // [H, N, K] bf16
+    Out* __restrict__ y,                   // [H, M, N] fp32 or bf16
+    int M, int N, int K, int rows) {
+  __shared__ __align__(16) GemvShared<1> sh;
+  const int n0 = blockIdx.x * GEMV_OUTS, m0 = blockIdx.y * GEMV_ROWS;
+  const long long h = blockIdx.z;
+  GemvSrc<1> src;
+  src.w[0] = w + (h * N + n0) * (long long)K;
+  src.x = x + (h * M + m0) * (long long)K;
+  src.ncols = min(GEMV_OUTS, N - n0);
+  src.nrows = min(GEMV_ROWS, rows - m0);
+  src.K = K;
+  src.vec = gemv_aligned(x, w, K);
+  gemv_rows(sh, src);
+  const int lane = threadIdx.x, o = threadIdx.y, n = n0 + o;
+  if (n < N && lane < src.nrows)
+    gemv_store(y, (h * M + m0 + lane) * (long long)N + n, gemm_fold16(sh.part[0][o][lane]));
+}
+
+extern "C" __global__ void __launch_bounds__(256) gemv_lane16(
+    const __nv_bfloat16* __restrict__ x,   // [H, M, K] bf16
+    const __nv_bfloat16* __restrict__ w,   // [H, N, K] bf16
+    float* __restrict__ y,                 // [H, M, N] f32: rows [0, rows) of each head written
+    int M, int N, int K, int rows) {       // rows <= M: the call's leading decode/verify rows
+  gemv_body(x, w, y, M, N, K, rows);
+}
+
+extern "C" __global__ void __launch_bounds__(256) gemv_lane16_bf16(
+    const __nv_bfloat16* __restrict__ x,   // [H, M, K] bf16
+    const __nv_bfloat16* __restrict__ w,   // [H, N, K] bf16
+    __nv_bfloat16* __restrict__ y,         // [H, M, N] bf16 (the fp32 sum rounded once): rows [0, rows)
+    int M, int N, int K, int rows) {
+  gemv_body(x, w, y, M, N, K, rows);
+}
+
+template <typename Out>
+static __device__ __forceinline__ void gemv_grouped_body(
+    const __nv_bfloat16* __restrict__ x,   // [M, K] bf16
+    const __nv_bfloat16* __restrict__ w,   // [E, N, K] bf16
+    const int* __restrict__ group,         // [M] int32: expert id of each row
+    Out* __restrict__ y,                   // [M, N] fp32 or bf16
+    int M, int N, int K, int E, unsigned int* flags, int slot) {
+  __shared__ __align__(16) GemvShared<1> sh;
+  const int m = blockIdx.y;
+  const int g = group[m];
+  if (m > 0 && group[m - 1] == g) return;          // not the start of a run: the whole block leaves together
+  int end = m + 1;
+  while (end < M && group[end] == g) ++end;
+  const bool valid = g >= 0 && g < E;
+  if (!valid) gemv_flag_run(flags, slot, m, end);
+  const int n0 = blockIdx.x * GEMV_OUTS;
+  GemvSrc<1> src;
+  src.w[0] = w + ((long long)(valid ? g : 0) * N + n0) * K;
+  src.ncols = valid ? min(GEMV_OUTS, N - n0) : 0;
+  src.K = valid ? K : 0;
+  src.vec = gemv_aligned(x, w, K);
+  const int lane = threadIdx.x, o = threadIdx.y, n = n0 + o;
+  for (int m0 = m; m0 < end; m0 += GEMV_ROWS) {
+    const int nrows = min(GEMV_ROWS, end - m0);
+    src.x = x + (long long)m0 * K;
+    src.nrows = valid ? nrows : 0;
+    gemv_rows(sh, src);
+    if (n < N && lane < nrows)
+      gemv_store(y, (long long)(m0 + lane) * N + n, valid ? gemm_fold16(sh.part[0][o][lane]) : NAN);
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(256) gemv_grouped_lane16(
+    const __nv_bfloat16* __restrict__ x,     // [M, K] bf16
+    const __nv_bfloat16* __restrict__ w,     // [E, N, K] bf16
+    const int* __restrict__ group,           // [M] int32: expert id of each row (sorted: each slice read once)
+    float* __restrict__ y,                   // [M, N] f32
+    int M, int N, int K, int E,
+    unsigned int* __restrict__ flags,        // [slots, 2] u32 guard flags
+    int slot) {                              // the slot of "group holds expert ids outside [0, E)", or -1
+  gemv_grouped_body(x, w, group, y, M, N, K, E, flags, slot);
+}
+
+extern "C" __global__ void __launch_bounds__(256) gemv_grouped_lane16_bf16(
+    const __nv_bfloat16* __restrict__ x,     // [M, K] bf16
+    const __nv_bfloat16* __restrict__ w,     // [E, N, K] bf16
+    const int* __restrict__ group,           // [M] int32
+    __nv_bfloat16* __restrict__ y,           // [M, N] bf16 (the fp32 sum rounded once)
+    int M, int N, int K, int E,
+    unsigned int* __restrict__ flags,        // [slots, 2] u32 guard flags
+    int slot) {
+  gemv_grouped_body(x, w, group, y, M, N, K, E, flags, slot);
+}

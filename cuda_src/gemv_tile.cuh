@@ -1,0 +1,174 @@
+// gemv_tile.cuh -- the weight-streaming machinery of the decode/verify GEMMs (gemv.cu, gemv_swiglu.cu): one block
+// sums up to GEMV_ROWS rows against GEMV_OUTS columns of NW weights (1, or 2 for gate and up) over all of K.
+//
+// Same bits as gemm.cu (lane-16 order, cupyglm/backend/lanes.py): term k goes to lane k % 16, each lane adds its
+// terms in increasing k from +0.0, the lanes fold i += i+8, +4, +2, +1 (gemm_tile.cuh).  Only the way the values
+// reach the threads differs: a stage of TK k values of the block's columns and rows is read with 16-byte loads,
+// coalesced along k, into shared memory; thread (lane, o) then reads back exactly its lane's terms k = lane,
+// lane + 16, ... of column o in increasing k, so the 16-byte load never reorders a lane's sum.  The loads of
+// stage s + 1 are issued into registers before stage s is summed (VECS loads of each weight and of x in flight
+// per thread).  Blocks split N (and rows, heads) only, never K.  Block: (16, GEMV_OUTS) = 256 threads.
+#pragma once
+#include "common.cuh"
+#include "gemm_tile.cuh"
+#include "check_flag.cuh"
+
+#define GEMV_OUTS 16                   // output columns per block (threadIdx.y)
+#define GEMV_ROWS 16                   // rows per block: a call's decode/verify rows of one block
+#define GEMV_STAGE_BYTES 1024          // bytes of each column's weights (over all NW) per stage
+
+template <int NW>
+struct Gemv {
+  static constexpr int TK = GEMV_STAGE_BYTES / 2 / NW;   // k values per stage: 512 (NW = 1), 256 (NW = 2)
+  static constexpr int CHUNKS = TK / 8;                  // 16-byte chunks per column (row) per stage
+  static constexpr int STEP = 256 / CHUNKS;              // columns (rows) one pass of the 256 threads covers
+  static constexpr int VECS = GEMV_OUTS / STEP;          // 16-byte loads per thread per stage, per weight and x
+  static constexpr int PITCH = TK + 16;                  // shared pitch (bf16): a warp's two columns on other banks
+};
+
+// Shared memory: a stage's tiles while summing, then (after a barrier) the lane partials for the fold.
+template <int NW>
+union GemvShared {
+  struct {
+    unsigned short w[NW][GEMV_OUTS][Gemv<NW>::PITCH];   // [weight, column, k of the stage] bf16 bit patterns
+    unsigned short x[GEMV_ROWS][Gemv<NW>::PITCH];       // [row, k of the stage] bf16 bit patterns
+  } tile;
+  float part[NW][GEMV_OUTS][GEMV_ROWS][GEMM_LANES + 1];  // [weight, column, row, lane] fp32 lane partials
+};
+
+// What one block reads: column n0's row of each weight w[i] (the next columns follow at stride K; ncols of them
+// lie inside N) and row m0 of x (nrows rows at stride K); vec: 16-byte loads are aligned (K % 8 == 0).
+template <int NW>
+struct GemvSrc {
+  const __nv_bfloat16* w[NW];
+  const __nv_bfloat16* x;
+  int ncols, nrows, K;
+  bool vec;
+};
+
+// A grouped call's run of rows [m, end) whose expert id is outside [0, E): each row counted once (by the
+// blocks of the first column block) into the launcher's guard slot (slot < 0: the ids were checked on the host).
+static __device__ __forceinline__ void gemv_flag_run(unsigned int* flags, int slot, int m, int end) {
+  if (slot < 0 || blockIdx.x != 0) return;
+  for (int i = m + threadIdx.y * 16 + threadIdx.x; i < end; i += 256) check_flag(flags, slot, i);
+}
+
+static __device__ __forceinline__ bool gemv_aligned(const void* a, const void* b, int K) {
+  return (K % 8) == 0 && ((((unsigned long long)a) | ((unsigned long long)b)) & 15ull) == 0;
+}
+
+// 8 bf16 values at p[0..8) of which `valid` (0..8) lie inside the row; the rest read as +0.0 (never summed).
+// `vec`: p is 16-byte aligned and valid == 8 whenever valid > 0, so one 16-byte load does.
+// The weight load: a quantised weight (dequant.cuh) plugs in here, unpacking to the same bf16 values in
+// registers; nothing after this load depends on how the weight is stored.
+static __device__ __forceinline__ uint4 gemv_load8(const __nv_bfloat16* p, int valid, bool vec) {
+  uint4 v = make_uint4(0u, 0u, 0u, 0u);
+  if (valid <= 0) return v;
+  if (vec) return *reinterpret_cast<const uint4*>(p);
+  unsigned short h[8];
+#pragma unroll
+  for (int i = 0; i < 8; ++i) h[i] = i < valid ? __bfloat16_as_ushort(p[i]) : (unsigned short)0;
+  v.x = h[0] | ((unsigned)h[1] << 16);
+  v.y = h[2] | ((unsigned)h[3] << 16);
+  v.z = h[4] | ((unsigned)h[5] << 16);
+  v.w = h[6] | ((unsigned)h[7] << 16);
+  return v;
+}
+
+// One stage on its way to shared memory: thread t takes chunk t % CHUNKS of columns (rows) t / CHUNKS + STEP q.
+template <int NW>
+struct GemvStage {
+  uint4 w[NW][Gemv<NW>::VECS];
+  uint4 x[Gemv<NW>::VECS];
+};
+
+template <int NW>
+static __device__ __forceinline__ void gemv_fetch(GemvStage<NW>& s, const GemvSrc<NW>& src, int k0) {
+  typedef Gemv<NW> G;
+  const int t = threadIdx.y * 16 + threadIdx.x;
+  const int kk = k0 + 8 * (t % G::CHUNKS);
+  const int valid = min(8, src.K - kk);
+#pragma unroll
+  for (int q = 0; q < G::VECS; ++q) {
+    const int c = t / G::CHUNKS + G::STEP * q;
+    const long long at = (long long)c * src.K + kk;
+#pragma unroll
+    for (int i = 0; i < NW; ++i)
+      s.w[i][q] = c < src.ncols ? gemv_load8(src.w[i] + at, valid, src.vec) : make_uint4(0u, 0u, 0u, 0u);
+    s.x[q] = c < src.nrows ? gemv_load8(src.x + at, valid, src.vec) : make_uint4(0u, 0u, 0u, 0u);
+  }
+}
+
+template <int NW>
+static __device__ __forceinline__ void gemv_stash(const GemvStage<NW>& s, GemvShared<NW>& sh) {
+  typedef Gemv<NW> G;
+  const int t = threadIdx.y * 16 + threadIdx.x;
+  const int kk = 8 * (t % G::CHUNKS);
+#pragma unroll
+  for (int q = 0; q < G::VECS; ++q) {
+    const int c = t / G::CHUNKS + G::STEP * q;
+#pragma unroll
+    for (int i = 0; i < NW; ++i) *reinterpret_cast<uint4*>(&sh.tile.w[i][c][kk]) = s.w[i][q];
+    *reinterpret_cast<uint4*>(&sh.tile.x[c][kk]) = s.x[q];
+  }
+}
+
+static __device__ __forceinline__ float gemv_bf(unsigned short b) { return __bfloat162float(__ushort_as_bfloat16(b)); }
+
+// Lane `lane` of column o: terms k0 + lane, k0 + lane + 16, ... (< K) of the stage, in increasing k, per row.
+// CONTROL_CHUNK_ORDER (the contract's planted control): a lane adds its terms in the order the 16-byte chunks
+// arrive (the two 16-element halves of each 32-element span swapped), the reordering the staging must prevent.
+template <int NW>
+static __device__ __forceinline__ void gemv_sum(const GemvShared<NW>& sh, float (*acc)[GEMV_ROWS], int nrows, int K,
+                                                int k0) {
+  const int lane = threadIdx.x, o = threadIdx.y;
+  const int kend = min(Gemv<NW>::TK, K - k0);
+  for (int j = lane; j < kend; j += GEMM_LANES) {
+#ifdef CONTROL_CHUNK_ORDER
+    const int kk = (j ^ 16) < kend ? (j ^ 16) : j;
+#else
+    const int kk = j;
+#endif
+    float wv[NW];
+#pragma unroll
+    for (int i = 0; i < NW; ++i) wv[i] = gemv_bf(sh.tile.w[i][o][kk]);
+#pragma unroll
+    for (int r = 0; r < GEMV_ROWS; ++r) {
+      if (r < nrows) {
+        const float xv = gemv_bf(sh.tile.x[r][kk]);
+#pragma unroll
+        for (int i = 0; i < NW; ++i) {
+          const float p = xv * wv[i];
+          acc[i][r] = acc[i][r] + p;
+        }
+      }
+    }
+  }
+}
+
+// One block's rows against its columns: lane partials of every (weight, row, column) in acc, summed over all K;
+// then they go to sh.part for the fold.  Every thread of the block takes part (barriers); the caller reads
+// sh.part[i][o][r] (the 16 lanes of row r, column o) after it returns.
+template <int NW>
+static __device__ __forceinline__ void gemv_rows(GemvShared<NW>& sh, const GemvSrc<NW>& src) {
+  float acc[NW][GEMV_ROWS];
+#pragma unroll
+  for (int i = 0; i < NW; ++i)
+#pragma unroll
+    for (int r = 0; r < GEMV_ROWS; ++r) acc[i][r] = 0.0f;
+  GemvStage<NW> s;
+  gemv_fetch(s, src, 0);
+  for (int k0 = 0; k0 < src.K; k0 += Gemv<NW>::TK) {
+    __syncthreads();                   // the previous stage (or fold) is done with shared memory
+    gemv_stash(s, sh);
+    __syncthreads();
+    if (k0 + Gemv<NW>::TK < src.K) gemv_fetch(s, src, k0 + Gemv<NW>::TK);   // in flight while this stage is summed
+    gemv_sum(sh, acc, src.nrows, src.K, k0);
+  }
+  __syncthreads();                     // every thread has summed its last stage: the tiles may be overwritten
+#pragma unroll
+  for (int i = 0; i < NW; ++i)
+#pragma unroll
+    for (int r = 0; r < GEMV_ROWS; ++r) sh.part[i][threadIdx.y][r][threadIdx.x] = acc[i][r];
+  __syncthreads();
+}

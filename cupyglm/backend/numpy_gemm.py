@@ -1,0 +1,69 @@
+"""The GEMMs of the numpy reference (NumpyOps inherits them): gemm, gemm_heads, gemm_grouped and the gate/up +
+SwiGLU forms, every sum in lane-16 order (backend/lanes.py), each output row from its own input row.
+
+`decode` (backend/roles.py) says how many leading rows are decode/verify rows; the kernel backends pick each
+row's kernel by it. Here it is checked and changes nothing: both kernel paths give these bits.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from cupyglm.backend.lanes import bf16, gemm, gemm_batched, out_kind
+from cupyglm.backend.roles import decode_rows
+
+
+def round_out(y: np.ndarray, out: str) -> np.ndarray:
+    """The epilogue: fp32 as summed, or rounded once to bf16."""
+    return bf16(y) if out == "bf16" else y
+
+
+class NumpyGemm:
+    def gemm(self, x: np.ndarray, w: np.ndarray, out: str = "f32", decode: int = 0) -> np.ndarray:
+        """[M, K] bf16 x [N, K] bf16 -> [M, N] fp32, lane-16 order over K; out="bf16" rounds it once. Rows
+        [0, decode) are decode/verify rows (the same bits)."""
+        decode_rows("gemm", decode, x.shape[0])
+        return round_out(gemm(x, w), out_kind("gemm", out))
+
+    def gemm_heads(self, x: np.ndarray, w: np.ndarray, out: str = "f32", decode: int = 0) -> np.ndarray:
+        """Per-head GEMM: [H, M, K] bf16 x [H, N, K] bf16 -> [H, M, N] fp32 (or bf16 with out="bf16")."""
+        decode_rows("gemm_heads", decode, x.shape[1])
+        return round_out(gemm_batched(x, w), out_kind("gemm_heads", out))
+
+    def gemm_grouped(self, x: np.ndarray, w: np.ndarray, group: np.ndarray, out: str = "f32",
+                     decode: int = 0) -> np.ndarray:
+        """Grouped expert GEMM: x [M, K] bf16, w [E, N, K] bf16, group [M] int32 expert of each row -> [M, N]
+        fp32 (or bf16 with out="bf16"). Row m is exactly gemm(x[m:m+1], w[group[m]]) (lane-16 order over K):
+        one gemm per expert present on its rows, scattered back."""
+        out_kind("gemm_grouped", out)
+        m, k = x.shape
+        e, n, k2 = w.shape
+        if k != k2:
+            raise ValueError(f"gemm_grouped: x has K={k} but w has K={k2}")
+        group = np.asarray(group)
+        if group.shape != (m,):
+            raise ValueError(f"gemm_grouped: group must have shape ({m},), got {group.shape}")
+        decode_rows("gemm_grouped", decode, m)
+        y = np.empty((m, n), dtype=np.float32)
+        if m == 0:
+            return round_out(y, out)
+        if int(group.min()) < 0 or int(group.max()) >= e:
+            raise ValueError(f"gemm_grouped: group holds expert ids outside [0, {e})")
+        if m == 1 or bool((group[1:] >= group[:-1]).all()):      # sorted by expert: one slice per expert
+            cuts = np.flatnonzero(group[1:] != group[:-1]) + 1
+            for a, b in zip([0, *cuts.tolist()], [*cuts.tolist(), m]):
+                y[a:b] = gemm(x[a:b], w[group[a]])
+            return round_out(y, out)
+        for ex in np.unique(group):
+            rows = np.nonzero(group == ex)[0]
+            y[rows] = gemm(x[rows], w[ex])
+        return round_out(y, out)
+
+    def gemm_swiglu(self, x, w_gate, w_up, limit: float | None, decode: int = 0) -> np.ndarray:
+        """swiglu(gemm(x, w_gate, bf16), gemm(x, w_up, bf16), limit): the dense MLP's [M, N] bf16 activation."""
+        return self.swiglu(self.gemm(x, w_gate, out="bf16", decode=decode),
+                           self.gemm(x, w_up, out="bf16", decode=decode), limit)
+
+    def gemm_grouped_swiglu(self, x, w_gate, w_up, group, limit: float | None, decode: int = 0) -> np.ndarray:
+        """The experts' [M, N] bf16 activation: swiglu of the two grouped GEMMs (w_*: [E, N, K] bf16)."""
+        return self.swiglu(*(self.gemm_grouped(x, w, group, out="bf16", decode=decode) for w in (w_gate, w_up)),
+                           limit)
