@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from cupyglm.backend.lanes import out_kind
+from cupyglm.backend.qweight import QWeight
 from cupyglm.kernels import guards
 from cupyglm.kernels.ops import Kernels, check, i32, op
 
@@ -43,6 +44,9 @@ def _launch(k: Kernels, x, w, y, h: int, m: int, n: int, kk: int, suffix: str) -
 @op("gemm")
 def gemm(k: Kernels, x, w, out: str = "f32"):
     """[M, K] bf16 x [N, K] bf16 -> [M, N] fp32 (out="bf16": rounded once to bf16), lane-16 order over K."""
+    if isinstance(w, QWeight):                      # FP8 / NVFP4 weights, dequantised in registers
+        from cupyglm.kernels import ops_gemm_q
+        return ops_gemm_q.gemm(k, x, w, out)
     dt, suffix = _out(k, "gemm", out)
     check("gemm", "x", x, (None, None), k.bf16)
     check("gemm", "w", w, (None, x.shape[1]), k.bf16)
@@ -78,6 +82,9 @@ def gemm_heads(k: Kernels, x, w, out: str = "f32"):
 def gemm_grouped(k: Kernels, x, w, group, out: str = "f32"):
     """Grouped expert GEMM: x [M, K] bf16, w [E, N, K] bf16, group [M] int32 -> [M, N] fp32 (or bf16); row m
     is gemm(x[m:m+1], w[group[m]]) bit for bit (lane-16 order over K), whatever else shares the call."""
+    if isinstance(w, QWeight):
+        from cupyglm.kernels import ops_gemm_q
+        return ops_gemm_q.gemm_grouped(k, x, w, group, out)
     dt, suffix = _out(k, "gemm_grouped", out)
     check("gemm_grouped", "x", x, (None, None), k.bf16)
     check("gemm_grouped", "w", w, (None, None, x.shape[1]), k.bf16)
