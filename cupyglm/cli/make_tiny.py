@@ -26,7 +26,7 @@ def main(argv: list[str] | None = None) -> int:
 
     out = write_tiny(args.dir, seed=args.seed, quant=args.quant)
     ckpt = Checkpoint.open(out)
-    vision = len(ckpt.table) - len(ckpt.names())
+    vision = sum(1 for s in ckpt.table.values() if s.part == "vision")
     mib = ckpt.nbytes() / 2**20
     print(f"wrote {out}: {len(ckpt.table)} tensors ({vision} of the vision tower), {mib:.1f} MiB of text weights, "
           f"vocab {ckpt.tokenizer.vocab_size}, seed {args.seed}, identity {ckpt.identity}"
