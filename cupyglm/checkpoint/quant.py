@@ -55,6 +55,21 @@ class QuantScheme:
         return any(fnmatch.fnmatchcase(f, pat) or f == pat for f in forms for pat in self.exclude)
 
 
+@dataclasses.dataclass(frozen=True)
+class QuantLayout:
+    """Which projections a checkpoint stores quantised, in which format (the plan's view of a checkpoint)."""
+    scheme: QuantScheme
+    names: frozenset[str]
+
+
+def held_arrays(spec: TensorSpec, scheme: QuantScheme, tp: int) -> list[tuple[str, tuple[int, ...], str]]:
+    """(name, rank shape, stored dtype) of what a rank holds of a quantised projection (read_qweight's arrays:
+    the NVFP4 input_scale is stored, not held; a per-tensor scale is held as [1])."""
+    check_tp(spec, scheme, tp)
+    return [(c.name, c.shard_shape(tp) or (1,), c.dtype) for c in companions(spec, scheme)
+            if not c.name.endswith(".input_scale")]
+
+
 def default_scheme(fmt: str) -> QuantScheme:
     """The format as the published releases use it (what make-tiny and `cupyglm-plan --quant` assume)."""
     if fmt == FP8:
@@ -123,6 +138,28 @@ def quantisable(spec: TensorSpec) -> bool:
     return len(spec.shape) == 2 and bool(QUANTISABLE.search(spec.name))
 
 
+def release_quantised(spec: TensorSpec, cfg) -> bool:
+    """Does the published FP8 release quantise this tensor? (QUANTISABLE less the KDA layers' o_proj.)"""
+    if not quantisable(spec):
+        return False
+    layer = int(re.search(r"\.layers\.(\d+)\.", spec.name).group(1))
+    return not (layer < cfg.num_hidden_layers and cfg.layer_types[layer] == "linear_attention"
+                and ".self_attn." in spec.name)
+
+
+def layout_for(cfg, fmt: str) -> QuantLayout:
+    """A checkpoint of `cfg` quantised by the release's rule in `fmt` (cupyglm-plan --quant, make-tiny)."""
+    from cupyglm.checkpoint.names import all_specs
+
+    return QuantLayout(default_scheme(fmt), frozenset(s.name for s in all_specs(cfg) if release_quantised(s, cfg)))
+
+
+def layout_of(ckpt) -> QuantLayout | None:
+    """An opened checkpoint's quantised projections (None: bf16, or a checkpoint-like object without them)."""
+    scheme = getattr(ckpt, "scheme", None)
+    return None if scheme is None else QuantLayout(scheme, frozenset(ckpt.quantised))
+
+
 def stored_dtype(scheme: QuantScheme) -> str:
     """The safetensors dtype of a quantised `X.weight`."""
     return F8 if scheme.fmt == FP8 else "U8"
@@ -171,7 +208,7 @@ def resolve(scheme: QuantScheme | None, table: dict[str, TensorSpec], stored: di
     QUANTISABLE or in the not-converted list, and quantised tensors in a checkpoint that declares no format."""
     if scheme is None:
         for name, dtype in stored.items():
-            if dtype == F8 or name.endswith((".weight_scale_inv", ".weight_scale", ".weight_scale_2")):
+            if dtype == F8:
                 raise QuantError(f"{where}: tensor {name!r} is quantised ({dtype}) but the checkpoint declares no "
                                  "quantization_config or hf_quant_config.json")
         return set(), table

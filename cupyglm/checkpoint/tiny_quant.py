@@ -8,8 +8,6 @@ the block size is read from `weight_block_size` like any other checkpoint's.
 """
 from __future__ import annotations
 
-import re
-
 import ml_dtypes
 import numpy as np
 
@@ -19,7 +17,6 @@ from cupyglm.checkpoint.names import TEXT_PREFIX, TensorSpec
 from cupyglm.config import ModelConfig
 
 TINY_FP8_BLOCK = (32, 32)
-_LAYER = re.compile(r"\.layers\.(\d+)\.")
 
 
 def scheme_for(fmt: str, block: tuple[int, int] = TINY_FP8_BLOCK) -> quant.QuantScheme:
@@ -27,13 +24,7 @@ def scheme_for(fmt: str, block: tuple[int, int] = TINY_FP8_BLOCK) -> quant.Quant
     return quant.QuantScheme(fmt, block, s.exclude, s.source) if fmt == quant.FP8 else s
 
 
-def release_quantised(spec: TensorSpec, cfg: ModelConfig) -> bool:
-    """Does the FP8 release's rule quantise this tensor? (KDA layers' o_proj stays bf16 there.)"""
-    if not quant.quantisable(spec):
-        return False
-    layer = int(_LAYER.search(spec.name).group(1))
-    return not (layer < cfg.num_hidden_layers and cfg.layer_types[layer] == "linear_attention"
-                and ".self_attn." in spec.name)
+release_quantised = quant.release_quantised
 
 
 def quantise(spec: TensorSpec, x: np.ndarray, scheme: quant.QuantScheme) -> dict[str, np.ndarray]:
