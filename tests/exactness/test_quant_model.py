@@ -122,3 +122,21 @@ def test_logits_within_tolerance_of_bf16(qckpt, tiny_ckpt):
     print(f"{fmt}: logits rel RMS error {err:.3f} (matched-noise bf16 {bound / 1.25:.3f}, bound {bound:.3f}), "
           f"max |diff| {np.abs(q - ref).max():.3f}, argmax agreement {agree:.3f} over {toks.size} rows")
     assert err <= bound
+
+
+def test_engine_concurrent_equals_solo(qckpt):
+    """Through the offline LLM at TP=1: 3 mixed-sampling requests together give each one's solo tokens."""
+    from cupyglm import LLM, SamplingParams
+
+    _, ckpt = qckpt
+    prompts = [list(range(10, 50)), [5, 6, 7], [300] * 9]
+    params = [SamplingParams(temperature=0, max_tokens=6),
+              SamplingParams(temperature=0.9, top_p=0.9, seed=3, max_tokens=6),
+              SamplingParams(temperature=1.1, top_k=20, seed=8, max_tokens=5, ignore_eos=True)]
+    llm = LLM(model=str(ckpt.path), backend="numpy", parallel=3, context=128, kv_pages=32, log=False)
+    try:
+        together = [c.token_ids for c in llm.generate(prompts, params)]
+        alone = [llm.generate([p], [sp])[0].token_ids for p, sp in zip(prompts, params)]
+    finally:
+        llm.close()
+    assert together == alone and all(together)
