@@ -8,7 +8,8 @@
 // row lands in change no bit of a row's result.
 //
 // Storage: x and w are bf16; y is fp32 (gemm_lane16) or bf16 rounded in the epilogue (gemm_lane16_bf16, the
-// same fp32 sum rounded once to nearest even, as the reference's bf16(gemm(x, w))).
+// same fp32 sum rounded once to nearest even, as the reference's bf16(gemm(x, w))).  The _fp8_ / _nvfp4_ kernels
+// (at the end) read quantised weights through dequant.cuh: the same body, the weight dequantised in registers.
 //
 // Launch: block (16, GEMM_OUTS): threadIdx.x = lane, threadIdx.y = output column within the block;
 // grid (ceil(M / rows_per_block), ceil(N / GEMM_OUTS), H): the rows on grid.x (up to 2^31 - 1 blocks), so
@@ -199,14 +200,16 @@ extern "C" __global__ void __launch_bounds__(256) gemm_nvfp4_lane16_bf16(
 // The grouped expert GEMM over quantised expert stacks: [E, ...] values and scales, ws2 [E] (NVFP4).
 extern "C" __global__ void __launch_bounds__(256) gemm_grouped_fp8_lane16(
     const __nv_bfloat16* __restrict__ x, const unsigned char* __restrict__ wv, const float* __restrict__ ws,
-    const int* __restrict__ group, float* __restrict__ y, int M, int N, int K, int E, int bn, int bk, int rows_per_block) {
+    const int* __restrict__ group, float* __restrict__ y, int M, int N, int K, int E, int bn, int bk,
+    int rows_per_block) {
   __shared__ float part[GEMM_OUTS][GEMM_ROWS][GEMM_LANES + 1];
   gemm_grouped_body(x, DqFp8(wv, ws, N, K, bn, bk), group, y, M, N, K, E, rows_per_block, part);
 }
 
 extern "C" __global__ void __launch_bounds__(256) gemm_grouped_fp8_lane16_bf16(
     const __nv_bfloat16* __restrict__ x, const unsigned char* __restrict__ wv, const float* __restrict__ ws,
-    const int* __restrict__ group, __nv_bfloat16* __restrict__ y, int M, int N, int K, int E, int bn, int bk, int rows_per_block) {
+    const int* __restrict__ group, __nv_bfloat16* __restrict__ y, int M, int N, int K, int E, int bn, int bk,
+    int rows_per_block) {
   __shared__ float part[GEMM_OUTS][GEMM_ROWS][GEMM_LANES + 1];
   gemm_grouped_body(x, DqFp8(wv, ws, N, K, bn, bk), group, y, M, N, K, E, rows_per_block, part);
 }

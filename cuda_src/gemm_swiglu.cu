@@ -101,29 +101,36 @@ extern "C" __global__ void __launch_bounds__(256) gemm_swiglu_fp8_lane16(
     const unsigned char* __restrict__ wuv, const float* __restrict__ wus,
     __nv_bfloat16* __restrict__ y, int M, int N, int K, int bn, int bk, int rows_per_block,
     int has_limit, float limit) {
-  gemm_swiglu_body(x, DqFp8(wgv, wgs, N, K, bn, bk), DqFp8(wuv, wus, N, K, bn, bk), nullptr, y, M, N, K, 1, rows_per_block, has_limit, limit);
+  gemm_swiglu_body(x, DqFp8(wgv, wgs, N, K, bn, bk), DqFp8(wuv, wus, N, K, bn, bk), nullptr, y, M, N, K, 1,
+      rows_per_block, has_limit, limit);
 }
 
 extern "C" __global__ void __launch_bounds__(256) gemm_swiglu_nvfp4_lane16(
-    const __nv_bfloat16* __restrict__ x, const unsigned char* __restrict__ wgv, const unsigned char* __restrict__ wgs, const float* __restrict__ wgs2,
+    const __nv_bfloat16* __restrict__ x, const unsigned char* __restrict__ wgv,
+    const unsigned char* __restrict__ wgs, const float* __restrict__ wgs2,
     const unsigned char* __restrict__ wuv, const unsigned char* __restrict__ wus, const float* __restrict__ wus2,
     __nv_bfloat16* __restrict__ y, int M, int N, int K, int rows_per_block,
     int has_limit, float limit) {
-  gemm_swiglu_body(x, DqNvfp4(wgv, wgs, wgs2, N, K), DqNvfp4(wuv, wus, wus2, N, K), nullptr, y, M, N, K, 1, rows_per_block, has_limit, limit);
+  gemm_swiglu_body(x, DqNvfp4(wgv, wgs, wgs2, N, K), DqNvfp4(wuv, wus, wus2, N, K), nullptr, y, M, N, K, 1,
+      rows_per_block, has_limit, limit);
 }
 
 extern "C" __global__ void __launch_bounds__(256) gemm_grouped_swiglu_fp8_lane16(
     const __nv_bfloat16* __restrict__ x, const unsigned char* __restrict__ wgv, const float* __restrict__ wgs,
     const unsigned char* __restrict__ wuv, const float* __restrict__ wus,
-    const int* __restrict__ group, __nv_bfloat16* __restrict__ y, int M, int N, int K, int E, int bn, int bk, int rows_per_block,
+    const int* __restrict__ group, __nv_bfloat16* __restrict__ y, int M, int N, int K, int E, int bn, int bk,
+    int rows_per_block,
     int has_limit, float limit) {
-  gemm_swiglu_body(x, DqFp8(wgv, wgs, N, K, bn, bk), DqFp8(wuv, wus, N, K, bn, bk), group, y, M, N, K, E, rows_per_block, has_limit, limit);
+  gemm_swiglu_body(x, DqFp8(wgv, wgs, N, K, bn, bk), DqFp8(wuv, wus, N, K, bn, bk), group, y, M, N, K, E,
+      rows_per_block, has_limit, limit);
 }
 
 extern "C" __global__ void __launch_bounds__(256) gemm_grouped_swiglu_nvfp4_lane16(
-    const __nv_bfloat16* __restrict__ x, const unsigned char* __restrict__ wgv, const unsigned char* __restrict__ wgs, const float* __restrict__ wgs2,
+    const __nv_bfloat16* __restrict__ x, const unsigned char* __restrict__ wgv,
+    const unsigned char* __restrict__ wgs, const float* __restrict__ wgs2,
     const unsigned char* __restrict__ wuv, const unsigned char* __restrict__ wus, const float* __restrict__ wus2,
     const int* __restrict__ group, __nv_bfloat16* __restrict__ y, int M, int N, int K, int E, int rows_per_block,
     int has_limit, float limit) {
-  gemm_swiglu_body(x, DqNvfp4(wgv, wgs, wgs2, N, K), DqNvfp4(wuv, wus, wus2, N, K), group, y, M, N, K, E, rows_per_block, has_limit, limit);
+  gemm_swiglu_body(x, DqNvfp4(wgv, wgs, wgs2, N, K), DqNvfp4(wuv, wus, wus2, N, K), group, y, M, N, K, E,
+      rows_per_block, has_limit, limit);
 }

@@ -27,5 +27,7 @@ struct WBf16 {
   const __nv_bfloat16* __restrict__ w;   // [E, N, K] bf16
   int N, K;
   __device__ WBf16(const __nv_bfloat16* w_, int N_, int K_) : w(w_), N(N_), K(K_) {}
-  __device__ __forceinline__ float at(long long e, int n, int k) const { return ld_bf16(w, (e * N + n) * (long long)K + k); }
+  __device__ __forceinline__ float at(long long e, int n, int k) const {
+    return ld_bf16(w, (e * N + n) * (long long)K + k);
+  }
 };

@@ -107,7 +107,8 @@ def weight_arrays(cfg: ModelConfig, tp: int, mtp: bool = False, quant=None) -> l
         if s.name in skip:
             continue
         if quant is not None and s.name in quant.names:
-            out += [ArraySpec(n, shape, FP32 if dt == "F32" else U8) for n, shape, dt in held_arrays(s, quant.scheme, tp)]
+            held = held_arrays(s, quant.scheme, tp)                 # packed values (u8) and scales as stored
+            out += [ArraySpec(n, shape, FP32 if dt == "F32" else U8) for n, shape, dt in held]
         else:
             out.append(ArraySpec(s.name, s.shard_shape(tp), FP32 if s.dtype == "F32" else BF16))
     return out
