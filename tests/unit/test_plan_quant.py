@@ -59,3 +59,16 @@ def test_model_dir_reads_the_layout_from_the_headers(tmp_path, capsys):
     assert "fp8 weights (183 projections packed + scales)" in out
     assert quant.layout_of(Checkpoint.open(path)) == quant.layout_of(ckpt)      # opened from headers alone
     assert plan_main(["--model", str(path), "--quant", "nvfp4", "--card-gib", "1"]) == 2
+
+
+def test_roofline_decode_bytes_by_format():
+    """A decode token reads the quantised projections' stored bytes: bf16 > fp8 > nvfp4, and the classes that
+    hold no quantised projection read the same in every format."""
+    from bench.roofline import step_bytes
+
+    parts = {f: step_bytes(FULL, 2, 1, 4096, None if f == "bf16" else f) for f in ("bf16", "fp8", "nvfp4")}
+    total = {f: sum(p.values()) for f, p in parts.items()}
+    assert total["bf16"] > total["fp8"] > total["nvfp4"]
+    for cls in ("lm_head", "kda state", "dsa kv"):
+        assert parts["bf16"][cls] == parts["fp8"][cls] == parts["nvfp4"][cls]
+    assert parts["nvfp4"]["gemv (experts)"] < 0.3 * parts["bf16"]["gemv (experts)"]
