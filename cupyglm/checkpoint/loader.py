@@ -272,7 +272,7 @@ class Checkpoint:
         """This rank's slice of one text-model tensor: an array, or a QWeight (packed values and scales as
         stored) for a quantised projection."""
         if name in self.quantised:
-            return quant.read_qweight(lambda n: self.read_shard(n, rank, tp), self.specs[name], self.scheme)
+            return quant.read_qweight(lambda n: self.read_shard(n, rank, tp), self.specs[name], self.scheme, tp)
         return self.read_shard(name, rank, tp)
 
     def _stored_specs(self, name: str) -> list:

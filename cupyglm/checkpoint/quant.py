@@ -230,12 +230,14 @@ def resolve(scheme: QuantScheme | None, table: dict[str, TensorSpec], stored: di
     return quantised, out
 
 
-def read_qweight(read, spec: TensorSpec, scheme: QuantScheme):
-    """One rank's QWeight of a quantised projection; `read(name)` returns a stored tensor's rank slice."""
+def read_qweight(read, spec: TensorSpec, scheme: QuantScheme, tp: int = 1):
+    """One rank's QWeight of a quantised projection; `read(name)` returns a stored tensor's rank slice at TP=tp
+    (refused first when that split would cut a scale block)."""
     import numpy as np
 
     from cupyglm.backend.qweight import QWeight
 
+    check_tp(spec, scheme, tp)
     p = spec.name[: -len(".weight")]
     values = read(spec.name).view(np.uint8)
     if scheme.fmt == FP8:
