@@ -3,6 +3,7 @@
 
     from bench.big_random import big_config, RandomCheckpoint
     ckpt = RandomCheckpoint(big_config())            # duck-types Checkpoint for ModelRunner
+    ckpt = RandomCheckpoint(big_config(), quant="nvfp4")   # the FP8 release's projections quantised (fp8 | nvfp4)
 """
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from cupyglm.checkpoint import names
+from cupyglm.checkpoint import names, quant as qformat, tiny_quant
 from cupyglm.checkpoint.tiny import init_tensor
 from cupyglm.config import DSA, KDA, ModelConfig, preset
 
@@ -45,12 +46,15 @@ def param_count(cfg: ModelConfig) -> int:
 class _LazyShard(Mapping):
     """name -> tensor, each generated when the model asks for it (never all of them held on the host)."""
 
-    def __init__(self, cfg: ModelConfig, seed: int):
-        self.cfg, self.seed = cfg, seed
+    def __init__(self, cfg: ModelConfig, seed: int, scheme=None, quantised=frozenset()):
+        self.cfg, self.seed, self.scheme, self.quantised = cfg, seed, scheme, quantised
         self.specs = {s.name: s for s in names.all_specs(cfg)}
 
-    def __getitem__(self, name: str) -> np.ndarray:
-        return init_tensor(self.specs[name], self.cfg, self.seed)
+    def __getitem__(self, name: str):
+        x = init_tensor(self.specs[name], self.cfg, self.seed)
+        if name in self.quantised:                  # as a quantised checkpoint would store it (make-tiny's rule)
+            return tiny_quant.qweight(self.specs[name], x, self.scheme)
+        return x
 
     def __iter__(self):
         return iter(self.specs)
@@ -62,10 +66,13 @@ class _LazyShard(Mapping):
 class RandomCheckpoint:
     """What ModelRunner needs of a Checkpoint (config, shard, path), with random weights (tp = 1)."""
 
-    def __init__(self, cfg: ModelConfig, seed: int = 0):
+    def __init__(self, cfg: ModelConfig, seed: int = 0, quant: str | None = None):
         self.config = cfg
         self.seed = seed
-        self.identity = f"random-{cfg.identity()}-{seed}"
+        self.identity = f"random-{cfg.identity()}-{seed}" + (f"-{quant}" if quant else "")
+        layout = qformat.layout_for(cfg, quant) if quant else None          # FP8: the published 128 x 128 blocks
+        self.scheme = layout.scheme if layout else None
+        self.quantised = layout.names if layout else frozenset()
 
         class _P:
             name = f"random-{param_count(cfg) / 1e9:.2f}B"
@@ -74,4 +81,4 @@ class RandomCheckpoint:
     def shard(self, rank: int, tp: int):
         if tp != 1:
             raise ValueError("RandomCheckpoint serves tp = 1 only")
-        return _LazyShard(self.config, self.seed)
+        return _LazyShard(self.config, self.seed, self.scheme, self.quantised)

@@ -130,19 +130,21 @@ def _batched_decode(ckpt, a, batch: int, runner=None) -> None:
     dt = (time.perf_counter() - t0) / steps
     for st in states:
         runner.release(st)
-    roof = sum(step_bytes(cfg, 1, batch, a.prompt_tokens + a.decode_tokens).values()) / (a.hbm_gbs * 1e9)
+    quant = getattr(a, "quant", None)
+    roof = sum(step_bytes(cfg, 1, batch, a.prompt_tokens + a.decode_tokens, quant).values()) / (a.hbm_gbs * 1e9)
     print(f"decode batch {batch}: {batch / dt:.1f} tok/s ({1000 * dt:.2f} ms a step); HBM roofline "
           f"{1e6 * roof:.1f} us a step ({batch / roof:,.0f} tok/s) at {a.hbm_gbs:.0f} GB/s: {roof / dt:.1%} of it")
 
 
 def cmd_speed(a) -> bool:
     if a.model == "tiny":
-        ckpt = open_model(None)
+        from cupyglm.checkpoint.tiny import default_tiny_dir
+        ckpt = open_model(default_tiny_dir(quant=a.quant) if a.quant else None)
     else:
         cfg = big_config(a.model)
         t0 = time.perf_counter()
-        ckpt = RandomCheckpoint(cfg)
-        print(f"random model {a.model}: {param_count(cfg) / 1e9:.3f}B parameters")
+        ckpt = RandomCheckpoint(cfg, quant=a.quant)
+        print(f"random model {a.model}: {param_count(cfg) / 1e9:.3f}B parameters, weights {a.quant or 'bf16'}")
     cfg = ckpt.config
     t0 = time.perf_counter()
     runner = _runner(ckpt, a.backend, a.prompt_tokens + a.decode_tokens)
@@ -169,7 +171,7 @@ def cmd_speed(a) -> bool:
     p, d = float(np.median(pre)), float(np.median(dec))
     for b in a.batch:
         _batched_decode(ckpt, a, b, runner if b == 1 else None)
-    print(f"RESULT speed ok {a.model} {a.backend}: prefill {a.prompt_tokens} tokens {p:.1f} tok/s (TTFT "
+    print(f"RESULT speed ok {a.model} {a.quant or 'bf16'} {a.backend}: prefill {a.prompt_tokens} tokens {p:.1f} tok/s (TTFT "
           f"{1000 * a.prompt_tokens / p:.0f} ms), decode {d:.1f} tok/s ({1000 / d:.1f} ms/token), median of {a.reps}")
     return True
 
@@ -192,6 +194,7 @@ def main(argv=None) -> int:
     s.add_argument("--decode-tokens", type=int, default=32)
     s.add_argument("--reps", type=int, default=2)
     s.add_argument("--batch", type=int, nargs="*", default=[], help="also decode this many sequences together")
+    s.add_argument("--quant", choices=("fp8", "nvfp4"), default=None, help="quantised weights (default bf16)")
     s.add_argument("--hbm-gbs", type=float, default=4800.0, help="HBM bandwidth of the roofline (H200: 4,800)")
     a = ap.parse_args(argv)
     ok = {"tokens": cmd_tokens, "invariance": cmd_invariance, "speed": cmd_speed}[a.cmd](a)

@@ -12,12 +12,14 @@
 #include "common.cuh"
 #include "gemm_tile.cuh"
 #include "swiglu.cuh"
+#include "dequant.cuh"
 
 
+template <typename W>
 static __device__ __forceinline__ void gemm_swiglu_body(
     const __nv_bfloat16* __restrict__ x,    // [M, K] bf16
-    const __nv_bfloat16* __restrict__ wg,   // [E, N, K] bf16 gate
-    const __nv_bfloat16* __restrict__ wu,   // [E, N, K] bf16 up
+    const W& wg,                            // [E, N, K] gate weights: WBf16, DqFp8 or DqNvfp4
+    const W& wu,                            // [E, N, K] up weights, the same kind
     const int* __restrict__ group,          // [M] int32 expert ids, or nullptr: every row expert 0
     __nv_bfloat16* __restrict__ y,          // [M, N] bf16
     int M, int N, int K, int E, int rows_per_block, int has_limit, float limit) {
@@ -48,9 +50,8 @@ static __device__ __forceinline__ void gemm_swiglu_body(
         if (g[r] >= 0) {
           if (g[r] != ge) {                    // one load per run of rows of one expert
             ge = g[r];
-            const long long at = ((long long)ge * N + n) * K + k;
-            wgv = ld_bf16(wg, at);
-            wuv = ld_bf16(wu, at);
+            wgv = wg.at(ge, n, k);
+            wuv = wu.at(ge, n, k);
           }
           const float xv = ld_bf16(xr, (long long)r * K + k);
           const float pgv = xv * wgv, puv = xv * wuv;
@@ -81,7 +82,7 @@ extern "C" __global__ void __launch_bounds__(256) gemm_swiglu_lane16(
     const __nv_bfloat16* __restrict__ wu,   // [N, K] bf16 up_proj
     __nv_bfloat16* __restrict__ y,          // [M, N] bf16
     int M, int N, int K, int rows_per_block, int has_limit, float limit) {
-  gemm_swiglu_body(x, wg, wu, nullptr, y, M, N, K, 1, rows_per_block, has_limit, limit);
+  gemm_swiglu_body(x, WBf16(wg, N, K), WBf16(wu, N, K), nullptr, y, M, N, K, 1, rows_per_block, has_limit, limit);
 }
 
 extern "C" __global__ void __launch_bounds__(256) gemm_grouped_swiglu_lane16(
@@ -91,5 +92,45 @@ extern "C" __global__ void __launch_bounds__(256) gemm_grouped_swiglu_lane16(
     const int* __restrict__ group,          // [M] int32 expert id of each row
     __nv_bfloat16* __restrict__ y,          // [M, N] bf16
     int M, int N, int K, int E, int rows_per_block, int has_limit, float limit) {
-  gemm_swiglu_body(x, wg, wu, group, y, M, N, K, E, rows_per_block, has_limit, limit);
+  gemm_swiglu_body(x, WBf16(wg, N, K), WBf16(wu, N, K), group, y, M, N, K, E, rows_per_block, has_limit, limit);
+}
+
+// Quantised gate/up weights (dequant.cuh; layouts as in gemm.cu's quantised kernels), dequantised in registers.
+extern "C" __global__ void __launch_bounds__(256) gemm_swiglu_fp8_lane16(
+    const __nv_bfloat16* __restrict__ x, const unsigned char* __restrict__ wgv, const float* __restrict__ wgs,
+    const unsigned char* __restrict__ wuv, const float* __restrict__ wus,
+    __nv_bfloat16* __restrict__ y, int M, int N, int K, int bn, int bk, int rows_per_block,
+    int has_limit, float limit) {
+  gemm_swiglu_body(x, DqFp8(wgv, wgs, N, K, bn, bk), DqFp8(wuv, wus, N, K, bn, bk), nullptr, y, M, N, K, 1,
+      rows_per_block, has_limit, limit);
+}
+
+extern "C" __global__ void __launch_bounds__(256) gemm_swiglu_nvfp4_lane16(
+    const __nv_bfloat16* __restrict__ x, const unsigned char* __restrict__ wgv,
+    const unsigned char* __restrict__ wgs, const float* __restrict__ wgs2,
+    const unsigned char* __restrict__ wuv, const unsigned char* __restrict__ wus, const float* __restrict__ wus2,
+    __nv_bfloat16* __restrict__ y, int M, int N, int K, int rows_per_block,
+    int has_limit, float limit) {
+  gemm_swiglu_body(x, DqNvfp4(wgv, wgs, wgs2, N, K), DqNvfp4(wuv, wus, wus2, N, K), nullptr, y, M, N, K, 1,
+      rows_per_block, has_limit, limit);
+}
+
+extern "C" __global__ void __launch_bounds__(256) gemm_grouped_swiglu_fp8_lane16(
+    const __nv_bfloat16* __restrict__ x, const unsigned char* __restrict__ wgv, const float* __restrict__ wgs,
+    const unsigned char* __restrict__ wuv, const float* __restrict__ wus,
+    const int* __restrict__ group, __nv_bfloat16* __restrict__ y, int M, int N, int K, int E, int bn, int bk,
+    int rows_per_block,
+    int has_limit, float limit) {
+  gemm_swiglu_body(x, DqFp8(wgv, wgs, N, K, bn, bk), DqFp8(wuv, wus, N, K, bn, bk), group, y, M, N, K, E,
+      rows_per_block, has_limit, limit);
+}
+
+extern "C" __global__ void __launch_bounds__(256) gemm_grouped_swiglu_nvfp4_lane16(
+    const __nv_bfloat16* __restrict__ x, const unsigned char* __restrict__ wgv,
+    const unsigned char* __restrict__ wgs, const float* __restrict__ wgs2,
+    const unsigned char* __restrict__ wuv, const unsigned char* __restrict__ wus, const float* __restrict__ wus2,
+    const int* __restrict__ group, __nv_bfloat16* __restrict__ y, int M, int N, int K, int E, int rows_per_block,
+    int has_limit, float limit) {
+  gemm_swiglu_body(x, DqNvfp4(wgv, wgs, wgs2, N, K), DqNvfp4(wuv, wus, wus2, N, K), group, y, M, N, K, E,
+      rows_per_block, has_limit, limit);
 }

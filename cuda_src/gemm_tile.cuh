@@ -21,3 +21,13 @@ static __device__ __forceinline__ float gemm_fold16(const float* p) {
   return lane16_fold_array(p);
 #endif
 }
+
+// A bf16 weight read as the quantised readers of dequant.cuh are: at(e, n, k) = w[e, n, k] (E experts or heads).
+struct WBf16 {
+  const __nv_bfloat16* __restrict__ w;   // [E, N, K] bf16
+  int N, K;
+  __device__ WBf16(const __nv_bfloat16* w_, int N_, int K_) : w(w_), N(N_), K(K_) {}
+  __device__ __forceinline__ float at(long long e, int n, int k) const {
+    return ld_bf16(w, (e * N + n) * (long long)K + k);
+  }
+};

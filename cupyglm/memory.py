@@ -98,15 +98,25 @@ def alloc(xp, spec: ArraySpec, storage: Storage, poison: bool = False):
 
 # ---- weights ----------------------------------------------------------------------------------------------------
 
-def weight_arrays(cfg: ModelConfig, tp: int, mtp: bool = False) -> list[ArraySpec]:
+def weight_arrays(cfg: ModelConfig, tp: int, mtp: bool = False, quant=None) -> list[ArraySpec]:
     """One rank's weights as the model holds them: every tensor of the split table at its shard shape, in its
     stored dtype (bf16, or fp32 where the checkpoint stores F32); the MTP layer's tensors only when the MTP head
-    is built."""
+    is built. quant (checkpoint.quant.QuantLayout): its projections as stored, packed values (u8) + scales."""
+    from cupyglm.checkpoint.quant import held_arrays
+
     skip = set()
     if cfg.mtp_layer is not None and not mtp:
         skip = {s.name for s in layer_specs(cfg, cfg.mtp_layer)}
-    return [ArraySpec(s.name, s.shard_shape(tp), FP32 if s.dtype == "F32" else BF16)
-            for s in all_specs(cfg) if s.name not in skip]
+    out = []
+    for s in all_specs(cfg):
+        if s.name in skip:
+            continue
+        if quant is not None and s.name in quant.names:
+            held = held_arrays(s, quant.scheme, tp)                 # packed values (u8) and scales as stored
+            out += [ArraySpec(n, shape, FP32 if dt == "F32" else U8) for n, shape, dt in held]
+        else:
+            out.append(ArraySpec(s.name, s.shard_shape(tp), FP32 if s.dtype == "F32" else BF16))
+    return out
 
 
 # ---- KV pages ---------------------------------------------------------------------------------------------------

@@ -23,7 +23,7 @@ from pathlib import Path
 import ml_dtypes
 import numpy as np
 
-from cupyglm.checkpoint import names
+from cupyglm.checkpoint import names, quant
 from cupyglm.config import ConfigError, ModelConfig
 
 
@@ -40,6 +40,7 @@ DTYPES: dict[str, np.dtype] = {
     "F16": np.dtype(np.float16),
     "F32": np.dtype(np.float32),
     "F64": np.dtype(np.float64),
+    "F8_E4M3": np.dtype(ml_dtypes.float8_e4m3fn),      # FP8 weights and NVFP4 scales (checkpoint/quant.py)
     "I8": np.dtype(np.int8),
     "U8": np.dtype(np.uint8),
     "I16": np.dtype(np.int16),
@@ -156,7 +157,7 @@ def write_safetensors(path: str | Path, tensors: dict[str, np.ndarray], metadata
     order = sorted(tensors)
     blobs = []
     for name in order:
-        arr = np.ascontiguousarray(tensors[name])
+        arr = np.ascontiguousarray(tensors[name]).reshape(np.shape(tensors[name]))   # keeps 0-d scalars 0-d
         dtype = DTYPE_NAMES.get(arr.dtype)
         if dtype is None:
             raise ValueError(f"{name}: dtype {arr.dtype} cannot be stored in safetensors")
@@ -183,7 +184,7 @@ class Checkpoint:
     weight construction reads through, so no rank ever holds the unsplit tensor set in host memory."""
 
     def __init__(self, path: Path, config: ModelConfig, tokenizer, files: dict[str, SafetensorsFile],
-                 weight_map: dict[str, str], identity: str):
+                 weight_map: dict[str, str], identity: str, scheme: quant.QuantScheme | None = None):
         self.path = path
         self.config = config
         self.tokenizer = tokenizer
@@ -192,6 +193,8 @@ class Checkpoint:
         self.identity = identity
         self.specs = {s.name: s for s in names.all_specs(config)}            # what the text model loads
         self.table = {s.name: s for s in names.checkpoint_specs(config)}     # every stored tensor
+        self.scheme = scheme                  # the declared quantisation (None: bf16)
+        self.quantised: set[str] = set()      # the projections stored quantised (read as QWeight)
 
     @classmethod
     def open(cls, path: str | Path) -> "Checkpoint":
@@ -209,6 +212,10 @@ class Checkpoint:
         except ConfigError as e:
             raise CheckpointError(f"{cfg_file}: {e}") from None
         identity = hashlib.sha256(cfg_bytes).hexdigest()[:16]
+        try:
+            scheme = quant.read_scheme(path, json.loads(cfg_bytes))     # refused by name before any weight
+        except quant.QuantError as e:
+            raise CheckpointError(str(e)) from None
 
         tok_file = path / "tokenizer.json"
         if not tok_file.is_file():
@@ -241,9 +248,35 @@ class Checkpoint:
         else:
             raise CheckpointError(f"{path}: no {INDEX_FILE} and no {SINGLE_FILE}")
 
-        ckpt = cls(path, config, tokenizer, files, dict(weight_map), identity)
+        ckpt = cls(path, config, tokenizer, files, dict(weight_map), identity, scheme)
+        ckpt._resolve_quant(path / where)
         ckpt._check_layout(path / where)
         return ckpt
+
+    def _resolve_quant(self, where: Path) -> None:
+        """Which projections the checkpoint stores quantised; their companions join the table."""
+        stored = {n: info.dtype for f in self.files.values() for n, info in f.tensors.items()}
+        try:
+            self.quantised, self.table = quant.resolve(self.scheme, self.table, stored, str(where))
+        except quant.QuantError as e:
+            raise CheckpointError(str(e)) from None
+
+    def check_tp(self, tp: int) -> None:
+        """Refuse a TP size that would cut a quantised projection's scale blocks (names the tensor)."""
+        try:
+            [quant.check_tp(self.specs[name], self.scheme, tp) for name in sorted(self.quantised)]
+        except quant.QuantError as e:
+            raise CheckpointError(f"{self.path}: {e}") from None
+
+    def read_weight(self, name: str, rank: int, tp: int):
+        """This rank's slice of one text-model tensor: an array, or a QWeight (packed values and scales as
+        stored) for a quantised projection."""
+        if name in self.quantised:
+            return quant.read_qweight(lambda n: self.read_shard(n, rank, tp), self.specs[name], self.scheme, tp)
+        return self.read_shard(name, rank, tp)
+
+    def _stored_specs(self, name: str) -> list:
+        return quant.companions(self.specs[name], self.scheme) if name in self.quantised else [self.table[name]]
 
     def _check_layout(self, where: Path) -> None:
         """Every stored tensor is in the table, and every table tensor is stored with its shape and dtype."""
@@ -311,16 +344,20 @@ class Checkpoint:
 
     def shard(self, rank: int, tp: int) -> "Shard":
         """The lazy view of this rank's slices of every tensor the text model loads (read on access)."""
+        self.check_tp(tp)
         return Shard(self, rank, tp)
 
     def nbytes(self) -> int:
         """Bytes of the tensors the text model reads (full, unsharded, as stored)."""
-        return sum(self._stored(name).end - self._stored(name).start for name in self.specs)
+        return sum(self._stored(s.name).end - self._stored(s.name).start
+                   for name in self.specs for s in self._stored_specs(name))
 
     def shard_nbytes(self, rank: int, tp: int) -> int:
         """Bytes of this rank's slices of the tensors the text model reads, in the stored dtypes."""
         _check_rank(rank, tp)
-        return sum(math.prod(s.shard_shape(tp)) * DTYPES[s.dtype].itemsize for s in self.specs.values())
+        self.check_tp(tp)
+        return sum(math.prod(s.shard_shape(tp)) * DTYPES[s.dtype].itemsize
+                   for name in self.specs for s in self._stored_specs(name))
 
     def _stored(self, name: str) -> TensorInfo:
         return self.files[self.weight_map[name]].tensors[name]
@@ -339,7 +376,7 @@ class Shard(Mapping):
     def __getitem__(self, name: str) -> np.ndarray:
         if name not in self.ckpt.specs:
             raise KeyError(name)
-        return self.ckpt.read_shard(name, self.rank, self.tp)
+        return self.ckpt.read_weight(name, self.rank, self.tp)
 
     def __iter__(self):
         return iter(self.ckpt.specs)

@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from cupyglm import env
-from cupyglm.checkpoint import names
+from cupyglm.checkpoint import names, tiny_quant
 from cupyglm.checkpoint.loader import DTYPES, INDEX_FILE, write_safetensors
 from cupyglm.checkpoint.tiny_tokenizer import build_tiny_tokenizer, tiny_eos_token_ids, tiny_tokenizer_config
 from cupyglm.config import ModelConfig, preset
@@ -125,9 +125,11 @@ def shard_file_name(i: int, n: int = N_SHARDS) -> str:
 
 
 # ---- writing ------------------------------------------------------------------------------------------
-def write_tiny(out_dir: str | Path, seed: int = 0, config: ModelConfig | None = None) -> Path:
+def write_tiny(out_dir: str | Path, seed: int = 0, config: ModelConfig | None = None,
+               quant: str | None = None) -> Path:
     """Write the tiny checkpoint into `out_dir` (created if missing; files there are overwritten).
-    Returns the directory. Deterministic: the same seed and config give byte-identical files."""
+    Returns the directory. Deterministic: the same seed and config give byte-identical files. quant="fp8" or
+    "nvfp4": the same values with the release's projections stored quantised (checkpoint/tiny_quant.py)."""
     if seed < 0:
         raise ValueError(f"seed must be non-negative, got {seed}")
     out = Path(out_dir)
@@ -149,9 +151,18 @@ def write_tiny(out_dir: str | Path, seed: int = 0, config: ModelConfig | None = 
         groups[min(N_SHARDS - 1, acc * N_SHARDS // total)].append(spec)
         acc += size
     weight_map: dict[str, str] = {}
+    scheme = tiny_quant.scheme_for(quant) if quant else None
+    total = 0
     for i, group in enumerate(groups):
         fname = shard_file_name(i)
-        tensors = {s.name: init_tensor(s, cfg, seed) for s in group}
+        tensors = {}
+        for s in group:
+            x = init_tensor(s, cfg, seed)
+            if scheme is not None and tiny_quant.release_quantised(s, cfg):
+                tensors.update(tiny_quant.quantise(s, x, scheme))
+            else:
+                tensors[s.name] = x
+        total += sum(int(t.nbytes) for t in tensors.values())
         write_safetensors(out / fname, tensors, metadata={"format": "pt"})
         weight_map.update({n: fname for n in tensors})
     index = {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}
@@ -160,7 +171,11 @@ def write_tiny(out_dir: str | Path, seed: int = 0, config: ModelConfig | None = 
     _write_text(out / "tokenizer.json", tok.to_str(pretty=True))
     _write_text(out / "tokenizer_config.json",
                 json.dumps(tiny_tokenizer_config(tok), indent=2, ensure_ascii=False) + "\n")
-    _write_text(out / "config.json", json.dumps(cfg.to_hf_dict(), indent=2) + "\n")
+    hf = cfg.to_hf_dict()
+    modelopt = tiny_quant.declare(hf, scheme, cfg, specs) if scheme is not None else None
+    if modelopt is not None:
+        _write_text(out / tiny_quant.quant.HF_QUANT_FILE, json.dumps(modelopt, indent=2) + "\n")
+    _write_text(out / "config.json", json.dumps(hf, indent=2) + "\n")
     return out
 
 
@@ -171,9 +186,9 @@ def _write_text(path: Path, text: str) -> None:
 
 
 # ---- the cached default -----------------------------------------------------------------------------------
-def tiny_dir_name(seed: int = 0, config: ModelConfig | None = None) -> str:
+def tiny_dir_name(seed: int = 0, config: ModelConfig | None = None, quant: str | None = None) -> str:
     cfg = tiny_config(config)
-    return f"tiny-{cfg.identity()}-g{TINY_FORMAT_VERSION}-seed{seed}"
+    return f"tiny-{cfg.identity()}-g{TINY_FORMAT_VERSION}-seed{seed}" + (f"-{quant}" if quant else "")
 
 
 def _complete(path: Path) -> bool:
@@ -195,13 +210,13 @@ def _file_lock(path: Path):
             fcntl.flock(fh.fileno(), fcntl.LOCK_UN)
 
 
-def default_tiny_dir(seed: int = 0) -> Path:
+def default_tiny_dir(seed: int = 0, quant: str | None = None) -> Path:
     """The built-in tiny checkpoint, built once into `env.cache_dir()` and reused. Safe to call from several
     processes at once: one builds (under a file lock, into a temp dir renamed into place), the rest wait and
     reuse it; a builder that loses a rename race discards its copy and uses the winner's."""
     global BUILD_COUNT
     root = env.cache_dir()
-    final = root / tiny_dir_name(seed)
+    final = root / tiny_dir_name(seed, quant=quant)
     if _complete(final):
         return final
     root.mkdir(parents=True, exist_ok=True)
@@ -211,8 +226,8 @@ def default_tiny_dir(seed: int = 0) -> Path:
         tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", suffix=".tmp", dir=root))
         try:
             os.chmod(tmp, 0o755)
-            write_tiny(tmp, seed=seed)
-            marker = {"seed": seed, "format": TINY_FORMAT_VERSION, "config": tiny_config().identity()}
+            write_tiny(tmp, seed=seed, quant=quant)
+            marker = {"seed": seed, "format": TINY_FORMAT_VERSION, "config": tiny_config().identity(), "quant": quant}
             (tmp / MARKER).write_text(json.dumps(marker) + "\n")
             if final.exists() and not _complete(final):
                 shutil.rmtree(final, ignore_errors=True)        # a leftover without its marker

@@ -1,6 +1,11 @@
 """cupyglm-plan: the memory plan for any config and card size, without weights.
 
     cupyglm-plan --config glm-5.3-flash --tp 2 --card-gib 96 [--kv-host] [--context N] [--page-tokens N]
+                 [--quant fp8|nvfp4 | --model DIR]
+
+Weights: bf16, or a quantised checkpoint's stored bytes (packed values + scales) a rank holds: `--quant` names
+the format (the projections the published FP8 release quantises), `--model DIR` reads a checkpoint's config,
+quantisation declaration and safetensors headers (no weight is read).
 
 The plan counts every array as `cupyglm.memory` describes it at the backends' storage (--storage to state
 another). Prints the bytes per token, one plan line per rank (weights, pages x bytes, window, prompt cache, reserve,
@@ -46,8 +51,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"memory kept free per rank (default $CUPYGLM_MEMORY_RESERVE_GIB, {reserve})")
     p.add_argument("--weights-gib", type=float, default=None,
                    help="per-rank weights in GiB (a quantised checkpoint); default: bf16 shard shapes")
-    p.add_argument("--weight-bits", type=int, default=None,
-                   help="bits per matrix element of a quantised checkpoint (default: the bf16 storage)")
+    p.add_argument("--quant", choices=("fp8", "nvfp4"), default=None,
+                   help="a quantised checkpoint of --config in this format (the FP8 release's projections)")
+    p.add_argument("--model", default=None,
+                   help="a checkpoint directory: its config and its stored layout (headers only, no weights)")
     p.add_argument("--storage", choices=STORAGE_CHOICES, default="backend",
                    help="how bf16 values are stored: backend (what this install's backends allocate, default), "
                         "bf16 (2 bytes) or fp32 (4 bytes)")
@@ -72,17 +79,32 @@ def storage(choice: str):
 def main(argv: list[str] | None = None) -> int:
     from cupyglm.engine.plan import GIB, PlanError, kv_bytes_per_token, plan_memory
 
+    from cupyglm.checkpoint import quant
+
     args = build_parser().parse_args(argv)
+    if args.quant and args.model:
+        print("cupyglm-plan: --quant and --model are exclusive (a checkpoint states its own format)", file=sys.stderr)
+        return 2
     try:
-        cfg = _config(args.config)
-    except ConfigError as e:
-        print(f"ConfigError: {e}", file=sys.stderr)
+        layout = None
+        if args.model:
+            from cupyglm.checkpoint.loader import Checkpoint
+
+            ckpt = Checkpoint.open(args.model)
+            cfg, layout, args.config = ckpt.config, quant.layout_of(ckpt), args.model
+        else:
+            cfg = _config(args.config)
+            layout = quant.layout_for(cfg, args.quant) if args.quant else None
+    except (ConfigError, ValueError) as e:
+        print(f"{type(e).__name__}: {e}", file=sys.stderr)
         return 2
     st = storage(args.storage)
     bpt = kv_bytes_per_token(cfg, st, args.kv_host)
     where = "pooled keys on the card, latent rows in host memory" if args.kv_host else "device-resident KV"
-    print(f"{args.config}: tp {args.tp}, card {args.card_gib:g} GiB, {st.describe()}: {bpt:,} bytes/token on "
-          f"the card ({where})")
+    weights = "bf16 weights" if layout is None else \
+        f"{layout.scheme.fmt} weights ({len(layout.names):,} projections packed + scales)"
+    print(f"{args.config}: tp {args.tp}, card {args.card_gib:g} GiB, {st.describe()}, {weights}: {bpt:,} "
+          f"bytes/token on the card ({where})")
     try:
         plans = [plan_memory(cfg, storage=st, tp=args.tp, rank=r, budget_bytes=int(args.card_gib * GIB), parallel=args.parallel,
                              context=args.context, page_tokens=args.page_tokens, kv_host=args.kv_host,
@@ -90,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
                              reserve_gib=args.reserve_gib, prompt_cache_gib=args.prompt_cache_gib,
                              host_cache=args.host_cache, chunk_rows=args.prefill_chunk,
                              weights=None if args.weights_gib is None else int(args.weights_gib * GIB),
-                             weight_bits=args.weight_bits)
+                             quant=layout)
                  for r in range(args.tp)]
     except (PlanError, ValueError) as e:
         print(f"PlanError: {e}", file=sys.stderr)

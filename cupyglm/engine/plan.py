@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import math
 
 import numpy as np
 
@@ -37,15 +36,10 @@ class PlanError(ValueError):
 # ---- sizes (every array's bytes come from cupyglm.memory) ------------------------------------------------------
 
 @functools.lru_cache(maxsize=32)
-def weight_bytes(cfg: ModelConfig, tp: int, storage: Storage, weight_bits: int | None = None,
-                 mtp: bool = False) -> int:
-    """One rank's weights (`memory.weight_arrays`); matrices at weight_bits when given (a quantised checkpoint)."""
-    if not weight_bits:
-        return total_bytes(weight_arrays(cfg, tp, mtp), storage)
-    total = 0.0
-    for a in weight_arrays(cfg, tp, mtp):
-        total += math.prod(a.shape) * weight_bits / 8 if len(a.shape) >= 2 else a.nbytes(storage)
-    return int(math.ceil(total))
+def weight_bytes(cfg: ModelConfig, tp: int, storage: Storage, quant=None, mtp: bool = False) -> int:
+    """One rank's weights (`memory.weight_arrays`); quant (checkpoint.quant.QuantLayout): the quantised
+    projections' stored bytes, values + scales."""
+    return total_bytes(weight_arrays(cfg, tp, mtp, quant), storage)
 
 
 def kv_page_bytes(cfg: ModelConfig, page_tokens: int, storage: Storage, kv_host: bool = False) -> int:
@@ -183,7 +177,7 @@ def plan_memory(cfg: ModelConfig, *, storage: Storage, tp: int = 1, rank: int = 
                 kv_budget_bytes: int | None = None, parallel: int = 4, context: int = 0, page_tokens: int = 0,
                 kv_pages: int = 0, kv_host: bool = False, kv_host_bytes: int | None = None,
                 reserve_gib: float = 1.0, prompt_cache_gib: float = 0.0, host_cache: bool = False,
-                chunk_rows: int = 2048, weights: int | None = None, weight_bits: int | None = None,
+                chunk_rows: int = 2048, weights: int | None = None, quant=None,
                 mtp: bool = False, pool_cap: bool = False, fit_pages: int | None = None) -> MemoryPlan:
     """The plan of one rank, every array at the backend's `storage` (`memory.storage_of(ops)`). `budget_bytes`:
     the memory this rank plans in (card or host); `kv_budget_bytes` (--kv-gib) replaces the arithmetic with an
@@ -197,7 +191,7 @@ def plan_memory(cfg: ModelConfig, *, storage: Storage, tp: int = 1, rank: int = 
         raise PlanError(f"--page-tokens must be a multiple of {cfg.index_kpool}, got {page_tokens}")
     page_bytes = kv_page_bytes(cfg, page_tokens, storage, kv_host)
     host_bpt = host_kv_bytes_per_token(cfg, storage) if kv_host else 0
-    wbytes = weights if weights is not None else weight_bytes(cfg, tp, storage, weight_bits, mtp)
+    wbytes = weights if weights is not None else weight_bytes(cfg, tp, storage, quant, mtp)
     state = fixed_state_bytes(cfg, tp, storage, mtp)
     host_pages, slots, gather = _host_rows(cfg, storage, page_tokens, context, kv_host, kv_host_bytes, host_bpt)
     scratch = activation_bytes(cfg, tp, chunk_rows + parallel, parallel, storage.itemsize(FP32)) + parallel * state
@@ -221,7 +215,7 @@ def plan_memory(cfg: ModelConfig, *, storage: Storage, tp: int = 1, rank: int = 
             raise PlanError(f"no room for KV pages on rank {rank}: weights {_gib(wbytes)} + scratch "
                             f"{_gib(scratch)} + reserve {_gib(reserve)}"
                             + (f" + prompt cache {_gib(cache_here)}" if cache_here else "")
-                            + f" exceed the {_gib(budget)} budget (a quantised checkpoint: --weight-bits or "
+                            + f" exceed the {_gib(budget)} budget (a quantised checkpoint: --quant, --model or "
                             f"--weights-gib in cupyglm-plan)")
     fit = max(0, room // page_bytes) if fit_pages is None else fit_pages
     if kv_host:

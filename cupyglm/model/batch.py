@@ -7,6 +7,7 @@ import dataclasses
 
 import numpy as np
 
+from cupyglm.backend import qweight
 from cupyglm.kv.state import SeqState
 
 
@@ -57,12 +58,17 @@ class Weights:
         self._shard, self._ops, self._prefix = shard, ops, prefix
 
     def __call__(self, name: str):
-        return self._ops.weight(self._shard[f"{self._prefix}.{name}"])
+        w = self._shard[f"{self._prefix}.{name}"]
+        if isinstance(w, qweight.QWeight):          # packed values and scales as stored, on the backend's arrays
+            return w.to(self._ops.xp)
+        return self._ops.weight(w)
 
     def stack(self, names: list[str]):
         """The tensors `prefix.name` for each name (equal shapes) stacked on a new leading axis in the backend's
         storage: [len(names), *shape], filled one converted tensor at a time (no host-side stack)."""
         first = self(names[0])
+        if isinstance(first, qweight.QWeight):
+            return qweight.stack([first] + [self(n) for n in names[1:]], self._ops.xp)
         out = self._ops.xp.empty((len(names),) + tuple(first.shape), dtype=first.dtype)
         out[0] = first
         del first

@@ -7,7 +7,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "launch" / "gpu-check"
-STEPS = ("env", "contract", "tokens", "engine", "tp", "invariance", "speed-tiny", "speed-big")
+STEPS = ("env", "contract", "tokens", "engine", "tp", "invariance", "speed-tiny", "speed-big", "speed-nvfp4")
 
 
 def test_script_is_executable_bash():

@@ -13,7 +13,8 @@ pytestmark = pytest.mark.mpi
 LENGTHS = [5, 40, 70, 12]
 
 
-def script() -> None:
+def script(model: str | None = None) -> None:
+    """model: a checkpoint directory (the quantised tiny ones of test_quant_tp.py), else the built-in tiny."""
     import numpy as np
 
     from cupyglm import LLM, SamplingParams
@@ -24,7 +25,7 @@ def script() -> None:
               SamplingParams(temperature=0.8, top_p=0.9, seed=1, max_tokens=8),
               SamplingParams(temperature=1.0, top_k=20, min_p=0.05, seed=5, max_tokens=6, min_tokens=2),
               SamplingParams(temperature=1.2, seed=11, ignore_eos=True, max_tokens=7)]
-    llm = LLM(backend="numpy", parallel=4, context=128, kv_pages=48, log=False)
+    llm = LLM(model=model, backend="numpy", parallel=4, context=128, kv_pages=48, log=False)
     together = llm.generate(prompts, params)
     alone = [llm.generate([p], [sp]) for p, sp in zip(prompts, params)]
     if llm.rank == 0:
@@ -62,4 +63,4 @@ def test_tp2_concurrent_equals_solo_and_repeats(launch, tiny_dir):
 
 
 if __name__ == "__main__":
-    script()
+    script(sys.argv[1] if len(sys.argv) > 1 else None)

@@ -7,6 +7,7 @@ import sys
 import pytest
 
 from cupyglm.checkpoint.names import all_specs
+from cupyglm.checkpoint.quant import layout_for
 from cupyglm.cli.plan import main as plan_main
 from cupyglm.config import preset
 from cupyglm.engine.plan import (
@@ -32,7 +33,7 @@ def test_fixed_state_and_weights():
     assert kda <= one < kda + 8 * MIB
     assert kda // 2 <= two < kda // 2 + 4 * MIB
     assert weight_bytes(FULL, 2, B16) < weight_bytes(FULL, 1, B16) < 2 * weight_bytes(FULL, 2, B16) + GIB
-    assert weight_bytes(FULL, 2, B16, weight_bits=4) < weight_bytes(FULL, 2, B16) / 3
+    assert weight_bytes(FULL, 2, B16, layout_for(FULL, "nvfp4")) < weight_bytes(FULL, 2, B16) / 3
     stored_f32 = sum(math.prod(s.shard_shape(8)) * 4 for s in all_specs(FULL) if s.dtype == "F32"
                      and not s.name.startswith(f"model.language_model.layers.{FULL.mtp_layer}."))
     assert stored_f32 > 0                                            # A_log, dt_bias, hc base/scale, router bias
@@ -58,7 +59,7 @@ def test_cli_prints_bytes_per_token(capsys):
 
 
 def test_cli_refuses_an_oversize_context(capsys):
-    base = ["--config", "glm-5.3-flash", "--tp", "2", "--card-gib", "77", "--weight-bits", "4", *BF16]
+    base = ["--config", "glm-5.3-flash", "--tp", "2", "--card-gib", "96", "--quant", "nvfp4", *BF16]
     assert plan_main(base) == 0
     out, _ = capsys.readouterr()
     window = int(out.strip().splitlines()[-1].split("window ")[1].split(" tokens")[0].replace(",", ""))
@@ -133,7 +134,7 @@ def test_explicit_kv_budget_pool_cap_and_pages():
 
 def test_cli_runs_as_a_module():
     r = subprocess.run([sys.executable, "-m", "cupyglm.cli.plan", "--config", "glm-5.3-flash", "--tp", "2",
-                        "--card-gib", "96", "--kv-host", "--weight-bits", "4", *BF16], capture_output=True, text=True)
+                        "--card-gib", "96", "--kv-host", "--quant", "nvfp4", *BF16], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     assert "768 bytes/token" in r.stdout
 

@@ -11,6 +11,7 @@ from model_helpers import build_models
 from cupyglm.backend.numpy_ops import NumpyOps
 from cupyglm.backend.sim_ops import SimOps
 from cupyglm.checkpoint.loader import Checkpoint
+from cupyglm.checkpoint.quant import layout_of
 from cupyglm.checkpoint.tiny import write_tiny
 from cupyglm.config import preset
 from cupyglm.engine.llm import LLM
@@ -83,10 +84,12 @@ def run_partway(llm, parallel: int, lengths: list[int]):
     return list(eng._states.values())
 
 
-@pytest.mark.parametrize("which", ["tiny", "small"])
+@pytest.mark.parametrize("which", ["tiny", "small", "fp8", "nvfp4"])
 def test_engine_plan_equals_what_it_allocates(which, tiny_dir, tmp_path):
     if which == "tiny":
         path = tiny_dir
+    elif which in ("fp8", "nvfp4"):                     # quantised projections: packed values + scales as stored
+        path = write_tiny(tmp_path / which, quant=which)
     else:
         tiny = preset("tiny")
         cfg = dataclasses.replace(tiny, layer_types=("linear_attention",) * 3 + ("full_attention",),
@@ -104,11 +107,13 @@ def test_engine_plan_equals_what_it_allocates(which, tiny_dir, tmp_path):
         llm.close()
 
 
-def test_tp2_shards_equal_their_plan(tiny_dir):
+@pytest.mark.parametrize("quant", [None, "fp8", "nvfp4"])
+def test_tp2_shards_equal_their_plan(tiny_dir, tmp_path, quant):
     """Each rank of TP=2 holds what the TP=2 plan counts for it."""
-    ckpt = Checkpoint.open(tiny_dir)
+    ckpt = Checkpoint.open(write_tiny(tmp_path / quant, quant=quant) if quant else tiny_dir)
     storage = storage_of(NumpyOps())
-    plan = plan_memory(ckpt.config, storage=storage, tp=2, kv_budget_bytes=1 << 22, kv_pages=24, page_tokens=16)
+    plan = plan_memory(ckpt.config, storage=storage, tp=2, kv_budget_bytes=1 << 22, kv_pages=24, page_tokens=16,
+                       quant=layout_of(ckpt))
     models = build_models(ckpt, tp=2, num_pages=24)
     for m in models:
         seen: set = set()
