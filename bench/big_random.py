@@ -11,8 +11,6 @@ import dataclasses
 import math
 from collections.abc import Mapping
 
-import numpy as np
-
 from cupyglm.checkpoint import names, quant as qformat, tiny_quant
 from cupyglm.checkpoint.tiny import init_tensor
 from cupyglm.config import DSA, KDA, ModelConfig, preset

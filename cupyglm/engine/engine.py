@@ -41,9 +41,10 @@ from cupyglm.engine import disk_tier, prompt_logprobs
 from cupyglm.engine.config import EngineConfig
 from cupyglm.engine.draft import Pricer
 from cupyglm.engine.grammar import Guides
+from cupyglm.engine.outputs import step_outputs
 from cupyglm.engine.prompt_cache import PromptCache
 from cupyglm.engine.request import EngineError, Request, RequestOutput
-from cupyglm.engine.sampling import FINISH_ABORT, FINISH_STOP, SamplingParams
+from cupyglm.engine.sampling import FINISH_ABORT, SamplingParams
 from cupyglm.engine.step_sample import sample_step, sampled_rows
 from cupyglm.engine.text import RequestText
 from cupyglm.engine.verify import Verifier
@@ -254,7 +255,10 @@ class Engine:
             events = self.scheduler.update(plan, sampled)
             drafted = {g.request_id: (g.drafts, len(sampled[g.request_id]) - 1)
                        for g in plan.groups if g.drafts and g.request_id in sampled}
-            outputs = ready + self._outputs(events, drafted)
+            drafts_on = self.cfg.mtp_drafts > 0
+            outputs = ready + step_outputs(events, drafted, self._texts, self._logprobs, self._prompt_lp,
+                                           self.scheduler, self.guides, drafts_on)
+            self._logprobs = {}
             outputs += self._ready
             self._ready = []
         self.steps += 1
@@ -392,49 +396,3 @@ class Engine:
         refused = {plan.groups[i].request_id: host.message for i in host.take_refused() if i < len(plan.groups)}
         self.kv_host_stats = host.take_stats()
         return refused
-
-    def _outputs(self, events, drafted: dict[int, tuple[int, int]]) -> list[RequestOutput]:
-        """One output per request from its events in order (a verify group gives several tokens); a stop
-        string ends a request at its token, dropping the tokens after it, as serial decoding would."""
-        out, by_id, base = [], {}, {}
-        for r, _, _ in events:
-            base[r.id] = base.get(r.id, len(r.output)) - 1
-        for r, tok, reason in events:
-            if r.id in by_id and by_id[r.id].finished:
-                continue
-            base[r.id] += 1
-            done = base[r.id] + 1                               # tokens generated with this one
-            text = self._texts.get(r.id)
-            finished = reason is not None
-            if text is not None:
-                include = reason != FINISH_STOP                 # a stop id / EOS adds no text
-                if text.push(tok, finished, include) and not finished:
-                    self.scheduler.finish(r.id, FINISH_STOP)
-                    finished, reason = True, FINISH_STOP
-                    del r.output[done:]
-                elif text.stopped:
-                    reason = FINISH_STOP                        # the last token also completed a stop string
-                    r.finish_reason = reason
-                piece = text.take(finished)
-            else:
-                piece = ""
-            if finished:
-                self._texts.pop(r.id, None)
-                self.guides.drop(r.id)
-            lps = self._logprobs.get(r.id)
-            lp = lps.pop(0) if lps else None
-            o = by_id.get(r.id)
-            if o is None:
-                on = self.cfg.mtp_drafts > 0 and r.params.draft is not False
-                o = by_id[r.id] = RequestOutput(r.id, [], "", False, None, r.prompt_len, 0, r.cached,
-                                                None if r.cached else r.miss_reason,
-                                                prompt_logprobs=self._prompt_lp.pop(r.id, None),
-                                                draft=drafted.get(r.id, (0, 0)) if on else None)
-                out.append(o)
-            o.new_token_ids.append(tok)
-            o.new_text += piece
-            o.finished, o.finish_reason, o.completion_tokens = finished, reason, done
-            if lp is not None:
-                o.logprobs = (o.logprobs or []) + [lp]
-        self._logprobs = {}
-        return out

@@ -252,10 +252,17 @@ def _sync(ops) -> None:
 
 
 def _alive(pid: int) -> bool:
+    """Whether the writer `pid` still runs; a zombie (killed, not yet reaped by its parent) has stopped writing."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
         return True
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            if f.read().rsplit(b")", 1)[-1].split()[0] in (b"Z", b"X"):
+                return False
+    except (OSError, IndexError):
+        pass
     return pid != os.getpid()

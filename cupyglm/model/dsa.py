@@ -5,8 +5,6 @@ are split by head; the output is this rank's o_proj partial (fp32).
 """
 from __future__ import annotations
 
-import numpy as np
-
 from cupyglm.config import ModelConfig
 from cupyglm.model import gather, seg_device
 from cupyglm.model.batch import Segment, Weights, decode_rows

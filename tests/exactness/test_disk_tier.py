@@ -3,7 +3,6 @@ equal to a cold engine, files refused by name (fingerprint, checksum, truncated,
 served fresh, torn temp files cleaned, save and clear."""
 from __future__ import annotations
 
-import os
 import struct
 
 import numpy as np

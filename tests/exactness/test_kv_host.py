@@ -5,7 +5,6 @@ Prompts cross the tiny model's dense/sparse limit (sparse from position 35) and 
 concurrent prompts share the call (each segment gathers alone) and reply as alone.
 """
 import numpy as np
-import pytest
 
 from cupyglm.backend.numpy_ops import NumpyOps
 from cupyglm.backend.sim_ops import SimOps

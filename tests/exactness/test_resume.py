@@ -3,7 +3,6 @@ restores, cached_tokens and miss reasons, salts, and eviction within the budget 
 from __future__ import annotations
 
 import numpy as np
-import pytest
 
 from cupyglm.backend.numpy_ops import NumpyOps
 from cupyglm.dist.comm import LocalComm
