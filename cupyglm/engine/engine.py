@@ -250,6 +250,7 @@ class Engine:
                 r = self.scheduler.finish(rid, FINISH_ERROR)
                 if r is not None:
                     self._texts.pop(rid, None)
+                    self.guides.drop(rid)
                     ready.append(RequestOutput(rid, [], "", True, FINISH_ERROR, r.prompt_len, len(r.output),
                                                r.cached, error=why))
             events = self.scheduler.update(plan, sampled)

@@ -1,12 +1,13 @@
 """The draft price (engine/draft.py) and the accept rule (engine/verify.py): pure CPU."""
 from cupyglm.engine.draft import PROBE_EVERY, Pricer
+from cupyglm.engine.grammar import Guide
 from cupyglm.engine.request import Request
 from cupyglm.engine.sampling import SamplingParams
 from cupyglm.engine.verify import accept
 
 
-def req(max_tokens=100, out=0, draft=None):
-    r = Request(1, (1, 2, 3), SamplingParams(max_tokens=max_tokens, draft=draft), 0, max_tokens)
+def req(max_tokens=100, out=0, draft=None, guide=None):
+    r = Request(1, (1, 2, 3), SamplingParams(max_tokens=max_tokens, draft=draft, guide=guide), 0, max_tokens)
     r.output = [5] * out
     return r
 
@@ -34,6 +35,7 @@ def test_choose_respects_room_the_request_flag_and_probes():
     assert p.choose(req(max_tokens=10, out=8)) == 1                # never past what it may still generate
     assert p.choose(req(max_tokens=10, out=9)) == 0
     assert p.choose(req(draft=False)) == 0
+    assert p.choose(req(draft=True, guide=Guide("regex", "a+"))) == 0   # a grammar masks one row at a time
     r = req()
     for _ in range(12):
         p.observe(r, 3, 0)
