@@ -131,3 +131,24 @@ def check_prefill_equals_decode(model: GLMModel, tokens: np.ndarray, splits: lis
     for k in ref:
         assert np.array_equal(bits(snap[k]), bits(ref[k])), k
     assert not np.isnan(ref_last).any()
+
+
+def run_engine(engine, prompts, params=None, salt=None):
+    """Run prompts through an engine to the end: ([tokens per prompt], [(cached_tokens, miss reason) per prompt]);
+    greedy, 4 tokens, ignore_eos unless `params` gives one SamplingParams per prompt."""
+    from cupyglm.engine.sampling import SamplingParams
+
+    params = params or [SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)] * len(prompts)
+    ids = [engine.add_request(p, sp, cache_salt=salt) for p, sp in zip(prompts, params)]
+    toks, info = {i: [] for i in ids}, {}
+    while engine.has_work():
+        for out in engine.step():
+            toks[out.request_id] += out.new_token_ids
+            if out.finished:
+                info[out.request_id] = (out.cached_tokens, out.cache_miss_reason)
+    return [toks[i] for i in ids], [info[i] for i in ids]
+
+
+def random_prompt(n: int, seed: int = 0) -> list[int]:
+    """n token ids in 3..399 (clear of the tiny model's specials), fixed by seed."""
+    return [int(t) for t in np.random.default_rng(seed).integers(3, 400, size=n)]

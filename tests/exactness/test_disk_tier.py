@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import struct
 
-import numpy as np
 import pytest
 
 from cupyglm.backend.numpy_ops import NumpyOps
@@ -14,11 +13,11 @@ from cupyglm.engine.config import EngineConfig
 from cupyglm.engine.disk_tier import MISS_DISK, agree_index, planner_from
 from cupyglm.engine.engine import Engine
 from cupyglm.engine.runner import ModelRunner
-from cupyglm.engine.sampling import SamplingParams
 from cupyglm.kv import disk_file as df
 from cupyglm.kv.disk_store import DiskStore, layout
 from cupyglm.kv.kept import KeptStore, kept_state_bytes
 from cupyglm.memory import storage_of
+from model_helpers import random_prompt as _prompt, run_engine as _run
 
 PAGES, PT = 24, 16
 
@@ -47,22 +46,6 @@ def _engine(ckpt, directory=None, kept_pages=400, fp=None, log=None, pause_s=0.0
                        prefill_chunk=c.keep_grid, eos_token_ids=c.eos_token_ids, vocab_size=c.vocab_size,
                        poison=True)
     return Engine(runner, LocalComm(), cfg, None, kept=kept, disk=disk, planner=planner)
-
-
-def _run(engine, prompts):
-    params = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
-    ids = [engine.add_request(p, params) for p in prompts]
-    toks, info = {i: [] for i in ids}, {}
-    while engine.has_work():
-        for out in engine.step():
-            toks[out.request_id] += out.new_token_ids
-            if out.finished:
-                info[out.request_id] = (out.cached_tokens, out.cache_miss_reason)
-    return [toks[i] for i in ids], [info[i] for i in ids]
-
-
-def _prompt(n, seed=0):
-    return [int(t) for t in np.random.default_rng(seed).integers(3, 400, size=n)]
 
 
 def _files(d):

@@ -2,16 +2,14 @@
 restores, cached_tokens and miss reasons, salts, and eviction within the budget with the pages back at the end."""
 from __future__ import annotations
 
-import numpy as np
-
 from cupyglm.backend.numpy_ops import NumpyOps
 from cupyglm.dist.comm import LocalComm
 from cupyglm.engine.config import EngineConfig
 from cupyglm.engine.engine import Engine
 from cupyglm.engine.prompt_cache import MISS_EVICTED, MISS_NONE, MISS_OFF, MISS_SALT
 from cupyglm.engine.runner import ModelRunner
-from cupyglm.engine.sampling import SamplingParams
 from cupyglm.kv.kept import KeptStore
+from model_helpers import random_prompt as _prompt, run_engine as _run
 
 PAGES, PT = 24, 16
 
@@ -28,22 +26,6 @@ def _engine(ckpt, kept_pages: int = 0):
                        prefill_chunk=c.keep_grid, eos_token_ids=c.eos_token_ids, vocab_size=c.vocab_size,
                        poison=True)
     return Engine(runner, LocalComm(), cfg, None, kept=kept)
-
-
-def _run(engine, prompts, params=None, salt=None):
-    params = params or [SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)] * len(prompts)
-    ids = [engine.add_request(p, sp, cache_salt=salt) for p, sp in zip(prompts, params)]
-    toks, info = {i: [] for i in ids}, {}
-    while engine.has_work():
-        for out in engine.step():
-            toks[out.request_id] += out.new_token_ids
-            if out.finished:
-                info[out.request_id] = (out.cached_tokens, out.cache_miss_reason)
-    return [toks[i] for i in ids], [info[i] for i in ids]
-
-
-def _prompt(n, seed=0):
-    return [int(t) for t in np.random.default_rng(seed).integers(3, 400, size=n)]
 
 
 def test_resumed_equals_fresh_at_grid_and_prompt_end(tiny_ckpt):
