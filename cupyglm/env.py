@@ -25,6 +25,7 @@ VARIABLES: dict[str, tuple[str, str]] = {
     "CUEMU_STACK_KB": ("64", "per-thread fiber stack of the emulator, KiB"),
     "CUPYGLM_DEBUG": ("0", "1: a failing rank prints its full traceback, not only its one error line"),
     "CUPYGLM_TEST_DISK_WRITE_PAUSE": ("0", "test only: seconds the prompt-cache disk writer sleeps half way through each file"),
+    "CUPYGLM_TEST_SHM_PAUSE": ("0", "test only: seconds each rank of a host sleeps before mapping a shared /dev/shm segment"),
     "CUPYGLM_SHM_DIR": ("/dev/shm", "where shared host-memory segments (cupyglm-<token>-<purpose>) are made"),
 }
 

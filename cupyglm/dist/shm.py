@@ -17,11 +17,15 @@ the handshake, so two jobs (or two tests) never meet. The file starts with a hea
     120     64    fingerprint hash (hex, NUL-padded)
     184     32    purpose (ascii, NUL-padded)
 
-The creator writes the magic last, so a half-made file has none. Every local rank opens and maps the file, then
-adds one to `mapped` under the lock; the rank whose mapping makes it equal `local size` unlinks the file. The
-mappings stay valid, and from then on a crash or kill leaves nothing behind. A creation that fails partway
-unlinks its file. `cupyglm-cleanup-shm` removes segments whose creator is gone (a job that died before every
-rank had mapped).
+The creator writes the magic last, so a half-made file has none. `open_local` (the protocol every rank of a
+host runs) never leaves the name waiting on another process: local rank 0 creates the file, maps it, keeps one
+descriptor open and unlinks the name at once; the other local ranks open that same file through
+`/proc/<creator pid>/fd/<fd>` (Linux; the same user), map it and add one to `mapped` under the lock, and after the
+host's barrier every rank checks that `mapped` equals `local size`. So the name lives only across the creator's
+own create-map-unlink calls: a SIGKILL of any rank while the others map (or later) leaves nothing in /dev/shm,
+and a creator killed inside those few calls leaves a file whose creator is gone, which the next segment made on
+this host and `cupyglm-cleanup-shm` remove. A creation that fails partway unlinks its file. (`count_mapping`
+on a named file still unlinks it on the last mapping, for segments opened by name.)
 """
 from __future__ import annotations
 
@@ -33,6 +37,7 @@ import re
 import secrets
 import socket
 import struct
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -147,6 +152,7 @@ class SharedSegment:
         self.header = header
         self.payload = memoryview(mm)[HEADER_SIZE:HEADER_SIZE + header.payload_bytes]
         self.unlinked_here = False
+        self.fd = -1                   # an open descriptor of the file (open_local), -1 when none
 
     @property
     def nbytes(self) -> int:
@@ -160,7 +166,16 @@ class SharedSegment:
     def mapped(self) -> int:
         return struct.unpack_from("<I", self._mm, _MAPPED_OFFSET)[0]
 
+    def hold(self) -> str:
+        """Keep a descriptor of the file open; the path any process of this user opens it by, name or not."""
+        if self.fd < 0:
+            self.fd = os.open(self.path, os.O_RDWR)
+        return f"/proc/{os.getpid()}/fd/{self.fd}"
+
     def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
         try:
             self.payload.release()
             self._mm.close()
@@ -200,17 +215,24 @@ class SharedSegment:
             os.close(fd)
 
     @classmethod
-    def attach(cls, token: str, purpose: str, *, fingerprint_hash: str | None = None) -> "SharedSegment":
-        """Open and map an existing segment, checking its header (and fingerprint when given). Not yet counted."""
+    def attach(cls, token: str, purpose: str, *, fingerprint_hash: str | None = None,
+               via: str | None = None) -> "SharedSegment":
+        """Open and map an existing segment, checking its header (and fingerprint when given). Not yet counted.
+        `via`: a path to open it by instead of its name (a creator's /proc/<pid>/fd/<fd>); the descriptor stays
+        open then (`fd`)."""
         name = segment_name(token, purpose)
         path = shm_dir() / name
-        fd = os.open(path, os.O_RDWR)
+        fd = os.open(via or path, os.O_RDWR)
+        keep = via is not None
         try:
             size = os.fstat(fd).st_size
             if size < HEADER_SIZE:
                 raise ShmError(f"{path}: {size} bytes, shorter than its header")
             mm = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
-        finally:
+        except BaseException:
+            os.close(fd)
+            raise
+        if not keep:
             os.close(fd)
         try:
             header = Header.unpack(bytes(mm[:_FIELDS.size]))
@@ -223,13 +245,20 @@ class SharedSegment:
                                f"this rank's is {fingerprint_hash[:12]}")
         except BaseException:
             mm.close()
+            if keep:
+                os.close(fd)
             raise
-        return cls(name, path, mm, header)
+        seg = cls(name, path, mm, header)
+        if keep:
+            seg.fd = fd
+        return seg
 
     def count_mapping(self) -> bool:
-        """Record this rank's mapping; the rank that completes the count unlinks the file. True if it did."""
+        """Record this rank's mapping; the rank that completes the count unlinks the file (when it still has its
+        name). True if it did. With a held descriptor (open_local) the count is kept under it, name or not."""
+        held = self.fd >= 0
         try:
-            fd = os.open(self.path, os.O_RDWR)
+            fd = self.fd if held else os.open(self.path, os.O_RDWR)
         except FileNotFoundError:
             raise ShmError(f"{self.path} was unlinked before every rank mapped it") from None
         try:
@@ -237,61 +266,96 @@ class SharedSegment:
             try:
                 mapped = self.mapped() + 1
                 struct.pack_into("<I", self._mm, _MAPPED_OFFSET, mapped)
-                if mapped >= self.header.local_size:
+                if mapped >= self.header.local_size and not held:
                     os.unlink(self.path)
                     self.unlinked_here = True
             finally:
                 fcntl.flock(fd, fcntl.LOCK_UN)
         finally:
-            os.close(fd)
+            if not held:
+                os.close(fd)
         return self.unlinked_here
 
-    def remove_name(self) -> None:
-        """Unlink the file if it still has its name (a failed setup)."""
+    def remove_name(self) -> bool:
+        """Unlink the file if it still has its name; True if this call did."""
         try:
             os.unlink(self.path)
+            return True
         except FileNotFoundError:
-            pass
+            return False
 
 
 def open_local(token: str, purpose: str, nbytes: int, *, local_rank: int, local_size: int,
                local_comm: Any = None, fingerprint_hash: str = "") -> SharedSegment:
-    """The collective protocol on one host: local rank 0 creates, every local rank maps and counts.
+    """The collective protocol on one host (module docstring): local rank 0 creates, holds and unlinks; every
+    other local rank maps the held file through /proc and counts; all check the count after the barrier.
 
     `local_comm` is the node-local mpi4py communicator (None when local_size is 1). Every local rank calls this;
-    all raise ShmError if any fails, and the file is unlinked.
+    all raise ShmError if any fails. The name is gone before any rank waits on another.
     """
     seg = None
-    error = ""
+    error, via = "", ""
     if local_rank == 0:
         try:
+            sweep_stale()
             seg = SharedSegment.create(token, purpose, nbytes, local_size=local_size,
                                        fingerprint_hash=fingerprint_hash)
+            via = seg.hold()
+            seg.unlinked_here = seg.remove_name()
         except Exception as e:  # noqa: BLE001 - reported to every local rank
             error = f"local rank 0 could not create {segment_name(token, purpose)}: {type(e).__name__}: {e}"
+            if seg is not None:
+                seg.remove_name()
+                seg.close()
+                seg = None
     if local_comm is not None:
-        error = local_comm.bcast(error, root=0)
+        error, via = local_comm.bcast((error, via), root=0)
     if error:
         raise ShmError(error)
+    _test_pause(local_rank, segment_name(token, purpose))
     try:
         if seg is None:
-            seg = SharedSegment.attach(token, purpose, fingerprint_hash=fingerprint_hash)
+            seg = SharedSegment.attach(token, purpose, fingerprint_hash=fingerprint_hash, via=via)
+        seg.count_mapping()
         mine = ""
     except Exception as e:  # noqa: BLE001
         mine = f"local rank {local_rank} could not map {segment_name(token, purpose)}: {type(e).__name__}: {e}"
     errors = local_comm.allgather(mine) if local_comm is not None else [mine]
     failed = [m for m in errors if m]
+    if not failed and seg.mapped() != local_size:
+        failed = [f"{seg.name}: {seg.mapped()} mappings counted, the host has {local_size} ranks"]
     if failed:
         if seg is not None:
-            if local_rank == 0:
-                seg.remove_name()
             seg.close()
         raise ShmError(failed[0])
-    assert seg is not None
-    seg.count_mapping()
     if local_comm is not None:
-        local_comm.Barrier()
+        local_comm.Barrier()                 # every rank's mapping and count are done before a descriptor closes
+    if seg.fd >= 0:
+        os.close(seg.fd)
+        seg.fd = -1
     return seg
+
+
+def _test_pause(local_rank: int, name: str) -> None:
+    """Test only (CUPYGLM_TEST_SHM_PAUSE seconds): each local rank says so and sleeps before mapping the file."""
+    pause = float(env.get("CUPYGLM_TEST_SHM_PAUSE") or 0)
+    if pause > 0:
+        print(f"shm: local rank {local_rank} (pid {os.getpid()}) pauses {pause:g} s before mapping {name}",
+              file=sys.stderr, flush=True)
+        time.sleep(pause)
+
+
+def sweep_stale() -> list[Path]:
+    """Remove this host's segments whose creator is gone (a creator killed between creating and unlinking)."""
+    removed = []
+    for v in stale_segments():
+        if v.stale:
+            try:
+                os.unlink(v.path)
+                removed.append(v.path)
+            except OSError:
+                pass
+    return removed
 
 
 # ---- cleanup ----------------------------------------------------------------------------------------------------

@@ -60,6 +60,13 @@ def host_slots(plan) -> int:
     return min(int(raw), plan.gather_slots)
 
 
+def shared_line(world, seg) -> str:
+    """A rank's line for its host's shared KV rows (which file, on which host, made here or mapped)."""
+    how = "made and unlinked it" if seg.unlinked_here else "mapped it"
+    return (f"rank {world.rank}: kv host rows shared in {seg.path} host {seg.header.host} local "
+            f"{world.local_rank}/{world.local_size} mappings {seg.mapped()}/{seg.header.local_size}, {how}")
+
+
 def build(world, ckpt, *, poison: bool = False, log=log_line):
     """The engine of this rank (plan, runner, engine); prints this rank's plan line. Returns (engine, plan)."""
     from cupyglm.backend import make_ops
@@ -74,6 +81,9 @@ def build(world, ckpt, *, poison: bool = False, log=log_line):
     runner = ModelRunner(ckpt, ops, world.comm, plan.num_pages, plan.page_tokens, mtp=mtp, poison=poison,
                          host_slots=host_slots(plan) if st.kv_host else 0,
                          host_shared=(lambda n: world.shared_segment("kv_host", n)) if st.kv_host_shared else None)
+    seg = runner.kv.host.segment if runner.kv.host is not None else None
+    if seg is not None and log is not None:
+        log(shared_line(world, seg))
     kept = disk = planner = None
     if plan.prompt_cache_bytes:
         from cupyglm.kv.kept import KeptStore
