@@ -110,6 +110,15 @@ def _engine_error(e: BaseException, req: GenRequest | None = None) -> ApiError:
     return ApiError(500, f"internal error: {name}: {e}", code="internal_error")
 
 
+def _refused(d) -> ApiError | None:
+    """The error reply for a request the engine refused while running it (finish_reason "error", e.g. the KV
+    host rows' slot guard): 400 invalid_request_error, since the same request fails again on this server while the
+    next one is served (a 5xx would invite the client's retries, and the server is healthy)."""
+    if not (d.finished and d.finish_reason == "error"):
+        return None
+    return ApiError(400, d.error or "the engine refused the request", code="request_refused")
+
+
 # ---- the app ----------------------------------------------------------------------------------------------------
 
 def create_app(state: ServerState, *, lifespan: Any = None) -> Starlette:
@@ -201,6 +210,11 @@ def create_app(state: ServerState, *, lifespan: Any = None) -> Starlette:
         try:
             try:
                 async for k, d in merge_streams(streams):
+                    refused = _refused(d)
+                    if refused is not None:
+                        yield sse_error(refused)
+                        yield SSE_DONE
+                        return
                     reply = replies[k]
                     offset = len(reply.text) + len(reply.echo_text or "")
                     reply.add(d)
@@ -242,6 +256,9 @@ def create_app(state: ServerState, *, lifespan: Any = None) -> Starlette:
         try:
             try:
                 async for k, d in merge_streams(streams):
+                    refused = _refused(d)
+                    if refused is not None:
+                        return json_error(refused)
                     replies[k].add(d)
             except EngineDied as e:
                 return json_error(ApiError(503, str(e), code="service_unavailable"))

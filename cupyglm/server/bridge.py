@@ -35,6 +35,7 @@ class Delta:
     logprobs: list | None = None         # per token (logprob, [(id, logprob)]) when the request asked for them
     prompt_logprobs: list | None = None  # with the first token: [(prompt token, logprob, top)] from token 1
     draft: tuple[int, int] | None = None  # (MTP drafts proposed, accepted) this step when the request drafts
+    error: str | None = None             # finish_reason "error": why the engine refused the request
 
 
 class EngineDied(RuntimeError):
@@ -47,7 +48,8 @@ def normalize(out) -> Delta:
                  finished=bool(out.finished), finish_reason=out.finish_reason, prompt_tokens=out.prompt_tokens,
                  cached_tokens=int(out.cached_tokens or 0),
                  cache_miss_reason=getattr(out, "cache_miss_reason", None), logprobs=getattr(out, "logprobs", None),
-                 prompt_logprobs=getattr(out, "prompt_logprobs", None), draft=getattr(out, "draft", None))
+                 prompt_logprobs=getattr(out, "prompt_logprobs", None), draft=getattr(out, "draft", None),
+                 error=getattr(out, "error", None))
 
 
 class RequestStream:
