@@ -18,6 +18,7 @@ from procjob import MPIRUN, Job, job_env
 SERVING = re.compile(r"serving (\S+) at (http://[^\s/]+:(\d+)/v1) \(")
 RANK_PID = re.compile(r"rank (\d+): pid (\d+)")
 START_TIMEOUT_S = 120.0
+SERVE = [sys.executable, "-m", "cupyglm.cli.serve", "--backend", "numpy", "--host", "127.0.0.1", "--port", "0"]
 
 
 class Server(Job):
@@ -51,9 +52,10 @@ def start_server(tiny_dir, _session_cache_dir):
         pytest.skip(f"no mpirun beside {sys.executable}")
     servers: list[Server] = []
 
-    def start(args: list[str] = (), ranks: int = 2, env: dict[str, str] | None = None, wait: bool = True) -> Server:
-        argv = [str(MPIRUN), "-n", str(ranks), sys.executable, "-m", "cupyglm.cli.serve", "--backend", "numpy",
-                "--host", "127.0.0.1", "--port", "0", *args]
+    def start(args: list[str] = (), ranks: int = 2, env: dict[str, str] | None = None, wait: bool = True,
+              argv: list[str] | None = None) -> Server:
+        """`argv` replaces the whole command line (a launch of its own); `args` are the server's flags."""
+        argv = argv or [str(MPIRUN), "-n", str(ranks), *SERVE, *args]
         s = Server(argv, job_env({"CUPYGLM_CACHE_DIR": str(_session_cache_dir), **(env or {})}))
         servers.append(s)
         return s.wait_serving() if wait else s
