@@ -153,6 +153,7 @@ class SharedSegment:
         self.payload = memoryview(mm)[HEADER_SIZE:HEADER_SIZE + header.payload_bytes]
         self.unlinked_here = False
         self.fd = -1                   # an open descriptor of the file (open_local), -1 when none
+        self.barrier = lambda: None    # a barrier of the ranks that map it (open_local)
 
     @property
     def nbytes(self) -> int:
@@ -330,6 +331,7 @@ def open_local(token: str, purpose: str, nbytes: int, *, local_rank: int, local_
         raise ShmError(failed[0])
     if local_comm is not None:
         local_comm.Barrier()                 # every rank's mapping and count are done before a descriptor closes
+        seg.barrier = local_comm.Barrier
     if seg.fd >= 0:
         os.close(seg.fd)
         seg.fd = -1

@@ -15,18 +15,18 @@ the same leases in the same order (lowest free id first); each row group's flags
 
 Kept prompt states: rank 0's `PromptCache` decides, the message carries it, every rank applies it alike
 (`cupyglm.kv.kept`: evicts, then restores, before the rows run; after the model call the drops, then the keeps).
-With kept prompts as pool pages (CUPYGLM_KV_SHARE) rank 0's scheduler makes the page store's holds as it plans,
-and every other rank makes them as it applies the message (`cupyglm.kv.page_store`). The disk
-tier (`cupyglm.engine.disk_tier`) rides in the same message: spills before the drops, loads (agreed by every
-rank) between the drops and the keeps, and a save or a clear as a message of its own.
+With kept prompts as pool pages (CUPYGLM_KV_SHARE) rank 0's scheduler makes the page store's holds as it plans, and
+every other rank makes them as it applies the message (`cupyglm.kv.page_store`). The disk tier
+(`cupyglm.engine.disk_tier`) rides in the same message: spills before the drops, loads (agreed by every rank)
+between the drops and the keeps, and a save or a clear as a message of its own.
 
 MTP drafts (`cupyglm.engine.verify`): a verify group carries its one token; every rank drafts the rest, rank 0
 samples every row (`cupyglm.engine.step_sample`), and the next message's row group tells every rank how far to
 roll back (`Verifier.settle`, before anything else of that step leases or runs).
 
-Thread safety: `add_request`, `abort`, `has_work` and the page counts may be called from any thread; `step`
-from one thread at a time. An abort that arrives while a step runs is applied when the step's model call
-returns (its token is dropped); otherwise its pages go back at once.
+Thread safety: `add_request`, `abort`, `has_work` and the page counts may be called from any thread; `step` from one
+thread at a time. An abort that arrives while a step runs is applied when the step's model call returns (its token
+is dropped); otherwise its pages go back at once.
 """
 from __future__ import annotations
 
@@ -48,6 +48,7 @@ from cupyglm.engine.sampling import FINISH_ABORT, SamplingParams
 from cupyglm.engine.step_sample import sample_step, sampled_rows
 from cupyglm.engine.text import RequestText
 from cupyglm.engine.verify import Verifier
+from cupyglm.kv.host_rows import early_writes, log_writes
 from cupyglm.kv.kept import apply_keeps, apply_restores
 from cupyglm.kv.page_store import stop_line
 from cupyglm.engine.scheduler import Scheduler, StepPlan
@@ -256,12 +257,10 @@ class Engine:
             events = self.scheduler.update(plan, sampled)
             drafted = {g.request_id: (g.drafts, len(sampled[g.request_id]) - 1)
                        for g in plan.groups if g.drafts and g.request_id in sampled}
-            drafts_on = self.cfg.mtp_drafts > 0
             outputs = ready + step_outputs(events, drafted, self._texts, self._logprobs, self._prompt_lp,
-                                           self.scheduler, self.guides, drafts_on)
+                                           self.scheduler, self.guides, self.cfg.mtp_drafts > 0)
             self._logprobs = {}
-            outputs += self._ready
-            self._ready = []
+            outputs, self._ready = outputs + self._ready, []
         self.steps += 1
         return outputs
 
@@ -342,6 +341,7 @@ class Engine:
             self._states[req.request_id] = state
         kv = self.runner.kv
         pages = self.pages if self.rank != 0 else None      # rank 0's scheduler made the page store's holds
+        early_writes(kv.host, bool(msg.restores) or any(e.flags & FLAG_VERIFY for e in msg.schedule))
         if msg.has_cache:
             apply_restores(self.kept, kv, self._states, msg, self.rank, pages)
         rows = []
@@ -374,6 +374,7 @@ class Engine:
             apply_keeps(self.kept, self._states, msg, self.rank, pages)
         if self.disk is not None and msg.keeps:
             disk_tier.note_keeps(self.disk, msg, self._mirror)
+        log_writes(kv.host, self.log, self.rank, msg.step)        # a test's check mode only
         return outs
 
     def cache_admin(self, op: str) -> dict:

@@ -16,14 +16,30 @@ refuses the request by name after the step): a gather covers one call segment, i
 start..start+n-1; every id it lists is a position below start + n, one host row each, so it needs at most
 start + n <= the window (`context`) slots, and the plan sizes the slots to the window. A test-only knob
 (CUPYGLM_KV_HOST_SLOTS) makes the slots fewer.
+
+Shared rows (CUPYGLM_KV_HOST_SHARED=1, one /dev/shm copy per host): every rank of the host writes every row, and
+the bytes are identical (kv_a and its norm are replicated, dsa.py), so a row written twice holds one value. Why
+no rank reads a page that another rank has already reused, even when a page is released and leased again within
+one step (every rank releases the cancelled requests' pages at the start of step N and leases them to step N's
+rows, engine.py): a page's old owner reads it last in step N - 1 or earlier, so the hazard is a rank writing the
+page in step N while another rank still runs step N - 1. The model's writes in step N come after step N's first
+all-reduce (the first layers are KDA layers, each ending in one; the embedding is replicated), and no rank
+passes that all-reduce before every rank has finished step N - 1, its kept-state copies included; on cuda the
+all-reduce runs in stream order after step N - 1's kernels. The only writes before that all-reduce are kept
+states restored into pages and MTP drafts proposed for verify groups: a step with either first passes
+`fence()`, a barrier of the host's ranks after each has synchronized its device. Every rank decides the fence
+from the step message alone, so all of them take it or none. CUPYGLM_TEST_KV_HOST_HASH=1 (tests) makes each rank
+print a digest of the rows it wrote in each step, so the ranks' rows can be compared.
 """
 from __future__ import annotations
 
 import ctypes
+import hashlib
 import os
 
 import numpy as np
 
+from cupyglm import env
 from cupyglm.config import ModelConfig
 from cupyglm.kv.copy_hooks import PinnedArena
 from cupyglm.memory import ArraySpec, gather_arrays, host_latent_arrays, row_cache_rows, storage_of
@@ -62,10 +78,8 @@ def _layer(spec: ArraySpec) -> int:
 
 def shared_latent(shared, specs, storage, poison: bool, cpu: bool):
     """CUPYGLM_KV_HOST_SHARED=1: every layer's host rows in one /dev/shm segment that the ranks of this host
-    map (`shared(nbytes)` is World.shared_segment: the last rank to map it unlinks the file). Every rank writes
-    the same (bit-identical) rows. No rank reads a page another rank has already reused: a page released in a
-    step is leased again at the earliest for the next step, and the next step's first KV write comes after its
-    first all-reduce, which no rank passes before every rank has finished the step before."""
+    map (`shared(nbytes)` is World.shared_segment: its name is gone once it is made, dist/shm.py). Every rank
+    writes the same (bit-identical) rows; the module docstring says why no rank reads a page another reused."""
     sizes = [s.nbytes(storage) for s in specs]
     seg = shared(sum(sizes))
     out, at = {}, 0
@@ -88,6 +102,48 @@ def _registered(view: np.ndarray):
     dev = int(rt.pointerGetAttributes(ptr).devicePointer)
     mem = cupy.cuda.UnownedMemory(dev, view.nbytes, view)
     return cupy.ndarray(view.shape, view.dtype, memptr=cupy.cuda.MemoryPointer(mem, 0))
+
+
+def early_writes(host, writes: bool) -> None:
+    """Every rank, before a step's restores and drafts: when the step writes host rows before its first all-reduce
+    (`writes`, decided from the step message), the shared rows' fence (module docstring)."""
+    if host is not None and writes:
+        host.fence()
+
+
+def log_writes(host, log, rank: int, step: int) -> None:
+    """Check mode (CUPYGLM_TEST_KV_HOST_HASH=1), after a step: this rank's line for the rows it wrote in `step`."""
+    if host is not None and host.write_hash is not None and log is not None:
+        rows, sha, reused = host.write_hash.take(step)
+        log(f"rank {rank}: kv host step {step} wrote {rows} rows sha {sha}; {reused} pages another request "
+            f"wrote in step {step - 1}; pages free {host.pool.free_count}")
+
+
+class WriteHash:
+    """Test only (CUPYGLM_TEST_KV_HOST_HASH=1): a digest of the (layer, row ids, row bytes) this rank writes, and
+    how many pages a request wrote in the step right after another request last wrote them (released and leased
+    again within one step)."""
+
+    def __init__(self, xp):
+        self.xp, self.sha, self.rows = xp, hashlib.sha256(), 0
+        self._serial: dict[int, tuple[object, int]] = {}     # id(state) -> (state, serial); the ref keeps ids unique
+        self._owner: dict[int, tuple[int, int]] = {}         # page -> (writer serial, step it last wrote)
+        self._touched: dict[int, int] = {}                   # this step: page -> writer serial
+
+    def note(self, layer: int, rows, values, state) -> None:
+        host = (lambda a: a) if self.xp is np else self.xp.asnumpy
+        self.sha.update(np.int32(layer).tobytes() + host(rows).tobytes() + host(values).tobytes())
+        self.rows += int(rows.shape[0])
+        serial = self._serial.setdefault(id(state), (state, len(self._serial)))[1]
+        self._touched.update((int(p), serial) for p in state.pages)
+
+    def take(self, step: int) -> tuple[int, str, int]:
+        reused = sum(1 for p, w in self._touched.items()
+                     if p in self._owner and self._owner[p][0] != w and self._owner[p][1] == step - 1)
+        self._owner.update((p, (w, step)) for p, w in self._touched.items())
+        out = (self.rows, self.sha.hexdigest()[:16], reused)
+        self.sha, self.rows, self._touched = hashlib.sha256(), 0, {}
+        return out
 
 
 class HostRows:
@@ -119,11 +175,20 @@ class HostRows:
         self.stats = {l: xp.zeros((2,), dtype=np.int32) for l in cfg.kv_layers}                # [2] hits, misses
         self._generation = {l: -1 for l in cfg.kv_layers}        # the pool's generation the cache was filled at
         self.hits = self.misses = self.decode_rows = 0           # since startup (take_stats)
+        self.write_hash = WriteHash(xp) if env.get("CUPYGLM_TEST_KV_HOST_HASH") == "1" else None
         if cpu:
             self.flags = np.zeros((FLAG_WORDS,), dtype=np.int32)    # [F] i32 a word per call segment
             self._flags_host = self.flags
         else:
             self.flags, self._flags_host = _mapped((FLAG_WORDS,), np.int32, 0)
+
+    def fence(self) -> None:
+        """Shared rows: wait until every rank of the host has finished the step before (module docstring)."""
+        if self.segment is None:
+            return
+        if self.ops.xp is not np:
+            self.ops.xp.cuda.get_current_stream().synchronize()
+        self.segment.barrier()
 
     @staticmethod
     def _host(spec: ArraySpec, storage, poison: bool, cpu: bool):

@@ -39,7 +39,10 @@ class DSALayer:
         store = kv.latent[self.layer]
         toks, ns = [], []
         for seg in segs:
-            ops.write_rows(store, seg_device.latent_rows(seg, kv, xp), latent[seg.rows])
+            ids = seg_device.latent_rows(seg, kv, xp)
+            ops.write_rows(store, ids, latent[seg.rows])
+            if kv.host is not None and kv.host.write_hash is not None:           # a test's check mode
+                kv.host.write_hash.note(self.layer, ids, latent[seg.rows], seg.state)
             self.indexer.write_pools(kv, self.layer, seg, ik, ig)
             tokens, n = self.indexer.pick(kv, self.layer, seg, qi, hw)          # on the device: no read-back
             toks.append(tokens)
