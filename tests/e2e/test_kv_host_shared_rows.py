@@ -2,7 +2,10 @@
 check mode CUPYGLM_TEST_KV_HOST_HASH=1): in every step both ranks wrote bit-identical rows (the same digest of
 layer, row ids and bytes), and with `--parallel 2` a third request leases the pages of a finishing one in the
 step right after that one last wrote them (released and leased again within one step message) while the other
-request decodes on; every reply equals the device-resident server's, each request alone."""
+request decodes on; every reply equals the device-resident server's, each request alone. The shared server also
+keeps prompts and drafts (MTP, 2 drafts), so steps that write host rows before their first all-reduce (kept
+states restored into pages, drafts proposed) pass the shared rows' fence (kv/host_rows.py): a resumed prompt
+equals the fresh one."""
 from __future__ import annotations
 
 import concurrent.futures
@@ -25,7 +28,7 @@ LINE = re.compile(r"rank (\d): kv host step (\d+) wrote (\d+) rows sha ([0-9a-f]
 @pytest.fixture(scope="module")
 def servers(start_server):
     dev = start_server(BASE, wait=False)
-    shared = start_server(BASE, env=SHARED, wait=False)
+    shared = start_server(BASE + ["--prompt-cache-gib", "0.02", "--mtp-drafts", "2"], env=SHARED, wait=False)
     dev.wait_serving(timeout=300)
     shared.wait_serving(timeout=300)
     yield dev, shared
@@ -53,29 +56,48 @@ def steps(out: str) -> dict[int, dict[int, tuple[int, str, int]]]:
     return got
 
 
+def logged(s, least: int = 1) -> dict[int, dict[int, tuple[int, str, int]]]:
+    """The check lines once both ranks have logged the same steps (at least `least`)."""
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        got = steps(s.output)
+        if got[0].keys() == got[1].keys() and len(got[0]) >= least:
+            return got
+        time.sleep(0.1)
+    return steps(s.output)
+
+
 def test_pages_released_and_leased_in_one_step_reply_as_alone(servers):
     dev, shared = servers
     jobs = [(ids(300, 1), 4), (ids(200, 2), 48), (ids(250, 3), 16)]      # A ends first; C then takes its pages
     alone = [complete(dev, p, m) for p, m in jobs]
-    before = len(LINE.findall(shared.output))
+    before = len(steps(shared.output)[0])
     with concurrent.futures.ThreadPoolExecutor(3) as ex:
         futs = []
         for p, m in jobs:
             futs.append(ex.submit(complete, shared, p, m))
             time.sleep(0.3)                                                  # A, B admitted before C arrives
         together = [f.result() for f in futs]
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        got = steps(shared.output)
-        if got[0].keys() == got[1].keys() and len(got[0]) > before // 2:
-            break
-        time.sleep(0.1)
-    got = steps(shared.output)
+    got = logged(shared, before + 1)
     reused = {s: got[1][s][2] for s in got[1] if got[1][s][2]}
     print(f"{len(got[0])} steps logged by each rank; rows written {sum(v[0] for v in got[0].values())}; "
           f"steps where a page was leased right after another request wrote it: {reused}")
-    assert together == alone
     assert got[0].keys() == got[1].keys() and got[0], shared.output[-3000:]
     differ = [s for s in got[0] if got[0][s][:2] != got[1][s][:2]]
     assert differ == [], f"ranks wrote different rows in steps {differ}"
+    assert together == alone
     assert reused, "no page was released and leased again within one step"
+
+
+def test_resumed_prompt_through_the_fence_equals_fresh(servers):
+    dev, shared = servers
+    p = ids(200, 7)
+    first = complete(shared, p, 8)
+    q = p + first + ids(30, 8)
+    body = {"prompt": q, "max_tokens": 16, "temperature": 0, "ignore_eos": True, "return_token_ids": True}
+    r = httpx.post(f"{shared.base}/v1/completions", json=body, timeout=300).json()
+    cached = r["usage"]["prompt_tokens_details"]["cached_tokens"]
+    print(f"resumed with {cached} cached tokens")
+    assert cached > 0 and r["choices"][0]["token_ids"] == complete(dev, q, 16)
+    got = logged(shared)
+    assert got[0].keys() == got[1].keys() and [s for s in got[0] if got[0][s][:2] != got[1][s][:2]] == []
