@@ -342,8 +342,9 @@ def _test_pause(local_rank: int, name: str) -> None:
     """Test only (CUPYGLM_TEST_SHM_PAUSE seconds): each local rank says so and sleeps before mapping the file."""
     pause = float(env.get("CUPYGLM_TEST_SHM_PAUSE") or 0)
     if pause > 0:
-        print(f"shm: local rank {local_rank} (pid {os.getpid()}) pauses {pause:g} s before mapping {name}",
-              file=sys.stderr, flush=True)
+        sys.stderr.write(f"shm: local rank {local_rank} (pid {os.getpid()}) pauses {pause:g} s before mapping "
+                         f"{name}\n")         # one write: the ranks' lines share the launcher's output
+        sys.stderr.flush()
         time.sleep(pause)
 
 

@@ -19,7 +19,7 @@ pytestmark = pytest.mark.mpi
 
 BASE = ["--context", "1024", "--parallel", "2"]
 SHARED = {"CUPYGLM_KV_HOST": "1", "CUPYGLM_KV_HOST_GIB": "0.005", "CUPYGLM_KV_HOST_SHARED": "1"}
-PAUSE = re.compile(r"shm: local rank (\d) \(pid (\d+)\) pauses \S+ s before mapping cupyglm-([0-9a-f]+)-(\S+)")
+PAUSE = re.compile(r"shm: local rank (\d) \(pid (\d+)\) pauses \S+ s before mapping cupyglm-([0-9a-f]+)-(kv_host_n\d+)")
 SHARED_LINE = re.compile(r"rank (\d): kv host rows shared in \S+/cupyglm-([0-9a-f]+)-\S+ ")
 
 
@@ -30,9 +30,10 @@ def leftovers(token: str) -> list[str]:
 def alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
-    except ProcessLookupError:
+        with open(f"/proc/{pid}/stat") as fh:
+            return not fh.read().split(") ")[1].startswith("Z")
+    except (ProcessLookupError, FileNotFoundError):
         return False
-    return not open(f"/proc/{pid}/stat").read().split(") ")[1].startswith("Z")
 
 
 def ended(s, pids: list[int], timeout: float = 60.0) -> int:

@@ -251,3 +251,23 @@ def test_mpich_segments_stale_only_when_no_live_process_maps_them(shm_tmp):
         assert v.stale
     finally:
         live.unlink(missing_ok=True)
+
+
+def test_open_local_unlinks_at_once_and_sweeps_dead_creators(shm_tmp):
+    # A dead creator's segment goes when the host makes its next one; the new one has no name once made, and a
+    # second process maps it through the creator's held descriptor.
+    t = new_token()
+    stale = _stale(shm_tmp, t, "old")
+    seg = open_local(t, "new", 64, local_rank=0, local_size=1)
+    assert not stale.exists() and list(shm_tmp.iterdir()) == [] and seg.unlinked_here and seg.mapped() == 1
+    seg.close()
+    first = SharedSegment.create(t, "held", 16, local_size=2)
+    via = first.hold()
+    first.remove_name()
+    first.count_mapping()
+    second = SharedSegment.attach(t, "held", via=via)
+    second.count_mapping()
+    second.array(np.int64, (2,))[0] = 7
+    assert list(shm_tmp.iterdir()) == [] and first.mapped() == 2 and int(first.array(np.int64, (2,))[0]) == 7
+    second.close()
+    first.close()
