@@ -29,6 +29,7 @@ on a named file still unlinks it on the last mapping, for segments opened by nam
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import fcntl
 import mmap
@@ -348,17 +349,12 @@ def _test_pause(local_rank: int, name: str) -> None:
         time.sleep(pause)
 
 
-def sweep_stale() -> list[Path]:
+def sweep_stale() -> None:
     """Remove this host's segments whose creator is gone (a creator killed between creating and unlinking)."""
-    removed = []
     for v in stale_segments():
         if v.stale:
-            try:
+            with contextlib.suppress(OSError):
                 os.unlink(v.path)
-                removed.append(v.path)
-            except OSError:
-                pass
-    return removed
 
 
 # ---- cleanup ----------------------------------------------------------------------------------------------------

@@ -50,8 +50,8 @@ class World:
         """A /dev/shm segment mapped by every rank of this host (collective over the host's ranks). Its name
         carries the world rank of the host's first rank, so two hosts that share one /dev/shm never meet."""
         first = self.local_mpi.bcast(self.rank, root=0) if self.local_mpi is not None else self.rank
-        return open_local(self.token, f"{purpose}_n{first}", nbytes, local_rank=self.local_rank, local_size=self.local_size,
-                          local_comm=self.local_mpi, fingerprint_hash=self.fingerprint_hash)
+        return open_local(self.token, f"{purpose}_n{first}", nbytes, local_rank=self.local_rank,
+                          local_size=self.local_size, local_comm=self.local_mpi, fingerprint_hash=self.fingerprint_hash)
 
 
 def resolve_backend(name: str) -> str:
