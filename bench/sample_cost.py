@@ -20,7 +20,7 @@ import numpy as np
 from cupyglm.backend.numpy_ops import NumpyOps
 from cupyglm.engine import sampling
 from cupyglm.kernels import ops_sample
-from cupyglm.kernels.ops import Kernels, i32
+from cupyglm.kernels.ops import Kernels
 
 TILE = 2048                     # SAMPLE_TILE in cuda_src/sample.cu
 
@@ -55,19 +55,6 @@ def _rows(rng, r, v, sigma, t, k, tp, mp):
             rng.integers(0, 2**64, r, dtype=np.uint64), rng.integers(0, 100_000, r).astype(np.int32))
 
 
-def _stats(k: Kernels, args):
-    """The tile path's counters per row: [S, c, min-p, q visits, select passes, tails (1 S, 2 q), fell back]."""
-    x = args[0]
-    r, v = x.shape
-    vp = ops_sample.sort_width(v)
-    probs = np.zeros((r, v), np.float32)
-    tokens = np.zeros(r, np.int32)
-    k.variant("SAMPLE_STATS").launch(
-        ops_sample.SRC, "sample_rows", (r,), (ops_sample.THREADS,),
-        (*args, np.zeros((r, vp), np.uint64), probs, tokens, i32(v), i32(vp)))
-    return probs[:, :7].astype(np.int64)
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rows", type=int, default=8)
@@ -89,22 +76,23 @@ def main() -> None:
         want = ref.sample(*args)
         if not np.array_equal(got, want):
             raise SystemExit(f"MISMATCH sigma {sg} t {t} top_k {kk} top_p {tp}: {got} != {want}")
-        st = _stats(k, args)
-        seq = st[:, 0] + st[:, 1] + st[:, 2] + st[:, 3]
-        tails = (st[:, 5] & 1) + (st[:, 5] >> 1)
-        fell = st[:, 6].astype(bool)
+        st = ops_sample.sample_stats(k, *args)
+        seq = st["s_visits"] + st["c_visits"] + st["min_p_visits"] + st["q_visits"]
+        tails = (st["tails"] & 1) + (st["tails"] >> 1)
+        fell = st["fell_back"].astype(bool)
+        why = np.bitwise_or.reduce(st["why"])
         m = min(kk if 0 < kk < v else v, TILE)
         mp_t = 1 << max(0, (m - 1).bit_length())
         old = np.array([_bitonic(vp) + _full_seq(args[0][i], t, kk, tp, mp) for i in range(a.rows)])
-        new = (st[:, 4] + 1 + tails) * v + _bitonic(mp_t) + seq + np.where(fell, old, 0)
+        new = (st["select_passes"] + 1 + tails) * v + _bitonic(mp_t) + seq + np.where(fell, old, 0)
         tot_old += int(old.sum())
         tot_new += int(new.sum())
         fell_all += int(fell.sum())
         rows_all += a.rows
         print(f"SUMMARY sample_cost sigma {sg} t {t} top_k {kk} top_p {tp} min_p {mp}: "
               f"sequential visits mean {seq.mean():.0f} max {seq.max()} (full sort {np.mean(old - _bitonic(vp)):.0f}), "
-              f"select passes {st[:, 4].mean():.1f}, tail passes {tails.mean():.2f}, "
-              f"fallback {int(fell.sum())}/{a.rows}, ops/row {new.mean():,.0f} vs {old.mean():,.0f} "
+              f"select passes {st['select_passes'].mean():.1f}, tail passes {tails.mean():.2f}, "
+              f"fallback {int(fell.sum())}/{a.rows} (why {why}), ops/row {new.mean():,.0f} vs {old.mean():,.0f} "
               f"({old.mean() / new.mean():.1f}x), tokens = numpy", flush=True)
     print(f"SUMMARY sample_cost all: V {v}, {rows_all} rows, fallback {fell_all}/{rows_all}, "
           f"ops {tot_new:,} vs full sort {tot_old:,} ({tot_old / tot_new:.1f}x); tile sort {mp2} keys")

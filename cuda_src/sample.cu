@@ -24,7 +24,7 @@
 // Planted control (contract): -DSAMPLE_CTL_REVERSED_SUMS runs every cumulative sum right to left (smallest
 // probability first), the "wrong cumsum order" the contract must catch; it sends every row to the full sort.
 // -DSAMPLE_FULL_SORT sends every row there (the cost baseline); -DSAMPLE_STATS writes the tile path's
-// counters into probs[row, 0..6] instead of finishing (bench/sample_cost.py).
+// counters, S and q into probs[row, 0..9] instead of finishing (bench/sample_cost.py).
 #include "common.cuh"
 #include "exp_f32.cuh"
 
@@ -175,10 +175,12 @@ extern "C" __global__ void __launch_bounds__(1024) sample_rows(
 #endif
 #ifdef SAMPLE_STATS
   if (tid == 0) {                                     // counters into the probs scratch: visits, passes, path
-    for (int i = 0; i < 6; ++i) probs[(long long)row * V + i] = (float)smp_sh.stat[i];
-    probs[(long long)row * V + 6] = token == -2 ? 1.0f : 0.0f;
+    for (int i = 0; i < 7; ++i) probs[(long long)row * V + i] = (float)smp_sh.stat[i];
+    probs[(long long)row * V + 7] = token == -2 ? 1.0f : 0.0f;
+    probs[(long long)row * V + 8] = smp_sh.stat_sq[0];
+    probs[(long long)row * V + 9] = smp_sh.stat_sq[1];
   }
-  if (V >= 7) return;
+  if (V >= 10) return;
 #endif
   if (token != -2) {
     if (tid == 0) tokens[row] = token;

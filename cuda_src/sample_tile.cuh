@@ -44,7 +44,8 @@ struct SmpShared {
   unsigned emax, tail_bad;
   int count, digit, need, full, keep, token, fail, phase;
   float acc;
-  int stat[6];                           // SAMPLE_STATS: S, c, min-p, q visits, select passes, tails
+  int stat[7];                           // SAMPLE_STATS: S, c, min-p, q visits, select passes, tails, why undecided
+  float stat_sq[2];                      // SAMPLE_STATS: S and q[n' - 1] as this path found them
 };
 
 static __device__ __forceinline__ unsigned long long smp_warp_sum(unsigned long long v) {
@@ -208,7 +209,7 @@ static __device__ int smp_tile_draw(const float* __restrict__ x, int V, int n, f
     sh.acc = S;
     sh.phase = done;
     sh.stat[0] = i + (done ? 1 : 0);
-    sh.stat[5] = 0;
+    sh.stat[5] = sh.stat[6] = 0;
   }
   __syncthreads();
   int fail = 0;
@@ -217,7 +218,7 @@ static __device__ int smp_tile_draw(const float* __restrict__ x, int V, int n, f
   __syncthreads();
   if (!sdone) {
     S = smp_tail(x, V, t, s0, 0.0f, prefix, mask, S, sh, &fail);
-    if (tid == 0) sh.stat[5] = 1;
+    if (tid == 0) { sh.stat[5] = 1; sh.stat[6] = fail; }
   }
   for (int i = tid; i < M; i += nt) sh.e[i] = sh.e[i] / S;
   __syncthreads();
@@ -238,7 +239,7 @@ static __device__ int smp_tile_draw(const float* __restrict__ x, int V, int n, f
       }
       sh.stat[1] = cnt + hit;
       if (!hit && lim < n - 1) {                       // c over the rest: it stays c (< top_p) or we give up
-        if (!(c + b[M] / S == c)) f = 1;
+        if (!(c + b[M] / S == c)) { f = 1; sh.stat[6] |= 2; }
         cnt = n - 1;
       }
       keep = keep < 1 + cnt ? keep : 1 + cnt;
@@ -249,7 +250,7 @@ static __device__ int smp_tile_draw(const float* __restrict__ x, int V, int n, f
       int cnt = 0;
       for (int i = 0; i < lim; ++i) cnt += p[i] >= thr ? 1 : 0;
       sh.stat[2] = lim;
-      if (keep > M && b[M] / S >= thr) f = 1;         // a rest id might count
+      if (keep > M && b[M] / S >= thr) { f = 1; sh.stat[6] |= 4; }   // a rest id might count
       cnt = cnt > 1 ? cnt : 1;
       keep = keep < cnt ? keep : cnt;
     }
@@ -274,12 +275,15 @@ static __device__ int smp_tile_draw(const float* __restrict__ x, int V, int n, f
   const int qdone = sh.phase;
   __syncthreads();                                    // read before thread 0 writes the draw's fields
   if (!qdone) {
+    const int before = fail;
     q = smp_tail(x, V, t, s0, S, prefix, mask, q, sh, &fail);
-    if (tid == 0) sh.stat[5] += 2;
+    if (tid == 0) { sh.stat[5] += 2; sh.stat[6] |= fail && !before ? 8 : 0; }
   }
 
   // ---- the draw: the first kept i with q[i] > r -----------------------------------------------------------
   if (tid == 0) {
+    sh.stat_sq[0] = S;
+    sh.stat_sq[1] = q;
     const float r = u * q;
     const int lim = keep < M ? keep : M;
     float c = 0.0f;
@@ -291,7 +295,7 @@ static __device__ int smp_tile_draw(const float* __restrict__ x, int V, int n, f
     sh.stat[3] += idx < 0 ? lim : idx + 1;
     sh.stat[4] = passes;
     if (idx < 0) {
-      if (keep > M) fail = 1;                          // the draw lies past the tile
+      if (keep > M) { fail = 1; sh.stat[6] |= 16; }   // the draw lies past the tile
       idx = lim - 1;
     }
     sh.token = smp_id(sh.key[idx]);
