@@ -13,10 +13,10 @@
 //    the token is the first kept id with q[i] > r, else the last kept one (np.searchsorted(side="right")).
 //
 // Two paths for a sampled row, the same token: the candidate tile (sample_tile.cuh: a radix select of the
-// top min(n, SAMPLE_TILE) keys, sorted in shared memory, sums that stop once exact) decides almost every
-// row; a row it cannot decide exactly takes the full sort: a bitonic sort of all Vp keys in global scratch
-// (the passes whose stride fits a tile done in shared memory), then the three sums on one thread over
-// every kept id.
+// top min(n, SAMPLE_TILE) keys, sorted in shared memory, sums that stop once exact) decides every row with
+// top_k <= SAMPLE_TILE and the peaked ones; a row it cannot decide exactly (flat, no top_k) takes the full
+// sort: a bitonic sort of all Vp keys in global scratch (the passes whose stride fits a tile done in shared
+// memory), then the three sums on one thread over every kept id.
 //
 // One block per row (blockDim.x a multiple of 32, power of two, <= 1024).  Scratch (the launcher allocates it):
 // keys [R, Vp] u64 with Vp the power of two >= V, probs [R, V] f32 (the full sort's).

@@ -61,7 +61,7 @@ static __device__ __forceinline__ unsigned smp_warp_max(unsigned v) {
 }
 
 // Step 1: (prefix, mask) such that the tile = {ids: (SMP_SEL(key) & mask) <= prefix} holds exactly M ids.
-static __device__ int smp_select(const float* __restrict__ x, int V, float t, int M, SmpShared& sh,
+static __device__ __forceinline__ int smp_select(const float* __restrict__ x, int V, float t, int M, SmpShared& sh,
                                  unsigned long long* prefix_out, unsigned long long* mask_out) {
   const int tid = threadIdx.x, nt = blockDim.x;
   const int idbits = V > 1 ? 32 - __clz(V - 1) : 0;
@@ -103,7 +103,7 @@ static __device__ int smp_select(const float* __restrict__ x, int V, float t, in
 
 // Step 4: acc followed by the rest's terms (e, or e / S when S > 0) in the reference's order, or acc with
 // *bad set when that cannot be done exactly in any order.  Called by the whole block.
-static __device__ float smp_tail(const float* __restrict__ x, int V, float t, float s0, float S,
+static __device__ __forceinline__ float smp_tail(const float* __restrict__ x, int V, float t, float s0, float S,
                                  unsigned long long prefix, unsigned long long mask, float acc, SmpShared& sh,
                                  int* bad) {
   const int tid = threadIdx.x, nt = blockDim.x, lane = tid & 31;
@@ -142,7 +142,7 @@ static __device__ float smp_tail(const float* __restrict__ x, int V, float t, fl
 
 // The tile path for a sampled row: the token, or -2 when it cannot decide exactly.  n = the kept count
 // (n <= SAMPLE_TILE or n == V), s0 = the largest x / t (finite), u = the draw's uniform.
-static __device__ int smp_tile_draw(const float* __restrict__ x, int V, int n, float t, float s0, float tp,
+static __device__ __forceinline__ int smp_tile_draw(const float* __restrict__ x, int V, int n, float t, float s0, float tp,
                                     float mp, float u, SmpShared& sh) {
   const int tid = threadIdx.x, nt = blockDim.x, lane = tid & 31;
   const int M = n < SAMPLE_TILE ? n : SAMPLE_TILE;

@@ -51,7 +51,8 @@ def sample_stats(k: Kernels, logits, temperature, top_k, top_p, min_p, seed, pos
     """The tile path's counters per sampled row (the kernel compiled with -DSAMPLE_STATS, V >= 10): ids each
     sequential sum visited, radix-select passes, exact tails run (1 S, 2 q), why a row was left undecided
     (1 S tail, 2 top-p past the tile, 4 min-p, 8 q tail, 16 the draw past the tile), whether it fell back to
-    the full sort, and the S and q[n' - 1] it found -> {name: [R] array}. Greedy and NaN rows hold garbage."""
+    the full sort, and the S and q[n' - 1] it found -> {name: [R] array}. Rows the tile path does not run
+    (greedy, NaN, top_k between 2048 and V) hold -1 counters and NaN sums."""
     logits = _arg(k, "logits", logits, (None, None), np.float32)
     r, v = logits.shape
     if v < len(STATS):
@@ -65,4 +66,5 @@ def sample_stats(k: Kernels, logits, temperature, top_k, top_p, min_p, seed, pos
                                      (logits, *args, k.empty((r, vp), np.uint64), probs, k.empty((r,), np.int32),
                                       i32(v), i32(vp)))
     out = k.xp.asnumpy(probs[:, :len(STATS)]) if hasattr(k.xp, "asnumpy") else np.asarray(probs[:, :len(STATS)])
-    return {n: (out[:, i] if n in ("S", "q") else out[:, i].astype(np.int64)) for i, n in enumerate(STATS)}
+    return {n: (out[:, i] if n in ("S", "q") else np.where(np.isnan(out[:, i]), -1, out[:, i]).astype(np.int64))
+            for i, n in enumerate(STATS)}
