@@ -41,6 +41,7 @@ struct SmpShared {
   float b2[SAMPLE_TILE + 1];             // the suffix max's second buffer
   unsigned hist[SMP_BINS];
   unsigned long long tail_sum;
+  unsigned long long whist[SMP_BINS];    // the weighted select's bins
   unsigned emax, tail_bad;
   int count, digit, need, full, keep, token, fail, phase;
   float acc;
@@ -101,43 +102,100 @@ static __device__ __forceinline__ int smp_select(const float* __restrict__ x, in
   return passes;
 }
 
+// One rest term in units of acc's ulp (exact: a power-of-two scaling of e, or of e / S when S > 0).
+static __device__ __forceinline__ float smp_units(float v, float s0, float S, float inv) {
+  float y = exp_f32(v - s0);
+  if (S > 0.0f) y = y / S;
+  return y * inv;
+}
+
 // Step 4: acc followed by the rest's terms (e, or e / S when S > 0) in the reference's order, or acc with
-// *bad set when that cannot be done exactly in any order.  Called by the whole block.
+// *bad set when that cannot be done exactly.  The rest: ids outside the tile with a key above `cut` once a
+// binade change was found.  Where the integer sum leaves acc's binade, a weighted radix select (bins hold
+// the rounded terms' sums) finds the term that crosses; every term before it rounds at the old ulp, that one
+// is added as the reference adds it, and the rest after it starts over at the new ulp.  Called by the block.
 static __device__ __forceinline__ float smp_tail(const float* __restrict__ x, int V, float t, float s0, float S,
                                  unsigned long long prefix, unsigned long long mask, float acc, SmpShared& sh,
                                  int* bad) {
   const int tid = threadIdx.x, nt = blockDim.x, lane = tid & 31;
-  const unsigned ab = __float_as_uint(acc);
-  const int be = (int)((ab >> 23) & 255u);
-  if (tid == 0) { sh.tail_sum = 0ull; sh.tail_bad = 0u; }
-  __syncthreads();
-  if (!(acc > 0.0f) || be < 24 || be > 150) { *bad = 1; return acc; }   // scaling by 1/ulp must be exact
-  const float ulp = __uint_as_float((unsigned)(be - 23) << 23);
-  const float inv = __uint_as_float((unsigned)(277 - be) << 23);        // 1 / ulp
-  unsigned long long sum = 0ull;
-  unsigned flag = 0u;
-  for (int i = tid; i < V; i += nt) {
-    const float v = x[i] / t;
-    if ((SMP_SEL(smp_key(v, i)) & mask) <= prefix) continue;             // in the tile
-    float y = exp_f32(v - s0);
-    if (S > 0.0f) y = y / S;
-    const float m = y * inv;                                             // exact: a power-of-two scaling
-    if (m >= 0x1p24f) { flag = 1u; continue; }
-    if (m - floorf(m) == 0.5f) flag = 1u;                                // half-way: the rounding needs acc's parity
-    sum += (unsigned long long)rintf(m);
+  const int idbits = V > 1 ? 32 - __clz(V - 1) : 0;
+  unsigned long long cut = 0ull;
+  int after = 0;                                                         // only keys above cut are left
+  for (int round = 0; round < 4; ++round) {
+    const unsigned ab = __float_as_uint(acc);
+    const int be = (int)((ab >> 23) & 255u);
+    if (tid == 0) { sh.tail_sum = 0ull; sh.tail_bad = 0u; }
+    __syncthreads();
+    if (!(acc > 0.0f) || be < 24 || be > 150) { *bad = 1; return acc; }  // scaling by 1/ulp must be exact
+    const float ulp = __uint_as_float((unsigned)(be - 23) << 23);
+    const float inv = __uint_as_float((unsigned)(277 - be) << 23);       // 1 / ulp
+    unsigned long long sum = 0ull;
+    unsigned flag = 0u;
+    for (int i = tid; i < V; i += nt) {
+      const float v = x[i] / t;
+      const unsigned long long k = SMP_SEL(smp_key(v, i));
+      if ((k & mask) <= prefix || (after && k <= cut)) continue;         // in the tile, or already added
+      const float m = smp_units(v, s0, S, inv);
+      if (m >= 0x1p24f) { flag = 1u; continue; }
+      if (m - floorf(m) == 0.5f) flag = 1u;                              // half-way: the rounding needs the parity
+      sum += (unsigned long long)rintf(m);
+    }
+    sum = smp_warp_sum(sum);
+    flag = smp_warp_max(flag);
+    if (lane == 0) {
+      atomicAdd(&sh.tail_sum, sum);
+      atomicOr(&sh.tail_bad, flag);
+    }
+    __syncthreads();
+    const unsigned long long n0 = (unsigned long long)((ab & 0x7fffffu) | 0x800000u);   // acc / ulp
+    const unsigned long long total = n0 + sh.tail_sum;
+    const int tie = sh.tail_bad != 0u;
+    __syncthreads();
+    if (tie) { *bad = 1; return acc; }
+    if (total < (1ull << 24)) return (float)total * ulp;                // exact: total < 2^24, ulp a power of two
+    // the binade is left: the first key whose running sum reaches 2^24 units (every partial before it is
+    // at most 2^24 - 1 units, so it rounded at this ulp)
+    unsigned long long wprefix = 0ull, wmask = 0ull, before = 0ull, need = (1ull << 24) - n0;
+    for (int shift = 56; shift >= 0; shift -= 8) {
+      if (shift < 32 && shift >= idbits) continue;
+      for (int i = tid; i < SMP_BINS; i += nt) sh.whist[i] = 0ull;
+      __syncthreads();
+      for (int i = tid; i < V; i += nt) {
+        const float v = x[i] / t;
+        const unsigned long long k = SMP_SEL(smp_key(v, i));
+        if ((k & mask) <= prefix || (after && k <= cut) || (k & wmask) != wprefix) continue;
+        const unsigned long long m = (unsigned long long)rintf(smp_units(v, s0, S, inv));
+        if (m) atomicAdd(&sh.whist[(unsigned)(k >> shift) & 255u], m);
+      }
+      __syncthreads();
+      if (tid == 0) {
+        unsigned long long w = 0ull;
+        int d = 0;
+        for (; d < SMP_BINS - 1; ++d) {
+          if (w + sh.whist[d] >= need) break;
+          w += sh.whist[d];
+        }
+        sh.digit = d;
+        sh.tail_sum = w;
+      }
+      __syncthreads();
+      wprefix |= (unsigned long long)sh.digit << shift;
+      wmask |= 255ull << shift;
+      need -= sh.tail_sum;
+      before += sh.tail_sum;
+      __syncthreads();
+    }
+    const int id = (int)(SMP_SEL(wprefix) & ((1ull << idbits) - 1ull));  // SMP_SEL is its own inverse; the
+                                                                         // skipped id digits are the same in every key
+    const float vc = x[id] / t;
+    float yc = exp_f32(vc - s0);
+    if (S > 0.0f) yc = yc / S;
+    acc = (float)(n0 + before) * ulp + yc;                               // the crossing term, as the reference adds it
+    cut = wprefix;
+    after = 1;
   }
-  sum = smp_warp_sum(sum);
-  flag = smp_warp_max(flag);
-  if (lane == 0) {
-    atomicAdd(&sh.tail_sum, sum);
-    atomicOr(&sh.tail_bad, flag);
-  }
-  __syncthreads();
-  const unsigned long long total = (unsigned long long)((ab & 0x7fffffu) | 0x800000u) + sh.tail_sum;
-  const int give_up = sh.tail_bad != 0u || total >= (1ull << 24);       // a half-way term, or acc's binade left
-  __syncthreads();
-  if (give_up) { *bad = 1; return acc; }
-  return (float)total * ulp;                                             // exact: total < 2^24, ulp a power of two
+  *bad = 1;
+  return acc;
 }
 
 // The tile path for a sampled row: the token, or -2 when it cannot decide exactly.  n = the kept count

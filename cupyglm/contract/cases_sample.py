@@ -7,8 +7,8 @@ engine's min_tokens bans leave). Batches of decode (1, 4, 8 rows) and verify (16
 512 (the tiny model) and 1000 (odd: the sort pads to 1024).
 
 The candidate-tile path (cuda_src/sample_tile.cuh) decides most sampled rows; its cases: the full
-vocabulary and odd large ones (20,001, 154,880) with peaked rows the tile decides and flat rows that fall
-back to the full sort, top_k at the tile (2048, 2049) with a tie group across the cut, a peaked row whose
+vocabulary and odd large ones (20,001, 154,880) with peaked rows the tile decides (top_p 1: the q tail
+leaves its binade) and flat rows that fall back to the full sort, top_k at the tile (2048, 2049) with a tie group across the cut, a peaked row whose
 second id carries a third of the mass (a sum that stops one term early drops it), a NaN row among sampled ones.
 
 Controls: ties broken to the higher id (the kernel run on the reversed vocabulary, ids mapped back); the RNG
@@ -186,6 +186,8 @@ _SECOND = [(1.0, 0, 1.0, 0.0)] * 8 + [(1.0, 0, 0.9, 0.0)] * 4 + [(0.9, 20, 1.0, 
 _CUT = [(1.0, k, 1.0, 0.0) for k in (2048, 2049, 2047, 50, 3, 2, 5, 1)] * 2
 
 _custom("tile,peaked,v154880", _make_spread(154880, _PEAK, [4.0, 4.0, 2.0, 3.0]), "rng_row")
+_custom("tile,crossing,v154880", _make_spread(154880, [(0.7, 0, 1.0, 0.0), (1.0, 0, 1.0, 0.0)] * 2,
+                                             [4.0, 4.0, 5.0, 4.5]), "rng_row")
 _custom("fallback,flat,v20001", _make_spread(20001, _FLAT, [0.5, 1.0, 2.0, 0.3]), "no_fallback")
 _custom("fallback,nan,v154880", _make_spread(154880, _FLAT[:3], [1.0, 4.0, 2.0], nan_row=1), "no_fallback")
 _custom("top_k_cut,v5000", _make_cut(5000, _CUT), "select_ties_high")

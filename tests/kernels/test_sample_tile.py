@@ -3,7 +3,7 @@
 * the stop rule (a sum stops at index i once acc + B == acc, B >= every later term) gives the sequential
   float32 sum exactly, half-ulp ties included, where "stop once the next term is at most half an ulp" does not;
 * the order-free tail (terms rounded at acc's ulp, summed as integers) is exact when no term is half-way and
-  the binade holds, and refuses otherwise;
+  the binade holds, and refuses otherwise; in the kernel a binade change is followed exactly;
 * in the kernel: peaked rows are decided by the tile with S and q[n' - 1] bit-identical to the reference's
   np.cumsum, top_k rows never fall back, flat rows fall back to the full sort, and every token equals
   NumpyOps.sample; the planted early exit changes S.
@@ -135,6 +135,21 @@ def test_peaked_rows_are_decided_by_the_tile_bit_exact():
     for i, (t, k, tp, mp) in enumerate(specs):
         S, q = _ref_s_q(args[0][i], t, k, tp, mp)
         assert st["S"][i] == S and st["q"][i] == q, (i, st["S"][i], S, st["q"][i], q)
+    assert np.array_equal(ops_sample.sample(K, *args), REF.sample(*args))
+
+
+def test_a_tail_that_leaves_its_binade_is_followed_exactly():
+    """top_p = 1 on peaked rows: q's tile part ends below 1 and the whole sum at or above it, so the tail
+    finds the crossing term by a weighted select and starts over at the new ulp."""
+    rng = np.random.default_rng(5)
+    specs = [(0.7, 0, 1.0, 0.0), (1.0, 0, 1.0, 0.0), (0.7, 0, 1.0, 0.0)]
+    args = _rows(rng, 154880, 4.0, specs)
+    st = ops_sample.sample_stats(K, *args)
+    assert st["fell_back"].tolist() == [0, 0, 0] and ((st["tails"] & 2) > 0).all()
+    for i, (t, k, tp, mp) in enumerate(specs):
+        S, q = _ref_s_q(args[0][i], t, k, tp, mp)
+        assert st["S"][i] == S and st["q"][i] == q
+        assert st["q"][i] >= 1.0                          # the binade [0.5, 1) was left
     assert np.array_equal(ops_sample.sample(K, *args), REF.sample(*args))
 
 
