@@ -90,7 +90,7 @@ def main() -> None:
             raise SystemExit(f"MISMATCH sigma {sg} t {t} top_k {kk} top_p {tp}: {got} != {want}")
         st = ops_sample.sample_stats(k, *args)
         seq = st["s_visits"] + st["c_visits"] + st["min_p_visits"] + st["q_visits"]
-        tails = (st["tails"] & 1) + (st["tails"] >> 1)
+        tails = st["tail_passes"]
         fell = st["fell_back"].astype(bool)
         why = np.bitwise_or.reduce(st["why"])
         m = min(kk if 0 < kk < v else v, TILE)

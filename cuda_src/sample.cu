@@ -24,7 +24,7 @@
 // Planted control (contract): -DSAMPLE_CTL_REVERSED_SUMS runs every cumulative sum right to left (smallest
 // probability first), the "wrong cumsum order" the contract must catch; it sends every row to the full sort.
 // -DSAMPLE_FULL_SORT sends every row there (the cost baseline); -DSAMPLE_STATS writes the tile path's
-// counters, S and q into probs[row, 0..9] instead of finishing (bench/sample_cost.py).
+// counters, S and q into probs[row, 0..10] instead of finishing (bench/sample_cost.py).
 #include "common.cuh"
 #include "exp_f32.cuh"
 
@@ -179,8 +179,9 @@ extern "C" __global__ void __launch_bounds__(1024) sample_rows(
     probs[(long long)row * V + 7] = token == -2 ? 1.0f : 0.0f;
     probs[(long long)row * V + 8] = smp_sh.stat_sq[0];
     probs[(long long)row * V + 9] = smp_sh.stat_sq[1];
+    probs[(long long)row * V + 10] = (float)smp_sh.stat[7];
   }
-  if (V >= 10) return;
+  if (V >= 11) return;
 #endif
   if (token != -2) {
     if (tid == 0) tokens[row] = token;

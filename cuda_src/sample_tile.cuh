@@ -45,7 +45,8 @@ struct SmpShared {
   unsigned emax, tail_bad;
   int count, digit, need, full, keep, token, fail, phase;
   float acc;
-  int stat[7];                           // SAMPLE_STATS: S, c, min-p, q visits, select passes, tails, why undecided
+  int stat[8];                           // SAMPLE_STATS: S, c, min-p, q visits, select passes, tails, why undecided,
+                                         // the tails' passes over V
   float stat_sq[2];                      // SAMPLE_STATS: S and q[n' - 1] as this path found them
 };
 
@@ -124,7 +125,7 @@ static __device__ __forceinline__ float smp_tail(const float* __restrict__ x, in
   for (int round = 0; round < 4; ++round) {
     const unsigned ab = __float_as_uint(acc);
     const int be = (int)((ab >> 23) & 255u);
-    if (tid == 0) { sh.tail_sum = 0ull; sh.tail_bad = 0u; }
+    if (tid == 0) { sh.tail_sum = 0ull; sh.tail_bad = 0u; ++sh.stat[7]; }
     __syncthreads();
     if (!(acc > 0.0f) || be < 24 || be > 150) { *bad = 1; return acc; }  // scaling by 1/ulp must be exact
     const float ulp = __uint_as_float((unsigned)(be - 23) << 23);
@@ -159,6 +160,7 @@ static __device__ __forceinline__ float smp_tail(const float* __restrict__ x, in
     for (int shift = 56; shift >= 0; shift -= 8) {
       if (shift < 32 && shift >= idbits) continue;
       for (int i = tid; i < SMP_BINS; i += nt) sh.whist[i] = 0ull;
+      if (tid == 0) ++sh.stat[7];
       __syncthreads();
       for (int i = tid; i < V; i += nt) {
         const float v = x[i] / t;
@@ -267,7 +269,7 @@ static __device__ __forceinline__ int smp_tile_draw(const float* __restrict__ x,
     sh.acc = S;
     sh.phase = done;
     sh.stat[0] = i + (done ? 1 : 0);
-    sh.stat[5] = sh.stat[6] = 0;
+    sh.stat[5] = sh.stat[6] = sh.stat[7] = 0;
   }
   __syncthreads();
   int fail = 0;

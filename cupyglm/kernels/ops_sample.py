@@ -44,14 +44,14 @@ def sample(k: Kernels, logits, temperature, top_k, top_p, min_p, seed, position)
 
 
 STATS = ("s_visits", "c_visits", "min_p_visits", "q_visits", "select_passes", "tails", "why", "fell_back",
-         "S", "q")
+         "S", "q", "tail_passes")
 
 
 def sample_stats(k: Kernels, logits, temperature, top_k, top_p, min_p, seed, position) -> dict:
-    """The tile path's counters per sampled row (the kernel compiled with -DSAMPLE_STATS, V >= 10): ids each
+    """The tile path's counters per sampled row (the kernel compiled with -DSAMPLE_STATS, V >= 11): ids each
     sequential sum visited, radix-select passes, exact tails run (1 S, 2 q), why a row was left undecided
     (1 S tail, 2 top-p past the tile, 4 min-p, 8 q tail, 16 the draw past the tile), whether it fell back to
-    the full sort, and the S and q[n' - 1] it found -> {name: [R] array}. Rows the tile path does not run
+    the full sort, the S and q[n' - 1] it found, and the tails' passes over the row -> {name: [R] array}. Rows the tile path does not run
     (greedy, NaN, top_k between 2048 and V) hold -1 counters and NaN sums."""
     logits = _arg(k, "logits", logits, (None, None), np.float32)
     r, v = logits.shape
