@@ -12,7 +12,8 @@
 //  4. when the rest holds terms that still change S (or q), sums them in any order, exactly: with acc in the
 //     binade [2^a, 2^(a+1)) and staying there, fl(acc + y) = acc + ulp * round(y / ulp) whenever y / ulp is
 //     not an odd multiple of 1/2, so the sequential result is acc + ulp * (sum of the rounded terms), an
-//     integer sum; a half-way term or a binade change gives up.
+//     integer sum; where that sum leaves the binade, a weighted radix select finds the crossing term, which is
+//     added as the reference adds it, and the terms after it start over at the new ulp; a half-way term gives up.
 // Whatever this path cannot decide exactly (a top-p cut, a min-p count or the draw past the tile, a tail
 // that gives up, a top_k between SAMPLE_TILE and V) returns -2 and the kernel runs the full sort instead.
 //
