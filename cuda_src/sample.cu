@@ -4,21 +4,27 @@
 //
 //  * NaN anywhere in the row: token -1 (the engine reports it).
 //  * greedy (temperature < 1e-5f): argmax, ties to the lower id (block reduction with a total order).
-//  * sampled: x = logits / temperature (IEEE division); the ids sorted by (x desc, id asc) -- a bitonic sort of
-//    64-bit keys (ordered value bits, id) in global scratch, the passes whose stride fits a tile done in shared
-//    memory; exact, -0 and +0 tie as they do in NumPy; keep the first top_k; e = exp_f32(s - s[0]) (the
-//    same bits as lanes.exp_f32), p = e / S.  Every sum that the reference takes with np.cumsum in float32
-//    (S, the top-p prefix sums c, the draw's q) runs strictly left to right in one thread, in sorted order.
+//  * sampled: x = logits / temperature (IEEE division); the ids ordered by (x desc, id asc) as 64-bit keys
+//    (ordered value bits, id; -0 and +0 tie as they do in NumPy); keep the first top_k; e = exp_f32(s - s[0])
+//    (the same bits as lanes.exp_f32), p = e / S.  Every sum that the reference takes with np.cumsum in
+//    float32 (S, the top-p prefix sums c, the draw's q) gives the bits of a strictly left-to-right sum in
+//    sorted order.
 //  * the RNG: u64 splitmix64(splitmix64(seed) + position), u = float(bits >> 40) * 2**-24, r = u * q[n'-1];
 //    the token is the first kept id with q[i] > r, else the last kept one (np.searchsorted(side="right")).
 //
+// Two paths for a sampled row, the same token: the candidate tile (sample_tile.cuh: a radix select of the
+// top min(n, SAMPLE_TILE) keys, sorted in shared memory, sums that stop once exact) decides every row with
+// top_k <= SAMPLE_TILE and the peaked ones; a row it cannot decide exactly (flat, no top_k) takes the full
+// sort: a bitonic sort of all Vp keys in global scratch (the passes whose stride fits a tile done in shared
+// memory), then the three sums on one thread over every kept id.
+//
 // One block per row (blockDim.x a multiple of 32, power of two, <= 1024).  Scratch (the launcher allocates it):
-// keys [R, Vp] u64 with Vp the power of two >= V, probs [R, V] f32.  The sort costs O(Vp log^2 Vp) per row
-// and the three sums are sequential over the kept ids (a full sort per row: fine for now; a radix select of
-// the non-underflowing candidates is the upgrade).
+// keys [R, Vp] u64 with Vp the power of two >= V, probs [R, V] f32 (the full sort's).
 //
 // Planted control (contract): -DSAMPLE_CTL_REVERSED_SUMS runs every cumulative sum right to left (smallest
-// probability first), the "wrong cumsum order" the contract must catch.
+// probability first), the "wrong cumsum order" the contract must catch; it sends every row to the full sort.
+// -DSAMPLE_FULL_SORT sends every row there (the cost baseline); -DSAMPLE_STATS writes the tile path's
+// counters, S and q into probs[row, 0..10] instead of finishing (bench/sample_cost.py).
 #include "common.cuh"
 #include "exp_f32.cuh"
 
@@ -88,6 +94,11 @@ static __device__ void smp_tiles(unsigned long long* __restrict__ key, unsigned 
   }
 }
 
+#ifdef SAMPLE_CTL_REVERSED_SUMS
+#define SAMPLE_FULL_SORT                              // the planted order lives in the full-sort path
+#endif
+#include "sample_tile.cuh"
+
 extern "C" __global__ void __launch_bounds__(1024) sample_rows(
     const float* __restrict__ logits,                // [R, V] f32
     const float* __restrict__ temperature,           // [R] f32, < 1e-5 = greedy
@@ -100,7 +111,7 @@ extern "C" __global__ void __launch_bounds__(1024) sample_rows(
     float* __restrict__ probs,                       // [R, V] f32 scratch
     int* __restrict__ tokens,                        // [R] i32 out (-1: the row holds NaN)
     int V, int Vp) {
-  __shared__ unsigned long long smp_tile[SAMPLE_TILE];
+  __shared__ SmpShared smp_sh;
   __shared__ float smp_wv[32];
   __shared__ int smp_wi[32];
   __shared__ int smp_wn[32];
@@ -150,26 +161,51 @@ extern "C" __global__ void __launch_bounds__(1024) sample_rows(
     return;
   }
 
-  // ---- sort the ids by (x / t desc, id asc) -------------------------------------------------------------
+  const int kk = top_k[row];
+  const int n = (kk > 0 && kk < V) ? kk : V;
+  const float tp = top_p[row], mp = min_p[row];
+  const unsigned long long bits =
+      smp_splitmix64(smp_splitmix64(seed[row]) + (unsigned long long)(long long)position[row]);
+  const float u = (float)(unsigned)(bits >> 40) * 0x1p-24f;
+  const float s0 = smp_value(smp_key(x[smp_best_i] / t, smp_best_i));   // the largest x / t (division is monotone)
+  int token = -2;
+#ifndef SAMPLE_FULL_SORT
+  if ((n <= SAMPLE_TILE || n == V) && s0 - s0 == 0.0f)                 // a finite top: the tile path
+    token = smp_tile_draw(x, V, n, t, s0, tp, mp, u, smp_sh);
+#endif
+#ifdef SAMPLE_STATS
+  if (tid == 0) {                                     // counters into the probs scratch: visits, passes, path
+    for (int i = 0; i < 7; ++i) probs[(long long)row * V + i] = (float)smp_sh.stat[i];
+    probs[(long long)row * V + 7] = token == -2 ? 1.0f : 0.0f;
+    probs[(long long)row * V + 8] = smp_sh.stat_sq[0];
+    probs[(long long)row * V + 9] = smp_sh.stat_sq[1];
+    probs[(long long)row * V + 10] = (float)smp_sh.stat[7];
+  }
+  if (V >= 11) return;
+#endif
+  if (token != -2) {
+    if (tid == 0) tokens[row] = token;
+    return;
+  }
+
+  // ---- the full sort: the ids by (x / t desc, id asc) ---------------------------------------------------
   unsigned long long* key = keys + (long long)row * Vp;
   for (int i = tid; i < Vp; i += nt) key[i] = i < V ? smp_key(x[i] / t, i) : ~0ull;   // padding sorts last
   __syncthreads();
   const int T = Vp < SAMPLE_TILE ? Vp : SAMPLE_TILE;
-  if (T >= 2) smp_tiles(key, smp_tile, Vp, T, 2, T, 1);                  // stages k <= T inside tiles
+  if (T >= 2) smp_tiles(key, smp_sh.key, Vp, T, 2, T, 1);                  // stages k <= T inside tiles
   for (int k = 2 * T; k <= Vp; k <<= 1) {
     for (int j = k >> 1; j >= T; j >>= 1) {                                // strides beyond a tile: global
       for (int p = tid; p < (Vp >> 1); p += nt) smp_cmpx(key, p, j, k, 0);
       __syncthreads();
     }
-    smp_tiles(key, smp_tile, Vp, T, k, k, T >> 1);                         // the rest of stage k in tiles
+    smp_tiles(key, smp_sh.key, Vp, T, k, k, T >> 1);                         // the rest of stage k in tiles
   }
 
   // ---- softmax over the first n, filters, draw ------------------------------------------------------------
-  const int kk = top_k[row];
-  const int n = (kk > 0 && kk < V) ? kk : V;
   float* p = probs + (long long)row * V;
-  const float s0 = smp_value(key[0]);
-  for (int i = tid; i < n; i += nt) p[i] = exp_f32(smp_value(key[i]) - s0);
+  const float s0k = smp_value(key[0]);
+  for (int i = tid; i < n; i += nt) p[i] = exp_f32(smp_value(key[i]) - s0k);
   __syncthreads();
   if (tid == 0) {
     float S = 0.0f;
@@ -186,7 +222,6 @@ extern "C" __global__ void __launch_bounds__(1024) sample_rows(
   __syncthreads();
   if (tid == 0) {
     int keep = n;
-    const float tp = top_p[row];
     if (tp < 1.0f) {                 // 1 + #{i < n - 1: c[i] < top_p}; c never decreases, so stop at the first miss
       float c = 0.0f;
       int cnt = 0;
@@ -197,16 +232,12 @@ extern "C" __global__ void __launch_bounds__(1024) sample_rows(
       }
       keep = min(keep, 1 + cnt);
     }
-    const float mp = min_p[row];
     if (mp > 0.0f) {                 // #{i < keep: p[i] >= min_p * p[0]} (a count: exp_f32 need not be monotonic)
       const float thr = mp * p[0];
       int cnt = 0;
       for (int i = 0; i < keep; ++i) cnt += p[i] >= thr ? 1 : 0;
       keep = min(keep, max(1, cnt));
     }
-    const unsigned long long bits =
-        smp_splitmix64(smp_splitmix64(seed[row]) + (unsigned long long)(long long)position[row]);
-    const float u = (float)(unsigned)(bits >> 40) * 0x1p-24f;
     float q = 0.0f;
     int idx = keep;
 #ifdef SAMPLE_CTL_REVERSED_SUMS

@@ -6,9 +6,16 @@ hold tie groups across the top-k cut and at the top, -0.0 next to +0.0, and some
 engine's min_tokens bans leave). Batches of decode (1, 4, 8 rows) and verify (16 rows) sizes, vocabularies of
 512 (the tiny model) and 1000 (odd: the sort pads to 1024).
 
+The candidate-tile path (cuda_src/sample_tile.cuh) decides most sampled rows; its cases: the full
+vocabulary and odd large ones (20,001, 154,880) with peaked rows the tile decides (top_p 1: the q tail
+leaves its binade) and flat rows that fall back to the full sort, top_k at the tile (2048, 2049) with a tie group across the cut, a peaked row whose
+second id carries a third of the mass (a sum that stops one term early drops it), a NaN row among sampled ones.
+
 Controls: ties broken to the higher id (the kernel run on the reversed vocabulary, ids mapped back); the RNG
 keyed by the row's index in the batch instead of its position; every cumulative sum taken right to left (the
-kernel compiled with -DSAMPLE_CTL_REVERSED_SUMS).
+kernel compiled with -DSAMPLE_CTL_REVERSED_SUMS); the tile's select breaking ties to the higher id
+(-DSAMPLE_CTL_SELECT_TIES_HIGH); a sum stopping one term too soon (-DSAMPLE_CTL_EXIT_EARLY); the fallback
+disabled, an undecided row keeping the tile's partial answer (-DSAMPLE_CTL_NO_FALLBACK).
 """
 from __future__ import annotations
 
@@ -81,7 +88,71 @@ def _ctl_reversed_sums(k, d):
     return {"tokens": ops_sample.sample(k.variant("SAMPLE_CTL_REVERSED_SUMS"), *(d[n] for n in KEYS))}
 
 
-CONTROLS = {"ties_high": _ctl_ties_high, "rng_row": _ctl_rng_row, "reversed_sums": _ctl_reversed_sums}
+def _variant(define: str):
+    def ctl(k, d):
+        return {"tokens": ops_sample.sample(k.variant(define), *(d[n] for n in KEYS))}
+    ctl.__doc__ = f"The kernel compiled with -D{define}."
+    return ctl
+
+
+CONTROLS = {"ties_high": _ctl_ties_high, "rng_row": _ctl_rng_row, "reversed_sums": _ctl_reversed_sums,
+            "select_ties_high": _variant("SAMPLE_CTL_SELECT_TIES_HIGH"),
+            "exit_early": _variant("SAMPLE_CTL_EXIT_EARLY"), "no_fallback": _variant("SAMPLE_CTL_NO_FALLBACK")}
+
+
+def _params(rows: list[tuple], rng) -> dict:
+    r = len(rows)
+    return {"temperature": np.array([p[0] for p in rows], np.float32),
+            "top_k": np.array([p[1] for p in rows], np.int32),
+            "top_p": np.array([p[2] for p in rows], np.float32),
+            "min_p": np.array([p[3] for p in rows], np.float32),
+            "seed": rng.integers(0, 2**64, r, dtype=np.uint64),
+            "position": rng.integers(0, 200_000, r).astype(np.int32)}
+
+
+def _make_spread(v: int, rows: list[tuple], scales: list[float], nan_row: int = -1):
+    """Gaussian rows of the given spreads (peaked: the tile decides; flat: the full sort), -0/+0 and -inf
+    entries, a tie group at the top; row nan_row holds one NaN."""
+    def make(rng):
+        x = np.stack([(rng.standard_normal(v) * s).astype(np.float32) for s in scales])
+        for i in range(len(rows)):
+            ids = rng.permutation(v)
+            x[i, ids[:3]] = x[i].max()
+            x[i, ids[-6:-3]] = np.float32(0.0)
+            x[i, ids[-3:]] = np.float32(-0.0)
+            x[i, ids[-8:-6]] = -np.inf
+        if nan_row >= 0:
+            x[nan_row, rng.integers(v)] = np.nan
+        return {"logits": x, **_params(rows, rng)}
+    return make
+
+
+def _make_cut(v: int, rows: list[tuple]):
+    """A tie group across each row's top-k cut (the tile's select must take the lower ids); for k < 8 the
+    group starts at the top, so the ids at the cut carry most of the mass."""
+    def make(rng):
+        x = (rng.standard_normal((len(rows), v)) * 0.5).astype(np.float32)
+        for i, (_, k, _, _) in enumerate(rows):
+            order = np.lexsort((np.arange(v), -x[i]))
+            lo = k - 4 if k >= 8 else 0
+            x[i, order[lo:k + 4]] = x[i, order[lo]] + (np.float32(3.0) if lo == 0 else np.float32(0.0))
+        return {"logits": x, **_params(rows, rng)}
+    return make
+
+
+def _make_second(v: int, rows: list[tuple]):
+    """Peaked rows: the top id, a second one exp(-ln 2) below it (a third of the mass), the rest 40 below."""
+    def make(rng):
+        x = (rng.standard_normal((len(rows), v)) - 40.0).astype(np.float32)
+        for i in range(len(rows)):
+            a, b = rng.choice(v, 2, replace=False)
+            x[i, a], x[i, b] = np.float32(10.0), np.float32(10.0) - np.float32(0.6931471)
+        return {"logits": x, **_params(rows, rng)}
+    return make
+
+
+def _custom(label: str, make, control: str) -> None:
+    case(Case(f"sample[{label}]", ("sample_rows",), make, _run, _replay, CONTROLS[control]))
 
 
 def _sample(label: str, v: int, rows: list[tuple], control: str) -> None:
@@ -108,3 +179,16 @@ _sample("min_p,decode8,v512",        512,  _MINP,                    "rng_row")
 _sample("mixed,decode4,v512",        512,  _MIXED[:4],               "reversed_sums")
 _sample("mixed,verify16,v1000",      1000, _MIXED,                   "ties_high")
 _sample("mixed,verify16,v512",       512,  _MIXED[::-1],             "rng_row")
+
+_PEAK = [(0.7, 0, 0.9, 0.0), (1.0, 0, 0.95, 0.02), (0.8, 50, 1.0, 0.0), (1.0, 0, 1.0, 0.05)]
+_FLAT = [(1.0, 0, 1.0, 0.0), (1.3, 0, 0.99, 0.0), (1.0, 0, 1.0, 0.0), (2.0, 0, 1.0, 0.0)]
+_SECOND = [(1.0, 0, 1.0, 0.0)] * 8 + [(1.0, 0, 0.9, 0.0)] * 4 + [(0.9, 20, 1.0, 0.0)] * 4
+_CUT = [(1.0, k, 1.0, 0.0) for k in (2048, 2049, 2047, 50, 3, 2, 5, 1)] * 2
+
+_custom("tile,peaked,v154880", _make_spread(154880, _PEAK, [4.0, 4.0, 2.0, 3.0]), "rng_row")
+_custom("tile,crossing,v154880", _make_spread(154880, [(0.7, 0, 1.0, 0.0), (1.0, 0, 1.0, 0.0)] * 2,
+                                             [4.0, 4.0, 5.0, 4.5]), "rng_row")
+_custom("fallback,flat,v20001", _make_spread(20001, _FLAT, [0.5, 1.0, 2.0, 0.3]), "no_fallback")
+_custom("fallback,nan,v154880", _make_spread(154880, _FLAT[:3], [1.0, 4.0, 2.0], nan_row=1), "no_fallback")
+_custom("top_k_cut,v5000", _make_cut(5000, _CUT), "select_ties_high")
+_custom("second,decode16,v3001", _make_second(3001, _SECOND), "exit_early")

@@ -41,3 +41,30 @@ def sample(k: Kernels, logits, temperature, top_k, top_p, min_p, seed, position)
         k.launch(SRC, "sample_rows", (r,), (THREADS,),
                  (logits, temperature, top_k, top_p, min_p, seed, position, keys, probs, tokens, i32(v), i32(vp)))
     return tokens
+
+
+STATS = ("s_visits", "c_visits", "min_p_visits", "q_visits", "select_passes", "tails", "why", "fell_back",
+         "S", "q", "tail_passes")
+
+
+def sample_stats(k: Kernels, logits, temperature, top_k, top_p, min_p, seed, position) -> dict:
+    """The tile path's counters per sampled row (the kernel compiled with -DSAMPLE_STATS, V >= 11): ids each
+    sequential sum visited, radix-select passes, exact tails run (1 S, 2 q), why a row was left undecided
+    (1 S tail, 2 top-p past the tile, 4 min-p, 8 q tail, 16 the draw past the tile), whether it fell back to
+    the full sort, the S and q[n' - 1] it found, and the tails' passes over the row -> {name: [R] array}. Rows the tile path does not run
+    (greedy, NaN, top_k between 2048 and V) hold -1 counters and NaN sums."""
+    logits = _arg(k, "logits", logits, (None, None), np.float32)
+    r, v = logits.shape
+    if v < len(STATS):
+        raise ValueError(f"sample_stats: the counters need V >= {len(STATS)}, got V={v}")
+    args = [_arg(k, n, a, (r,), dt) for n, a, dt in (
+        ("temperature", temperature, np.float32), ("top_k", top_k, np.int32), ("top_p", top_p, np.float32),
+        ("min_p", min_p, np.float32), ("seed", seed, np.uint64), ("position", position, np.int32))]
+    vp = sort_width(v)
+    probs = k.empty((r, v), np.float32)
+    k.variant("SAMPLE_STATS").launch(SRC, "sample_rows", (r,), (THREADS,),
+                                     (logits, *args, k.empty((r, vp), np.uint64), probs, k.empty((r,), np.int32),
+                                      i32(v), i32(vp)))
+    out = k.xp.asnumpy(probs[:, :len(STATS)]) if hasattr(k.xp, "asnumpy") else np.asarray(probs[:, :len(STATS)])
+    return {n: (out[:, i] if n in ("S", "q") else np.where(np.isnan(out[:, i]), -1, out[:, i]).astype(np.int64))
+            for i, n in enumerate(STATS)}
