@@ -26,15 +26,21 @@ REF = NumpyOps()
 CONTROLS = {"fp8": ("CONTROL_SCALE_NEXT_BLOCK", "CONTROL_SCALE_TRANSPOSED", "CONTROL_CHUNK_ORDER"),
             "nvfp4": ("CONTROL_SCALE_NEXT_BLOCK", "CONTROL_SCALE_TRANSPOSED", "CONTROL_NIBBLE_SWAP",
                       "CONTROL_CHUNK_ORDER")}
-_USED: dict[tuple[str, bool], int] = {}
+_USED: dict[str, list[str]] = {}
 
 
-def _define(fmt: str, f32_out: bool) -> str:
-    """The next of the format's planted variants in turn (the chunk order only where the output is fp32: a
-    reordered fp32 sum rarely survives the bf16 rounding)."""
-    pool = CONTROLS[fmt] if f32_out else CONTROLS[fmt][:-1]
-    i = _USED[(fmt, f32_out)] = _USED.get((fmt, f32_out), -1) + 1
-    return pool[i % len(pool)]
+def _pool(fmt: str, f32_out: bool) -> tuple[str, ...]:
+    """The format's planted variants (the chunk order only where the output is fp32: a reordered fp32 sum rarely
+    survives the bf16 rounding)."""
+    return CONTROLS[fmt] if f32_out else CONTROLS[fmt][:-1]
+
+
+def _define(kernel: str, fmt: str, f32_out: bool) -> str:
+    """The kernel's next planted variant in turn; _cover adds cases for any the table leaves out."""
+    used = _USED.setdefault(kernel, [])
+    pool = _pool(fmt, f32_out)
+    used.append(pool[len(used) % len(pool)])
+    return used[-1]
 
 
 def _tag(define: str) -> str:
@@ -72,7 +78,9 @@ def _kernels(kernel: str, d: int, m: int, prompt: str) -> tuple:
 
 
 def _dense(label: str, fmt: str, m: int, d: int, n: int, k: int, out: str, block=(128, 128)) -> None:
-    define = _define(fmt, out == "f32")
+    suffix = "" if out == "f32" else "_bf16"
+    kernel = f"gemv_{fmt}_lane16{suffix}"
+    define = _define(kernel, fmt, out == "f32")
 
     def make(rng):
         return {"x": _x(rng, m, k), "w": qweight(rng, fmt, n, k, block)}
@@ -83,8 +91,6 @@ def _dense(label: str, fmt: str, m: int, d: int, n: int, k: int, out: str, block
     def replay(dd):
         return {"y": REF.gemm(dd["x"], dd["w"], out=out, decode=d)}
 
-    suffix = "" if out == "f32" else "_bf16"
-    kernel = f"gemv_{fmt}_lane16{suffix}"
     case(Case(f"gemv_{fmt}{suffix.replace('_', '.')}[{label},{_tag(define)}]",
               _kernels(kernel, d, m, kernel.replace("gemv", "gemm")), make, run, replay,
               lambda kn, dd: run(kn.variant(define), dd)))
@@ -92,7 +98,9 @@ def _dense(label: str, fmt: str, m: int, d: int, n: int, k: int, out: str, block
 
 def _grouped(label: str, fmt: str, m: int, d: int, e: int, used: int, n: int, k: int, out: str, control: str,
              block=(128, 128)) -> None:
-    define = _define(fmt, out == "f32") if control == "variant" else None
+    suffix = "" if out == "f32" else "_bf16"
+    kernel = f"gemv_grouped_{fmt}_lane16{suffix}"
+    define = _define(kernel, fmt, out == "f32") if control == "variant" else None
 
     def make(rng):
         group = _group(rng, m, d, used)
@@ -113,8 +121,6 @@ def _grouped(label: str, fmt: str, m: int, d: int, e: int, used: int, n: int, k:
         def ctl(kn, dd):
             return run(kn.variant(define), dd)
 
-    suffix = "" if out == "f32" else "_bf16"
-    kernel = f"gemv_grouped_{fmt}_lane16{suffix}"
     case(Case(f"gemv_grouped_{fmt}{suffix.replace('_', '.')}[{label},{_tag(define) if define else 'route'}]",
               (kernel,), make, run, replay, ctl))
 
@@ -122,7 +128,9 @@ def _grouped(label: str, fmt: str, m: int, d: int, e: int, used: int, n: int, k:
 def _swiglu(label: str, fmt: str, m: int, d: int, e: int, used: int, n: int, k: int, limit, control: str,
             block=(128, 128)) -> None:
     """e = 0: the dense MLP kernel; e > 0: the grouped experts' kernel."""
-    define = _define(fmt, False) if control == "variant" else None
+    kind = "gemv_swiglu" if e == 0 else "gemv_grouped_swiglu"
+    kernel = f"{kind}_{fmt}_lane16"
+    define = _define(kernel, fmt, False) if control == "variant" else None
 
     def make(rng):
         x = _x(rng, m, k, 3.0)                                   # some pass the limit
@@ -157,8 +165,6 @@ def _swiglu(label: str, fmt: str, m: int, d: int, e: int, used: int, n: int, k: 
         def ctl(kn, dd):
             return run(kn, dd, group=_misroute(kn, dd["group"], d, used, e))
 
-    kind = "gemv_swiglu" if e == 0 else "gemv_grouped_swiglu"
-    kernel = f"{kind}_{fmt}_lane16"
     case(Case(f"{kind}_{fmt}[{label},{_tag(define) if define else control}]",
               _kernels(kernel, d, m, kernel.replace("gemv", "gemm")), make, run, replay, ctl))
 
@@ -211,3 +217,26 @@ for _f, _odd in (("fp8", 1100), ("nvfp4", 1104)):   # K with rows of packed byte
     _swiglu("verify",      _f,  64,  64,   8,   3, 144, 256,  None, "variant")      # runs longer than 16 rows
     _swiglu("mixed",       _f,  40,  16,   8,   6,  40, 256,  2.0, "route")
     _flags(_f, 40, 3, 17, 256, 20)                              # bad runs longer than 16 rows
+
+
+def _cover() -> None:
+    """Every kernel meets every planted variant of its format: one more case (a decode call across two stages
+    and two FP8 blocks each way) for each the table leaves out."""
+    for kernel, used in list(_USED.items()):
+        fmt = "fp8" if "_fp8_" in kernel else "nvfp4"
+        f32_out = not kernel.endswith("_bf16") and "swiglu" not in kernel
+        for define in _pool(fmt, f32_out):
+            if define in used:
+                continue
+            out = "f32" if f32_out else "bf16"
+            if kernel.startswith("gemv_grouped_swiglu"):
+                _swiglu("cover", fmt, 8, 8, 4, 3, 144, 768, 2.0, "variant")
+            elif kernel.startswith("gemv_swiglu"):
+                _swiglu("cover", fmt, 2, 2, 0, 0, 144, 768, 2.0, "variant")
+            elif kernel.startswith("gemv_grouped"):
+                _grouped("cover", fmt, 8, 8, 4, 3, 144, 768, out, "variant")
+            else:
+                _dense("cover", fmt, 2, 2, 144, 768, out)
+
+
+_cover()
