@@ -50,7 +50,7 @@ def _class(name: str) -> str:
 
 # cuda_src/gemv_tile.cuh's block: 16 columns x up to 16 rows, 256 threads, 1 KiB of each column's weights per
 # stage (4 x 16-byte weight loads in flight per thread, 16 KiB a block); the quantised forms (gemv_q_tile.cuh)
-# stage the same k values, so a block has FP8's 2 (8 KiB) or NVFP4's 1 (4 KiB) such loads in flight.  A block
+# stage 2x (FP8) or 4x (NVFP4) the k values with the same loads, so a block keeps 16 KiB in flight too.  A block
 # count fills the machine up to what its registers let an SM hold; the bytes in flight then set the expected
 # fraction: GEMV_FRACTION once they reach GEMV_NEEDED (3 bf16 dense blocks an SM: H200, 132 SMs, ~6.5 MB, i.e.
 # 4.8 TB/s x ~1.35 us of loaded latency), proportionally less below.  Split along N only (never K): the lane-16
@@ -61,8 +61,8 @@ GEMV_NEEDED = SMS * 3 * 16384
 # (registers a thread, weight bytes in flight a block) of each gemv kernel form: ptxas -v at sm_90 (NVRTC 12.9)
 GEMV_KERNELS = {
     ("dense", "bf16"): (80, 16384), ("grouped", "bf16"): (125, 16384), ("grouped swiglu", "bf16"): (98, 16384),
-    ("dense", "fp8"): (64, 8192), ("grouped", "fp8"): (120, 8192), ("grouped swiglu", "fp8"): (95, 8192),
-    ("dense", "nvfp4"): (75, 4096), ("grouped", "nvfp4"): (80, 4096), ("grouped swiglu", "nvfp4"): (111, 4096),
+    ("dense", "fp8"): (80, 16384), ("grouped", "fp8"): (107, 16384), ("grouped swiglu", "fp8"): (111, 16384),
+    ("dense", "nvfp4"): (80, 16384), ("grouped", "nvfp4"): (116, 16384), ("grouped swiglu", "nvfp4"): (128, 16384),
 }
 
 

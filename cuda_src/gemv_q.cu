@@ -197,7 +197,7 @@ extern "C" __global__ void __launch_bounds__(256) gemv_grouped_swiglu_fp8_lane16
                                         limit, flags, slot);
 }
 
-extern "C" __global__ void __launch_bounds__(256) gemv_nvfp4_lane16(
+extern "C" __global__ void __launch_bounds__(256, 3) gemv_nvfp4_lane16(
     const __nv_bfloat16* __restrict__ x,    // [M, K] bf16
     const unsigned char* __restrict__ wv,   // [N, K / 2] packed e2m1 (element 2i low nibble)
     const unsigned char* __restrict__ ws,   // [N, K / 16] e4m3 weight_scale
@@ -207,7 +207,7 @@ extern "C" __global__ void __launch_bounds__(256) gemv_nvfp4_lane16(
   gemv_q_body<GEMV_NVFP4>(x, gemv_qw_nvfp4(wv, ws, ws2), y, M, N, K, rows);
 }
 
-extern "C" __global__ void __launch_bounds__(256) gemv_nvfp4_lane16_bf16(
+extern "C" __global__ void __launch_bounds__(256, 3) gemv_nvfp4_lane16_bf16(
     const __nv_bfloat16* __restrict__ x,    // [M, K] bf16
     const unsigned char* __restrict__ wv,   // [N, K / 2] packed e2m1 (element 2i low nibble)
     const unsigned char* __restrict__ ws,   // [N, K / 16] e4m3 weight_scale

@@ -4,11 +4,16 @@
 //
 // Same bits as the dequantising gemm.cu kernels and the reference gemm(x, dequant(w)): each weight value is
 // dequant.cuh's sequence of IEEE operations (FP8 e4m3 * scale; NVFP4 (e2m1 * e4m3 scale) * tensor scale), and
-// the sums are gemv_tile.cuh's (term k to lane k % 16 in increasing k from +0.0, the lane-16 fold).  A stage is
-// the bf16 GEMV's TK k values: x staged as there, the packed bytes of the block's columns read with 16-byte loads
-// (16 fp8 or 32 fp4 values a load) into shared memory, NVFP4's e4m3 group scales staged beside them (each read
-// once per group); thread (lane, o) reads back its lane's codes in increasing k and decodes them.  FP8's fp32
-// scale is read once per (thread, k block) and kept in a register.  Blocks split N (and rows) only, never K.
+// the sums are gemv_tile.cuh's (term k to lane k % 16 in increasing k from +0.0, the lane-16 fold).
+//
+// A stage holds as many packed bytes of each column as the bf16 GEMV's stage (1 KiB, or 512 B a weight with
+// NW = 2): TK = 2 (FP8) or 4 (NVFP4) times the bf16 stage's k values, read with the bf16 GEMV's count of 16-byte
+// loads (16 fp8 or 32 fp4 values a load), so a block keeps as many weight bytes in flight; NVFP4's e4m3 group
+// scales are staged beside them (each read once per group); FP8's fp32 scale is read once per (thread, k block)
+// and held in a register.  The stage's weights are issued into registers before the previous stage is summed.
+// x (L2-resident) is staged in sub-stages of the bf16 stage's k values, read synchronously, so the registers
+// hold only the weights' loads.  Thread (lane, o) reads back its lane's codes in increasing k and decodes them.
+// Blocks split N (and rows) only, never K.
 #pragma once
 #include "gemv_tile.cuh"
 #include "dequant.cuh"
@@ -18,19 +23,21 @@
 
 template <int NW, int F>
 struct GemvQ {
-  static constexpr int TK = Gemv<NW>::TK;                      // k values per stage (x staged as the bf16 GEMV)
-  static constexpr int WB = F == GEMV_FP8 ? TK : TK / 2;       // packed bytes of a column per stage
+  static constexpr int XK = Gemv<NW>::TK;                      // k values of an x sub-stage (the bf16 stage)
+  static constexpr int SUBS = F == GEMV_FP8 ? 2 : 4;           // x sub-stages a stage
+  static constexpr int TK = SUBS * XK;                         // k values per stage
+  static constexpr int WB = F == GEMV_FP8 ? TK : TK / 2;       // packed bytes of a column per stage (1024 / NW)
   static constexpr int WCHUNKS = WB / 16;                      // 16-byte loads of a column per stage
   static constexpr int WLOADS = (GEMV_OUTS * WCHUNKS + 255) / 256;   // per thread per stage, per weight
   static constexpr int WPITCH = WB + 16;                       // shared pitch (bytes): a warp's two columns apart
   static constexpr int GS = F == GEMV_NVFP4 ? TK / 16 : 1;     // NVFP4 group scales of a column per stage
-  static constexpr int SLOADS = (GEMV_OUTS * GS + 255) / 256;  // scale bytes per thread per stage, per weight
+  static constexpr int SCHUNKS = GS >= 16 ? GS / 16 : 1;      // 16-byte loads of a column's scales per stage
 };
 
 template <int NW, int F>
 union GemvQShared {
   struct {
-    unsigned short x[GEMV_ROWS][Gemv<NW>::PITCH];             // [row, k of the stage] bf16 bit patterns
+    unsigned short x[GEMV_ROWS][Gemv<NW>::PITCH];             // [row, k of the sub-stage] bf16 bit patterns
     unsigned char w[NW][GEMV_OUTS][GemvQ<NW, F>::WPITCH];     // [weight, column, byte of the stage] packed codes
     unsigned char s[NW][GEMV_OUTS][GemvQ<NW, F>::GS];         // [weight, column, group of the stage] e4m3 (NVFP4)
   } tile;
@@ -55,6 +62,7 @@ struct GemvQSrc {
   long long e;
   int n0, ncols, nrows, N, K, klen;   // klen: K summed (0: nothing read)
   bool xvec, wvec;          // 16-byte loads of x (K % 8 == 0, aligned) and of the packed rows (row bytes % 16 == 0)
+  bool svec;                // NVFP4: 16-byte loads of the group scales (K % 256 == 0, aligned); else read in stash
 };
 
 template <int F>
@@ -74,13 +82,11 @@ static __device__ __forceinline__ uint4 gemv_q_load16(const unsigned char* p, in
 template <int NW, int F>
 struct GemvQStage {
   uint4 w[NW][GemvQ<NW, F>::WLOADS];
-  unsigned int s[NW][GemvQ<NW, F>::SLOADS];
-  uint4 x[Gemv<NW>::VECS];
+  uint4 s[NW];                          // NVFP4: threads t < GEMV_OUTS * SCHUNKS, one load of group scales
 };
 
 template <int NW, int F>
 static __device__ __forceinline__ void gemv_q_fetch(GemvQStage<NW, F>& s, const GemvQSrc<NW>& src, int k0) {
-  typedef Gemv<NW> G;
   typedef GemvQ<NW, F> Q;
   const int t = threadIdx.y * 16 + threadIdx.x;
   const int rb = gemv_q_row_bytes<F>(src.K);
@@ -95,29 +101,21 @@ static __device__ __forceinline__ void gemv_q_fetch(GemvQStage<NW, F>& s, const 
       s.w[i][q] = in ? gemv_q_load16(src.w[i].v + (long long)c * rb + b, rb - b, src.wvec)
                      : make_uint4(0u, 0u, 0u, 0u);
   }
-  if (F == GEMV_NVFP4) {
+  if (F == GEMV_NVFP4 && src.svec) {
+    const int c = t / Q::SCHUNKS, g = k0 / 16 + 16 * (t % Q::SCHUNKS), gk = src.K / 16;
+    const bool in = t < GEMV_OUTS * Q::SCHUNKS && c < src.ncols;
 #pragma unroll
-    for (int q = 0; q < Q::SLOADS; ++q) {
-      const int idx = t + 256 * q;
-      const int c = idx / Q::GS, g = k0 / 16 + idx % Q::GS;
-      const bool in = idx < GEMV_OUTS * Q::GS && c < src.ncols && g < src.K / 16;
-#pragma unroll
-      for (int i = 0; i < NW; ++i)
-        s.s[i][q] = in ? (unsigned int)src.w[i].ns[dq_nvfp4_scale_at(src.e, src.n0 + c, g, src.N, src.K)] : 0u;
-    }
-  }
-  const int kk = k0 + 8 * (t % G::CHUNKS);
-  const int valid = min(8, src.K - kk);
-#pragma unroll
-  for (int q = 0; q < G::VECS; ++q) {
-    const int r = t / G::CHUNKS + G::STEP * q;
-    s.x[q] = r < src.nrows ? gemv_load8(src.x + (long long)r * src.K + kk, valid, src.xvec) : make_uint4(0u, 0u, 0u, 0u);
+    for (int i = 0; i < NW; ++i)
+      s.s[i] = in ? gemv_q_load16(src.w[i].ns + (src.e * src.N + src.n0 + c) * (long long)gk + g, gk - g, true)
+                  : make_uint4(0u, 0u, 0u, 0u);
   }
 }
 
+// The stage at k0 into shared memory; NVFP4 scales that cannot take 16-byte loads (or the planted controls'
+// indexing) are read here, one byte each, through dequant.cuh's index.
 template <int NW, int F>
-static __device__ __forceinline__ void gemv_q_stash(const GemvQStage<NW, F>& s, GemvQShared<NW, F>& sh) {
-  typedef Gemv<NW> G;
+static __device__ __forceinline__ void gemv_q_stash(const GemvQStage<NW, F>& s, GemvQShared<NW, F>& sh,
+                                                    const GemvQSrc<NW>& src, int k0) {
   typedef GemvQ<NW, F> Q;
   const int t = threadIdx.y * 16 + threadIdx.x;
 #pragma unroll
@@ -129,31 +127,53 @@ static __device__ __forceinline__ void gemv_q_stash(const GemvQStage<NW, F>& s, 
         *reinterpret_cast<uint4*>(&sh.tile.w[i][idx / Q::WCHUNKS][16 * (idx % Q::WCHUNKS)]) = s.w[i][q];
     }
   }
-  if (F == GEMV_NVFP4) {
+  if (F != GEMV_NVFP4) return;
+  if (src.svec) {
+    if (t < GEMV_OUTS * Q::SCHUNKS) {
 #pragma unroll
-    for (int q = 0; q < Q::SLOADS; ++q) {
-      const int idx = t + 256 * q;
-      if (idx < GEMV_OUTS * Q::GS) {
-#pragma unroll
-        for (int i = 0; i < NW; ++i) sh.tile.s[i][idx / Q::GS][idx % Q::GS] = (unsigned char)s.s[i][q];
-      }
+      for (int i = 0; i < NW; ++i)
+        *reinterpret_cast<uint4*>(&sh.tile.s[i][t / Q::SCHUNKS][16 * (t % Q::SCHUNKS)]) = s.s[i];
     }
+    return;
   }
-  const int kk = 8 * (t % G::CHUNKS);
+  for (int idx = t; idx < GEMV_OUTS * Q::GS; idx += 256) {
+    const int c = idx / Q::GS, g = k0 / 16 + idx % Q::GS;
+    const bool in = c < src.ncols && g < src.K / 16;
 #pragma unroll
-  for (int q = 0; q < G::VECS; ++q)
-    *reinterpret_cast<uint4*>(&sh.tile.x[t / G::CHUNKS + G::STEP * q][kk]) = s.x[q];
+    for (int i = 0; i < NW; ++i)
+      sh.tile.s[i][c][idx % Q::GS] = in ? src.w[i].ns[dq_nvfp4_scale_at(src.e, src.n0 + c, g, src.N, src.K)] : 0;
+  }
 }
 
-// Lane `lane` of column o: terms k0 + lane, k0 + lane + 16, ... (< K) of the stage in increasing k, per row, each
-// weight decoded as dequant.cuh's readers decode it.  CONTROL_CHUNK_ORDER as in gemv_tile.cuh.
+// x rows [0, nrows) of the sub-stage at k0 into shared memory (16-byte loads as gemv_fetch's; L2-resident).
+template <int NW, int F>
+static __device__ __forceinline__ void gemv_q_x(GemvQShared<NW, F>& sh, const GemvQSrc<NW>& src, int k0) {
+  typedef Gemv<NW> G;
+  const int t = threadIdx.y * 16 + threadIdx.x;
+  const int kk = 8 * (t % G::CHUNKS);
+  const int valid = min(8, src.K - k0 - kk);
+  uint4 v[G::VECS];
+#pragma unroll
+  for (int q = 0; q < G::VECS; ++q) {
+    const int r = t / G::CHUNKS + G::STEP * q;
+    v[q] = r < src.nrows ? gemv_load8(src.x + (long long)r * src.K + k0 + kk, valid, src.xvec)
+                         : make_uint4(0u, 0u, 0u, 0u);
+  }
+#pragma unroll
+  for (int q = 0; q < G::VECS; ++q) *reinterpret_cast<uint4*>(&sh.tile.x[t / G::CHUNKS + G::STEP * q][kk]) = v[q];
+}
+
+// Lane `lane` of column o over the sub-stage at kx (sub-stage `sub` of the stage): terms kx + lane,
+// kx + lane + 16, ... (< K) in increasing k, per row, each weight decoded as dequant.cuh's readers decode it.
+// CONTROL_CHUNK_ORDER as in gemv_tile.cuh.
 template <int NW, int F>
 static __device__ __forceinline__ void gemv_q_sum(const GemvQShared<NW, F>& sh, float (*acc)[GEMV_ROWS],
-                                                  const GemvQSrc<NW>& src, int k0) {
+                                                  const GemvQSrc<NW>& src, int kx, int sub) {
   const int lane = threadIdx.x, o = threadIdx.y;
   if (o >= src.ncols) return;          // no weight there (its partials are never stored)
-  const int kend = min(GemvQ<NW, F>::TK, src.klen - k0);
+  const int kend = min(GemvQ<NW, F>::XK, src.klen - kx);
   const int n = src.n0 + o;
+  const int w0 = sub * GemvQ<NW, F>::XK;   // the sub-stage's first k within the stage's weight tile
   int kb_held = -1;
   float sc[NW];
 #pragma unroll
@@ -164,7 +184,7 @@ static __device__ __forceinline__ void gemv_q_sum(const GemvQShared<NW, F>& sh, 
 #else
     const int kk = j;
 #endif
-    const int k = k0 + kk;
+    const int k = kx + kk, wk = w0 + kk;
     float wv[NW];
     if (F == GEMV_FP8) {
       const int kb = k / src.w[0].bk;
@@ -178,14 +198,14 @@ static __device__ __forceinline__ void gemv_q_sum(const GemvQShared<NW, F>& sh, 
       }
 #pragma unroll
       for (int i = 0; i < NW; ++i) {
-        const float q = dq_e4m3(sh.tile.w[i][o][kk]);
+        const float q = dq_e4m3(sh.tile.w[i][o][wk]);
         wv[i] = q * sc[i];
       }
     } else {
 #pragma unroll
       for (int i = 0; i < NW; ++i) {
-        const unsigned int code = dq_nvfp4_code(sh.tile.w[i][o][kk >> 1], k);
-        const float q = dq_e2m1(code) * dq_e4m3(sh.tile.s[i][o][kk >> 4]);
+        const unsigned int code = dq_nvfp4_code(sh.tile.w[i][o][wk >> 1], k);
+        const float q = dq_e2m1(code) * dq_e4m3(sh.tile.s[i][o][wk >> 4]);
         wv[i] = q * src.s2[i];
       }
     }
@@ -215,10 +235,17 @@ static __device__ __forceinline__ void gemv_q_rows(GemvQShared<NW, F>& sh, const
   gemv_q_fetch(s, src, 0);
   for (int k0 = 0; k0 < src.klen; k0 += GemvQ<NW, F>::TK) {
     __syncthreads();                   // the previous stage (or fold) is done with shared memory
-    gemv_q_stash(s, sh);
-    __syncthreads();
+    gemv_q_stash(s, sh, src, k0);
     if (k0 + GemvQ<NW, F>::TK < src.klen) gemv_q_fetch(s, src, k0 + GemvQ<NW, F>::TK);   // in flight meanwhile
-    gemv_q_sum(sh, acc, src, k0);
+#pragma unroll 1
+    for (int sub = 0; sub < GemvQ<NW, F>::SUBS; ++sub) {
+      const int kx = k0 + sub * GemvQ<NW, F>::XK;
+      if (kx >= src.klen) break;       // uniform across the block
+      if (sub > 0) __syncthreads();    // the previous sub-stage is done with the x tile
+      gemv_q_x(sh, src, kx);
+      __syncthreads();                 // the stage's weights and the sub-stage's x are in shared memory
+      gemv_q_sum(sh, acc, src, kx, sub);
+    }
   }
   __syncthreads();                     // every thread has summed its last stage: the tiles may be overwritten
 #pragma unroll
@@ -234,12 +261,18 @@ static __device__ __forceinline__ void gemv_q_src(GemvQSrc<NW>& src, const GemvQ
                                                   int ncols, int N, int K, const __nv_bfloat16* x) {
   const long long rb = gemv_q_row_bytes<F>(K);
   bool wvec = rb % 16 == 0;
+#if defined(CONTROL_SCALE_NEXT_BLOCK) || defined(CONTROL_SCALE_TRANSPOSED)
+  bool svec = false;                   // the controls index each scale through dequant.cuh
+#else
+  bool svec = F == GEMV_NVFP4 && (K / 16) % 16 == 0;
+#endif
 #pragma unroll
   for (int i = 0; i < NW; ++i) {
     src.w[i] = w[i];
     src.w[i].v = w[i].v + (e * N + n0) * rb;
     src.s2[i] = F == GEMV_NVFP4 && ncols > 0 ? w[i].s2[e] : 0.0f;
     wvec = wvec && ((((unsigned long long)w[i].v) & 15ull) == 0);
+    svec = svec && ((((unsigned long long)w[i].ns) & 15ull) == 0);
   }
   src.e = e;
   src.n0 = n0;
@@ -249,4 +282,5 @@ static __device__ __forceinline__ void gemv_q_src(GemvQSrc<NW>& src, const GemvQ
   src.klen = ncols > 0 ? K : 0;
   src.xvec = gemv_aligned(x, x, K);
   src.wvec = wvec;
+  src.svec = svec;
 }

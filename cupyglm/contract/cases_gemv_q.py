@@ -200,6 +200,7 @@ for _f, _odd in (("fp8", 1100), ("nvfp4", 1104)):   # K with rows of packed byte
     _dense("verify",      _f,  16,  16,  40, _odd, "f32")       # 16 rows, three stages, scalar loads
     _dense("rows17",      _f,  17,  17,  33, 1536, "f32")       # two row groups, three full stages
     _dense("mixed",       _f,  20,   4, 144,  272, "f32")       # 4 decode rows + 16 prompt rows in one call
+    _dense("long-k",      _f,   3,   3,  24, 4352, "f32")       # stages of 1,024 (FP8) / 2,048 (NVFP4) k, a tail
     _dense("decode",      _f,   1,   1, 272,  512, "bf16")
     _dense("verify",      _f,  16,  16,  40, _odd, "bf16")
     _dense("mixed",       _f,  19,   3, 200,  272, "bf16")
@@ -208,12 +209,15 @@ for _f, _odd in (("fp8", 1100), ("nvfp4", 1104)):   # K with rows of packed byte
     _grouped("runs",        _f,  48,  48,   6,   2, 144,  256, "f32", "variant")   # runs longer than 16 rows
     _grouped("mixed",       _f,  30,  10,   6,   4,  33,  256, "f32", "route")     # decode pairs, then prompt
     _grouped("decode",      _f,   8,   8,   8,   5,  64,  512, "bf16", "variant")
+    _grouped("long-k",      _f,  20,  20,   4,   2,  24, 4352, "bf16", "route")     # several stages, runs > 16
     _grouped("tiny",        _f,   8,   8,   8,   4,  32,   64, "bf16", "route", (32, 32))   # tiny's blocks
     #         label        fmt   M    d    E  used   N    K   limit  control
     _swiglu("decode",      _f,   1,   1,   0,   0,  64, 512,  2.0, "variant")       # one token, the clamp bites
     _swiglu("verify",      _f,  16,  16,   0,   0,  48, 608,  None, "variant")      # three stages of 256
     _swiglu("mixed",       _f,  12,   3,   0,   0, 160, 256,  2.0, "swap")          # 3 decode + 9 prompt rows
+    _swiglu("long-k",      _f,   2,   2,   0,   0,  24, 2304,  2.0, "swap")         # stages of 512 / 1,024 k
     _swiglu("decode-8",    _f,   8,   8,   8,   5,  64, 512,  2.0, "variant")       # one token's 8 pairs
+    _swiglu("long-k",      _f,  20,  20,   4,   2,  24, 2304, None, "route")
     _swiglu("verify",      _f,  64,  64,   8,   3, 144, 256,  None, "variant")      # runs longer than 16 rows
     _swiglu("mixed",       _f,  40,  16,   8,   6,  40, 256,  2.0, "route")
     _flags(_f, 40, 3, 17, 256, 20)                              # bad runs longer than 16 rows
