@@ -132,7 +132,7 @@ extern "C" __global__ void __launch_bounds__(256) gemv_fp8_lane16(
     const __nv_bfloat16* __restrict__ x,    // [M, K] bf16
     const unsigned char* __restrict__ wv,   // [N, K] e4m3 codes
     const float* __restrict__ ws,           // [ceil(N / bn), ceil(K / bk)] fp32 weight_scale_inv
-    float* __restrict__ y,                     // [M, N] f32: rows [0, rows) written
+    float* __restrict__ y,                  // [M, N] f32: rows [0, rows) written
     int M, int N, int K, int bn, int bk, int rows) {   // rows <= M: the call's leading decode/verify rows
   gemv_q_body<GEMV_FP8>(x, gemv_qw_fp8(wv, ws, bn, bk), y, M, N, K, rows);
 }
@@ -141,7 +141,7 @@ extern "C" __global__ void __launch_bounds__(256) gemv_fp8_lane16_bf16(
     const __nv_bfloat16* __restrict__ x,    // [M, K] bf16
     const unsigned char* __restrict__ wv,   // [N, K] e4m3 codes
     const float* __restrict__ ws,           // [ceil(N / bn), ceil(K / bk)] fp32 weight_scale_inv
-    __nv_bfloat16* __restrict__ y,             // [M, N] bf16 (the fp32 sum rounded once): rows [0, rows) written
+    __nv_bfloat16* __restrict__ y,          // [M, N] bf16 (the fp32 sum rounded once): rows [0, rows) written
     int M, int N, int K, int bn, int bk, int rows) {   // rows <= M: the call's leading decode/verify rows
   gemv_q_body<GEMV_FP8>(x, gemv_qw_fp8(wv, ws, bn, bk), y, M, N, K, rows);
 }
@@ -151,7 +151,7 @@ extern "C" __global__ void __launch_bounds__(256) gemv_grouped_fp8_lane16(
     const unsigned char* __restrict__ wv,   // [E, N, K] e4m3 codes
     const float* __restrict__ ws,           // [E, ceil(N / bn), ceil(K / bk)] fp32 weight_scale_inv
     const int* __restrict__ group,          // [M] int32: expert id of each row (sorted: each slice read once)
-    float* __restrict__ y,                     // [M, N] f32
+    float* __restrict__ y,                  // [M, N] f32
     int M, int N, int K, int E, int bn, int bk,
     unsigned int* __restrict__ flags,       // [slots, 2] u32 guard flags
     int slot) {                             // the slot of "group holds expert ids outside [0, E)", or -1
@@ -163,7 +163,7 @@ extern "C" __global__ void __launch_bounds__(256) gemv_grouped_fp8_lane16_bf16(
     const unsigned char* __restrict__ wv,   // [E, N, K] e4m3 codes
     const float* __restrict__ ws,           // [E, ceil(N / bn), ceil(K / bk)] fp32 weight_scale_inv
     const int* __restrict__ group,          // [M] int32: expert id of each row (sorted: each slice read once)
-    __nv_bfloat16* __restrict__ y,             // [M, N] bf16 (the fp32 sum rounded once)
+    __nv_bfloat16* __restrict__ y,          // [M, N] bf16 (the fp32 sum rounded once)
     int M, int N, int K, int E, int bn, int bk,
     unsigned int* __restrict__ flags,       // [slots, 2] u32 guard flags
     int slot) {                             // the slot of "group holds expert ids outside [0, E)", or -1
@@ -172,37 +172,40 @@ extern "C" __global__ void __launch_bounds__(256) gemv_grouped_fp8_lane16_bf16(
 
 extern "C" __global__ void __launch_bounds__(256) gemv_swiglu_fp8_lane16(
     const __nv_bfloat16* __restrict__ x,    // [M, K] bf16
-    const unsigned char* __restrict__ wgv,   // gate [N, K] e4m3 codes
-    const float* __restrict__ wgs,           // gate [ceil(N / bn), ceil(K / bk)] fp32 weight_scale_inv
-    const unsigned char* __restrict__ wuv,   // up [N, K] e4m3 codes
-    const float* __restrict__ wus,           // up [ceil(N / bn), ceil(K / bk)] fp32 weight_scale_inv
+    const unsigned char* __restrict__ wgv,  // gate [N, K] e4m3 codes
+    const float* __restrict__ wgs,          // gate [ceil(N / bn), ceil(K / bk)] fp32 weight_scale_inv
+    const unsigned char* __restrict__ wuv,  // up [N, K] e4m3 codes
+    const float* __restrict__ wus,          // up [ceil(N / bn), ceil(K / bk)] fp32 weight_scale_inv
     __nv_bfloat16* __restrict__ y,          // [M, N] bf16: rows [0, rows) written
     int M, int N, int K, int bn, int bk, int rows, int has_limit, float limit) {
-  gemv_q_swiglu_body<GEMV_FP8>(x, gemv_qw_fp8(wgv, wgs, bn, bk), gemv_qw_fp8(wuv, wus, bn, bk), y, N, K, rows, has_limit, limit);
+  gemv_q_swiglu_body<GEMV_FP8>(x, gemv_qw_fp8(wgv, wgs, bn, bk), gemv_qw_fp8(wuv, wus, bn, bk), y, N, K, rows,
+                               has_limit, limit);
   (void)M;
 }
 
 extern "C" __global__ void __launch_bounds__(256) gemv_grouped_swiglu_fp8_lane16(
     const __nv_bfloat16* __restrict__ x,    // [M, K] bf16
-    const unsigned char* __restrict__ wgv,   // gate [E, N, K] e4m3 codes
-    const float* __restrict__ wgs,           // gate [E, ceil(N / bn), ceil(K / bk)] fp32 weight_scale_inv
-    const unsigned char* __restrict__ wuv,   // up [E, N, K] e4m3 codes
-    const float* __restrict__ wus,           // up [E, ceil(N / bn), ceil(K / bk)] fp32 weight_scale_inv
+    const unsigned char* __restrict__ wgv,  // gate [E, N, K] e4m3 codes
+    const float* __restrict__ wgs,          // gate [E, ceil(N / bn), ceil(K / bk)] fp32 weight_scale_inv
+    const unsigned char* __restrict__ wuv,  // up [E, N, K] e4m3 codes
+    const float* __restrict__ wus,          // up [E, ceil(N / bn), ceil(K / bk)] fp32 weight_scale_inv
     const int* __restrict__ group,          // [M] int32 expert id of each row (sorted: each slice read once)
     __nv_bfloat16* __restrict__ y,          // [M, N] bf16
     int M, int N, int K, int E, int bn, int bk, int has_limit, float limit,
     unsigned int* __restrict__ flags,       // [slots, 2] u32 guard flags
     int slot) {                             // the slot of "group holds expert ids outside [0, E)", or -1
-  gemv_q_grouped_swiglu_body<GEMV_FP8>(x, gemv_qw_fp8(wgv, wgs, bn, bk), gemv_qw_fp8(wuv, wus, bn, bk), group, y, M, N, K, E, has_limit,
-                                        limit, flags, slot);
+  gemv_q_grouped_swiglu_body<GEMV_FP8>(x, gemv_qw_fp8(wgv, wgs, bn, bk), gemv_qw_fp8(wuv, wus, bn, bk), group, y,
+                                       M, N, K, E, has_limit, limit, flags, slot);
 }
 
+// NVFP4 dense: 3 blocks an SM (<= 85 registers), as the bf16 and FP8 dense forms fit, so as many weight bytes stay
+// in flight an SM.
 extern "C" __global__ void __launch_bounds__(256, 3) gemv_nvfp4_lane16(
     const __nv_bfloat16* __restrict__ x,    // [M, K] bf16
     const unsigned char* __restrict__ wv,   // [N, K / 2] packed e2m1 (element 2i low nibble)
     const unsigned char* __restrict__ ws,   // [N, K / 16] e4m3 weight_scale
     const float* __restrict__ ws2,          // [1] fp32 weight_scale_2
-    float* __restrict__ y,                     // [M, N] f32: rows [0, rows) written
+    float* __restrict__ y,                  // [M, N] f32: rows [0, rows) written
     int M, int N, int K, int rows) {   // rows <= M: the call's leading decode/verify rows
   gemv_q_body<GEMV_NVFP4>(x, gemv_qw_nvfp4(wv, ws, ws2), y, M, N, K, rows);
 }
@@ -212,7 +215,7 @@ extern "C" __global__ void __launch_bounds__(256, 3) gemv_nvfp4_lane16_bf16(
     const unsigned char* __restrict__ wv,   // [N, K / 2] packed e2m1 (element 2i low nibble)
     const unsigned char* __restrict__ ws,   // [N, K / 16] e4m3 weight_scale
     const float* __restrict__ ws2,          // [1] fp32 weight_scale_2
-    __nv_bfloat16* __restrict__ y,             // [M, N] bf16 (the fp32 sum rounded once): rows [0, rows) written
+    __nv_bfloat16* __restrict__ y,          // [M, N] bf16 (the fp32 sum rounded once): rows [0, rows) written
     int M, int N, int K, int rows) {   // rows <= M: the call's leading decode/verify rows
   gemv_q_body<GEMV_NVFP4>(x, gemv_qw_nvfp4(wv, ws, ws2), y, M, N, K, rows);
 }
@@ -223,7 +226,7 @@ extern "C" __global__ void __launch_bounds__(256) gemv_grouped_nvfp4_lane16(
     const unsigned char* __restrict__ ws,   // [E, N, K / 16] e4m3 weight_scale
     const float* __restrict__ ws2,          // [E] fp32 weight_scale_2
     const int* __restrict__ group,          // [M] int32: expert id of each row (sorted: each slice read once)
-    float* __restrict__ y,                     // [M, N] f32
+    float* __restrict__ y,                  // [M, N] f32
     int M, int N, int K, int E,
     unsigned int* __restrict__ flags,       // [slots, 2] u32 guard flags
     int slot) {                             // the slot of "group holds expert ids outside [0, E)", or -1
@@ -236,7 +239,7 @@ extern "C" __global__ void __launch_bounds__(256) gemv_grouped_nvfp4_lane16_bf16
     const unsigned char* __restrict__ ws,   // [E, N, K / 16] e4m3 weight_scale
     const float* __restrict__ ws2,          // [E] fp32 weight_scale_2
     const int* __restrict__ group,          // [M] int32: expert id of each row (sorted: each slice read once)
-    __nv_bfloat16* __restrict__ y,             // [M, N] bf16 (the fp32 sum rounded once)
+    __nv_bfloat16* __restrict__ y,          // [M, N] bf16 (the fp32 sum rounded once)
     int M, int N, int K, int E,
     unsigned int* __restrict__ flags,       // [slots, 2] u32 guard flags
     int slot) {                             // the slot of "group holds expert ids outside [0, E)", or -1
@@ -245,31 +248,32 @@ extern "C" __global__ void __launch_bounds__(256) gemv_grouped_nvfp4_lane16_bf16
 
 extern "C" __global__ void __launch_bounds__(256) gemv_swiglu_nvfp4_lane16(
     const __nv_bfloat16* __restrict__ x,    // [M, K] bf16
-    const unsigned char* __restrict__ wgv,   // gate [N, K / 2] packed e2m1 (element 2i low nibble)
-    const unsigned char* __restrict__ wgs,   // gate [N, K / 16] e4m3 weight_scale
-    const float* __restrict__ wgs2,          // gate [1] fp32 weight_scale_2
-    const unsigned char* __restrict__ wuv,   // up [N, K / 2] packed e2m1 (element 2i low nibble)
-    const unsigned char* __restrict__ wus,   // up [N, K / 16] e4m3 weight_scale
-    const float* __restrict__ wus2,          // up [1] fp32 weight_scale_2
+    const unsigned char* __restrict__ wgv,  // gate [N, K / 2] packed e2m1 (element 2i low nibble)
+    const unsigned char* __restrict__ wgs,  // gate [N, K / 16] e4m3 weight_scale
+    const float* __restrict__ wgs2,         // gate [1] fp32 weight_scale_2
+    const unsigned char* __restrict__ wuv,  // up [N, K / 2] packed e2m1 (element 2i low nibble)
+    const unsigned char* __restrict__ wus,  // up [N, K / 16] e4m3 weight_scale
+    const float* __restrict__ wus2,         // up [1] fp32 weight_scale_2
     __nv_bfloat16* __restrict__ y,          // [M, N] bf16: rows [0, rows) written
     int M, int N, int K, int rows, int has_limit, float limit) {
-  gemv_q_swiglu_body<GEMV_NVFP4>(x, gemv_qw_nvfp4(wgv, wgs, wgs2), gemv_qw_nvfp4(wuv, wus, wus2), y, N, K, rows, has_limit, limit);
+  gemv_q_swiglu_body<GEMV_NVFP4>(x, gemv_qw_nvfp4(wgv, wgs, wgs2), gemv_qw_nvfp4(wuv, wus, wus2), y, N, K, rows,
+                                 has_limit, limit);
   (void)M;
 }
 
 extern "C" __global__ void __launch_bounds__(256) gemv_grouped_swiglu_nvfp4_lane16(
     const __nv_bfloat16* __restrict__ x,    // [M, K] bf16
-    const unsigned char* __restrict__ wgv,   // gate [E, N, K / 2] packed e2m1 (element 2i low nibble)
-    const unsigned char* __restrict__ wgs,   // gate [E, N, K / 16] e4m3 weight_scale
-    const float* __restrict__ wgs2,          // gate [E] fp32 weight_scale_2
-    const unsigned char* __restrict__ wuv,   // up [E, N, K / 2] packed e2m1 (element 2i low nibble)
-    const unsigned char* __restrict__ wus,   // up [E, N, K / 16] e4m3 weight_scale
-    const float* __restrict__ wus2,          // up [E] fp32 weight_scale_2
+    const unsigned char* __restrict__ wgv,  // gate [E, N, K / 2] packed e2m1 (element 2i low nibble)
+    const unsigned char* __restrict__ wgs,  // gate [E, N, K / 16] e4m3 weight_scale
+    const float* __restrict__ wgs2,         // gate [E] fp32 weight_scale_2
+    const unsigned char* __restrict__ wuv,  // up [E, N, K / 2] packed e2m1 (element 2i low nibble)
+    const unsigned char* __restrict__ wus,  // up [E, N, K / 16] e4m3 weight_scale
+    const float* __restrict__ wus2,         // up [E] fp32 weight_scale_2
     const int* __restrict__ group,          // [M] int32 expert id of each row (sorted: each slice read once)
     __nv_bfloat16* __restrict__ y,          // [M, N] bf16
     int M, int N, int K, int E, int has_limit, float limit,
     unsigned int* __restrict__ flags,       // [slots, 2] u32 guard flags
     int slot) {                             // the slot of "group holds expert ids outside [0, E)", or -1
-  gemv_q_grouped_swiglu_body<GEMV_NVFP4>(x, gemv_qw_nvfp4(wgv, wgs, wgs2), gemv_qw_nvfp4(wuv, wus, wus2), group, y, M, N, K, E, has_limit,
-                                        limit, flags, slot);
+  gemv_q_grouped_swiglu_body<GEMV_NVFP4>(x, gemv_qw_nvfp4(wgv, wgs, wgs2), gemv_qw_nvfp4(wuv, wus, wus2), group,
+                                         y, M, N, K, E, has_limit, limit, flags, slot);
 }
