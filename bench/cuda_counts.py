@@ -2,11 +2,12 @@
 host syncs, RawKernel launches, CuPy's own kernels (elementwise ops, copies, reductions), host-to-device copies,
 allocations, host time (the double's own cost included). No GPU needed; the baseline of decode-speed work.
 
-    python bench/cuda_counts.py [--tokens 4] [--layers45] [--where]
+    python bench/cuda_counts.py [--tokens 4] [--layers45] [--where] [--quant fp8|nvfp4]
 
 Rows: `model` is one GLMModel.forward of one sequence's decode token (the tiny checkpoint); `engine` one
 Engine.step with 4 requests decoding (mixed sampling), per token; `model-45` the forward of a random model of
-the real layer structure (45 layers: 34 KDA + 11 DSA, 3 dense MLPs) at tiny widths (--layers45).
+the real layer structure (45 layers: 34 KDA + 11 DSA, 3 dense MLPs) at tiny widths (--layers45). --quant: the
+tiny checkpoint written quantised (make-tiny --quant) instead, with the gemm_* / quantised gemv launches named.
 """
 from __future__ import annotations
 
@@ -96,6 +97,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tokens", type=int, default=4, help="decode tokens counted (default 4)")
     ap.add_argument("--layers45", action="store_true", help="also the 45-layer structure at tiny widths")
     ap.add_argument("--where", action="store_true", help="break each count down by where it came from")
+    ap.add_argument("--quant", choices=("fp8", "nvfp4"), help="the tiny checkpoint quantised in this format")
     a = ap.parse_args(argv)
     sys.path.insert(0, str(REPO / "tests"))
     sys.path.insert(0, str(REPO / "bench"))
@@ -107,6 +109,8 @@ def main(argv: list[str] | None = None) -> int:
     from cupyglm.checkpoint.tiny import default_tiny_dir
 
     ops = CudaOps()
+    if a.quant:
+        return _quant_rows(ops, a)
     tiny = Checkpoint.open(default_tiny_dir())
     _print("model", _model_row(tiny, ops, a.tokens, a.where), a.tokens, a.where)
     cnt, made = _engine_row(tiny, ops, a.tokens, a.where)
@@ -116,6 +120,25 @@ def main(argv: list[str] | None = None) -> int:
 
         ckpt = RandomCheckpoint(big_config("small", num_hidden_layers=45))
         _print("model-45", _model_row(ckpt, ops, a.tokens, a.where), a.tokens, a.where)
+    return 0
+
+
+def _quant_rows(ops, a) -> int:
+    """The quantised tiny's model row, and the GEMM kernels its decode tokens launch."""
+    import tempfile
+
+    from cupyglm.checkpoint.loader import Checkpoint
+    from cupyglm.checkpoint.tiny import write_tiny
+
+    with tempfile.TemporaryDirectory(prefix="cupyglm-counts-") as d:
+        ckpt = Checkpoint.open(write_tiny(d, quant=a.quant))
+        c = _model_row(ckpt, ops, a.tokens, True)
+    _print(f"model {a.quant}", c, a.tokens, a.where)
+    launches = c.where.get("launches", {})
+    for prefix in ("gemm", "gemv"):
+        named = {k: v for k, v in sorted(launches.items()) if k.startswith(prefix)}
+        print(f"    {prefix}_* launches per token: " + (", ".join(f"{k} {v / a.tokens:g}" for k, v in named.items())
+                                                      or "none"))
     return 0
 
 

@@ -30,6 +30,41 @@ static __device__ __forceinline__ float dq_e2m1(unsigned int c) {
   return __uint_as_float(__float_as_uint(mag) | sign);
 }
 
+// Where the scales and codes are found (the GEMM readers below and the decode GEMV, gemv_q_tile.cuh, both index
+// through these, so a planted control changes every kernel that reads the format the same way).
+// FP8: the fp32 scale of block (nb, kb) of expert e in the [E, sn, sk] grid.
+static __device__ __forceinline__ long long dq_fp8_scale_at(long long e, int nb, int kb, int sn, int sk) {
+#if defined(CONTROL_SCALE_NEXT_BLOCK)
+  kb = (kb + 1) % sk;
+#endif
+#if defined(CONTROL_SCALE_TRANSPOSED)
+  return e * (long long)sn * sk + (long long)(kb % sn) * sk + (nb % sk);
+#else
+  return (e * sn + nb) * (long long)sk + kb;
+#endif
+}
+
+// NVFP4: the e4m3 scale of group g (16 values) of row n of expert e in the [E, N, K / 16] grid.
+static __device__ __forceinline__ long long dq_nvfp4_scale_at(long long e, int n, int g, int N, int K) {
+#if defined(CONTROL_SCALE_NEXT_BLOCK)
+  g = (g + 1) % (K / 16);
+#endif
+#if defined(CONTROL_SCALE_TRANSPOSED)
+  return e * (long long)N * (K / 16) + (long long)g * N + n;   // read as if stored [K / 16, N]
+#else
+  return (e * N + n) * (long long)(K / 16) + g;
+#endif
+}
+
+// NVFP4: the e2m1 code of element k from its byte (element 2i in the low nibble).
+static __device__ __forceinline__ unsigned int dq_nvfp4_code(unsigned int byte, int k) {
+#if defined(CONTROL_NIBBLE_SWAP)
+  return (k & 1) ? (byte & 15u) : (byte >> 4);
+#else
+  return (k & 1) ? (byte >> 4) : (byte & 15u);
+#endif
+}
+
 // FP8 block-scaled weights of E experts (E = 1 for a plain projection).
 struct DqFp8 {
   const unsigned char* __restrict__ v;   // [E, N, K] e4m3 codes
@@ -39,17 +74,7 @@ struct DqFp8 {
       : v(v_), s(s_), N(N_), K(K_), bn(bn_), bk(bk_), sn((N_ + bn_ - 1) / bn_), sk((K_ + bk_ - 1) / bk_) {}
   __device__ __forceinline__ float at(long long e, int n, int k) const {
     const float q = dq_e4m3(v[(e * N + n) * (long long)K + k]);
-    const int nb = n / bn;
-    int kb = k / bk;
-#if defined(CONTROL_SCALE_NEXT_BLOCK)
-    kb = (kb + 1) % sk;
-#endif
-#if defined(CONTROL_SCALE_TRANSPOSED)
-    const long long si = e * (long long)sn * sk + (long long)(kb % sn) * sk + (nb % sk);
-#else
-    const long long si = (e * sn + nb) * (long long)sk + kb;
-#endif
-    return q * s[si];
+    return q * s[dq_fp8_scale_at(e, n / bn, k / bk, sn, sk)];
   }
 };
 
@@ -63,22 +88,8 @@ struct DqNvfp4 {
       : v(v_), s(s_), s2(s2_), N(N_), K(K_) {}
   __device__ __forceinline__ float at(long long e, int n, int k) const {
     const long long row = e * N + n;
-    const unsigned int byte = v[row * (K / 2) + k / 2];
-#if defined(CONTROL_NIBBLE_SWAP)
-    const unsigned int code = (k & 1) ? (byte & 15u) : (byte >> 4);
-#else
-    const unsigned int code = (k & 1) ? (byte >> 4) : (byte & 15u);
-#endif
-    int g = k / 16;
-#if defined(CONTROL_SCALE_NEXT_BLOCK)
-    g = (g + 1) % (K / 16);
-#endif
-#if defined(CONTROL_SCALE_TRANSPOSED)
-    const long long si = e * (long long)N * (K / 16) + (long long)g * N + n;   // read as if stored [K / 16, N]
-#else
-    const long long si = row * (K / 16) + g;
-#endif
-    const float q = dq_e2m1(code) * dq_e4m3(s[si]);
+    const unsigned int code = dq_nvfp4_code(v[row * (K / 2) + k / 2], k);
+    const float q = dq_e2m1(code) * dq_e4m3(s[dq_nvfp4_scale_at(e, n, k / 16, N, K)]);
     return q * s2[e];
   }
 };

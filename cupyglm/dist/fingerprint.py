@@ -5,7 +5,8 @@ difference or on any rank's invalid setting.
 Fingerprint (a JSON object; VERSION is bumped whenever a key is added, removed or changes meaning):
 
     version             VERSION
-    model               model_identity(--model): SHA-256 of the checkpoint's config.json bytes, or "builtin-tiny"
+    model               model_identity(--model): SHA-256 of the checkpoint's config.json bytes (and of
+                        hf_quant_config.json's, where the checkpoint has one), or "builtin-tiny"
     backend             the resolved backend (auto resolved on each rank, so a cuda rank never pairs with a numpy one)
     context, parallel, page_tokens, kv_cache, kv_pages, kv_gib, prompt_cache_gib,
     prompt_cache_disk (whether --prompt-cache-dir is set; the directory itself is not compared),
@@ -29,6 +30,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from cupyglm.checkpoint.quant import HF_QUANT_FILE
 from cupyglm.settings import SOURCES, Settings, SettingsError
 
 VERSION = 2
@@ -43,17 +45,28 @@ FIELDS: tuple[str, ...] = ("model", "backend", "context", "parallel", "page_toke
 
 
 def model_identity(model_dir: str | Path | None) -> str:
-    """SHA-256 (hex) of the checkpoint's config.json bytes; reads nothing else. None -> "builtin-tiny"."""
+    """SHA-256 (hex) of the checkpoint's config.json bytes, followed (where present) by its quantisation file's
+    name and bytes (ModelOpt's hf_quant_config.json: how the weights are quantised is part of the model); reads
+    nothing else. None -> "builtin-tiny"."""
     if model_dir is None:
         return BUILTIN_MODEL
-    path = Path(model_dir) / "config.json"
+    h = hashlib.sha256(_read(Path(model_dir), "config.json", required=True))
+    quant = _read(Path(model_dir), HF_QUANT_FILE, required=False)
+    if quant is not None:
+        h.update(f"\0{HF_QUANT_FILE}\0".encode())
+        h.update(quant)
+    return h.hexdigest()
+
+
+def _read(model_dir: Path, name: str, required: bool) -> bytes | None:
     try:
-        blob = path.read_bytes()
+        return (model_dir / name).read_bytes()
     except FileNotFoundError:
-        raise SettingsError(f"--model {model_dir}: no config.json there") from None
+        if not required:
+            return None
+        raise SettingsError(f"--model {model_dir}: no {name} there") from None
     except OSError as e:
-        raise SettingsError(f"--model {model_dir}: cannot read config.json ({e.strerror or e})") from None
-    return hashlib.sha256(blob).hexdigest()
+        raise SettingsError(f"--model {model_dir}: cannot read {name} ({e.strerror or e})") from None
 
 
 def fingerprint(settings: Settings, *, backend: str | None = None) -> dict[str, Any]:

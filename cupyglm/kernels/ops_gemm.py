@@ -64,9 +64,9 @@ def _by_role(k: Kernels, x, w, y, d: int, suffix: str) -> None:
 def gemm(k: Kernels, x, w, out: str = "f32", decode: int = 0):
     """[M, K] bf16 x [N, K] bf16 -> [M, N] fp32 (out="bf16": rounded once to bf16), lane-16 order over K; the
     leading `decode` rows are decode/verify rows (the gemv), the rest prompt rows (the gemm)."""
-    if isinstance(w, QWeight):                      # FP8 / NVFP4 weights, dequantised in registers (any role)
+    if isinstance(w, QWeight):                      # FP8 / NVFP4 weights, dequantised in registers (by role)
         from cupyglm.kernels import ops_gemm_q
-        return ops_gemm_q.gemm(k, x, w, out)
+        return ops_gemm_q.gemm(k, x, w, out, decode)
     dt, suffix = _out(k, "gemm", out)
     check("gemm", "x", x, (None, None), k.bf16)
     check("gemm", "w", w, (None, x.shape[1]), k.bf16)
@@ -108,7 +108,7 @@ def gemm_grouped(k: Kernels, x, w, group, out: str = "f32", decode: int = 0):
     [0, decode) are decode/verify rows (the grouped gemv: each expert's slice read once per run of its rows)."""
     if isinstance(w, QWeight):
         from cupyglm.kernels import ops_gemm_q
-        return ops_gemm_q.gemm_grouped(k, x, w, group, out)
+        return ops_gemm_q.gemm_grouped(k, x, w, group, out, decode)
     dt, suffix = _out(k, "gemm_grouped", out)
     check("gemm_grouped", "x", x, (None, None), k.bf16)
     check("gemm_grouped", "w", w, (None, None, x.shape[1]), k.bf16)

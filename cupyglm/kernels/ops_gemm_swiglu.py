@@ -21,8 +21,8 @@ def _limit(limit):
 @op("gemm_swiglu")
 def gemm_swiglu(k: Kernels, x, w_gate, w_up, limit, decode: int = 0):
     """x [M, K] bf16, w_gate / w_up [N, K] bf16 -> [M, N] bf16 swiglu activation; rows [0, decode) decode rows."""
-    if isinstance(w_gate, QWeight):                 # FP8 / NVFP4 weights, dequantised in registers (any role)
-        return ops_gemm_q.gemm_swiglu(k, x, w_gate, w_up, _limit(limit))
+    if isinstance(w_gate, QWeight):                 # FP8 / NVFP4 weights, dequantised in registers (by role)
+        return ops_gemm_q.gemm_swiglu(k, x, w_gate, w_up, _limit(limit), decode)
     check("gemm_swiglu", "x", x, (None, None), k.bf16)
     check("gemm_swiglu", "w_gate", w_gate, (None, x.shape[1]), k.bf16)
     check("gemm_swiglu", "w_up", w_up, tuple(w_gate.shape), k.bf16)
@@ -45,7 +45,7 @@ def gemm_grouped_swiglu(k: Kernels, x, w_gate, w_up, group, limit, decode: int =
     """x [M, K] bf16, w_gate / w_up [E, N, K] bf16, group [M] int32 -> [M, N] bf16; row m uses expert group[m];
     rows [0, decode) are decode/verify rows."""
     if isinstance(w_gate, QWeight):
-        return ops_gemm_q.gemm_grouped_swiglu(k, x, w_gate, w_up, group, _limit(limit))
+        return ops_gemm_q.gemm_grouped_swiglu(k, x, w_gate, w_up, group, _limit(limit), decode)
     check("gemm_grouped_swiglu", "x", x, (None, None), k.bf16)
     check("gemm_grouped_swiglu", "w_gate", w_gate, (None, None, x.shape[1]), k.bf16)
     check("gemm_grouped_swiglu", "w_up", w_up, tuple(w_gate.shape), k.bf16)

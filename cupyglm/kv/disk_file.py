@@ -27,6 +27,8 @@ from pathlib import Path
 
 import numpy as np
 
+from cupyglm.checkpoint.quant import HF_QUANT_FILE
+
 MAGIC = b"CGKVDISK"
 VERSION = 1
 SUFFIX = ".cgkv"
@@ -95,11 +97,14 @@ def file_name(fp: dict, key: str, rank: int) -> str:
 
 
 def checkpoint_identity(path: str | Path, builtin: bool = False) -> str:
-    """SHA-256 over config.json, each safetensors file's name, size and header (shapes, dtypes, offsets), and for
-    the built-in tiny checkpoint its directory name (generator version and seed); weights rewritten in place
-    under identical headers are not told apart (reading every weight byte at startup would be)."""
+    """SHA-256 over config.json, hf_quant_config.json where present, each safetensors file's name, size and header
+    (shapes, dtypes, offsets), and for the built-in tiny checkpoint its directory name (generator version and
+    seed); weights rewritten in place under identical headers are not told apart (reading every weight byte at
+    startup would be)."""
     root = Path(path)
     h = hashlib.sha256((root / "config.json").read_bytes())
+    if (root / HF_QUANT_FILE).is_file():
+        h.update(f"\0{HF_QUANT_FILE}\0".encode() + (root / HF_QUANT_FILE).read_bytes())
     for f in sorted(root.glob("*.safetensors")):
         with open(f, "rb") as fh:
             (n,) = struct.unpack("<Q", fh.read(8))

@@ -95,6 +95,18 @@ def test_checkpoint_identity(tiny_dir, tmp_path):
     assert df.checkpoint_identity(copy) != a
 
 
+def test_checkpoint_identity_hashes_the_quant_config(tiny_dir, tmp_path):
+    import shutil
+
+    copy = tmp_path / "copy"
+    shutil.copytree(tiny_dir, copy)
+    plain = df.checkpoint_identity(copy)
+    (copy / "hf_quant_config.json").write_text('{"quantization": {"quant_algo": "NVFP4", "group_size": 16}}')
+    quant = df.checkpoint_identity(copy)
+    (copy / "hf_quant_config.json").write_text('{"quantization": {"quant_algo": "NVFP4", "group_size": 32}}')
+    assert len({plain, quant, df.checkpoint_identity(copy)}) == 3
+
+
 def test_disk_settings_are_checked_and_the_directory_is_not_compared():
     from cupyglm.dist.fingerprint import fingerprint
     from cupyglm.settings import Settings, SettingsError

@@ -127,3 +127,13 @@ def test_fingerprint_hash_is_canonical():
     b = dict(reversed(list(a.items())))
     assert fp.fingerprint_hash(a) == fp.fingerprint_hash(b)
     assert fp.fingerprint_hash(a) != fp.fingerprint_hash(base(seed=1))
+
+
+def test_model_identity_hashes_the_quant_config(tmp_path):
+    (tmp_path / "config.json").write_bytes(b'{"a": 1}')
+    plain = fp.model_identity(tmp_path)
+    (tmp_path / "hf_quant_config.json").write_bytes(b'{"quantization": {"quant_algo": "NVFP4", "group_size": 16}}')
+    nvfp4 = fp.model_identity(tmp_path)
+    assert nvfp4 != plain and nvfp4 == fp.model_identity(tmp_path)
+    (tmp_path / "hf_quant_config.json").write_bytes(b'{"quantization": {"quant_algo": "NVFP4", "group_size": 32}}')
+    assert fp.model_identity(tmp_path) not in (plain, nvfp4)
