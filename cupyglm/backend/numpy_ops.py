@@ -127,6 +127,12 @@ class NumpyOps(NumpyGemm, LogitsOps, GatherOps):
         x = bf16(_seq_sum([pre[:, i:i + 1] * X[:, i, :] for i in range(s)]))
         return x, post, comb
 
+    def hc_pre_norm(self, X: np.ndarray, fn: np.ndarray, base: np.ndarray, scale: np.ndarray, norm_w: np.ndarray,
+                    norm_eps: float, hc_eps: float, iters: int):
+        """hc_pre, then the sublayer's rmsnorm(x, norm_w, norm_eps): (h [T, D] bf16, post, comb)."""
+        x, post, comb = self.hc_pre(X, fn, base, scale, norm_eps, hc_eps, iters)
+        return self.rmsnorm(x, norm_w, norm_eps), post, comb
+
     @staticmethod
     def _sinkhorn(logit: np.ndarray, eps: float, iters: int) -> np.ndarray:
         """Row softmax + eps, normalise columns once, then (rows, columns) iters - 1 times. [T, 4, 4]."""

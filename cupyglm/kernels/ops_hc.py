@@ -8,6 +8,7 @@ from cupyglm.kernels.ops import Kernels, check, f32, i32, op
 
 SRC = "hc.cu"
 F32 = np.float32
+MAX_SHARED = 48 * 1024     # dynamic shared memory without an opt-in
 
 
 def _arg(k: Kernels, kernel: str, name: str, a, shape=None, dtype=F32):
@@ -34,6 +35,33 @@ def hc_pre(k: Kernels, X, fn, base, scale, norm_eps, hc_eps, iters):
                  (X, fn, base, scale, x, post, comb, i32(t), i32(s), i32(d), f32(norm_eps), f32(hc_eps),
                   i32(iters)), shared_mem=(nm + 1 + s) * 4)
     return x, post, comb
+
+
+@op("hc_pre_norm")
+def hc_pre_norm(k: Kernels, X, fn, base, scale, norm_w, norm_eps, hc_eps, iters):
+    """hc_pre, then rmsnorm(x, norm_w, norm_eps) in the same launch: X [T, S, D] bf16 -> (h [T, D] bf16, post
+    [T, S] fp32, comb [T, S, S] fp32)."""
+    X = _arg(k, "hc_pre_norm", "X", X, (None, None, None), k.bf16)
+    t, s, d = X.shape
+    nm = s * (s + 2)
+    if s > 8:
+        raise ValueError(f"hc_pre_norm: at most 8 streams, got {s}")
+    shared = (nm + 1 + s + d) * 4
+    if shared > MAX_SHARED:
+        raise ValueError(f"hc_pre_norm: D={d} needs {shared} bytes of shared memory (at most {MAX_SHARED})")
+    fn = _arg(k, "hc_pre_norm", "fn", fn, (nm, s * d), k.bf16)
+    base = _arg(k, "hc_pre_norm", "base", base, (nm,), np.float32)
+    scale = _arg(k, "hc_pre_norm", "scale", scale, (3,), np.float32)
+    norm_w = _arg(k, "hc_pre_norm", "norm_w", norm_w, (d,), k.bf16)
+    x = k.empty((t, d), k.bf16)                  # the collapsed row (scratch: the caller keeps h)
+    h = k.empty((t, d), k.bf16)
+    post = k.empty((t, s))
+    comb = k.empty((t, s, s))
+    if t:
+        k.launch(SRC, "hc_pre_norm", (t,), (128,),
+                 (X, fn, base, scale, norm_w, x, h, post, comb, i32(t), i32(s), i32(d), f32(norm_eps),
+                  f32(hc_eps), i32(iters)), shared_mem=shared)
+    return h, post, comb
 
 
 @op("hc_post")

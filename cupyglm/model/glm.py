@@ -41,9 +41,11 @@ class HyperConnection:
         self.fn = w(f"hc_{sub}_fn")                                       # [24, 4D] bf16
         self.base, self.scale = w(f"hc_{sub}_base"), w(f"hc_{sub}_scale")  # [24], [3] fp32 (stored F32)
 
-    def pre(self, X):
+    def pre_norm(self, X, norm_w):
+        """(rmsnorm of the collapsed streams [T, D] bf16, post, comb): hc_pre and the sublayer's norm, one op."""
         c = self.cfg
-        return self.ops.hc_pre(X, self.fn, self.base, self.scale, c.rms_norm_eps, c.hc_eps, c.hc_sinkhorn_iters)
+        return self.ops.hc_pre_norm(X, self.fn, self.base, self.scale, norm_w, c.rms_norm_eps, c.hc_eps,
+                                    c.hc_sinkhorn_iters)
 
 
 class Block:
@@ -59,13 +61,12 @@ class Block:
         self.mlp = MoE(cfg, w.sub("mlp"), ops) if cfg.is_moe(layer) else MLP(w.sub("mlp"), ops, cfg.swiglu_limit)
 
     def __call__(self, X, segs, kv, comm):
-        ops, eps = self.ops, self.cfg.rms_norm_eps
-        x, post, comb = self.hc_attn.pre(X)
-        h = ops.rmsnorm(x, self.in_norm, eps)
+        ops = self.ops
+        h, post, comb = self.hc_attn.pre_norm(X, self.in_norm)
         partial = self.attn(h, segs) if self.is_kda else self.attn(h, segs, kv)
         X = ops.hc_post(X, comm.allreduce_sum(partial), post, comb)     # hc_post rounds the fp32 sum to bf16
-        x, post, comb = self.hc_ffn.pre(X)
-        partial = self.mlp(ops.rmsnorm(x, self.post_norm, eps), decode_rows(segs))
+        h, post, comb = self.hc_ffn.pre_norm(X, self.post_norm)
+        partial = self.mlp(h, decode_rows(segs))
         return ops.hc_post(X, comm.allreduce_sum(partial), post, comb)
 
 

@@ -40,11 +40,11 @@ class KDALayer:
     def __call__(self, x, segs: list[Segment]):
         """x: [T, D] bf16 (normed). Returns this rank's o_proj partial [T, D] fp32."""
         ops, h, k, d = self.ops, self.heads, self.dk, decode_rows(segs)
-        qkv = ops.gemm(x, self.w_qkv, out="bf16", decode=d)                             # [T, 3HK] bf16
-        a = ops.gemm(ops.gemm(x, self.f_a, out="bf16", decode=d), self.f_b, out="bf16", decode=d).reshape(-1, h, k)
-        gate_out = ops.gemm(ops.gemm(x, self.g_a, out="bf16", decode=d), self.g_b, out="bf16",
-                            decode=d).reshape(-1, h, k)
-        beta = ops.sigmoid(ops.gemm(x, self.b, decode=d), out="bf16")                   # [T, H] bf16
+        # every projection of x in one call, then both low-rank second factors: [T, 3HK], [T, r] x2, [T, H] bf16
+        qkv, fa, ga, beta = ops.gemm_multi((x, x, x, x), (self.w_qkv, self.f_a, self.g_a, self.b),
+                                           ("bf16", "bf16", "bf16", "sigmoid_bf16"), decode=d)
+        a, gate_out = ops.gemm_multi((fa, ga), (self.f_b, self.g_b), ("bf16", "bf16"), decode=d)
+        a, gate_out = a.reshape(-1, h, k), gate_out.reshape(-1, h, k)                  # [T, H, K] bf16
         decay = ops.kda_gate(a, self.a_log, self.dt_bias, self.cfg.kda_gate_lower_bound)  # [T, H, K] fp32
         whole = len(segs) == 1 and segs[0].n == x.shape[0]           # one sequence: its rows are all of y
         y = None if whole else ops.xp.empty((x.shape[0], h, k), dtype=ops.bf16_dtype)  # [T, H, V] bf16

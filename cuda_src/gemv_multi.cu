@@ -1,0 +1,84 @@
+// gemv_multi.cu -- several decode/verify GEMVs in one launch (DESIGN §3b): part p computes
+// y_p[m, n] = sum_k x_p[m, k] * w_p[n, k] for the leading `rows` rows, exactly as its own gemv_lane16(_bf16)
+// launch would (the same gemv_tile.cuh body per block: lane-16 order, fold, one rounding).  The parts of a
+// layer that read the same row (KDA q/k/v, f_a, g_a, b; DSA q_a, kv_a, the indexer's wk, gate, weights) or
+// follow each other (f_b, g_b) cost one launch instead of one each.
+//
+// Epilogue of part p (kind_p): 0 fp32 as summed; 1 bf16 rounded once; 2 bf16(sigmoid(fp32 sum)), the sum and
+// sigmoid_bf16 of moe.cu fused (exp_f32.cuh's sigmoid_f32, the same bits as the two launches).
+//
+// Launch: block (16, GEMV_OUTS); grid (sum_p ceil(n_p / GEMV_OUTS), ceil(rows / GEMV_ROWS)): column block b
+// belongs to the first part whose blocks cover it (parts in order).  Unused parts have n_p = 0 (no blocks).
+#include "common.cuh"
+#include "exp_f32.cuh"
+#include "gemv_tile.cuh"
+
+#define GEMV_MULTI_PARTS 6
+
+struct GemvPart {
+  const __nv_bfloat16* x;   // [M, k] bf16
+  const __nv_bfloat16* w;   // [n, k] bf16
+  void* y;                  // [M, n] fp32 (kind 0) or bf16 (kind 1, 2)
+  int n, k, kind;
+};
+
+static __device__ __forceinline__ void gemv_multi_body(const GemvPart& p, int b, int rows) {
+  __shared__ __align__(16) GemvShared<1> sh;
+  const int n0 = b * GEMV_OUTS, m0 = blockIdx.y * GEMV_ROWS;
+  GemvSrc<1> src;
+  src.w[0] = p.w + (long long)n0 * p.k;
+  src.x = p.x + (long long)m0 * p.k;
+  src.ncols = min(GEMV_OUTS, p.n - n0);
+  src.nrows = min(GEMV_ROWS, rows - m0);
+  src.K = p.k;
+  src.vec = gemv_aligned(p.x, p.w, p.k);
+  gemv_rows(sh, src);
+  const int lane = threadIdx.x, o = threadIdx.y, n = n0 + o;
+  if (n >= p.n || lane >= src.nrows) return;
+  const long long i = (long long)(m0 + lane) * p.n + n;
+  const float v = gemm_fold16(sh.part[0][o][lane]);
+  if (p.kind == 0)
+    static_cast<float*>(p.y)[i] = v;
+  else
+    static_cast<__nv_bfloat16*>(p.y)[i] = to_bf16(p.kind == 2 ? sigmoid_f32(v) : v);
+}
+
+extern "C" __global__ void __launch_bounds__(256) gemv_multi_lane16(
+    const __nv_bfloat16* __restrict__ x0,   // [M, k0] bf16
+    const __nv_bfloat16* __restrict__ w0,   // [n0, k0] bf16
+    void* __restrict__ y0,                  // [M, n0] fp32 (kind0 0) or bf16 (1, 2): rows [0, rows)
+    int n0, int k0, int kind0,
+    const __nv_bfloat16* __restrict__ x1,   // [M, k1] bf16
+    const __nv_bfloat16* __restrict__ w1,   // [n1, k1] bf16
+    void* __restrict__ y1,                  // [M, n1] fp32 (kind1 0) or bf16 (1, 2): rows [0, rows)
+    int n1, int k1, int kind1,
+    const __nv_bfloat16* __restrict__ x2,   // [M, k2] bf16
+    const __nv_bfloat16* __restrict__ w2,   // [n2, k2] bf16
+    void* __restrict__ y2,                  // [M, n2] fp32 (kind2 0) or bf16 (1, 2): rows [0, rows)
+    int n2, int k2, int kind2,
+    const __nv_bfloat16* __restrict__ x3,   // [M, k3] bf16
+    const __nv_bfloat16* __restrict__ w3,   // [n3, k3] bf16
+    void* __restrict__ y3,                  // [M, n3] fp32 (kind3 0) or bf16 (1, 2): rows [0, rows)
+    int n3, int k3, int kind3,
+    const __nv_bfloat16* __restrict__ x4,   // [M, k4] bf16
+    const __nv_bfloat16* __restrict__ w4,   // [n4, k4] bf16
+    void* __restrict__ y4,                  // [M, n4] fp32 (kind4 0) or bf16 (1, 2): rows [0, rows)
+    int n4, int k4, int kind4,
+    const __nv_bfloat16* __restrict__ x5,   // [M, k5] bf16
+    const __nv_bfloat16* __restrict__ w5,   // [n5, k5] bf16
+    void* __restrict__ y5,                  // [M, n5] fp32 (kind5 0) or bf16 (1, 2): rows [0, rows)
+    int n5, int k5, int kind5,
+    int M,          // rows of every x_p and y_p
+    int rows) {     // rows <= M: the call's leading decode/verify rows
+  const GemvPart parts[GEMV_MULTI_PARTS] = {{x0, w0, y0, n0, k0, kind0}, {x1, w1, y1, n1, k1, kind1},
+                                            {x2, w2, y2, n2, k2, kind2}, {x3, w3, y3, n3, k3, kind3},
+                                            {x4, w4, y4, n4, k4, kind4}, {x5, w5, y5, n5, k5, kind5}};
+  int b = blockIdx.x, p = 0;
+  for (; p < GEMV_MULTI_PARTS; ++p) {        // uniform over the block: every thread takes the same part
+    const int nb = (parts[p].n + GEMV_OUTS - 1) / GEMV_OUTS;
+    if (b < nb) break;
+    b -= nb;
+  }
+  if (p == GEMV_MULTI_PARTS) return;
+  gemv_multi_body(parts[p], b, rows);
+}

@@ -1,0 +1,82 @@
+"""Contract cases of cuda_src/gemv_multi.cu: ops gemm_multi, the decode rows of several projections in one launch
+(the KDA layer's q/k/v, f_a, g_a and b with its sigmoid; its f_b and g_b; the DSA layer's q_a, kv_a and the
+indexer's wk, gate and weights; q_b and wq_b), each part against its own reference gemm (and sigmoid).
+
+Controls: -DCONTROL_CHUNK_ORDER (a lane summing in 16-byte-chunk arrival order) where a part keeps fp32; the
+parts' inputs swapped where two parts read different rows; otherwise the last K term dropped (bf16 outputs).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from cupyglm.backend.lanes import bf16
+from cupyglm.backend.numpy_ops import NumpyOps
+from cupyglm.contract.registry import Case, case
+from cupyglm.kernels import ops_gemm_multi
+
+REF = NumpyOps()
+
+
+def _bf(rng, shape, std=1.0):
+    return bf16(rng.standard_normal(shape).astype(np.float32) * np.float32(std))
+
+
+def _multi_case(label: str, m: int, d: int, parts, shared: bool, control: str) -> Case:
+    """parts: (N_p, K_p, out_p); shared: every part reads one x (all K_p equal), else x_p of its own."""
+    def make(rng):
+        dd = {f"w{p}": _bf(rng, (n, k), k ** -0.5) for p, (n, k, _) in enumerate(parts)}
+        if shared:
+            dd["x"] = _bf(rng, (m, parts[0][1]))
+        else:
+            dd.update({f"x{p}": _bf(rng, (m, k)) for p, (_, k, _) in enumerate(parts)})
+        return dd
+
+    def xs_of(dd, xp=np):
+        return tuple(xp.asarray(dd["x"] if shared else dd[f"x{p}"]) for p in range(len(parts)))
+
+    def ws_of(dd):
+        return tuple(dd[f"w{p}"] for p in range(len(parts)))
+
+    outs = tuple(o for _, _, o in parts)
+
+    def pack(ys):
+        return {f"y{p}": y for p, y in enumerate(ys)}
+
+    def run(kn, dd):
+        return pack(ops_gemm_multi.gemm_multi(kn, xs_of(dd), ws_of(dd), outs, decode=d))
+
+    def replay(dd):
+        return pack(REF.gemm_multi(xs_of(dd), ws_of(dd), outs, decode=d))
+
+    if control == "order":
+        def ctl(kn, dd):
+            return pack(ops_gemm_multi.gemm_multi(kn.variant("CONTROL_CHUNK_ORDER"), xs_of(dd), ws_of(dd), outs,
+                                                  decode=d))
+    elif control == "swap":
+        def ctl(kn, dd):                        # part 0 reads part 1's rows and back (K_0 = K_1)
+            xs = xs_of(dd)
+            return pack(ops_gemm_multi.gemm_multi(kn, (xs[1], xs[0], *xs[2:]), ws_of(dd), outs, decode=d))
+    else:
+        def ctl(kn, dd):                        # the last K term dropped (tail off-by-one)
+            xs = []
+            for x in xs_of(dd):
+                x = x.copy()
+                x[..., -1] = 0
+                xs.append(kn.xp.asarray(x))
+            return pack(ops_gemm_multi.gemm_multi(kn, tuple(xs), ws_of(dd), outs, decode=d))
+
+    kernels = ("gemv_multi_lane16",) if d == m else ("gemv_multi_lane16", "gemm_lane16", "gemm_lane16_bf16")
+    return case(Case(f"gemv_multi[{label}]", kernels, make, run, replay, ctl))
+
+
+KDA_X = ((96, 256, "bf16"), (16, 256, "bf16"), (16, 256, "bf16"), (4, 256, "sigmoid_bf16"))   # qkv f_a g_a b
+DSA_X = ((48, 256, "bf16"), (40, 256, "bf16"), (32, 256, "bf16"), (32, 256, "bf16"), (32, 256, "f32"))
+#           label          M   d   parts                                             shared  control
+_multi_case("kda-x",        1,  1, KDA_X,                                            True,   "tail")
+_multi_case("kda-x-verify", 16, 16, KDA_X,                                           True,   "tail")
+_multi_case("lowrank",      3,  3, ((64, 16, "bf16"), (64, 16, "bf16")),             False,  "swap")   # f_b g_b
+_multi_case("dsa-x",        2,  2, DSA_X,                                            True,   "order")
+_multi_case("stages",       17, 17, ((33, 1100, "f32"), (20, 1536, "bf16"), (5, 100, "sigmoid_bf16")),
+            False, "order")                                                          # K % 8 = 4: scalar loads
+_multi_case("mixed",        20, 4, ((24, 256, "f32"), (8, 256, "sigmoid_bf16")),     True,   "order")
+_multi_case("six",          5,  5, tuple((n, 64, "f32") for n in (16, 1, 17, 32, 15, 2)), True, "order")
