@@ -1,7 +1,7 @@
 // kda.cu -- Kimi Delta Attention: short conv + SiLU (kda_conv), per-channel decay (kda_gate), L2 norm
 // (l2norm), the per-token delta rule with an fp32 state (kda_recurrence; the same recurrence for prefill and
-// decode, so a state computed by prefill equals one computed token by token), and the gated RMS norm of the
-// output (kda_out).  Reference: NumpyOps.kda_* / l2norm in cupyglm/backend/numpy_ops.py; sums over a head
+// decode, so a state computed by prefill equals one computed token by token; kda_step: the q/k norms and the
+// decay fused into it), and the gated RMS norm of the output (kda_out).  Reference: NumpyOps.kda_* / l2norm in cupyglm/backend/numpy_ops.py; sums over a head
 // dimension in lane-16 order, the 4 taps left to right.  Storage: bf16 for what the model keeps in bf16 (the
 // conv input, window and taps, gate inputs, v, beta, y, the norm's weight and output); fp32 for the recurrent
 // state S, the decay g and the normalised q, k.
@@ -69,9 +69,54 @@ extern "C" __global__ void l2norm(const __nv_bfloat16* __restrict__ x,  // [rows
   }
 }
 
+// One token of the delta rule for one value row, by its group of 16 threads (lane l holds S[h, v, k] for
+// k = l, l+16, ... in s): S *= g; kv = S k; S += ((v - kv) * beta) k; returns y = S q (folded, every lane).
+// qv, kv, gv: this lane's k values of q, k and g; vb = (v, beta) of the row (zeros for an inactive group).
+static __device__ __forceinline__ float kda_token(float* s, const float* qv, const float* kv, const float* gv,
+                                                  int lane, int K, bool active, float v, float beta) {
+  float acc = 0.0f;
+#pragma unroll
+  for (int j = 0; j < KDA_MAX_J; ++j) {
+    if (lane + 16 * j < K) {
+      s[j] = s[j] * gv[j];
+      acc += s[j] * kv[j];
+    }
+  }
+  const float kvs = lane16_fold(acc);
+  const float u = active ? (v - kvs) * beta : 0.0f;
+  acc = 0.0f;
+#pragma unroll
+  for (int j = 0; j < KDA_MAX_J; ++j) {
+    if (lane + 16 * j < K) {
+      s[j] = s[j] + u * kv[j];
+      acc += s[j] * qv[j];
+    }
+  }
+  return lane16_fold(acc);
+}
+
+static __device__ __forceinline__ void kda_load_state(float* s, const float* S_in, long long srow, int lane, int K,
+                                                      bool active) {
+#pragma unroll
+  for (int j = 0; j < KDA_MAX_J; ++j) {
+    const int kk = lane + 16 * j;
+    s[j] = (active && kk < K) ? S_in[srow + kk] : 0.0f;
+  }
+}
+
+static __device__ __forceinline__ void kda_store_state(const float* s, float* S_out, long long srow, int lane, int K,
+                                                       bool active) {
+  if (!active) return;
+#pragma unroll
+  for (int j = 0; j < KDA_MAX_J; ++j) {
+    const int kk = lane + 16 * j;
+    if (kk < K) S_out[srow + kk] = s[j];
+  }
+}
+
 // The delta rule, token by token.  Value row v of head h is independent of every other row, so a group of
 // 16 threads owns one row: lane l keeps S[h, v, k] for k = l, l+16, ... in registers (the lane-16 order of
-// the sums over k comes for free).  Per token: S *= g; kv = S k; S += ((v - kv) * beta) k; y = bf16(S q).
+// the sums over k comes for free).  Per token: kda_token.
 // grid (ceil(V / (blockDim.x / 16)), H); blockDim.x a multiple of 32.
 extern "C" __global__ void kda_recurrence(const float* __restrict__ S_in,  // [H, V, K] f32
                                           const float* __restrict__ q,     // [n, H, K] f32
@@ -88,44 +133,77 @@ extern "C" __global__ void kda_recurrence(const float* __restrict__ S_in,  // [H
   const bool active = vr < V;
   float s[KDA_MAX_J];
   const long long srow = ((long long)h * V + (active ? vr : 0)) * K;
-#pragma unroll
-  for (int j = 0; j < KDA_MAX_J; ++j) {
-    const int kk = lane + 16 * j;
-    s[j] = (active && kk < K) ? S_in[srow + kk] : 0.0f;
-  }
+  kda_load_state(s, S_in, srow, lane, K, active);
   for (int t = 0; t < n; ++t) {
     const long long hk = ((long long)t * H + h) * K;
-    float acc = 0.0f;
+    float qv[KDA_MAX_J], kv[KDA_MAX_J], gv[KDA_MAX_J];
 #pragma unroll
     for (int j = 0; j < KDA_MAX_J; ++j) {
       const int kk = lane + 16 * j;
-      if (kk < K) {
-        s[j] = s[j] * g[hk + kk];
-        acc += s[j] * k[hk + kk];
-      }
+      qv[j] = kk < K ? q[hk + kk] : 0.0f;
+      kv[j] = kk < K ? k[hk + kk] : 0.0f;
+      gv[j] = kk < K ? g[hk + kk] : 0.0f;
     }
-    const float kv = lane16_fold(acc);
-    const float u = active ? (ld_bf16(v, ((long long)t * H + h) * V + vr) - kv) * ld_bf16(beta, (long long)t * H + h)
-                           : 0.0f;
-    acc = 0.0f;
-#pragma unroll
-    for (int j = 0; j < KDA_MAX_J; ++j) {
-      const int kk = lane + 16 * j;
-      if (kk < K) {
-        s[j] = s[j] + u * k[hk + kk];
-        acc += s[j] * q[hk + kk];
-      }
-    }
-    const float yv = lane16_fold(acc);
+    const float vv = active ? ld_bf16(v, ((long long)t * H + h) * V + vr) : 0.0f;
+    const float bv = active ? ld_bf16(beta, (long long)t * H + h) : 0.0f;
+    const float yv = kda_token(s, qv, kv, gv, lane, K, active, vv, bv);
     if (active && lane == 0) y[((long long)t * H + h) * V + vr] = to_bf16(yv);
   }
-  if (active) {
+  kda_store_state(s, S_out, srow, lane, K, active);
+}
+
+// The decode step's q/k norms, decay and delta rule in one launch: for each token, q = l2norm(conv q) * q_scale,
+// k = l2norm(conv k) (l2norm's lane-16 sums, recomputed by every value row's group), g = kda_gate(a) (kda_gate's
+// expression per element), then kda_token; the bits of l2norm x2, kda_gate and kda_recurrence (V = K).
+// grid (ceil(K / (blockDim.x / 16)), H); blockDim.x a multiple of 32.
+extern "C" __global__ void kda_step(const float* __restrict__ S_in,            // [H, K, K] f32
+                                    const __nv_bfloat16* __restrict__ qkv,     // [n, 3, H, K] bf16: conv output
+                                    const __nv_bfloat16* __restrict__ a,       // [n, H, K] bf16: gate input
+                                    const float* __restrict__ a_log,           // [H] fp32 (stored F32)
+                                    const float* __restrict__ dt_bias,         // [H, K] fp32 (stored F32)
+                                    const __nv_bfloat16* __restrict__ beta,    // [n, H] bf16
+                                    __nv_bfloat16* __restrict__ y,             // [n, H, K] bf16
+                                    float* __restrict__ S_out,                 // [H, K, K] f32
+                                    int n, int H, int K, float lower, float eps, float q_scale) {
+  const int h = blockIdx.y;
+  const int vr = blockIdx.x * (blockDim.x >> 4) + (threadIdx.x >> 4);
+  const int lane = threadIdx.x & 15;
+  const bool active = vr < K;
+  float s[KDA_MAX_J];
+  const long long srow = ((long long)h * K + (active ? vr : 0)) * K;
+  kda_load_state(s, S_in, srow, lane, K, active);
+  const float ea = exp_f32(a_log[h]);
+  for (int t = 0; t < n; ++t) {
+    const __nv_bfloat16* qr = qkv + ((long long)t * 3 * H + h) * K;
+    const __nv_bfloat16* kr = qr + (long long)H * K;
+    const __nv_bfloat16* vrow = kr + (long long)H * K;
+    const long long hk = ((long long)t * H + h) * K;
+    const float rq = 1.0f / sqrtf(lane16_sum_squares(qr, K, lane, true) + eps);
+    const float rk = 1.0f / sqrtf(lane16_sum_squares(kr, K, lane, true) + eps);
+    float qv[KDA_MAX_J], kv[KDA_MAX_J], gv[KDA_MAX_J];
 #pragma unroll
     for (int j = 0; j < KDA_MAX_J; ++j) {
       const int kk = lane + 16 * j;
-      if (kk < K) S_out[srow + kk] = s[j];
+      if (kk < K) {
+        const float yq = ld_bf16(qr, kk) * rq;
+        qv[j] = yq * q_scale;
+        kv[j] = ld_bf16(kr, kk) * rk;
+#ifdef CONTROL_GATE_HEAD
+        const float inner = ea * (ld_bf16(a, hk + kk) + dt_bias[(long long)((h + 1) % H) * K + kk]);
+#else
+        const float inner = ea * (ld_bf16(a, hk + kk) + dt_bias[(long long)h * K + kk]);
+#endif
+        gv[j] = exp_f32(lower * sigmoid_f32(inner));
+      } else {
+        qv[j] = kv[j] = gv[j] = 0.0f;
+      }
     }
+    const float vv = active ? ld_bf16(vrow, vr) : 0.0f;
+    const float bv = active ? ld_bf16(beta, (long long)t * H + h) : 0.0f;
+    const float yv = kda_token(s, qv, kv, gv, lane, K, active, vv, bv);
+    if (active && lane == 0) y[hk + vr] = to_bf16(yv);
   }
+  kda_store_state(s, S_out, srow, lane, K, active);
 }
 
 // Gated RMS norm per (token, head) row of V: out = bf16(w * (y * r) * sigmoid(gate)),

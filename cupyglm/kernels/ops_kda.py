@@ -1,4 +1,4 @@
-"""KDA launchers (cuda_src/kda.cu): kda_conv, kda_gate, l2norm, kda_recurrence, kda_out, with NumpyOps'
+"""KDA launchers (cuda_src/kda.cu): kda_conv, kda_gate, l2norm, kda_recurrence, kda_step, kda_out, with NumpyOps'
 signatures. bf16 parameters are checked against the backend's bf16 storage (`k.bf16`); S, g, q, k are fp32."""
 from __future__ import annotations
 
@@ -87,6 +87,31 @@ def kda_recurrence(k: Kernels, S, q, kk, v, g, beta):
     if h and vd:
         k.launch(SRC, "kda_recurrence", ((vd + 7) // 8, h), (128,),
                  (S, q, kk, v, g, beta, y, S_out, i32(n), i32(h), i32(vd), i32(kd)))
+    else:
+        S_out[...] = S
+    return y, S_out
+
+
+@op("kda_step")
+def kda_step(k: Kernels, S, conv, a, a_log, dt_bias, beta, lower, eps, q_scale):
+    """l2norm of conv's q and k heads (q times q_scale), kda_gate of a and kda_recurrence in one launch. S: [H, K,
+    K] fp32; conv: [n, 3HK] bf16 (q, k, v heads); a: [n, H, K] bf16; beta: [n, H] bf16 -> (y [n, H, K] bf16, S')."""
+    S = _arg(k, "kda_step", "S", S, (None, None, None))
+    h, vd, kd = S.shape
+    if vd != kd or kd > 256:
+        raise ValueError(f"kda_step: value rows = key columns <= 256 supported, got S of shape {tuple(S.shape)}")
+    conv = _arg(k, "kda_step", "conv", conv, (None, 3 * h * kd), k.bf16)
+    n = conv.shape[0]
+    a = _arg(k, "kda_step", "a", a, (n, h, kd), k.bf16)
+    a_log = _arg(k, "kda_step", "a_log", a_log, (h,), np.float32)
+    dt_bias = _arg(k, "kda_step", "dt_bias", dt_bias, (h, kd), np.float32)
+    beta = _arg(k, "kda_step", "beta", beta, (n, h), k.bf16)
+    y = k.empty((n, h, kd), k.bf16)
+    S_out = k.empty(S.shape)
+    if h and kd:
+        k.launch(SRC, "kda_step", ((kd + 7) // 8, h), (128,),
+                 (S, conv, a, a_log, dt_bias, beta, y, S_out, i32(n), i32(h), i32(kd), f32(lower), f32(eps),
+                  f32(q_scale)))
     else:
         S_out[...] = S
     return y, S_out

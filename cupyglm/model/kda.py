@@ -45,16 +45,14 @@ class KDALayer:
                                            ("bf16", "bf16", "bf16", "sigmoid_bf16"), decode=d)
         a, gate_out = ops.gemm_multi((fa, ga), (self.f_b, self.g_b), ("bf16", "bf16"), decode=d)
         a, gate_out = a.reshape(-1, h, k), gate_out.reshape(-1, h, k)                  # [T, H, K] bf16
-        decay = ops.kda_gate(a, self.a_log, self.dt_bias, self.cfg.kda_gate_lower_bound)  # [T, H, K] fp32
         whole = len(segs) == 1 and segs[0].n == x.shape[0]           # one sequence: its rows are all of y
         y = None if whole else ops.xp.empty((x.shape[0], h, k), dtype=ops.bf16_dtype)  # [T, H, V] bf16
         for seg in segs:
             S, window = seg.state.kda_state[self.layer], seg.state.kda_conv[self.layer]
-            conv, window = ops.kda_conv(qkv[seg.rows], window, self.conv)
-            q, kk, v = (conv[:, i * h * k:(i + 1) * h * k].reshape(-1, h, k) for i in range(3))
-            q = ops.l2norm(q, L2_EPS, k ** -0.5)                      # the scale fused in the kernel
-            kk = ops.l2norm(kk, L2_EPS)
-            ys, S = ops.kda_recurrence(S, q, kk, v, decay[seg.rows], beta[seg.rows])
+            conv, window = ops.kda_conv(qkv[seg.rows], window, self.conv)           # [n, 3HK] bf16
+            # q, k l2-normed (q scaled by K^-0.5), the decay of a, and the delta rule: one op
+            ys, S = ops.kda_step(S, conv, a[seg.rows], self.a_log, self.dt_bias, beta[seg.rows],
+                                 self.cfg.kda_gate_lower_bound, L2_EPS, k ** -0.5)
             if whole:
                 y = ys
             else:
