@@ -1,10 +1,10 @@
 // kda.cu -- Kimi Delta Attention: short conv + SiLU (kda_conv), per-channel decay (kda_gate), L2 norm
 // (l2norm), the per-token delta rule with an fp32 state (kda_recurrence; the same recurrence for prefill and
 // decode, so a state computed by prefill equals one computed token by token; kda_step: the q/k norms and the
-// decay fused into it), and the gated RMS norm of the output (kda_out).  Reference: NumpyOps.kda_* / l2norm in cupyglm/backend/numpy_ops.py; sums over a head
-// dimension in lane-16 order, the 4 taps left to right.  Storage: bf16 for what the model keeps in bf16 (the
-// conv input, window and taps, gate inputs, v, beta, y, the norm's weight and output); fp32 for the recurrent
-// state S, the decay g and the normalised q, k.
+// decay fused into it), and the gated RMS norm of the output (kda_out).  Reference: NumpyOps.kda_* / l2norm in
+// cupyglm/backend/numpy_ops.py; sums over a head dimension in lane-16 order, the 4 taps left to right.
+// Storage: bf16 for what the model keeps in bf16 (the conv input, window and taps, gate inputs, v, beta, y, the
+// norm's weight and output); fp32 for the recurrent state S, the decay g and the normalised q, k.
 #include "common.cuh"
 #include "exp_f32.cuh"
 

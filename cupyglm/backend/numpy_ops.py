@@ -133,6 +133,13 @@ class NumpyOps(NumpyGemm, LogitsOps, GatherOps):
         x, post, comb = self.hc_pre(X, fn, base, scale, norm_eps, hc_eps, iters)
         return self.rmsnorm(x, norm_w, norm_eps), post, comb
 
+    def hc_post_pre_norm(self, X: np.ndarray, branch: np.ndarray, post: np.ndarray, comb: np.ndarray,
+                         fn: np.ndarray, base: np.ndarray, scale: np.ndarray, norm_w: np.ndarray, norm_eps: float,
+                         hc_eps: float, iters: int):
+        """hc_post of one sublayer, then hc_pre_norm of the next: (X', h, post', comb')."""
+        X = self.hc_post(X, branch, post, comb)
+        return (X, *self.hc_pre_norm(X, fn, base, scale, norm_w, norm_eps, hc_eps, iters))
+
     @staticmethod
     def _sinkhorn(logit: np.ndarray, eps: float, iters: int) -> np.ndarray:
         """Row softmax + eps, normalise columns once, then (rows, columns) iters - 1 times. [T, 4, 4]."""
@@ -342,6 +349,11 @@ class NumpyOps(NumpyGemm, LogitsOps, GatherOps):
         order = np.argsort(np.where((flat >= 0) & (flat < n_experts), flat, n_experts), kind="stable").astype(np.int32)
         pos = np.argsort(order).astype(np.int32)                  # the inverse permutation
         return order, flat[order].astype(np.int32), (order // ids.shape[1]).astype(np.int32), pos
+
+    def moe_route_sort(self, logits: np.ndarray, bias: np.ndarray, k: int, scale: float, n_experts: int):
+        """moe_route, then moe_sort of its ids: (ids, weights, order, group, src, pos)."""
+        ids, weights = self.moe_route(logits, bias, k, scale)
+        return (ids, weights, *self.moe_sort(ids, n_experts))
 
     def moe_combine(self, y: np.ndarray, weights: np.ndarray, shared: np.ndarray, pos=None) -> np.ndarray:
         """sum_k w_k y_k in slot order, then + shared; fp32. y: [T, k, D] (with pos: [T*k, D], slot j at pos[t*k+j])."""

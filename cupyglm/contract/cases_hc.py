@@ -4,7 +4,8 @@ hc_pre is registered twice per shape: `hc_pre[..]` checks the fp32 gates (post, 
 bf16 collapsed input x, because their tolerances differ in fp32 units (see TOL below).
 Controls: hc_pre and hc_pre.x with two streams swapped (one Sinkhorn step dropped is no control: 20 steps have
 converged, measured within 3 ULPs), hc_post with two streams swapped, stream_mean with the last stream dropped.
-hc_pre_norm's control is a variant whose fused norm reads the collapse unrounded (-DCONTROL_NORM_UNROUNDED).
+hc_post_pre_norm's control is hc_post's (the branch read unrounded); hc_pre_norm's control is a variant whose
+fused norm reads the collapse unrounded (-DCONTROL_NORM_UNROUNDED).
 hc_post.round and residual_add take an fp32 sublayer output that they round to bf16 as they read it: their
 control is a kernel variant reading it unrounded (-DCONTROL_UNROUNDED).
 """
@@ -110,6 +111,35 @@ def _hc_pre_norm(label: str, t: int, d: int, s: int = 4) -> None:
     case(Case(f"hc_pre_norm[{label}]", ("hc_pre_norm",), make, launch, replay, ctl, GATE_ULPS, GATE_WHY))
 
 
+def _hc_post_pre_norm(label: str, t: int, d: int, s: int = 4) -> None:
+    """hc_post then the next hc_pre_norm in one launch: X', h, post', comb' against the two reference ops."""
+    def make(rng):
+        inp = _inputs(rng, t, s, d)
+        _, post, comb = REF.hc_pre(inp["X"], inp["fn"], inp["base"], inp["scale"], NORM_EPS, HC_EPS, ITERS)
+        nxt = _inputs(rng, t, s, d)
+        return {"X": inp["X"], "branch": (rng.standard_normal((t, d)) * 2.0).astype(np.float32), "post": post,
+                "comb": comb, "fn": nxt["fn"], "base": nxt["base"], "scale": nxt["scale"],
+                "w": _bf(rng, (d,), 0.2, 1.0)}
+
+    def args(d_):
+        return (d_["X"], d_["branch"], d_["post"], d_["comb"], d_["fn"], d_["base"], d_["scale"], d_["w"],
+                NORM_EPS, HC_EPS, ITERS)
+
+    def pack(out):
+        return dict(zip(("X", "h", "post", "comb"), out))
+
+    def ctl(k, d_):                                     # the branch read unrounded
+        return pack(ops_hc.hc_post_pre_norm(k.variant("CONTROL_UNROUNDED"), *args(d_)))
+
+    def run(k, d_):
+        return pack(ops_hc.hc_post_pre_norm(k, *args(d_)))
+
+    def replay(d_):
+        return pack(REF.hc_post_pre_norm(*args(d_)))
+
+    case(Case(f"hc_post_pre_norm[{label}]", ("hc_post_pre_norm",), make, run, replay, ctl, GATE_ULPS, GATE_WHY))
+
+
 def _hc_post(label: str, t: int, d: int, s: int = 4) -> None:
     def make(rng):
         inp = _inputs(rng, t, s, d)
@@ -177,6 +207,10 @@ _hc_pre_norm("decode", 1,  256)
 _hc_pre_norm("verify", 16,  256)
 _hc_pre_norm("odd",     3,   72)
 _hc_pre_norm("full",    2, 4096)
+_hc_post_pre_norm("decode", 1, 256)
+_hc_post_pre_norm("verify", 16, 256)
+_hc_post_pre_norm("odd",     3,  72)
+_hc_post_pre_norm("full",    2, 4096)
 _hc_post("decode",     1,  256)
 _hc_post("verify",    16,  256)
 _hc_post("prompt37",  37,  256)

@@ -44,12 +44,17 @@ class MoE:
         if 0 < decode < t:
             return self.ops.xp.concatenate([self(x[:decode], decode), self(x[decode:], 0)])
         ops, c = self.ops, self.cfg
-        ids, weights = ops.moe_route(ops.gemm(x, self.router, decode=decode), self.bias, c.num_experts_per_tok,
-                                     c.routed_scaling_factor)
+        logits = ops.gemm(x, self.router, decode=decode)                     # [T, E] fp32
+        # pairs p = (row p // k, slot p % k) sorted by expert, in pair order within one expert (on the device);
+        # decode rows route and sort in one launch (one block), prompt rows in one each
+        if decode:
+            ids, weights, _, group, src, pos = ops.moe_route_sort(logits, self.bias, c.num_experts_per_tok,
+                                                                  c.routed_scaling_factor, c.n_routed_experts)
+        else:
+            ids, weights = ops.moe_route(logits, self.bias, c.num_experts_per_tok, c.routed_scaling_factor)
+            _, group, src, pos = ops.moe_sort(ids, c.n_routed_experts)
         k = ids.shape[1]
         pairs = t * k if decode else 0                           # every pair a decode pair, or none
-        # pairs p = (row p // k, slot p % k) sorted by expert, in pair order within one expert (on the device)
-        _, group, src, pos = ops.moe_sort(ids, c.n_routed_experts)
         xs = x[src]                                              # [T*k, D] bf16
         a = ops.gemm_grouped_swiglu(xs, self.gate, self.up, group, self.limit, decode=pairs)  # [T*k, inter]
         ys = ops.gemm_grouped(a, self.down, group, decode=pairs)    # [T*k, D] fp32, expert-sorted
