@@ -2,7 +2,8 @@
 // y_p[m, n] = sum_k x_p[m, k] * w_p[n, k] for the leading `rows` rows, exactly as its own gemv_lane16(_bf16)
 // launch would (the same gemv_tile.cuh body per block: lane-16 order, fold, one rounding).  The parts of a
 // layer that read the same row (KDA q/k/v, f_a, g_a, b; DSA q_a, kv_a, the indexer's wk, gate, weights) or
-// follow each other (f_b, g_b) cost one launch instead of one each.
+// follow each other (f_b, g_b) cost one launch instead of one each; gemv_multi_swiglu_lane16 pairs one such part
+// with a SwiGLU part (the MoE router and the shared expert's gate/up).
 //
 // Epilogue of part p (kind_p): 0 fp32 as summed; 1 bf16 rounded once; 2 bf16(sigmoid(fp32 sum)), the sum and
 // sigmoid_bf16 of moe.cu fused (exp_f32.cuh's sigmoid_f32, the same bits as the two launches).
@@ -12,6 +13,7 @@
 #include "common.cuh"
 #include "exp_f32.cuh"
 #include "gemv_tile.cuh"
+#include "swiglu.cuh"
 
 #define GEMV_MULTI_PARTS 6
 
@@ -22,8 +24,7 @@ struct GemvPart {
   int n, k, kind;
 };
 
-static __device__ __forceinline__ void gemv_multi_body(const GemvPart& p, int b, int rows) {
-  __shared__ __align__(16) GemvShared<1> sh;
+static __device__ __forceinline__ void gemv_multi_one(GemvShared<1>& sh, const GemvPart& p, int b, int rows) {
   const int n0 = b * GEMV_OUTS, m0 = blockIdx.y * GEMV_ROWS;
   GemvSrc<1> src;
   src.w[0] = p.w + (long long)n0 * p.k;
@@ -80,5 +81,50 @@ extern "C" __global__ void __launch_bounds__(256) gemv_multi_lane16(
     b -= nb;
   }
   if (p == GEMV_MULTI_PARTS) return;
-  gemv_multi_body(parts[p], b, rows);
+  __shared__ __align__(16) GemvShared<1> sh;
+  gemv_multi_one(sh, parts[p], b, rows);
+}
+
+union GemvSharedBoth {           // a block of either form (one weight, or gate and up)
+  GemvShared<1> one;
+  GemvShared<2> two;
+};
+
+// One plain part (kind as above) and one SwiGLU part (gemv_swiglu.cu's gemv_swiglu_lane16: gate and up summed in
+// lane-16 order, each rounded to bf16, swiglu.cuh) of the same rows x in one launch: the MoE's router and its
+// shared expert's gate/up.  Blocks [0, ceil(n_a / GEMV_OUTS)) take part a, the rest the SwiGLU part.
+// Launch: block (16, GEMV_OUTS); grid (ceil(n_a / GEMV_OUTS) + ceil(n_s / GEMV_OUTS), ceil(rows / GEMV_ROWS)).
+extern "C" __global__ void __launch_bounds__(256) gemv_multi_swiglu_lane16(
+    const __nv_bfloat16* __restrict__ x,    // [M, K] bf16
+    const __nv_bfloat16* __restrict__ wa,   // [n_a, K] bf16
+    void* __restrict__ ya,                  // [M, n_a] fp32 (kind_a 0) or bf16 (1, 2): rows [0, rows)
+    int n_a, int kind_a,
+    const __nv_bfloat16* __restrict__ wg,   // [n_s, K] bf16 gate_proj
+    const __nv_bfloat16* __restrict__ wu,   // [n_s, K] bf16 up_proj
+    __nv_bfloat16* __restrict__ ys,         // [M, n_s] bf16: rows [0, rows)
+    int n_s, int M, int K, int rows, int has_limit, float limit) {
+  __shared__ __align__(16) GemvSharedBoth sh;
+  const int nba = (n_a + GEMV_OUTS - 1) / GEMV_OUTS;
+  const int m0 = blockIdx.y * GEMV_ROWS;
+  const int lane = threadIdx.x, o = threadIdx.y;
+  if ((int)blockIdx.x < nba) {
+    const GemvPart p = {x, wa, ya, n_a, K, kind_a};
+    gemv_multi_one(sh.one, p, blockIdx.x, rows);
+    return;
+  }
+  const int n0 = (blockIdx.x - nba) * GEMV_OUTS, n = n0 + o;
+  GemvSrc<2> src;
+  src.w[0] = wg + (long long)n0 * K;
+  src.w[1] = wu + (long long)n0 * K;
+  src.x = x + (long long)m0 * K;
+  src.ncols = min(GEMV_OUTS, n_s - n0);
+  src.nrows = min(GEMV_ROWS, rows - m0);
+  src.K = K;
+  src.vec = gemv_aligned(x, wg, K) && gemv_aligned(wu, wu, K);
+  gemv_rows(sh.two, src);
+  if (n < n_s && lane < src.nrows) {
+    const float g = bf16_round(gemm_fold16(sh.two.part[0][o][lane]));
+    const float u = bf16_round(gemm_fold16(sh.two.part[1][o][lane]));
+    ys[(long long)(m0 + lane) * n_s + n] = to_bf16(swiglu_f32(g, u, has_limit, limit));
+  }
 }

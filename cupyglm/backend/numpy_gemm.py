@@ -82,6 +82,13 @@ class NumpyGemm:
         return tuple(self.sigmoid(self.gemm(x, w, decode=decode), out="bf16") if o == "sigmoid_bf16"
                      else self.gemm(x, w, out=o, decode=decode) for x, w, o in zip(xs, ws, outs))
 
+    def gemm_and_swiglu(self, x, w, out: str, w_gate, w_up, limit: float | None, decode: int = 0):
+        """(gemm(x, w, out), gemm_swiglu(x, w_gate, w_up, limit)) of the same rows: the MoE router's logits and
+        the shared expert's activation (one launch on the kernel backends)."""
+        if out not in ("f32", "bf16"):
+            raise ValueError(f"gemm_and_swiglu: out must be 'f32' or 'bf16', got {out!r}")
+        return self.gemm(x, w, out=out, decode=decode), self.gemm_swiglu(x, w_gate, w_up, limit, decode=decode)
+
     def gemm_swiglu(self, x, w_gate, w_up, limit: float | None, decode: int = 0) -> np.ndarray:
         """swiglu(gemm(x, w_gate, bf16), gemm(x, w_up, bf16), limit): the dense MLP's [M, N] bf16 activation."""
         return self.swiglu(self.gemm(x, w_gate, out="bf16", decode=decode),

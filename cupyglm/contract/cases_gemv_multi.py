@@ -80,3 +80,39 @@ _multi_case("stages",       17, 17, ((33, 1100, "f32"), (20, 1536, "bf16"), (5, 
             False, "order")                                                          # K % 8 = 4: scalar loads
 _multi_case("mixed",        20, 4, ((24, 256, "f32"), (8, 256, "sigmoid_bf16")),     True,   "order")
 _multi_case("six",          5,  5, tuple((n, 64, "f32") for n in (16, 1, 17, 32, 15, 2)), True, "order")
+
+
+def _swiglu_case(label: str, m: int, d: int, na: int, ns: int, k: int, out: str, limit, control: str) -> Case:
+    """gemm_and_swiglu: the router-like plain part and the shared expert's SwiGLU part in one launch."""
+    def make(rng):
+        return {"x": _bf(rng, (m, k)), "w": _bf(rng, (na, k), k ** -0.5), "wg": _bf(rng, (ns, k), k ** -0.5),
+                "wu": _bf(rng, (ns, k), k ** -0.5)}
+
+    def pack(pair):
+        return {"y": pair[0], "act": pair[1]}
+
+    def run(kn, dd):
+        return pack(ops_gemm_multi.gemm_and_swiglu(kn, dd["x"], dd["w"], out, dd["wg"], dd["wu"], limit, decode=d))
+
+    def replay(dd):
+        return pack(REF.gemm_and_swiglu(dd["x"], dd["w"], out, dd["wg"], dd["wu"], limit, decode=d))
+
+    if control == "order":
+        def ctl(kn, dd):
+            return pack(ops_gemm_multi.gemm_and_swiglu(kn.variant("CONTROL_CHUNK_ORDER"), dd["x"], dd["w"], out,
+                                                       dd["wg"], dd["wu"], limit, decode=d))
+    else:
+        def ctl(kn, dd):                        # gate and up exchanged
+            return pack(ops_gemm_multi.gemm_and_swiglu(kn, dd["x"], dd["w"], out, dd["wu"], dd["wg"], limit,
+                                                       decode=d))
+
+    kernels = ("gemv_multi_swiglu_lane16",) if d == m else ("gemv_multi_swiglu_lane16", "gemm_lane16",
+                                                            "gemm_swiglu_lane16")
+    return case(Case(f"gemv_multi_swiglu[{label}]", kernels, make, run, replay, ctl))
+
+
+#            label       M   d   N_a  N_s    K   out    limit  control
+_swiglu_case("decode",   1,  1,  64,  48, 256, "f32",  10.0, "order")   # router of 64 experts + shared expert
+_swiglu_case("verify",  16, 16,  24,  40, 520, "f32",  10.0, "swap")    # K % 8 = 0, two stages of the SwiGLU
+_swiglu_case("nolimit",  3,  3,  17,  33, 100, "bf16", None, "swap")    # scalar loads, no clamp
+_swiglu_case("mixed",   20,  4,  16,  16, 256, "f32",  10.0, "order")   # 4 decode rows + 16 prompt rows

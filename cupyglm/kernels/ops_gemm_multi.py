@@ -1,7 +1,8 @@
 """Launcher of cuda_src/gemv_multi.cu: gemm_multi, several GEMMs of the same rows (one layer's projections of one
 input row, or of consecutive low-rank factors). The call's leading `decode` rows of every part go to one
 gemv_multi_lane16 launch (each part bit for bit its own gemv), the prompt rows to gemm.cu part by part, as
-ops_gemm does: a row's path is set by its role, never by how many rows share the call."""
+ops_gemm does: a row's path is set by its role, never by how many rows share the call. gemm_and_swiglu: one plain
+projection and one SwiGLU pair of the same rows (the MoE router and the shared expert's gate/up) in one launch."""
 from __future__ import annotations
 
 import numpy as np
@@ -68,3 +69,37 @@ def gemm_multi(k: Kernels, xs, ws, outs, decode: int = 0):
         for p in fused:
             ys[p][d:] = _separate(k, xs[p][d:], ws[p], outs[p], 0)
     return tuple(ys)
+
+
+@op("gemm_and_swiglu")
+def gemm_and_swiglu(k: Kernels, x, w, out, w_gate, w_up, limit, decode: int = 0):
+    """(gemm(x, w, out), gemm_swiglu(x, w_gate, w_up, limit)) of the same rows; the decode rows of both in one
+    launch (gemv_multi_swiglu_lane16), the prompt rows through gemm.cu / gemm_swiglu.cu."""
+    from cupyglm.kernels import ops_gemm_swiglu
+    x = check("gemm_and_swiglu", "x", k.xp.ascontiguousarray(x), (None, None), k.bf16)
+    m, kk = x.shape
+    d = decode_rows("gemm_and_swiglu", decode, m)
+    if out not in ("f32", "bf16"):
+        raise ValueError(f"gemm_and_swiglu: out must be 'f32' or 'bf16', got {out!r}")
+    plain = any(isinstance(a, QWeight) for a in (w, w_gate, w_up)) or not (d and kk and w.shape[0]
+                                                                          and w_gate.shape[0])
+    if plain:
+        return (ops_gemm.gemm(k, x, w, out=out, decode=d),
+                ops_gemm_swiglu.gemm_swiglu(k, x, w_gate, w_up, limit, decode=d))
+    check("gemv_multi_swiglu_lane16", "w", w, (None, kk), k.bf16)
+    check("gemv_multi_swiglu_lane16", "w_gate", w_gate, (None, kk), k.bf16)
+    check("gemv_multi_swiglu_lane16", "w_up", w_up, tuple(w_gate.shape), k.bf16)
+    na, ns = w.shape[0], w_gate.shape[0]
+    ya = k.empty((m, na), np.float32 if out == "f32" else k.bf16)
+    ys = k.empty((m, ns), k.bf16)
+    groups = -(-d // ops_gemv.ROWS)
+    if groups > ops_gemv.MAX_GRID:
+        raise ValueError(f"gemv_multi_swiglu_lane16: {d} decode rows exceed the grid's 65,535 row groups")
+    blocks = -(-na // ops_gemv.OUTS) + -(-ns // ops_gemv.OUTS)
+    k.launch(SRC, "gemv_multi_swiglu_lane16", (blocks, groups, 1), ops_gemv.THREADS,
+             (x, w, ya, i32(na), i32(KIND[out]), w_gate, w_up, ys, i32(ns), i32(m), i32(kk), i32(d),
+              *ops_gemm_swiglu._limit(limit)))
+    if d < m:                                               # the prompt rows (gemm.cu, gemm_swiglu.cu)
+        ya[d:] = ops_gemm.gemm(k, x[d:], w, out=out)
+        ys[d:] = ops_gemm_swiglu.gemm_swiglu(k, x[d:], w_gate, w_up, limit)
+    return ya, ys

@@ -44,7 +44,8 @@ class MoE:
         if 0 < decode < t:
             return self.ops.xp.concatenate([self(x[:decode], decode), self(x[decode:], 0)])
         ops, c = self.ops, self.cfg
-        logits = ops.gemm(x, self.router, decode=decode)                     # [T, E] fp32
+        sh = self.shared                                                      # router and shared gate/up: one op
+        logits, sh_act = ops.gemm_and_swiglu(x, self.router, "f32", sh.gate, sh.up, sh.limit, decode=decode)
         # pairs p = (row p // k, slot p % k) sorted by expert, in pair order within one expert (on the device);
         # decode rows route and sort in one launch (one block), prompt rows in one each
         if decode:
@@ -58,4 +59,5 @@ class MoE:
         xs = x[src]                                              # [T*k, D] bf16
         a = ops.gemm_grouped_swiglu(xs, self.gate, self.up, group, self.limit, decode=pairs)  # [T*k, inter]
         ys = ops.gemm_grouped(a, self.down, group, decode=pairs)    # [T*k, D] fp32, expert-sorted
-        return ops.moe_combine(ys, weights, self.shared(x, decode), pos)  # slot j of row t: ys[pos[t*k + j]]
+        shared = ops.gemm(sh_act, sh.down, decode=decode)       # [T, D] fp32: the shared expert's output
+        return ops.moe_combine(ys, weights, shared, pos)         # slot j of row t: ys[pos[t*k + j]]
