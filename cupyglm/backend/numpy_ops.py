@@ -208,14 +208,17 @@ class NumpyOps(NumpyGemm, LogitsOps, GatherOps):
         y = (x * _rsqrt(lane_sum(x * x) + np.float32(eps))[..., None]).astype(np.float32)
         return y if scale is None else y * np.float32(scale)
 
-    def kda_step(self, S: np.ndarray, conv: np.ndarray, a: np.ndarray, a_log: np.ndarray, dt_bias: np.ndarray,
-                 beta: np.ndarray, lower: float, eps: float, q_scale: float):
-        """A segment's delta rule from its conv output: q = l2norm(q, eps, q_scale), k = l2norm(k, eps), g =
-        kda_gate(a), then kda_recurrence. conv: [n, 3HK] bf16 (q, k, v heads), a: [n, H, K] bf16 -> (y, S')."""
+    def kda_step(self, S: np.ndarray, x: np.ndarray, window: np.ndarray, w: np.ndarray, a: np.ndarray,
+                 a_log: np.ndarray, dt_bias: np.ndarray, beta: np.ndarray, lower: float, eps: float, q_scale: float):
+        """A segment's KDA step from its projections: conv = kda_conv(x, window, w), q = l2norm(q, eps, q_scale),
+        k = l2norm(k, eps), g = kda_gate(a), then kda_recurrence. x: [n, 3HK] bf16 (q, k, v heads), a: [n, H, K]
+        bf16 -> (y, S', window')."""
         n, h, k = a.shape
+        conv, window = self.kda_conv(x, window, w)
         q, kk, v = (conv[:, i * h * k:(i + 1) * h * k].reshape(n, h, k) for i in range(3))
-        return self.kda_recurrence(S, self.l2norm(q, eps, q_scale), self.l2norm(kk, eps), v,
+        y, S = self.kda_recurrence(S, self.l2norm(q, eps, q_scale), self.l2norm(kk, eps), v,
                                    self.kda_gate(a, a_log, dt_bias, lower), beta)
+        return y, S, window
 
     def kda_recurrence(self, S: np.ndarray, q: np.ndarray, k: np.ndarray, v: np.ndarray, g: np.ndarray,
                        beta: np.ndarray):

@@ -3,7 +3,7 @@
 Controls: kda_conv with the saved window read newest first; kda_gate with dt_bias of the wrong head; l2norm
 reading the next row; kda_recurrence with a dropped token (its decay and update skipped: g = 1, beta = 0);
 kda_out with the gates of two heads swapped; kda_step with the decay's dt_bias of the next head
-(-DCONTROL_GATE_HEAD) or with q's and k's heads swapped.
+(-DCONTROL_GATE_HEAD), the saved window read newest first, or q's and k's heads swapped.
 """
 from __future__ import annotations
 
@@ -125,37 +125,43 @@ def _rec(label: str, n: int, h: int, v: int, kd: int) -> None:
     case(Case(f"kda_recurrence[{label}]", ("kda_recurrence",), make, run, replay, ctl))
 
 
-def _step(label: str, n: int, h: int, kd: int, control: str) -> None:
-    """kda_step against l2norm x2, kda_gate and kda_recurrence of the reference (conv: [n, 3HK] bf16)."""
+def _step(label: str, n: int, h: int, kd: int, control: str, taps: int = 4) -> None:
+    """kda_step against kda_conv, l2norm x2, kda_gate and kda_recurrence of the reference (x: [n, 3HK] bf16)."""
+    c = 3 * h * kd
+
     def make(rng):
         return {"S": (rng.standard_normal((h, kd, kd)) * 0.3).astype(np.float32),
-                "conv": _bf(rng, (n, 3 * h * kd)), "a": _bf(rng, (n, h, kd)),
+                "x": _bf(rng, (n, c)), "window": _bf(rng, (taps - 1, c)), "w": _bf(rng, (c, taps), 0.5),
+                "a": _bf(rng, (n, h, kd)),
                 "a_log": bf16(np.log(rng.uniform(1.0, 16.0, h)).astype(np.float32)).astype(np.float32),
                 "dt_bias": _bf(rng, (h, kd), 0.5).astype(np.float32),
                 "beta": REF.sigmoid(rng.standard_normal((n, h)).astype(np.float32), out="bf16")}
 
-    def args(d):
-        return (d["S"], d["conv"], d["a"], d["a_log"], d["dt_bias"], d["beta"], LOWER, L2_EPS, kd ** -0.5)
+    def args(d, x=None, window=None):
+        return (d["S"], d["x"] if x is None else x, d["window"] if window is None else window, d["w"], d["a"],
+                d["a_log"], d["dt_bias"], d["beta"], LOWER, L2_EPS, kd ** -0.5)
+
+    def pack(out):
+        return dict(zip(("y", "S", "window"), out))
 
     def run(k, d):
-        y, S = ops_kda.kda_step(k, *args(d))
-        return {"y": y, "S": S}
+        return pack(ops_kda.kda_step(k, *args(d)))
 
     def replay(d):
-        y, S = REF.kda_step(*args(d))
-        return {"y": y, "S": S}
+        return pack(REF.kda_step(*args(d)))
 
     if control == "head":
         def ctl(k, d):                                 # the decay takes dt_bias of the next head
-            y, S = ops_kda.kda_step(k.variant("CONTROL_GATE_HEAD"), *args(d))
-            return {"y": y, "S": S}
+            return pack(ops_kda.kda_step(k.variant("CONTROL_GATE_HEAD"), *args(d)))
+    elif control == "window":
+        def ctl(k, d):                                 # the saved window read newest first
+            return pack(ops_kda.kda_step(k, *args(d, window=k.xp.ascontiguousarray(d["window"][::-1]))))
     else:
-        def ctl(k, d):                                 # k's head read as q's (the q/k halves of conv swapped)
-            conv = d["conv"].copy()
+        def ctl(k, d):                                 # k's head read as q's (the q/k thirds of x swapped)
+            x = d["x"].copy()
             hk = h * kd
-            conv[:, :hk], conv[:, hk:2 * hk] = d["conv"][:, hk:2 * hk], d["conv"][:, :hk]
-            y, S = ops_kda.kda_step(k, d["S"], conv, *args(d)[2:])
-            return {"y": y, "S": S}
+            x[:, :hk], x[:, hk:2 * hk] = d["x"][:, hk:2 * hk], d["x"][:, :hk]
+            return pack(ops_kda.kda_step(k, *args(d, x=x)))
 
     case(Case(f"kda_step[{label}]", ("kda_step",), make, run, replay, ctl, GATE_ULPS, GATE_WHY))
 
@@ -204,9 +210,11 @@ _rec("odd",           3,  3,  24,  40)    # V not a multiple of 8 rows, K % 16 =
 _rec("full",          4,  2, 128, 128)    # two full-size heads
 #      label          n   H    K  control
 _step("decode",       1,  4,  32, "head")
+_step("two",          2,  4,  32, "window")  # fewer new rows than saved rows: the window keeps an old row
 _step("verify",      16,  4,  32, "swap")
-_step("odd",          3,  3,  40, "head")  # K % 16 = 8: lanes past K idle
-_step("full",         2,  2, 128, "swap")  # two full-size heads
+_step("odd",          3,  3,  40, "head")    # K % 16 = 8: lanes past K idle
+_step("full",         2,  2, 128, "swap")    # two full-size heads
+_step("taps1",        3,  2,  16, "swap", 1) # no window
 _out("decode",        1,  4,  32)
 _out("prompt37",     37,  4,  32)
 _out("odd",           3,  3,  40)

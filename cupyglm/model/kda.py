@@ -49,10 +49,8 @@ class KDALayer:
         y = None if whole else ops.xp.empty((x.shape[0], h, k), dtype=ops.bf16_dtype)  # [T, H, V] bf16
         for seg in segs:
             S, window = seg.state.kda_state[self.layer], seg.state.kda_conv[self.layer]
-            conv, window = ops.kda_conv(qkv[seg.rows], window, self.conv)           # [n, 3HK] bf16
-            # q, k l2-normed (q scaled by K^-0.5), the decay of a, and the delta rule: one op
-            ys, S = ops.kda_step(S, conv, a[seg.rows], self.a_log, self.dt_bias, beta[seg.rows],
-                                 self.cfg.kda_gate_lower_bound, L2_EPS, k ** -0.5)
+            ys, S, window = (self._step if seg.decode else self._prompt)(S, qkv[seg.rows], window, a[seg.rows],
+                                                                          beta[seg.rows])
             if whole:
                 y = ys
             else:
@@ -60,3 +58,18 @@ class KDALayer:
             seg.state.kda_state[self.layer], seg.state.kda_conv[self.layer] = S, window
         o = ops.kda_out(y, self.o_norm, gate_out, self.cfg.rms_norm_eps)
         return ops.gemm(o.reshape(x.shape[0], h * k), self.o_proj, decode=d)
+
+    def _step(self, S, x, window, a, beta):
+        """Decode/verify rows: the short conv, q and k l2-normed (q scaled by K^-0.5), the decay of a and the delta
+        rule as one op (each value row's block recomputes the head's conv and norms: cheap for a few rows)."""
+        return self.ops.kda_step(S, x, window, self.conv, a, self.a_log, self.dt_bias, beta,
+                                 self.cfg.kda_gate_lower_bound, L2_EPS, self.dk ** -0.5)
+
+    def _prompt(self, S, x, window, a, beta):
+        """Prompt rows: the same steps as separate ops (each computed once per row), the same bits as _step."""
+        ops, h, k = self.ops, self.heads, self.dk
+        conv, window = ops.kda_conv(x, window, self.conv)
+        q, kk, v = (conv[:, i * h * k:(i + 1) * h * k].reshape(-1, h, k) for i in range(3))
+        decay = ops.kda_gate(a, self.a_log, self.dt_bias, self.cfg.kda_gate_lower_bound)  # [n, H, K] fp32
+        y, S = ops.kda_recurrence(S, ops.l2norm(q, L2_EPS, k ** -0.5), ops.l2norm(kk, L2_EPS), v, decay, beta)
+        return y, S, window
