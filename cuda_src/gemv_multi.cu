@@ -3,7 +3,8 @@
 // launch would (the same gemv_tile.cuh body per block: lane-16 order, fold, one rounding).  The parts of a
 // layer that read the same row (KDA q/k/v, f_a, g_a, b; DSA q_a, kv_a, the indexer's wk, gate, weights) or
 // follow each other (f_b, g_b) cost one launch instead of one each; gemv_multi_swiglu_lane16 pairs one such part
-// with a SwiGLU part (the MoE router and the shared expert's gate/up).
+// with a SwiGLU part (the MoE router and the shared expert's gate/up), gemv_grouped_dense_lane16 the experts'
+// grouped down projection with the shared expert's dense one.
 //
 // Epilogue of part p (kind_p): 0 fp32 as summed; 1 bf16 rounded once; 2 bf16(sigmoid(fp32 sum)), the sum and
 // sigmoid_bf16 of moe.cu fused (exp_f32.cuh's sigmoid_f32, the same bits as the two launches).
@@ -13,6 +14,7 @@
 #include "common.cuh"
 #include "exp_f32.cuh"
 #include "gemv_tile.cuh"
+#include "gemv_grouped.cuh"
 #include "swiglu.cuh"
 
 #define GEMV_MULTI_PARTS 6
@@ -24,8 +26,9 @@ struct GemvPart {
   int n, k, kind;
 };
 
-static __device__ __forceinline__ void gemv_multi_one(GemvShared<1>& sh, const GemvPart& p, int b, int rows) {
-  const int n0 = b * GEMV_OUTS, m0 = blockIdx.y * GEMV_ROWS;
+// Column block b and row group g of part p.
+static __device__ __forceinline__ void gemv_multi_one(GemvShared<1>& sh, const GemvPart& p, int b, int g, int rows) {
+  const int n0 = b * GEMV_OUTS, m0 = g * GEMV_ROWS;
   GemvSrc<1> src;
   src.w[0] = p.w + (long long)n0 * p.k;
   src.x = p.x + (long long)m0 * p.k;
@@ -82,7 +85,7 @@ extern "C" __global__ void __launch_bounds__(256) gemv_multi_lane16(
   }
   if (p == GEMV_MULTI_PARTS) return;
   __shared__ __align__(16) GemvShared<1> sh;
-  gemv_multi_one(sh, parts[p], b, rows);
+  gemv_multi_one(sh, parts[p], b, blockIdx.y, rows);
 }
 
 union GemvSharedBoth {           // a block of either form (one weight, or gate and up)
@@ -109,7 +112,7 @@ extern "C" __global__ void __launch_bounds__(256) gemv_multi_swiglu_lane16(
   const int lane = threadIdx.x, o = threadIdx.y;
   if ((int)blockIdx.x < nba) {
     const GemvPart p = {x, wa, ya, n_a, K, kind_a};
-    gemv_multi_one(sh.one, p, blockIdx.x, rows);
+    gemv_multi_one(sh.one, p, blockIdx.x, blockIdx.y, rows);
     return;
   }
   const int n0 = (blockIdx.x - nba) * GEMV_OUTS, n = n0 + o;
@@ -127,4 +130,29 @@ extern "C" __global__ void __launch_bounds__(256) gemv_multi_swiglu_lane16(
     const float u = bf16_round(gemm_fold16(sh.two.part[1][o][lane]));
     ys[(long long)(m0 + lane) * n_s + n] = to_bf16(swiglu_f32(g, u, has_limit, limit));
   }
+}
+
+// The MoE's two down projections in one launch: the routed experts' grouped GEMV (gemv_grouped.cuh, gemv.cu's
+// gemv_grouped_lane16) over the expert-sorted pairs, and the shared expert's dense GEMV (gemv_lane16) of its rows.
+// Launch: block (16, GEMV_OUTS); grid (ceil(N / GEMV_OUTS), M + ceil(M2 / GEMV_ROWS)): block y < M is pair y's
+// run (as gemv_grouped_lane16), the rest the dense part's row groups.
+extern "C" __global__ void __launch_bounds__(256) gemv_grouped_dense_lane16(
+    const __nv_bfloat16* __restrict__ x,     // [M, K] bf16 the pairs' rows
+    const __nv_bfloat16* __restrict__ w,     // [E, N, K] bf16
+    const int* __restrict__ group,           // [M] int32: expert id of each pair (sorted)
+    float* __restrict__ y,                   // [M, N] f32
+    int M, int N, int K, int E,
+    unsigned int* __restrict__ flags,        // [slots, 2] u32 guard flags
+    int slot,                                // the slot of "group holds expert ids outside [0, E)", or -1
+    const __nv_bfloat16* __restrict__ x2,    // [M2, K2] bf16 the dense part's rows
+    const __nv_bfloat16* __restrict__ w2,    // [N, K2] bf16
+    float* __restrict__ y2,                  // [M2, N] f32
+    int M2, int K2) {
+  __shared__ __align__(16) GemvShared<1> sh;
+  if ((int)blockIdx.y < M) {
+    gemv_grouped_run(x, w, group, y, M, N, K, E, flags, slot, sh);
+    return;
+  }
+  const GemvPart p = {x2, w2, y2, N, K2, 0};
+  gemv_multi_one(sh, p, blockIdx.x, blockIdx.y - M, M2);
 }

@@ -89,6 +89,11 @@ class NumpyGemm:
             raise ValueError(f"gemm_and_swiglu: out must be 'f32' or 'bf16', got {out!r}")
         return self.gemm(x, w, out=out, decode=decode), self.gemm_swiglu(x, w_gate, w_up, limit, decode=decode)
 
+    def gemm_grouped_dense(self, x, w, group, x2, w2, decode: int = 0, decode2: int = 0):
+        """(gemm_grouped(x, w, group), gemm(x2, w2)) fp32: the MoE's experts' and shared expert's down projections
+        (one launch on the kernel backends when all rows are decode rows)."""
+        return self.gemm_grouped(x, w, group, decode=decode), self.gemm(x2, w2, decode=decode2)
+
     def gemm_swiglu(self, x, w_gate, w_up, limit: float | None, decode: int = 0) -> np.ndarray:
         """swiglu(gemm(x, w_gate, bf16), gemm(x, w_up, bf16), limit): the dense MLP's [M, N] bf16 activation."""
         return self.swiglu(self.gemm(x, w_gate, out="bf16", decode=decode),

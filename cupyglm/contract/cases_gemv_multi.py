@@ -116,3 +116,45 @@ _swiglu_case("decode",   1,  1,  64,  48, 256, "f32",  10.0, "order")   # router
 _swiglu_case("verify",  16, 16,  24,  40, 520, "f32",  10.0, "swap")    # K % 8 = 0, two stages of the SwiGLU
 _swiglu_case("nolimit",  3,  3,  17,  33, 100, "bf16", None, "swap")    # scalar loads, no clamp
 _swiglu_case("mixed",   20,  4,  16,  16, 256, "f32",  10.0, "order")   # 4 decode rows + 16 prompt rows
+
+
+def _grouped_dense_case(label: str, m: int, e: int, used: int, n: int, k: int, m2: int, k2: int,
+                        control: str) -> Case:
+    """gemm_grouped_dense: the experts' grouped down projection (m sorted pairs over `used` of e experts, the rest
+    poisoned with NaN) and the shared expert's dense one in one launch."""
+    def make(rng):
+        w = _bf(rng, (e, n, k), k ** -0.5)
+        group = np.sort(rng.permutation(np.arange(m) % used)).astype(np.int32)
+        w[np.setdiff1d(np.arange(e), group)] = np.nan
+        return {"x": _bf(rng, (m, k)), "w": w, "group": group, "x2": _bf(rng, (m2, k2)),
+                "w2": _bf(rng, (n, k2), k2 ** -0.5)}
+
+    def pack(pair):
+        return {"y": pair[0], "y2": pair[1]}
+
+    def run(kn, dd):
+        return pack(ops_gemm_multi.gemm_grouped_dense(kn, dd["x"], dd["w"], dd["group"], dd["x2"], dd["w2"],
+                                                      decode=m, decode2=m2))
+
+    def replay(dd):
+        return pack(REF.gemm_grouped_dense(dd["x"], dd["w"], dd["group"], dd["x2"], dd["w2"], decode=m,
+                                           decode2=m2))
+
+    if control == "order":
+        def ctl(kn, dd):
+            return pack(ops_gemm_multi.gemm_grouped_dense(kn.variant("CONTROL_CHUNK_ORDER"), dd["x"], dd["w"],
+                                                          dd["group"], dd["x2"], dd["w2"], decode=m, decode2=m2))
+    else:
+        def ctl(kn, dd):                        # one pair routed to the next expert
+            group = dd["group"].copy()
+            group[m // 2] = (group[m // 2] + 1) % used
+            return pack(ops_gemm_multi.gemm_grouped_dense(kn, dd["x"], dd["w"], kn.xp.asarray(group), dd["x2"],
+                                                          dd["w2"], decode=m, decode2=m2))
+
+    return case(Case(f"gemv_grouped_dense[{label}]", ("gemv_grouped_dense_lane16",), make, run, replay, ctl))
+
+
+#                   label     M   E  used   N     K   M2   K2   control
+_grouped_dense_case("decode",  8,  8,   5,  64, 1040,  1, 520, "order")   # one token's 8 pairs + its shared row
+_grouped_dense_case("verify", 48,  6,   2,  40,  256, 16, 256, "route")   # runs longer than 16 rows
+_grouped_dense_case("odd",     6,  4,   3,  33,  100,  3,  72, "route")   # scalar loads, N % 16 = 1

@@ -10,7 +10,7 @@ import numpy as np
 from cupyglm.backend.numpy_gemm import MULTI_OUTS, MULTI_PARTS, multi_parts
 from cupyglm.backend.qweight import QWeight
 from cupyglm.backend.roles import decode_rows
-from cupyglm.kernels import ops_gemm, ops_gemv, ops_moe
+from cupyglm.kernels import guards, ops_gemm, ops_gemv, ops_moe
 from cupyglm.kernels.ops import Kernels, check, i32, op
 
 SRC = "gemv_multi.cu"
@@ -103,3 +103,33 @@ def gemm_and_swiglu(k: Kernels, x, w, out, w_gate, w_up, limit, decode: int = 0)
         ya[d:] = ops_gemm.gemm(k, x[d:], w, out=out)
         ys[d:] = ops_gemm_swiglu.gemm_swiglu(k, x[d:], w_gate, w_up, limit)
     return ya, ys
+
+
+@op("gemm_grouped_dense")
+def gemm_grouped_dense(k: Kernels, x, w, group, x2, w2, decode: int = 0, decode2: int = 0):
+    """(gemm_grouped(x, w, group), gemm(x2, w2)) fp32; when every row of both is a decode row, one launch
+    (gemv_grouped_dense_lane16: the experts' and the shared expert's down projections)."""
+    x = check("gemm_grouped_dense", "x", k.xp.ascontiguousarray(x), (None, None), k.bf16)
+    x2 = check("gemm_grouped_dense", "x2", k.xp.ascontiguousarray(x2), (None, None), k.bf16)
+    m, kk = x.shape
+    m2, k2 = x2.shape
+    d = decode_rows("gemm_grouped_dense", decode, m)
+    d2 = decode_rows("gemm_grouped_dense", decode2, m2)
+    separate = (isinstance(w, QWeight) or isinstance(w2, QWeight) or d < m or d2 < m2 or not (m and m2 and kk
+                and k2) or w.shape[1] != w2.shape[0] or not w.shape[1])
+    if separate:
+        return (ops_gemm.gemm_grouped(k, x, w, group, decode=d), ops_gemm.gemm(k, x2, w2, decode=d2))
+    check("gemv_grouped_dense_lane16", "w", w, (None, None, kk), k.bf16)
+    check("gemv_grouped_dense_lane16", "group", group, (m,), np.int32)
+    check("gemv_grouped_dense_lane16", "w2", w2, (None, k2), k.bf16)
+    e, n = w.shape[0], w.shape[1]
+    groups = -(-m2 // ops_gemv.ROWS)
+    if m + groups > ops_gemv.MAX_GRID:
+        raise ValueError(f"gemv_grouped_dense_lane16: {m} pairs and {m2} rows exceed the grid's 65,535 limit")
+    guard = guards.kernel_guard(k, "gemm_grouped", "group", group, e, "expert ids", own=True)
+    y = k.empty((m, n), np.float32)
+    y2 = k.empty((m2, n), np.float32)
+    k.launch(SRC, "gemv_grouped_dense_lane16", (-(-n // ops_gemv.OUTS), m + groups, 1), ops_gemv.THREADS,
+             (x, w, group, y, i32(m), i32(n), i32(kk), i32(e), guard[0], i32(guard[1]), x2, w2, y2, i32(m2),
+              i32(k2)))
+    return y, y2

@@ -12,6 +12,7 @@ import numpy as np
 
 from cupyglm.checkpoint.names import TEXT_PREFIX
 from cupyglm.config import ModelConfig
+from cupyglm.dist.comm import summed
 from cupyglm.kv.state import SeqState
 from cupyglm.kv.store import KVStore
 from cupyglm.model.batch import Weights, decode_rows, segments
@@ -77,8 +78,8 @@ class Block:
         layer's (X, h, post, comb), each hc_post fused with the hc_pre + norm after it; after the last layer
         (nxt None) the final streams (X, None, None, None). hc_post rounds the fp32 sum to bf16."""
         partial = self.attn(h, segs) if self.is_kda else self.attn(h, segs, kv)
-        X, h, post, comb = self.hc_ffn.post_pre_norm(X, comm.allreduce_sum(partial), post, comb, self.post_norm)
-        partial = comm.allreduce_sum(self.mlp(h, decode_rows(segs)))
+        X, h, post, comb = self.hc_ffn.post_pre_norm(X, summed(comm, partial), post, comb, self.post_norm)
+        partial = summed(comm, self.mlp(h, decode_rows(segs)))
         if nxt is None:
             return self.ops.hc_post(X, partial, post, comb), None, None, None
         return nxt.hc_attn.post_pre_norm(X, partial, post, comb, nxt.in_norm)

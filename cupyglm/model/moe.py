@@ -58,6 +58,6 @@ class MoE:
         pairs = t * k if decode else 0                           # every pair a decode pair, or none
         xs = x[src]                                              # [T*k, D] bf16
         a = ops.gemm_grouped_swiglu(xs, self.gate, self.up, group, self.limit, decode=pairs)  # [T*k, inter]
-        ys = ops.gemm_grouped(a, self.down, group, decode=pairs)    # [T*k, D] fp32, expert-sorted
-        shared = ops.gemm(sh_act, sh.down, decode=decode)       # [T, D] fp32: the shared expert's output
+        # [T*k, D] fp32 expert-sorted, and the shared expert's [T, D] fp32 output: one op
+        ys, shared = ops.gemm_grouped_dense(a, self.down, group, sh_act, sh.down, decode=pairs, decode2=decode)
         return ops.moe_combine(ys, weights, shared, pos)         # slot j of row t: ys[pos[t*k + j]]
