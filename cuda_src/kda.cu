@@ -161,7 +161,8 @@ static __device__ __forceinline__ float kda_conv_at(const __nv_bfloat16* __restr
   float acc = 0.0f;
   for (int j = 0; j < taps; ++j) {
     const int i = t + j;                                     // row of [window; x]
-    const float v = i < taps - 1 ? ld_bf16(window, (long long)i * C + c) : ld_bf16(x, (long long)(i - taps + 1) * C + c);
+    const float v = i < taps - 1 ? ld_bf16(window, (long long)i * C + c)
+                                 : ld_bf16(x, (long long)(i - taps + 1) * C + c);
     acc = (j == 0) ? v * ld_bf16(w, c * taps) : acc + v * ld_bf16(w, c * taps + j);
   }
   return bf16_round(acc * sigmoid_f32(acc));
@@ -169,8 +170,8 @@ static __device__ __forceinline__ float kda_conv_at(const __nv_bfloat16* __restr
 
 // Row i of [window; x] for channel c (the next window: rows n .. n + taps - 2).
 static __device__ __forceinline__ __nv_bfloat16 kda_full_at(const __nv_bfloat16* __restrict__ x,
-                                                            const __nv_bfloat16* __restrict__ window, int i, long long c,
-                                                            int C, int taps) {
+                                                            const __nv_bfloat16* __restrict__ window, int i,
+                                                            long long c, int C, int taps) {
   return i < taps - 1 ? window[(long long)i * C + c] : x[(long long)(i - taps + 1) * C + c];
 }
 

@@ -1,6 +1,7 @@
 """Contract cases of cuda_src/moe_sort.cu (ops moe_sort, moe_route_sort) and of moe.cu's moe_combine_sorted (op
-moe_combine with pos, the combine that reads moe_sort's order without a scatter): decode, verify and prompt-sized pair lists (more pairs
-than one tile of the block), experts repeated across rows, and ids outside [0, E) (sorted last, in pair order).
+moe_combine with pos, the combine that reads moe_sort's order without a scatter): decode, verify and prompt-sized
+pair lists (more pairs than one tile of the block), experts repeated across rows, and ids outside [0, E) (sorted
+last, in pair order).
 
 Control: two pairs' experts exchanged (a row routed as another row was), which moves both in the order."""
 from __future__ import annotations
