@@ -31,8 +31,8 @@ def _multi_case(label: str, m: int, d: int, parts, shared: bool, control: str) -
             dd.update({f"x{p}": _bf(rng, (m, k)) for p, (_, k, _) in enumerate(parts)})
         return dd
 
-    def xs_of(dd, xp=np):
-        return tuple(xp.asarray(dd["x"] if shared else dd[f"x{p}"]) for p in range(len(parts)))
+    def xs_of(dd):
+        return tuple(dd["x"] if shared else dd[f"x{p}"] for p in range(len(parts)))
 
     def ws_of(dd):
         return tuple(dd[f"w{p}"] for p in range(len(parts)))
