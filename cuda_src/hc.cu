@@ -1,10 +1,13 @@
 // hc.cu -- hyper-connections: hc_pre (mix GEMM + RMS scale, pre/post gates, Sinkhorn comb, collapse),
-// hc_post (stream update) and stream_mean (final collapse).  Reference: NumpyOps.hc_pre / hc_post /
-// stream_mean in cupyglm/backend/numpy_ops.py; every sum over 4D runs in lane-16 order (backend/lanes.py),
-// short sums over the streams left to right.  Storage: the streams X, the weight fn and every stream-shaped
+// hc_pre_norm (hc_pre and the sublayer's RMSNorm in one launch), hc_post (stream update), hc_post_pre_norm
+// (one sublayer's hc_post and the next one's hc_pre_norm in one launch) and stream_mean (final collapse).
+// Reference: NumpyOps.hc_pre / hc_pre_norm / hc_post / hc_post_pre_norm / stream_mean in
+// cupyglm/backend/numpy_ops.py; every sum over 4D runs in lane-16 order (backend/lanes.py), short sums over the
+// streams left to right.  Storage: the streams X, the weight fn and every stream-shaped
 // output are bf16; base and scale (stored F32), post and comb are fp32.
 #include "common.cuh"
 #include "exp_f32.cuh"
+#include "norm_row.cuh"
 
 #define HC_MAX_S 8  // streams supported by hc_pre's per-thread Sinkhorn (the model has 4)
 
@@ -20,17 +23,18 @@ static __device__ __forceinline__ float ld_rounded(const float* p, long long i) 
 
 // One block per token row; blockDim.x a multiple of 32 (launcher: 128).  Groups of 16 threads each
 // compute one of the NM = S*(S+2) mix dots (or, as output NM, the sum of squares) in lane-16 order, thread 0
-// turns them into pre/post/comb (Sinkhorn), then all threads collapse the streams.
-// Dynamic shared memory: (NM + 1 + S) floats.
-extern "C" __global__ void hc_pre(const __nv_bfloat16* __restrict__ X,      // [T, S, D] bf16
-                                  const __nv_bfloat16* __restrict__ fn,     // [NM, S*D] bf16
-                                  const float* __restrict__ base,           // [NM] fp32 (stored F32)
-                                  const float* __restrict__ scale,          // [3] fp32 (stored F32)
-                                  __nv_bfloat16* __restrict__ x_out,        // [T, D] bf16
-                                  float* __restrict__ post,         // [T, S] f32
-                                  float* __restrict__ comb,         // [T, S, S] f32
-                                  int T, int S, int D, float norm_eps, float hc_eps, int iters) {
-  extern __shared__ float hc_sh[];  // [NM] mix dots, [1] sum of squares, [S] pre
+// turns them into pre/post/comb (Sinkhorn), then all threads collapse the streams into x_out (and, when xs is
+// given, the same bf16 values into xs for a fused epilogue).  hc_sh: (NM + 1 + S) floats of shared memory.
+// X is read with plain (coherent) loads: hc_post_pre_norm passes streams its own block wrote in this launch.
+static __device__ __forceinline__ float ld_bf16_coherent(const __nv_bfloat16* p, long long i) {
+  return __bfloat162float(p[i]);
+}
+
+static __device__ __forceinline__ void hc_pre_row(const __nv_bfloat16* X, const __nv_bfloat16* __restrict__ fn,
+                                                  const float* __restrict__ base, const float* __restrict__ scale,
+                                                  __nv_bfloat16* __restrict__ x_out, float* __restrict__ post,
+                                                  float* __restrict__ comb, int S, int D, float norm_eps,
+                                                  float hc_eps, int iters, float* hc_sh, float* xs) {
   const int t = blockIdx.x;
   const int tid = threadIdx.x;
   const int lane = tid & 15;
@@ -47,9 +51,9 @@ extern "C" __global__ void hc_pre(const __nv_bfloat16* __restrict__ X,      // [
     float acc = 0.0f;
     if (o < NM) {
       const __nv_bfloat16* wr = fn + (long long)o * K;
-      for (int k = lane; k < K; k += 16) acc += ld_bf16(xr, k) * ld_bf16(wr, k);
+      for (int k = lane; k < K; k += 16) acc += ld_bf16_coherent(xr, k) * ld_bf16(wr, k);
     } else if (o == NM) {
-      for (int k = lane; k < K; k += 16) acc += ld_bf16(xr, k) * ld_bf16(xr, k);
+      for (int k = lane; k < K; k += 16) acc += ld_bf16_coherent(xr, k) * ld_bf16_coherent(xr, k);
     }
     acc = lane16_fold(acc);
     if (lane == 0 && o <= NM) hc_sh[o] = acc;
@@ -112,9 +116,66 @@ extern "C" __global__ void hc_pre(const __nv_bfloat16* __restrict__ X,      // [
 
   // x = bf16(((pre0 X0 + pre1 X1) + pre2 X2) + pre3 X3).
   for (int d = tid; d < D; d += blockDim.x) {
-    float acc = pre_sh[0] * ld_bf16(xr, d);
-    for (int s = 1; s < S; ++s) acc = acc + pre_sh[s] * ld_bf16(xr, (long long)s * D + d);
+    float acc = pre_sh[0] * ld_bf16_coherent(xr, d);
+    for (int s = 1; s < S; ++s) acc = acc + pre_sh[s] * ld_bf16_coherent(xr, (long long)s * D + d);
     x_out[(long long)t * D + d] = to_bf16(acc);
+#ifdef CONTROL_NORM_UNROUNDED
+    if (xs != nullptr) xs[d] = acc;                 // planted control: the norm reads the unrounded collapse
+#else
+    if (xs != nullptr) xs[d] = bf16_round(acc);     // the norm reads x exactly as stored
+#endif
+  }
+}
+
+// Dynamic shared memory: (NM + 1 + S) floats.
+extern "C" __global__ void hc_pre(const __nv_bfloat16* __restrict__ X,      // [T, S, D] bf16
+                                  const __nv_bfloat16* __restrict__ fn,     // [NM, S*D] bf16
+                                  const float* __restrict__ base,           // [NM] fp32 (stored F32)
+                                  const float* __restrict__ scale,          // [3] fp32 (stored F32)
+                                  __nv_bfloat16* __restrict__ x_out,        // [T, D] bf16
+                                  float* __restrict__ post,         // [T, S] f32
+                                  float* __restrict__ comb,         // [T, S, S] f32
+                                  int T, int S, int D, float norm_eps, float hc_eps, int iters) {
+  extern __shared__ float hc_sh[];  // [NM] mix dots, [1] sum of squares, [S] pre
+  hc_pre_row(X, fn, base, scale, x_out, post, comb, S, D, norm_eps, hc_eps, iters, hc_sh, nullptr);
+}
+
+struct HcRowShared {            // the collapsed row's bf16 values, kept in shared memory as floats
+  const float* xs;
+  __device__ float operator()(int i) const { return xs[i]; }
+};
+
+// hc_pre, then the sublayer's RMSNorm of x (norm_row.cuh, NumpyOps.rmsnorm) in the same block: h = rmsnorm(x,
+// norm_w, norm_eps), the two launches' bits in one.  x_out is the collapsed row as hc_pre writes it.
+// Dynamic shared memory: (NM + 1 + S + D) floats.
+extern "C" __global__ void hc_pre_norm(const __nv_bfloat16* __restrict__ X,      // [T, S, D] bf16
+                                       const __nv_bfloat16* __restrict__ fn,     // [NM, S*D] bf16
+                                       const float* __restrict__ base,           // [NM] fp32 (stored F32)
+                                       const float* __restrict__ scale,          // [3] fp32 (stored F32)
+                                       const __nv_bfloat16* __restrict__ norm_w, // [D] bf16
+                                       __nv_bfloat16* __restrict__ x_out,        // [T, D] bf16
+                                       __nv_bfloat16* __restrict__ h_out,        // [T, D] bf16: rmsnorm(x)
+                                       float* __restrict__ post,                 // [T, S] f32
+                                       float* __restrict__ comb,                 // [T, S, S] f32
+                                       int T, int S, int D, float norm_eps, float hc_eps, int iters) {
+  extern __shared__ float hc_sh[];  // [NM] mix dots, [1] sum of squares, [S] pre, [D] the collapsed row
+  float* xs = hc_sh + S * (S + 2) + 1 + S;
+  hc_pre_row(X, fn, base, scale, x_out, post, comb, S, D, norm_eps, hc_eps, iters, hc_sh, xs);
+  __syncthreads();                  // the whole row is in xs
+  const HcRowShared rd{xs};
+  rmsnorm_row(rd, norm_w, h_out + (long long)blockIdx.x * D, D, norm_eps);
+}
+
+// One element d of token t's updated streams (hc_post).
+static __device__ __forceinline__ void hc_post_at(const __nv_bfloat16* __restrict__ X, const float* __restrict__ branch,
+                                                  const float* __restrict__ post, const float* __restrict__ comb,
+                                                  __nv_bfloat16* out, int t, int S, int D, int d) {
+  const float b = ld_rounded(branch, (long long)t * D + d);
+  const __nv_bfloat16* xr = X + (long long)t * S * D + d;
+  for (int s = 0; s < S; ++s) {
+    float acc = post[(long long)t * S + s] * b;
+    for (int j = 0; j < S; ++j) acc = acc + comb[((long long)t * S + j) * S + s] * ld_bf16(xr, (long long)j * D);
+    out[((long long)t * S + s) * D + d] = to_bf16(acc);
   }
 }
 
@@ -127,16 +188,35 @@ extern "C" __global__ void hc_post(const __nv_bfloat16* __restrict__ X,   // [T,
                                    const float* __restrict__ comb,        // [T, S, S] f32
                                    __nv_bfloat16* __restrict__ out,       // [T, S, D] bf16
                                    int T, int S, int D) {
-  const int t = blockIdx.x;
   const int d = blockIdx.y * blockDim.x + threadIdx.x;
-  if (d >= D) return;
-  const float b = ld_rounded(branch, (long long)t * D + d);
-  const __nv_bfloat16* xr = X + (long long)t * S * D + d;
-  for (int s = 0; s < S; ++s) {
-    float acc = post[(long long)t * S + s] * b;
-    for (int j = 0; j < S; ++j) acc = acc + comb[((long long)t * S + j) * S + s] * ld_bf16(xr, (long long)j * D);
-    out[((long long)t * S + s) * D + d] = to_bf16(acc);
-  }
+  if (d < D) hc_post_at(X, branch, post, comb, out, blockIdx.x, S, D, d);
+}
+
+// hc_post of one sublayer, then hc_pre_norm of the next on the updated streams, one block per token (the
+// streams X' stay in this block: it writes them, then reads them back after a barrier): the bits of hc_post
+// followed by hc_pre_norm.  Dynamic shared memory: (NM + 1 + S + D) floats.
+extern "C" __global__ void hc_post_pre_norm(const __nv_bfloat16* __restrict__ X,      // [T, S, D] bf16
+                                            const float* __restrict__ branch,         // [T, D] f32 (bf16 on load)
+                                            const float* __restrict__ post,           // [T, S] f32
+                                            const float* __restrict__ comb,           // [T, S, S] f32
+                                            const __nv_bfloat16* __restrict__ fn,     // [NM, S*D] bf16
+                                            const float* __restrict__ base,           // [NM] fp32 (stored F32)
+                                            const float* __restrict__ scale,          // [3] fp32 (stored F32)
+                                            const __nv_bfloat16* __restrict__ norm_w, // [D] bf16
+                                            __nv_bfloat16* X_out,                     // [T, S, D] bf16: X'
+                                            __nv_bfloat16* __restrict__ x_out,        // [T, D] bf16
+                                            __nv_bfloat16* __restrict__ h_out,        // [T, D] bf16
+                                            float* __restrict__ post_out,             // [T, S] f32
+                                            float* __restrict__ comb_out,             // [T, S, S] f32
+                                            int T, int S, int D, float norm_eps, float hc_eps, int iters) {
+  extern __shared__ float hc_sh[];  // [NM] mix dots, [1] sum of squares, [S] pre, [D] the collapsed row
+  for (int d = threadIdx.x; d < D; d += blockDim.x) hc_post_at(X, branch, post, comb, X_out, blockIdx.x, S, D, d);
+  __syncthreads();                  // the token's updated streams are written
+  float* xs = hc_sh + S * (S + 2) + 1 + S;
+  hc_pre_row(X_out, fn, base, scale, x_out, post_out, comb_out, S, D, norm_eps, hc_eps, iters, hc_sh, xs);
+  __syncthreads();
+  const HcRowShared rd{xs};
+  rmsnorm_row(rd, norm_w, h_out + (long long)blockIdx.x * D, D, norm_eps);
 }
 
 // out[t, d] = bf16(((X0 + X1) + X2 + X3) * inv_s), streams left to right.  grid (T, ceil(D / blockDim.x)).

@@ -1,10 +1,10 @@
 // kda.cu -- Kimi Delta Attention: short conv + SiLU (kda_conv), per-channel decay (kda_gate), L2 norm
 // (l2norm), the per-token delta rule with an fp32 state (kda_recurrence; the same recurrence for prefill and
-// decode, so a state computed by prefill equals one computed token by token), and the gated RMS norm of the
-// output (kda_out).  Reference: NumpyOps.kda_* / l2norm in cupyglm/backend/numpy_ops.py; sums over a head
-// dimension in lane-16 order, the 4 taps left to right.  Storage: bf16 for what the model keeps in bf16 (the
-// conv input, window and taps, gate inputs, v, beta, y, the norm's weight and output); fp32 for the recurrent
-// state S, the decay g and the normalised q, k.
+// decode, so a state computed by prefill equals one computed token by token; kda_step: the conv, the q/k norms
+// and the decay fused into it), and the gated RMS norm of the output (kda_out).  Reference: NumpyOps.kda_* /
+// l2norm in cupyglm/backend/numpy_ops.py; sums over a head dimension in lane-16 order, the 4 taps left to right.
+// Storage: bf16 for what the model keeps in bf16 (the conv input, window and taps, gate inputs, v, beta, y, the
+// norm's weight and output); fp32 for the recurrent state S, the decay g and the normalised q, k.
 #include "common.cuh"
 #include "exp_f32.cuh"
 
@@ -69,9 +69,54 @@ extern "C" __global__ void l2norm(const __nv_bfloat16* __restrict__ x,  // [rows
   }
 }
 
+// One token of the delta rule for one value row, by its group of 16 threads (lane l holds S[h, v, k] for
+// k = l, l+16, ... in s): S *= g; kv = S k; S += ((v - kv) * beta) k; returns y = S q (folded, every lane).
+// qv, kv, gv: this lane's k values of q, k and g; vb = (v, beta) of the row (zeros for an inactive group).
+static __device__ __forceinline__ float kda_token(float* s, const float* qv, const float* kv, const float* gv,
+                                                  int lane, int K, bool active, float v, float beta) {
+  float acc = 0.0f;
+#pragma unroll
+  for (int j = 0; j < KDA_MAX_J; ++j) {
+    if (lane + 16 * j < K) {
+      s[j] = s[j] * gv[j];
+      acc += s[j] * kv[j];
+    }
+  }
+  const float kvs = lane16_fold(acc);
+  const float u = active ? (v - kvs) * beta : 0.0f;
+  acc = 0.0f;
+#pragma unroll
+  for (int j = 0; j < KDA_MAX_J; ++j) {
+    if (lane + 16 * j < K) {
+      s[j] = s[j] + u * kv[j];
+      acc += s[j] * qv[j];
+    }
+  }
+  return lane16_fold(acc);
+}
+
+static __device__ __forceinline__ void kda_load_state(float* s, const float* S_in, long long srow, int lane, int K,
+                                                      bool active) {
+#pragma unroll
+  for (int j = 0; j < KDA_MAX_J; ++j) {
+    const int kk = lane + 16 * j;
+    s[j] = (active && kk < K) ? S_in[srow + kk] : 0.0f;
+  }
+}
+
+static __device__ __forceinline__ void kda_store_state(const float* s, float* S_out, long long srow, int lane, int K,
+                                                       bool active) {
+  if (!active) return;
+#pragma unroll
+  for (int j = 0; j < KDA_MAX_J; ++j) {
+    const int kk = lane + 16 * j;
+    if (kk < K) S_out[srow + kk] = s[j];
+  }
+}
+
 // The delta rule, token by token.  Value row v of head h is independent of every other row, so a group of
 // 16 threads owns one row: lane l keeps S[h, v, k] for k = l, l+16, ... in registers (the lane-16 order of
-// the sums over k comes for free).  Per token: S *= g; kv = S k; S += ((v - kv) * beta) k; y = bf16(S q).
+// the sums over k comes for free).  Per token: kda_token.
 // grid (ceil(V / (blockDim.x / 16)), H); blockDim.x a multiple of 32.
 extern "C" __global__ void kda_recurrence(const float* __restrict__ S_in,  // [H, V, K] f32
                                           const float* __restrict__ q,     // [n, H, K] f32
@@ -88,43 +133,121 @@ extern "C" __global__ void kda_recurrence(const float* __restrict__ S_in,  // [H
   const bool active = vr < V;
   float s[KDA_MAX_J];
   const long long srow = ((long long)h * V + (active ? vr : 0)) * K;
-#pragma unroll
-  for (int j = 0; j < KDA_MAX_J; ++j) {
-    const int kk = lane + 16 * j;
-    s[j] = (active && kk < K) ? S_in[srow + kk] : 0.0f;
-  }
+  kda_load_state(s, S_in, srow, lane, K, active);
   for (int t = 0; t < n; ++t) {
     const long long hk = ((long long)t * H + h) * K;
-    float acc = 0.0f;
+    float qv[KDA_MAX_J], kv[KDA_MAX_J], gv[KDA_MAX_J];
 #pragma unroll
     for (int j = 0; j < KDA_MAX_J; ++j) {
       const int kk = lane + 16 * j;
-      if (kk < K) {
-        s[j] = s[j] * g[hk + kk];
-        acc += s[j] * k[hk + kk];
-      }
+      qv[j] = kk < K ? q[hk + kk] : 0.0f;
+      kv[j] = kk < K ? k[hk + kk] : 0.0f;
+      gv[j] = kk < K ? g[hk + kk] : 0.0f;
     }
-    const float kv = lane16_fold(acc);
-    const float u = active ? (ld_bf16(v, ((long long)t * H + h) * V + vr) - kv) * ld_bf16(beta, (long long)t * H + h)
-                           : 0.0f;
-    acc = 0.0f;
-#pragma unroll
-    for (int j = 0; j < KDA_MAX_J; ++j) {
-      const int kk = lane + 16 * j;
-      if (kk < K) {
-        s[j] = s[j] + u * k[hk + kk];
-        acc += s[j] * q[hk + kk];
-      }
-    }
-    const float yv = lane16_fold(acc);
+    const float vv = active ? ld_bf16(v, ((long long)t * H + h) * V + vr) : 0.0f;
+    const float bv = active ? ld_bf16(beta, (long long)t * H + h) : 0.0f;
+    const float yv = kda_token(s, qv, kv, gv, lane, K, active, vv, bv);
     if (active && lane == 0) y[((long long)t * H + h) * V + vr] = to_bf16(yv);
   }
-  if (active) {
+  kda_store_state(s, S_out, srow, lane, K, active);
+}
+
+// Channel c of token t of kda_conv's output (the same sum and SiLU): the causal conv over [window; x] with taps
+// w[c, 0..taps) oldest first, rounded to bf16 (returned as a float).
+static __device__ __forceinline__ float kda_conv_at(const __nv_bfloat16* __restrict__ x,
+                                                    const __nv_bfloat16* __restrict__ window,
+                                                    const __nv_bfloat16* __restrict__ w, int t, long long c, int C,
+                                                    int taps) {
+  float acc = 0.0f;
+  for (int j = 0; j < taps; ++j) {
+    const int i = t + j;                                     // row of [window; x]
+    const float v = i < taps - 1 ? ld_bf16(window, (long long)i * C + c)
+                                 : ld_bf16(x, (long long)(i - taps + 1) * C + c);
+    acc = (j == 0) ? v * ld_bf16(w, c * taps) : acc + v * ld_bf16(w, c * taps + j);
+  }
+  return bf16_round(acc * sigmoid_f32(acc));
+}
+
+// Row i of [window; x] for channel c (the next window: rows n .. n + taps - 2).
+static __device__ __forceinline__ __nv_bfloat16 kda_full_at(const __nv_bfloat16* __restrict__ x,
+                                                            const __nv_bfloat16* __restrict__ window, int i,
+                                                            long long c, int C, int taps) {
+  return i < taps - 1 ? window[(long long)i * C + c] : x[(long long)(i - taps + 1) * C + c];
+}
+
+// The decode step of one segment in one launch: kda_conv of the projections' q/k/v heads (kda_conv_at), q =
+// l2norm(q) * q_scale, k = l2norm(k) (l2norm's lane-16 sums, recomputed by every value row's group), g = kda_gate(a)
+// (kda_gate's expression per element), then kda_token: the bits of kda_conv, l2norm x2, kda_gate and
+// kda_recurrence (V = K).  The q/k channels' next window is written by the first group of each head, v's by
+// its row's group.  grid (ceil(K / (blockDim.x / 16)), H); blockDim.x a multiple of 32.
+extern "C" __global__ void kda_step(const float* __restrict__ S_in,            // [H, K, K] f32
+                                    const __nv_bfloat16* __restrict__ x,       // [n, 3, H, K] bf16: conv input
+                                    const __nv_bfloat16* __restrict__ window,  // [taps-1, 3HK] bf16, oldest first
+                                    const __nv_bfloat16* __restrict__ cw,      // [3HK, taps] bf16 conv taps
+                                    const __nv_bfloat16* __restrict__ a,       // [n, H, K] bf16: gate input
+                                    const float* __restrict__ a_log,           // [H] fp32 (stored F32)
+                                    const float* __restrict__ dt_bias,         // [H, K] fp32 (stored F32)
+                                    const __nv_bfloat16* __restrict__ beta,    // [n, H] bf16
+                                    __nv_bfloat16* __restrict__ y,             // [n, H, K] bf16
+                                    float* __restrict__ S_out,                 // [H, K, K] f32
+                                    __nv_bfloat16* __restrict__ window_out,    // [taps-1, 3HK] bf16
+                                    int n, int H, int K, int taps, float lower, float eps, float q_scale) {
+  const int h = blockIdx.y;
+  const int vr = blockIdx.x * (blockDim.x >> 4) + (threadIdx.x >> 4);
+  const int lane = threadIdx.x & 15;
+  const bool active = vr < K;
+  const int C = 3 * H * K;
+  const long long cq = (long long)h * K, ck = cq + (long long)H * K, cv = ck + (long long)H * K;
+  float s[KDA_MAX_J];
+  const long long srow = ((long long)h * K + (active ? vr : 0)) * K;
+  kda_load_state(s, S_in, srow, lane, K, active);
+  const float ea = exp_f32(a_log[h]);
+  for (int t = 0; t < n; ++t) {
+    const long long hk = ((long long)t * H + h) * K;
+    float qv[KDA_MAX_J], kv[KDA_MAX_J], gv[KDA_MAX_J];
+    float sq = 0.0f, sk = 0.0f;
 #pragma unroll
     for (int j = 0; j < KDA_MAX_J; ++j) {
       const int kk = lane + 16 * j;
-      if (kk < K) S_out[srow + kk] = s[j];
+      qv[j] = kk < K ? kda_conv_at(x, window, cw, t, cq + kk, C, taps) : 0.0f;
+      kv[j] = kk < K ? kda_conv_at(x, window, cw, t, ck + kk, C, taps) : 0.0f;
+      if (kk < K) {
+        sq += qv[j] * qv[j];
+        sk += kv[j] * kv[j];
+      }
     }
+    const float rq = 1.0f / sqrtf(lane16_fold(sq) + eps);
+    const float rk = 1.0f / sqrtf(lane16_fold(sk) + eps);
+#pragma unroll
+    for (int j = 0; j < KDA_MAX_J; ++j) {
+      const int kk = lane + 16 * j;
+      if (kk < K) {
+        const float yq = qv[j] * rq;
+        qv[j] = yq * q_scale;
+        kv[j] = kv[j] * rk;
+#ifdef CONTROL_GATE_HEAD
+        const float inner = ea * (ld_bf16(a, hk + kk) + dt_bias[(long long)((h + 1) % H) * K + kk]);
+#else
+        const float inner = ea * (ld_bf16(a, hk + kk) + dt_bias[(long long)h * K + kk]);
+#endif
+        gv[j] = exp_f32(lower * sigmoid_f32(inner));
+      } else {
+        gv[j] = 0.0f;
+      }
+    }
+    const float vv = active ? kda_conv_at(x, window, cw, t, cv + vr, C, taps) : 0.0f;
+    const float bv = active ? ld_bf16(beta, (long long)t * H + h) : 0.0f;
+    const float yv = kda_token(s, qv, kv, gv, lane, K, active, vv, bv);
+    if (active && lane == 0) y[hk + vr] = to_bf16(yv);
+  }
+  kda_store_state(s, S_out, srow, lane, K, active);
+  for (int j = 0; j < taps - 1; ++j) {                 // the next window: exact bf16 copies
+    if (blockIdx.x == 0 && (threadIdx.x >> 4) == 0)
+      for (int kk = lane; kk < K; kk += 16) {
+        window_out[(long long)j * C + cq + kk] = kda_full_at(x, window, n + j, cq + kk, C, taps);
+        window_out[(long long)j * C + ck + kk] = kda_full_at(x, window, n + j, ck + kk, C, taps);
+      }
+    if (active && lane == 0) window_out[(long long)j * C + cv + vr] = kda_full_at(x, window, n + j, cv + vr, C, taps);
   }
 }
 

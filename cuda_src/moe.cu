@@ -5,20 +5,8 @@
 // logits, scores, weights and the combine are fp32 (the reference keeps them fp32).
 #include "common.cuh"
 #include "exp_f32.cuh"
+#include "moe_route.cuh"
 #include "swiglu.cuh"
-
-#define MOE_MAX_K 32  // moe_route: experts per token <= 32 (the model has 8)
-
-// Total order of the pick: larger value first, NaN after every number, ties to the lower id; id < 0 is
-// "nothing yet".  The same order as numpy's stable argsort of -(score + bias).
-static __device__ __forceinline__ bool moe_better(float a, int ia, float b, int ib) {
-  if (ia < 0) return false;
-  if (ib < 0) return true;
-  const bool na = a != a, nb = b != b;
-  if (na != nb) return nb;
-  if (!na && a != b) return a > b;
-  return ia < ib;
-}
 
 // One warp per token row (blockDim.x = 32 * rows per block).  Dynamic shared memory: 2 * E floats per warp.
 extern "C" __global__ void moe_route(const float* __restrict__ logits,  // [T, E] f32
@@ -28,42 +16,9 @@ extern "C" __global__ void moe_route(const float* __restrict__ logits,  // [T, E
                                      int T, int E, int k, float scale) {
   extern __shared__ float moe_sh[];
   const int warp = threadIdx.x >> 5;
-  const int lane = threadIdx.x & 31;
   const int t = blockIdx.x * (blockDim.x >> 5) + warp;
   if (t >= T) return;  // warp-uniform
-  float* score = moe_sh + (long long)warp * 2 * E;
-  float* sel = score + E;
-  for (int e = lane; e < E; e += 32) {
-    const float s = sigmoid_f32(logits[(long long)t * E + e]);
-    score[e] = s;
-    sel[e] = s + bias[e];
-  }
-  __syncwarp();
-  int pick[MOE_MAX_K];
-  for (int r = 0; r < k; ++r) {
-    float bv = 0.0f;
-    int bi = -1;
-    for (int e = lane; e < E; e += 32) {
-      bool taken = false;
-      for (int q = 0; q < r; ++q) taken = taken || pick[q] == e;
-      if (!taken && moe_better(sel[e], e, bv, bi)) { bv = sel[e]; bi = e; }
-    }
-    for (int off = 16; off > 0; off >>= 1) {
-      const float ov = __shfl_xor_sync(FULL_MASK, bv, off);
-      const int oi = __shfl_xor_sync(FULL_MASK, bi, off);
-      if (moe_better(ov, oi, bv, bi)) { bv = ov; bi = oi; }
-    }
-    pick[r] = bi;
-  }
-  if (lane == 0) {
-    float total = 0.0f;
-    for (int r = 0; r < k; ++r) total = (r == 0) ? score[pick[r]] : total + score[pick[r]];
-    total = total + 1e-20f;
-    for (int r = 0; r < k; ++r) {
-      ids[(long long)t * k + r] = pick[r];
-      weights[(long long)t * k + r] = score[pick[r]] / total * scale;
-    }
-  }
+  moe_route_token(logits, bias, ids, weights, t, E, k, scale, moe_sh + (long long)warp * 2 * E, threadIdx.x & 31);
 }
 
 // out = bf16(bf16(silu(min(gate, L))) * clip(up, -L, L)); no clamp when has_limit == 0.  Elementwise.

@@ -1,4 +1,5 @@
-// moe_sort.cu -- the MoE's (row, slot) pairs sorted by expert on the device (NumpyOps.moe_sort): pair p = (row
+// moe_sort.cu -- the MoE's (row, slot) pairs sorted by expert on the device (NumpyOps.moe_sort), and
+// moe_route_sort (the decode rows' moe_route and moe_sort in one launch): pair p = (row
 // p / k, slot p % k) of expert ids[p]; sorted by expert, pairs of one expert in pair order (a stable counting
 // sort, so the result is unique: any correct sort gives these bits).  Ids outside [0, E) sort after every
 // expert, in pair order (the grouped GEMM's guard reports them).
@@ -8,21 +9,19 @@
 // blockDim in pair order: a pair's slot is its expert's running base plus the pairs of its expert earlier in
 // the tile.  No host sync: the grouped GEMMs read group, the gather src and the combine pos on the device.
 #include "common.cuh"
+#include "moe_route.cuh"
 
 #define SORT_THREADS 256
 
 static __device__ __forceinline__ int moe_bucket(int id, int E) { return (id >= 0 && id < E) ? id : E; }
 
-extern "C" __global__ void __launch_bounds__(SORT_THREADS)
-moe_sort(const int* __restrict__ ids,   // [P] i32 expert of each pair, P = T * k
-         int* __restrict__ order,       // [P] i32 the pair at each sorted position
-         int* __restrict__ group,       // [P] i32 its expert id
-         int* __restrict__ src,         // [P] i32 its token row (pair / k)
-         int* __restrict__ pos,         // [P] i32 the sorted position of each pair (order's inverse)
-         int P, int E, int k) {
-  extern __shared__ int moe_sort_sh[];
-  int* base = moe_sort_sh;               // [E + 1] running first slot of each bucket
-  int* tile = moe_sort_sh + E + 1;       // [SORT_THREADS] buckets of the current tile
+// The sort by one whole block; sh: (E + 1 + SORT_THREADS) ints of shared memory.  ids is read with plain
+// (coherent) loads: moe_route_sort's block wrote it in the same launch.
+static __device__ __forceinline__ void moe_sort_block(const int* ids, int* __restrict__ order, int* __restrict__ group,
+                                                      int* __restrict__ src, int* __restrict__ pos, int P, int E,
+                                                      int k, int* sh) {
+  int* base = sh;               // [E + 1] running first slot of each bucket
+  int* tile = sh + E + 1;       // [SORT_THREADS] buckets of the current tile
   const int tid = threadIdx.x;
   for (int e = tid; e <= E; e += blockDim.x) base[e] = 0;
   __syncthreads();
@@ -56,4 +55,38 @@ moe_sort(const int* __restrict__ ids,   // [P] i32 expert of each pair, P = T * 
     if (p < P) atomicAdd(&base[e], 1);
     __syncthreads();
   }
+}
+
+extern "C" __global__ void __launch_bounds__(SORT_THREADS)
+moe_sort(const int* __restrict__ ids,   // [P] i32 expert of each pair, P = T * k
+         int* __restrict__ order,       // [P] i32 the pair at each sorted position
+         int* __restrict__ group,       // [P] i32 its expert id
+         int* __restrict__ src,         // [P] i32 its token row (pair / k)
+         int* __restrict__ pos,         // [P] i32 the sorted position of each pair (order's inverse)
+         int P, int E, int k) {
+  extern __shared__ int moe_sort_sh[];
+  moe_sort_block(ids, order, group, src, pos, P, E, k, moe_sort_sh);
+}
+
+// The decode rows' routing (moe_route.cuh, one warp per token in turn) and the sort of their pairs in one block:
+// the bits of moe_route then moe_sort.  Dynamic shared memory: SORT_THREADS / 32 * 2 * E floats for the warps'
+// scores, then (E + 1 + SORT_THREADS) ints for the sort.
+extern "C" __global__ void __launch_bounds__(SORT_THREADS)
+moe_route_sort(const float* __restrict__ logits,  // [T, E] f32
+               const float* __restrict__ bias,    // [E] fp32 (stored F32)
+               int* ids,                          // [T, k] i32 experts in pick order (read back by the sort)
+               float* __restrict__ weights,       // [T, k] f32
+               int* __restrict__ order,           // [T * k] i32 as moe_sort
+               int* __restrict__ group,           // [T * k] i32
+               int* __restrict__ src,             // [T * k] i32
+               int* __restrict__ pos,             // [T * k] i32
+               int T, int E, int k, float scale) {
+  extern __shared__ float moe_route_sort_sh[];
+  const int warps = blockDim.x >> 5, warp = threadIdx.x >> 5;
+  float* score = moe_route_sort_sh + (long long)warp * 2 * E;
+  for (int t = warp; t < T; t += warps)            // warp-uniform
+    moe_route_token(logits, bias, ids, weights, t, E, k, scale, score, threadIdx.x & 31);
+  __syncthreads();                                 // every pair's expert id is written
+  moe_sort_block(ids, order, group, src, pos, T * k, E, k,
+                 reinterpret_cast<int*>(moe_route_sort_sh + (long long)warps * 2 * E));
 }

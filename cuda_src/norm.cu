@@ -7,36 +7,20 @@
 // rounds.  No FMA contraction (--fmad=false / -ffp-contract=off), so the bits equal NumPy's.  Storage: x, w, b
 // and out are bf16; the sums and the row scalar are fp32.
 #include "common.cuh"
+#include "norm_row.cuh"
 
-#define NORM_LANES 16
+struct NormRowBf16 {            // row values read from bf16 memory
+  const __nv_bfloat16* xr;
+  __device__ float operator()(int i) const { return ld_bf16(xr, i); }
+};
 
-// out = bf16(w * bf16(x * (1 / sqrt(sum(x*x) / D + eps)))), per row.
+// out = bf16(w * bf16(x * (1 / sqrt(sum(x*x) / D + eps)))), per row (norm_row.cuh).
 extern "C" __global__ void rmsnorm_rows(const __nv_bfloat16* __restrict__ x,   // [rows, D] bf16
                                         const __nv_bfloat16* __restrict__ w,   // [D] bf16
                                         __nv_bfloat16* __restrict__ out,       // [rows, D] bf16
                                         int D, float eps) {
-  __shared__ float lanes[NORM_LANES];
-  __shared__ float scale;
-  const int tid = threadIdx.x;
-  const __nv_bfloat16* xr = x + (long long)blockIdx.x * D;
-  __nv_bfloat16* orow = out + (long long)blockIdx.x * D;
-  if (tid < NORM_LANES) {
-    float acc = 0.0f;
-    for (int i = tid; i < D; i += NORM_LANES) {
-      const float xv = ld_bf16(xr, i);
-      const float p = xv * xv;
-      acc = acc + p;
-    }
-    lanes[tid] = acc;
-  }
-  __syncthreads();
-  if (tid == 0) {
-    const float ms = lane16_fold_array(lanes) / (float)D;
-    scale = 1.0f / sqrtf(ms + eps);
-  }
-  __syncthreads();
-  const float r = scale;
-  for (int i = tid; i < D; i += blockDim.x) orow[i] = to_bf16(ld_bf16(w, i) * bf16_round(ld_bf16(xr, i) * r));
+  const NormRowBf16 rd{x + (long long)blockIdx.x * D};
+  rmsnorm_row(rd, w, out + (long long)blockIdx.x * D, D, eps);
 }
 
 // out = bf16(((x - mean) * (1 / sqrt(var + eps))) * w + b), population variance, per row.

@@ -17,6 +17,22 @@ def round_out(y: np.ndarray, out: str) -> np.ndarray:
     return bf16(y) if out == "bf16" else y
 
 
+MULTI_OUTS = ("f32", "bf16", "sigmoid_bf16")    # gemm_multi's epilogues (kinds 0, 1, 2 of gemv_multi.cu)
+MULTI_PARTS = 6                                  # GEMV_MULTI_PARTS
+
+
+def multi_parts(name: str, xs, ws, outs) -> None:
+    """Refuse a gemm_multi call the kernel cannot take: 1..6 parts, one out choice each, rows shared."""
+    if not 0 < len(xs) <= MULTI_PARTS or len(ws) != len(xs) or len(outs) != len(xs):
+        raise ValueError(f"{name}: 1..{MULTI_PARTS} parts, each an x, a w and an out; got {len(xs)}, {len(ws)}, "
+                         f"{len(outs)}")
+    for o in outs:
+        if o not in MULTI_OUTS:
+            raise ValueError(f"{name}: out must be one of {MULTI_OUTS}, got {o!r}")
+    if len({x.shape[0] for x in xs}) != 1:
+        raise ValueError(f"{name}: every part's x must have the same rows, got {[x.shape for x in xs]}")
+
+
 class NumpyGemm:
     def gemm(self, x: np.ndarray, w: np.ndarray, out: str = "f32", decode: int = 0) -> np.ndarray:
         """[M, K] bf16 x [N, K] bf16 -> [M, N] fp32, lane-16 order over K; out="bf16" rounds it once. Rows
@@ -57,6 +73,26 @@ class NumpyGemm:
             rows = np.nonzero(group == ex)[0]
             y[rows] = gemm(x[rows], w[ex])
         return round_out(y, out)
+
+    def gemm_multi(self, xs: tuple, ws: tuple, outs: tuple, decode: int = 0) -> tuple:
+        """Several GEMMs of the same rows in one call: part p is gemm(xs[p], ws[p], outs[p]) (every x [M, K_p]
+        bf16, w [N_p, K_p] bf16); outs[p] "sigmoid_bf16" is sigmoid(gemm(x, w), out="bf16"). The same bits as
+        the separate calls; the kernel backends run the decode rows of all parts in one launch."""
+        multi_parts("gemm_multi", xs, ws, outs)
+        return tuple(self.sigmoid(self.gemm(x, w, decode=decode), out="bf16") if o == "sigmoid_bf16"
+                     else self.gemm(x, w, out=o, decode=decode) for x, w, o in zip(xs, ws, outs))
+
+    def gemm_and_swiglu(self, x, w, out: str, w_gate, w_up, limit: float | None, decode: int = 0):
+        """(gemm(x, w, out), gemm_swiglu(x, w_gate, w_up, limit)) of the same rows: the MoE router's logits and
+        the shared expert's activation (one launch on the kernel backends)."""
+        if out not in ("f32", "bf16"):
+            raise ValueError(f"gemm_and_swiglu: out must be 'f32' or 'bf16', got {out!r}")
+        return self.gemm(x, w, out=out, decode=decode), self.gemm_swiglu(x, w_gate, w_up, limit, decode=decode)
+
+    def gemm_grouped_dense(self, x, w, group, x2, w2, decode: int = 0, decode2: int = 0):
+        """(gemm_grouped(x, w, group), gemm(x2, w2)) fp32: the MoE's experts' and shared expert's down projections
+        (one launch on the kernel backends when all rows are decode rows)."""
+        return self.gemm_grouped(x, w, group, decode=decode), self.gemm(x2, w2, decode=decode2)
 
     def gemm_swiglu(self, x, w_gate, w_up, limit: float | None, decode: int = 0) -> np.ndarray:
         """swiglu(gemm(x, w_gate, bf16), gemm(x, w_up, bf16), limit): the dense MLP's [M, N] bf16 activation."""

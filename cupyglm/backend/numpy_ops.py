@@ -127,6 +127,19 @@ class NumpyOps(NumpyGemm, LogitsOps, GatherOps):
         x = bf16(_seq_sum([pre[:, i:i + 1] * X[:, i, :] for i in range(s)]))
         return x, post, comb
 
+    def hc_pre_norm(self, X: np.ndarray, fn: np.ndarray, base: np.ndarray, scale: np.ndarray, norm_w: np.ndarray,
+                    norm_eps: float, hc_eps: float, iters: int):
+        """hc_pre, then the sublayer's rmsnorm(x, norm_w, norm_eps): (h [T, D] bf16, post, comb)."""
+        x, post, comb = self.hc_pre(X, fn, base, scale, norm_eps, hc_eps, iters)
+        return self.rmsnorm(x, norm_w, norm_eps), post, comb
+
+    def hc_post_pre_norm(self, X: np.ndarray, branch: np.ndarray, post: np.ndarray, comb: np.ndarray,
+                         fn: np.ndarray, base: np.ndarray, scale: np.ndarray, norm_w: np.ndarray, norm_eps: float,
+                         hc_eps: float, iters: int):
+        """hc_post of one sublayer, then hc_pre_norm of the next: (X', h, post', comb')."""
+        X = self.hc_post(X, branch, post, comb)
+        return (X, *self.hc_pre_norm(X, fn, base, scale, norm_w, norm_eps, hc_eps, iters))
+
     @staticmethod
     def _sinkhorn(logit: np.ndarray, eps: float, iters: int) -> np.ndarray:
         """Row softmax + eps, normalise columns once, then (rows, columns) iters - 1 times. [T, 4, 4]."""
@@ -194,6 +207,18 @@ class NumpyOps(NumpyGemm, LogitsOps, GatherOps):
         x = f32(x)
         y = (x * _rsqrt(lane_sum(x * x) + np.float32(eps))[..., None]).astype(np.float32)
         return y if scale is None else y * np.float32(scale)
+
+    def kda_step(self, S: np.ndarray, x: np.ndarray, window: np.ndarray, w: np.ndarray, a: np.ndarray,
+                 a_log: np.ndarray, dt_bias: np.ndarray, beta: np.ndarray, lower: float, eps: float, q_scale: float):
+        """A segment's KDA step from its projections: conv = kda_conv(x, window, w), q = l2norm(q, eps, q_scale),
+        k = l2norm(k, eps), g = kda_gate(a), then kda_recurrence. x: [n, 3HK] bf16 (q, k, v heads), a: [n, H, K]
+        bf16 -> (y, S', window')."""
+        n, h, k = a.shape
+        conv, window = self.kda_conv(x, window, w)
+        q, kk, v = (conv[:, i * h * k:(i + 1) * h * k].reshape(n, h, k) for i in range(3))
+        y, S = self.kda_recurrence(S, self.l2norm(q, eps, q_scale), self.l2norm(kk, eps), v,
+                                   self.kda_gate(a, a_log, dt_bias, lower), beta)
+        return y, S, window
 
     def kda_recurrence(self, S: np.ndarray, q: np.ndarray, k: np.ndarray, v: np.ndarray, g: np.ndarray,
                        beta: np.ndarray):
@@ -327,6 +352,11 @@ class NumpyOps(NumpyGemm, LogitsOps, GatherOps):
         order = np.argsort(np.where((flat >= 0) & (flat < n_experts), flat, n_experts), kind="stable").astype(np.int32)
         pos = np.argsort(order).astype(np.int32)                  # the inverse permutation
         return order, flat[order].astype(np.int32), (order // ids.shape[1]).astype(np.int32), pos
+
+    def moe_route_sort(self, logits: np.ndarray, bias: np.ndarray, k: int, scale: float, n_experts: int):
+        """moe_route, then moe_sort of its ids: (ids, weights, order, group, src, pos)."""
+        ids, weights = self.moe_route(logits, bias, k, scale)
+        return (ids, weights, *self.moe_sort(ids, n_experts))
 
     def moe_combine(self, y: np.ndarray, weights: np.ndarray, shared: np.ndarray, pos=None) -> np.ndarray:
         """sum_k w_k y_k in slot order, then + shared; fp32. y: [T, k, D] (with pos: [T*k, D], slot j at pos[t*k+j])."""

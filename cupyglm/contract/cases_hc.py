@@ -1,9 +1,11 @@
-"""Contract cases of cuda_src/hc.cu (ops hc_pre, hc_post, stream_mean).
+"""Contract cases of cuda_src/hc.cu (ops hc_pre, hc_pre_norm, hc_post, stream_mean).
 
 hc_pre is registered twice per shape: `hc_pre[..]` checks the fp32 gates (post, comb) and `hc_pre.x[..]` the
 bf16 collapsed input x, because their tolerances differ in fp32 units (see TOL below).
 Controls: hc_pre and hc_pre.x with two streams swapped (one Sinkhorn step dropped is no control: 20 steps have
 converged, measured within 3 ULPs), hc_post with two streams swapped, stream_mean with the last stream dropped.
+hc_post_pre_norm's control is hc_post's (the branch read unrounded); hc_pre_norm's control is a variant whose
+fused norm reads the collapse unrounded (-DCONTROL_NORM_UNROUNDED).
 hc_post.round and residual_add take an fp32 sublayer output that they round to bf16 as they read it: their
 control is a kernel variant reading it unrounded (-DCONTROL_UNROUNDED).
 """
@@ -86,6 +88,58 @@ def _hc_pre(label: str, t: int, d: int, s: int = 4) -> None:
     case(Case(f"hc_pre.x[{label}]", ("hc_pre",), make, run_x, replay_x, ctl_x, X_ULPS, X_WHY))
 
 
+def _hc_pre_norm(label: str, t: int, d: int, s: int = 4) -> None:
+    """hc_pre with the sublayer's rmsnorm fused: h, post and comb against hc_pre then rmsnorm."""
+    def make(rng):
+        inp = _inputs(rng, t, s, d)
+        inp["w"] = _bf(rng, (d,), 0.2, 1.0)
+        return inp
+
+    def launch(k, d_):
+        h, post, comb = ops_hc.hc_pre_norm(k, d_["X"], d_["fn"], d_["base"], d_["scale"], d_["w"], NORM_EPS,
+                                           HC_EPS, ITERS)
+        return {"h": h, "post": post, "comb": comb}
+
+    def replay(d_):
+        h, post, comb = REF.hc_pre_norm(d_["X"], d_["fn"], d_["base"], d_["scale"], d_["w"], NORM_EPS, HC_EPS,
+                                        ITERS)
+        return {"h": h, "post": post, "comb": comb}
+
+    def ctl(k, d_):                                     # the norm reads the collapse before its bf16 rounding
+        return launch(k.variant("CONTROL_NORM_UNROUNDED"), d_)
+
+    case(Case(f"hc_pre_norm[{label}]", ("hc_pre_norm",), make, launch, replay, ctl, GATE_ULPS, GATE_WHY))
+
+
+def _hc_post_pre_norm(label: str, t: int, d: int, s: int = 4) -> None:
+    """hc_post then the next hc_pre_norm in one launch: X', h, post', comb' against the two reference ops."""
+    def make(rng):
+        inp = _inputs(rng, t, s, d)
+        _, post, comb = REF.hc_pre(inp["X"], inp["fn"], inp["base"], inp["scale"], NORM_EPS, HC_EPS, ITERS)
+        nxt = _inputs(rng, t, s, d)
+        return {"X": inp["X"], "branch": (rng.standard_normal((t, d)) * 2.0).astype(np.float32), "post": post,
+                "comb": comb, "fn": nxt["fn"], "base": nxt["base"], "scale": nxt["scale"],
+                "w": _bf(rng, (d,), 0.2, 1.0)}
+
+    def args(d_):
+        return (d_["X"], d_["branch"], d_["post"], d_["comb"], d_["fn"], d_["base"], d_["scale"], d_["w"],
+                NORM_EPS, HC_EPS, ITERS)
+
+    def pack(out):
+        return dict(zip(("X", "h", "post", "comb"), out))
+
+    def ctl(k, d_):                                     # the branch read unrounded
+        return pack(ops_hc.hc_post_pre_norm(k.variant("CONTROL_UNROUNDED"), *args(d_)))
+
+    def run(k, d_):
+        return pack(ops_hc.hc_post_pre_norm(k, *args(d_)))
+
+    def replay(d_):
+        return pack(REF.hc_post_pre_norm(*args(d_)))
+
+    case(Case(f"hc_post_pre_norm[{label}]", ("hc_post_pre_norm",), make, run, replay, ctl, GATE_ULPS, GATE_WHY))
+
+
 def _hc_post(label: str, t: int, d: int, s: int = 4) -> None:
     def make(rng):
         inp = _inputs(rng, t, s, d)
@@ -149,6 +203,14 @@ _hc_pre("verify",     16,  256)      # 16 verify rows
 _hc_pre("prompt37",   37,  256)      # a prompt chunk
 _hc_pre("odd",         3,   72)      # 4D = 288: K % 256 != 0
 _hc_pre("full",        2, 4096)      # full-model width (K = 16384)
+_hc_pre_norm("decode", 1,  256)
+_hc_pre_norm("verify", 16,  256)
+_hc_pre_norm("odd",     3,   72)
+_hc_pre_norm("full",    2, 4096)
+_hc_post_pre_norm("decode", 1, 256)
+_hc_post_pre_norm("verify", 16, 256)
+_hc_post_pre_norm("odd",     3,  72)
+_hc_post_pre_norm("full",    2, 4096)
 _hc_post("decode",     1,  256)
 _hc_post("verify",    16,  256)
 _hc_post("prompt37",  37,  256)

@@ -1,8 +1,9 @@
-"""Contract cases of cuda_src/kda.cu (ops kda_conv, kda_gate, l2norm, kda_recurrence, kda_out).
+"""Contract cases of cuda_src/kda.cu (ops kda_conv, kda_gate, l2norm, kda_recurrence, kda_step, kda_out).
 
 Controls: kda_conv with the saved window read newest first; kda_gate with dt_bias of the wrong head; l2norm
 reading the next row; kda_recurrence with a dropped token (its decay and update skipped: g = 1, beta = 0);
-kda_out with the gates of two heads swapped.
+kda_out with the gates of two heads swapped; kda_step with the decay's dt_bias of the next head
+(-DCONTROL_GATE_HEAD), the saved window read newest first, or q's and k's heads swapped.
 """
 from __future__ import annotations
 
@@ -124,6 +125,47 @@ def _rec(label: str, n: int, h: int, v: int, kd: int) -> None:
     case(Case(f"kda_recurrence[{label}]", ("kda_recurrence",), make, run, replay, ctl))
 
 
+def _step(label: str, n: int, h: int, kd: int, control: str, taps: int = 4) -> None:
+    """kda_step against kda_conv, l2norm x2, kda_gate and kda_recurrence of the reference (x: [n, 3HK] bf16)."""
+    c = 3 * h * kd
+
+    def make(rng):
+        return {"S": (rng.standard_normal((h, kd, kd)) * 0.3).astype(np.float32),
+                "x": _bf(rng, (n, c)), "window": _bf(rng, (taps - 1, c)), "w": _bf(rng, (c, taps), 0.5),
+                "a": _bf(rng, (n, h, kd)),
+                "a_log": bf16(np.log(rng.uniform(1.0, 16.0, h)).astype(np.float32)).astype(np.float32),
+                "dt_bias": _bf(rng, (h, kd), 0.5).astype(np.float32),
+                "beta": REF.sigmoid(rng.standard_normal((n, h)).astype(np.float32), out="bf16")}
+
+    def args(d, x=None, window=None):
+        return (d["S"], d["x"] if x is None else x, d["window"] if window is None else window, d["w"], d["a"],
+                d["a_log"], d["dt_bias"], d["beta"], LOWER, L2_EPS, kd ** -0.5)
+
+    def pack(out):
+        return dict(zip(("y", "S", "window"), out))
+
+    def run(k, d):
+        return pack(ops_kda.kda_step(k, *args(d)))
+
+    def replay(d):
+        return pack(REF.kda_step(*args(d)))
+
+    if control == "head":
+        def ctl(k, d):                                 # the decay takes dt_bias of the next head
+            return pack(ops_kda.kda_step(k.variant("CONTROL_GATE_HEAD"), *args(d)))
+    elif control == "window":
+        def ctl(k, d):                                 # the saved window read newest first
+            return pack(ops_kda.kda_step(k, *args(d, window=k.xp.ascontiguousarray(d["window"][::-1]))))
+    else:
+        def ctl(k, d):                                 # k's head read as q's (the q/k thirds of x swapped)
+            x = d["x"].copy()
+            hk = h * kd
+            x[:, :hk], x[:, hk:2 * hk] = d["x"][:, hk:2 * hk], d["x"][:, :hk]
+            return pack(ops_kda.kda_step(k, *args(d, x=x)))
+
+    case(Case(f"kda_step[{label}]", ("kda_step",), make, run, replay, ctl, GATE_ULPS, GATE_WHY))
+
+
 def _out(label: str, n: int, h: int, v: int) -> None:
     def make(rng):
         return {"y": _bf(rng, (n, h, v), 0.3), "w": _bf(rng, (v,), 0.2, 1.0), "gate": _bf(rng, (n, h, v), 2.0)}
@@ -166,6 +208,13 @@ _rec("verify",       16,  4,  32,  32)
 _rec("prompt37",     37,  4,  32,  32)
 _rec("odd",           3,  3,  24,  40)    # V not a multiple of 8 rows, K % 16 = 8
 _rec("full",          4,  2, 128, 128)    # two full-size heads
+#      label          n   H    K  control
+_step("decode",       1,  4,  32, "head")
+_step("two",          2,  4,  32, "window")  # fewer new rows than saved rows: the window keeps an old row
+_step("verify",      16,  4,  32, "swap")
+_step("odd",          3,  3,  40, "head")    # K % 16 = 8: lanes past K idle
+_step("full",         2,  2, 128, "swap")    # two full-size heads
+_step("taps1",        3,  2,  16, "swap", 1) # no window
 _out("decode",        1,  4,  32)
 _out("prompt37",     37,  4,  32)
 _out("odd",           3,  3,  40)

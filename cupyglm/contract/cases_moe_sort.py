@@ -1,6 +1,7 @@
-"""Contract cases of cuda_src/moe_sort.cu (op moe_sort) and of moe.cu's moe_combine_sorted (op moe_combine with
-pos, the combine that reads moe_sort's order without a scatter): decode, verify and prompt-sized pair lists (more pairs
-than one tile of the block), experts repeated across rows, and ids outside [0, E) (sorted last, in pair order).
+"""Contract cases of cuda_src/moe_sort.cu (ops moe_sort, moe_route_sort) and of moe.cu's moe_combine_sorted (op
+moe_combine with pos, the combine that reads moe_sort's order without a scatter): decode, verify and prompt-sized
+pair lists (more pairs than one tile of the block), experts repeated across rows, and ids outside [0, E) (sorted
+last, in pair order).
 
 Control: two pairs' experts exchanged (a row routed as another row was), which moves both in the order."""
 from __future__ import annotations
@@ -9,6 +10,7 @@ import numpy as np
 
 from cupyglm.backend.numpy_ops import NumpyOps
 from cupyglm.contract.registry import Case, case
+from cupyglm.contract.cases_moe import ROUTE_ULPS, ROUTE_WHY
 from cupyglm.kernels import ops_moe
 
 REF = NumpyOps()
@@ -69,3 +71,32 @@ def _combine_sorted(label: str, t: int, k: int, d: int) -> Case:
 _combine_sorted("decode",   1, 8, 256)
 _combine_sorted("prompt37", 37, 8, 64)
 _combine_sorted("full",     3, 8, 4096)
+
+
+def _route_sort(label: str, t: int, k: int, e: int) -> Case:
+    """moe_route_sort (routing and sort in one block) against moe_route then moe_sort of the reference.
+    Control: the same launch with the bias reversed (other experts picked)."""
+    def make(rng):
+        return {"logits": (rng.standard_normal((t, e)) * 2.0).astype(np.float32),
+                "bias": (rng.standard_normal(e) * 0.1).astype(np.float32)}
+
+    names = ("ids", "w", "order", "group", "src", "pos")
+
+    def run(kn, d):
+        return dict(zip(names, ops_moe.moe_route_sort(kn, d["logits"], d["bias"], k, 2.5, e)))
+
+    def replay(d):
+        return dict(zip(names, REF.moe_route_sort(d["logits"], d["bias"], k, 2.5, e)))
+
+    def ctl(kn, d):
+        bias = kn.xp.ascontiguousarray(d["bias"][::-1])
+        return dict(zip(names, ops_moe.moe_route_sort(kn, d["logits"], bias, k, 2.5, e)))
+
+    return case(Case(f"moe_route_sort[{label}]", ("moe_route_sort",), make, run, replay, ctl, ROUTE_ULPS,
+                     ROUTE_WHY))
+
+
+#           label      T   k    E
+_route_sort("decode",  1,  8, 288)       # one token of the full model
+_route_sort("verify", 16,  8, 288)       # 16 verify rows: several tokens per warp
+_route_sort("tiny",    3,  2,   8)       # few experts: runs of one expert

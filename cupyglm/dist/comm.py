@@ -29,6 +29,12 @@ class Comm(Protocol):
     def barrier(self) -> None: ...
 
 
+def summed(comm: "Comm", partial: Any) -> Any:
+    """The all-reduced sum of a sublayer's fresh partial: on a single rank the partial is the sum itself (no copy
+    kernel); the caller only reads the result."""
+    return partial if comm.size == 1 else comm.allreduce_sum(partial)
+
+
 def ordered_sum(parts: Any) -> Any:
     """parts[0] + parts[1] + ... added left to right in parts' dtype (numpy or cupy)."""
     acc = parts[0].copy()

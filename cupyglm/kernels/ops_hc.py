@@ -1,5 +1,6 @@
-"""Hyper-connection launchers (cuda_src/hc.cu): hc_pre, hc_post, stream_mean and the MTP layer's plain
-residual_add, with NumpyOps' signatures. Streams and weights are bf16 storage (`k.bf16`); gates fp32."""
+"""Hyper-connection launchers (cuda_src/hc.cu): hc_pre, hc_pre_norm, hc_post, hc_post_pre_norm, stream_mean and
+the MTP layer's plain residual_add, with NumpyOps' signatures. Streams and weights are bf16 storage (`k.bf16`);
+gates fp32."""
 from __future__ import annotations
 
 import numpy as np
@@ -8,6 +9,7 @@ from cupyglm.kernels.ops import Kernels, check, f32, i32, op
 
 SRC = "hc.cu"
 F32 = np.float32
+MAX_SHARED = 48 * 1024     # dynamic shared memory without an opt-in
 
 
 def _arg(k: Kernels, kernel: str, name: str, a, shape=None, dtype=F32):
@@ -34,6 +36,60 @@ def hc_pre(k: Kernels, X, fn, base, scale, norm_eps, hc_eps, iters):
                  (X, fn, base, scale, x, post, comb, i32(t), i32(s), i32(d), f32(norm_eps), f32(hc_eps),
                   i32(iters)), shared_mem=(nm + 1 + s) * 4)
     return x, post, comb
+
+
+def _pre_norm_args(k: Kernels, name: str, X, fn, base, scale, norm_w):
+    """The hc_pre + norm parameters checked; (t, s, d, dynamic shared bytes, fn, base, scale, norm_w)."""
+    t, s, d = X.shape
+    nm = s * (s + 2)
+    if s > 8:
+        raise ValueError(f"{name}: at most 8 streams, got {s}")
+    shared = (nm + 1 + s + d) * 4
+    if shared > MAX_SHARED:
+        raise ValueError(f"{name}: D={d} needs {shared} bytes of shared memory (at most {MAX_SHARED})")
+    fn = _arg(k, name, "fn", fn, (nm, s * d), k.bf16)
+    base = _arg(k, name, "base", base, (nm,), np.float32)
+    scale = _arg(k, name, "scale", scale, (3,), np.float32)
+    norm_w = _arg(k, name, "norm_w", norm_w, (d,), k.bf16)
+    return t, s, d, shared, fn, base, scale, norm_w
+
+
+@op("hc_pre_norm")
+def hc_pre_norm(k: Kernels, X, fn, base, scale, norm_w, norm_eps, hc_eps, iters):
+    """hc_pre, then rmsnorm(x, norm_w, norm_eps) in the same launch: X [T, S, D] bf16 -> (h [T, D] bf16, post
+    [T, S] fp32, comb [T, S, S] fp32)."""
+    X = _arg(k, "hc_pre_norm", "X", X, (None, None, None), k.bf16)
+    t, s, d, shared, fn, base, scale, norm_w = _pre_norm_args(k, "hc_pre_norm", X, fn, base, scale, norm_w)
+    x = k.empty((t, d), k.bf16)                  # the collapsed row (scratch: the caller keeps h)
+    h = k.empty((t, d), k.bf16)
+    post = k.empty((t, s))
+    comb = k.empty((t, s, s))
+    if t:
+        k.launch(SRC, "hc_pre_norm", (t,), (128,),
+                 (X, fn, base, scale, norm_w, x, h, post, comb, i32(t), i32(s), i32(d), f32(norm_eps),
+                  f32(hc_eps), i32(iters)), shared_mem=shared)
+    return h, post, comb
+
+
+@op("hc_post_pre_norm")
+def hc_post_pre_norm(k: Kernels, X, branch, post, comb, fn, base, scale, norm_w, norm_eps, hc_eps, iters):
+    """hc_post(X, branch, post, comb), then hc_pre_norm of the result, in one launch -> (X' [T, S, D] bf16, h
+    [T, D] bf16, post' [T, S] fp32, comb' [T, S, S] fp32)."""
+    X = _arg(k, "hc_post_pre_norm", "X", X, (None, None, None), k.bf16)
+    t, s, d, shared, fn, base, scale, norm_w = _pre_norm_args(k, "hc_post_pre_norm", X, fn, base, scale, norm_w)
+    branch = _arg(k, "hc_post_pre_norm", "branch", branch, (t, d))
+    post = _arg(k, "hc_post_pre_norm", "post", post, (t, s))
+    comb = _arg(k, "hc_post_pre_norm", "comb", comb, (t, s, s))
+    X2 = k.empty(X.shape, k.bf16)
+    x = k.empty((t, d), k.bf16)                  # the collapsed row (scratch)
+    h = k.empty((t, d), k.bf16)
+    post2 = k.empty((t, s))
+    comb2 = k.empty((t, s, s))
+    if t:
+        k.launch(SRC, "hc_post_pre_norm", (t,), (128,),
+                 (X, branch, post, comb, fn, base, scale, norm_w, X2, x, h, post2, comb2, i32(t), i32(s), i32(d),
+                  f32(norm_eps), f32(hc_eps), i32(iters)), shared_mem=shared)
+    return X2, h, post2, comb2
 
 
 @op("hc_post")

@@ -1,4 +1,4 @@
-"""KDA launchers (cuda_src/kda.cu): kda_conv, kda_gate, l2norm, kda_recurrence, kda_out, with NumpyOps'
+"""KDA launchers (cuda_src/kda.cu): kda_conv, kda_gate, l2norm, kda_recurrence, kda_step, kda_out, with NumpyOps'
 signatures. bf16 parameters are checked against the backend's bf16 storage (`k.bf16`); S, g, q, k are fp32."""
 from __future__ import annotations
 
@@ -90,6 +90,40 @@ def kda_recurrence(k: Kernels, S, q, kk, v, g, beta):
     else:
         S_out[...] = S
     return y, S_out
+
+
+@op("kda_step")
+def kda_step(k: Kernels, S, x, window, w, a, a_log, dt_bias, beta, lower, eps, q_scale):
+    """kda_conv of x (the q, k, v heads), l2norm of q (times q_scale) and k, kda_gate of a and kda_recurrence in
+    one launch. S: [H, K, K] fp32; x: [n, 3HK] bf16; window: [taps - 1, 3HK] bf16; w: [3HK, taps] bf16; a: [n, H,
+    K] bf16; beta: [n, H] bf16 -> (y [n, H, K] bf16, S', window')."""
+    S = _arg(k, "kda_step", "S", S, (None, None, None))
+    h, vd, kd = S.shape
+    if vd != kd or kd > 256:
+        raise ValueError(f"kda_step: value rows = key columns <= 256 supported, got S of shape {tuple(S.shape)}")
+    c = 3 * h * kd
+    x = _arg(k, "kda_step", "x", x, (None, c), k.bf16)
+    n = x.shape[0]
+    w = _arg(k, "kda_step", "w", w, (c, None), k.bf16)
+    taps = w.shape[1]
+    if not 1 <= taps <= 8:
+        raise ValueError(f"kda_step: 1..8 taps supported, got {taps}")
+    window = _arg(k, "kda_step", "window", window, (taps - 1, c), k.bf16)
+    a = _arg(k, "kda_step", "a", a, (n, h, kd), k.bf16)
+    a_log = _arg(k, "kda_step", "a_log", a_log, (h,), np.float32)
+    dt_bias = _arg(k, "kda_step", "dt_bias", dt_bias, (h, kd), np.float32)
+    beta = _arg(k, "kda_step", "beta", beta, (n, h), k.bf16)
+    y = k.empty((n, h, kd), k.bf16)
+    S_out = k.empty(S.shape)
+    win = k.empty((taps - 1, c), k.bf16)
+    if h and kd:
+        k.launch(SRC, "kda_step", ((kd + 7) // 8, h), (128,),
+                 (S, x, window, w, a, a_log, dt_bias, beta, y, S_out, win, i32(n), i32(h), i32(kd), i32(taps),
+                  f32(lower), f32(eps), f32(q_scale)))
+    else:
+        S_out[...] = S
+        win[...] = window
+    return y, S_out, win
 
 
 @op("kda_out")

@@ -97,3 +97,26 @@ def moe_sort(k: Kernels, ids, n_experts: int):
         k.launch("moe_sort.cu", "moe_sort", (1,), (SORT_THREADS,),
                  (ids, order, group, src, pos, i32(p), i32(e), i32(kk)), shared_mem=(e + 1 + SORT_THREADS) * 4)
     return order, group, src, pos
+
+
+@op("moe_route_sort")
+def moe_route_sort(k: Kernels, logits, bias, topk, scale, n_experts: int):
+    """moe_route then moe_sort of its ids in one launch (one block: the decode rows' few tokens) -> (ids, weights,
+    order, group, src, pos) as the two ops give them."""
+    logits = _arg(k, "moe_route_sort", "logits", logits, (None, None))
+    t, e = logits.shape
+    bias = _arg(k, "moe_route_sort", "bias", bias, (e,), np.float32)
+    topk = int(topk)
+    if not 1 <= topk <= min(32, e):
+        raise ValueError(f"moe_route_sort: k must be in 1..min(32, E={e}), got {topk}")
+    if int(n_experts) != e:
+        raise ValueError(f"moe_route_sort: n_experts must be the logits' E={e}, got {n_experts}")
+    ids = k.empty((t, topk), np.int32)
+    weights = k.empty((t, topk))
+    order, group, src, pos = (k.empty((t * topk,), np.int32) for _ in range(4))
+    if t:
+        shared = (SORT_THREADS // 32 * 2 * e + e + 1 + SORT_THREADS) * 4
+        k.launch("moe_sort.cu", "moe_route_sort", (1,), (SORT_THREADS,),
+                 (logits, bias, ids, weights, order, group, src, pos, i32(t), i32(e), i32(topk), f32(scale)),
+                 shared_mem=shared)
+    return ids, weights, order, group, src, pos

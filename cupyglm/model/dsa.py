@@ -31,11 +31,16 @@ class DSALayer:
         ops, c, h = self.ops, self.cfg, self.heads
         xp = ops.xp
         t, d = x.shape[0], decode_rows(segs)                # d: the leading decode/verify rows (the gemv)
-        qn = ops.rmsnorm(ops.gemm(x, self.q_a, out="bf16", decode=d), self.q_a_norm, c.rms_norm_eps)  # [T, q_lora]
-        q = ops.gemm(qn, self.q_b, out="bf16", decode=d).reshape(t, h, c.qk_nope_head_dim)  # [T, H, nope] bf16
-        latent = ops.rmsnorm(ops.gemm(x, self.kv_a, out="bf16", decode=d), self.kv_a_norm, c.rms_norm_eps)  # [T, R]
-        ik, ig = self.indexer.keys(x, d)
-        qi, hw = self.indexer.queries(x, qn, d)
+        # every projection of x in one call (q_a, kv_a, the indexer's wk, gate, head weights), then those of qn
+        ix = self.indexer
+        qa, kva, ikr, ig, hwr = ops.gemm_multi((x,) * 5, (self.q_a, self.kv_a, ix.wk, ix.compress_gate,
+                                                          ix.weights_proj), ("bf16",) * 4 + ("f32",), decode=d)
+        qn = ops.rmsnorm(qa, self.q_a_norm, c.rms_norm_eps)                               # [T, q_lora] bf16
+        latent = ops.rmsnorm(kva, self.kv_a_norm, c.rms_norm_eps)                         # [T, R] bf16
+        qb, qib = ops.gemm_multi((qn, qn), (self.q_b, ix.wq_b), ("bf16", "bf16"), decode=d)
+        q = qb.reshape(t, h, c.qk_nope_head_dim)                                          # [T, H, nope] bf16
+        ik = ix.keys(ikr)
+        qi, hw = ix.queries(qib, hwr)
         store = kv.latent[self.layer]
         toks, ns = [], []
         for seg in segs:

@@ -12,6 +12,7 @@ import numpy as np
 
 from cupyglm.checkpoint.names import TEXT_PREFIX
 from cupyglm.config import ModelConfig
+from cupyglm.dist.comm import summed
 from cupyglm.kv.state import SeqState
 from cupyglm.kv.store import KVStore
 from cupyglm.model.batch import Weights, decode_rows, segments
@@ -41,13 +42,23 @@ class HyperConnection:
         self.fn = w(f"hc_{sub}_fn")                                       # [24, 4D] bf16
         self.base, self.scale = w(f"hc_{sub}_base"), w(f"hc_{sub}_scale")  # [24], [3] fp32 (stored F32)
 
-    def pre(self, X):
+    def pre_norm(self, X, norm_w):
+        """(rmsnorm of the collapsed streams [T, D] bf16, post, comb): hc_pre and the sublayer's norm, one op."""
         c = self.cfg
-        return self.ops.hc_pre(X, self.fn, self.base, self.scale, c.rms_norm_eps, c.hc_eps, c.hc_sinkhorn_iters)
+        return self.ops.hc_pre_norm(X, self.fn, self.base, self.scale, norm_w, c.rms_norm_eps, c.hc_eps,
+                                    c.hc_sinkhorn_iters)
+
+    def post_pre_norm(self, X, branch, post, comb, norm_w):
+        """The previous sublayer's hc_post (branch: its all-reduced fp32 partial, post/comb: its gates), then
+        this connection's pre_norm, one op -> (X', h, post', comb')."""
+        c = self.cfg
+        return self.ops.hc_post_pre_norm(X, branch, post, comb, self.fn, self.base, self.scale, norm_w,
+                                         c.rms_norm_eps, c.hc_eps, c.hc_sinkhorn_iters)
 
 
 class Block:
-    """One main layer: hc_pre -> norm -> attention -> all-reduce -> hc_post, then the same for the FFN."""
+    """One main layer: hc_pre -> norm -> attention -> all-reduce -> hc_post, then the same for the FFN (each
+    hc_post and the hc_pre + norm after it run as one op)."""
 
     def __init__(self, cfg: ModelConfig, w: Weights, ops, layer: int, tp: int):
         self.cfg, self.ops, self.layer = cfg, ops, layer
@@ -58,15 +69,20 @@ class Block:
         self.attn = attn(cfg, w.sub("self_attn"), ops, layer, tp)
         self.mlp = MoE(cfg, w.sub("mlp"), ops) if cfg.is_moe(layer) else MLP(w.sub("mlp"), ops, cfg.swiglu_limit)
 
-    def __call__(self, X, segs, kv, comm):
-        ops, eps = self.ops, self.cfg.rms_norm_eps
-        x, post, comb = self.hc_attn.pre(X)
-        h = ops.rmsnorm(x, self.in_norm, eps)
+    def enter(self, X):
+        """The first layer's attention input: (h, post, comb) of the embedded streams X."""
+        return self.hc_attn.pre_norm(X, self.in_norm)
+
+    def __call__(self, X, h, post, comb, segs, kv, comm, nxt: "Block | None"):
+        """X: [T, S, D] bf16 streams; h, post, comb: this layer's attention input and gates. Returns the next
+        layer's (X, h, post, comb), each hc_post fused with the hc_pre + norm after it; after the last layer
+        (nxt None) the final streams (X, None, None, None). hc_post rounds the fp32 sum to bf16."""
         partial = self.attn(h, segs) if self.is_kda else self.attn(h, segs, kv)
-        X = ops.hc_post(X, comm.allreduce_sum(partial), post, comb)     # hc_post rounds the fp32 sum to bf16
-        x, post, comb = self.hc_ffn.pre(X)
-        partial = self.mlp(ops.rmsnorm(x, self.post_norm, eps), decode_rows(segs))
-        return ops.hc_post(X, comm.allreduce_sum(partial), post, comb)
+        X, h, post, comb = self.hc_ffn.post_pre_norm(X, summed(comm, partial), post, comb, self.post_norm)
+        partial = summed(comm, self.mlp(h, decode_rows(segs)))
+        if nxt is None:
+            return self.ops.hc_post(X, partial, post, comb), None, None, None
+        return nxt.hc_attn.post_pre_norm(X, partial, post, comb, nxt.in_norm)
 
 
 class GLMModel:
@@ -118,8 +134,10 @@ class GLMModel:
         tokens = np.concatenate([b.tokens.astype(np.int32) for b in batch])
         x = ops.read_rows(self.embed, xp.asarray(tokens))                            # [T, D] bf16
         X = xp.repeat(x[:, None, :], self.cfg.hc_mult, axis=1)                      # [T, 4, D] streams
-        for block in self.blocks:
-            X = block(X, segs, self.kv, self.comm)
+        h, post, comb = self.blocks[0].enter(X)
+        for i, block in enumerate(self.blocks):
+            nxt = self.blocks[i + 1] if i + 1 < len(self.blocks) else None
+            X, h, post, comb = block(X, h, post, comb, segs, self.kv, self.comm, nxt)
         h = ops.rmsnorm(ops.stream_mean(X), self.norm, self.cfg.rms_norm_eps)       # [T, D]
         pick = [np.arange(s.off, s.off + s.n) if b.all_logits else np.array([s.off + s.n - 1])
                 for s, b in zip(segs, batch)]

@@ -23,19 +23,16 @@ class Indexer:
         self.compress_gate = w("index_kpool_compress_gate")       # [I, D]
         self.ape = w("index_kpool_compress_ape")                  # [kpool, I]
 
-    def keys(self, x, decode: int = 0):
-        """Per-token index keys and gates. x: [T, D] bf16 (the leading `decode` rows decode/verify rows) ->
-        (ik, ig) [T, I] bf16."""
-        ops = self.ops
-        ik = ops.layernorm(ops.gemm(x, self.wk, out="bf16", decode=decode), self.k_norm_w, self.k_norm_b, LN_EPS)
-        return ik, ops.gemm(x, self.compress_gate, out="bf16", decode=decode)
+    def keys(self, ikr):
+        """Index keys [T, I] bf16 from x's wk projection [T, I] bf16 (the layer norm; the layer projects x's rows
+        through wk, compress_gate and weights_proj in its one gemm_multi)."""
+        return self.ops.layernorm(ikr, self.k_norm_w, self.k_norm_b, LN_EPS)
 
-    def queries(self, x, qn, decode: int = 0):
-        """Index queries [T, Hi, I] bf16 and head weights [T, Hi] fp32 (scaled by Hi^-0.5)."""
-        ops, c = self.ops, self.cfg
-        qi = ops.gemm(qn, self.wq_b, out="bf16", decode=decode).reshape(-1, c.index_n_heads, c.index_head_dim)
-        hw = ops.gemm(x, self.weights_proj, decode=decode) * np.float32(c.index_n_heads ** -0.5)
-        return qi, hw
+    def queries(self, qib, hwr):
+        """(queries [T, Hi, I] bf16, head weights [T, Hi] fp32 scaled by Hi^-0.5) from qn's wq_b projection
+        [T, Hi * I] bf16 and x's weights_proj projection [T, Hi] fp32."""
+        c = self.cfg
+        return qib.reshape(-1, c.index_n_heads, c.index_head_dim), hwr * np.float32(c.index_n_heads ** -0.5)
 
     def write_pools(self, kv, layer: int, seg: Segment, ik, ig) -> None:
         """Pool the segment's complete pools into the store; keep the incomplete pool's tail in state."""

@@ -40,21 +40,17 @@ class KDALayer:
     def __call__(self, x, segs: list[Segment]):
         """x: [T, D] bf16 (normed). Returns this rank's o_proj partial [T, D] fp32."""
         ops, h, k, d = self.ops, self.heads, self.dk, decode_rows(segs)
-        qkv = ops.gemm(x, self.w_qkv, out="bf16", decode=d)                             # [T, 3HK] bf16
-        a = ops.gemm(ops.gemm(x, self.f_a, out="bf16", decode=d), self.f_b, out="bf16", decode=d).reshape(-1, h, k)
-        gate_out = ops.gemm(ops.gemm(x, self.g_a, out="bf16", decode=d), self.g_b, out="bf16",
-                            decode=d).reshape(-1, h, k)
-        beta = ops.sigmoid(ops.gemm(x, self.b, decode=d), out="bf16")                   # [T, H] bf16
-        decay = ops.kda_gate(a, self.a_log, self.dt_bias, self.cfg.kda_gate_lower_bound)  # [T, H, K] fp32
+        # every projection of x in one call, then both low-rank second factors: [T, 3HK], [T, r] x2, [T, H] bf16
+        qkv, fa, ga, beta = ops.gemm_multi((x, x, x, x), (self.w_qkv, self.f_a, self.g_a, self.b),
+                                           ("bf16", "bf16", "bf16", "sigmoid_bf16"), decode=d)
+        a, gate_out = ops.gemm_multi((fa, ga), (self.f_b, self.g_b), ("bf16", "bf16"), decode=d)
+        a, gate_out = a.reshape(-1, h, k), gate_out.reshape(-1, h, k)                  # [T, H, K] bf16
         whole = len(segs) == 1 and segs[0].n == x.shape[0]           # one sequence: its rows are all of y
         y = None if whole else ops.xp.empty((x.shape[0], h, k), dtype=ops.bf16_dtype)  # [T, H, V] bf16
         for seg in segs:
             S, window = seg.state.kda_state[self.layer], seg.state.kda_conv[self.layer]
-            conv, window = ops.kda_conv(qkv[seg.rows], window, self.conv)
-            q, kk, v = (conv[:, i * h * k:(i + 1) * h * k].reshape(-1, h, k) for i in range(3))
-            q = ops.l2norm(q, L2_EPS, k ** -0.5)                      # the scale fused in the kernel
-            kk = ops.l2norm(kk, L2_EPS)
-            ys, S = ops.kda_recurrence(S, q, kk, v, decay[seg.rows], beta[seg.rows])
+            ys, S, window = (self._step if seg.decode else self._prompt)(S, qkv[seg.rows], window, a[seg.rows],
+                                                                          beta[seg.rows])
             if whole:
                 y = ys
             else:
@@ -62,3 +58,18 @@ class KDALayer:
             seg.state.kda_state[self.layer], seg.state.kda_conv[self.layer] = S, window
         o = ops.kda_out(y, self.o_norm, gate_out, self.cfg.rms_norm_eps)
         return ops.gemm(o.reshape(x.shape[0], h * k), self.o_proj, decode=d)
+
+    def _step(self, S, x, window, a, beta):
+        """Decode/verify rows: the short conv, q and k l2-normed (q scaled by K^-0.5), the decay of a and the delta
+        rule as one op (each value row's block recomputes the head's conv and norms: cheap for a few rows)."""
+        return self.ops.kda_step(S, x, window, self.conv, a, self.a_log, self.dt_bias, beta,
+                                 self.cfg.kda_gate_lower_bound, L2_EPS, self.dk ** -0.5)
+
+    def _prompt(self, S, x, window, a, beta):
+        """Prompt rows: the same steps as separate ops (each computed once per row), the same bits as _step."""
+        ops, h, k = self.ops, self.heads, self.dk
+        conv, window = ops.kda_conv(x, window, self.conv)
+        q, kk, v = (conv[:, i * h * k:(i + 1) * h * k].reshape(-1, h, k) for i in range(3))
+        decay = ops.kda_gate(a, self.a_log, self.dt_bias, self.cfg.kda_gate_lower_bound)  # [n, H, K] fp32
+        y, S = ops.kda_recurrence(S, ops.l2norm(q, L2_EPS, k ** -0.5), ops.l2norm(kk, L2_EPS), v, decay, beta)
+        return y, S, window

@@ -44,13 +44,20 @@ class MoE:
         if 0 < decode < t:
             return self.ops.xp.concatenate([self(x[:decode], decode), self(x[decode:], 0)])
         ops, c = self.ops, self.cfg
-        ids, weights = ops.moe_route(ops.gemm(x, self.router, decode=decode), self.bias, c.num_experts_per_tok,
-                                     c.routed_scaling_factor)
+        sh = self.shared                                                      # router and shared gate/up: one op
+        logits, sh_act = ops.gemm_and_swiglu(x, self.router, "f32", sh.gate, sh.up, sh.limit, decode=decode)
+        # pairs p = (row p // k, slot p % k) sorted by expert, in pair order within one expert (on the device);
+        # decode rows route and sort in one launch (one block), prompt rows in one each
+        if decode:
+            ids, weights, _, group, src, pos = ops.moe_route_sort(logits, self.bias, c.num_experts_per_tok,
+                                                                  c.routed_scaling_factor, c.n_routed_experts)
+        else:
+            ids, weights = ops.moe_route(logits, self.bias, c.num_experts_per_tok, c.routed_scaling_factor)
+            _, group, src, pos = ops.moe_sort(ids, c.n_routed_experts)
         k = ids.shape[1]
         pairs = t * k if decode else 0                           # every pair a decode pair, or none
-        # pairs p = (row p // k, slot p % k) sorted by expert, in pair order within one expert (on the device)
-        _, group, src, pos = ops.moe_sort(ids, c.n_routed_experts)
         xs = x[src]                                              # [T*k, D] bf16
         a = ops.gemm_grouped_swiglu(xs, self.gate, self.up, group, self.limit, decode=pairs)  # [T*k, inter]
-        ys = ops.gemm_grouped(a, self.down, group, decode=pairs)    # [T*k, D] fp32, expert-sorted
-        return ops.moe_combine(ys, weights, self.shared(x, decode), pos)  # slot j of row t: ys[pos[t*k + j]]
+        # [T*k, D] fp32 expert-sorted, and the shared expert's [T, D] fp32 output: one op
+        ys, shared = ops.gemm_grouped_dense(a, self.down, group, sh_act, sh.down, decode=pairs, decode2=decode)
+        return ops.moe_combine(ys, weights, shared, pos)         # slot j of row t: ys[pos[t*k + j]]

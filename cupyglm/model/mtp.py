@@ -9,6 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from cupyglm.config import ModelConfig
+from cupyglm.dist.comm import summed
 from cupyglm.model.batch import Segment, Weights, decode_rows
 from cupyglm.model.dsa import DSALayer
 from cupyglm.model.moe import MoE
@@ -63,6 +64,6 @@ class MTPLayer:
                                 ops.rmsnorm(h, self.hnorm, c.rms_norm_eps)], axis=1)
         d = decode_rows(segs)
         x = ops.gemm(x, self.eh_proj, out="bf16", decode=d)            # [T', D] bf16
-        x = ops.residual_add(x, comm.allreduce_sum(self.attn(ops.rmsnorm(x, self.in_norm, c.rms_norm_eps), segs, kv)))
-        x = ops.residual_add(x, comm.allreduce_sum(self.mlp(ops.rmsnorm(x, self.post_norm, c.rms_norm_eps), d)))
+        x = ops.residual_add(x, summed(comm, self.attn(ops.rmsnorm(x, self.in_norm, c.rms_norm_eps), segs, kv)))
+        x = ops.residual_add(x, summed(comm, self.mlp(ops.rmsnorm(x, self.post_norm, c.rms_norm_eps), d)))
         return ops.rmsnorm(x, self.head_norm, c.rms_norm_eps)

@@ -1,0 +1,43 @@
+// gemv_grouped.cuh -- the grouped (MoE) decode GEMV's block, shared by gemv.cu's gemv_grouped_lane16(_bf16) and
+// gemv_multi.cu's gemv_grouped_dense_lane16: y[m, n] = sum_k x[m, k] * w[group[m], n, k] in lane-16 order for
+// block y = m when row m starts a run of equal expert ids (the run taken GEMV_ROWS rows at a time; an expert's
+// slice read once per run); an id outside [0, E) reads nothing, gets NaN and is counted into guard slot `slot`.
+#pragma once
+#include "common.cuh"
+#include "gemv_tile.cuh"
+
+static __device__ __forceinline__ void gemv_store(float* y, long long i, float v) { y[i] = v; }
+static __device__ __forceinline__ void gemv_store(__nv_bfloat16* y, long long i, float v) { y[i] = to_bf16(v); }
+
+// sh: the caller's shared memory (a kernel with several block forms shares one).
+template <typename Out>
+static __device__ __forceinline__ void gemv_grouped_run(
+    const __nv_bfloat16* __restrict__ x,   // [M, K] bf16
+    const __nv_bfloat16* __restrict__ w,   // [E, N, K] bf16
+    const int* __restrict__ group,         // [M] int32: expert id of each row
+    Out* __restrict__ y,                   // [M, N] fp32 or bf16
+    int M, int N, int K, int E, unsigned int* flags, int slot, GemvShared<1>& sh) {
+  const int m = blockIdx.y;
+  const int g = group[m];
+  if (m > 0 && group[m - 1] == g) return;          // not the start of a run: the whole block leaves together
+  int end = m + 1;
+  while (end < M && group[end] == g) ++end;
+  const bool valid = g >= 0 && g < E;
+  if (!valid) gemv_flag_run(flags, slot, m, end);
+  const int n0 = blockIdx.x * GEMV_OUTS;
+  GemvSrc<1> src;
+  src.w[0] = w + ((long long)(valid ? g : 0) * N + n0) * K;
+  src.ncols = valid ? min(GEMV_OUTS, N - n0) : 0;
+  src.K = valid ? K : 0;
+  src.vec = gemv_aligned(x, w, K);
+  const int lane = threadIdx.x, o = threadIdx.y, n = n0 + o;
+  for (int m0 = m; m0 < end; m0 += GEMV_ROWS) {
+    const int nrows = min(GEMV_ROWS, end - m0);
+    src.x = x + (long long)m0 * K;
+    src.nrows = valid ? nrows : 0;
+    gemv_rows(sh, src);
+    if (n < N && lane < nrows)
+      gemv_store(y, (long long)(m0 + lane) * N + n, valid ? gemm_fold16(sh.part[0][o][lane]) : NAN);
+  }
+}
+
