@@ -57,6 +57,7 @@ class Block:
         attn = KDALayer if self.is_kda else DSALayer
         self.attn = attn(cfg, w.sub("self_attn"), ops, layer, tp)
         self.mlp = MoE(cfg, w.sub("mlp"), ops) if cfg.is_moe(layer) else MLP(w.sub("mlp"), ops, cfg.swiglu_limit)
+        self.graphs = None            # model/graph_capture.FFNGraphs: the FFN half of decode calls replayed
 
     def __call__(self, X, segs, kv, comm):
         ops, eps = self.ops, self.cfg.rms_norm_eps
@@ -64,8 +65,16 @@ class Block:
         h = ops.rmsnorm(x, self.in_norm, eps)
         partial = self.attn(h, segs) if self.is_kda else self.attn(h, segs, kv)
         X = ops.hc_post(X, comm.allreduce_sum(partial), post, comb)     # hc_post rounds the fp32 sum to bf16
+        d = decode_rows(segs)
+        if self.graphs is not None and d == X.shape[0]:
+            return self.graphs.ffn(self, X)
+        return self.ffn(X, d, comm)
+
+    def ffn(self, X, decode: int, comm):
+        """The FFN half: X [T, 4, D] bf16 streams (the leading `decode` rows decode/verify rows) -> [T, 4, D]."""
+        ops = self.ops
         x, post, comb = self.hc_ffn.pre(X)
-        partial = self.mlp(ops.rmsnorm(x, self.post_norm, eps), decode_rows(segs))
+        partial = self.mlp(ops.rmsnorm(x, self.post_norm, self.cfg.rms_norm_eps), decode)
         return ops.hc_post(X, comm.allreduce_sum(partial), post, comb)
 
 
@@ -79,6 +88,11 @@ class GLMModel:
         self.lm_head = ops.weight(shard["lm_head.weight"])        # [V / tp, D]
         self.blocks = [Block(cfg, root.sub(f"layers.{i}"), ops, i, tp) for i in range(cfg.num_hidden_layers)]
         self.mtp = MTPLayer(cfg, root.sub(f"layers.{cfg.mtp_layer}"), ops, cfg.mtp_layer, tp) if mtp else None
+
+    def use_graphs(self, graphs) -> None:
+        """Replay the main layers' FFN halves of decode calls from `graphs` (model/graph_capture.py); None: eager."""
+        for b in self.blocks:
+            b.graphs = graphs
 
     def new_state(self) -> SeqState:
         st = SeqState()
