@@ -11,7 +11,10 @@ from cupyglm.model.glm import GLMModel, SeqInput, SeqOutput
 class ModelRunner:
     def __init__(self, ckpt: Checkpoint, ops, comm, num_pages: int, page_tokens: int, mtp: bool = False,
                  poison: bool = False, host_slots: int = 0, host_shared=None, graphs: bool = False):
-        """graphs: replay the FFN halves of decode calls as CUDA graphs (cuda backend; model/graph_capture.py)."""
+        """graphs: replay the FFN halves of decode calls as CUDA graphs (cuda backend). Keyed by (layer, bucket)
+        alone: the FFN half has no host-side shape or branch that follows context length or sequences, its one
+        per-step input (the rows) is written in place, and padding rows are dropped (rows are batch-invariant):
+        model/graph_capture.py states why a replay is exact and what stays eager."""
         self.cfg = ckpt.config
         self.ops, self.comm = ops, comm
         self.kv = KVStore(self.cfg, ops, num_pages, page_tokens, poison, host_slots=host_slots,

@@ -11,8 +11,12 @@ What is captured and why it stays exact:
   depend on B alone, never on context length, page tables or sequences. The one per-step input is the graph's
   static input [B, 4, D] bf16, written in place (one copy) before each replay; the weights, the guard flags
   and everything else it reads are fixed allocations.
-* Each graph's temporaries and output come from its own memory pool, kept alive with the graph, so eager work
-  never reuses them; a replay rewrites its output, which the step consumes before the same graph replays again.
+* The graphs' temporaries and outputs come from a private memory pool per bucket, kept alive with the graphs, so
+  eager work never reuses them. A bucket's graphs share its pool (as PyTorch shares a graph pool): they replay
+  one after another on one stream in capture order (layer order), so a block one graph used as a temporary and
+  a later one reuses is never live in both; outputs stay allocated. A replay rewrites its output, which the
+  step consumes before the same graph replays again. Device memory: per bucket B, L x [B, 4, D] bf16 outputs
+  and one layer's temporaries (not in the memory plan: it comes out of CUPYGLM_MEMORY_RESERVE_GIB).
 * Capture is keyed by (layer, B) only, since nothing host-side in the FFN half depends on anything else. A
   warm-up run of the same call precedes the capture (kernels loaded, guard flags allocated: no allocation
   outside the pool, no module load inside the capture).
@@ -33,11 +37,10 @@ def bucket(rows: int) -> int | None:
 
 
 class _Entry:
-    def __init__(self, graph, static, out, pool):
+    def __init__(self, graph, static, out):
         self.graph = graph            # cupy.cuda.Graph of block.ffn(static, B, comm)
         self.static = static          # [B, 4, D] bf16: the graph's input rows, written in place each step
-        self.out = out                # [B, 4, D] bf16: its output rows (from `pool`)
-        self.pool = pool              # the private memory pool of the graph's allocations
+        self.out = out                # [B, 4, D] bf16: its output rows (from the bucket's pool)
 
 
 class FFNGraphs:
@@ -47,6 +50,7 @@ class FFNGraphs:
         self.ops, self.comm, self.cp = ops, comm, ops.xp
         self.stream = self.cp.cuda.Stream(non_blocking=True)       # captures only; replays run on the current
         self.entries: dict[tuple[int, int], _Entry] = {}
+        self.pools: dict[int, object] = {}                          # bucket -> its graphs' cupy.cuda.MemoryPool
         self.replays = 0
 
     def ffn(self, block, X):
@@ -68,11 +72,13 @@ class FFNGraphs:
         static = cp.zeros((b,) + tuple(X.shape[1:]), dtype=X.dtype)   # [B, 4, D] bf16, padding rows zero at first
         static[:X.shape[0]] = X
         block.ffn(static, b, self.comm)                             # warm-up: kernels loaded, flags allocated
-        pool = cp.cuda.MemoryPool()
+        pool = self.pools.get(b)
+        if pool is None:
+            pool = self.pools[b] = cp.cuda.MemoryPool()
         with self.stream, cp.cuda.using_allocator(pool.malloc):
             self.stream.begin_capture()
             try:
                 out = block.ffn(static, b, self.comm)
             finally:
                 graph = self.stream.end_capture()
-        return _Entry(graph, static, out, pool)
+        return _Entry(graph, static, out)

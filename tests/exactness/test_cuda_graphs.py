@@ -5,7 +5,9 @@ work instead of running it and replays it on the same allocations (tests/cupy_do
   sparse limit) and batch sizes 1..5 (buckets 1, 2, 4, 8), the graphs captured once and replayed after;
 * padded = unpadded: a 3-row call in the 4-row bucket gives each row's bits of the same rows eager and of each
   row alone;
-* host launches per decode token drop, the graph launches and the kernels inside them counted apart.
+* host launches per decode token drop, the graph launches and the kernels inside them counted apart;
+* the engine with graphs (batches shrinking as requests finish; MTP verify groups and rollback replays) gives
+  the numpy engine's tokens.
 """
 from __future__ import annotations
 
@@ -14,8 +16,12 @@ import pytest
 
 import cupy_double
 from cupy_double.fixtures import cuda_double_module  # noqa: F401
+from cupyglm.backend.numpy_ops import NumpyOps
 from cupyglm.dist.comm import LocalComm
+from cupyglm.engine.config import EngineConfig
+from cupyglm.engine.engine import Engine
 from cupyglm.engine.runner import ModelRunner
+from cupyglm.engine.sampling import SamplingParams
 from cupyglm.model.glm import SeqInput
 
 PROMPTS = [[5, 17, 300, 42], list(range(60, 100)), [7] * 13, [9, 8, 7, 6, 5, 4], [11] * 21]
@@ -103,3 +109,41 @@ def test_graphs_cut_host_launches_per_decode_token(tiny_ckpt, cuda_ops):
     assert on.launches + on.graph_launches < off.launches
     assert on.launches + on.graph_kernels == off.launches           # the same kernels run, fewer from the host
     assert on.syncs == off.syncs and on.h2d == off.h2d
+
+
+LENGTHS = [5, 40, 12, 20]
+PARAMS = [SamplingParams(temperature=0, max_tokens=6),
+          SamplingParams(temperature=0.8, top_p=0.9, seed=1, max_tokens=6),
+          SamplingParams(temperature=1.0, top_k=20, seed=5, max_tokens=5),
+          SamplingParams(temperature=0.7, min_p=0.1, seed=9, max_tokens=6)]
+
+
+def _engine(ckpt, ops, graphs: bool, drafts: int) -> Engine:
+    c = ckpt.config
+    runner = ModelRunner(ckpt, ops, LocalComm(), 32, 16, mtp=drafts > 0, poison=True, graphs=graphs)
+    cfg = EngineConfig(context=128, num_pages=32, page_tokens=16, keep_grid=c.keep_grid, parallel=4, seed=0,
+                       eos_token_ids=c.eos_token_ids, vocab_size=c.vocab_size, poison=True, mtp_drafts=drafts,
+                       draft_pricing=False)
+    return Engine(runner, LocalComm(), cfg, ckpt.tokenizer)
+
+
+def _run(engine, prompts) -> list[list[int]]:
+    ids = [engine.add_request(p, sp) for p, sp in zip(prompts, PARAMS)]
+    got = {i: [] for i in ids}
+    while engine.has_work():
+        for out in engine.step():
+            got[out.request_id] += out.new_token_ids
+    assert engine.free_pages == engine.total_pages
+    return [got[i] for i in ids]
+
+
+@pytest.mark.parametrize("drafts", [0, 3])
+def test_engine_with_graphs_equals_numpy(tiny_ckpt, cuda_ops, drafts):
+    """4 concurrent mixed-sampling requests (batches shrinking as they finish; with drafts, verify groups and
+    rollback replays as decode calls): the tokens of the numpy engine."""
+    rng = np.random.default_rng(7)
+    prompts = [rng.integers(0, 496, n).tolist() for n in LENGTHS]
+    eng = _engine(tiny_ckpt, cuda_ops, True, drafts)
+    got = _run(eng, prompts)
+    assert eng.runner.graphs.replays > 0
+    assert got == _run(_engine(tiny_ckpt, NumpyOps(), False, drafts), prompts)
