@@ -37,6 +37,9 @@ def alloc(shape, dtype, poison: bool = True) -> "ndarray":
     """A fresh allocation; poisoned (every byte 0xFF: NaN in floats and bf16 bits, -1 in ints) like garbage."""
     dt = check_dtype(dtype)
     shape = (int(shape),) if np.isscalar(shape) else tuple(int(s) for s in shape)
+    if capture.capturing():                      # from the capture's private pool (capture.py)
+        a, buf = capture.capture_pool().array(shape, dt)
+        return ndarray._view(a, buf)
     nbytes = int(np.prod(shape, dtype=np.int64)) * dt.itemsize
     if STATE.budget is not None and STATE.in_use + nbytes > STATE.budget:
         raise OutOfMemoryError(nbytes, STATE.in_use, STATE.budget)

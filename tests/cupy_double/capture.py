@@ -6,6 +6,9 @@ operation over the same numpy views of the same allocations), raw device copies 
 a captured operation holds poison (0xFF bytes) until a launch of the graph writes it. `Graph.launch` runs the
 recorded work in order against the current contents of the same allocations.
 
+Allocations during capture come from the private pool (blocks a dead array held are reused by later allocations of
+the same size, as CuPy's pool does), so graphs sharing a pool alias memory exactly where a GPU would.
+
 Refused during capture, as the GPU refuses (CUDARuntimeError 900, cudaErrorStreamCaptureUnsupported; the capture is
 invalidated and end_capture raises 901):
 * a device-to-host read (int(), .get(), asnumpy, .item(), repr ...), a stream / device synchronize;
@@ -40,7 +43,7 @@ class _Capture:
     def __init__(self, stream, mode: int):
         self.stream, self.mode = stream, mode
         self.ops: list[tuple[str, str, object]] = []      # (counter, name, thunk)
-        self.owned: list = []                              # buffers allocated during capture (the pool's blocks)
+        self.pools: list = []                              # the memory pools allocations came from (kept alive)
         self.watched: dict[int, weakref.ref] = {}          # id(buffer) -> weakref: buffers made before capture
         self.invalid: str | None = None
 
@@ -82,9 +85,10 @@ def _check_stream(what: str) -> _Capture:
 def watch(buffers) -> None:
     """The allocations a captured operation touches: those made before the capture are checked at each launch."""
     cap = ACTIVE["capture"]
-    owned = {id(b) for b in cap.owned}
+    from .state import Buffer
+
     for b in buffers:
-        if id(b) not in owned and hasattr(b, "__weakref__"):
+        if isinstance(b, Buffer):                          # a pool block is the pool's: freed only with it
             cap.watched.setdefault(id(b), weakref.ref(b))
 
 
@@ -179,25 +183,31 @@ def _refuse_mask(key) -> None:
 
 
 def on_alloc(buf) -> None:
-    """Every new device allocation: refused or kept by the graph while a capture is active."""
+    """An allocation outside `pool_block` while a capture is active is one the double cannot place: refused."""
+    refuse("an allocation outside the capture's memory pool")
+
+
+def capture_pool() -> "MemoryPool":
+    """During capture: a block of the private pool of `cupy.cuda.using_allocator(pool.malloc)`, refused
+    without one or outside relaxed mode. Blocks freed during capture are reused by later allocations of the same
+    size (this capture's or a later one's through the same pool), as CuPy's pool reuses them."""
     cap = ACTIVE["capture"]
-    if cap is None:
-        return
     if cap.mode != MODE_RELAXED:
         refuse("an allocation needs cudaMalloc, not permitted in global / thread-local capture mode")
-    if getattr(_LOCAL, "allocator", None) is None or not isinstance(getattr(_LOCAL.allocator, "__self__", None),
-                                                                    MemoryPool):
+    pool = getattr(getattr(_LOCAL, "allocator", None), "__self__", None)
+    if not isinstance(pool, MemoryPool):
         refuse("an allocation outside a private memory pool: wrap the capture in "
                "`cupy.cuda.using_allocator(pool.malloc)` so eager work never reuses the graph's blocks")
-    cap.owned.append(buf)
-    _LOCAL.allocator.__self__._blocks.append(buf)
+    if pool not in cap.pools:
+        cap.pools.append(pool)
+    return pool
 
 
 class Graph:
     """cupy.cuda.Graph: made only by Stream.end_capture."""
 
     def __init__(self, cap: _Capture):
-        self._ops, self._owned, self._watched = cap.ops, cap.owned, list(cap.watched.values())
+        self._ops, self._pools, self._watched = cap.ops, cap.pools, list(cap.watched.values())
 
     def launch(self, stream=None):
         if capturing():
@@ -250,22 +260,62 @@ def is_capturing(stream) -> bool:
     return cap is not None and cap.stream is stream
 
 
+class _Block:
+    """Device memory a pool holds (counted in the device budget until the pool goes)."""
+
+    __slots__ = ("array", "nbytes", "__weakref__")
+
+
+class PoolBuffer:
+    """The buffer of an array allocated from a pool: its block goes back to the pool's free list when it dies."""
+
+    __slots__ = ("array", "__weakref__")
+
+    def __init__(self, array: np.ndarray, pool: "MemoryPool", block: _Block):
+        self.array = array
+        weakref.finalize(self, pool._give_back, block)
+
+
 class MemoryPool:
-    """cupy.cuda.MemoryPool: in the double, the blocks allocated through its malloc while a capture is active."""
+    """cupy.cuda.MemoryPool: in the double, the allocator of arrays made while a capture is active."""
 
     def __init__(self, allocator=None):
-        self._blocks: list = []
+        self._blocks: list[_Block] = []
+        self._free: dict[int, list[_Block]] = {}
 
     def malloc(self, size):
         raise NotImplementedError("cupy double: MemoryPool.malloc is only an allocator for using_allocator")
 
-    def used_bytes(self) -> int:
-        return sum(int(b.array.nbytes) for b in self._blocks)
+    def array(self, shape, dt: np.dtype) -> tuple[np.ndarray, PoolBuffer]:
+        """A poisoned array [shape] dt in a free block of its size, or a new block."""
+        nbytes = int(np.prod(shape, dtype=np.int64)) * dt.itemsize
+        free = self._free.get(nbytes)
+        if free:
+            block = free.pop()
+        else:
+            block = _Block()
+            block.array, block.nbytes = np.empty(max(nbytes, 1), np.uint8), nbytes
+            STATE.reserve(block, nbytes, int(block.array.ctypes.data))
+            self._blocks.append(block)
+        a = block.array[:nbytes].view(dt).reshape(shape)
+        block.array.fill(0xFF)
+        return a, PoolBuffer(a, self, block)
 
-    total_bytes = used_bytes
+    def _give_back(self, block: _Block) -> None:
+        if any(b is block for b in self._blocks):
+            self._free.setdefault(block.nbytes, []).append(block)
+
+    def used_bytes(self) -> int:
+        return sum(b.nbytes for b in self._blocks) - sum(b.nbytes for f in self._free.values() for b in f)
+
+    def total_bytes(self) -> int:
+        return sum(b.nbytes for b in self._blocks)
 
     def free_all_blocks(self, stream=None) -> None:
-        self._blocks.clear()
+        for f in self._free.values():
+            for b in f:
+                self._blocks.remove(b)
+        self._free.clear()
 
 
 class using_allocator:

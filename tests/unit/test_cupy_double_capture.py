@@ -132,3 +132,32 @@ def test_a_launch_after_a_captured_allocation_was_freed_raises(cp):
     gc.collect()
     with pytest.raises(cp.cuda.runtime.CUDARuntimeError, match="freed"):
         g.launch()
+
+
+def test_a_shared_pool_reuses_freed_blocks_across_captures(cp):
+    x = cp.arange(4, dtype=cp.float32)
+    s, pool = cp.cuda.Stream(non_blocking=True), cp.cuda.MemoryPool()
+    ptrs = []
+
+    def capture(body):
+        with s, cp.cuda.using_allocator(pool.malloc):
+            s.begin_capture()
+            out = body()
+            return s.end_capture(), out
+
+    def first():
+        t = x + x                                        # a temporary: its block is free again after the capture
+        ptrs.append(t.data.ptr)
+        return t * np.float32(3)
+
+    def second():
+        u = x * x
+        ptrs.append(u.data.ptr)
+        return u + np.float32(1)
+    g1, a = capture(first)
+    g2, b = capture(second)
+    assert ptrs[0] == ptrs[1]                            # the second graph's temporary is the first's block
+    g1.launch()
+    g2.launch()
+    assert np.array_equal(a.get(), [0, 6, 12, 18]) and np.array_equal(b.get(), [1, 2, 5, 10])
+    assert pool.total_bytes() == 3 * 16
