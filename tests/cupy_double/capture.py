@@ -20,6 +20,8 @@ invalidated and end_capture raises 901):
   goes back to eager work while the graph still writes it). Use
   `with cupy.cuda.using_allocator(pool.malloc):` around the capture; the graph keeps its pool's blocks alive.
 A launch after an allocation the graph reads or writes was freed raises (the GPU would write freed memory).
+Only the thread that began the capture is checked (relaxed mode: other threads' calls are not refused; the double
+does not model global mode's cross-thread refusals).
 
 Counters: `captured` (operations recorded), `graph_launches` (Graph.launch calls: one host launch each),
 `graph_kernels` / `graph_ops` / `graph_memcpys` (RawKernels / CuPy kernels / copies run inside launches).
@@ -42,6 +44,7 @@ _LOCAL = threading.local()           # .allocator: the allocator of cupy.cuda.us
 class _Capture:
     def __init__(self, stream, mode: int):
         self.stream, self.mode = stream, mode
+        self.thread = threading.get_ident()
         self.ops: list[tuple[str, str, object]] = []      # (counter, name, thunk)
         self.pools: list = []                              # the memory pools allocations came from (kept alive)
         self.watched: dict[int, weakref.ref] = {}          # id(buffer) -> weakref: buffers made before capture
@@ -57,13 +60,20 @@ def _error(status: int, msg: str) -> Exception:
     return CUDARuntimeError(status, msg)
 
 
+def _mine() -> "_Capture | None":
+    """The active capture, seen from the thread that began it only: other threads' work runs eagerly (relaxed
+    mode: their API calls are not checked against this capture)."""
+    cap = ACTIVE["capture"]
+    return cap if cap is not None and cap.thread == threading.get_ident() else None
+
+
 def capturing() -> bool:
-    return ACTIVE["capture"] is not None
+    return _mine() is not None
 
 
 def refuse(what: str) -> None:
     """Raise (and invalidate the capture) if a capture is active: `what` is not permitted while capturing."""
-    cap = ACTIVE["capture"]
+    cap = _mine()
     if cap is None:
         return
     cap.invalid = cap.invalid or what
@@ -72,7 +82,7 @@ def refuse(what: str) -> None:
 
 
 def _check_stream(what: str) -> _Capture:
-    cap = ACTIVE["capture"]
+    cap = _mine()
     from .cuda import get_current_stream
 
     cur = get_current_stream()
@@ -84,7 +94,7 @@ def _check_stream(what: str) -> _Capture:
 
 def watch(buffers) -> None:
     """The allocations a captured operation touches: those made before the capture are checked at each launch."""
-    cap = ACTIVE["capture"]
+    cap = _mine()
     from .state import Buffer
 
     for b in buffers:
@@ -94,7 +104,7 @@ def watch(buffers) -> None:
 
 def record(counter: str, name: str, thunk, buffers=()) -> bool:
     """Capturing: record thunk (counted `captured`) and return True; else return False (the caller runs it)."""
-    cap = ACTIVE["capture"]
+    cap = _mine()
     if cap is None:
         return False
     _check_stream(name)
@@ -191,7 +201,7 @@ def capture_pool() -> "MemoryPool":
     """During capture: a block of the private pool of `cupy.cuda.using_allocator(pool.malloc)`, refused
     without one or outside relaxed mode. Blocks freed during capture are reused by later allocations of the same
     size (this capture's or a later one's through the same pool), as CuPy's pool reuses them."""
-    cap = ACTIVE["capture"]
+    cap = _mine()
     if cap.mode != MODE_RELAXED:
         refuse("an allocation needs cudaMalloc, not permitted in global / thread-local capture mode")
     pool = getattr(getattr(_LOCAL, "allocator", None), "__self__", None)
