@@ -379,4 +379,3 @@ for _name, _uf in (("eq", np.equal), ("ne", np.not_equal), ("lt", np.less), ("le
     setattr(ndarray, f"__{_name}__", _binary(_uf))
 for _name, _uf in (("neg", np.negative), ("pos", np.positive), ("abs", np.absolute), ("invert", np.invert)):
     setattr(ndarray, f"__{_name}__", lambda self, _uf=_uf: compute(lambda: _uf(self._a), (), _uf.__name__, [self]))
-
