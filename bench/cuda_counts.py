@@ -8,6 +8,12 @@ Rows: `model` is one GLMModel.forward of one sequence's decode token (the tiny c
 Engine.step with 4 requests decoding (mixed sampling), per token; `model-45` the forward of a random model of
 the real layer structure (45 layers: 34 KDA + 11 DSA, 3 dense MLPs) at tiny widths (--layers45). --quant: the
 tiny checkpoint written quantised (make-tiny --quant) instead, with the gemm_* / quantised gemv launches named.
+
+Each row runs with CUDA graphs off (the `per token:` lines) and on (CUPYGLM_CUDA_GRAPHS=1: the FFN halves
+replayed, model/graph_capture.py); a table puts both side by side: host launches (eager RawKernels, eager CuPy
+kernels, graph launches), the kernels run inside graphs, syncs, H2D copies, host time (the emulator's time in
+the double, kernels inside graphs included). One decode step before the counted ones captures the graphs
+(warm-up, uncounted, in both modes).
 """
 from __future__ import annotations
 
@@ -21,15 +27,17 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 
 
-def _model_row(ckpt, ops, tokens: int, where: bool):
+def _model_row(ckpt, ops, tokens: int, where: bool, graphs: bool = False):
     import cupy_double
     from cupyglm.dist.comm import LocalComm
     from cupyglm.engine.runner import ModelRunner
     from cupyglm.model.glm import SeqInput
 
-    runner = ModelRunner(ckpt, ops, LocalComm(), 16, 16)
+    runner = ModelRunner(ckpt, ops, LocalComm(), 16, 16, graphs=graphs)
     st = runner.new_state()
     out = runner.forward([SeqInput(np.arange(5, 25, dtype=np.int32), st)])
+    tok = int(np.argmax(_read_checked(ops, out[0].logits[-1])))
+    out = runner.model.forward([SeqInput(np.array([tok], np.int32), st, decode=True)])      # warm-up (captures)
     with cupy_double.counting(trace=where) as c:
         t0 = time.perf_counter()
         for _ in range(tokens):
@@ -49,7 +57,7 @@ def _read_checked(ops, x):
     return ops.asnumpy(x)
 
 
-def _engine_row(ckpt, ops, tokens: int, where: bool):
+def _engine_row(ckpt, ops, tokens: int, where: bool, graphs: bool = False):
     import cupy_double
     from cupyglm.dist.comm import LocalComm
     from cupyglm.engine.config import EngineConfig
@@ -58,7 +66,7 @@ def _engine_row(ckpt, ops, tokens: int, where: bool):
     from cupyglm.engine.sampling import SamplingParams
 
     c = ckpt.config
-    runner = ModelRunner(ckpt, ops, LocalComm(), 32, 16)
+    runner = ModelRunner(ckpt, ops, LocalComm(), 32, 16, graphs=graphs)
     cfg = EngineConfig(context=128, num_pages=32, page_tokens=16, keep_grid=c.keep_grid, parallel=4, seed=0,
                        eos_token_ids=c.eos_token_ids, vocab_size=c.vocab_size)
     eng = Engine(runner, LocalComm(), cfg, ckpt.tokenizer)
@@ -71,6 +79,7 @@ def _engine_row(ckpt, ops, tokens: int, where: bool):
     started: set[int] = set()
     while len(started) < len(params):                   # every prompt prefilled (its first token out)
         started |= {o.request_id for o in eng.step() if o.new_token_ids}
+    eng.step()                                          # warm-up (captures)
     made = 0
     with cupy_double.counting(trace=where) as cnt:
         t0 = time.perf_counter()
@@ -90,6 +99,23 @@ def _print(name: str, c, per: int, where: bool) -> None:
         for counter in ("syncs", "h2d", "kernels", "launches"):
             top = sorted(c.where.get(counter, {}).items(), key=lambda kv: -kv[1])
             print(f"    {counter}: " + ", ".join(f"{k} {v / per:g}" for k, v in top))
+
+
+SIDE = (("host launches", lambda c: c.launches + c.kernels + c.graph_launches),
+        ("raw kernels", lambda c: c.launches), ("cupy kernels", lambda c: c.kernels),
+        ("graph launches", lambda c: c.graph_launches),
+        ("in graphs", lambda c: c.graph_kernels + c.graph_ops + c.graph_memcpys),
+        ("syncs", lambda c: c.syncs), ("h2d", lambda c: c.h2d), ("host ms", lambda c: 1e3 * c.host_s))
+
+
+def _side_by_side(rows) -> None:
+    """rows: (name, counts off, counts on, tokens) -> one table, per decode token."""
+    print("graphs off vs on, per decode token (host launches = eager RawKernels + eager CuPy kernels + graph "
+          "launches; in graphs = the RawKernels and CuPy kernels those launches ran):")
+    print(f"{'row':<9} {'graphs':<6} " + " ".join(f"{h:>14}" for h, _ in SIDE))
+    for name, off, on, per in rows:
+        for label, c in (("off", off), ("on", on)):
+            print(f"{name:<9} {label:<6} " + " ".join(f"{f(c) / per:>14.2f}" for _, f in SIDE))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -112,14 +138,23 @@ def main(argv: list[str] | None = None) -> int:
     if a.quant:
         return _quant_rows(ops, a)
     tiny = Checkpoint.open(default_tiny_dir())
-    _print("model", _model_row(tiny, ops, a.tokens, a.where), a.tokens, a.where)
-    cnt, made = _engine_row(tiny, ops, a.tokens, a.where)
-    _print("engine", cnt, made, a.where)
+    side = []
+    off, on = (_model_row(tiny, ops, a.tokens, a.where, g) for g in (False, True))
+    _print("model", off, a.tokens, a.where)
+    side.append(("model", off, on, a.tokens))
+    (off, made), (on, made_on) = (_engine_row(tiny, ops, a.tokens, a.where, g) for g in (False, True))
+    if made != made_on:
+        raise SystemExit(f"engine: {made} tokens with graphs off, {made_on} on")
+    _print("engine", off, made, a.where)
+    side.append(("engine", off, on, made))
     if a.layers45:
         from big_random import RandomCheckpoint, big_config
 
         ckpt = RandomCheckpoint(big_config("small", num_hidden_layers=45))
-        _print("model-45", _model_row(ckpt, ops, a.tokens, a.where), a.tokens, a.where)
+        off, on = (_model_row(ckpt, ops, a.tokens, a.where, g) for g in (False, True))
+        _print("model-45", off, a.tokens, a.where)
+        side.append(("model-45", off, on, a.tokens))
+    _side_by_side(side)
     return 0
 
 

@@ -25,6 +25,7 @@ from cupyglm.backend import make_ops, resolve  # noqa: E402
 from cupyglm.backend.lanes import bf16, gemm as lanes_gemm  # noqa: E402
 from cupyglm.checkpoint.loader import open_model  # noqa: E402
 from cupyglm.dist.comm import LocalComm  # noqa: E402
+from cupyglm.engine.build import cuda_graphs  # noqa: E402
 from cupyglm.engine.runner import ModelRunner  # noqa: E402
 from cupyglm.model.glm import SeqInput  # noqa: E402
 
@@ -32,7 +33,9 @@ from cupyglm.model.glm import SeqInput  # noqa: E402
 def _runner(ckpt, backend: str, tokens: int, seqs: int = 1) -> ModelRunner:
     cfg = ckpt.config
     pt = cfg.page_tokens
-    return ModelRunner(ckpt, make_ops(resolve(backend)[0]), LocalComm(), seqs * (-(-tokens // pt) + 2), pt)
+    name = resolve(backend)[0]
+    return ModelRunner(ckpt, make_ops(name), LocalComm(), seqs * (-(-tokens // pt) + 2), pt,
+                       graphs=cuda_graphs(name))              # CUPYGLM_CUDA_GRAPHS=1: decode FFN halves replayed
 
 
 def _greedy(runner: ModelRunner, prompt: np.ndarray, n: int):

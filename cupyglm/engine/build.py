@@ -67,6 +67,17 @@ def shared_line(world, seg) -> str:
             f"{world.local_rank}/{world.local_size} mappings {seg.mapped()}/{seg.header.local_size}, {how}")
 
 
+def cuda_graphs(backend: str) -> bool:
+    """CUPYGLM_CUDA_GRAPHS=1 on the cuda backend: decode calls replay captured FFN halves (model/graph_capture.py).
+    Not fingerprinted: ranks may differ in it, since a replay computes the same bits as the eager call."""
+    from cupyglm import env
+
+    raw = env.get_or("CUPYGLM_CUDA_GRAPHS")
+    if raw not in ("0", "1"):
+        raise ValueError(f"CUPYGLM_CUDA_GRAPHS must be 0 or 1, got {raw!r}")
+    return raw == "1" and backend == "cuda"
+
+
 def build(world, ckpt, *, poison: bool = False, log=log_line):
     """The engine of this rank (plan, runner, engine); prints this rank's plan line. Returns (engine, plan)."""
     from cupyglm.backend import make_ops
@@ -80,7 +91,8 @@ def build(world, ckpt, *, poison: bool = False, log=log_line):
         log(plan.line())
     runner = ModelRunner(ckpt, ops, world.comm, plan.num_pages, plan.page_tokens, mtp=mtp, poison=poison,
                          host_slots=host_slots(plan) if st.kv_host else 0,
-                         host_shared=(lambda n: world.shared_segment("kv_host", n)) if st.kv_host_shared else None)
+                         host_shared=(lambda n: world.shared_segment("kv_host", n)) if st.kv_host_shared else None,
+                         graphs=cuda_graphs(world.backend))
     seg = runner.kv.host.segment if runner.kv.host is not None else None
     if seg is not None and log is not None:
         log(shared_line(world, seg))

@@ -10,12 +10,24 @@ from cupyglm.model.glm import GLMModel, SeqInput, SeqOutput
 
 class ModelRunner:
     def __init__(self, ckpt: Checkpoint, ops, comm, num_pages: int, page_tokens: int, mtp: bool = False,
-                 poison: bool = False, host_slots: int = 0, host_shared=None):
+                 poison: bool = False, host_slots: int = 0, host_shared=None, graphs: bool = False):
+        """graphs: replay the FFN halves of decode calls as CUDA graphs (cuda backend). Keyed by (layer, bucket)
+        alone: the FFN half has no host-side shape or branch that follows context length or sequences, its one
+        per-step input (the rows) is written in place, and padding rows are dropped (rows are batch-invariant):
+        model/graph_capture.py states why a replay is exact and what stays eager."""
         self.cfg = ckpt.config
         self.ops, self.comm = ops, comm
         self.kv = KVStore(self.cfg, ops, num_pages, page_tokens, poison, host_slots=host_slots,
                           host_shared=host_shared)
         self.model = GLMModel(self.cfg, ckpt.shard(comm.rank, comm.size), ops, comm, self.kv, mtp=mtp)
+        self.graphs = None
+        if graphs:
+            if ops.name != "cuda":
+                raise ValueError(f"CUDA graphs need the cuda backend, not {ops.name!r}")
+            from cupyglm.model.graph_capture import FFNGraphs
+
+            self.graphs = FFNGraphs(ops, comm)
+            self.model.use_graphs(self.graphs)
 
     def new_state(self):
         return self.model.new_state()

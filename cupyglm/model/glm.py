@@ -68,6 +68,7 @@ class Block:
         attn = KDALayer if self.is_kda else DSALayer
         self.attn = attn(cfg, w.sub("self_attn"), ops, layer, tp)
         self.mlp = MoE(cfg, w.sub("mlp"), ops) if cfg.is_moe(layer) else MLP(w.sub("mlp"), ops, cfg.swiglu_limit)
+        self.graphs = None            # model/graph_capture.FFNGraphs: the FFN half of decode calls replayed
 
     def enter(self, X):
         """The first layer's attention input: (h, post, comb) of the embedded streams X."""
@@ -79,7 +80,15 @@ class Block:
         (nxt None) the final streams (X, None, None, None). hc_post rounds the fp32 sum to bf16."""
         partial = self.attn(h, segs) if self.is_kda else self.attn(h, segs, kv)
         X, h, post, comb = self.hc_ffn.post_pre_norm(X, summed(comm, partial), post, comb, self.post_norm)
-        partial = summed(comm, self.mlp(h, decode_rows(segs)))
+        d = decode_rows(segs)
+        if self.graphs is not None and d == X.shape[0]:
+            return self.graphs.ffn(self, (X, h, post, comb), nxt)
+        return self.ffn(X, h, post, comb, d, comm, nxt)
+
+    def ffn(self, X, h, post, comb, decode: int, comm, nxt: "Block | None"):
+        """The FFN half from its normed input h [T, D] bf16 (the leading `decode` rows decode/verify rows): the
+        MLP or MoE, the all-reduce, hc_post fused with the next layer's hc_pre + norm -> (X', h', post', comb')."""
+        partial = summed(comm, self.mlp(h, decode))
         if nxt is None:
             return self.ops.hc_post(X, partial, post, comb), None, None, None
         return nxt.hc_attn.post_pre_norm(X, partial, post, comb, nxt.in_norm)
@@ -95,6 +104,11 @@ class GLMModel:
         self.lm_head = ops.weight(shard["lm_head.weight"])        # [V / tp, D]
         self.blocks = [Block(cfg, root.sub(f"layers.{i}"), ops, i, tp) for i in range(cfg.num_hidden_layers)]
         self.mtp = MTPLayer(cfg, root.sub(f"layers.{cfg.mtp_layer}"), ops, cfg.mtp_layer, tp) if mtp else None
+
+    def use_graphs(self, graphs) -> None:
+        """Replay the main layers' FFN halves of decode calls from `graphs` (model/graph_capture.py); None: eager."""
+        for b in self.blocks:
+            b.graphs = graphs
 
     def new_state(self) -> SeqState:
         st = SeqState()

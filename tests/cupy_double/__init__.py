@@ -9,7 +9,8 @@
 
 What it is: `xp` (the cupy namespace), `array.ndarray` (CuPy's conversion rules), `raw` (RawModule /
 RawKernel: real NVRTC cubins run by cupyglm/kernels/sim.py with CuPy's launch rules), `cuda` (devices,
-runtime, memory), `nccl` (NCCL over MPI), `state` (counters, poisoned allocations, the memory budget).
+runtime, memory), `nccl` (NCCL over MPI), `state` (counters, poisoned allocations, the memory budget),
+`capture` (stream capture into cupy.cuda.Graph: recorded, not run; what a capturing stream refuses).
 Never imported by the package; tests put tests/ on sys.path (pytest does), `run.py` for subprocesses.
 """
 from __future__ import annotations
@@ -52,6 +53,10 @@ def install(budget_bytes: int | None = None, device_count: int | None = None) ->
 
 
 def uninstall() -> None:
+    from . import capture, cuda
+
+    capture.ACTIVE["capture"] = None
+    del cuda._STREAMS[1:]
     for name, mod in _SAVED.items():
         if mod is None:
             sys.modules.pop(name, None)
@@ -88,6 +93,11 @@ class Counts:
     collectives: int = 0
     memcpys: int = 0
     memcpy_bytes: int = 0
+    captured: int = 0
+    graph_launches: int = 0
+    graph_kernels: int = 0
+    graph_ops: int = 0
+    graph_memcpys: int = 0
     where: dict = dataclasses.field(default_factory=dict)
 
     def line(self, per: int = 1) -> str:

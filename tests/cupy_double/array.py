@@ -10,11 +10,15 @@ CuPy's rules mirrored here (cupy/_core/core.pyx, _routines_indexing.pyx, _kernel
 * cupy.ascontiguousarray(numpy_array) is a TypeError (the argument is typed cupy ndarray);
 * explicit transfers: cupy.asarray / cupy.array / ndarray.set upload, .get() / cupy.asnumpy download.
 Results of basic indexing, reshape, view, transpose share the allocation; everything else is a new one.
+Every operation goes through `compute` (a result) or `capture.kernel` (a side effect), so stream capture
+(capture.py) records it instead of running it.
 """
 from __future__ import annotations
 
 import numpy as np
 
+from . import capture
+from .capture import compute, _keys, _refuse_mask
 from .state import STATE, Buffer, OutOfMemoryError
 
 IMPLICIT = ("Implicit conversion to a NumPy array is not allowed. Please use `.get()` to construct a NumPy "
@@ -33,6 +37,9 @@ def alloc(shape, dtype, poison: bool = True) -> "ndarray":
     """A fresh allocation; poisoned (every byte 0xFF: NaN in floats and bf16 bits, -1 in ints) like garbage."""
     dt = check_dtype(dtype)
     shape = (int(shape),) if np.isscalar(shape) else tuple(int(s) for s in shape)
+    if capture.capturing():                      # from the capture's private pool (capture.py)
+        a, buf = capture.capture_pool().array(shape, dt)
+        return ndarray._view(a, buf)
     nbytes = int(np.prod(shape, dtype=np.int64)) * dt.itemsize
     if STATE.budget is not None and STATE.in_use + nbytes > STATE.budget:
         raise OutOfMemoryError(nbytes, STATE.in_use, STATE.budget)
@@ -99,6 +106,7 @@ def _index(key):
     out = []
     for k in keys:
         if isinstance(k, (np.ndarray, list)):
+            capture.refuse("a host index array (a pageable host-to-device copy)")
             h = np.asarray(k)
             STATE.count("h2d", what="index")
             STATE.count("h2d_bytes", h.nbytes)
@@ -111,6 +119,7 @@ def _index(key):
 
 
 def sync(x: "ndarray", what: str) -> np.ndarray:
+    capture.refuse(f"a device-to-host read ({what})")
     STATE.count("syncs", what=what)
     STATE.count("d2h_bytes", x._a.nbytes)
     return x._a
@@ -201,6 +210,7 @@ class ndarray:
     def set(self, arr, stream=None):
         if isinstance(arr, ndarray):
             raise TypeError("Only numpy.ndarray can be set to cupy.ndarray")
+        capture.refuse("ndarray.set (a pageable host-to-device copy)")
         arr = np.asarray(arr)
         if arr.shape != self.shape or arr.dtype != self.dtype:
             raise ValueError(f"Shape/dtype mismatch: {arr.shape} {arr.dtype} vs {self.shape} {self.dtype}")
@@ -261,11 +271,11 @@ class ndarray:
         for x in inputs:
             if isinstance(x, (list, tuple)):
                 raise TypeError(f"Unsupported type {type(x)}")
-        res = getattr(ufunc, method)(*args, **kwargs)
+        fn = getattr(ufunc, method)
         if out is not None:
-            STATE.count("kernels", what=ufunc.__name__)
+            capture.kernel(ufunc.__name__, lambda: fn(*args, **kwargs), buffers_of(list(inputs) + list(out)))
             return out[0] if len(out) == 1 else out
-        return wrap(res, (), ufunc.__name__)
+        return compute(lambda: fn(*args, **kwargs), (), ufunc.__name__, inputs)
 
     def __array_function__(self, func, types, args, kwargs):
         from . import xp
@@ -277,10 +287,12 @@ class ndarray:
 
     # -- indexing ----------------------------------------------------------------------------------------
     def __getitem__(self, key):
+        _refuse_mask(key)
         k = _index(key)
         if not _is_advanced(key) and Ellipsis not in k:
             k = k + (Ellipsis,)                  # a 0-d view, never a numpy scalar (CuPy returns arrays)
-        return wrap(self._a[k], (self._buf,), "getitem")
+        a = self._a
+        return compute(lambda: a[k], (self._buf,), "getitem", _keys(key))
 
     def __setitem__(self, key, value):
         if isinstance(value, np.ndarray) and not isinstance(value, np.generic):
@@ -289,22 +301,27 @@ class ndarray:
                     raise ValueError("non-scalar numpy.ndarray cannot be used for fill")
                 value = value.item()
             else:
+                capture.refuse("a host value array (a pageable host-to-device copy)")
                 STATE.count("h2d", what="setitem")
                 STATE.count("h2d_bytes", value.nbytes)
-        STATE.count("kernels", what="setitem")
-        self._a[_index(key)] = unwrap(value, allow_host=True)
+        _refuse_mask(key)
+        a, k, v = self._a, _index(key), unwrap(value, allow_host=True)
+
+        def run():
+            a[k] = v
+        capture.kernel("setitem", run, [self._buf] + buffers_of(_keys(key) + [value]))
 
     # -- methods with CuPy's meaning ---------------------------------------------------------------------
     def astype(self, dtype, order="K", casting=None, subok=None, copy=True):
         dt = check_dtype(dtype)
         if not copy and dt == self.dtype:
             return self
-        STATE.count("kernels", what="astype")
-        return ndarray._own(np.ascontiguousarray(self._a.astype(dt)))
+        a = self._a
+        return compute(lambda: np.ascontiguousarray(a.astype(dt)), (), "astype", [self])
 
     def copy(self, order="C"):
-        STATE.count("kernels", what="copy")
-        return ndarray._own(np.array(self._a, order="C"))
+        a = self._a
+        return compute(lambda: np.array(a, order="C"), (), "copy", [self])
 
     def view(self, dtype=None):
         v = self._a.view() if dtype is None else self._a.view(check_dtype(dtype))
@@ -317,12 +334,13 @@ class ndarray:
             value = value.item()
         if isinstance(value, ndarray):
             value = value._a
-        STATE.count("kernels", what="fill")
-        self._a.fill(value)
+        a = self._a
+        capture.kernel("fill", lambda: a.fill(value), [self._buf])
 
     def reshape(self, *shape, order="C"):
         shape = shape[0] if len(shape) == 1 and isinstance(shape[0], (tuple, list)) else shape
-        return wrap(self._a.reshape(shape, order=order), (self._buf,), "reshape")
+        a = self._a
+        return compute(lambda: a.reshape(shape, order=order), (self._buf,), "reshape", [self])
 
     def __getattr__(self, name):
         attr = getattr(np.ndarray, name, None)
@@ -331,8 +349,8 @@ class ndarray:
         target = getattr(self._a, name)
 
         def method(*args, **kwargs):
-            res = target(*unwrap(list(args)), **{k: unwrap(v) for k, v in kwargs.items()})
-            return wrap(res, (self._buf,), name)
+            a, kw = unwrap(list(args)), {k: unwrap(v) for k, v in kwargs.items()}
+            return compute(lambda: target(*a, **kw), (self._buf,), name, [self] + list(args) + list(kwargs.values()))
         return method
 
 
@@ -341,11 +359,11 @@ def _binary(uf, reflected=False, inplace=False):
         if isinstance(other, (list, tuple)):
             raise TypeError(f"Unsupported type {type(other)}")
         if inplace:
-            uf(self._a, unwrap(other), out=self._a)
-            STATE.count("kernels", what=uf.__name__)
+            mine, o = self._a, unwrap(other)
+            capture.kernel(uf.__name__, lambda: uf(mine, o, out=mine), buffers_of([self, other]))
             return self
         a, b = (unwrap(other), self._a) if reflected else (self._a, unwrap(other))
-        return wrap(uf(a, b), (), uf.__name__)
+        return compute(lambda: uf(a, b), (), uf.__name__, [self, other])
     return op
 
 
@@ -360,4 +378,4 @@ for _name, _uf in (("eq", np.equal), ("ne", np.not_equal), ("lt", np.less), ("le
                    ("gt", np.greater), ("ge", np.greater_equal)):
     setattr(ndarray, f"__{_name}__", _binary(_uf))
 for _name, _uf in (("neg", np.negative), ("pos", np.positive), ("abs", np.absolute), ("invert", np.invert)):
-    setattr(ndarray, f"__{_name}__", lambda self, _uf=_uf: wrap(_uf(self._a), (), _uf.__name__))
+    setattr(ndarray, f"__{_name}__", lambda self, _uf=_uf: compute(lambda: _uf(self._a), (), _uf.__name__, [self]))

@@ -9,6 +9,7 @@ import os
 import sys
 import types
 
+from . import capture as _capture
 from . import copies as _copies
 from .state import DEFAULT_TOTAL, STATE, OutOfMemoryError
 
@@ -53,7 +54,7 @@ class Device:
         _CURRENT["device"] = self.id
 
     def synchronize(self):
-        pass
+        _capture.refuse("Device.synchronize")
 
     def __enter__(self):
         self._prev = _CURRENT["device"]
@@ -68,26 +69,50 @@ class Device:
 
 
 class Stream:
+    """cupy.cuda.Stream: `with stream:` makes it the current stream; Stream.null is the legacy null stream."""
+
     null = None
+    _next = [0x1000]
 
     def __init__(self, null=False, non_blocking=False, ptr=0):
-        self.ptr = 0
+        self.is_null = bool(null)
+        if null:
+            self.ptr = 0
+        else:
+            self.ptr = Stream._next[0]
+            Stream._next[0] += 0x10
 
     def synchronize(self):
-        pass
+        _capture.refuse("Stream.synchronize")
 
     def use(self):
+        _STREAMS[-1] = self
         return self
 
     def __enter__(self):
+        _STREAMS.append(self)
         return self
 
     def __exit__(self, *exc):
-        pass
+        _STREAMS.pop()
+
+    def begin_capture(self, mode=None):
+        _capture.begin(self, mode)
+
+    def end_capture(self):
+        return _capture.end(self)
+
+    def is_capturing(self):
+        return _capture.is_capturing(self)
+
+
+Stream.null = Stream(null=True)
+_STREAMS: list = [Stream.null]            # the current stream is the last one entered
+Graph, MemoryPool, using_allocator = _capture.Graph, _capture.MemoryPool, _capture.using_allocator
 
 
 def get_current_stream(device_id=-1):
-    return Stream()
+    return _STREAMS[-1]
 
 
 def get_device_id() -> int:
@@ -119,12 +144,16 @@ runtime.memGetInfo = _mem_get_info
 runtime.getDeviceCount = _visible
 runtime.getDeviceProperties = _properties
 runtime.getDevice = get_device_id
-runtime.deviceSynchronize = lambda: None
+runtime.deviceSynchronize = lambda: _capture.refuse("cudaDeviceSynchronize")
+runtime.streamCaptureModeGlobal = _capture.MODE_GLOBAL
+runtime.streamCaptureModeThreadLocal = _capture.MODE_THREAD_LOCAL
+runtime.streamCaptureModeRelaxed = _capture.MODE_RELAXED
 runtime.setDevice = lambda i: Device(i).use()
 
 # -- cupy.cuda.memory -------------------------------------------------------------------------------------
 memory = types.ModuleType("cupy.cuda.memory")
 memory.OutOfMemoryError = OutOfMemoryError
+memory.MemoryPool, memory.using_allocator = _capture.MemoryPool, _capture.using_allocator
 
 
 def _nvrtc():

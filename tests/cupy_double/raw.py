@@ -26,6 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
+from . import capture
 from .array import ndarray
 from .state import STATE
 
@@ -162,7 +163,7 @@ class RawKernel:
             raise TypeError(f"kernel {self.name}: args must be a tuple")
         if self._types is None:
             self._types = list(self._fn.param_types)
-        host = []
+        host, bufs = [], []
         for i, a in enumerate(args):
             where = f"kernel {self.name} argument {i}"
             if isinstance(a, ndarray):
@@ -173,6 +174,7 @@ class RawKernel:
                 if allowed is not None and a.dtype.name not in allowed:
                     raise TypeError(f"{where} ({ctype}): a {a.dtype} array; the kernel reads {' or '.join(allowed)}")
                 host.append(a._a)
+                bufs.append(a._buf)
             elif isinstance(a, np.ndarray):
                 raise TypeError(f"Unsupported type {type(a)} ({where}: a host array, not device memory)")
             elif isinstance(a, np.generic):
@@ -180,5 +182,8 @@ class RawKernel:
             else:
                 raise TypeError(f"{where}: a Python {type(a).__name__} (CuPy passes it as a 64-bit value "
                                 "whatever the parameter's type); pass a numpy scalar (np.int32, np.float32)")
+        fn, host, shared = self._fn, tuple(host), int(shared_mem)
+        if capture.record("graph_kernels", self.name, lambda: fn(g, b, host, shared_mem=shared), bufs):
+            return                                       # recorded into the capturing stream's graph
         STATE.count("launches", what=self.name)
-        self._fn(g, b, tuple(host), shared_mem=int(shared_mem))
+        fn(g, b, host, shared_mem=shared)

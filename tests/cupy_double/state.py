@@ -10,6 +10,9 @@ Counters (reset per test through `cupy_double.counting()`):
   allocs     device allocations; peak_bytes the most bytes live at once
   collectives NCCL calls
   memcpys    raw runtime copies (memcpyAsync); memcpy_bytes their bytes
+  captured   operations recorded into a graph by stream capture (capture.py), not run
+  graph_launches  Graph.launch calls (one host launch each); graph_kernels / graph_ops / graph_memcpys the
+             RawKernels / CuPy kernels / raw copies those launches ran
 """
 from __future__ import annotations
 
@@ -20,7 +23,7 @@ import weakref
 import numpy as np
 
 NAMES = ("syncs", "d2h_bytes", "h2d", "h2d_bytes", "launches", "kernels", "allocs", "collectives", "memcpys",
-         "memcpy_bytes")
+         "memcpy_bytes", "captured", "graph_launches", "graph_kernels", "graph_ops", "graph_memcpys")
 
 
 class OutOfMemoryError(MemoryError):
@@ -81,5 +84,8 @@ class Buffer:
     __slots__ = ("array", "__weakref__")
 
     def __init__(self, array: np.ndarray):
+        from .capture import on_alloc
+
         self.array = array
+        on_alloc(self)                     # refused, or kept alive by the graph, while a capture is active
         STATE.reserve(self, int(array.nbytes), int(array.__array_interface__["data"][0]))

@@ -9,7 +9,9 @@ from __future__ import annotations
 import numpy as np
 
 from . import array as _arr
-from .array import ndarray, alloc, check_dtype, unwrap, wrap, buffers_of
+from . import capture
+from .array import ndarray, alloc, check_dtype, unwrap, buffers_of
+from .capture import compute
 from .state import STATE
 
 __version__ = "14.0.0-double"
@@ -22,6 +24,7 @@ for _n in ("bool_", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint3
 
 
 def _host_upload(a, dtype, what: str) -> ndarray:
+    capture.refuse(f"cupy.{what} of host data (a pageable host-to-device copy)")
     h = np.array(a, dtype=dtype, order="C", copy=True)
     if h.dtype == object:
         raise TypeError(f"Unsupported type {type(a)}")
@@ -54,8 +57,8 @@ def ascontiguousarray(a, dtype=None):
                         f"got {type(a).__name__})")
     if a.flags.c_contiguous and (dtype is None or np.dtype(dtype) == a.dtype):
         return a
-    STATE.count("kernels", what="ascontiguousarray")
-    return ndarray._own(np.ascontiguousarray(a._a, dtype=None if dtype is None else check_dtype(dtype)))
+    dt = None if dtype is None else check_dtype(dtype)
+    return compute(lambda: np.ascontiguousarray(a._a, dtype=dt), (), "ascontiguousarray", [a])
 
 
 def get_array_module(*args):
@@ -73,9 +76,9 @@ def empty_like(a, dtype=None, order="K", subok=None, shape=None):
 
 
 def zeros(shape, dtype=float, order="C"):
-    out = alloc(shape, dtype, poison=False)
-    out._a.fill(0)
-    STATE.count("kernels", what="zeros")          # a memset
+    out = alloc(shape, dtype)
+    a = out._a
+    capture.kernel("zeros", lambda: a.fill(0), [out._buf])          # a memset
     return out
 
 
@@ -111,15 +114,19 @@ def _numpy_function(name: str):
                 kw[k] = v._a
             else:
                 kw[k] = unwrap(v)
-        res = fn(*a, **kw)
         if "out" in kwargs:
-            STATE.count("kernels", what=name)
+            capture.kernel(name, lambda: fn(*a, **kw), buffers_of(list(args) + list(kwargs.values())))
             return kwargs["out"]
-        return wrap(res, buffers_of(args) if name in _VIEWS else (), name)
+        if name in _DATA_SHAPED or (name == "where" and len(args) + len(kwargs) == 1):
+            capture.refuse(f"cupy.{name} (its result's shape is read back)")
+        return compute(lambda: fn(*a, **kw), buffers_of(args) if name in _VIEWS else (), name,
+                       list(args) + list(kwargs.values()))
     call.__name__ = name
     return call
 
 
+# numpy functions whose result's shape depends on the data (CuPy reads a count back)
+_DATA_SHAPED = frozenset({"nonzero", "flatnonzero", "argwhere", "unique", "compress", "extract"})
 # numpy functions that return views of their argument (no kernel)
 _VIEWS = frozenset({"reshape", "transpose", "swapaxes", "moveaxis", "squeeze", "expand_dims", "broadcast_to",
                     "ravel", "atleast_1d", "atleast_2d", "diagonal"})

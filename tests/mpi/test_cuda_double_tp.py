@@ -58,3 +58,14 @@ def test_two_ranks_on_one_visible_gpu_are_refused(mpirun, tiny_dir):
     rc, out, err = _run(mpirun, ["-n", "2", "-env", "CUDA_VISIBLE_DEVICES", "0", *_cuda()])
     assert rc != 0
     assert "REFUSE devices: rank 0: local ranks [0, 1] all see only the GPU at PCI" in err, err
+
+
+def test_tp2_cuda_graphs_equal_numpy(mpirun, numpy_out, tmp_path):
+    """CUPYGLM_CUDA_GRAPHS=1: the FFN halves of decode steps replayed as graphs, their NCCL calls captured too."""
+    rc, out, err = _run(mpirun, ["-genv", "CUPYGLM_CUDA_GRAPHS", "1", "-n", "2", RUN[0], RUN[1], "--counts-dir",
+                                 str(tmp_path), *_cuda()[3:]])
+    assert rc == 0, err
+    assert out == numpy_out
+    lines = {f.name: f.read_text() for f in tmp_path.iterdir()}
+    assert sorted(lines) == ["rank-0", "rank-1"], err
+    assert all(int(re.search(r"graph_launches=(\d+)", v)[1]) > 0 for v in lines.values()), lines
