@@ -4,10 +4,11 @@
 
 Runs the tiny model (or the ~1B random model of bench/big_random.py, `--model big`) with CUPYGLM_KV_HOST's host
 rows (a greedy generation through ModelRunner), records every decode gather's distinct rows per KV layer with
-the pool's generation, and prints per layer: the engine's own policy (the cache holds the last decode gather's
-rows, forgotten when pages change hands), simulated and measured (HostRows.take_stats), two policies that keep
-rows of several calls (LRU over rows, a FIFO ring of cache entries) and the Belady hit rate, all at the same
-cache size and forgetting points, and the bytes a decode token copies across the bus.
+the pool's generation, and prints per layer: the engine's own policy (the cache keeps recent decode gathers'
+rows, direct-mapped: row r in entry r % C, forgotten when pages change hands), simulated and measured
+(HostRows.take_stats); the cache of the last call's rows alone, two policies that keep rows of several calls
+(LRU over rows, a FIFO ring of entries: neither is independent of the kernels' atomics order) and the Belady
+hit rate, all at the same cache size and forgetting points; and the bytes a decode token copies across the bus.
 """
 from __future__ import annotations
 
@@ -69,6 +70,23 @@ def ring(calls, cap: int) -> tuple[int, int]:
                 del where[old]
             entries[at], where[r] = r, at
             at = (at + 1) % cap
+    return hits, total
+
+
+def direct(calls, cap: int) -> tuple[int, int]:
+    """Direct-mapped: row r may only sit in entry r % cap; a call's misses take their entries (the largest row
+    of a clash wins), hits stay; flushed on a new generation."""
+    hits = total = 0
+    entries, gen = {}, None
+    for g, rows in calls:
+        if g != gen:
+            entries, gen = {}, g
+        cur = [int(r) for r in rows]
+        miss = [r for r in cur if entries.get(r % cap) != r]
+        hits += len(cur) - len(miss)
+        total += len(cur)
+        for r in sorted(miss):
+            entries[r % cap] = r
     return hits, total
 
 
@@ -140,13 +158,13 @@ def main(argv=None) -> int:
     trace: dict[int, list] = {l: [] for l in cfg.kv_layers}
     orig = HostRows.gather
 
-    def record(self, layer, rows, counts, which):
+    def record(self, layer, rows, counts, which, *rest):
         if rows.shape[0] <= CACHED_ROWS:
             r, c = np.asarray(rows), np.asarray(counts)
             listed = r[np.arange(r.shape[1])[None, :] < c[:, None]]
             _, first = np.unique(listed, return_index=True)
             trace[layer].append((self.pool.generation, listed[np.sort(first)]))
-        return orig(self, layer, rows, counts, which)
+        return orig(self, layer, rows, counts, which, *rest)
 
     HostRows.gather = record
     pt = cfg.page_tokens
@@ -164,18 +182,18 @@ def main(argv=None) -> int:
     print(f"{label}, prompt {args.prompt}, {args.steps} greedy steps ({took:.0f} s), index_topk {cfg.index_topk}, "
           f"row cache {cap} rows a layer, {pt}-token pages, {args.backend}")
     th = tt = 0
+    names = ("last call", "direct-mapped", "LRU", "FIFO ring", "Belady")
     for layer, calls in trace.items():
         if not calls:
             continue
-        (h, t), (lh, _), (rh, _), (bh, bt) = (f(calls, cap) for f in (ours, lru, ring, belady))
-        th, tt = th + h, tt + t
-        print(f"layer {layer}: decode gathers {len(calls)}, rows {t}, hit rate: last call {h / t:.3f}, "
-              f"LRU {lh / t:.3f}, FIFO ring {rh / t:.3f}, Belady {bh / bt:.3f} ({bh}/{bt}); "
-              f"bytes/token at these rates: {(t - h) * cfg.kv_lora_rank * 2 / len(calls):,.0f} / "
-              f"{(t - lh) * cfg.kv_lora_rank * 2 / len(calls):,.0f} / {(t - rh) * cfg.kv_lora_rank * 2 / len(calls):,.0f} "
-              f"/ {(bt - bh) * cfg.kv_lora_rank * 2 / len(calls):,.0f}")
+        got = [f(calls, cap) for f in (ours, direct, lru, ring, belady)]
+        t = got[0][1]
+        th, tt = th + got[1][0], tt + t
+        rates = ", ".join(f"{n} {h / t:.3f}" for n, (h, _) in zip(names, got))
+        moved = " / ".join(f"{(t - h) * cfg.kv_lora_rank * 2 / len(calls):,.0f}" for h, _ in got)
+        print(f"layer {layer}: decode gathers {len(calls)}, rows {t}, hit rate: {rates}; bytes/token {moved}")
     print(f"measured (HostRows.take_stats): hits {stats['hits']}, misses {stats['misses']}, hit rate "
-          f"{stats['hits'] / max(1, stats['hits'] + stats['misses']):.3f} (simulated {th / max(1, tt):.3f}); "
+          f"{stats['hits'] / max(1, stats['hits'] + stats['misses']):.3f} (simulated direct-mapped {th / max(1, tt):.3f}); "
           f"bytes across the bus per decode token {stats['bytes_per_decode_token']:,.0f} "
           f"(every layer; {cfg.kv_lora_rank * 2} B a row)")
     runner.release(st)

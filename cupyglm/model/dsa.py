@@ -37,9 +37,10 @@ class DSALayer:
         ik, ig = self.indexer.keys(x, d)
         qi, hw = self.indexer.queries(x, qn, d)
         store = kv.latent[self.layer]
-        toks, ns = [], []
+        toks, ns, written = [], [], []
         for seg in segs:
-            ops.write_rows(store, seg_device.latent_rows(seg, kv, xp), latent[seg.rows])
+            written.append(seg_device.latent_rows(seg, kv, xp))                # [n] int32 store rows
+            ops.write_rows(store, written[-1], latent[seg.rows])
             self.indexer.write_pools(kv, self.layer, seg, ik, ig)
             tokens, n = self.indexer.pick(kv, self.layer, seg, qi, hw)          # on the device: no read-back
             toks.append(tokens)
@@ -50,7 +51,7 @@ class DSALayer:
         qa = ops.gemm_heads(q.transpose(1, 0, 2), self.w_k_t, out="bf16", decode=d).transpose(1, 0, 2)  # [T, H, R]
         if kv.host is not None:                                                # latent rows in host memory
             o = gather.attend_host(ops, kv.host, self.layer, segs, xp.ascontiguousarray(qa), rows, counts,
-                                   c.qk_nope_head_dim ** -0.5, c.attn_chunk)
+                                   c.qk_nope_head_dim ** -0.5, c.attn_chunk, written)
         else:
             o = ops.attention(xp.ascontiguousarray(qa), store, rows, counts,
                               c.qk_nope_head_dim ** -0.5, c.attn_chunk, decode=d)               # [T, H, R]
