@@ -99,14 +99,35 @@ extern "C" __global__ void gather_unmark(const int* __restrict__ slot_row,  // [
   if (r >= 0 && r < N) mark[r] = GATHER_FREE;
 }
 
-// ---- the row cache of decode and verify segments (<= 16 rows): each layer keeps the rows its last such
-// segment gathered.  Per layer: cache [C, words] u32 rows, cache_rows [C] i32 (-1 empty), cmark [N] i32 (a
-// row's cache entry, else -1).  A cached row always holds its store row's bytes: the cache is forgotten
-// whenever pages change hands, and a row is written before any call can pick it.  Order per segment:
-// mark, copy_cached, remap, forget, keep, unmark.
+// ---- the row cache of decode and verify segments (<= 16 rows): each layer keeps the rows its recent such
+// segments gathered, direct-mapped: row r may only sit in entry r % C.  Per layer: cache [C, words] u32 rows,
+// cache_rows [C] i32 (-1 empty), cmark [N] i32 (a row's entry, else -1; cmark[r] = e exactly when
+// cache_rows[e] = r).  A segment's misses take their entries (of a clash the largest row wins), evicting the
+// rows there; hits stay.  What the cache holds after a call depends on the rows alone, not on the atomics'
+// order.  A cached row always holds its store row's bytes: the cache is forgotten whenever pages change hands,
+// and the rows a call writes leave the cache before its gather (invalidate), so they never hit.  Order per
+// segment: mark, invalidate, copy_cached, remap, evict, claim, keep, unmark.
 
-// copy_cached: like gather_copy, but a row the cache holds comes from the cache (device memory); hits and
-// misses counted in stats[0], stats[1].
+// invalidate: the rows this call wrote leave the cache.  grid: ceil(n / blockDim.x), one thread a row.
+extern "C" __global__ void gather_invalidate(const int* __restrict__ written,  // [n] i32 store rows written
+                                             int* __restrict__ cache_rows,     // [C] i32
+                                             int* __restrict__ cmark,          // [N] i32
+                                             int n, int N, int C) {
+  const int i = blockIdx.x * blockDim.x + threadIdx.x;
+#ifdef GATHER_CONTROL_WRITTEN_HIT
+  return;  // a written row stays cached with its old bytes
+#endif
+  if (i >= n) return;
+  const int r = written[i];
+  if (r < 0 || r >= N) return;
+  const int c = cmark[r];
+  if (c < 0 || c >= C) return;
+  cache_rows[c] = GATHER_FREE;
+  cmark[r] = GATHER_FREE;
+}
+
+// copy_cached: like gather_copy, but a row the cache holds comes from the cache (device memory);
+// slot_miss[s] = 1 for a miss, 0 for a hit; hits and misses counted in stats[0], stats[1].
 extern "C" __global__ void gather_copy_cached(const unsigned int* __restrict__ store,  // [N, words] u32
                                               const int* __restrict__ slot_row,        // [S] i32
                                               const int* __restrict__ used,            // [1] i32
@@ -114,13 +135,17 @@ extern "C" __global__ void gather_copy_cached(const unsigned int* __restrict__ s
                                               const int* __restrict__ cmark,           // [N] i32
                                               unsigned int* __restrict__ slots,        // [S, words] u32
                                               int* __restrict__ stats,                 // [2] i32 hits, misses
+                                              int* __restrict__ slot_miss,             // [S] i32
                                               int N, int S, int C, int words) {
   const long long warp = ((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
   const int lane = threadIdx.x & 31;
   const int n = min(*used, S);
   if (warp >= n) return;
   const int r = slot_row[warp];
-  if (r < 0 || r >= N) return;
+  if (r < 0 || r >= N) {
+    if (lane == 0) slot_miss[warp] = 0;
+    return;
+  }
   int c = cmark[r];
 #ifdef GATHER_CONTROL_CACHE_SWAP
   if (c >= 0) c = c ^ 1;  // a neighbouring cache entry
@@ -129,45 +154,65 @@ extern "C" __global__ void gather_copy_cached(const unsigned int* __restrict__ s
   const unsigned int* src = hit ? cache + (long long)c * words : store + (long long)r * words;
   unsigned int* dst = slots + warp * words;
   for (int i = lane; i < words; i += 32) dst[i] = src[i];
-  if (lane == 0) atomicAdd(&stats[hit ? 0 : 1], 1);
+  if (lane == 0) {
+    atomicAdd(&stats[hit ? 0 : 1], 1);
+    slot_miss[warp] = hit ? 0 : 1;
+  }
 }
 
-// forget: every cache entry emptied and its row unmarked.  grid: ceil(C / blockDim.x).
-extern "C" __global__ void gather_forget(int* __restrict__ cache_rows,  // [C] i32
-                                         int* __restrict__ cmark,       // [N] i32
-                                         int N, int C) {
-  const int c = blockIdx.x * blockDim.x + threadIdx.x;
-#ifdef GATHER_CONTROL_FORGET_STALE
-  if (c == 0) return;  // entry 0 stays marked
+// evict: the entry of every miss gives up its row.  grid: ceil(G / blockDim.x), a thread a slot.
+extern "C" __global__ void gather_evict(const int* __restrict__ slot_row,   // [S] i32
+                                        const int* __restrict__ used,       // [1] i32
+                                        const int* __restrict__ slot_miss,  // [S] i32
+                                        int* __restrict__ cache_rows,       // [C] i32
+                                        int* __restrict__ cmark,            // [N] i32
+                                        int N, int S, int C) {
+  const long long s = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+  if (s >= min(*used, S) || !slot_miss[s]) return;
+  const int r = slot_row[s];
+  if (r < 0 || r >= N) return;
+  const int e = r % C;
+  const int old = cache_rows[e];  // every thread of this entry reads a row it evicts, or -1
+#ifndef GATHER_CONTROL_EVICT_STALE
+  if (old >= 0 && old < N) cmark[old] = GATHER_FREE;
 #endif
-  if (c >= C) return;
-  const int r = cache_rows[c];
-  if (r >= 0 && r < N) cmark[r] = GATHER_FREE;
-  cache_rows[c] = GATHER_FREE;
+  cache_rows[e] = GATHER_FREE;
 }
 
-// keep: the first min(used, C) slots become the cache (after forget).  One warp a slot.
+// claim: every miss bids for its entry; the largest row wins (after evict).  A thread a slot.
+extern "C" __global__ void gather_claim(const int* __restrict__ slot_row,   // [S] i32
+                                        const int* __restrict__ used,       // [1] i32
+                                        const int* __restrict__ slot_miss,  // [S] i32
+                                        int* __restrict__ cache_rows,       // [C] i32
+                                        int N, int S, int C) {
+  const long long s = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+  if (s >= min(*used, S) || !slot_miss[s]) return;
+  const int r = slot_row[s];
+  if (r < 0 || r >= N) return;
+  atomicMax(&cache_rows[r % C], r);
+}
+
+// keep: each miss that won its entry copies its slot there and marks its row (after claim).  One warp a slot.
 extern "C" __global__ void gather_keep(const unsigned int* __restrict__ slots,  // [S, words] u32
                                        const int* __restrict__ slot_row,        // [S] i32
                                        const int* __restrict__ used,            // [1] i32
+                                       const int* __restrict__ slot_miss,       // [S] i32
                                        unsigned int* __restrict__ cache,        // [C, words] u32
-                                       int* __restrict__ cache_rows,            // [C] i32
+                                       const int* __restrict__ cache_rows,      // [C] i32
                                        int* __restrict__ cmark,                 // [N] i32
                                        int N, int S, int C, int words) {
   const long long warp = ((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
   const int lane = threadIdx.x & 31;
-  int n = min(min(*used, S), C);
-#ifdef GATHER_CONTROL_KEEP_DROP
-  n = n - 1;  // the last slot is not kept
-#endif
-  if (warp >= n) return;
+  if (warp >= min(*used, S) || !slot_miss[warp]) return;
   const int r = slot_row[warp];
   if (r < 0 || r >= N) return;
+  const int e = r % C;
+#ifdef GATHER_CONTROL_KEEP_DROP
+  if (e & 1) return;  // misses of odd entries are not copied
+#endif
+  if (cache_rows[e] != r) return;  // another miss won the entry
   const unsigned int* src = slots + warp * words;
-  unsigned int* dst = cache + warp * words;
-  for (int i = lane; i < words; i += 32) dst[i] = src[i];
-  if (lane == 0) {
-    cache_rows[warp] = r;
-    cmark[r] = (int)warp;
-  }
+  unsigned int* dst = cache + (long long)e * words;
+  for (int k = lane; k < words; k += 32) dst[k] = src[k];
+  if (lane == 0) cmark[r] = e;
 }

@@ -158,7 +158,8 @@ def gather_arrays(cfg: ModelConfig, rows: int, slots: int) -> list[ArraySpec]:
     c = row_cache_rows(cfg)
     out = [ArraySpec("kv_host.slots", (slots, cfg.kv_lora_rank), BF16),      # [slots, R] gathered rows
            ArraySpec("kv_host.slot_row", (slots,), I32),                     # [slots] the row in each slot
-           ArraySpec("kv_host.marks", (rows,), I32)]                         # [host rows] a row's slot, else -1
+           ArraySpec("kv_host.marks", (rows,), I32),                         # [host rows] a row's slot, else -1
+           ArraySpec("kv_host.slot_miss", (slots,), I32)]                    # [slots] 1 where the row missed
     for layer in cfg.kv_layers:
         out += [ArraySpec(f"kv_host.cache.{layer}", (c, cfg.kv_lora_rank), BF16),   # [C, R] cached rows
                 ArraySpec(f"kv_host.cache_rows.{layer}", (c,), I32),                # [C] row of each entry, or -1

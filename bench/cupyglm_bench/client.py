@@ -238,6 +238,25 @@ class Client:
                 return toks
         return None
 
+    def metrics(self, prefix: str) -> dict[str, float] | None:
+        """Unlabelled samples of the server's Prometheus /metrics whose names start with `prefix`; None if it has
+        no /metrics or none of them."""
+        try:
+            r = self.http.get(f"{self.root_url}/metrics", timeout=30.0)
+        except httpx.HTTPError:
+            return None
+        if r.status_code != 200:
+            return None
+        out = {}
+        for line in r.text.splitlines():
+            parts = line.split()
+            if len(parts) == 2 and parts[0].startswith(prefix):
+                try:
+                    out[parts[0]] = float(parts[1])
+                except ValueError:
+                    continue
+        return out or None
+
     # ---- streaming ----
     def completion(self, body: dict) -> StreamResult:
         return self.stream("/completions", body)

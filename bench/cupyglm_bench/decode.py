@@ -5,6 +5,9 @@ Cells = prompt kind (a raw-completion code prompt via /v1/completions, a chat pr
 (completion_tokens - 1) / (time of last piece - time of first piece); medians over reps. Sampled cells are
 seeded. Greedy cells whose reps differ fail the run (exit 1); sampled ones are flagged.
 
+With KV rows in host memory (cupyglm's CUPYGLM_KV_HOST=1, read from its /metrics), `kv_host` gives the row
+cache's hit rate over the timed requests and the bytes a decode token copied across the bus.
+
 `--draft both` runs every cell with "draft": true and "draft": false on the same server (cupyglm's MTP drafts;
 other servers ignore or refuse the field): the two must give the same tokens (drafted = serial, else exit 1),
 and `draft_ratio` gives drafted / serial median tok/s per prompt and temperature.
@@ -49,12 +52,15 @@ def run(ctx: Context) -> Outcome:
         if k not in KINDS:
             raise UsageError(f"--prompts: unknown kind {k!r} (choose from {', '.join(KINDS)})")
     out = Outcome(results={"cells": []})
+    before = None
     total = len(kinds) * (a.warmup + len(temps) * a.reps)
     with ctx.progress(total, "decode") as bar:
         for kind in kinds:
             for _ in range(a.warmup):
                 ctx.send(_request(ctx, kind, min(a.tokens, 16), 0.0, a.seed)[2])
                 bar.update()
+            if before is None:
+                before = ctx.client.metrics(KV_HOST) or {}
             for temp in temps:
                 name, endpoint, body = _request(ctx, kind, a.tokens, temp, a.seed)
                 pair = []
@@ -70,7 +76,26 @@ def run(ctx: Context) -> Outcome:
                 if len(pair) == 2:
                     _pair(out, pair)
     out.tables.append(_table(out.results["cells"]))
+    host = _kv_host(before or {}, ctx.client.metrics(KV_HOST))
+    if host:
+        out.results["kv_host"] = host
+        head = ["row cache hits", "misses", "hit rate", "bytes / decode token (since startup)"]
+        out.tables.append(format_table(head, [[host["hits"], host["misses"], host["hit_rate"],
+                                               host["bytes_per_decode_token"]]], title="kv host rows"))
     return out
+
+
+KV_HOST = "cupyglm:kv_host_"
+
+
+def _kv_host(before: dict, after: dict | None) -> dict | None:
+    """The row cache over the timed requests (the server's totals since startup, differenced), or None."""
+    if not after or f"{KV_HOST}row_cache_hits" not in after:
+        return None
+    hits = after[f"{KV_HOST}row_cache_hits"] - before.get(f"{KV_HOST}row_cache_hits", 0.0)
+    misses = after[f"{KV_HOST}row_cache_misses"] - before.get(f"{KV_HOST}row_cache_misses", 0.0)
+    return {"hits": int(hits), "misses": int(misses), "hit_rate": hits / (hits + misses) if hits + misses else None,
+            "bytes_per_decode_token": after.get(f"{KV_HOST}bytes_per_decode_token")}
 
 
 DRAFTS = {"server": (None,), "on": (True,), "off": (False,), "both": (True, False)}

@@ -1,5 +1,6 @@
 """The NumPy twin of cuda_src/gather.cu (KV rows in host memory): mark, copy, remap, unmark (op kv_gather), and
-the row cache's copy_cached, forget, keep (op kv_gather_cached), for one call segment of one layer.
+the row cache's invalidate, copy_cached, keep (op kv_gather_cached; the kernels' evict, claim and keep), for
+one call segment of one layer.
 
 Slots are numbered in first-occurrence order of the flat token lists (the kernels number them in their
 atomics' order); every output a caller reads through (slots[ids[t, j]], the marks after the call, the flag)
@@ -53,10 +54,19 @@ def unmark(slot_row: np.ndarray, used: int, marks: np.ndarray) -> None:
     marks[slot_row[:n]] = FREE
 
 
-# ---- the row cache (decode and verify segments) ---------------------------------------------------------------
+# ---- the row cache (decode and verify segments): C direct-mapped entries per layer -----------------------------
 
-def copy_cached(store, slot_row, used: int, cache, cmark, slots, stats) -> None:
-    """Like copy, but rows the cache holds (cmark[row] >= 0) come from the cache; stats += (hits, misses)."""
+def invalidate(written, cache_rows, cmark) -> None:
+    """The rows a call wrote leave the cache (they never hit)."""
+    w = written[(written >= 0) & (written < cmark.shape[0])]
+    c = cmark[w]
+    cache_rows[c[c >= 0]] = FREE
+    cmark[w] = FREE
+
+
+def copy_cached(store, slot_row, used: int, cache, cmark, slots, stats) -> np.ndarray:
+    """Like copy, but rows the cache holds (cmark[row] >= 0) come from the cache; stats += (hits, misses);
+    -> the used slots' miss flags [n] bool."""
     n = min(used, slot_row.shape[0])
     r = slot_row[:n]
     c = cmark[r]
@@ -64,19 +74,23 @@ def copy_cached(store, slot_row, used: int, cache, cmark, slots, stats) -> None:
     slots[:n] = np.where(hit[:, None], cache[np.maximum(c, 0)], store[r])
     stats[0] += int(hit.sum())
     stats[1] += int(n - hit.sum())
+    return ~hit
 
 
-def forget(cache_rows, cmark) -> None:
-    held = cache_rows[cache_rows >= 0]
-    cmark[held] = FREE
-    cache_rows[:] = FREE
-
-
-def keep(slots, slot_row, used: int, cache, cache_rows, cmark) -> None:
-    m = min(used, slot_row.shape[0], cache.shape[0])
-    cache[:m] = slots[:m]
-    cache_rows[:m] = slot_row[:m]
-    cmark[slot_row[:m]] = np.arange(m, dtype=np.int32)
+def keep(slots, slot_row, miss, cache, cache_rows, cmark) -> None:
+    """Direct-mapped: each miss takes entry row % C (of a clash the largest row wins), evicting its row; hits stay."""
+    c = cache.shape[0]
+    r = slot_row[:miss.size][miss]
+    e = r % c
+    old = cache_rows[e]
+    cmark[old[old >= 0]] = FREE
+    cache_rows[e] = FREE
+    win = np.full((c,), FREE, dtype=np.int32)
+    np.maximum.at(win, e, r)
+    k = win[e] == r
+    cache[e[k]] = slots[:miss.size][miss][k]
+    cache_rows[e[k]] = r[k]
+    cmark[r[k]] = e[k].astype(np.int32)
 
 
 class GatherOps:
@@ -93,15 +107,20 @@ class GatherOps:
         unmark(slot_row, used, marks)
         return out
 
-    def kv_gather_cached(self, store, rows, counts, marks, slot_row, slots, flags, which: int, cache, cache_rows,
-                         cmark, stats):
-        """kv_gather for a decode or verify segment through one layer's row cache. cache: [C, R] bf16,
-        cache_rows: [C] int32, cmark: [N] int32, stats: [2] int32 (+= hits, misses); afterwards the cache holds
-        this segment's rows (the first C slots)."""
+    def kv_gather_cached(self, store, rows, counts, marks, slot_row, slots, flags, which: int, written, cache,
+                         cache_rows, cmark, slot_miss, stats):
+        """kv_gather for a decode or verify segment through one layer's row cache. written: [n] int32 the store
+        rows this call wrote (they leave the cache first), cache: [C, R] bf16, cache_rows: [C] int32, cmark: [N]
+        int32, slot_miss: [S] int32 (the kernels' scratch), stats: [2] int32 (+= hits, misses); afterwards each
+        miss holds its entry row % C (the largest row of a clash)."""
         used = mark(rows, counts, marks, slot_row, flags, which)
-        copy_cached(store, slot_row, used, cache, cmark, slots, stats)
+        invalidate(written, cache_rows, cmark)
+        miss = copy_cached(store, slot_row, used, cache, cmark, slots, stats)
         out = remap(rows, counts, marks)
-        forget(cache_rows, cmark)
-        keep(slots, slot_row, used, cache, cache_rows, cmark)
+        keep(slots, slot_row, miss, cache, cache_rows, cmark)
         unmark(slot_row, used, marks)
         return out
+
+    def kv_cache_invalidate(self, written, cache_rows, cmark):
+        """A prompt chunk's written store rows [n] int32 leave one layer's row cache."""
+        invalidate(written, cache_rows, cmark)

@@ -90,54 +90,87 @@ def kv_gather(k: Kernels, store, rows, counts, marks, slot_row, slots, flags, wh
 
 # ---- the row cache of decode and verify segments -------------------------------------------------------------
 
-def launch_copy_cached(k: Kernels, store, slot_row, used, cache, cmark, slots, stats, bound: int) -> None:
+def launch_invalidate(k: Kernels, written, cache_rows, cmark) -> None:
+    n = check("gather_invalidate", "written", written, (None,), np.int32).shape[0]
+    check("gather_invalidate", "cache_rows", cache_rows, (None,), np.int32)
+    check("gather_invalidate", "cmark", cmark, (None,), np.int32)
+    if n:
+        k.launch(SRC, "gather_invalidate", (-(-n // THREADS),), (THREADS,),
+                 (written, cache_rows, cmark, i32(n), i32(cmark.shape[0]), i32(cache_rows.shape[0])))
+
+
+def launch_copy_cached(k: Kernels, store, slot_row, used, cache, cmark, slots, stats, slot_miss, bound: int) -> None:
     src, dst = _words(k, "gather_copy_cached", "store", store), _words(k, "gather_copy_cached", "slots", slots)
     cw = _words(k, "gather_copy_cached", "cache", cache)
     check("gather_copy_cached", "slot_row", slot_row, (slots.shape[0],), np.int32)
     check("gather_copy_cached", "used", used, (1,), np.int32)
     check("gather_copy_cached", "cmark", cmark, (store.shape[0],), np.int32)
     check("gather_copy_cached", "stats", stats, (2,), np.int32)
+    check("gather_copy_cached", "slot_miss", slot_miss, (slots.shape[0],), np.int32)
     if not store.shape[1] == slots.shape[1] == cache.shape[1]:
         raise ValueError("gather_copy_cached: store, cache and slots rows must hold the same values")
     if bound > 0 and src.shape[1]:
         k.launch(SRC, "gather_copy_cached", (-(-bound // WARPS),), (THREADS,),
-                 (src, slot_row, used, cw, cmark, dst, stats, i32(store.shape[0]), i32(slots.shape[0]),
+                 (src, slot_row, used, cw, cmark, dst, stats, slot_miss, i32(store.shape[0]), i32(slots.shape[0]),
                   i32(cache.shape[0]), i32(src.shape[1])))
 
 
-def launch_forget(k: Kernels, cache_rows, cmark) -> None:
-    check("gather_forget", "cache_rows", cache_rows, (None,), np.int32)
-    check("gather_forget", "cmark", cmark, (None,), np.int32)
-    c = cache_rows.shape[0]
-    if c:
-        k.launch(SRC, "gather_forget", (-(-c // THREADS),), (THREADS,), (cache_rows, cmark, i32(cmark.shape[0]), i32(c)))
+def _per_miss(kernel: str, slot_row, used, slot_miss, cache_rows, cmark) -> None:
+    check(kernel, "slot_row", slot_row, (None,), np.int32)
+    check(kernel, "used", used, (1,), np.int32)
+    check(kernel, "slot_miss", slot_miss, (slot_row.shape[0],), np.int32)
+    check(kernel, "cache_rows", cache_rows, (None,), np.int32)
+    check(kernel, "cmark", cmark, (None,), np.int32)
 
 
-def launch_keep(k: Kernels, slots, slot_row, used, cache, cache_rows, cmark, bound: int) -> None:
+def launch_evict(k: Kernels, slot_row, used, slot_miss, cache_rows, cmark, bound: int) -> None:
+    _per_miss("gather_evict", slot_row, used, slot_miss, cache_rows, cmark)
+    if bound > 0 and cache_rows.shape[0]:
+        k.launch(SRC, "gather_evict", (-(-bound // THREADS),), (THREADS,),
+                 (slot_row, used, slot_miss, cache_rows, cmark, i32(cmark.shape[0]), i32(slot_row.shape[0]),
+                  i32(cache_rows.shape[0])))
+
+
+def launch_claim(k: Kernels, slot_row, used, slot_miss, cache_rows, cmark, bound: int) -> None:
+    _per_miss("gather_claim", slot_row, used, slot_miss, cache_rows, cmark)
+    if bound > 0 and cache_rows.shape[0]:
+        k.launch(SRC, "gather_claim", (-(-bound // THREADS),), (THREADS,),
+                 (slot_row, used, slot_miss, cache_rows, i32(cmark.shape[0]), i32(slot_row.shape[0]),
+                  i32(cache_rows.shape[0])))
+
+
+def launch_keep(k: Kernels, slots, slot_row, used, slot_miss, cache, cache_rows, cmark, bound: int) -> None:
     src, dst = _words(k, "gather_keep", "slots", slots), _words(k, "gather_keep", "cache", cache)
+    _per_miss("gather_keep", slot_row, used, slot_miss, cache_rows, cmark)
     check("gather_keep", "slot_row", slot_row, (slots.shape[0],), np.int32)
-    check("gather_keep", "used", used, (1,), np.int32)
     check("gather_keep", "cache_rows", cache_rows, (cache.shape[0],), np.int32)
-    check("gather_keep", "cmark", cmark, (None,), np.int32)
-    n = min(bound, cache.shape[0])
-    if n > 0 and src.shape[1]:
-        k.launch(SRC, "gather_keep", (-(-n // WARPS),), (THREADS,),
-                 (src, slot_row, used, dst, cache_rows, cmark, i32(cmark.shape[0]), i32(slots.shape[0]),
+    if bound > 0 and src.shape[1] and cache.shape[0]:
+        k.launch(SRC, "gather_keep", (-(-bound // WARPS),), (THREADS,),
+                 (src, slot_row, used, slot_miss, dst, cache_rows, cmark, i32(cmark.shape[0]), i32(slots.shape[0]),
                   i32(cache.shape[0]), i32(src.shape[1])))
 
 
-@op("kv_gather_cached", inplace=(0, 3, 4, 5, 6, 8, 9, 10, 11))
-def kv_gather_cached(k: Kernels, store, rows, counts, marks, slot_row, slots, flags, which, cache, cache_rows, cmark,
-                     stats):
-    """NumpyOps.kv_gather_cached on the kernels: mark, copy_cached, remap, forget, keep, unmark."""
+@op("kv_gather_cached", inplace=(0, 3, 4, 5, 6, 9, 10, 11, 12, 13))
+def kv_gather_cached(k: Kernels, store, rows, counts, marks, slot_row, slots, flags, which, written, cache,
+                     cache_rows, cmark, slot_miss, stats):
+    """NumpyOps.kv_gather_cached on the kernels: mark, invalidate, copy_cached, remap, evict, claim, keep,
+    unmark."""
     if slots.shape[0] < 1:
         raise ValueError("kv_gather_cached: parameter slots must hold at least one slot")
     used = k.xp.zeros((1,), dtype=np.int32)
     bound = bound_of(rows, marks, slot_row)
     launch_mark(k, rows, counts, marks, slot_row, used, flags, int(which))
-    launch_copy_cached(k, store, slot_row, used, cache, cmark, slots, stats, bound)
+    launch_invalidate(k, written, cache_rows, cmark)
+    launch_copy_cached(k, store, slot_row, used, cache, cmark, slots, stats, slot_miss, bound)
     out = launch_remap(k, rows, counts, marks)
-    launch_forget(k, cache_rows, cmark)
-    launch_keep(k, slots, slot_row, used, cache, cache_rows, cmark, bound)
+    launch_evict(k, slot_row, used, slot_miss, cache_rows, cmark, bound)
+    launch_claim(k, slot_row, used, slot_miss, cache_rows, cmark, bound)
+    launch_keep(k, slots, slot_row, used, slot_miss, cache, cache_rows, cmark, bound)
     launch_unmark(k, slot_row, used, marks, bound)
     return out
+
+
+@op("kv_cache_invalidate", inplace=(1, 2))
+def kv_cache_invalidate(k: Kernels, written, cache_rows, cmark):
+    """NumpyOps.kv_cache_invalidate on the kernel: a prompt chunk's written rows leave one layer's row cache."""
+    launch_invalidate(k, written, cache_rows, cmark)

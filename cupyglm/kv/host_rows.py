@@ -6,10 +6,12 @@ cuda: the host rows are pinned host memory mapped into the device (`cudaHostAllo
 reach them like device memory; the flag words are mapped the same way, so the host reads them after the step's
 synchronize without a copy. CPU backends: a separate host allocation through the same code.
 
-Row cache: a segment of at most CACHED_ROWS rows (decode, verify) gathers through its layer's cache, which
-then holds that segment's rows; only rows it lacks cross the bus. A cached row always holds its host row's
-bytes: the cache is forgotten whenever a page changes hands (the pool's generation moves), and a position is
-written before any call can pick it (the call that writes a row writes it before its own gather).
+Row cache: a segment of at most CACHED_ROWS rows (decode, verify) gathers through its layer's cache of
+C direct-mapped entries that holds the rows of its recent segments (row r may only sit in entry r % C; a
+segment's misses take their entries, hits stay);
+only rows it lacks cross the bus. A cached row always holds its host row's bytes: the cache is forgotten
+whenever a page changes hands (the pool's generation moves), and the rows every call writes leave its layer's
+cache before its gather (a rejected draft's rows, rewritten by the next call, never hit).
 
 What bounds a gather's distinct rows (checked: a gather past its slots raises its flag word, and the engine
 refuses the request by name after the step): a gather covers one call segment, i.e. one sequence's rows
@@ -172,6 +174,7 @@ class HostRows:
         self.cache = {l: xp.zeros((c, cfg.kv_lora_rank), dtype=dtype) for l in cfg.kv_layers}   # [C, R] bf16
         self.cache_rows = {l: xp.full((c,), -1, dtype=np.int32) for l in cfg.kv_layers}        # [C] i32
         self.cmark = {l: xp.full((rows,), -1, dtype=np.int32) for l in cfg.kv_layers}          # [rows] i32
+        self.slot_miss = xp.zeros((slots,), dtype=np.int32)      # [slots] i32 1 where the slot's row missed, device
         self.stats = {l: xp.zeros((2,), dtype=np.int32) for l in cfg.kv_layers}                # [2] hits, misses
         self._generation = {l: -1 for l in cfg.kv_layers}        # the pool's generation the cache was filled at
         self.hits = self.misses = self.decode_rows = 0           # since startup (take_stats)
@@ -203,22 +206,24 @@ class HostRows:
     def message(self) -> str:
         return slots_message(self.num_slots)
 
-    def gather(self, layer: int, rows, counts, which: int):
-        """Slot ids [T, W] int32 for one segment's store rows [T, W] (-1 padded); the slots hold the rows."""
+    def gather(self, layer: int, rows, counts, which: int, written):
+        """Slot ids [T, W] int32 for one segment's store rows [T, W] (-1 padded); the slots hold the rows.
+        written: [n] int32 the store rows this segment wrote to the layer (they leave its row cache)."""
         if which >= FLAG_WORDS:
             raise ValueError(f"kv host: a call of more than {FLAG_WORDS} sequences")
-        if rows.shape[0] > CACHED_ROWS:                           # a prompt chunk: the union once, no cache
-            return self.ops.kv_gather(self.latent[layer], rows, counts, self.marks, self.slot_row, self.slots,
-                                      self.flags, which)
         generation = -2 if self.pool is None else self.pool.generation
         if generation != self._generation[layer] or self.pool is None:   # pages changed hands: forget
             self.cmark[layer].fill(-1)
             self.cache_rows[layer].fill(-1)
             self._generation[layer] = generation
+        if rows.shape[0] > CACHED_ROWS:                           # a prompt chunk: the union once, no cache
+            self.ops.kv_cache_invalidate(written, self.cache_rows[layer], self.cmark[layer])
+            return self.ops.kv_gather(self.latent[layer], rows, counts, self.marks, self.slot_row, self.slots,
+                                      self.flags, which)
         self.decode_rows += rows.shape[0]
         return self.ops.kv_gather_cached(self.latent[layer], rows, counts, self.marks, self.slot_row, self.slots,
-                                         self.flags, which, self.cache[layer], self.cache_rows[layer],
-                                         self.cmark[layer], self.stats[layer])
+                                         self.flags, which, written, self.cache[layer], self.cache_rows[layer],
+                                         self.cmark[layer], self.slot_miss, self.stats[layer])
 
     def take_stats(self) -> dict:
         """After the step's synchronize: the row cache's totals since startup (the per-layer counters added in

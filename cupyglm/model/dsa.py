@@ -42,9 +42,10 @@ class DSALayer:
         ik = ix.keys(ikr)
         qi, hw = ix.queries(qib, hwr)
         store = kv.latent[self.layer]
-        toks, ns = [], []
+        toks, ns, written = [], [], []
         for seg in segs:
-            ids = seg_device.latent_rows(seg, kv, xp)
+            ids = seg_device.latent_rows(seg, kv, xp)                          # [n] int32 store rows
+            written.append(ids)
             ops.write_rows(store, ids, latent[seg.rows])
             if kv.host is not None and kv.host.write_hash is not None:           # a test's check mode
                 kv.host.write_hash.note(self.layer, ids, latent[seg.rows], seg.state)
@@ -58,7 +59,7 @@ class DSALayer:
         qa = ops.gemm_heads(q.transpose(1, 0, 2), self.w_k_t, out="bf16", decode=d).transpose(1, 0, 2)  # [T, H, R]
         if kv.host is not None:                                                # latent rows in host memory
             o = gather.attend_host(ops, kv.host, self.layer, segs, xp.ascontiguousarray(qa), rows, counts,
-                                   c.qk_nope_head_dim ** -0.5, c.attn_chunk)
+                                   c.qk_nope_head_dim ** -0.5, c.attn_chunk, written)
         else:
             o = ops.attention(xp.ascontiguousarray(qa), store, rows, counts,
                               c.qk_nope_head_dim ** -0.5, c.attn_chunk, decode=d)               # [T, H, R]

@@ -168,6 +168,9 @@ class EngineBridge:
         disk = getattr(self.engine, "disk", None)
         if disk is not None:
             self.metrics.set_disk(disk.stats)
+        host = getattr(self.engine, "kv_host_stats", None)
+        if host:
+            self.metrics.set_kv_host(host)
 
     def _run_admin(self, engine, op: str, fut: asyncio.Future) -> None:
         """A cache operation between steps (engine thread); its result or ValueError goes to `fut`."""
@@ -191,9 +194,6 @@ class EngineBridge:
             self._admin.append((op, fut))
         self._wake.set()
         return fut
-        host = getattr(self.engine, "kv_host_stats", None)
-        if host:
-            self.metrics.set_kv_host(host)
 
     # ---- the event loop side ------------------------------------------------------------------------------------
     def submit(self, prompt_ids: list[int], params: Any, cache_salt: str | None = None) -> RequestStream:

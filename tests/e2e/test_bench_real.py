@@ -55,3 +55,22 @@ def test_subcommand_passes_against_the_real_server(bench_server, sub, tmp_path, 
         assert (res["completed"], res["failed"]) == (8, 0)
         assert res["total_input_tokens"] == 8 * 32 and res["total_output_tokens"] == 8 * 8
         assert res["max_in_flight"] <= 4
+
+
+def test_decode_prints_the_kv_host_row_cache(start_server, tmp_path, capsys):
+    """With CUPYGLM_KV_HOST=1 on every rank, `decode` reports the row cache's hit rate over its requests and the
+    bytes a decode token moved, read from the server's /metrics."""
+    s = start_server(["--context", "512", "--parallel", "2"], env={"CUPYGLM_KV_HOST": "1"})
+    try:
+        out = tmp_path / "decode.json"
+        rc = main(["decode", "--base-url", s.url, "--no-progress", "--output", str(out), *RUNS["decode"]])
+        printed = capsys.readouterr()
+        assert rc == 0, printed.out + printed.err
+        rep = json.loads(out.read_text())
+        assert validate_report(rep) == []
+        host = rep["results"]["kv_host"]
+        assert host["hits"] > 0 and host["misses"] > 0 and 0 < host["hit_rate"] < 1
+        assert host["bytes_per_decode_token"] > 0
+        assert "kv host rows" in printed.out and "hit rate" in printed.out
+    finally:
+        s.kill()

@@ -226,3 +226,27 @@ def test_format_table_aligns_columns():
     assert lines[0] == "T" and lines[1].startswith("name")
     assert lines[3].endswith("1.50") and lines[4].endswith("-")
     assert len({len(x) for x in lines[1:4]}) == 1
+
+
+# ---- decode's kv host rows (the server's /metrics) -----------------------------------------------------------------
+
+def test_decode_reads_the_kv_host_row_cache_from_metrics():
+    import httpx
+
+    from cupyglm_bench.client import Client
+    from cupyglm_bench.decode import KV_HOST, _kv_host
+
+    text = ("# HELP cupyglm:kv_host_row_cache_hits x\n# TYPE cupyglm:kv_host_row_cache_hits gauge\n"
+            "cupyglm:kv_host_row_cache_hits 30.0\ncupyglm:kv_host_row_cache_misses 90.0\n"
+            "cupyglm:kv_host_bytes_per_decode_token 12220.5\ncupyglm:requests_total{x=\"1\"} 3.0\n")
+    c = Client("http://server:1/v1")
+    c.http = httpx.Client(transport=httpx.MockTransport(
+        lambda req: httpx.Response(200, text=text) if req.url.path == "/metrics" else httpx.Response(404)))
+    got = c.metrics(KV_HOST)
+    assert got == {"cupyglm:kv_host_row_cache_hits": 30.0, "cupyglm:kv_host_row_cache_misses": 90.0,
+                   "cupyglm:kv_host_bytes_per_decode_token": 12220.5}
+    host = _kv_host({"cupyglm:kv_host_row_cache_hits": 10.0, "cupyglm:kv_host_row_cache_misses": 10.0}, got)
+    assert host == {"hits": 20, "misses": 80, "hit_rate": 0.2, "bytes_per_decode_token": 12220.5}
+    assert _kv_host({}, None) is None and _kv_host({}, {"cupyglm:other": 1.0}) is None
+    c.http = httpx.Client(transport=httpx.MockTransport(lambda req: httpx.Response(404)))
+    assert c.metrics(KV_HOST) is None

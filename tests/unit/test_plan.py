@@ -140,15 +140,15 @@ def test_cli_runs_as_a_module():
 
 
 def test_kv_host_counts_the_gather_and_sizes_host_pages():
-    """--kv-host: the gather's device buffers (slots [window, R] bf16, their rows, a mark per host row, and per
-    KV layer a row cache of 8,192 rows with a cache mark per host row) are in the scratch; CUPYGLM_KV_HOST_GIB caps the host pages; a _GIB below one request's pages is refused by name."""
+    """--kv-host: the gather's device buffers (slots [window, R] bf16, their rows and miss flags, a mark per host
+    row, and per KV layer a row cache of 8,192 rows with a cache mark per host row) are in the scratch; CUPYGLM_KV_HOST_GIB caps the host pages; a _GIB below one request's pages is refused by name."""
     kw = dict(storage=B16, tp=2, budget_bytes=96 * GIB, weights=int(73.2 * GIB), parallel=2)
     off = plan_memory(FULL, **kw)
     h = plan_memory(FULL, kv_host=True, context=65_536, **kw)
     rows = h.host_pages * 512
     assert h.host_pages == 128 and h.gather_slots == 65_536
     cache = 12 * (8192 * 512 * 2 + 8192 * 4 + rows * 4)                 # per KV layer: 8,192 cached rows
-    assert h.gather_bytes == 65_536 * 512 * 2 + 65_536 * 4 + rows * 4 + cache
+    assert h.gather_bytes == 65_536 * 512 * 2 + 2 * 65_536 * 4 + rows * 4 + cache
     assert h.scratch_bytes == off.scratch_bytes + h.gather_bytes
     g = plan_memory(FULL, kv_host=True, kv_host_bytes=4 * GIB, **kw)
     assert g.host_pages == 4 * GIB // (512 * 12 * 1024) == g.num_pages

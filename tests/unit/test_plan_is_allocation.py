@@ -152,7 +152,7 @@ def test_prompt_cache_arena_equals_its_plan(tiny_dir, host):
 
 def test_kv_host_store_equals_its_plan(tiny_dir):
     """CUPYGLM_KV_HOST: the device holds the pooled keys the plan counts and the gather's buffers (slots, slot
-    rows, marks, the row caches) it puts in the scratch; the host holds the latent rows of every page."""
+    rows, marks, miss flags, the row caches) it puts in the scratch; the host holds the latent rows of every page."""
     from cupyglm.kv.store import KVStore
 
     ckpt = Checkpoint.open(tiny_dir)
@@ -163,6 +163,6 @@ def test_kv_host_store_equals_its_plan(tiny_dir):
     kv = KVStore(cfg, ops, plan.num_pages, plan.page_tokens, host_slots=plan.gather_slots)
     h = kv.host
     assert held_bytes(list(kv.pooled.values()), set()) == plan.kv_bytes
-    gather = [h.slots, h.slot_row, h.marks, *h.cache.values(), *h.cache_rows.values(), *h.cmark.values()]
+    gather = [h.slots, h.slot_row, h.marks, h.slot_miss, *h.cache.values(), *h.cache_rows.values(), *h.cmark.values()]
     assert held_bytes(gather, set()) == plan.gather_bytes
     assert held_bytes(list(h.latent.values()), set()) == 24 * 16 * plan.host_bytes_per_token
