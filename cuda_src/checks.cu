@@ -6,6 +6,7 @@
 // over violating elements i, i.e. ~first violating index (0 while none).  Both are order-independent, so
 // every thread order gives the same flags (the contract checks it).  The kernels the checks guard stay
 // memory-safe on bad input (they skip, or write NaN / -1); the check only makes the mistake an error.
+// Kernels that check their own ids (kv.cu, pick.cu, the grouped gemv) use check_flag.cuh and need none of these.
 #include "common.cuh"
 #include "check_flag.cuh"
 
@@ -41,28 +42,4 @@ extern "C" __global__ void check_ids_distinct(const int* __restrict__ ids,      
       return;
     }
   }
-}
-
-// The pick's rows (pick.cu): position q >= 0 (slot), the row's list fits width (slot + 1), and a sparse
-// row's visible pools fit the P score columns (slot + 2).  v = (q + 1) / kpool pools; sparse when
-// v > npools; a sparse row needs npools * kpool + (q + 1 - v * kpool) slots, a dense one q + 1.
-extern "C" __global__ void check_pick_rows(const int* __restrict__ positions,  // [T] i32
-                                           unsigned int* __restrict__ flags,   // [slots, 2] u32
-                                           int T, int P, int npools, int kpool, int width, int slot) {
-  const int t = blockIdx.x * blockDim.x + threadIdx.x;
-  if (t >= T) return;
-  const long long q = positions[t];
-  if (q < 0) {
-    check_flag(flags, slot, t);
-    return;
-  }
-  const long long v = (q + 1) / kpool;
-  const bool sparse = v > npools;
-  const long long need = sparse ? (long long)npools * kpool + (q + 1 - v * kpool) : q + 1;
-#ifdef CHECKS_PLANT_PICK
-  if (need > width + 1) check_flag(flags, slot + 1, t);         // planted: one slot too many passes
-#else
-  if (need > width) check_flag(flags, slot + 1, t);
-#endif
-  if (sparse && v > P) check_flag(flags, slot + 2, t);
 }

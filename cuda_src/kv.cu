@@ -2,19 +2,34 @@
 // tables, and the token embedding gather (read_rows on the embedding table).
 //
 // Row ids come from the page table (kv/store.py: pages[p // page_tokens] * page_tokens + p % page_tokens).
-// One block per listed row (grid = n), threads stride over the C columns.  The launchers refuse ids
-// outside [0, N) and duplicate write ids (kernels/guards.py: checks.cu for device arrays); here an invalid
-// id writes nothing (write) or a NaN row (read), never memory outside the store.  Storage: every row is bf16
-// (latent rows, pooled keys, the embedding table), copied bit for bit.
+// One block per listed row (grid = n), threads stride over the C columns.  An id outside [0, N) writes
+// nothing (write) or a NaN row (read), never memory outside the store, and is counted by the kernel itself
+// into guard slot `slot` of `flags` (check_flag.cuh; slot < 0: the launcher checked the ids on the host), so
+// no separate check launch runs.  Duplicate write ids are refused by the launcher (guards.ids_distinct).
+// Storage: every row is bf16 (latent rows, pooled keys, the embedding table), copied bit for bit.
 #include "common.cuh"
+#include "check_flag.cuh"
+
+// Row id r of block i is outside [0, N): counted once (thread 0) into the guard slot.
+static __device__ __forceinline__ bool kv_bad_row(int r, int N, unsigned int* flags, int slot) {
+#ifdef KV_PLANT_FLAG
+  const bool flagged = r < 0 || r > N;                       // planted: the id N is skipped but not counted
+#else
+  const bool flagged = r < 0 || r >= N;
+#endif
+  if (flagged && slot >= 0 && threadIdx.x == 0) check_flag(flags, slot, blockIdx.x);
+  return r < 0 || r >= N;
+}
 
 // store[rows[i], :] = values[i, :]
 extern "C" __global__ void kv_write_rows(__nv_bfloat16* __restrict__ store,          // [N, C] bf16, in place
                                          const int* __restrict__ rows,               // [n] i32 row ids, distinct
                                          const __nv_bfloat16* __restrict__ values,   // [n, C] bf16
-                                         int N, int C) {
+                                         int N, int C,
+                                         unsigned int* __restrict__ flags,          // [slots, 2] u32 guard flags
+                                         int slot) {
   const int r = rows[blockIdx.x];
-  if (r < 0 || r >= N) return;
+  if (kv_bad_row(r, N, flags, slot)) return;
   __nv_bfloat16* dst = store + (long long)r * C;
   const __nv_bfloat16* src = values + (long long)blockIdx.x * C;
   for (int i = threadIdx.x; i < C; i += blockDim.x) dst[i] = src[i];
@@ -24,10 +39,12 @@ extern "C" __global__ void kv_write_rows(__nv_bfloat16* __restrict__ store,     
 extern "C" __global__ void kv_read_rows(const __nv_bfloat16* __restrict__ store,  // [N, C] bf16
                                         const int* __restrict__ rows,             // [n] i32 row ids
                                         __nv_bfloat16* __restrict__ out,          // [n, C] bf16
-                                        int N, int C) {
+                                        int N, int C,
+                                        unsigned int* __restrict__ flags,         // [slots, 2] u32 guard flags
+                                        int slot) {
   const int r = rows[blockIdx.x];
   __nv_bfloat16* dst = out + (long long)blockIdx.x * C;
-  if (r < 0 || r >= N) {
+  if (kv_bad_row(r, N, flags, slot)) {
     for (int i = threadIdx.x; i < C; i += blockDim.x) dst[i] = to_bf16(NAN);
     return;
   }

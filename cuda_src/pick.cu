@@ -15,7 +15,32 @@
 // One block per row (grid = T), PICK_THREADS threads.  width >= npools * kpool (the launcher checks), so
 // picked pools always fit; the dense list and the tail stop at width.  Scores of pools >= v (not yet
 // visible; the caller leaves anything there) are never read.
+//
+// The row's own preconditions are checked here (no separate check launch) and counted into guard slots
+// slot.. of `flags` (check_flag.cuh; slot < 0: the launcher checked them on the host): a negative position
+// (slot), a list longer than width (slot + 1), a sparse row seeing more than P pools (slot + 2).  A row failing
+// them still stays inside its tokens row and its scores row.
 #include "common.cuh"
+#include "check_flag.cuh"
+
+// Thread 0 of row t's block: count its failed preconditions (kernels/guards.py: PICK_MESSAGES).
+static __device__ __forceinline__ void pick_guard(int t, int q, int P, int npools, int kpool, int width,
+                                                  unsigned int* flags, int slot) {
+  if (slot < 0 || threadIdx.x != 0) return;
+  if (q < 0) {
+    check_flag(flags, slot, t);
+    return;
+  }
+  const long long v = ((long long)q + 1) / kpool;
+  const bool sparse = v > npools;
+  const long long need = sparse ? (long long)npools * kpool + ((long long)q + 1 - v * kpool) : (long long)q + 1;
+#ifdef PICK_PLANT_FLAG
+  if (need > width + 1) check_flag(flags, slot + 1, t);         // planted: one slot too many passes
+#else
+  if (need > width) check_flag(flags, slot + 1, t);
+#endif
+  if (sparse && v > P) check_flag(flags, slot + 2, t);
+}
 
 #define PICK_THREADS 128
 #define PICK_WARPS (PICK_THREADS / 32)
@@ -52,7 +77,9 @@ dsa_pick(const float* __restrict__ scores,    // [T, P] f32 pool scores
          const int* __restrict__ positions,   // [T] i32 position of each row
          int* __restrict__ tokens,            // [T, width] i32, -1 padded
          int* __restrict__ counts,            // [T] i32
-         int P, int npools, int kpool, int width) {
+         int P, int npools, int kpool, int width,
+         unsigned int* __restrict__ flags,    // [slots, 2] u32 guard flags
+         int slot) {
   __shared__ unsigned hist[PICK_BINS];
   __shared__ int warp_tot[PICK_WARPS];
   __shared__ unsigned s_digit;
@@ -60,6 +87,7 @@ dsa_pick(const float* __restrict__ scores,    // [T, P] f32 pool scores
   const int t = blockIdx.x;
   const int tid = threadIdx.x;
   const int q = positions[t];
+  pick_guard(t, q, P, npools, kpool, width, flags, slot);
   const int v = (q + 1) / kpool;
   int* out = tokens + (long long)t * width;
   if (v <= npools) {                                   // dense: every token so far (block-uniform branch)

@@ -1,10 +1,10 @@
 """Contract cases of cuda_src/checks.cu (cupyglm/kernels/guards.py): the device-side launcher checks, each
-on input with violations at the edges (an id equal to the limit, -1, adjacent and distant repeats, a pick row
-needing exactly width + 1 slots) and on clean input.
+on input with violations at the edges (an id equal to the limit, -1, adjacent and distant repeats) and on clean
+input. (The pick's rows are checked by dsa_pick itself: cases_pick.py.)
 
 Outputs are the flags buffer ([slots, 2] u32: count, ~first index); the replay computes it in NumPy.
 Controls: on the input with violations, the kernel variant with the planted mistake (-DCHECKS_PLANT_*: the
-limit passes / the neighbour is not compared / one slot too many passes); on clean input, one violation added.
+limit passes / the neighbour is not compared); on clean input, one violation added.
 """
 from __future__ import annotations
 
@@ -89,36 +89,6 @@ def _distinct(label: str, n: int, repeats: list[tuple[int, int]]) -> Case:
     return case(Case(f"check_ids_distinct[{label}]", ("check_ids_distinct",), make, run, replay, ctl))
 
 
-def _pick(label: str, positions: list[int], p: int, npools: int, kpool: int, width: int, planted: bool) -> Case:
-    def make(rng):
-        return {"positions": np.asarray(positions, dtype=np.int32)}
-
-    def run(k, d):
-        f = _flags(k)
-        guards.launch_pick_rows(k, d["positions"], f, p, npools, kpool, width, SLOT)
-        return {"flags": f}
-
-    def replay(d):
-        q = np.asarray(d["positions"]).astype(np.int64)
-        v = (q + 1) // kpool
-        sparse = v > npools
-        need = np.where(sparse, npools * kpool + (q + 1 - v * kpool), q + 1)
-        neg = q < 0
-        return _expect({SLOT: neg, SLOT + 1: ~neg & (need > width), SLOT + 2: ~neg & sparse & (v > p)})
-
-    def ctl(k, d):
-        f = _flags(k)
-        if planted:
-            guards.launch_pick_rows(k.variant("CHECKS_PLANT_PICK"), d["positions"], f, p, npools, kpool, width, SLOT)
-        else:
-            pos = d["positions"].copy()
-            pos[0] = -1
-            guards.launch_pick_rows(k, pos, f, p, npools, kpool, width, SLOT)
-        return {"flags": f}
-
-    return case(Case(f"check_pick_rows[{label}]", ("check_pick_rows",), make, run, replay, ctl))
-
-
 #      label        n    limit  violations (an id equal to the limit first: the planted variant lets it pass)
 _range("clean",     300,  64,   [])
 _range("edges",     300,  64,   [64, -1, 64, 1 << 30])
@@ -126,8 +96,3 @@ _range("one",       1,    8,    [8])
 #         label       n    repeats (index of the first, index of the repeat)
 _distinct("clean",    200, [])
 _distinct("repeats",  200, [(10, 11), (0, 150), (10, 199)])          # adjacent (the planted variant misses it)
-#     label     positions                                      P   npools kpool width planted
-_pick("clean",  [0, 5, 35, 36, 100, 139],                       40,  8,     4,    35,  False)
-# width 35 = npools * kpool + kpool - 1; position 39 sees 10 pools of P = 9 (slot 3); -5 is negative (slot 1);
-# a width-30 row at position 30 needs 31 = width + 1 slots (slot 2; the planted variant lets it pass)
-_pick("edges",  [3, -5, 39, 12, 30, 7],                          9,  8,     4,    30,  True)

@@ -4,6 +4,8 @@
 Rows the call must not touch are NaN: a write must leave them NaN, a read must never return them.
 Controls: write_rows with two slots swapped; read_rows through a wrong page mapping (two pages swapped).
 read_rows is also the token embedding gather (embed[...] cases at vocabulary shapes).
+*.flags: both kernels counting ids outside [0, N) into their guard slot themselves (the write skips the row,
+the read gives NaN; sim checks every address); control: the variant KV_PLANT_FLAG (the id N is not counted).
 """
 from __future__ import annotations
 
@@ -118,3 +120,52 @@ def _embed(label: str, vocab: int, dim: int, t: int) -> Case:
 _embed("decode", 512, 256, 1)
 _embed("prompt64", 512, 256, 64)
 _embed("odd", 300, 100, 7)
+
+
+SLOTS, SLOT = 3, 1                 # slot 0 must stay clear: the slot argument is honoured
+
+
+def _bad_ids(rng, n_store: int, n: int) -> np.ndarray:
+    ids = rng.permutation(n_store)[:n].astype(np.int32)
+    ids[[1, 4, n - 1]] = (n_store, -1, n_store + 1000)              # the limit itself first (planted: passes)
+    return ids
+
+
+def _flags_out(ids: np.ndarray, n_store: int) -> np.ndarray:
+    f = np.zeros((SLOTS, 2), dtype=np.uint32)
+    bad = np.flatnonzero((ids < 0) | (ids >= n_store))
+    f[SLOT] = (bad.size, ~np.uint32(bad.min()))
+    return f
+
+
+def _flags_case(op: str, n_store: int, cols: int, n: int) -> Case:
+    def make(rng):
+        store = bf16(rng.standard_normal((n_store, cols)).astype(np.float32))       # [N, C] bf16
+        return {"store": store, "rows": _bad_ids(rng, n_store, n),
+                "values": bf16(rng.standard_normal((n, cols)).astype(np.float32))}
+
+    def launch(kn, dd, variant):
+        kv = kn.variant("KV_PLANT_FLAG") if variant else kn
+        flags = kn.xp.zeros((SLOTS, 2), dtype=np.uint32)
+        if op == "write":
+            ops_kv.launch_write(kv, dd["store"], dd["rows"], dd["values"], (flags, SLOT))
+            return {"store": dd["store"], "flags": flags}
+        return {"y": ops_kv.launch_read(kv, dd["store"], dd["rows"], (flags, SLOT)), "flags": flags}
+
+    def replay(dd):
+        ids = np.asarray(dd["rows"])
+        good = (ids >= 0) & (ids < n_store)
+        if op == "write":
+            REF.write_rows(dd["store"], ids[good], dd["values"][good])
+            return {"store": dd["store"], "flags": _flags_out(ids, n_store)}
+        y = np.full((n, cols), np.nan, dtype=BF16)
+        y[good] = REF.read_rows(dd["store"], ids[good])
+        return {"y": y, "flags": _flags_out(ids, n_store)}
+
+    kernel = "kv_write_rows" if op == "write" else "kv_read_rows"
+    return case(Case(f"{op}_rows.flags[{n}]", (kernel,), make,
+                     lambda kn, dd: launch(kn, dd, False), replay, lambda kn, dd: launch(kn, dd, True)))
+
+
+_flags_case("write", 64, 40, 9)
+_flags_case("read", 64, 40, 9)

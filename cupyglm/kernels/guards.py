@@ -3,8 +3,9 @@ the arrays live, never by a host sync of a device array.
 
 * A host (numpy) array (numpy and sim backends): checked on the host at once; ValueError naming the kernel and
   the parameter, as before.
-* A device array (cuda): a kernel of cuda_src/checks.cu counts the violations into a slot of the Kernels'
-  flags buffer ([MAX_SLOTS, 2] u32: count, ~first index) and nothing waits. `raise_pending(k)` reads the
+* A device array (cuda): the guarded kernel itself (cuda_src/check_flag.cuh: kv.cu, pick.cu, the grouped gemv)
+  or a kernel of cuda_src/checks.cu counts the violations into a slot of the Kernels' flags buffer
+  ([MAX_SLOTS, 2] u32: count, ~first index) and nothing waits. `raise_pending(k)` reads the
   buffer once (after the step, ModelRunner.forward) and raises DeviceCheckError naming every failed check.
 The guarded kernels stay memory-safe on bad input (they skip the row or write NaN / -1).
 """
@@ -115,15 +116,6 @@ def launch_distinct(k: Kernels, ids, flags, slot: int) -> None:
         k.launch(SRC, "check_ids_distinct", (-(-n // THREADS),), (THREADS,), (ids, flags, i32(n), i32(slot)))
 
 
-def launch_pick_rows(k: Kernels, positions, flags, p: int, npools: int, kpool: int, width: int, slot: int) -> None:
-    check("check_pick_rows", "positions", positions, (None,), np.int32)
-    check("check_pick_rows", "flags", flags, (None, 2), np.uint32)
-    t = positions.shape[0]
-    if t:
-        k.launch(SRC, "check_pick_rows", (-(-t // THREADS),), (THREADS,),
-                 (positions, flags, i32(t), i32(p), i32(npools), i32(kpool), i32(width), i32(slot)))
-
-
 # ---- what the launchers call ----------------------------------------------------------------------------------
 def ids_in_range(k: Kernels, kernel: str, param: str, ids, limit: int, what: str = "ids") -> None:
     """Every id in [0, limit): at once for a host array, on the device (reported later) for a device array."""
@@ -169,23 +161,29 @@ def ids_distinct(k: Kernels, kernel: str, param: str, ids) -> None:
     launch_distinct(k, ids, g.flags, s)
 
 
-def pick_rows(k: Kernels, positions, p: int, npools: int, kpool: int, width: int) -> None:
-    """The pick's rows: positions >= 0, each row's list fits width, a sparse row's pools fit the scores."""
+def pick_slot(k: Kernels, positions, p: int, npools: int, kpool: int, width: int):
+    """The pick's rows: positions >= 0, each row's list fits width, a sparse row's pools fit the scores. A host
+    array is checked here at once (ValueError) and gets a zeroed one-slot buffer and slot -1; a device array the
+    flags buffer and the first of PICK_MESSAGES' slots, counted by dsa_pick itself (pick.cu)."""
     if isinstance(positions, np.ndarray):
-        if not positions.size:
-            return
-        pos = positions.astype(np.int64)
-        if int(pos.min()) < 0:
-            raise ValueError("pick: parameter positions must be >= 0")
-        v = (pos + 1) // kpool
-        sparse = v > npools
-        need = np.where(sparse, npools * kpool + (pos + 1 - v * kpool), pos + 1)
-        if int(need.max()) > width:
-            raise ValueError(f"pick: parameter width={width} is too small for position {int(pos.max())} "
-                             f"(needs {int(need.max())})")
-        if sparse.any() and int(v[sparse].max()) > p:
-            raise ValueError(f"pick: parameter scores has {p} pools but a row sees {int(v[sparse].max())}")
-        return
+        _pick_rows_host(positions, p, npools, kpool, width)
+        return k.xp.zeros((1, 2), dtype=np.uint32), -1
     g = guards_of(k)
-    s = g.slot(*PICK_MESSAGES)
-    launch_pick_rows(k, positions, g.flags, p, npools, kpool, width, s)
+    slot = g.slot(*PICK_MESSAGES)                                      # makes g.flags
+    return g.flags, slot
+
+
+def _pick_rows_host(positions: np.ndarray, p: int, npools: int, kpool: int, width: int) -> None:
+    if not positions.size:
+        return
+    pos = positions.astype(np.int64)
+    if int(pos.min()) < 0:
+        raise ValueError("pick: parameter positions must be >= 0")
+    v = (pos + 1) // kpool
+    sparse = v > npools
+    need = np.where(sparse, npools * kpool + (pos + 1 - v * kpool), pos + 1)
+    if int(need.max()) > width:
+        raise ValueError(f"pick: parameter width={width} is too small for position {int(pos.max())} "
+                         f"(needs {int(need.max())})")
+    if sparse.any() and int(v[sparse].max()) > p:
+        raise ValueError(f"pick: parameter scores has {p} pools but a row sees {int(v[sparse].max())}")

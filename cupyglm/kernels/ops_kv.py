@@ -18,11 +18,19 @@ def write_rows(k: Kernels, store, rows, values) -> None:
     check("write_rows", "values", values, (rows.shape[0], store.shape[1]), k.bf16)
     if not getattr(store.flags, "writeable", True):
         raise ValueError("write_rows: parameter store must be writeable")
-    n_store, c = store.shape
-    guards.ids_in_range(k, "write_rows", "rows", rows, n_store)      # host arrays now, device ones on the device
+    guard = guards.range_slot(k, "write_rows", "rows", rows, store.shape[0])   # the kernel counts bad ids itself
     guards.ids_distinct(k, "write_rows", "rows", rows)
+    launch_write(k, store, rows, values, guard)
+
+
+def launch_write(k: Kernels, store, rows, values, guard) -> None:
+    """kv_write_rows: rows outside [0, N) write nothing and are counted into guard = (flags, slot) by the kernel
+    (slot -1: nothing counted). Also the contract's entry point."""
+    check("kv_write_rows", "flags", guard[0], (None, 2), np.uint32)
+    n_store, c = store.shape
     if rows.shape[0] and c:
-        k.launch(SRC, "kv_write_rows", (rows.shape[0],), (THREADS,), (store, rows, values, i32(n_store), i32(c)))
+        k.launch(SRC, "kv_write_rows", (rows.shape[0],), (THREADS,),
+                 (store, rows, values, i32(n_store), i32(c), guard[0], i32(guard[1])))
 
 
 @op("read_rows")
@@ -30,9 +38,16 @@ def read_rows(k: Kernels, store, rows):
     """store[rows] -> [n, C]; store: [N, C] bf16 -> bf16."""
     check("read_rows", "store", store, (None, None), k.bf16)
     check("read_rows", "rows", rows, (None,), np.int32)
+    return launch_read(k, store, rows, guards.range_slot(k, "read_rows", "rows", rows, store.shape[0]))
+
+
+def launch_read(k: Kernels, store, rows, guard):
+    """kv_read_rows: a row id outside [0, N) gives a NaN row and is counted into guard = (flags, slot) by the
+    kernel (slot -1: nothing counted). Also the contract's entry point."""
+    check("kv_read_rows", "flags", guard[0], (None, 2), np.uint32)
     n_store, c = store.shape
-    guards.ids_in_range(k, "read_rows", "rows", rows, n_store)
     out = k.empty((rows.shape[0], c), k.bf16)
     if rows.shape[0] and c:
-        k.launch(SRC, "kv_read_rows", (rows.shape[0],), (THREADS,), (store, rows, out, i32(n_store), i32(c)))
+        k.launch(SRC, "kv_read_rows", (rows.shape[0],), (THREADS,),
+                 (store, rows, out, i32(n_store), i32(c), guard[0], i32(guard[1])))
     return out

@@ -31,7 +31,14 @@ def pick(k: Kernels, scores, positions, npools: int, kpool: int, width: int):
     counts = k.empty((t,), np.int32)
     if t == 0:
         return tokens, counts
-    guards.pick_rows(k, pos, p, npools, kpool, width)                  # host arrays now, device ones on the device
-    k.launch(SRC, "dsa_pick", (t,), (THREADS,),
-             (scores, pos, tokens, counts, i32(p), i32(npools), i32(kpool), i32(width)))
+    launch(k, scores, pos, tokens, counts, npools, kpool, width, guards.pick_slot(k, pos, p, npools, kpool, width))
     return tokens, counts
+
+
+def launch(k: Kernels, scores, pos, tokens, counts, npools: int, kpool: int, width: int, guard) -> None:
+    """dsa_pick: each row's preconditions counted by the kernel into guard = (flags, first of 3 slots)
+    (guards.PICK_MESSAGES; slot -1: nothing counted). Also the contract's entry point."""
+    check("dsa_pick", "flags", guard[0], (None, 2), np.uint32)
+    t, p = scores.shape
+    k.launch(SRC, "dsa_pick", (t,), (THREADS,),
+             (scores, pos, tokens, counts, i32(p), i32(npools), i32(kpool), i32(width), guard[0], i32(guard[1])))

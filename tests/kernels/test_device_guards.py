@@ -109,3 +109,31 @@ def test_decode_rows_grouped_gemv_flags_bad_ids_itself(ops, cuda_double):
     assert "gemm_grouped_swiglu: parameter group holds expert ids outside [0, 2) (2 of them, the first at index 2)" \
         in str(e.value)
     ops.raise_device_errors()                                   # read and cleared
+
+
+def test_kv_rows_and_pick_check_their_ids_themselves(ops, cuda_double):
+    """write_rows, read_rows and pick count bad ids / positions into the step's flags in the kernel itself: the
+    bad row is skipped (write), NaN (read) or kept inside its list (pick), the messages are those of the check
+    launches they replace, and no check_ids_range or check_pick_rows runs."""
+    xp = ops.xp
+    store = xp.zeros((16, 8), xp.uint16)
+    with cuda_double.counting(trace=True) as c:
+        ops.write_rows(store, xp.asarray(np.array([3, 16], np.int32)), xp.full((2, 8), ONE, xp.uint16))
+        y = ops.read_rows(store, xp.asarray(np.array([-1, 3], np.int32)))
+        tok, cnt = ops.pick(xp.zeros((2, 4), xp.float32), xp.asarray(np.array([3, 12], np.int32)), 2, 4, 8)
+    assert c.syncs == 0, c
+    launched = " ".join(str(key) for key in c.where.get("launches", {}))
+    assert "check_ids_range" not in launched and "check_pick_rows" not in launched, launched
+    assert "kv_write_rows" in launched and "kv_read_rows" in launched and "dsa_pick" in launched, launched
+    assert store.get()[3].tolist() == [ONE] * 8 and not store.get()[[0, 1, 2, 15]].any()
+    bits = y.get().view(np.uint16)
+    assert ((bits[0] & 0x7F80) == 0x7F80).all() and (bits[0] & 0x7F).all()      # the bad id's row: NaN
+    assert bits[1].tolist() == [ONE] * 8
+    with pytest.raises(DeviceCheckError) as e:
+        ops.raise_device_errors()
+    assert "write_rows: parameter rows holds ids outside [0, 16) (1 of them, the first at index 1)" in str(e.value)
+    assert "read_rows: parameter rows holds ids outside [0, 16) (1 of them, the first at index 0)" in str(e.value)
+    assert "pick: parameter width is too small for a row's position (1 of them, the first at index 1)" \
+        in str(e.value)
+    assert cnt.get()[0] == 4 and tok.get()[0].tolist() == [0, 1, 2, 3, -1, -1, -1, -1]
+    ops.raise_device_errors()                                   # read and cleared
