@@ -44,11 +44,11 @@ def _result(out: str) -> dict:
     return json.loads(lines[0][len("RESULT "):])
 
 
-@pytest.mark.timeout(300)
-def test_tp2_concurrent_equals_solo_and_repeats(launch, tiny_dir):
+def check_concurrent_equals_solo_twice(launch, model: str | None = None) -> None:
+    """`script` under `mpirun -n 2`, twice: every page free after, concurrent = solo, and the two runs equal."""
     from .helpers import run_job
 
-    args = ["-n", "2", sys.executable, str(Path(__file__).resolve())]
+    args = ["-n", "2", sys.executable, str(Path(__file__).resolve())] + ([model] if model else [])
     env = {"CUPYGLM_CACHE_DIR": os.environ["CUPYGLM_CACHE_DIR"]}
     results = []
     for _ in range(2):
@@ -60,6 +60,11 @@ def test_tp2_concurrent_equals_solo_and_repeats(launch, tiny_dir):
     assert first["together"] == first["alone"]
     assert all(len(t) >= 1 for t in first["together"])
     assert results[1] == first
+
+
+@pytest.mark.timeout(300)
+def test_tp2_concurrent_equals_solo_and_repeats(launch, tiny_dir):
+    check_concurrent_equals_solo_twice(launch)
 
 
 if __name__ == "__main__":
