@@ -12,8 +12,9 @@ tiny checkpoint written quantised (make-tiny --quant) instead, with the gemm_* /
 Each row runs with CUDA graphs off (the `per token:` lines) and on (CUPYGLM_CUDA_GRAPHS=1: the FFN halves
 replayed, model/graph_capture.py); a table puts both side by side: host launches (eager RawKernels, eager CuPy
 kernels, graph launches), the kernels run inside graphs, syncs, H2D copies, host time (the emulator's time in
-the double, kernels inside graphs included). One decode step before the counted ones captures the graphs
-(warm-up, uncounted, in both modes).
+the double, kernels inside graphs included) and own host time (host time less the emulator's kernel time: the
+glue's Python, CuPy ops run by numpy at tiny widths, the double's checks). One decode step before the counted
+ones captures the graphs (warm-up, uncounted, in both modes).
 """
 from __future__ import annotations
 
@@ -94,7 +95,8 @@ def _engine_row(ckpt, ops, tokens: int, where: bool, graphs: bool = False):
 def _print(name: str, c, per: int, where: bool) -> None:
     print(f"{name:<9} per token: syncs {c.syncs / per:g}, launches {c.launches / per:g}, cupy kernels "
           f"{c.kernels / per:g}, h2d copies {c.h2d / per:g} ({c.h2d_bytes / per:g} B), d2h {c.d2h_bytes / per:g} B, "
-          f"allocs {c.allocs / per:g}, collectives {c.collectives / per:g}, host {1e3 * c.host_s / per:.1f} ms")
+          f"allocs {c.allocs / per:g}, collectives {c.collectives / per:g}, host {1e3 * c.host_s / per:.1f} ms "
+          f"(less the emulated kernels {_own_ms(c) / per:.2f} ms)")
     if where:
         for counter in ("syncs", "h2d", "kernels", "launches"):
             top = sorted(c.where.get(counter, {}).items(), key=lambda kv: -kv[1])
@@ -105,7 +107,13 @@ SIDE = (("host launches", lambda c: c.launches + c.kernels + c.graph_launches),
         ("raw kernels", lambda c: c.launches), ("cupy kernels", lambda c: c.kernels),
         ("graph launches", lambda c: c.graph_launches),
         ("in graphs", lambda c: c.graph_kernels + c.graph_ops + c.graph_memcpys),
-        ("syncs", lambda c: c.syncs), ("h2d", lambda c: c.h2d), ("host ms", lambda c: 1e3 * c.host_s))
+        ("syncs", lambda c: c.syncs), ("h2d", lambda c: c.h2d), ("host ms", lambda c: 1e3 * c.host_s),
+        ("own host ms", lambda c: _own_ms(c)))
+
+
+def _own_ms(c) -> float:
+    """Host time less the emulator's kernel time: the Python glue's own work (CuPy ops run by numpy included)."""
+    return 1e3 * c.host_s - 1e-6 * c.kernel_ns
 
 
 def _side_by_side(rows) -> None:

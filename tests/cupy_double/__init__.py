@@ -98,6 +98,7 @@ class Counts:
     graph_kernels: int = 0
     graph_ops: int = 0
     graph_memcpys: int = 0
+    kernel_ns: int = 0
     where: dict = dataclasses.field(default_factory=dict)
 
     def line(self, per: int = 1) -> str:

@@ -127,6 +127,9 @@ def test_bench_cuda_counts_prints_the_per_token_baseline():
     rows = {line.split()[0]: line for line in r.stdout.splitlines() if "per token:" in line}
     assert set(rows) == {"model", "engine"}
     assert all("syncs" in v and "launches" in v and "cupy kernels" in v for v in rows.values())
+    own = [float(v.split("less the emulated kernels ")[1].split()[0]) for v in rows.values()]
+    host = [float(v.split(" host ")[1].split()[0]) for v in rows.values()]
+    assert all(0 < o < h for o, h in zip(own, host)), rows          # the emulator's kernel time taken out
 
 
 def test_a_decode_step_reads_back_once(tiny_ckpt, cuda_ops):
