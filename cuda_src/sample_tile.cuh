@@ -49,6 +49,8 @@ struct SmpShared {
   int stat[8];                           // SAMPLE_STATS: S, c, min-p, q visits, select passes, tails, why undecided,
                                          // the tails' passes over V
   float stat_sq[2];                      // SAMPLE_STATS: S and q[n' - 1] as this path found them
+  unsigned dlo, dhi, wsum[32];           // the sorted path (sample_sort.cuh): a pass's digit range, scan totals
+  int stat_sort[4];                      // SAMPLE_STATS: the sorted path's radix passes, S, c and q visits
 };
 
 static __device__ __forceinline__ unsigned long long smp_warp_sum(unsigned long long v) {
