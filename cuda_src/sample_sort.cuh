@@ -226,6 +226,8 @@ static __device__ int smp_sorted_draw(const unsigned long long* __restrict__ key
     }
     sh.phase = i < keep ? i + 1 : keep;               // p[0..phase) hold the prefix q[i]
     sh.acc = u * q;
+    sh.stat_sq[0] = S;
+    sh.stat_sq[1] = q;
     sh.token = keep;
     sh.stat_sort[3] = sh.phase;
   }
