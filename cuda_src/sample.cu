@@ -16,7 +16,8 @@
 // top min(n, SAMPLE_TILE) keys, sorted in shared memory, sums that stop once exact) decides every row with
 // top_k <= SAMPLE_TILE and the peaked ones; every other row (flat, or top_k between SAMPLE_TILE and V) takes
 // the sorted path (sample_sort.cuh: a stable radix sort of all V keys by the whole block in global scratch,
-// then the sums on one thread with the same exact early exit, the min-p count and the draw's search parallel).
+// then the sums as exact block scans (sample_scan.cuh) with the same early exit, the counts and the draw's
+// search parallel).
 //
 // One block per row (blockDim.x a multiple of 32, power of two, <= 1024).  Scratch (the launcher allocates it):
 // keys [R, 2, V] u64 (the sort's two buffers), counts [R, 256, blockDim.x] u32 (its digit counts), probs [R, V]
@@ -25,7 +26,7 @@
 // Planted control (contract): -DSAMPLE_CTL_REVERSED_SUMS runs every cumulative sum right to left (smallest
 // probability first), the "wrong cumsum order" the contract must catch; it sends every row to the sorted path.
 // -DSAMPLE_FULL_SORT sends every row there (the cost baseline); -DSAMPLE_STATS writes both paths' counters,
-// S and q into probs[row, 0..14] instead of the token (bench/sample_cost.py).
+// S and q into probs[row, 0..15] instead of the token (bench/sample_cost.py).
 #include "common.cuh"
 #include "exp_f32.cuh"
 
@@ -160,23 +161,24 @@ extern "C" __global__ void __launch_bounds__(1024) sample_rows(
   const int fell = token == -2;
   if (fell) {                                         // the sorted path
     int passes = 0;
+    unsigned long long* buf = keys + (long long)row * 2 * V;
     const unsigned long long* key =
-        smp_radix_sort(x, V, t, keys + (long long)row * 2 * V, counts + (long long)row * SMP_BINS * nt, smp_sh,
-                       &passes);
+        smp_radix_sort(x, V, t, buf, counts + (long long)row * SMP_BINS * nt, smp_sh, &passes);
+    float* cbuf = reinterpret_cast<float*>(key == buf ? buf + V : buf);   // the sort's other buffer, free now
     if (tid == 0) smp_sh.stat_sort[0] = passes;
-    token = smp_sorted_draw(key, n, tp, mp, u, probs + (long long)row * V, smp_sh);
+    token = smp_sorted_draw(key, n, tp, mp, u, probs + (long long)row * V, cbuf, smp_sh);
   }
 #ifdef SAMPLE_STATS
   __syncthreads();
-  if (tid == 0 && V >= 15) {                          // counters into the probs scratch: visits, passes, path
+  if (tid == 0 && V >= 16) {                          // counters into the probs scratch: visits, passes, path
     for (int i = 0; i < 7; ++i) probs[(long long)row * V + i] = (float)smp_sh.stat[i];
     probs[(long long)row * V + 7] = fell ? 1.0f : 0.0f;
     probs[(long long)row * V + 8] = smp_sh.stat_sq[0];
     probs[(long long)row * V + 9] = smp_sh.stat_sq[1];
     probs[(long long)row * V + 10] = (float)smp_sh.stat[7];
-    for (int i = 0; i < 4; ++i) probs[(long long)row * V + 11 + i] = fell ? (float)smp_sh.stat_sort[i] : -1.0f;
+    for (int i = 0; i < 5; ++i) probs[(long long)row * V + 11 + i] = fell ? (float)smp_sh.stat_sort[i] : -1.0f;
   }
-  if (V >= 15) return;
+  if (V >= 16) return;
 #endif
   if (tid == 0) tokens[row] = token;
 }

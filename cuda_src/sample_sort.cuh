@@ -9,14 +9,17 @@
 //     in every key is skipped: the order already holds.
 //  2. e = exp_f32(s - s0) over the first n, a bound per chunk of the sorted order (bsuf[c] >= every e in
 //     chunks c, c + 1, ...), so that from index j on no term exceeds B(j) = bsuf[j / C].
-//  3. S, the top-p prefix c and the draw's q on one thread, each stopped once acc + B == acc (then no later
-//     term changes it: rounded addition is monotone and 0 <= term <= B); q's prefix is kept, so the draw (the
-//     first i with q[i] > r) is a parallel search and the min-p count a parallel count.
+//  3. S, the top-p prefix c and the draw's q as exact block scans (sample_scan.cuh: the sequential float32
+//     sums' bits), each stopped once acc + B == acc (then no later term changes it: rounded addition is
+//     monotone and 0 <= term <= B); c's and q's prefixes are kept, so the top-p cut and the draw (the first i
+//     with c[i] >= top_p, q[i] > r) are parallel searches and the min-p count a parallel count.
 //
 // Controls (contract): SAMPLE_CTL_SORT_UNSTABLE (each segment scatters last to first: equal values go to the
 // higher id first), SAMPLE_CTL_SORT_SKIP_LOW (the lowest digit's pass is skipped: values that differ only
 // there stay in id order), SAMPLE_CTL_SORT_EXIT_EARLY (the bound leaves out the rest of the current chunk).
 #pragma once
+
+#include "sample_scan.cuh"
 
 #define SMP_CHUNKS 2048                 // bound chunks (fit sh.b): C = max(256, ceil(n / SMP_CHUNKS)) ids each
 
@@ -112,9 +115,10 @@ static __device__ unsigned long long* smp_radix_sort(const float* __restrict__ x
 }
 
 // Steps 2-3: the token of a sampled row from its sorted keys (key[0..V), ascending = the reference's order).
-// n = the kept count, u = the draw's uniform; p: [V] f32 scratch.  Called by the whole block.
+// n = the kept count, u = the draw's uniform; p: [V] f32 scratch, cbuf: [V] f32 scratch (top-p's prefix).
+// Called by the whole block.
 static __device__ int smp_sorted_draw(const unsigned long long* __restrict__ key, int n, float tp, float mp,
-                                      float u, float* __restrict__ p, SmpShared& sh) {
+                                      float u, float* p, float* cbuf, SmpShared& sh) {
   const int tid = threadIdx.x, nt = blockDim.x;
   const float s0 = smp_value(key[0]);
   for (int i = tid; i < n; i += nt) p[i] = exp_f32(smp_value(key[i]) - s0);
@@ -153,16 +157,9 @@ static __device__ int smp_sorted_draw(const unsigned long long* __restrict__ key
     sh.acc = S;
   }
 #else
-  if (tid == 0) {
-    float S = 0.0f;
-    int i = 0;
-    for (; i < n; ++i) {
-      S = S + p[i];
-      if (S + bound(i + 1) == S) break;           // no later term changes S
-    }
-    sh.acc = S;
-    sh.stat_sort[1] = i < n ? i + 1 : n;
-  }
+  int reached, windows;
+  const float Ssum = smp_scan(p, n, (float*)nullptr, INFINITY, bound, 1.0f, sh, &reached, &windows);
+  if (tid == 0) { sh.acc = Ssum; sh.stat_sort[1] = reached; sh.stat_sort[4] = windows; }
 #endif
   __syncthreads();
   const float S = sh.acc;
@@ -170,25 +167,32 @@ static __device__ int smp_sorted_draw(const unsigned long long* __restrict__ key
   if (tid == 0) { sh.count = 0; sh.stat_sort[2] = 0; }
   __syncthreads();
 
-  // ---- top-p (one thread), min-p (a parallel count) ---------------------------------------------------------
-  if (tid == 0) {
-    int keep = n;
-    if (tp < 1.0f) {                 // 1 + #{i < n - 1: c[i] < top_p}; c never decreases, so stop at the first miss
+  // ---- top-p and min-p: parallel counts over the prefix sums and p ------------------------------------------
+  int keep = n;
+  if (tp < 1.0f) {                   // 1 + #{i < n - 1: c[i] < top_p}; c never decreases: the first c[i] >= top_p
+#ifdef SAMPLE_CTL_REVERSED_SUMS
+    if (tid == 0) {
       float c = 0.0f;
-      int cnt = 0, i = 0;
-      for (; i < n - 1; ++i) {
+      int cnt = 0;
+      for (int i = 0; i < n - 1; ++i) {
         c = c + p[i];
         if (!(c < tp)) break;
         ++cnt;
-        if (c + bound(i + 1) / S == c) { cnt = n - 1; break; }   // c stays below top_p to the end
       }
-      sh.stat_sort[2] = i < n - 1 ? i + 1 : n - 1;
-      keep = keep < 1 + cnt ? keep : 1 + cnt;
+      sh.keep = cnt;
     }
-    sh.keep = keep;
+#else
+    int rc, wc;
+    smp_scan(p, n - 1, cbuf, tp, bound, S, sh, &rc, &wc);
+    if (tid == 0) { sh.keep = n - 1; sh.stat_sort[2] = rc; sh.stat_sort[4] += wc; }
+    __syncthreads();
+    for (int i = tid; i < rc; i += nt)
+      if (!(cbuf[i] < tp)) atomicMin(&sh.keep, i);   // past rc every c equals c[rc - 1] (or the scan reached n - 1)
+#endif
+    __syncthreads();
+    keep = 1 + sh.keep < keep ? 1 + sh.keep : keep;
+    __syncthreads();
   }
-  __syncthreads();
-  int keep = sh.keep;
   if (mp > 0.0f) {                   // #{i < keep: p[i] >= min_p * p[0]} (a count: exp_f32 need not be monotonic)
     const float thr = mp * p[0];
     int cnt = 0;
@@ -199,7 +203,7 @@ static __device__ int smp_sorted_draw(const unsigned long long* __restrict__ key
   }
   __syncthreads();
 
-  // ---- q (one thread, its prefix kept in p), then the draw as a parallel search ---------------------------------
+  // ---- q (its prefix kept in p), then the draw as a parallel search ------------------------------------------
 #ifdef SAMPLE_CTL_REVERSED_SUMS
   if (tid == 0) {
     float q = 0.0f;
@@ -216,24 +220,18 @@ static __device__ int smp_sorted_draw(const unsigned long long* __restrict__ key
   __syncthreads();
   return sh.token;
 #else
+  int last, wq;
+  const float q = smp_scan(p, keep, p, INFINITY, bound, S, sh, &last, &wq);   // p[0..last) := the prefix q[i]
   if (tid == 0) {
-    float q = 0.0f;
-    int i = 0;
-    for (; i < keep; ++i) {
-      q = q + p[i];
-      p[i] = q;
-      if (q + bound(i + 1) / S == q) break;       // every later prefix equals q
-    }
-    sh.phase = i < keep ? i + 1 : keep;               // p[0..phase) hold the prefix q[i]
     sh.acc = u * q;
     sh.stat_sq[0] = S;
     sh.stat_sq[1] = q;
     sh.token = keep;
-    sh.stat_sort[3] = sh.phase;
+    sh.stat_sort[3] = last;
+    sh.stat_sort[4] += wq;
   }
   __syncthreads();
   const float r = sh.acc;
-  const int last = sh.phase;
   for (int i = tid; i < last; i += nt)
     if (p[i] > r) atomicMin(&sh.token, i);            // the first i with q[i] > r (q never decreases)
   __syncthreads();

@@ -50,7 +50,9 @@ struct SmpShared {
                                          // the tails' passes over V
   float stat_sq[2];                      // SAMPLE_STATS: S and q[n' - 1] as this path found them
   unsigned dlo, dhi, wsum[32];           // the sorted path (sample_sort.cuh): a pass's digit range, scan totals
-  int stat_sort[4];                      // SAMPLE_STATS: the sorted path's radix passes, S, c and q visits
+  float scan_acc;                        // sample_scan.cuh: the block's running sum and next index (or first
+  int scan_j;                            // term that leaves the binade)
+  int stat_sort[5];                      // SAMPLE_STATS: the sorted path's radix passes, S, c and q terms, windows
 };
 
 static __device__ __forceinline__ unsigned long long smp_warp_sum(unsigned long long v) {

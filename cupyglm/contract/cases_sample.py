@@ -20,7 +20,8 @@ kernel compiled with -DSAMPLE_CTL_REVERSED_SUMS); the tile's select breaking tie
 disabled, an undecided row keeping the tile's partial answer (-DSAMPLE_CTL_NO_FALLBACK); the sorted path's
 scatter taking each segment last to first, so equal values go to the higher id first (-DSAMPLE_CTL_SORT_UNSTABLE);
 its lowest digit's pass skipped, a sort pass out of order (-DSAMPLE_CTL_SORT_SKIP_LOW); its exit bound leaving
-out the rest of the current chunk (-DSAMPLE_CTL_SORT_EXIT_EARLY).
+out the rest of the current chunk (-DSAMPLE_CTL_SORT_EXIT_EARLY); its block scans resuming one term late after
+a binade change (-DSAMPLE_CTL_SCAN_RESUME_LATE).
 """
 from __future__ import annotations
 
@@ -104,7 +105,8 @@ CONTROLS = {"ties_high": _ctl_ties_high, "rng_row": _ctl_rng_row, "reversed_sums
             "select_ties_high": _variant("SAMPLE_CTL_SELECT_TIES_HIGH"),
             "exit_early": _variant("SAMPLE_CTL_EXIT_EARLY"), "no_fallback": _variant("SAMPLE_CTL_NO_FALLBACK"),
             "sort_unstable": _variant("SAMPLE_CTL_SORT_UNSTABLE"), "sort_skip_low": _variant("SAMPLE_CTL_SORT_SKIP_LOW"),
-            "sort_exit_early": _variant("SAMPLE_CTL_SORT_EXIT_EARLY")}
+            "sort_exit_early": _variant("SAMPLE_CTL_SORT_EXIT_EARLY"),
+            "scan_resume_late": _variant("SAMPLE_CTL_SCAN_RESUME_LATE")}
 
 
 def _params(rows: list[tuple], rng) -> dict:
@@ -223,3 +225,5 @@ _custom("sorted,ties,v5000", _make_sorted(5000, _SORTED, 6.0), "sort_unstable")
 _custom("sorted,near_ties,v5000", _make_sorted(5000, _SORTED[::-1], 6.0), "sort_skip_low")
 _custom("sorted,peaked,v3001", _make_sorted(3001, [(t, min(k, 3000), tp, mp) for t, k, tp, mp in _SORTED], 20.0),
         "sort_exit_early")
+_custom("sorted,flat,v3001", _make_sorted(3001, [(t, min(k, 3000), tp, mp) for t, k, tp, mp in _SORTED], 0.0),
+        "scan_resume_late")

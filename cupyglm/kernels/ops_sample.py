@@ -45,16 +45,16 @@ def sample(k: Kernels, logits, temperature, top_k, top_p, min_p, seed, position)
 
 
 STATS = ("s_visits", "c_visits", "min_p_visits", "q_visits", "select_passes", "tails", "why", "fell_back",
-         "S", "q", "tail_passes", "sort_passes", "sort_s_visits", "sort_c_visits", "sort_q_visits")
+         "S", "q", "tail_passes", "sort_passes", "sort_s_visits", "sort_c_visits", "sort_q_visits", "sort_windows")
 
 
 def sample_stats(k: Kernels, logits, temperature, top_k, top_p, min_p, seed, position) -> dict:
-    """The tile path's counters per sampled row (the kernel compiled with -DSAMPLE_STATS, V >= 15): ids each
+    """The tile path's counters per sampled row (the kernel compiled with -DSAMPLE_STATS, V >= 16): ids each
     sequential sum visited, radix-select passes, exact tails run (1 S, 2 q), why a row was left undecided
     (1 S tail, 2 top-p past the tile, 4 min-p, 8 q tail, 16 the draw past the tile), whether it fell back to
     the sorted path, the S and q[n' - 1] found (by the sorted path on the rows that fell back), the tails'
-    passes over the row; then the sorted path's radix passes and the ids its S, c and q sums visited (-1 on
-    rows the tile decided) -> {name: [R] array}. Rows the tile path does not run (greedy, NaN, top_k between
+    passes over the row; then the sorted path's radix passes, the ids its S, c and q scans reached and their
+    windows (-1 on rows the tile decided) -> {name: [R] array}. Rows the tile path does not run (greedy, NaN, top_k between
     2048 and V) hold -1 tile counters."""
     logits = _arg(k, "logits", logits, (None, None), np.float32)
     r, v = logits.shape

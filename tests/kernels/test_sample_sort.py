@@ -3,8 +3,8 @@
 * rows the tile cannot take (top_k between 2048 and V) and flat rows it cannot decide run the sorted path:
   every token equals NumpyOps.sample under forward, reverse and shuffled thread orders, with exact ties and
   values one ulp apart at the top of the order, -0/+0 and -inf entries;
-* its S and q[n' - 1] are bit-identical to the reference's np.cumsum, and the early exit stops a peaked row's
-  sums long before n;
+* its S and q[n' - 1] (exact block scans, sample_scan.cuh) are bit-identical to the reference's np.cumsum, and
+  the early exit stops a peaked row's sums long before n;
 * a radix pass whose digit is the same in every key is skipped;
 * each planted control (an unstable scatter, the lowest digit's pass skipped, the exit bound missing the rest
   of a chunk) changes tokens.
@@ -87,7 +87,9 @@ def test_flat_rows_fall_back_and_peaked_ones_stop_early():
     peaked = [(1.0, 3000, 1.0, 0.0), (1.0, 4000, 0.9, 0.0)]
     args = _rows(rng, 5000, peaked, lift=20.0)
     st = ops_sample.sample_stats(K, *args)
-    assert (st["sort_s_visits"] < 600).all() and (st["sort_q_visits"] < 600).all(), st
+    # the exit is checked at each window's start: past the top group's last binade crossing, one window more
+    assert (st["sort_s_visits"] < 64 + 1024 + 1).all() and (st["sort_q_visits"] < 64 + 1024 + 1).all(), st
+    assert (st["sort_windows"] < 24).all(), st["sort_windows"]
     for i, (t, k, tp, mp) in enumerate(peaked):
         assert (st["S"][i], st["q"][i]) == _ref_s_q(args[0][i], t, k, tp, mp)
     assert np.array_equal(ops_sample.sample(K, *args), REF.sample(*args))
@@ -112,3 +114,41 @@ def test_planted_sort_controls_change_tokens(define, lift):
     want = REF.sample(*args)
     assert np.array_equal(ops_sample.sample(K, *args), want)
     assert not np.array_equal(ops_sample.sample(K.variant(define), *args), want)
+
+
+def _halfway_logits() -> np.ndarray:
+    """Logits d (s0 = 0) whose e = exp_f32(d) is an odd multiple of 2^-11: half an ulp of a sum in [8192, 16384)."""
+    found = []
+    for j in range(40, 700):
+        t = np.float64(2 * j + 1) * 2.0 ** -11
+        d0 = F(np.log(t))
+        c = (d0 + np.arange(-8, 9, dtype=F) * np.spacing(d0)).astype(F)
+        hit = c[exp_f32(c) == F(t)]
+        found.extend(hit[:1].tolist())
+    return np.array(found, F)
+
+
+def test_half_way_terms_round_by_the_running_parity():
+    """9,000 ties at the top (S = 9000, ulp 2^-10), then 2,000 terms each exactly half an ulp off the grid: every
+    one rounds to the even neighbour of the running sum, so S depends on the parity chain (a half-up sum differs)."""
+    d = _halfway_logits()
+    assert d.size >= 20
+    rng = np.random.default_rng(12)
+    v = 12000
+    x = np.full((2, v), F(-40.0))
+    for i in range(2):
+        ids = rng.permutation(v)
+        x[i, ids[:9000]] = F(0.0)
+        x[i, ids[9000:11000]] = rng.choice(d, 2000)
+    args = (x, np.ones(2, F), np.full(2, 11000, np.int32), np.ones(2, F), np.zeros(2, F),
+            np.array([1, 2], np.uint64), np.array([3, 4], np.int32))
+    st = ops_sample.sample_stats(K, *args)
+    for i in range(2):
+        S, q = _ref_s_q(x[i], 1.0, 11000, 1.0, 0.0)
+        e = np.sort(exp_f32(x[i][x[i] > F(-1.0)]).astype(np.float64))[::-1]
+        up = sum(np.floor(e[9000:] / 2.0 ** -10 + 0.5)) * 2.0 ** -10 + 9000.0   # ties always up
+        assert up != S                                    # the row does exercise the parity
+        assert st["S"][i] == S and st["q"][i] == q, (st["S"][i], S, st["q"][i], q)
+    assert np.array_equal(ops_sample.sample(K, *args), REF.sample(*args))
+    bad = ops_sample.sample_stats(K.variant("SAMPLE_CTL_SCAN_HALF_UP"), *args)
+    assert (bad["S"] != st["S"]).all()
