@@ -10,8 +10,9 @@ log2(Vp)(log2(Vp)+1)/2 stages) + its sequential sums over the kept ids (S over n
 min-p count over keep, q twice); tile path = (select passes + 1 gather + tail passes) x V parallel visits +
 the tile sort's compare-exchanges + the sequential visits it counted, plus the sorted path's cost on the rows
 that fall back: the keys (V), per radix pass a count (V + 256 x 1024 zeroed counters) and, unless skipped, a scan
-(2 x 256 x 1024) and a scatter (V), then e, chunk maxima, p and the min-p count (n each) and its sequential S, c
-and q visits, the draw's search (its q visits, in parallel). The critical path counts the same work as steps of
+(2 x 256 x 1024) and a scatter (V), then e, chunk maxima, p and the min-p count (n each), its exact block
+scans of S, c and q (1024 slots a window; SCAN_STEPS steps of the critical path each), the top-p and draw
+searches over the prefixes they kept. The critical path counts the same work as steps of
 one thread of the 1024: parallel visits divided over the block (one step per stage of a sort, a segment of
 ceil(V / 1024) keys per thread and pass), the sequential sums whole. Every token is checked against
 NumpyOps.sample. --time also times the kernel on sim against the sorted path alone (-DSAMPLE_FULL_SORT).
@@ -35,6 +36,7 @@ THREADS = ops_sample.THREADS
 BINS = ops_sample.BINS
 DIGIT_PASSES = 4                # 8-bit digits of the keys' 32 value bits
 CHUNK = 256                     # the sorted path's bound chunk at V <= 2048 x 256 (SMP_CHUNKS in sample_sort.cuh)
+SCAN_STEPS = 24                 # one scan window: 2 x 5 warp compose steps, 5 over the warps, 4 barriers, the cut
 
 
 def _bitonic(vp: int) -> int:
@@ -69,13 +71,15 @@ def _full_seq(x, t, k, tp, mp) -> int:
 
 def _sorted(st, v, n):
     """The sorted path's (ops, critical path) per row from its counters (numpy arrays over the rows)."""
-    run, seq = st["sort_passes"], st["sort_s_visits"] + st["sort_c_visits"] + st["sort_q_visits"]
+    run, win = st["sort_passes"], st["sort_windows"]
     seg = -(-v // THREADS)
-    ops = v + DIGIT_PASSES * (v + BINS * THREADS) + run * (2 * BINS * THREADS + v) + 4 * n + seq + st["sort_q_visits"]
+    ops = (v + DIGIT_PASSES * (v + BINS * THREADS) + run * (2 * BINS * THREADS + v) + 4 * n + win * THREADS
+           + st["sort_c_visits"].clip(0) + st["sort_q_visits"])
     per_n = -(-n // THREADS)
     nc = -(-n // CHUNK)
     cp = (seg + DIGIT_PASSES * (seg + BINS) + run * (2 * BINS + 10 + seg) + 3 * per_n + CHUNK
-          + nc.bit_length() + seq + -(-st["sort_q_visits"] // THREADS))
+          + nc.bit_length() + win * SCAN_STEPS + -(-st["sort_c_visits"].clip(0) // THREADS)
+          + -(-st["sort_q_visits"] // THREADS))
     return ops, cp
 
 
@@ -124,7 +128,7 @@ def main() -> None:
         cp_old = _bitonic_steps(vp) + 2 * per + seq_old
         cp_new = (np.where(tiled, (st["select_passes"] + 1 + tails) * per + _bitonic_steps(mp_t) + (m + 1).bit_length()
                            + seq, 0) + np.where(fell, s_cp, 0))
-        sseq = np.where(fell, st["sort_s_visits"] + st["sort_c_visits"] + st["sort_q_visits"], 0)
+        swin = np.where(fell, st["sort_windows"], 0)
         cp_tot_old += int(cp_old.sum())
         cp_tot_new += int(cp_new.sum())
         tot_old += int(old.sum())
@@ -134,8 +138,8 @@ def main() -> None:
         print(f"SUMMARY sample_cost sigma {sg} t {t} top_k {kk} top_p {tp} min_p {mp}: "
               f"sequential visits mean {seq.mean():.0f} max {seq.max()} (full sort {np.mean(old - _bitonic(vp)):.0f}), "
               f"select passes {st['select_passes'].mean():.1f}, tail passes {tails.mean():.2f}, "
-              f"fallback {int(fell.sum())}/{a.rows} (why {why}; its sums' sequential visits mean "
-              f"{sseq.sum() / max(1, int(fell.sum())):.0f}, radix passes {st['sort_passes'].max()}), ops/row {new.mean():,.0f} vs {old.mean():,.0f} "
+              f"fallback {int(fell.sum())}/{a.rows} (why {why}; its scans' windows mean "
+              f"{swin.sum() / max(1, int(fell.sum())):.0f}, radix passes {st['sort_passes'].max()}), ops/row {new.mean():,.0f} vs {old.mean():,.0f} "
               f"({old.mean() / new.mean():.1f}x), critical path {cp_new.mean():,.0f} vs {cp_old.mean():,.0f} "
               f"({cp_old.mean() / cp_new.mean():.1f}x), tokens = numpy", flush=True)
     if rows_all:
