@@ -122,7 +122,8 @@ def main() -> None:
         n = kk if 0 < kk < v else v
         s_ops, s_cp = _sorted(st, v, n)
         tiled = n <= TILE or n == v                  # the rows the tile path runs on
-        new = np.where(tiled, (st["select_passes"] + 1 + tails) * v + _bitonic(mp_t) + seq, 0) + np.where(fell, s_ops, 0)
+        new = (np.where(tiled, (st["select_passes"] + 1 + tails) * v + _bitonic(mp_t) + seq, 0)
+               + np.where(fell, s_ops, 0))
         seq_old = old - _bitonic(vp)
         per = -(-v // THREADS)
         cp_old = _bitonic_steps(vp) + 2 * per + seq_old
@@ -139,7 +140,8 @@ def main() -> None:
               f"sequential visits mean {seq.mean():.0f} max {seq.max()} (full sort {np.mean(old - _bitonic(vp)):.0f}), "
               f"select passes {st['select_passes'].mean():.1f}, tail passes {tails.mean():.2f}, "
               f"fallback {int(fell.sum())}/{a.rows} (why {why}; its scans' windows mean "
-              f"{swin.sum() / max(1, int(fell.sum())):.0f}, radix passes {st['sort_passes'].max()}), ops/row {new.mean():,.0f} vs {old.mean():,.0f} "
+              f"{swin.sum() / max(1, int(fell.sum())):.0f}, radix passes {st['sort_passes'].max()}), "
+              f"ops/row {new.mean():,.0f} vs {old.mean():,.0f} "
               f"({old.mean() / new.mean():.1f}x), critical path {cp_new.mean():,.0f} vs {cp_old.mean():,.0f} "
               f"({cp_old.mean() / cp_new.mean():.1f}x), tokens = numpy", flush=True)
     if rows_all:

@@ -104,7 +104,8 @@ def _variant(define: str):
 CONTROLS = {"ties_high": _ctl_ties_high, "rng_row": _ctl_rng_row, "reversed_sums": _ctl_reversed_sums,
             "select_ties_high": _variant("SAMPLE_CTL_SELECT_TIES_HIGH"),
             "exit_early": _variant("SAMPLE_CTL_EXIT_EARLY"), "no_fallback": _variant("SAMPLE_CTL_NO_FALLBACK"),
-            "sort_unstable": _variant("SAMPLE_CTL_SORT_UNSTABLE"), "sort_skip_low": _variant("SAMPLE_CTL_SORT_SKIP_LOW"),
+            "sort_unstable": _variant("SAMPLE_CTL_SORT_UNSTABLE"),
+            "sort_skip_low": _variant("SAMPLE_CTL_SORT_SKIP_LOW"),
             "sort_exit_early": _variant("SAMPLE_CTL_SORT_EXIT_EARLY"),
             "scan_resume_late": _variant("SAMPLE_CTL_SCAN_RESUME_LATE")}
 
@@ -120,7 +121,7 @@ def _params(rows: list[tuple], rng) -> dict:
 
 
 def _make_spread(v: int, rows: list[tuple], scales: list[float], nan_row: int = -1):
-    """Gaussian rows of the given spreads (peaked: the tile decides; flat: the full sort), -0/+0 and -inf
+    """Gaussian rows of the given spreads (peaked: the tile decides; flat: the sorted path), -0/+0 and -inf
     entries, a tie group at the top; row nan_row holds one NaN."""
     def make(rng):
         x = np.stack([(rng.standard_normal(v) * s).astype(np.float32) for s in scales])

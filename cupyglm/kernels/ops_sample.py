@@ -54,8 +54,8 @@ def sample_stats(k: Kernels, logits, temperature, top_k, top_p, min_p, seed, pos
     (1 S tail, 2 top-p past the tile, 4 min-p, 8 q tail, 16 the draw past the tile), whether it fell back to
     the sorted path, the S and q[n' - 1] found (by the sorted path on the rows that fell back), the tails'
     passes over the row; then the sorted path's radix passes, the ids its S, c and q scans reached and their
-    windows (-1 on rows the tile decided) -> {name: [R] array}. Rows the tile path does not run (greedy, NaN, top_k between
-    2048 and V) hold -1 tile counters."""
+    windows (-1 on rows the tile decided) -> {name: [R] array}. Rows the tile path does not run (greedy, NaN,
+    top_k between 2048 and V) hold -1 tile counters."""
     logits = _arg(k, "logits", logits, (None, None), np.float32)
     r, v = logits.shape
     if v < len(STATS):
