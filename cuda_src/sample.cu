@@ -14,17 +14,19 @@
 //
 // Two paths for a sampled row, the same token: the candidate tile (sample_tile.cuh: a radix select of the
 // top min(n, SAMPLE_TILE) keys, sorted in shared memory, sums that stop once exact) decides every row with
-// top_k <= SAMPLE_TILE and the peaked ones; a row it cannot decide exactly (flat, no top_k) takes the full
-// sort: a bitonic sort of all Vp keys in global scratch (the passes whose stride fits a tile done in shared
-// memory), then the three sums on one thread over every kept id.
+// top_k <= SAMPLE_TILE and the peaked ones; every other row (flat, or top_k between SAMPLE_TILE and V) takes
+// the sorted path (sample_sort.cuh: a stable radix sort of all V keys by the whole block in global scratch,
+// then the sums as exact block scans (sample_scan.cuh) with the same early exit, the counts and the draw's
+// search parallel).
 //
 // One block per row (blockDim.x a multiple of 32, power of two, <= 1024).  Scratch (the launcher allocates it):
-// keys [R, Vp] u64 with Vp the power of two >= V, probs [R, V] f32 (the full sort's).
+// keys [R, 2, V] u64 (the sort's two buffers), counts [R, 256, blockDim.x] u32 (its digit counts), probs [R, V]
+// f32 (e, p, then the draw's prefix q).
 //
 // Planted control (contract): -DSAMPLE_CTL_REVERSED_SUMS runs every cumulative sum right to left (smallest
-// probability first), the "wrong cumsum order" the contract must catch; it sends every row to the full sort.
-// -DSAMPLE_FULL_SORT sends every row there (the cost baseline); -DSAMPLE_STATS writes the tile path's
-// counters, S and q into probs[row, 0..10] instead of finishing (bench/sample_cost.py).
+// probability first), the "wrong cumsum order" the contract must catch; it sends every row to the sorted path.
+// -DSAMPLE_FULL_SORT sends every row there (the cost baseline); -DSAMPLE_STATS writes both paths' counters,
+// S and q into probs[row, 0..15] instead of the token (bench/sample_cost.py).
 #include "common.cuh"
 #include "exp_f32.cuh"
 
@@ -76,28 +78,11 @@ static __device__ __forceinline__ void smp_cmpx(unsigned long long* a, int p, in
   }
 }
 
-// Stages k_lo..k_hi of the network on each tile of T keys in shared memory: stage k_lo starts at stride j_lo,
-// every later one at k / 2.  Called by the whole block (barriers are uniform).
-static __device__ void smp_tiles(unsigned long long* __restrict__ key, unsigned long long* sh, int Vp, int T,
-                                 int k_lo, int k_hi, int j_lo) {
-  for (int base = 0; base < Vp; base += T) {
-    for (int i = threadIdx.x; i < T; i += blockDim.x) sh[i] = key[base + i];
-    __syncthreads();
-    for (int k = k_lo; k <= k_hi; k <<= 1) {
-      for (int j = (k == k_lo ? j_lo : (k >> 1)); j > 0; j >>= 1) {
-        for (int p = threadIdx.x; p < (T >> 1); p += blockDim.x) smp_cmpx(sh, p, j, k, base);
-        __syncthreads();
-      }
-    }
-    for (int i = threadIdx.x; i < T; i += blockDim.x) key[base + i] = sh[i];
-    __syncthreads();
-  }
-}
-
 #ifdef SAMPLE_CTL_REVERSED_SUMS
-#define SAMPLE_FULL_SORT                              // the planted order lives in the full-sort path
+#define SAMPLE_FULL_SORT                              // the planted order lives in the sorted path
 #endif
 #include "sample_tile.cuh"
+#include "sample_sort.cuh"
 
 extern "C" __global__ void __launch_bounds__(1024) sample_rows(
     const float* __restrict__ logits,                // [R, V] f32
@@ -107,16 +92,16 @@ extern "C" __global__ void __launch_bounds__(1024) sample_rows(
     const float* __restrict__ min_p,                 // [R] f32, 0 = off
     const unsigned long long* __restrict__ seed,     // [R] u64
     const int* __restrict__ position,                // [R] i32, the drawn token's position
-    unsigned long long* __restrict__ keys,           // [R, Vp] u64 scratch
+    unsigned long long* __restrict__ keys,           // [R, 2, V] u64 scratch
+    unsigned* __restrict__ counts,                   // [R, 256, blockDim.x] u32 scratch
     float* __restrict__ probs,                       // [R, V] f32 scratch
     int* __restrict__ tokens,                        // [R] i32 out (-1: the row holds NaN)
-    int V, int Vp) {
+    int V) {
   __shared__ SmpShared smp_sh;
   __shared__ float smp_wv[32];
   __shared__ int smp_wi[32];
   __shared__ int smp_wn[32];
   __shared__ int smp_best_i, smp_nan;
-  __shared__ float smp_sum;
 
   const int row = blockIdx.x;
   const int tid = threadIdx.x, nt = blockDim.x;
@@ -173,90 +158,27 @@ extern "C" __global__ void __launch_bounds__(1024) sample_rows(
   if ((n <= SAMPLE_TILE || n == V) && s0 - s0 == 0.0f)                 // a finite top: the tile path
     token = smp_tile_draw(x, V, n, t, s0, tp, mp, u, smp_sh);
 #endif
+  const int fell = token == -2;
+  if (fell) {                                         // the sorted path
+    int passes = 0;
+    unsigned long long* buf = keys + (long long)row * 2 * V;
+    const unsigned long long* key =
+        smp_radix_sort(x, V, t, buf, counts + (long long)row * SMP_BINS * nt, smp_sh, &passes);
+    float* cbuf = reinterpret_cast<float*>(key == buf ? buf + V : buf);   // the sort's other buffer, free now
+    if (tid == 0) smp_sh.stat_sort[0] = passes;
+    token = smp_sorted_draw(key, n, tp, mp, u, probs + (long long)row * V, cbuf, smp_sh);
+  }
 #ifdef SAMPLE_STATS
-  if (tid == 0) {                                     // counters into the probs scratch: visits, passes, path
+  __syncthreads();
+  if (tid == 0 && V >= 16) {                          // counters into the probs scratch: visits, passes, path
     for (int i = 0; i < 7; ++i) probs[(long long)row * V + i] = (float)smp_sh.stat[i];
-    probs[(long long)row * V + 7] = token == -2 ? 1.0f : 0.0f;
+    probs[(long long)row * V + 7] = fell ? 1.0f : 0.0f;
     probs[(long long)row * V + 8] = smp_sh.stat_sq[0];
     probs[(long long)row * V + 9] = smp_sh.stat_sq[1];
     probs[(long long)row * V + 10] = (float)smp_sh.stat[7];
+    for (int i = 0; i < 5; ++i) probs[(long long)row * V + 11 + i] = fell ? (float)smp_sh.stat_sort[i] : -1.0f;
   }
-  if (V >= 11) return;
+  if (V >= 16) return;
 #endif
-  if (token != -2) {
-    if (tid == 0) tokens[row] = token;
-    return;
-  }
-
-  // ---- the full sort: the ids by (x / t desc, id asc) ---------------------------------------------------
-  unsigned long long* key = keys + (long long)row * Vp;
-  for (int i = tid; i < Vp; i += nt) key[i] = i < V ? smp_key(x[i] / t, i) : ~0ull;   // padding sorts last
-  __syncthreads();
-  const int T = Vp < SAMPLE_TILE ? Vp : SAMPLE_TILE;
-  if (T >= 2) smp_tiles(key, smp_sh.key, Vp, T, 2, T, 1);                  // stages k <= T inside tiles
-  for (int k = 2 * T; k <= Vp; k <<= 1) {
-    for (int j = k >> 1; j >= T; j >>= 1) {                                // strides beyond a tile: global
-      for (int p = tid; p < (Vp >> 1); p += nt) smp_cmpx(key, p, j, k, 0);
-      __syncthreads();
-    }
-    smp_tiles(key, smp_sh.key, Vp, T, k, k, T >> 1);                         // the rest of stage k in tiles
-  }
-
-  // ---- softmax over the first n, filters, draw ------------------------------------------------------------
-  float* p = probs + (long long)row * V;
-  const float s0k = smp_value(key[0]);
-  for (int i = tid; i < n; i += nt) p[i] = exp_f32(smp_value(key[i]) - s0k);
-  __syncthreads();
-  if (tid == 0) {
-    float S = 0.0f;
-#ifdef SAMPLE_CTL_REVERSED_SUMS
-    for (int i = n - 1; i >= 0; --i) S = S + p[i];
-#else
-    for (int i = 0; i < n; ++i) S = S + p[i];
-#endif
-    smp_sum = S;
-  }
-  __syncthreads();
-  const float S = smp_sum;
-  for (int i = tid; i < n; i += nt) p[i] = p[i] / S;
-  __syncthreads();
-  if (tid == 0) {
-    int keep = n;
-    if (tp < 1.0f) {                 // 1 + #{i < n - 1: c[i] < top_p}; c never decreases, so stop at the first miss
-      float c = 0.0f;
-      int cnt = 0;
-      for (int i = 0; i < n - 1; ++i) {
-        c = c + p[i];
-        if (!(c < tp)) break;
-        ++cnt;
-      }
-      keep = min(keep, 1 + cnt);
-    }
-    if (mp > 0.0f) {                 // #{i < keep: p[i] >= min_p * p[0]} (a count: exp_f32 need not be monotonic)
-      const float thr = mp * p[0];
-      int cnt = 0;
-      for (int i = 0; i < keep; ++i) cnt += p[i] >= thr ? 1 : 0;
-      keep = min(keep, max(1, cnt));
-    }
-    float q = 0.0f;
-    int idx = keep;
-#ifdef SAMPLE_CTL_REVERSED_SUMS
-    for (int i = keep - 1; i >= 0; --i) q = q + p[i];
-    const float r = u * q;
-    q = 0.0f;
-    for (int i = keep - 1; i >= 0; --i) {
-      q = q + p[i];
-      if (q > r) { idx = i; break; }
-    }
-#else
-    for (int i = 0; i < keep; ++i) q = q + p[i];
-    const float r = u * q;
-    q = 0.0f;
-    for (int i = 0; i < keep; ++i) {
-      q = q + p[i];
-      if (q > r) { idx = i; break; }
-    }
-#endif
-    tokens[row] = smp_id(key[min(idx, keep - 1)]);
-  }
+  if (tid == 0) tokens[row] = token;
 }

@@ -15,7 +15,7 @@
 //     integer sum; where that sum leaves the binade, a weighted radix select finds the crossing term, which is
 //     added as the reference adds it, and the terms after it start over at the new ulp; a half-way term gives up.
 // Whatever this path cannot decide exactly (a top-p cut, a min-p count or the draw past the tile, a tail
-// that gives up, a top_k between SAMPLE_TILE and V) returns -2 and the kernel runs the full sort instead.
+// that gives up, a top_k between SAMPLE_TILE and V) returns -2 and the kernel runs the sorted path instead.
 //
 // Controls (contract): SAMPLE_CTL_SELECT_TIES_HIGH (the select breaks ties to the higher id),
 // SAMPLE_CTL_EXIT_EARLY (a sum stops one element too soon: the bound skips the next term),
@@ -36,7 +36,7 @@
 #endif
 
 struct SmpShared {
-  unsigned long long key[SAMPLE_TILE];   // the tile's keys, sorted ascending = (value desc, id asc); the full sort's tile
+  unsigned long long key[SAMPLE_TILE];   // the tile's keys, sorted ascending = (value desc, id asc); sorted path: scans
   float e[SAMPLE_TILE];                  // e, then p
   float b[SAMPLE_TILE + 1];              // b[i] >= every e[j], j >= i (tile), and b[M] >= every e of the rest
   float b2[SAMPLE_TILE + 1];             // the suffix max's second buffer
@@ -49,6 +49,10 @@ struct SmpShared {
   int stat[8];                           // SAMPLE_STATS: S, c, min-p, q visits, select passes, tails, why undecided,
                                          // the tails' passes over V
   float stat_sq[2];                      // SAMPLE_STATS: S and q[n' - 1] as this path found them
+  unsigned dlo, dhi, wsum[32];           // the sorted path (sample_sort.cuh): a pass's digit range, scan totals
+  float scan_acc;                        // sample_scan.cuh: the block's running sum and next index (or first
+  int scan_j;                            // term that leaves the binade)
+  int stat_sort[5];                      // SAMPLE_STATS: the sorted path's radix passes, S, c and q terms, windows
 };
 
 static __device__ __forceinline__ unsigned long long smp_warp_sum(unsigned long long v) {

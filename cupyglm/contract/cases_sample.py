@@ -8,14 +8,20 @@ engine's min_tokens bans leave). Batches of decode (1, 4, 8 rows) and verify (16
 
 The candidate-tile path (cuda_src/sample_tile.cuh) decides most sampled rows; its cases: the full
 vocabulary and odd large ones (20,001, 154,880) with peaked rows the tile decides (top_p 1: the q tail
-leaves its binade) and flat rows that fall back to the full sort, top_k at the tile (2048, 2049) with a tie group across the cut, a peaked row whose
+leaves its binade) and flat rows that fall back to the sorted path, top_k at the tile (2048, 2049) with a tie group across the cut, a peaked row whose
 second id carries a third of the mass (a sum that stops one term early drops it), a NaN row among sampled ones.
+The sorted path (cuda_src/sample_sort.cuh: a stable radix sort of all V keys) takes top_k between 2048 and V and
+the flat rows; its cases put 48 values one ulp apart (shuffled) and 16 exact ties at the top of the order.
 
 Controls: ties broken to the higher id (the kernel run on the reversed vocabulary, ids mapped back); the RNG
 keyed by the row's index in the batch instead of its position; every cumulative sum taken right to left (the
 kernel compiled with -DSAMPLE_CTL_REVERSED_SUMS); the tile's select breaking ties to the higher id
 (-DSAMPLE_CTL_SELECT_TIES_HIGH); a sum stopping one term too soon (-DSAMPLE_CTL_EXIT_EARLY); the fallback
-disabled, an undecided row keeping the tile's partial answer (-DSAMPLE_CTL_NO_FALLBACK).
+disabled, an undecided row keeping the tile's partial answer (-DSAMPLE_CTL_NO_FALLBACK); the sorted path's
+scatter taking each segment last to first, so equal values go to the higher id first (-DSAMPLE_CTL_SORT_UNSTABLE);
+its lowest digit's pass skipped, a sort pass out of order (-DSAMPLE_CTL_SORT_SKIP_LOW); its exit bound leaving
+out the rest of the current chunk (-DSAMPLE_CTL_SORT_EXIT_EARLY); its block scans resuming one term late after
+a binade change (-DSAMPLE_CTL_SCAN_RESUME_LATE).
 """
 from __future__ import annotations
 
@@ -97,7 +103,11 @@ def _variant(define: str):
 
 CONTROLS = {"ties_high": _ctl_ties_high, "rng_row": _ctl_rng_row, "reversed_sums": _ctl_reversed_sums,
             "select_ties_high": _variant("SAMPLE_CTL_SELECT_TIES_HIGH"),
-            "exit_early": _variant("SAMPLE_CTL_EXIT_EARLY"), "no_fallback": _variant("SAMPLE_CTL_NO_FALLBACK")}
+            "exit_early": _variant("SAMPLE_CTL_EXIT_EARLY"), "no_fallback": _variant("SAMPLE_CTL_NO_FALLBACK"),
+            "sort_unstable": _variant("SAMPLE_CTL_SORT_UNSTABLE"),
+            "sort_skip_low": _variant("SAMPLE_CTL_SORT_SKIP_LOW"),
+            "sort_exit_early": _variant("SAMPLE_CTL_SORT_EXIT_EARLY"),
+            "scan_resume_late": _variant("SAMPLE_CTL_SCAN_RESUME_LATE")}
 
 
 def _params(rows: list[tuple], rng) -> dict:
@@ -111,7 +121,7 @@ def _params(rows: list[tuple], rng) -> dict:
 
 
 def _make_spread(v: int, rows: list[tuple], scales: list[float], nan_row: int = -1):
-    """Gaussian rows of the given spreads (peaked: the tile decides; flat: the full sort), -0/+0 and -inf
+    """Gaussian rows of the given spreads (peaked: the tile decides; flat: the sorted path), -0/+0 and -inf
     entries, a tie group at the top; row nan_row holds one NaN."""
     def make(rng):
         x = np.stack([(rng.standard_normal(v) * s).astype(np.float32) for s in scales])
@@ -147,6 +157,23 @@ def _make_second(v: int, rows: list[tuple]):
         for i in range(len(rows)):
             a, b = rng.choice(v, 2, replace=False)
             x[i, a], x[i, b] = np.float32(10.0), np.float32(10.0) - np.float32(0.6931471)
+        return {"logits": x, **_params(rows, rng)}
+    return make
+
+
+def _make_sorted(v: int, rows: list[tuple], lift: float):
+    """Rows for the sorted path: Gaussian (spread 0.5) with a top group `lift` above the maximum, 48 values one
+    ulp apart in a shuffled order, then 16 exact ties; -0/+0 and -inf entries."""
+    def make(rng):
+        x = (rng.standard_normal((len(rows), v)) * 0.5).astype(np.float32)
+        for i in range(len(rows)):
+            ids = rng.permutation(v)
+            base = np.float32(x[i].max() + np.float32(lift))
+            x[i, ids[:48]] = base + rng.permutation(48).astype(np.float32) * np.spacing(base)
+            x[i, ids[48:64]] = base + np.float32(48) * np.spacing(base)
+            x[i, ids[-6:-3]] = np.float32(0.0)
+            x[i, ids[-3:]] = np.float32(-0.0)
+            x[i, ids[-8:-6]] = -np.inf
         return {"logits": x, **_params(rows, rng)}
     return make
 
@@ -192,3 +219,12 @@ _custom("fallback,flat,v20001", _make_spread(20001, _FLAT, [0.5, 1.0, 2.0, 0.3])
 _custom("fallback,nan,v154880", _make_spread(154880, _FLAT[:3], [1.0, 4.0, 2.0], nan_row=1), "no_fallback")
 _custom("top_k_cut,v5000", _make_cut(5000, _CUT), "select_ties_high")
 _custom("second,decode16,v3001", _make_second(3001, _SECOND), "exit_early")
+
+_SORTED = [(1.0, 3000, 1.0, 0.0), (0.8, 2500, 0.9, 0.0), (1.0, 4999, 1.0, 0.02), (1.2, 2049, 0.95, 0.0),
+           (1.0, 0, 1.0, 0.0), (0.9, 4000, 0.99, 0.01), GREEDY, (1.1, 4321, 0.8, 0.0)]
+_custom("sorted,ties,v5000", _make_sorted(5000, _SORTED, 6.0), "sort_unstable")
+_custom("sorted,near_ties,v5000", _make_sorted(5000, _SORTED[::-1], 6.0), "sort_skip_low")
+_custom("sorted,peaked,v3001", _make_sorted(3001, [(t, min(k, 3000), tp, mp) for t, k, tp, mp in _SORTED], 20.0),
+        "sort_exit_early")
+_custom("sorted,flat,v3001", _make_sorted(3001, [(t, min(k, 3000), tp, mp) for t, k, tp, mp in _SORTED], 0.0),
+        "scan_resume_late")

@@ -7,6 +7,7 @@ from cupyglm.kernels.ops import Kernels, check, i32, op
 
 SRC = "sample.cu"
 THREADS = 1024       # one block per row (the sort's passes spread over the whole block); a power of two, <= 1024
+BINS = 256           # the sorted path's radix digits (SMP_BINS in cuda_src/sample_tile.cuh)
 
 
 def _arg(k: Kernels, name: str, a, shape, dtype):
@@ -14,9 +15,10 @@ def _arg(k: Kernels, name: str, a, shape, dtype):
     return check("sample_rows", name, k.xp.ascontiguousarray(a), shape, dtype)
 
 
-def sort_width(v: int) -> int:
-    """Vp: the power of two >= V that the kernel's bitonic sort runs over."""
-    return 1 << max(0, (int(v) - 1).bit_length())
+def _scratch(k: Kernels, r: int, v: int):
+    """The sorted path's scratch: its two key buffers and its digit counts per (digit, thread)."""
+    return (k.empty((r, 2, v), np.uint64),            # [R, 2, V] u64: (ordered value bits, id) keys
+            k.empty((r, BINS, THREADS), np.uint32))   # [R, 256, THREADS] u32: counts, then first slots
 
 
 @op("sample")
@@ -33,26 +35,27 @@ def sample(k: Kernels, logits, temperature, top_k, top_p, min_p, seed, position)
     min_p = _arg(k, "min_p", min_p, (r,), np.float32)
     seed = _arg(k, "seed", seed, (r,), np.uint64)
     position = _arg(k, "position", position, (r,), np.int32)
-    vp = sort_width(v)
     tokens = k.empty((r,), np.int32)
     if r:
-        keys = k.empty((r, vp), np.uint64)            # scratch: the sort's keys
-        probs = k.empty((r, v), np.float32)           # scratch: e, then p
+        keys, counts = _scratch(k, r, v)
+        probs = k.empty((r, v), np.float32)           # scratch: e, then p, then the draw's prefix q
         k.launch(SRC, "sample_rows", (r,), (THREADS,),
-                 (logits, temperature, top_k, top_p, min_p, seed, position, keys, probs, tokens, i32(v), i32(vp)))
+                 (logits, temperature, top_k, top_p, min_p, seed, position, keys, counts, probs, tokens, i32(v)))
     return tokens
 
 
 STATS = ("s_visits", "c_visits", "min_p_visits", "q_visits", "select_passes", "tails", "why", "fell_back",
-         "S", "q", "tail_passes")
+         "S", "q", "tail_passes", "sort_passes", "sort_s_visits", "sort_c_visits", "sort_q_visits", "sort_windows")
 
 
 def sample_stats(k: Kernels, logits, temperature, top_k, top_p, min_p, seed, position) -> dict:
-    """The tile path's counters per sampled row (the kernel compiled with -DSAMPLE_STATS, V >= 11): ids each
+    """The tile path's counters per sampled row (the kernel compiled with -DSAMPLE_STATS, V >= 16): ids each
     sequential sum visited, radix-select passes, exact tails run (1 S, 2 q), why a row was left undecided
     (1 S tail, 2 top-p past the tile, 4 min-p, 8 q tail, 16 the draw past the tile), whether it fell back to
-    the full sort, the S and q[n' - 1] it found, and the tails' passes over the row -> {name: [R] array}. Rows the tile path does not run
-    (greedy, NaN, top_k between 2048 and V) hold -1 counters and NaN sums."""
+    the sorted path, the S and q[n' - 1] found (by the sorted path on the rows that fell back), the tails'
+    passes over the row; then the sorted path's radix passes, the ids its S, c and q scans reached and their
+    windows (-1 on rows the tile decided) -> {name: [R] array}. Rows the tile path does not run (greedy, NaN,
+    top_k between 2048 and V) hold -1 tile counters."""
     logits = _arg(k, "logits", logits, (None, None), np.float32)
     r, v = logits.shape
     if v < len(STATS):
@@ -60,11 +63,9 @@ def sample_stats(k: Kernels, logits, temperature, top_k, top_p, min_p, seed, pos
     args = [_arg(k, n, a, (r,), dt) for n, a, dt in (
         ("temperature", temperature, np.float32), ("top_k", top_k, np.int32), ("top_p", top_p, np.float32),
         ("min_p", min_p, np.float32), ("seed", seed, np.uint64), ("position", position, np.int32))]
-    vp = sort_width(v)
     probs = k.empty((r, v), np.float32)
     k.variant("SAMPLE_STATS").launch(SRC, "sample_rows", (r,), (THREADS,),
-                                     (logits, *args, k.empty((r, vp), np.uint64), probs, k.empty((r,), np.int32),
-                                      i32(v), i32(vp)))
+                                     (logits, *args, *_scratch(k, r, v), probs, k.empty((r,), np.int32), i32(v)))
     out = k.xp.asnumpy(probs[:, :len(STATS)]) if hasattr(k.xp, "asnumpy") else np.asarray(probs[:, :len(STATS)])
     return {n: (out[:, i] if n in ("S", "q") else np.where(np.isnan(out[:, i]), -1, out[:, i]).astype(np.int64))
             for i, n in enumerate(STATS)}

@@ -5,7 +5,8 @@
 * the order-free tail (terms rounded at acc's ulp, summed as integers) is exact when no term is half-way and
   the binade holds, and refuses otherwise; in the kernel a binade change is followed exactly;
 * in the kernel: peaked rows are decided by the tile with S and q[n' - 1] bit-identical to the reference's
-  np.cumsum, top_k rows never fall back, flat rows fall back to the full sort, and every token equals
+  np.cumsum, top_k rows never fall back, flat rows fall back to the sorted path (sample_sort.cuh) with S and q[n' - 1]
+  bit-identical too, and every token equals
   NumpyOps.sample; the planted early exit changes S.
 """
 from __future__ import annotations
@@ -166,12 +167,15 @@ def test_top_k_rows_stop_early_and_never_fall_back():
     assert np.array_equal(ops_sample.sample(K, *args), REF.sample(*args))
 
 
-def test_flat_rows_fall_back_to_the_full_sort():
+def test_flat_rows_fall_back_to_the_sorted_path():
     rng = np.random.default_rng(9)
     specs = [(1.0, 0, 1.0, 0.0), (1.0, 0, 0.9, 0.0), (2.0, 0, 1.0, 0.0)]
     args = _rows(rng, 20001, 0.5, specs)
     st = ops_sample.sample_stats(K, *args)
     assert st["fell_back"].tolist() == [1, 1, 1] and (st["why"] > 0).all()
+    for i, (t, k, tp, mp) in enumerate(specs):
+        S, q = _ref_s_q(args[0][i], t, k, tp, mp)
+        assert st["S"][i] == S and st["q"][i] == q
     assert np.array_equal(ops_sample.sample(K, *args), REF.sample(*args))
 
 
