@@ -49,8 +49,12 @@ extern "C" __global__ void __launch_bounds__(256) gemv_multi_lane16(
   const GemvPart parts[GEMV_MULTI_PARTS] = {{x0, w0, y0, n0, k0, kind0}, {x1, w1, y1, n1, k1, kind1},
                                             {x2, w2, y2, n2, k2, kind2}, {x3, w3, y3, n3, k3, kind3},
                                             {x4, w4, y4, n4, k4, kind4}, {x5, w5, y5, n5, k5, kind5}};
-  int b = blockIdx.x;
-  const int p = gemv_part_of(parts, GEMV_MULTI_PARTS, &b);
+  int b = blockIdx.x, p = 0;
+  for (; p < GEMV_MULTI_PARTS; ++p) {        // uniform over the block: every thread takes the same part
+    const int nb = (parts[p].n + GEMV_OUTS - 1) / GEMV_OUTS;
+    if (b < nb) break;
+    b -= nb;
+  }
   if (p == GEMV_MULTI_PARTS) return;
   __shared__ __align__(16) GemvShared<1> sh;
   gemv_multi_one(sh, parts[p], b, blockIdx.y, rows);

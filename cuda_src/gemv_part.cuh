@@ -16,8 +16,32 @@ struct GemvPart {
   int n, k, kind;
 };
 
-// Block (b, g) of part p, its rows [g * GEMV_ROWS, ...) read by xr (row c of the block at xr.load8(c, ...));
-// wvec: the weights' 16-byte loads are aligned.
+// Element i of part p's y: the epilogue of its fp32 sum v.
+static __device__ __forceinline__ void gemv_part_store(const GemvPart& p, long long i, float v) {
+  if (p.kind == 0)
+    static_cast<float*>(p.y)[i] = v;
+  else
+    static_cast<__nv_bfloat16*>(p.y)[i] = to_bf16(p.kind == 2 ? sigmoid_f32(v) : v);
+}
+
+// Column block b and row group g of part p, x read from memory (p.x).
+static __device__ __forceinline__ void gemv_multi_one(GemvShared<1>& sh, const GemvPart& p, int b, int g, int rows) {
+  const int n0 = b * GEMV_OUTS, m0 = g * GEMV_ROWS;
+  GemvSrc<1> src;
+  src.w[0] = p.w + (long long)n0 * p.k;
+  src.x = p.x + (long long)m0 * p.k;
+  src.ncols = min(GEMV_OUTS, p.n - n0);
+  src.nrows = min(GEMV_ROWS, rows - m0);
+  src.K = p.k;
+  src.vec = gemv_aligned(p.x, p.w, p.k);
+  gemv_rows(sh, src);
+  const int lane = threadIdx.x, o = threadIdx.y, n = n0 + o;
+  if (n < p.n && lane < src.nrows)
+    gemv_part_store(p, (long long)(m0 + lane) * p.n + n, gemm_fold16(sh.part[0][o][lane]));
+}
+
+// As gemv_multi_one, the block's rows read by xr (row c of the block at xr.load8(c, ...)) instead of p.x, e.g. a
+// prologue's reader; wvec: the weights' 16-byte loads are aligned.
 template <typename XR>
 static __device__ __forceinline__ void gemv_part_block(GemvShared<1>& sh, const GemvPart& p, int b, int g, int rows,
                                                        const XR& xr, bool wvec) {
@@ -31,20 +55,8 @@ static __device__ __forceinline__ void gemv_part_block(GemvShared<1>& sh, const 
   src.vec = wvec;
   gemv_rows(sh, src, xr);
   const int lane = threadIdx.x, o = threadIdx.y, n = n0 + o;
-  if (n >= p.n || lane >= src.nrows) return;
-  const long long i = (long long)(m0 + lane) * p.n + n;
-  const float v = gemm_fold16(sh.part[0][o][lane]);
-  if (p.kind == 0)
-    static_cast<float*>(p.y)[i] = v;
-  else
-    static_cast<__nv_bfloat16*>(p.y)[i] = to_bf16(p.kind == 2 ? sigmoid_f32(v) : v);
-}
-
-// Column block b and row group g of part p, x read from memory (p.x).
-static __device__ __forceinline__ void gemv_multi_one(GemvShared<1>& sh, const GemvPart& p, int b, int g, int rows) {
-  const bool vec = gemv_aligned(p.x, p.w, p.k);
-  const GemvXMem xr = {p.x + (long long)g * GEMV_ROWS * p.k, p.k, vec};
-  gemv_part_block(sh, p, b, g, rows, xr, vec);
+  if (n < p.n && lane < src.nrows)
+    gemv_part_store(p, (long long)(m0 + lane) * p.n + n, gemm_fold16(sh.part[0][o][lane]));
 }
 
 // The part whose column blocks cover grid column *b (parts in order; *b becomes the block within it), or nparts.
