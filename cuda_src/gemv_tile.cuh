@@ -61,10 +61,7 @@ static __device__ __forceinline__ bool gemv_aligned(const void* a, const void* b
   return (K % 8) == 0 && ((((unsigned long long)a) | ((unsigned long long)b)) & 15ull) == 0;
 }
 
-// 8 bf16 values at p[0..8) of which `valid` (0..8) lie inside the row; the rest read as +0.0 (never summed).
-// `vec`: p is 16-byte aligned and valid == 8 whenever valid > 0, so one 16-byte load does.
-// The weight load: a quantised weight (dequant.cuh) plugs in here, unpacking to the same bf16 values in
-// registers; nothing after this load depends on how the weight is stored.
+// 8 bf16 bit patterns h[0..8) as one 16-byte chunk (element i at bits 16 (i % 2) of word i / 2).
 static __device__ __forceinline__ uint4 gemv_pack8(const unsigned short* h) {
   return make_uint4(h[0] | ((unsigned)h[1] << 16), h[2] | ((unsigned)h[3] << 16), h[4] | ((unsigned)h[5] << 16),
                     h[6] | ((unsigned)h[7] << 16));
@@ -80,6 +77,10 @@ static __device__ __forceinline__ void gemv_unpack8(uint4 v, unsigned short* h) 
   }
 }
 
+// 8 bf16 values at p[0..8) of which `valid` (0..8) lie inside the row; the rest read as +0.0 (never summed).
+// `vec`: p is 16-byte aligned and valid == 8 whenever valid > 0, so one 16-byte load does.
+// The weight load: a quantised weight (dequant.cuh) plugs in here, unpacking to the same bf16 values in
+// registers; nothing after this load depends on how the weight is stored.
 static __device__ __forceinline__ uint4 gemv_load8(const __nv_bfloat16* p, int valid, bool vec) {
   if (valid <= 0) return make_uint4(0u, 0u, 0u, 0u);
   if (vec) return *reinterpret_cast<const uint4*>(p);
