@@ -6,46 +6,18 @@
 // with a SwiGLU part (the MoE router and the shared expert's gate/up), gemv_grouped_dense_lane16 the experts'
 // grouped down projection with the shared expert's dense one.
 //
-// Epilogue of part p (kind_p): 0 fp32 as summed; 1 bf16 rounded once; 2 bf16(sigmoid(fp32 sum)), the sum and
-// sigmoid_bf16 of moe.cu fused (exp_f32.cuh's sigmoid_f32, the same bits as the two launches).
+// Epilogue of part p (kind_p): gemv_part.cuh.
 //
 // Launch: block (16, GEMV_OUTS); grid (sum_p ceil(n_p / GEMV_OUTS), ceil(rows / GEMV_ROWS)): column block b
 // belongs to the first part whose blocks cover it (parts in order).  Unused parts have n_p = 0 (no blocks).
 #include "common.cuh"
 #include "exp_f32.cuh"
 #include "gemv_tile.cuh"
+#include "gemv_part.cuh"
 #include "gemv_grouped.cuh"
 #include "swiglu.cuh"
 
 #define GEMV_MULTI_PARTS 6
-
-struct GemvPart {
-  const __nv_bfloat16* x;   // [M, k] bf16
-  const __nv_bfloat16* w;   // [n, k] bf16
-  void* y;                  // [M, n] fp32 (kind 0) or bf16 (kind 1, 2)
-  int n, k, kind;
-};
-
-// Column block b and row group g of part p.
-static __device__ __forceinline__ void gemv_multi_one(GemvShared<1>& sh, const GemvPart& p, int b, int g, int rows) {
-  const int n0 = b * GEMV_OUTS, m0 = g * GEMV_ROWS;
-  GemvSrc<1> src;
-  src.w[0] = p.w + (long long)n0 * p.k;
-  src.x = p.x + (long long)m0 * p.k;
-  src.ncols = min(GEMV_OUTS, p.n - n0);
-  src.nrows = min(GEMV_ROWS, rows - m0);
-  src.K = p.k;
-  src.vec = gemv_aligned(p.x, p.w, p.k);
-  gemv_rows(sh, src);
-  const int lane = threadIdx.x, o = threadIdx.y, n = n0 + o;
-  if (n >= p.n || lane >= src.nrows) return;
-  const long long i = (long long)(m0 + lane) * p.n + n;
-  const float v = gemm_fold16(sh.part[0][o][lane]);
-  if (p.kind == 0)
-    static_cast<float*>(p.y)[i] = v;
-  else
-    static_cast<__nv_bfloat16*>(p.y)[i] = to_bf16(p.kind == 2 ? sigmoid_f32(v) : v);
-}
 
 extern "C" __global__ void __launch_bounds__(256) gemv_multi_lane16(
     const __nv_bfloat16* __restrict__ x0,   // [M, k0] bf16

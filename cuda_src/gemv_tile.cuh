@@ -8,6 +8,10 @@
 // lane + 16, ... of column o in increasing k, so the 16-byte load never reorders a lane's sum.  The loads of
 // stage s + 1 are issued into registers before stage s is summed (VECS loads of each weight and of x in flight
 // per thread).  Blocks split N (and rows, heads) only, never K.  Block: (16, GEMV_OUTS) = 256 threads.
+//
+// The x side of a stage comes from a reader (x row c's 8 bf16 values at k, packed as gemv_load8 packs them): GemvXMem
+// loads them from memory; a prologue reader (gemv_norm.cu) computes them, e.g. a norm of the row, with the bits the
+// separate norm kernel would have stored, so nothing after the reader depends on where the row came from.
 #pragma once
 #include "common.cuh"
 #include "gemm_tile.cuh"
@@ -57,23 +61,44 @@ static __device__ __forceinline__ bool gemv_aligned(const void* a, const void* b
   return (K % 8) == 0 && ((((unsigned long long)a) | ((unsigned long long)b)) & 15ull) == 0;
 }
 
+// 8 bf16 bit patterns h[0..8) as one 16-byte chunk (element i at bits 16 (i % 2) of word i / 2).
+static __device__ __forceinline__ uint4 gemv_pack8(const unsigned short* h) {
+  return make_uint4(h[0] | ((unsigned)h[1] << 16), h[2] | ((unsigned)h[3] << 16), h[4] | ((unsigned)h[5] << 16),
+                    h[6] | ((unsigned)h[7] << 16));
+}
+
+// The 8 bf16 bit patterns of a packed chunk, element i at h[i].
+static __device__ __forceinline__ void gemv_unpack8(uint4 v, unsigned short* h) {
+  const unsigned u[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    h[2 * i] = (unsigned short)(u[i] & 0xffffu);
+    h[2 * i + 1] = (unsigned short)(u[i] >> 16);
+  }
+}
+
 // 8 bf16 values at p[0..8) of which `valid` (0..8) lie inside the row; the rest read as +0.0 (never summed).
 // `vec`: p is 16-byte aligned and valid == 8 whenever valid > 0, so one 16-byte load does.
 // The weight load: a quantised weight (dequant.cuh) plugs in here, unpacking to the same bf16 values in
 // registers; nothing after this load depends on how the weight is stored.
 static __device__ __forceinline__ uint4 gemv_load8(const __nv_bfloat16* p, int valid, bool vec) {
-  uint4 v = make_uint4(0u, 0u, 0u, 0u);
-  if (valid <= 0) return v;
+  if (valid <= 0) return make_uint4(0u, 0u, 0u, 0u);
   if (vec) return *reinterpret_cast<const uint4*>(p);
   unsigned short h[8];
 #pragma unroll
   for (int i = 0; i < 8; ++i) h[i] = i < valid ? __bfloat16_as_ushort(p[i]) : (unsigned short)0;
-  v.x = h[0] | ((unsigned)h[1] << 16);
-  v.y = h[2] | ((unsigned)h[3] << 16);
-  v.z = h[4] | ((unsigned)h[5] << 16);
-  v.w = h[6] | ((unsigned)h[7] << 16);
-  return v;
+  return gemv_pack8(h);
 }
+
+// The plain x reader: row c (of the block's rows) read from memory at stride K; vec as GemvSrc's.
+struct GemvXMem {
+  const __nv_bfloat16* x;
+  int K;
+  bool vec;
+  __device__ __forceinline__ uint4 load8(int c, int kk, int valid) const {
+    return gemv_load8(x + (long long)c * K + kk, valid, vec);
+  }
+};
 
 // One stage on its way to shared memory: thread t takes chunk t % CHUNKS of columns (rows) t / CHUNKS + STEP q.
 template <int NW>
@@ -82,8 +107,8 @@ struct GemvStage {
   uint4 x[Gemv<NW>::VECS];
 };
 
-template <int NW>
-static __device__ __forceinline__ void gemv_fetch(GemvStage<NW>& s, const GemvSrc<NW>& src, int k0) {
+template <int NW, typename XR>
+static __device__ __forceinline__ void gemv_fetch(GemvStage<NW>& s, const GemvSrc<NW>& src, const XR& xr, int k0) {
   typedef Gemv<NW> G;
   const int t = threadIdx.y * 16 + threadIdx.x;
   const int kk = k0 + 8 * (t % G::CHUNKS);
@@ -95,7 +120,7 @@ static __device__ __forceinline__ void gemv_fetch(GemvStage<NW>& s, const GemvSr
 #pragma unroll
     for (int i = 0; i < NW; ++i)
       s.w[i][q] = c < src.ncols ? gemv_load8(src.w[i] + at, valid, src.vec) : make_uint4(0u, 0u, 0u, 0u);
-    s.x[q] = c < src.nrows ? gemv_load8(src.x + at, valid, src.vec) : make_uint4(0u, 0u, 0u, 0u);
+    s.x[q] = c < src.nrows ? xr.load8(c, kk, valid) : make_uint4(0u, 0u, 0u, 0u);
   }
 }
 
@@ -148,21 +173,21 @@ static __device__ __forceinline__ void gemv_sum(const GemvShared<NW>& sh, float 
 
 // One block's rows against its columns: lane partials of every (weight, row, column) in acc, summed over all K;
 // then they go to sh.part for the fold.  Every thread of the block takes part (barriers); the caller reads
-// sh.part[i][o][r] (the 16 lanes of row r, column o) after it returns.
-template <int NW>
-static __device__ __forceinline__ void gemv_rows(GemvShared<NW>& sh, const GemvSrc<NW>& src) {
+// sh.part[i][o][r] (the 16 lanes of row r, column o) after it returns.  xr: the x reader (src.x unused).
+template <int NW, typename XR>
+static __device__ __forceinline__ void gemv_rows(GemvShared<NW>& sh, const GemvSrc<NW>& src, const XR& xr) {
   float acc[NW][GEMV_ROWS];
 #pragma unroll
   for (int i = 0; i < NW; ++i)
 #pragma unroll
     for (int r = 0; r < GEMV_ROWS; ++r) acc[i][r] = 0.0f;
   GemvStage<NW> s;
-  gemv_fetch(s, src, 0);
+  gemv_fetch(s, src, xr, 0);
   for (int k0 = 0; k0 < src.K; k0 += Gemv<NW>::TK) {
     __syncthreads();                   // the previous stage (or fold) is done with shared memory
     gemv_stash(s, sh);
     __syncthreads();
-    if (k0 + Gemv<NW>::TK < src.K) gemv_fetch(s, src, k0 + Gemv<NW>::TK);   // in flight while this stage is summed
+    if (k0 + Gemv<NW>::TK < src.K) gemv_fetch(s, src, xr, k0 + Gemv<NW>::TK);   // in flight while this stage is summed
     gemv_sum(sh, acc, src.nrows, src.K, k0);
   }
   __syncthreads();                     // every thread has summed its last stage: the tiles may be overwritten
@@ -171,4 +196,11 @@ static __device__ __forceinline__ void gemv_rows(GemvShared<NW>& sh, const GemvS
 #pragma unroll
     for (int r = 0; r < GEMV_ROWS; ++r) sh.part[i][threadIdx.y][r][threadIdx.x] = acc[i][r];
   __syncthreads();
+}
+
+// The rows of x read from memory (src.x at stride K).
+template <int NW>
+static __device__ __forceinline__ void gemv_rows(GemvShared<NW>& sh, const GemvSrc<NW>& src) {
+  const GemvXMem xr = {src.x, src.K, src.vec};
+  gemv_rows(sh, src, xr);
 }

@@ -7,6 +7,7 @@
 // norm's weight and output); fp32 for the recurrent state S, the decay g and the normalised q, k.
 #include "common.cuh"
 #include "exp_f32.cuh"
+#include "kda_out.cuh"
 
 #define KDA_MAX_TAPS 8   // kda_conv: taps <= 8 (the model has 4)
 #define KDA_MAX_J 16     // kda_recurrence: K <= 16 * 16 = 256 key columns (the model has 128)
@@ -251,7 +252,7 @@ extern "C" __global__ void kda_step(const float* __restrict__ S_in,            /
   }
 }
 
-// Gated RMS norm per (token, head) row of V: out = bf16(w * (y * r) * sigmoid(gate)),
+// Gated RMS norm per (token, head) row of V (kda_out.cuh): out = bf16(w * (y * r) * sigmoid(gate)),
 // r = 1 / sqrt(sum(y^2) / V + eps), the sum in lane-16 order.  One group of 16 threads per row.
 extern "C" __global__ void kda_out(const __nv_bfloat16* __restrict__ y,     // [rows, V] bf16
                                    const __nv_bfloat16* __restrict__ w,     // [V] bf16
@@ -262,9 +263,8 @@ extern "C" __global__ void kda_out(const __nv_bfloat16* __restrict__ y,     // [
   const int lane = threadIdx.x & 15;
   const bool active = row < rows;
   const __nv_bfloat16* yr = y + (active ? row : 0) * V;
-  const float acc = lane16_sum_squares(yr, V, lane, active);
+  const float r = kda_out_scale(yr, V, lane, active, eps);
   if (!active) return;
-  const float r = 1.0f / sqrtf(acc / (float)V + eps);
   for (int k = lane; k < V; k += 16)
-    out[row * V + k] = to_bf16(ld_bf16(w, k) * (ld_bf16(yr, k) * r) * sigmoid_f32(ld_bf16(gate, row * V + k)));
+    out[row * V + k] = kda_out_value(ld_bf16(w, k), ld_bf16(yr, k), r, ld_bf16(gate, row * V + k));
 }

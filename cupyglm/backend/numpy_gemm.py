@@ -82,6 +82,20 @@ class NumpyGemm:
         return tuple(self.sigmoid(self.gemm(x, w, decode=decode), out="bf16") if o == "sigmoid_bf16"
                      else self.gemm(x, w, out=o, decode=decode) for x, w, o in zip(xs, ws, outs))
 
+    def rmsnorm_gemm_multi(self, x, w_norm, eps: float, ws: tuple, outs: tuple, decode: int = 0) -> tuple:
+        """gemm_multi of rmsnorm(x, w_norm, eps) against every ws[p] (x [M, K] bf16): DSA's q_b and the indexer's
+        wq_b of the normed q_a. The kernel backends compute the norm in the decode rows' GEMV prologue (one
+        launch, the same bits)."""
+        xn = self.rmsnorm(x, w_norm, eps)
+        return self.gemm_multi((xn,) * len(ws), ws, outs, decode=decode)
+
+    def kda_out_gemm(self, y, w_norm, gate, eps: float, w, decode: int = 0) -> np.ndarray:
+        """gemm(kda_out(y, w_norm, gate, eps) viewed [T, H * V], w) fp32: KDA's gated output norm and o_proj
+        (y, gate [T, H, V] bf16, w [N, H * V]). The kernel backends compute the norm in the decode rows' GEMV
+        prologue (one launch, the same bits)."""
+        o = self.kda_out(y, w_norm, gate, eps)
+        return self.gemm(o.reshape(o.shape[0], -1), w, decode=decode)
+
     def gemm_and_swiglu(self, x, w, out: str, w_gate, w_up, limit: float | None, decode: int = 0):
         """(gemm(x, w, out), gemm_swiglu(x, w_gate, w_up, limit)) of the same rows: the MoE router's logits and
         the shared expert's activation (one launch on the kernel backends)."""

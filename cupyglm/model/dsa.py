@@ -35,9 +35,10 @@ class DSALayer:
         ix = self.indexer
         qa, kva, ikr, ig, hwr = ops.gemm_multi((x,) * 5, (self.q_a, self.kv_a, ix.wk, ix.compress_gate,
                                                           ix.weights_proj), ("bf16",) * 4 + ("f32",), decode=d)
-        qn = ops.rmsnorm(qa, self.q_a_norm, c.rms_norm_eps)                               # [T, q_lora] bf16
         latent = ops.rmsnorm(kva, self.kv_a_norm, c.rms_norm_eps)                         # [T, R] bf16
-        qb, qib = ops.gemm_multi((qn, qn), (self.q_b, ix.wq_b), ("bf16", "bf16"), decode=d)
+        # q_b and wq_b of rmsnorm(q_a) (for decode rows one launch: the norm in the GEMV's prologue)
+        qb, qib = ops.rmsnorm_gemm_multi(qa, self.q_a_norm, c.rms_norm_eps, (self.q_b, ix.wq_b), ("bf16", "bf16"),
+                                         decode=d)
         q = qb.reshape(t, h, c.qk_nope_head_dim)                                          # [T, H, nope] bf16
         ik = ix.keys(ikr)
         qi, hw = ix.queries(qib, hwr)

@@ -56,8 +56,8 @@ class KDALayer:
             else:
                 y[seg.rows] = ys
             seg.state.kda_state[self.layer], seg.state.kda_conv[self.layer] = S, window
-        o = ops.kda_out(y, self.o_norm, gate_out, self.cfg.rms_norm_eps)
-        return ops.gemm(o.reshape(x.shape[0], h * k), self.o_proj, decode=d)
+        # the gated output norm and o_proj (for decode rows one launch: the norm in the GEMV's prologue)
+        return ops.kda_out_gemm(y, self.o_norm, gate_out, self.cfg.rms_norm_eps, self.o_proj, decode=d)
 
     def _step(self, S, x, window, a, beta):
         """Decode/verify rows: the short conv, q and k l2-normed (q scaled by K^-0.5), the decay of a and the delta

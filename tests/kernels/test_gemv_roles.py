@@ -53,6 +53,32 @@ def test_role_not_row_count_picks_the_kernel():
     assert np.array_equal(bits(y), bits(NumpyOps().gemm(x, w, out="bf16")))
 
 
+def test_norm_prologue_by_role():
+    """kda_out_gemm / rmsnorm_gemm_multi: decode rows in one launch (the norm in the GEMV's prologue, no norm
+    kernel), prompt rows through the norm kernel and gemm.cu; every mix equals the numpy norm-then-gemm."""
+    ops, ref = SimOps(), NumpyOps()
+    rec = Recorder(ops)
+    rng = np.random.default_rng(1)
+    y, gate = bf16(rng.standard_normal((9, 3, 32)) * 0.3), bf16(rng.standard_normal((9, 3, 32)))
+    wn, w = bf16(1 + 0.2 * rng.standard_normal(32)), bf16(rng.standard_normal((24, 96)) * 0.1)
+    x, xn = bf16(rng.standard_normal((9, 64))), bf16(1 + 0.2 * rng.standard_normal(64))
+    ws = (bf16(rng.standard_normal((40, 64)) * 0.1), bf16(rng.standard_normal((16, 64)) * 0.1))
+    for d, want in ((9, ["gemv_kda_out_lane16"]), (0, ["gemm_lane16", "kda_out"]),
+                    (4, ["gemm_lane16", "gemv_kda_out_lane16", "kda_out"])):
+        got = ops.kda_out_gemm(y, wn, gate, 1e-5, w, decode=d)
+        assert sorted(set(rec.take())) == want, d
+        assert np.array_equal(bits(got), bits(ref.kda_out_gemm(y, wn, gate, 1e-5, w, decode=d)))
+        assert np.array_equal(bits(got), bits(ref.gemm(ref.kda_out(y, wn, gate, 1e-5).reshape(9, 96), w)))
+    for d, want in ((9, ["gemv_multi_rmsnorm_lane16"]), (0, ["gemm_lane16_bf16", "rmsnorm_rows"]),
+                    (2, ["gemm_lane16_bf16", "gemv_multi_rmsnorm_lane16", "rmsnorm_rows"])):
+        got = ops.rmsnorm_gemm_multi(x, xn, 1e-5, ws, ("bf16", "f32"), decode=d)
+        names = sorted(set(rec.take()))
+        assert [n for n in names if n != "gemm_lane16"] == want, d
+        normed = ref.rmsnorm(x, xn, 1e-5)
+        for g, wp, o in zip(got, ws, ("bf16", "f32")):
+            assert np.array_equal(bits(g), bits(ref.gemm(normed, wp, out=o)))
+
+
 @pytest.mark.parametrize("bad", [-1, 10, 2.0, True, None])
 def test_decode_count_is_checked_on_every_backend(bad):
     x, w = bf16(np.ones((9, 16))), bf16(np.ones((4, 16)))
@@ -94,7 +120,8 @@ def test_decode_rows_use_only_the_gemv_and_a_mixed_batch_is_exact(models):
                       [SeqInput(f, s, decode=True) for f, s in zip(feeds, ss[:2])])
     names = rec.take()
     assert {"gemv_lane16", "gemv_lane16_bf16", "gemv_swiglu_lane16", "gemv_grouped_dense_lane16",
-            "gemv_grouped_swiglu_lane16", "gemv_multi_lane16", "gemv_multi_swiglu_lane16"} <= set(names)
+            "gemv_grouped_swiglu_lane16", "gemv_multi_lane16", "gemv_multi_swiglu_lane16", "gemv_kda_out_lane16",
+            "gemv_multi_rmsnorm_lane16"} <= set(names)
     for w, g in zip(want, got):                     # outputs in the batch's order
         assert np.array_equal(bits(w.logits), bits(g.logits))
     # decode rows alone: no gemm kernel at all

@@ -1,0 +1,106 @@
+"""Launchers of cuda_src/gemv_norm.cu: a norm and the decode GEMV that consumes it in one launch, the norm
+computed in the GEMV's prologue (ops kda_out_gemm: KDA's gated output norm and o_proj; rmsnorm_gemm_multi: DSA's
+q_a norm and q_b / wq_b). The call's leading `decode` rows (decode/verify rows) take the fused kernel, the prompt
+rows the norm kernel and then gemm.cu, as ops_gemm does: a row's path is set by its role, never by how many rows
+share the call; both give the bits of the norm followed by the GEMM. Quantised weights (QWeight), more heads or
+parts than the kernel holds, and empty shapes run the two ops separately (the same bits)."""
+from __future__ import annotations
+
+import numpy as np
+
+from cupyglm.backend.numpy_gemm import multi_parts
+from cupyglm.backend.qweight import QWeight
+from cupyglm.backend.roles import decode_rows
+from cupyglm.kernels import ops_gemm, ops_gemm_multi, ops_gemv, ops_kda, ops_norm
+from cupyglm.kernels.ops import Kernels, check, f32, i32, op
+
+SRC = "gemv_norm.cu"
+HEADS = 64        # GEMV_NORM_HEADS: heads of a KDA row the prologue holds scalars for
+PARTS = 4         # GEMV_NORM_PARTS
+
+
+def _groups(name: str, rows: int) -> int:
+    groups = -(-rows // ops_gemv.ROWS)
+    if groups > ops_gemv.MAX_GRID:
+        raise ValueError(f"{name}: {rows} decode rows exceed the grid's 65,535 row groups")
+    return groups
+
+
+def gemv_kda_out(k: Kernels, y, w_norm, gate, w, out, rows: int, eps: float) -> None:
+    """out[:rows] = kda_out(y, w_norm, gate, eps)[:rows] viewed [rows, H * V] @ w.T, fp32, in lane-16 order. y, gate
+    [M, H, V] bf16, w_norm [V] bf16, w [N, H * V] bf16, out [M, N] fp32; H <= HEADS; rows in (0, M]."""
+    name = "gemv_kda_out_lane16"
+    check(name, "y", y, (None, None, None), k.bf16)
+    m, h, v = y.shape
+    check(name, "w_norm", w_norm, (v,), k.bf16)
+    check(name, "gate", gate, (m, h, v), k.bf16)
+    check(name, "w", w, (None, h * v), k.bf16)
+    n = w.shape[0]
+    check(name, "out", out, (m, n), np.float32)
+    if not 0 < rows <= m:
+        raise ValueError(f"{name}: rows must be in (0, {m}], got {rows}")
+    if not 0 < h <= HEADS:
+        raise ValueError(f"{name}: 1..{HEADS} heads supported, got {h}")
+    k.launch(SRC, name, (-(-n // ops_gemv.OUTS), _groups(name, rows), 1), ops_gemv.THREADS,
+             (y, w_norm, gate, w, out, i32(n), i32(h), i32(v), i32(rows), f32(eps)))
+
+
+def gemv_multi_rmsnorm(k: Kernels, x, w_norm, ws, ys, kinds, rows: int, eps: float) -> None:
+    """ys[p][:rows] = epilogue_p(rmsnorm(x, w_norm, eps)[:rows] @ ws[p].T) in lane-16 order, all parts in one launch.
+    x [M, K] bf16, w_norm [K] bf16, ws[p] [N_p, K] bf16, ys[p] [M, N_p] (fp32 for kind 0, bf16 for 1, 2)."""
+    name = "gemv_multi_rmsnorm_lane16"
+    check(name, "x", x, (None, None), k.bf16)
+    m, kk = x.shape
+    check(name, "w_norm", w_norm, (kk,), k.bf16)
+    if not 0 < len(ws) <= PARTS:
+        raise ValueError(f"{name}: 1..{PARTS} parts, got {len(ws)}")
+    if not 0 < rows <= m:
+        raise ValueError(f"{name}: rows must be in (0, {m}], got {rows}")
+    args, blocks = [], 0
+    for p, (w, y, kind) in enumerate(zip(ws, ys, kinds)):
+        check(name, f"w{p}", w, (None, kk), k.bf16)
+        check(name, f"y{p}", y, (m, w.shape[0]), np.float32 if kind == 0 else k.bf16)
+        args += [w, y, i32(w.shape[0]), i32(kind)]
+        blocks += -(-w.shape[0] // ops_gemv.OUTS)
+    for _ in range(len(ws), PARTS):                         # unused parts: no columns, no blocks
+        args += [ws[0], ys[0], i32(0), i32(0)]
+    k.launch(SRC, name, (blocks, _groups(name, rows), 1), ops_gemv.THREADS,
+             (x, w_norm, f32(eps), *args, i32(kk), i32(rows)))
+
+
+@op("kda_out_gemm")
+def kda_out_gemm(k: Kernels, y, w_norm, gate, eps, w, decode: int = 0):
+    """gemm(kda_out(y, w_norm, gate, eps) viewed [T, H * V], w) fp32; the decode rows in one launch."""
+    y = check("kda_out_gemm", "y", k.xp.ascontiguousarray(y), (None, None, None), k.bf16)
+    t, h, v = y.shape
+    d = decode_rows("kda_out_gemm", decode, t)
+    if isinstance(w, QWeight) or not (d and v and w.shape[0]) or h > HEADS:
+        o = ops_kda.kda_out(k, y, w_norm, gate, eps)
+        return ops_gemm.gemm(k, o.reshape(t, h * v), w, decode=d)
+    gate = k.xp.ascontiguousarray(gate)
+    out = k.empty((t, w.shape[0]), np.float32)
+    gemv_kda_out(k, y, w_norm, gate, w, out, d, eps)
+    if d < t:                                               # the prompt rows: kda_out.cu, then gemm.cu
+        o = ops_kda.kda_out(k, y[d:], w_norm, gate[d:], eps)
+        out[d:] = ops_gemm.gemm(k, o.reshape(t - d, h * v), w)
+    return out
+
+
+@op("rmsnorm_gemm_multi")
+def rmsnorm_gemm_multi(k: Kernels, x, w_norm, eps, ws, outs, decode: int = 0):
+    """gemm_multi((rmsnorm(x, w_norm, eps),) * len(ws), ws, outs); the decode rows of every part in one launch."""
+    x = check("rmsnorm_gemm_multi", "x", k.xp.ascontiguousarray(x), (None, None), k.bf16)
+    multi_parts("rmsnorm_gemm_multi", (x,) * len(ws), ws, outs)
+    m, kk = x.shape
+    d = decode_rows("rmsnorm_gemm_multi", decode, m)
+    if (any(isinstance(w, QWeight) for w in ws) or len(ws) > PARTS or not (d and kk)
+            or not all(w.shape[0] for w in ws)):
+        xn = ops_norm.rmsnorm(k, x, w_norm, eps)
+        return ops_gemm_multi.gemm_multi(k, (xn,) * len(ws), ws, outs, decode=d)
+    ys = [k.empty((m, w.shape[0]), np.float32 if o == "f32" else k.bf16) for w, o in zip(ws, outs)]
+    gemv_multi_rmsnorm(k, x, w_norm, ws, ys, [ops_gemm_multi.KIND[o] for o in outs], d, eps)
+    if d < m:                                               # the prompt rows: norm.cu, then gemm.cu part by part
+        xn = ops_norm.rmsnorm(k, x[d:], w_norm, eps)
+        for y, w, o in zip(ys, ws, outs):
+            y[d:] = ops_gemm_multi._separate(k, xn, w, o, 0)
+    return tuple(ys)
