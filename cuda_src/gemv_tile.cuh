@@ -38,12 +38,14 @@ union GemvShared {
 
 // What one block reads: column n0's row of each weight w[i] (the next columns follow at stride K; ncols of them
 // lie inside N) and row m0 of x (nrows rows at stride K); vec: 16-byte loads are aligned (K % 8 == 0).
+// row(r): row r of x, consecutive rows at stride K (a source type with its own row() reads rows elsewhere).
 template <int NW>
 struct GemvSrc {
   const __nv_bfloat16* w[NW];
   const __nv_bfloat16* x;
   int ncols, nrows, K;
   bool vec;
+  __device__ __forceinline__ const __nv_bfloat16* row(int r) const { return x + (long long)r * K; }
 };
 
 // A grouped call's run of rows [m, end) whose expert id is outside [0, E): each row counted once (by the
@@ -82,8 +84,8 @@ struct GemvStage {
   uint4 x[Gemv<NW>::VECS];
 };
 
-template <int NW>
-static __device__ __forceinline__ void gemv_fetch(GemvStage<NW>& s, const GemvSrc<NW>& src, int k0) {
+template <int NW, typename Src>
+static __device__ __forceinline__ void gemv_fetch(GemvStage<NW>& s, const Src& src, int k0) {
   typedef Gemv<NW> G;
   const int t = threadIdx.y * 16 + threadIdx.x;
   const int kk = k0 + 8 * (t % G::CHUNKS);
@@ -95,7 +97,7 @@ static __device__ __forceinline__ void gemv_fetch(GemvStage<NW>& s, const GemvSr
 #pragma unroll
     for (int i = 0; i < NW; ++i)
       s.w[i][q] = c < src.ncols ? gemv_load8(src.w[i] + at, valid, src.vec) : make_uint4(0u, 0u, 0u, 0u);
-    s.x[q] = c < src.nrows ? gemv_load8(src.x + at, valid, src.vec) : make_uint4(0u, 0u, 0u, 0u);
+    s.x[q] = c < src.nrows ? gemv_load8(src.row(c) + kk, valid, src.vec) : make_uint4(0u, 0u, 0u, 0u);
   }
 }
 
@@ -149,8 +151,8 @@ static __device__ __forceinline__ void gemv_sum(const GemvShared<NW>& sh, float 
 // One block's rows against its columns: lane partials of every (weight, row, column) in acc, summed over all K;
 // then they go to sh.part for the fold.  Every thread of the block takes part (barriers); the caller reads
 // sh.part[i][o][r] (the 16 lanes of row r, column o) after it returns.
-template <int NW>
-static __device__ __forceinline__ void gemv_rows(GemvShared<NW>& sh, const GemvSrc<NW>& src) {
+template <int NW, typename Src>
+static __device__ __forceinline__ void gemv_rows(GemvShared<NW>& sh, const Src& src) {
   float acc[NW][GEMV_ROWS];
 #pragma unroll
   for (int i = 0; i < NW; ++i)
