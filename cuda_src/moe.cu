@@ -5,6 +5,7 @@
 // logits, scores, weights and the combine are fp32 (the reference keeps them fp32).
 #include "common.cuh"
 #include "exp_f32.cuh"
+#include "moe_combine.cuh"
 #include "moe_route.cuh"
 #include "swiglu.cuh"
 
@@ -31,10 +32,8 @@ extern "C" __global__ void swiglu(const __nv_bfloat16* __restrict__ gate,  // [n
   out[i] = to_bf16(swiglu_f32(ld_bf16(gate, i), ld_bf16(up, i), has_limit, limit));
 }
 
-// out[t, d] = (sum_j w[t, j] * y[row(t, j), d], j in slot order from 0.0) + shared[t, d], fp32, where row(t, j) is
-// t * k + j, or pos[t * k + j] when the experts' outputs are still in expert-sorted order (moe_sort's pos: no scatter,
-// no atomics).  A row outside [0, T * k) (moe_sort never writes one) reads nothing and makes the row NaN.
-// grid (T, ceil(D / blockDim.x)): tokens on grid.x.
+// The weighted combine (moe_combine.cuh), row(t, j) = t * k + j, or pos[t * k + j] when the experts' outputs
+// are still in expert-sorted order (no scatter, no atomics).  grid (T, ceil(D / blockDim.x)): tokens on grid.x.
 static __device__ __forceinline__ void moe_combine_body(const float* __restrict__ y,      // [T * k, D] f32
                                                         const int* __restrict__ pos,      // [T * k] i32, or nullptr
                                                         const float* __restrict__ w,      // [T, k] f32
@@ -44,13 +43,7 @@ static __device__ __forceinline__ void moe_combine_body(const float* __restrict_
   const int t = blockIdx.x;
   const int d = blockIdx.y * blockDim.x + threadIdx.x;
   if (d >= D) return;
-  float acc = 0.0f;
-  for (int j = 0; j < k; ++j) {
-    const long long slot = (long long)t * k + j;
-    const long long r = pos ? pos[slot] : slot;
-    acc = (r >= 0 && r < (long long)T * k) ? acc + w[slot] * y[r * D + d] : NAN;
-  }
-  out[(long long)t * D + d] = acc + shared[(long long)t * D + d];
+  out[(long long)t * D + d] = moe_combine_at(y, pos, w, shared, T, k, D, t, d);
 }
 
 extern "C" __global__ void moe_combine(const float* __restrict__ y,        // [T, k, D] f32

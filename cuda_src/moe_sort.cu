@@ -4,58 +4,11 @@
 // sort, so the result is unique: any correct sort gives these bits).  Ids outside [0, E) sort after every
 // expert, in pair order (the grouped GEMM's guard reports them).
 //
-// One block, SORT_THREADS threads; dynamic shared memory (E + 1 + SORT_THREADS) ints.  Expert counts by
-// shared-memory integer atomics (order-free), their exclusive scan by one thread, then the pairs in tiles of
-// blockDim in pair order: a pair's slot is its expert's running base plus the pairs of its expert earlier in
-// the tile.  No host sync: the grouped GEMMs read group, the gather src and the combine pos on the device.
+// One block, SORT_THREADS threads; dynamic shared memory (E + 1 + SORT_THREADS) ints (moe_route.cuh's
+// moe_sort_block, shared with moe_decode.cu).  No host sync: the grouped GEMMs read group, the gather src and
+// the combine pos on the device.
 #include "common.cuh"
 #include "moe_route.cuh"
-
-#define SORT_THREADS 256
-
-static __device__ __forceinline__ int moe_bucket(int id, int E) { return (id >= 0 && id < E) ? id : E; }
-
-// The sort by one whole block; sh: (E + 1 + SORT_THREADS) ints of shared memory.  ids is read with plain
-// (coherent) loads: moe_route_sort's block wrote it in the same launch.
-static __device__ __forceinline__ void moe_sort_block(const int* ids, int* __restrict__ order, int* __restrict__ group,
-                                                      int* __restrict__ src, int* __restrict__ pos, int P, int E,
-                                                      int k, int* sh) {
-  int* base = sh;               // [E + 1] running first slot of each bucket
-  int* tile = sh + E + 1;       // [SORT_THREADS] buckets of the current tile
-  const int tid = threadIdx.x;
-  for (int e = tid; e <= E; e += blockDim.x) base[e] = 0;
-  __syncthreads();
-  for (int p = tid; p < P; p += blockDim.x) atomicAdd(&base[moe_bucket(ids[p], E)], 1);
-  __syncthreads();
-  if (tid == 0) {
-    int acc = 0;
-    for (int e = 0; e <= E; ++e) {
-      const int c = base[e];
-      base[e] = acc;
-      acc += c;
-    }
-  }
-  __syncthreads();
-  for (int b0 = 0; b0 < P; b0 += blockDim.x) {     // block-uniform trip count
-    const int p = b0 + tid;
-    const int id = p < P ? ids[p] : -1;
-    const int e = p < P ? moe_bucket(id, E) : -1;
-    tile[tid] = e;
-    __syncthreads();
-    if (p < P) {
-      int before = 0;
-      for (int j = 0; j < tid; ++j) before += tile[j] == e ? 1 : 0;
-      const int at = base[e] + before;
-      order[at] = p;
-      group[at] = id;
-      src[at] = p / k;
-      pos[p] = at;
-    }
-    __syncthreads();                               // every slot read from base before it moves on
-    if (p < P) atomicAdd(&base[e], 1);
-    __syncthreads();
-  }
-}
 
 extern "C" __global__ void __launch_bounds__(SORT_THREADS)
 moe_sort(const int* __restrict__ ids,   // [P] i32 expert of each pair, P = T * k
@@ -65,7 +18,7 @@ moe_sort(const int* __restrict__ ids,   // [P] i32 expert of each pair, P = T * 
          int* __restrict__ pos,         // [P] i32 the sorted position of each pair (order's inverse)
          int P, int E, int k) {
   extern __shared__ int moe_sort_sh[];
-  moe_sort_block(ids, order, group, src, pos, P, E, k, moe_sort_sh);
+  moe_sort_block(ids, order, group, src, pos, P, E, k, moe_sort_sh, threadIdx.x, blockDim.x);
 }
 
 // The decode rows' routing (moe_route.cuh, one warp per token in turn) and the sort of their pairs in one block:
@@ -88,5 +41,5 @@ moe_route_sort(const float* __restrict__ logits,  // [T, E] f32
     moe_route_token(logits, bias, ids, weights, t, E, k, scale, score, threadIdx.x & 31);
   __syncthreads();                                 // every pair's expert id is written
   moe_sort_block(ids, order, group, src, pos, T * k, E, k,
-                 reinterpret_cast<int*>(moe_route_sort_sh + (long long)warps * 2 * E));
+                 reinterpret_cast<int*>(moe_route_sort_sh + (long long)warps * 2 * E), threadIdx.x, blockDim.x);
 }

@@ -365,3 +365,14 @@ class NumpyOps(NumpyGemm, LogitsOps, GatherOps):
         for j in range(y.shape[1]):
             acc = acc + weights[:, j:j + 1] * y[:, j]
         return acc + shared
+
+    def moe_experts(self, x, logits, bias, k: int, scale: float, w_gate, w_up, w_down, limit: float | None, sh_act,
+                    sh_down) -> np.ndarray:
+        """The routed experts of decode/verify rows x [T, D]: moe_route_sort, the grouped gate/up SwiGLU of x[src],
+        the experts' down projection and the shared expert's (of sh_act [T, Ns]), moe_combine -> [T, D] fp32."""
+        t = x.shape[0]
+        ids, weights, _, group, src, pos = self.moe_route_sort(logits, bias, k, scale, logits.shape[1])
+        pairs = t * ids.shape[1]
+        a = self.gemm_grouped_swiglu(x[src], w_gate, w_up, group, limit, decode=pairs)
+        ys, shared = self.gemm_grouped_dense(a, w_down, group, sh_act, sh_down, decode=pairs, decode2=t)
+        return self.moe_combine(ys, weights, shared, pos)

@@ -47,17 +47,14 @@ class MoE:
         sh = self.shared                                                      # router and shared gate/up: one op
         logits, sh_act = ops.gemm_and_swiglu(x, self.router, "f32", sh.gate, sh.up, sh.limit, decode=decode)
         # pairs p = (row p // k, slot p % k) sorted by expert, in pair order within one expert (on the device);
-        # decode rows route and sort in one launch (one block), prompt rows in one each
+        # decode rows: routing, sort, the experts and the combine in two launches (ops.moe_experts)
         if decode:
-            ids, weights, _, group, src, pos = ops.moe_route_sort(logits, self.bias, c.num_experts_per_tok,
-                                                                  c.routed_scaling_factor, c.n_routed_experts)
-        else:
-            ids, weights = ops.moe_route(logits, self.bias, c.num_experts_per_tok, c.routed_scaling_factor)
-            _, group, src, pos = ops.moe_sort(ids, c.n_routed_experts)
-        k = ids.shape[1]
-        pairs = t * k if decode else 0                           # every pair a decode pair, or none
+            return ops.moe_experts(x, logits, self.bias, c.num_experts_per_tok, c.routed_scaling_factor, self.gate,
+                                   self.up, self.down, self.limit, sh_act, sh.down)
+        ids, weights = ops.moe_route(logits, self.bias, c.num_experts_per_tok, c.routed_scaling_factor)
+        _, group, src, pos = ops.moe_sort(ids, c.n_routed_experts)
         xs = x[src]                                              # [T*k, D] bf16
-        a = ops.gemm_grouped_swiglu(xs, self.gate, self.up, group, self.limit, decode=pairs)  # [T*k, inter]
+        a = ops.gemm_grouped_swiglu(xs, self.gate, self.up, group, self.limit)    # [T*k, inter] bf16
         # [T*k, D] fp32 expert-sorted, and the shared expert's [T, D] fp32 output: one op
-        ys, shared = ops.gemm_grouped_dense(a, self.down, group, sh_act, sh.down, decode=pairs, decode2=decode)
+        ys, shared = ops.gemm_grouped_dense(a, self.down, group, sh_act, sh.down)
         return ops.moe_combine(ys, weights, shared, pos)         # slot j of row t: ys[pos[t*k + j]]

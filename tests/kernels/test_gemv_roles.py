@@ -119,8 +119,8 @@ def test_decode_rows_use_only_the_gemv_and_a_mixed_batch_is_exact(models):
     got = sim.forward([SeqInput(np.asarray(third, np.int32), ss[2])] +
                       [SeqInput(f, s, decode=True) for f, s in zip(feeds, ss[:2])])
     names = rec.take()
-    assert {"gemv_lane16", "gemv_lane16_bf16", "gemv_swiglu_lane16", "gemv_grouped_dense_lane16",
-            "gemv_grouped_swiglu_lane16", "gemv_multi_lane16", "gemv_multi_swiglu_lane16", "gemv_kda_out_lane16",
+    assert {"gemv_lane16", "gemv_lane16_bf16", "gemv_swiglu_lane16", "moe_route_swiglu_lane16",
+            "moe_down_combine_lane16", "gemv_multi_lane16", "gemv_multi_swiglu_lane16", "gemv_kda_out_lane16",
             "gemv_multi_rmsnorm_lane16"} <= set(names)
     for w, g in zip(want, got):                     # outputs in the batch's order
         assert np.array_equal(bits(w.logits), bits(g.logits))
