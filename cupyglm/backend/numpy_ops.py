@@ -81,6 +81,12 @@ class NumpyOps(NumpyGemm, LogitsOps, GatherOps):
         """store[rows[i]] = values[i]. store: [N, C] bf16, rows: [n] int32, values: [n, C] bf16."""
         store[rows] = values
 
+    def write_rows_rmsnorm(self, store: np.ndarray, rows: np.ndarray, x: np.ndarray, w: np.ndarray,
+                           eps: float) -> None:
+        """store[rows[i]] = rmsnorm(x[i], w, eps): a DSA layer's latent rows normed on their way into the store.
+        x: [n, C] bf16, w: [C] bf16."""
+        self.write_rows(store, rows, self.rmsnorm(x, w, eps))
+
     def read_rows(self, store: np.ndarray, rows: np.ndarray) -> np.ndarray:
         """store[rows] -> [n, C] bf16: KV rows through page tables, and the token embedding gather."""
         return store[rows]
