@@ -16,6 +16,7 @@
 // Scratch (fp32): s [T, H, W], cm / ps [T, H, C], pv [T, H, C, R], C = ceil(W / chunk): sized for decode rows.
 #include "common.cuh"
 #include "exp_f32.cuh"
+#include "attention_rows.cuh"
 
 #define ATT_HG 4          // heads per block sharing each latent row
 #define ATT_KT 16         // keys per shared-memory tile of latent rows in the scores kernel
@@ -26,14 +27,16 @@
 extern "C" __global__ void __launch_bounds__(256) attention_chunk_scores(
     const __nv_bfloat16* __restrict__ qa,     // [T, H, R] bf16
     const __nv_bfloat16* __restrict__ store,  // [N, R] bf16
-    const int* __restrict__ rows,             // [T, W] i32 store row ids, -1 padded
+    const int* __restrict__ rows,             // [T, W] i32 store row ids or positions (pt > 0), -1 padded
+    const int* __restrict__ table,            // [T, width] i32 page tables (pt > 0, attention_rows.cuh)
     const int* __restrict__ counts,           // [T] i32 ids used per row
     float* __restrict__ s,                    // [T, H, W] f32 scores (entries < counts[t] written)
     float* __restrict__ cm,                   // [T, H, C] f32 chunk max (chunks inside counts[t] written)
-    int T, int H, int R, int W, int C, float scale, int chunk) {
+    int T, int H, int R, int W, int C, float scale, int chunk, int width, int pt) {
   extern __shared__ float att_split_sh[];
   __nv_bfloat16* kt = (__nv_bfloat16*)att_split_sh;            // [ATT_KT, R] bf16 latent rows of the tile
   float* sp = att_split_sh + (ATT_KT * R + 1) / 2;             // [ATT_HG, chunk] scores
+  __shared__ int kid[ATT_KT];                                  // store rows of the tile's keys
   const int t = blockIdx.x, c = blockIdx.y, h0 = blockIdx.z * ATT_HG;
   const int count = counts[t];
   const int c0 = c * chunk;
@@ -44,9 +47,11 @@ extern "C" __global__ void __launch_bounds__(256) attention_chunk_scores(
   for (int j0 = 0; j0 < n; j0 += ATT_KT) {
     const int nk = min(ATT_KT, n - j0);
     __syncthreads();                                           // the previous tile is no longer read
+    if (tid < nk) kid[tid] = att_store_row(rows, table, t, W, c0 + j0 + tid, width, pt);
+    __syncthreads();
     for (int i = tid; i < nk * R; i += 256) {
       const int j = i / R, r = i % R;
-      kt[i] = store[(long long)rows[(long long)t * W + c0 + j0 + j] * R + r];
+      kt[i] = store[(long long)kid[j] * R + r];
     }
     __syncthreads();
     // (head, key) pairs of the tile, one group of 16 threads each; rounds are block-uniform (convergent shuffles)
@@ -79,13 +84,14 @@ extern "C" __global__ void __launch_bounds__(256) attention_chunk_scores(
 // grid (T, C, ceil(H / ATT_HG)), block 256. Dynamic shared memory: ATT_HG * chunk floats (P) + chunk ints (ids).
 extern "C" __global__ void __launch_bounds__(256) attention_chunk_pv(
     const __nv_bfloat16* __restrict__ store,  // [N, R] bf16
-    const int* __restrict__ rows,             // [T, W] i32
+    const int* __restrict__ rows,             // [T, W] i32 (as the scores kernel's)
+    const int* __restrict__ table,            // [T, width] i32
     const int* __restrict__ counts,           // [T] i32
     const float* __restrict__ s,              // [T, H, W] f32 scores
     const float* __restrict__ cm,             // [T, H, C] f32 chunk max
     float* __restrict__ ps,                   // [T, H, C] f32 lane-16 sum of the chunk's P
     float* __restrict__ pv,                   // [T, H, C, R] f32 the chunk's P.V
-    int T, int H, int R, int W, int C, int chunk) {
+    int T, int H, int R, int W, int C, int chunk, int width, int pt) {
   extern __shared__ float att_pv_sh[];
   float* p = att_pv_sh;                                        // [ATT_HG, chunk] P (bf16 values)
   int* ids = (int*)(att_pv_sh + ATT_HG * chunk);               // [chunk] row ids
@@ -96,7 +102,7 @@ extern "C" __global__ void __launch_bounds__(256) attention_chunk_pv(
   const int n = min(chunk, count - c0);
   const int nh = min(ATT_HG, H - h0);
   const int tid = threadIdx.x;
-  for (int j = tid; j < n; j += 256) ids[j] = rows[(long long)t * W + c0 + j];
+  for (int j = tid; j < n; j += 256) ids[j] = att_store_row(rows, table, t, W, c0 + j, width, pt);
   for (int i = tid; i < nh * n; i += 256) {
     const int hh = i / n, j = i % n;
     const long long th = (long long)t * H + h0 + hh;
