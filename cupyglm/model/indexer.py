@@ -7,7 +7,6 @@ from __future__ import annotations
 import numpy as np
 
 from cupyglm.config import ModelConfig
-from cupyglm.model import seg_device
 from cupyglm.model.batch import Segment, Weights
 
 LN_EPS = 1e-6
@@ -50,14 +49,14 @@ class Indexer:
             ops.write_rows(kv.pooled[layer], xp.asarray(kv.pool_rows(seg.state.pages, pools)), pk)
         seg.state.index_tail[layer] = (all_ik[complete * kp:].copy(), all_ig[complete * kp:].copy())
 
-    def pick(self, kv, layer: int, seg: Segment, qi, hw):
-        """Token lists (positions) for the segment's rows: [n, max_pick] int32, -1 padded, and counts."""
+    def pick(self, kv, layer: int, seg: Segment, maps, qi, hw):
+        """Token lists (positions) for the segment's rows: [n, max_pick] int32, -1 padded, and counts. maps: the
+        call's row maps (model/seg_device.CallMaps)."""
         ops, c = self.ops, self.cfg
         visible_last = (seg.start + seg.n) // c.index_kpool
         if visible_last > c.index_pools:
-            rows = seg_device.pool_rows(seg, kv, ops.xp, visible_last)
-            pk = ops.read_rows(kv.pooled[layer], rows)                     # [visible pools, I] bf16
+            pk = ops.read_rows(kv.pooled[layer], maps.pools_of(seg))          # [visible pools, I] bf16
             scores = ops.index_scores(qi[seg.rows], hw[seg.rows], pk)
         else:
-            scores = ops.xp.zeros((seg.n, 0), dtype=ops.xp.float32)   # every row is dense
-        return ops.pick(scores, seg_device.positions(seg, ops.xp), c.index_pools, c.index_kpool, c.max_pick)
+            scores = maps.no_scores(seg, ops.xp)                           # every row is dense
+        return ops.pick(scores, maps.positions_of(seg), c.index_pools, c.index_kpool, c.max_pick)
