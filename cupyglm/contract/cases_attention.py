@@ -69,7 +69,7 @@ def _inputs(rng, positions, h, r, npools, qstd):
     return {"qa": qa, "store": store, "rows": rows, "counts": counts}
 
 
-SPLIT = ("attention_chunk_scores", "attention_chunk_pv", "attention_merge")
+SPLIT = ("attention_chunk_scores", "attention_chunk_pv")
 
 
 def _attention(label: str, positions, h: int, r: int, chunk: int, npools: int, qstd: float = 1.0,
@@ -131,6 +131,8 @@ _attention("full",      [2050, 3000],           2, 512, 512, 512, 6.0, decode=2)
 
 
 # ---- attention_paged: the lists as positions, each row mapped through its own page table inside the kernels ----
+# Controls: the page of a row's first token moved (table), the chunks merged last to first, and (decode rows of
+# several chunks) the variant ATT_PLANT_FIRST_DONE, whose first finished pv block merges instead of the last.
 def _paged_inputs(rng, positions, h, r, npools, qstd):
     """Every row its own sequence: a page table of distinct physical pages; unused store rows NaN."""
     t = len(positions)
@@ -186,8 +188,15 @@ def _paged(label: str, positions, h: int, r: int, chunk: int, npools: int, qstd:
             tokens[i, :c] = _host(d["tokens"])[i, order]
         return launch(k, d, k.xp.asarray(tokens), d["table"])
 
+    def ctl_first_done(k, d):                          # planted: the first pv block to finish merges, not the last
+        return {"o": ops_attention.attention_paged(k.variant("ATT_PLANT_FIRST_DONE"), d["qa"], d["store"],
+                                                   d["tokens"], d["table"], PAGE, d["counts"], scale, chunk,
+                                                   decode=decode)}
+
     kernels = (SPLIT if decode else ()) + (("attention",) if decode < len(positions) else ())
     run = (lambda k, d: launch(k, d, d["tokens"], d["table"]))
+    if decode and any(p + 1 > chunk for p in positions[:decode]):
+        case(Case(f"attention_paged.last_block[{label}]", kernels, make, run, replay, ctl_first_done, ULPS, WHY))
     case(Case(f"attention_paged[{label}]", kernels, make, run, replay, ctl_table, ULPS, WHY))
     if any(p + 1 > chunk for p in positions):
         case(Case(f"attention_paged.chunks[{label}]", kernels, make, run, replay, ctl_chunks, ULPS, WHY))

@@ -1,6 +1,6 @@
 """DSA attention launcher, with NumpyOps.attention's signature: the call's leading `decode` rows (decode/verify
 rows, cupyglm/backend/roles.py) run cuda_src/attention_split.cu (all heads of a block share each latent row,
-chunks in parallel, merged in list order), the rest cuda_src/attention.cu (a block per row and head); the same
+chunks in parallel, merged in list order by the last block of each row's head group), the rest cuda_src/attention.cu (a block per row and head); the same
 bits either way."""
 from __future__ import annotations
 
@@ -22,8 +22,9 @@ def _arg(k: Kernels, kernel: str, name: str, a, shape=None, dtype=F32):
     return check(kernel, name, k.xp.ascontiguousarray(a), shape, dtype)
 
 
-def _split(k: Kernels, qa, store, rows, table, pt: int, counts, out, scale: float, chunk: int, threads: int) -> None:
-    """attention_split.cu on rows [0, T) of these (decode/verify rows): scores, P.V per chunk, then the merge;
+def _split(k: Kernels, qa, store, rows, table, pt: int, counts, out, scale: float, chunk: int) -> None:
+    """attention_split.cu on rows [0, T) of these (decode/verify rows): scores, then P.V per chunk with the merge
+    done by each (row, head group)'s last block;
     pt > 0: rows hold positions mapped through table [T, width] (attention_rows.cuh)."""
     t, h, r = qa.shape
     w = rows.shape[1]
@@ -36,16 +37,16 @@ def _split(k: Kernels, qa, store, rows, table, pt: int, counts, out, scale: floa
     cm = k.empty((t, h, c), np.float32)              # chunk max
     ps = k.empty((t, h, c), np.float32)              # chunk sum of P
     pv = k.empty((t, h, c, r), np.float32)           # chunk P.V
-    grid = (t, c, -(-h // HG))
+    g = -(-h // HG)
+    done = k.empty((t, g), np.uint32)                # finished pv blocks per (row, head group), zeroed by scores
+    grid = (t, c, g)
     width = i32(table.shape[1])
     k.launch(SRC_SPLIT, "attention_chunk_scores", grid, (256,),
-             (qa, store, rows, table, counts, s, cm, i32(t), i32(h), i32(r), i32(w), i32(c), f32(scale), i32(chunk),
-              width, i32(pt)), shared_mem=((KT * r + 1) // 2 + HG * chunk) * 4)
+             (qa, store, rows, table, counts, s, cm, done, i32(t), i32(h), i32(r), i32(w), i32(c), f32(scale),
+              i32(chunk), width, i32(pt)), shared_mem=((KT * r + 1) // 2 + HG * chunk) * 4)
     k.launch(SRC_SPLIT, "attention_chunk_pv", grid, (256,),
-             (store, rows, table, counts, s, cm, ps, pv, i32(t), i32(h), i32(r), i32(w), i32(c), i32(chunk), width,
-              i32(pt)), shared_mem=(HG * chunk + chunk) * 4)
-    k.launch(SRC_SPLIT, "attention_merge", (t, h), (threads,),
-             (counts, cm, ps, pv, out, i32(t), i32(h), i32(r), i32(c), i32(chunk)))
+             (store, rows, table, counts, s, cm, ps, pv, done, out, i32(t), i32(h), i32(r), i32(w), i32(c),
+              i32(chunk), width, i32(pt)), shared_mem=(HG * chunk + chunk) * 4)
 
 
 @op("attention")
@@ -87,7 +88,7 @@ def _attend(k: Kernels, name: str, qa, store, rows, table, pt: int, counts, scal
     out = k.empty((t, h, r), k.bf16)
     if t and h:
         if d:
-            _split(k, qa[:d], store, rows[:d], table[:d], pt, counts[:d], out[:d], scale, chunk, threads)
+            _split(k, qa[:d], store, rows[:d], table[:d], pt, counts[:d], out[:d], scale, chunk)
         if d < t:
             k.launch(SRC, "attention", (t - d, h), (threads,),
                      (qa[d:], store, rows[d:], table[d:], counts[d:], out[d:], i32(t - d), i32(h), i32(r),
