@@ -92,9 +92,9 @@ class NumpyOps(NumpyGemm, LogitsOps, GatherOps):
         store[rows] = values
 
     def write_rows_rmsnorm(self, store: np.ndarray, rows: np.ndarray, x: np.ndarray, w: np.ndarray,
-                           eps: float) -> None:
+                           eps: float, distinct_on_host: bool = False) -> None:
         """store[rows[i]] = rmsnorm(x[i], w, eps): a DSA layer's latent rows normed on their way into the store.
-        x: [n, C] bf16, w: [C] bf16."""
+        x: [n, C] bf16, w: [C] bf16; distinct_on_host: the caller refused repeated ids on the host already."""
         self.write_rows(store, rows, self.rmsnorm(x, w, eps))
 
     def read_rows(self, store: np.ndarray, rows: np.ndarray) -> np.ndarray:

@@ -39,11 +39,11 @@ class DSALayer:
         qb, qib = ops.gemm_multi((qn, qn), (self.q_b, ix.wq_b), ("bf16", "bf16"), decode=d)
         q = qb.reshape(t, h, c.qk_nope_head_dim)                                          # [T, H, nope] bf16
         ik = ix.keys(ikr)
-        qi, hw = ix.queries(qib, hwr)
+        qs = ix.queries(qib, hwr)
         store = kv.latent[self.layer]
         maps = seg_device.call_maps(segs, kv, xp)                              # the call's row maps, built once
         # the call's latent rows, RMS-normed on their way into the store (one launch for every segment)
-        ops.write_rows_rmsnorm(store, maps.latent, kva, self.kv_a_norm, c.rms_norm_eps)
+        ops.write_rows_rmsnorm(store, maps.latent, kva, self.kv_a_norm, c.rms_norm_eps, distinct_on_host=True)
         written = [maps.latent_of(seg) for seg in segs]                        # per segment [n] int32 store rows
         if kv.host is not None and kv.host.write_hash is not None:               # a test's check mode: rows as stored
             for seg, ids in zip(segs, written):
@@ -51,7 +51,7 @@ class DSALayer:
         toks, ns = [], []
         for seg in segs:
             self.indexer.write_pools(kv, self.layer, seg, ik, ig)
-            tokens, n = self.indexer.pick(kv, self.layer, seg, maps, qi, hw)    # on the device: no read-back
+            tokens, n = self.indexer.pick(kv, self.layer, seg, maps, qs)    # on the device: no read-back
             toks.append(tokens)
             ns.append(n)
         tokens = toks[0] if len(toks) == 1 else xp.concatenate(toks)           # [T, max_pick] positions, -1 padded

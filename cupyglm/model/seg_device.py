@@ -23,6 +23,8 @@ class CallMaps:
         cfg, t = kv.cfg, sum(s.n for s in segs)
         width = max(len(s.state.pages) for s in segs)
         latent = np.concatenate([kv.rows(s.state.pages, s.positions) for s in segs])        # [T] int32
+        if np.unique(latent).size != t:                                                    # pages shared by two rows
+            raise ValueError("call maps: two rows of the call map to one latent row (a page table is corrupt)")
         positions = np.concatenate([s.positions for s in segs])                           # [T] int32
         table = np.zeros((t, width), dtype=np.int32)                                       # [T, width] int32
         for s in segs:
