@@ -1,5 +1,6 @@
 // attention.cu -- absorbed MLA attention over latent rows read through row ids (keys equal values).
-// Reference: NumpyOps.attention in cupyglm/backend/numpy_ops.py.  Each (row, head) is computed alone by one
+// Reference: NumpyOps.attention in cupyglm/backend/numpy_ops.py (and attention_paged: the lists as positions
+// mapped through each row's page table, attention_rows.cuh).  Each (row, head) is computed alone by one
 // block: online softmax over `chunk`-key chunks of the row's list, merged in list order; fp32 m, l, o; P
 // rounded to bf16 before P.V and before the sum l; every sum (the q.k dot over R, the sum of P, P.V over the
 // chunk's keys) in lane-16 order.  Only the first counts[t] ids of a row are ever read, and only those store
@@ -7,6 +8,7 @@
 // and out are bf16; m, l, o and the scores fp32.
 #include "common.cuh"
 #include "exp_f32.cuh"
+#include "attention_rows.cuh"
 
 #define ATT_MAX_RT 8  // R <= 8 * blockDim.x output columns per thread
 
@@ -14,10 +16,11 @@
 // Dynamic shared memory: chunk floats (scores, then P) + chunk ints (row ids) + 1 float (running max).
 extern "C" __global__ void attention(const __nv_bfloat16* __restrict__ qa,     // [T, H, R] bf16
                                      const __nv_bfloat16* __restrict__ store,  // [N, R] bf16
-                                     const int* __restrict__ rows,             // [T, W] i32 store row ids, -1 padded
+                                     const int* __restrict__ rows,             // [T, W] i32 row ids or positions
+                                     const int* __restrict__ table,            // [T, width] i32 page tables (pt > 0)
                                      const int* __restrict__ counts,           // [T] i32 ids used per row
                                      __nv_bfloat16* __restrict__ out,          // [T, H, R] bf16
-                                     int T, int H, int R, int W, float scale, int chunk) {
+                                     int T, int H, int R, int W, float scale, int chunk, int width, int pt) {
   extern __shared__ float att_sh[];
   float* sp = att_sh;                          // [chunk] scores, then P (bf16 values)
   int* ids = (int*)(att_sh + chunk);           // [chunk] row ids of the chunk
@@ -37,7 +40,7 @@ extern "C" __global__ void attention(const __nv_bfloat16* __restrict__ qa,     /
 
   for (int c0 = 0; c0 < count; c0 += chunk) {
     const int n = min(chunk, count - c0);
-    for (int j = tid; j < n; j += blockDim.x) ids[j] = rows[(long long)t * W + c0 + j];
+    for (int j = tid; j < n; j += blockDim.x) ids[j] = att_store_row(rows, table, t, W, c0 + j, width, pt);
     __syncthreads();
     // Scores: a group of 16 threads per key; rounds are block-uniform so the shuffles stay convergent.
     for (int j0 = 0; j0 < n; j0 += groups) {

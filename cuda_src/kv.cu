@@ -7,8 +7,11 @@
 // into guard slot `slot` of `flags` (check_flag.cuh; slot < 0: the launcher checked the ids on the host), so
 // no separate check launch runs.  Duplicate write ids are refused by the launcher (guards.ids_distinct).
 // Storage: every row is bf16 (latent rows, pooled keys, the embedding table), copied bit for bit.
+// kv_write_rows_rmsnorm writes each row RMS-normed on its way in (norm_row.cuh: NumpyOps.rmsnorm's bits), so a
+// DSA layer's latent rows need no separate norm launch; same ids, same guard.
 #include "common.cuh"
 #include "check_flag.cuh"
+#include "norm_row.cuh"
 
 // Row id r of block i is outside [0, N): counted once (thread 0) into the guard slot.
 static __device__ __forceinline__ bool kv_bad_row(int r, int N, unsigned int* flags, int slot) {
@@ -33,6 +36,25 @@ extern "C" __global__ void kv_write_rows(__nv_bfloat16* __restrict__ store,     
   __nv_bfloat16* dst = store + (long long)r * C;
   const __nv_bfloat16* src = values + (long long)blockIdx.x * C;
   for (int i = threadIdx.x; i < C; i += blockDim.x) dst[i] = src[i];
+}
+
+struct KvRowBf16 {              // row values read from bf16 memory (norm_row.cuh's reader)
+  const __nv_bfloat16* xr;
+  __device__ float operator()(int i) const { return ld_bf16(xr, i); }
+};
+
+// store[rows[i], :] = rmsnorm(x[i, :], w, eps); a row whose id is refused leaves the whole block (uniform).
+extern "C" __global__ void kv_write_rows_rmsnorm(__nv_bfloat16* __restrict__ store,     // [N, C] bf16, in place
+                                                 const int* __restrict__ rows,          // [n] i32 row ids, distinct
+                                                 const __nv_bfloat16* __restrict__ x,   // [n, C] bf16 rows to norm
+                                                 const __nv_bfloat16* __restrict__ w,   // [C] bf16 norm weight
+                                                 int N, int C, float eps,
+                                                 unsigned int* __restrict__ flags,     // [slots, 2] u32 guard flags
+                                                 int slot) {
+  const int r = rows[blockIdx.x];
+  if (kv_bad_row(r, N, flags, slot)) return;
+  const KvRowBf16 rd{x + (long long)blockIdx.x * C};
+  rmsnorm_row(rd, w, store + (long long)r * C, C, eps);
 }
 
 // out[i, :] = store[rows[i], :]

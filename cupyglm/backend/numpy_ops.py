@@ -44,6 +44,16 @@ def expand_pools(pools: np.ndarray, q: int, kpool: int) -> np.ndarray:
     return np.concatenate([toks, tail])
 
 
+def paged_rows(tokens: np.ndarray, table: np.ndarray, page_tokens: int) -> np.ndarray:
+    """Store rows of token lists [T, W] (positions, -1 padded) through each row's page table [T, width]:
+    table[t, p // page_tokens] * page_tokens + p % page_tokens in int32 (kv/store.py's rows); -1 stays -1."""
+    tokens, table = np.asarray(tokens, dtype=np.int32), np.asarray(table, dtype=np.int32)
+    pt = np.int32(page_tokens)
+    safe = np.maximum(tokens, np.int32(0))
+    rows = np.take_along_axis(table, safe // pt, axis=1) * pt + safe % pt
+    return np.where(tokens < 0, np.int32(-1), rows).astype(np.int32)
+
+
 class NumpyOps(NumpyGemm, LogitsOps, GatherOps):
     """The ops interface (DESIGN §2). Backends subclass it and replace ops with kernels. The reference GEMMs live in
     cupyglm.backend.numpy_gemm, the ops on a step's fp32 logits rows (sample, logprobs, penalize, mask_tokens) in
@@ -80,6 +90,12 @@ class NumpyOps(NumpyGemm, LogitsOps, GatherOps):
     def write_rows(self, store: np.ndarray, rows: np.ndarray, values: np.ndarray) -> None:
         """store[rows[i]] = values[i]. store: [N, C] bf16, rows: [n] int32, values: [n, C] bf16."""
         store[rows] = values
+
+    def write_rows_rmsnorm(self, store: np.ndarray, rows: np.ndarray, x: np.ndarray, w: np.ndarray,
+                           eps: float, distinct_on_host: bool = False) -> None:
+        """store[rows[i]] = rmsnorm(x[i], w, eps): a DSA layer's latent rows normed on their way into the store.
+        x: [n, C] bf16, w: [C] bf16; distinct_on_host: the caller refused repeated ids on the host already."""
+        self.write_rows(store, rows, self.rmsnorm(x, w, eps))
 
     def read_rows(self, store: np.ndarray, rows: np.ndarray) -> np.ndarray:
         """store[rows] -> [n, C] bf16: KV rows through page tables, and the token embedding gather."""
@@ -325,6 +341,12 @@ class NumpyOps(NumpyGemm, LogitsOps, GatherOps):
                 m = m_new
             out[i] = o / l[:, None]
         return bf16(out)
+
+    def attention_paged(self, qa: np.ndarray, store: np.ndarray, tokens: np.ndarray, table: np.ndarray,
+                        page_tokens: int, counts: np.ndarray, scale: float, chunk: int, decode: int = 0) -> np.ndarray:
+        """attention over token lists tokens [T, W] int32 (positions, -1 padded) mapped through each row's page
+        table table [T, width] int32 (paged_rows): the forward call's one row map serves every DSA layer."""
+        return self.attention(qa, store, paged_rows(tokens, table, page_tokens), counts, scale, chunk, decode)
 
     # ---- MoE -------------------------------------------------------------------------------------
     def moe_route(self, logits: np.ndarray, bias: np.ndarray, k: int, scale: float):

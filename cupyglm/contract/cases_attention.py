@@ -69,7 +69,7 @@ def _inputs(rng, positions, h, r, npools, qstd):
     return {"qa": qa, "store": store, "rows": rows, "counts": counts}
 
 
-SPLIT = ("attention_chunk_scores", "attention_chunk_pv", "attention_merge")
+SPLIT = ("attention_chunk_scores", "attention_chunk_pv")
 
 
 def _attention(label: str, positions, h: int, r: int, chunk: int, npools: int, qstd: float = 1.0,
@@ -128,3 +128,83 @@ _attention("verify",    range(30, 46),          4,  64,  32,  8, 2.0, decode=16)
 _attention("mixed",     [0, 5, 77, 200],        3,  72,  20,  8, 2.0, decode=2)     # 2 decode rows, 2 prompt rows
 _attention("heads6",    [40, 90],               6,  64,  16,  8, 2.0, decode=2)     # 2 head groups, one partial
 _attention("full",      [2050, 3000],           2, 512, 512, 512, 6.0, decode=2)
+
+
+# ---- attention_paged: the lists as positions, each row mapped through its own page table inside the kernels ----
+# Controls: the page of a row's first token moved (table), the chunks merged last to first, and (decode rows of
+# several chunks) the variant ATT_PLANT_FIRST_DONE, whose first finished pv block merges instead of the last.
+def _paged_inputs(rng, positions, h, r, npools, qstd):
+    """Every row its own sequence: a page table of distinct physical pages; unused store rows NaN."""
+    t = len(positions)
+    width = npools * 4 + 3
+    lists = _lists(rng, positions, npools)
+    pages = (max(positions) + 1 + PAGE - 1) // PAGE
+    perm = rng.permutation(t * pages + 3)
+    table = perm[:t * pages].reshape(t, pages).astype(np.int32)     # [T, pages] row t's page table
+    tokens = np.full((t, width), -1, dtype=np.int32)
+    counts = np.zeros(t, dtype=np.int32)
+    for i, toks in enumerate(lists):
+        tokens[i, :toks.size] = toks
+        counts[i] = toks.size
+    store = np.full(((t * pages + 3) * PAGE, r), np.nan, dtype=BF16)
+    rows = np.take_along_axis(table, np.maximum(tokens, 0) // PAGE, axis=1) * PAGE + np.maximum(tokens, 0) % PAGE
+    used = np.unique(rows[tokens >= 0])
+    store[used] = bf16(rng.standard_normal((used.size, r)).astype(np.float32))
+    qa = bf16(rng.standard_normal((t, h, r)).astype(np.float32) * np.float32(qstd))
+    return {"qa": qa, "store": store, "tokens": tokens, "table": table, "counts": counts}
+
+
+def _host(a):
+    return np.asarray(a.get() if hasattr(a, "get") else a)
+
+
+def _paged(label: str, positions, h: int, r: int, chunk: int, npools: int, qstd: float = 1.0,
+           decode: int = 0) -> None:
+    positions = list(positions)
+    scale = r ** -0.5 if r < 256 else 256 ** -0.5
+
+    def make(rng):
+        return _paged_inputs(rng, positions, h, r, npools, qstd)
+
+    def launch(k, d, tokens, table):
+        return {"o": ops_attention.attention_paged(k, d["qa"], d["store"], tokens, table, PAGE, d["counts"], scale,
+                                                   chunk, decode=decode)}
+
+    def replay(d):
+        return {"o": REF.attention_paged(d["qa"], d["store"], d["tokens"], d["table"], PAGE, d["counts"], scale,
+                                         chunk, decode=decode)}
+
+    def ctl_table(k, d):                               # the page of the last row's first token moved on
+        table = _host(d["table"]).copy()
+        p = int(_host(d["tokens"])[-1, 0]) // PAGE
+        table[-1, p] = (int(table[-1, p]) + 1) % (table.size + 3)
+        return launch(k, d, d["tokens"], k.xp.asarray(table))
+
+    def ctl_chunks(k, d):                              # the chunks of every list merged last to first
+        tokens = _host(d["tokens"]).copy()
+        for i, c in enumerate(_host(d["counts"]).tolist()):
+            starts = list(range(0, c, chunk))
+            order = [j for s in reversed(starts) for j in range(s, min(s + chunk, c))]
+            tokens[i, :c] = _host(d["tokens"])[i, order]
+        return launch(k, d, k.xp.asarray(tokens), d["table"])
+
+    def ctl_first_done(k, d):                          # planted: the first pv block to finish merges, not the last
+        return {"o": ops_attention.attention_paged(k.variant("ATT_PLANT_FIRST_DONE"), d["qa"], d["store"],
+                                                   d["tokens"], d["table"], PAGE, d["counts"], scale, chunk,
+                                                   decode=decode)}
+
+    kernels = (SPLIT if decode else ()) + (("attention",) if decode < len(positions) else ())
+    run = (lambda k, d: launch(k, d, d["tokens"], d["table"]))
+    if decode and any(p + 1 > chunk for p in positions[:decode]):
+        case(Case(f"attention_paged.last_block[{label}]", kernels, make, run, replay, ctl_first_done, ULPS, WHY))
+    case(Case(f"attention_paged[{label}]", kernels, make, run, replay, ctl_table, ULPS, WHY))
+    if any(p + 1 > chunk for p in positions):
+        case(Case(f"attention_paged.chunks[{label}]", kernels, make, run, replay, ctl_chunks, ULPS, WHY))
+
+
+#        label      positions          H    R  chunk npools      decode rows
+_paged("decode",    [100],              4,  64,  16,  8, 2.0, decode=1)
+_paged("verify",    range(30, 46),      4,  64,  32,  8, 2.0, decode=16)
+_paged("mixed",     [0, 5, 77, 200],    3,  72,  20,  8, 2.0, decode=2)
+_paged("prompt37",  range(37),          4,  64,  32,  8, 2.0)
+_paged("full",      [2050, 3000],       2, 512, 512, 512, 6.0, decode=2)

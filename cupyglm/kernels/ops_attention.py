@@ -1,6 +1,6 @@
 """DSA attention launcher, with NumpyOps.attention's signature: the call's leading `decode` rows (decode/verify
 rows, cupyglm/backend/roles.py) run cuda_src/attention_split.cu (all heads of a block share each latent row,
-chunks in parallel, merged in list order), the rest cuda_src/attention.cu (a block per row and head); the same
+chunks in parallel, merged in list order by the last block of each row's head group), the rest cuda_src/attention.cu (a block per row and head); the same
 bits either way."""
 from __future__ import annotations
 
@@ -22,8 +22,10 @@ def _arg(k: Kernels, kernel: str, name: str, a, shape=None, dtype=F32):
     return check(kernel, name, k.xp.ascontiguousarray(a), shape, dtype)
 
 
-def _split(k: Kernels, qa, store, rows, counts, out, scale: float, chunk: int, threads: int) -> None:
-    """attention_split.cu on rows [0, T) of these (decode/verify rows): scores, P.V per chunk, then the merge."""
+def _split(k: Kernels, qa, store, rows, table, pt: int, counts, out, scale: float, chunk: int) -> None:
+    """attention_split.cu on rows [0, T) of these (decode/verify rows): scores, then P.V per chunk with the merge
+    done by each (row, head group)'s last block;
+    pt > 0: rows hold positions mapped through table [T, width] (attention_rows.cuh)."""
     t, h, r = qa.shape
     w = rows.shape[1]
     c = max(1, -(-w // chunk))
@@ -35,15 +37,16 @@ def _split(k: Kernels, qa, store, rows, counts, out, scale: float, chunk: int, t
     cm = k.empty((t, h, c), np.float32)              # chunk max
     ps = k.empty((t, h, c), np.float32)              # chunk sum of P
     pv = k.empty((t, h, c, r), np.float32)           # chunk P.V
-    grid = (t, c, -(-h // HG))
+    g = -(-h // HG)
+    done = k.empty((t, g), np.uint32)                # finished pv blocks per (row, head group), zeroed by scores
+    grid = (t, c, g)
+    width = i32(table.shape[1])
     k.launch(SRC_SPLIT, "attention_chunk_scores", grid, (256,),
-             (qa, store, rows, counts, s, cm, i32(t), i32(h), i32(r), i32(w), i32(c), f32(scale), i32(chunk)),
-             shared_mem=((KT * r + 1) // 2 + HG * chunk) * 4)
+             (qa, store, rows, table, counts, s, cm, done, i32(t), i32(h), i32(r), i32(w), i32(c), f32(scale),
+              i32(chunk), width, i32(pt)), shared_mem=((KT * r + 1) // 2 + HG * chunk) * 4)
     k.launch(SRC_SPLIT, "attention_chunk_pv", grid, (256,),
-             (store, rows, counts, s, cm, ps, pv, i32(t), i32(h), i32(r), i32(w), i32(c), i32(chunk)),
-             shared_mem=(HG * chunk + chunk) * 4)
-    k.launch(SRC_SPLIT, "attention_merge", (t, h), (threads,),
-             (counts, cm, ps, pv, out, i32(t), i32(h), i32(r), i32(c), i32(chunk)))
+             (store, rows, table, counts, s, cm, ps, pv, done, out, i32(t), i32(h), i32(r), i32(w), i32(c),
+              i32(chunk), width, i32(pt)), shared_mem=(HG * chunk + chunk) * 4)
 
 
 @op("attention")
@@ -51,26 +54,44 @@ def attention(k: Kernels, qa, store, rows, counts, scale, chunk, decode: int = 0
     """qa: [T, H, R] bf16, store: [N, R] bf16, rows: [T, W] int32 row ids (-1 padded), counts: [T] int32
     -> [T, H, R] bf16. Online softmax over `chunk`-key chunks merged in list order; rows [0, decode) are
     decode/verify rows (attention_split.cu)."""
-    qa = _arg(k, "attention", "qa", qa, (None, None, None), k.bf16)
+    return _attend(k, "attention", qa, store, rows, None, 0, counts, scale, chunk, decode)
+
+
+@op("attention_paged")
+def attention_paged(k: Kernels, qa, store, tokens, table, page_tokens, counts, scale, chunk, decode: int = 0):
+    """attention over tokens [T, W] int32 positions (-1 padded), row t's mapped through its page table
+    table[t] ([T, width] int32, the call's row map): row = table[t, p // page_tokens] * page_tokens +
+    p % page_tokens, inside the kernels (no row array per layer)."""
+    pt = int(page_tokens)
+    if pt < 1:
+        raise ValueError(f"attention_paged: page_tokens must be positive, got {pt}")
+    return _attend(k, "attention_paged", qa, store, tokens, table, pt, counts, scale, chunk, decode)
+
+
+def _attend(k: Kernels, name: str, qa, store, rows, table, pt: int, counts, scale, chunk, decode: int):
+    qa = _arg(k, name, "qa", qa, (None, None, None), k.bf16)
     t, h, r = qa.shape
-    store = check("attention", "store", store, (None, r), k.bf16)   # never copied: the KV rows
-    rows = _arg(k, "attention", "rows", rows, (t, None), np.int32)
-    counts = _arg(k, "attention", "counts", counts, (t,), np.int32)
+    store = check(name, "store", store, (None, r), k.bf16)   # never copied: the KV rows
+    rows = _arg(k, name, "rows" if table is None else "tokens", rows, (t, None), np.int32)
+    counts = _arg(k, name, "counts", counts, (t,), np.int32)
+    # pt == 0: the kernels never read the table (rows stands in for it)
+    table = rows if table is None else _arg(k, name, "table", table, (t, None), np.int32)
     chunk = int(chunk)
     if chunk < 1:
-        raise ValueError(f"attention: chunk must be positive, got {chunk}")
+        raise ValueError(f"{name}: chunk must be positive, got {chunk}")
     threads = 128 if r <= 8 * 128 else 256
     if r > 8 * threads:
-        raise ValueError(f"attention: R <= {8 * threads} supported, got {r}")
+        raise ValueError(f"{name}: R <= {8 * threads} supported, got {r}")
     if h > 65535:
-        raise ValueError(f"attention: at most 65,535 heads (grid.y), got {h}")
-    d = decode_rows("attention", decode, t)
+        raise ValueError(f"{name}: at most 65,535 heads (grid.y), got {h}")
+    d = decode_rows(name, decode, t)
     out = k.empty((t, h, r), k.bf16)
     if t and h:
         if d:
-            _split(k, qa[:d], store, rows[:d], counts[:d], out[:d], scale, chunk, threads)
+            _split(k, qa[:d], store, rows[:d], table[:d], pt, counts[:d], out[:d], scale, chunk)
         if d < t:
             k.launch(SRC, "attention", (t - d, h), (threads,),
-                     (qa[d:], store, rows[d:], counts[d:], out[d:], i32(t - d), i32(h), i32(r), i32(rows.shape[1]),
-                      f32(scale), i32(chunk)), shared_mem=(2 * chunk + 1) * 4)
+                     (qa[d:], store, rows[d:], table[d:], counts[d:], out[d:], i32(t - d), i32(h), i32(r),
+                      i32(rows.shape[1]), f32(scale), i32(chunk), i32(table.shape[1]), i32(pt)),
+                     shared_mem=(2 * chunk + 1) * 4)
     return out

@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 
 from cupyglm.kernels import guards
-from cupyglm.kernels.ops import Kernels, check, i32, op
+from cupyglm.kernels.ops import Kernels, check, f32, i32, op
 
 SRC = "kv.cu"
 THREADS = 128
@@ -31,6 +31,33 @@ def launch_write(k: Kernels, store, rows, values, guard) -> None:
     if rows.shape[0] and c:
         k.launch(SRC, "kv_write_rows", (rows.shape[0],), (THREADS,),
                  (store, rows, values, i32(n_store), i32(c), guard[0], i32(guard[1])))
+
+
+@op("write_rows_rmsnorm", inplace=(0,))
+def write_rows_rmsnorm(k: Kernels, store, rows, x, w, eps: float, distinct_on_host: bool = False) -> None:
+    """store[rows[i]] = rmsnorm(x[i], w, eps), in place. store: [N, C] bf16, rows: [n] int32 (distinct),
+    x: [n, C] bf16, w: [C] bf16. distinct_on_host: the caller built the ids on the host and refused repeats
+    there (model/seg_device.CallMaps), so no device check runs."""
+    check("write_rows_rmsnorm", "store", store, (None, None), k.bf16)
+    check("write_rows_rmsnorm", "rows", rows, (None,), np.int32)
+    check("write_rows_rmsnorm", "x", x, (rows.shape[0], store.shape[1]), k.bf16)
+    check("write_rows_rmsnorm", "w", w, (store.shape[1],), k.bf16)
+    if not getattr(store.flags, "writeable", True):
+        raise ValueError("write_rows_rmsnorm: parameter store must be writeable")
+    guard = guards.range_slot(k, "write_rows_rmsnorm", "rows", rows, store.shape[0])   # counted by the kernel
+    if not distinct_on_host:
+        guards.ids_distinct(k, "write_rows_rmsnorm", "rows", rows)
+    launch_write_rmsnorm(k, store, rows, x, w, eps, guard)
+
+
+def launch_write_rmsnorm(k: Kernels, store, rows, x, w, eps: float, guard) -> None:
+    """kv_write_rows_rmsnorm: launch_write's guard, each row normed before it is written. Also the contract's
+    entry point."""
+    check("kv_write_rows_rmsnorm", "flags", guard[0], (None, 2), np.uint32)
+    n_store, c = store.shape
+    if rows.shape[0] and c:
+        k.launch(SRC, "kv_write_rows_rmsnorm", (rows.shape[0],), (THREADS,),
+                 (store, rows, x, w, i32(n_store), i32(c), f32(eps), guard[0], i32(guard[1])))
 
 
 @op("read_rows")

@@ -35,34 +35,35 @@ class DSALayer:
         ix = self.indexer
         qa, kva, ikr, ig, hwr = ops.gemm_multi((x,) * 5, (self.q_a, self.kv_a, ix.wk, ix.compress_gate,
                                                           ix.weights_proj), ("bf16",) * 4 + ("f32",), decode=d)
-        latent = ops.rmsnorm(kva, self.kv_a_norm, c.rms_norm_eps)                         # [T, R] bf16
         # q_b and wq_b of rmsnorm(q_a) (for decode rows one launch: the norm in the GEMV's prologue)
         qb, qib = ops.rmsnorm_gemm_multi(qa, self.q_a_norm, c.rms_norm_eps, (self.q_b, ix.wq_b), ("bf16", "bf16"),
                                          decode=d)
         q = qb.reshape(t, h, c.qk_nope_head_dim)                                          # [T, H, nope] bf16
         ik = ix.keys(ikr)
-        qi, hw = ix.queries(qib, hwr)
+        qs = ix.queries(qib, hwr)
         store = kv.latent[self.layer]
-        toks, ns, written = [], [], []
+        maps = seg_device.call_maps(segs, kv, xp)                              # the call's row maps, built once
+        # the call's latent rows, RMS-normed on their way into the store (one launch for every segment)
+        ops.write_rows_rmsnorm(store, maps.latent, kva, self.kv_a_norm, c.rms_norm_eps, distinct_on_host=True)
+        written = [maps.latent_of(seg) for seg in segs]                        # per segment [n] int32 store rows
+        if kv.host is not None and kv.host.write_hash is not None:               # a test's check mode: rows as stored
+            for seg, ids in zip(segs, written):
+                kv.host.write_hash.note(self.layer, ids, ops.read_rows(store, ids), seg.state)
+        toks, ns = [], []
         for seg in segs:
-            ids = seg_device.latent_rows(seg, kv, xp)                          # [n] int32 store rows
-            written.append(ids)
-            ops.write_rows(store, ids, latent[seg.rows])
-            if kv.host is not None and kv.host.write_hash is not None:           # a test's check mode
-                kv.host.write_hash.note(self.layer, ids, latent[seg.rows], seg.state)
             self.indexer.write_pools(kv, self.layer, seg, ik, ig)
-            tokens, n = self.indexer.pick(kv, self.layer, seg, qi, hw)          # on the device: no read-back
+            tokens, n = self.indexer.pick(kv, self.layer, seg, maps, qs)    # on the device: no read-back
             toks.append(tokens)
             ns.append(n)
         tokens = toks[0] if len(toks) == 1 else xp.concatenate(toks)           # [T, max_pick] positions, -1 padded
         counts = ns[0] if len(ns) == 1 else xp.concatenate(ns)                 # [T] int32
-        rows = seg_device.call_token_rows(segs, kv, xp, tokens)                # [T, max_pick] latent row ids
         qa = ops.gemm_heads(q.transpose(1, 0, 2), self.w_k_t, out="bf16", decode=d).transpose(1, 0, 2)  # [T, H, R]
         if kv.host is not None:                                                # latent rows in host memory
+            rows = seg_device.token_rows(maps, xp, tokens)                     # [T, max_pick] store rows
             o = gather.attend_host(ops, kv.host, self.layer, segs, xp.ascontiguousarray(qa), rows, counts,
                                    c.qk_nope_head_dim ** -0.5, c.attn_chunk, written)
-        else:
-            o = ops.attention(xp.ascontiguousarray(qa), store, rows, counts,
-                              c.qk_nope_head_dim ** -0.5, c.attn_chunk, decode=d)               # [T, H, R]
+        else:                                                                  # positions mapped in the kernels
+            o = ops.attention_paged(xp.ascontiguousarray(qa), store, tokens, maps.table, maps.page_tokens, counts,
+                                    c.qk_nope_head_dim ** -0.5, c.attn_chunk, decode=d)         # [T, H, R]
         out = ops.gemm_heads(xp.ascontiguousarray(o.transpose(1, 0, 2)), self.w_v, out="bf16", decode=d)  # [H, T, V]
         return ops.gemm(xp.ascontiguousarray(out.transpose(1, 0, 2)).reshape(t, -1), self.o_proj, decode=d)

@@ -7,7 +7,6 @@ from __future__ import annotations
 import numpy as np
 
 from cupyglm.config import ModelConfig
-from cupyglm.model import seg_device
 from cupyglm.model.batch import Segment, Weights
 
 LN_EPS = 1e-6
@@ -28,11 +27,11 @@ class Indexer:
         through wk, compress_gate and weights_proj in its one gemm_multi)."""
         return self.ops.layernorm(ikr, self.k_norm_w, self.k_norm_b, LN_EPS)
 
-    def queries(self, qib, hwr):
-        """(queries [T, Hi, I] bf16, head weights [T, Hi] fp32 scaled by Hi^-0.5) from qn's wq_b projection
-        [T, Hi * I] bf16 and x's weights_proj projection [T, Hi] fp32."""
+    def queries(self, qib, hwr) -> "Queries":
+        """The call's queries from qn's wq_b projection [T, Hi * I] bf16 and x's weights_proj projection [T, Hi]
+        fp32."""
         c = self.cfg
-        return qib.reshape(-1, c.index_n_heads, c.index_head_dim), hwr * np.float32(c.index_n_heads ** -0.5)
+        return Queries(qib.reshape(-1, c.index_n_heads, c.index_head_dim), hwr, np.float32(c.index_n_heads ** -0.5))
 
     def write_pools(self, kv, layer: int, seg: Segment, ik, ig) -> None:
         """Pool the segment's complete pools into the store; keep the incomplete pool's tail in state."""
@@ -50,14 +49,28 @@ class Indexer:
             ops.write_rows(kv.pooled[layer], xp.asarray(kv.pool_rows(seg.state.pages, pools)), pk)
         seg.state.index_tail[layer] = (all_ik[complete * kp:].copy(), all_ig[complete * kp:].copy())
 
-    def pick(self, kv, layer: int, seg: Segment, qi, hw):
-        """Token lists (positions) for the segment's rows: [n, max_pick] int32, -1 padded, and counts."""
+    def pick(self, kv, layer: int, seg: Segment, maps, qs: "Queries"):
+        """Token lists (positions) for the segment's rows: [n, max_pick] int32, -1 padded, and counts. maps: the
+        call's row maps (model/seg_device.CallMaps); qs: the call's queries."""
         ops, c = self.ops, self.cfg
         visible_last = (seg.start + seg.n) // c.index_kpool
         if visible_last > c.index_pools:
-            rows = seg_device.pool_rows(seg, kv, ops.xp, visible_last)
-            pk = ops.read_rows(kv.pooled[layer], rows)                     # [visible pools, I] bf16
-            scores = ops.index_scores(qi[seg.rows], hw[seg.rows], pk)
+            pk = ops.read_rows(kv.pooled[layer], maps.pools_of(seg))          # [visible pools, I] bf16
+            scores = ops.index_scores(qs.qi[seg.rows], qs.hw[seg.rows], pk)
         else:
-            scores = ops.xp.zeros((seg.n, 0), dtype=ops.xp.float32)   # every row is dense
-        return ops.pick(scores, seg_device.positions(seg, ops.xp), c.index_pools, c.index_kpool, c.max_pick)
+            scores = maps.no_scores(seg, ops.xp)                           # every row is dense
+        return ops.pick(scores, maps.positions_of(seg), c.index_pools, c.index_kpool, c.max_pick)
+
+
+class Queries:
+    """A call's indexer queries qi [T, Hi, I] bf16 and head weights hw [T, Hi] fp32 (the projection scaled by
+    Hi^-0.5), scaled once, when a sparse segment first scores pools: dense rows never read them."""
+
+    def __init__(self, qi, hwr, scale: np.float32):
+        self.qi, self._hwr, self._scale, self._hw = qi, hwr, scale, None
+
+    @property
+    def hw(self):
+        if self._hw is None:
+            self._hw = self._hwr * self._scale
+        return self._hw

@@ -1,8 +1,11 @@
-"""A segment's device-side row maps, uploaded once per forward call and shared by every layer.
+"""A forward call's device-side row maps, built once per call on the host and uploaded in one int32 array, shared
+by every DSA layer of the call (the MTP layer's call has its own segments, so its own maps).
 
-A Segment lives for one forward call, so its `dev` dict is the cache: the page table, the positions and
-their latent rows, and the pooled-key rows of the visible pools go to the device once, not once a layer.
-Token lists stay on the device: latent rows of picked tokens are computed there (no read-back).
+Everything here is host arithmetic on the page tables the host already holds (kv/store.py's rows), so every
+backend sees the same ids, and no layer computes a row map on the device: the latent rows each segment's new
+rows are written to, the positions the pick takes, each row's page table (attention maps its picked positions
+through it inside the kernels: ops.attention_paged), and the pooled-key rows of a sparse segment's visible pools.
+The maps are cached on the call's first segment (`dev`), which lives for one forward call.
 """
 from __future__ import annotations
 
@@ -11,59 +14,69 @@ import numpy as np
 from cupyglm.model.batch import Segment
 
 
-def positions(seg: Segment, xp):
-    """[n] int32 positions of the segment's rows, on the device."""
-    if "positions" not in seg.dev:
-        seg.dev["positions"] = xp.asarray(seg.positions)
-    return seg.dev["positions"]
+class CallMaps:
+    """latent: [T] int32 store rows of the call's rows; positions: [T] int32; table: [T, width] int32 row t's page
+    table (zero padded past its pages); base: [T, 1] int32 t * width (the host path's flat table index); pools: seg.off -> [visible] int32 pooled-key rows of pools 0..visible-1
+    (sparse segments only). All views of one device array."""
 
-
-def table(seg: Segment, xp):
-    """[pages] int32 the sequence's page table, on the device (grown before the call)."""
-    if "table" not in seg.dev:
-        seg.dev["table"] = xp.asarray(np.asarray(seg.state.pages, dtype=np.int32))
-    return seg.dev["table"]
-
-
-def latent_rows(seg: Segment, kv, xp):
-    """[n] int32 physical latent rows of the segment's positions, on the device."""
-    if "latent" not in seg.dev:
-        seg.dev["latent"] = xp.asarray(kv.rows(seg.state.pages, seg.positions))
-    return seg.dev["latent"]
-
-
-def pool_rows(seg: Segment, kv, xp, visible: int):
-    """[visible] int32 pooled-key rows of pools 0..visible-1, on the device."""
-    key = ("pools", visible)
-    if key not in seg.dev:
-        seg.dev[key] = xp.asarray(kv.pool_rows(seg.state.pages, np.arange(visible)))
-    return seg.dev[key]
-
-
-def token_rows(seg: Segment, kv, xp, tokens):
-    """Latent rows of device token lists [n, W] int32 (-1 padded) through the page table; -1 stays -1.
-    Integer arithmetic only, so every backend computes the same rows kv.rows computes on the host."""
-    pt = np.int32(kv.page_tokens)
-    safe = xp.maximum(tokens, np.int32(0))
-    rows = table(seg, xp)[safe // pt] * pt + safe % pt
-    return xp.where(tokens < 0, np.int32(-1), rows).astype(xp.int32, copy=False)
-
-
-def call_token_rows(segs: list[Segment], kv, xp, tokens):
-    """Latent rows of the call's token lists [T, W] int32 (-1 padded), row r through its own sequence's page
-    table: one pass for every segment (a [T, max pages] table uploaded once per call, cached on segs[0])."""
-    if len(segs) == 1:
-        return token_rows(segs[0], kv, xp, tokens)
-    dev = segs[0].dev
-    if "call_table" not in dev:
+    def __init__(self, segs: list[Segment], kv, xp):
+        cfg, t = kv.cfg, sum(s.n for s in segs)
         width = max(len(s.state.pages) for s in segs)
-        table = np.zeros((sum(s.n for s in segs), width), dtype=np.int32)    # [T, max pages] int32
+        latent = np.concatenate([kv.rows(s.state.pages, s.positions) for s in segs])        # [T] int32
+        if np.unique(latent).size != t:                                                    # pages shared by two rows
+            raise ValueError("call maps: two rows of the call map to one latent row (a page table is corrupt)")
+        positions = np.concatenate([s.positions for s in segs])                           # [T] int32
+        table = np.zeros((t, width), dtype=np.int32)                                       # [T, width] int32
         for s in segs:
             table[s.rows, :len(s.state.pages)] = s.state.pages
-        base = (np.arange(table.shape[0], dtype=np.int32) * np.int32(width))[:, None]
-        dev["call_table"] = (xp.asarray(table.reshape(-1)), xp.asarray(base))
-    flat, base = dev["call_table"]
-    pt = np.int32(kv.page_tokens)
+        base = np.arange(t, dtype=np.int32) * np.int32(width)                              # [T] int32 row t's table
+        parts, pool_at, at = [latent, positions, table.reshape(-1), base], {}, 3 * t + t * width
+        for s in segs:
+            visible = (s.start + s.n) // cfg.index_kpool
+            if visible > cfg.index_pools:                                                   # the pick scores pools
+                parts.append(kv.pool_rows(s.state.pages, np.arange(visible)))
+                pool_at[s.off] = (at, visible)
+                at += visible
+        dev = xp.asarray(np.concatenate(parts).astype(np.int32, copy=False))              # the one upload
+        self.latent, self.positions = dev[:t], dev[t:2 * t]
+        self.table = dev[2 * t:2 * t + t * width].reshape(t, width)
+        self.base = dev[2 * t + t * width:3 * t + t * width].reshape(t, 1)                  # [T, 1] int32
+        self.pools = {off: dev[a:a + v] for off, (a, v) in pool_at.items()}
+        self.page_tokens = kv.page_tokens
+        self._empty = {}
+
+    def latent_of(self, seg: Segment):
+        """[n] int32 the store rows of the segment's new rows."""
+        return self.latent[seg.rows]
+
+    def positions_of(self, seg: Segment):
+        """[n] int32 the segment's positions."""
+        return self.positions[seg.rows]
+
+    def pools_of(self, seg: Segment):
+        """[visible] int32 pooled-key rows of the segment's visible pools (a sparse segment)."""
+        return self.pools[seg.off]
+
+    def no_scores(self, seg: Segment, xp):
+        """[n, 0] fp32: the scores of a segment whose rows are all dense (made once per call)."""
+        if seg.off not in self._empty:
+            self._empty[seg.off] = xp.zeros((seg.n, 0), dtype=xp.float32)
+        return self._empty[seg.off]
+
+
+def call_maps(segs: list[Segment], kv, xp) -> CallMaps:
+    """The call's maps, built by the first layer that asks and cached on segs[0]."""
+    dev = segs[0].dev
+    if "maps" not in dev:
+        dev["maps"] = CallMaps(segs, kv, xp)
+    return dev["maps"]
+
+
+def token_rows(maps: CallMaps, xp, tokens):
+    """Latent rows of the call's token lists [T, W] int32 (positions, -1 padded) through each row's page table;
+    -1 stays -1. Only the host-rows path needs them as an array (its gather marks store rows); attention on
+    device rows maps positions inside the kernels. Integer arithmetic only, as kv.rows on the host."""
+    pt = np.int32(maps.page_tokens)
     safe = xp.maximum(tokens, np.int32(0))
-    rows = flat[base + safe // pt] * pt + safe % pt
+    rows = maps.table.reshape(-1)[maps.base + safe // pt] * pt + safe % pt
     return xp.where(tokens < 0, np.int32(-1), rows).astype(xp.int32, copy=False)
