@@ -110,7 +110,7 @@ def test_replay_equals_eager_with_sequences_joining_leaving_verify_rows_and_evic
             assert np.array_equal(bits(w), bits(g)), f"step {step} seq {i}: max diff {np.abs(w - g).max()}"
     slots = graph.graphs.slots
     assert slots.evictions > 0 and slots.moves > 0
-    assert {b for _, b in graph.graphs.entries} == {1, 4, 8, 16}
+    assert {b for _, b in graph.graphs.entries} == {1, 2, 4, 8, 16}
 
 
 def test_kept_state_resumed_through_graphs_equals_fresh(tiny_ckpt, cuda_ops):
