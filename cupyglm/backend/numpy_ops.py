@@ -236,6 +236,27 @@ class NumpyOps(NumpyGemm, LogitsOps, GatherOps):
                                    self.kda_gate(a, a_log, dt_bias, lower), beta)
         return y, S, window
 
+    def kda_step_slots(self, S: np.ndarray, x: np.ndarray, window: np.ndarray, w: np.ndarray, a: np.ndarray,
+                       a_log: np.ndarray, dt_bias: np.ndarray, beta: np.ndarray, seg: np.ndarray, done: np.ndarray,
+                       lower: float, eps: float, q_scale: float) -> np.ndarray:
+        """kda_step per entry (row0, n, slot) of seg [E, 3] int32 on S[slot] [H, K, K] fp32 and window[slot]
+        [taps - 1, 3HK] bf16, written back in place; n = 0: no rows; slot < 0: zero state and window, nothing
+        written back. done [E, H] int32 stays zero (the kernel's counters). -> y [R, H, K] bf16 (rows in no entry
+        zero)."""
+        r, h, k = a.shape
+        y = bf16(np.zeros((r, h, k), dtype=np.float32))
+        for row0, n, slot in np.asarray(seg, dtype=np.int64).tolist():
+            if n <= 0:
+                continue
+            rows = slice(row0, row0 + n)
+            st = S[slot] if slot >= 0 else np.zeros(S.shape[1:], S.dtype)
+            win = window[slot] if slot >= 0 else np.zeros(window.shape[1:], window.dtype)
+            y[rows], st, win = self.kda_step(st, x[rows], win, w, a[rows], a_log, dt_bias, beta[rows], lower, eps,
+                                             q_scale)
+            if slot >= 0:
+                S[slot], window[slot] = st, win
+        return y
+
     def kda_recurrence(self, S: np.ndarray, q: np.ndarray, k: np.ndarray, v: np.ndarray, g: np.ndarray,
                        beta: np.ndarray):
         """The per-token delta rule, the same for prefill and decode.

@@ -3,7 +3,9 @@
 Controls: kda_conv with the saved window read newest first; kda_gate with dt_bias of the wrong head; l2norm
 reading the next row; kda_recurrence with a dropped token (its decay and update skipped: g = 1, beta = 0);
 kda_out with the gates of two heads swapped; kda_step with the decay's dt_bias of the next head
-(-DCONTROL_GATE_HEAD), the saved window read newest first, or q's and k's heads swapped.
+(-DCONTROL_GATE_HEAD), the saved window read newest first, or q's and k's heads swapped; kda_step_slots with
+every block writing q/k's next window at once (-DCONTROL_WINDOW_EAGER: a block of the same head reads it) or each
+sequence on the next slot.
 """
 from __future__ import annotations
 
@@ -166,6 +168,44 @@ def _step(label: str, n: int, h: int, kd: int, control: str, taps: int = 4) -> N
     case(Case(f"kda_step[{label}]", ("kda_step",), make, run, replay, ctl, GATE_ULPS, GATE_WHY))
 
 
+def _slots(label: str, seg, slots: int, h: int, kd: int, control: str, taps: int = 4) -> None:
+    """kda_step_slots against kda_step per entry (row0, n, slot) of seg, states written back into their slots."""
+    c = 3 * h * kd
+    seg = np.asarray(seg, dtype=np.int32)                  # [E, 3] (row0, n, slot)
+    r = int((seg[:, 0] + seg[:, 1]).max())
+
+    def make(rng):
+        return {"S": (rng.standard_normal((slots, h, kd, kd)) * 0.3).astype(np.float32),
+                "x": _bf(rng, (r, c)), "window": _bf(rng, (slots, taps - 1, c)), "w": _bf(rng, (c, taps), 0.5),
+                "a": _bf(rng, (r, h, kd)),
+                "a_log": bf16(np.log(rng.uniform(1.0, 16.0, h)).astype(np.float32)).astype(np.float32),
+                "dt_bias": _bf(rng, (h, kd), 0.5).astype(np.float32),
+                "beta": REF.sigmoid(rng.standard_normal((r, h)).astype(np.float32), out="bf16"),
+                "seg": seg.copy(), "done": np.zeros((seg.shape[0], h), np.int32)}
+
+    def call(fn, d, seg_in=None):
+        y = fn(d["S"], d["x"], d["window"], d["w"], d["a"], d["a_log"], d["dt_bias"], d["beta"],
+               d["seg"] if seg_in is None else seg_in, d["done"], LOWER, L2_EPS, kd ** -0.5)
+        return {"y": y, "S": d["S"], "window": d["window"], "done": d["done"]}
+
+    def run(k, d):
+        return call(lambda *a: ops_kda.kda_step_slots(k, *a), d)
+
+    def replay(d):
+        return call(REF.kda_step_slots, d)
+
+    if control == "eager":
+        def ctl(k, d):                                 # every block writes q/k's window without waiting for the others
+            return call(lambda *a: ops_kda.kda_step_slots(k.variant("CONTROL_WINDOW_EAGER"), *a), d)
+    else:
+        def ctl(k, d):                                 # each sequence stepped on the next slot's state
+            bad = seg.copy()
+            bad[:, 2] = np.where(bad[:, 2] >= 0, (bad[:, 2] + 1) % slots, bad[:, 2])
+            return call(lambda *a: ops_kda.kda_step_slots(k, *a), d, k.xp.asarray(bad))
+
+    case(Case(f"kda_step_slots[{label}]", ("kda_step_slots",), make, run, replay, ctl, GATE_ULPS, GATE_WHY))
+
+
 def _out(label: str, n: int, h: int, v: int) -> None:
     def make(rng):
         return {"y": _bf(rng, (n, h, v), 0.3), "w": _bf(rng, (v,), 0.2, 1.0), "gate": _bf(rng, (n, h, v), 2.0)}
@@ -215,6 +255,12 @@ _step("verify",      16,  4,  32, "swap")
 _step("odd",          3,  3,  40, "head")    # K % 16 = 8: lanes past K idle
 _step("full",         2,  2, 128, "swap")    # two full-size heads
 _step("taps1",        3,  2,  16, "swap", 1) # no window
+#       label      seg [(row0, n, slot)]                                  slots  H    K  control
+_slots("bucket8",  [(0, 3, 2), (3, 1, 0), (4, 1, 3), (5, 1, -1), (6, 2, 1),
+                    (8, 0, -1), (0, 0, -1), (0, 0, -1)],                    4,   4,  32, "eager")
+_slots("verify4",  [(0, 4, 1), (4, 1, 0), (5, 1, -1)],                     2,   4,  32, "slots")
+_slots("one",      [(0, 1, 0)],                                            1,   3,  40, "eager")  # K % 16 = 8
+_slots("full",     [(0, 2, 1), (2, 1, 0)],                                 2,   2, 128, "slots")
 _out("decode",        1,  4,  32)
 _out("prompt37",     37,  4,  32)
 _out("odd",           3,  3,  40)

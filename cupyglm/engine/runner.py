@@ -11,10 +11,11 @@ from cupyglm.model.glm import GLMModel, SeqInput, SeqOutput
 class ModelRunner:
     def __init__(self, ckpt: Checkpoint, ops, comm, num_pages: int, page_tokens: int, mtp: bool = False,
                  poison: bool = False, host_slots: int = 0, host_shared=None, graphs: bool = False):
-        """graphs: replay the FFN halves of decode calls as CUDA graphs (cuda backend). Keyed by (layer, bucket)
-        alone: the FFN half has no host-side shape or branch that follows context length or sequences, its one
-        per-step input (the rows) is written in place, and padding rows are dropped (rows are batch-invariant):
-        model/graph_capture.py states why a replay is exact and what stays eager."""
+        """graphs: replay decode calls as CUDA graphs (cuda backend), KDA layers whole and DSA layers' FFN halves.
+        Keyed by (layer, bucket) alone: the captured work has no host-side shape or branch that follows context
+        length or sequences, the KDA states sit in slots at fixed addresses, consecutive captured layers chain
+        their buffers, and padding rows are dropped (rows are batch-invariant): model/graph_capture.py states why
+        a replay is exact and what stays eager, model/kda_slots.py who owns a slot."""
         self.cfg = ckpt.config
         self.ops, self.comm = ops, comm
         self.kv = KVStore(self.cfg, ops, num_pages, page_tokens, poison, host_slots=host_slots,
@@ -24,9 +25,9 @@ class ModelRunner:
         if graphs:
             if ops.name != "cuda":
                 raise ValueError(f"CUDA graphs need the cuda backend, not {ops.name!r}")
-            from cupyglm.model.graph_capture import FFNGraphs
+            from cupyglm.model.graph_capture import DecodeGraphs
 
-            self.graphs = FFNGraphs(ops, comm)
+            self.graphs = DecodeGraphs(ops, comm)
             self.model.use_graphs(self.graphs)
 
     def new_state(self):

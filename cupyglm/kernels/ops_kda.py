@@ -1,4 +1,5 @@
-"""KDA launchers (cuda_src/kda.cu): kda_conv, kda_gate, l2norm, kda_recurrence, kda_step, kda_out, with NumpyOps'
+"""KDA launchers (cuda_src/kda.cu): kda_conv, kda_gate, l2norm, kda_recurrence, kda_step, kda_step_slots,
+kda_out, with NumpyOps'
 signatures. bf16 parameters are checked against the backend's bf16 storage (`k.bf16`); S, g, q, k are fp32."""
 from __future__ import annotations
 
@@ -124,6 +125,47 @@ def kda_step(k: Kernels, S, x, window, w, a, a_log, dt_bias, beta, lower, eps, q
         S_out[...] = S
         win[...] = window
     return y, S_out, win
+
+
+def _inplace(k: Kernels, kernel: str, name: str, a, shape, dtype):
+    """An array the kernel writes in place: it must already be C-contiguous (a copy would lose the writes)."""
+    if not a.flags.c_contiguous:
+        raise ValueError(f"{kernel}: parameter {name} is written in place and must be C-contiguous")
+    return check(kernel, name, a, shape, dtype)
+
+
+@op("kda_step_slots", inplace=(0, 2, 9))
+def kda_step_slots(k: Kernels, S, x, window, w, a, a_log, dt_bias, beta, seg, done, lower, eps, q_scale):
+    """kda_step of several sequences' decode/verify rows in one launch, their states in slots written in place.
+    S: [slots, H, K, K] fp32; x: [R, 3HK] bf16; window: [slots, taps - 1, 3HK] bf16; w: [3HK, taps] bf16; a:
+    [R, H, K] bf16; beta: [R, H] bf16; seg: [E, 3] int32 (row0, n, slot) per sequence, its rows in order (n = 0:
+    none; slot < 0: a padding row on a zero state, nothing written back; every row of y in one entry); done: [E,
+    H] int32 zeros, left zero -> y [R, H, K] bf16."""
+    S = _inplace(k, "kda_step_slots", "S", S, (None, None, None, None), F32)
+    slots, h, vd, kd = S.shape
+    if vd != kd or kd > 256:
+        raise ValueError(f"kda_step_slots: value rows = key columns <= 256 supported, got S of shape {tuple(S.shape)}")
+    c = 3 * h * kd
+    x = _arg(k, "kda_step_slots", "x", x, (None, c), k.bf16)
+    r = x.shape[0]
+    w = _arg(k, "kda_step_slots", "w", w, (c, None), k.bf16)
+    taps = w.shape[1]
+    if not 2 <= taps <= 8:
+        raise ValueError(f"kda_step_slots: 2..8 taps supported, got {taps}")
+    window = _inplace(k, "kda_step_slots", "window", window, (slots, taps - 1, c), k.bf16)
+    a = _arg(k, "kda_step_slots", "a", a, (r, h, kd), k.bf16)
+    a_log = _arg(k, "kda_step_slots", "a_log", a_log, (h,), np.float32)
+    dt_bias = _arg(k, "kda_step_slots", "dt_bias", dt_bias, (h, kd), np.float32)
+    beta = _arg(k, "kda_step_slots", "beta", beta, (r, h), k.bf16)
+    seg = _arg(k, "kda_step_slots", "seg", seg, (None, 3), np.int32)
+    e = seg.shape[0]
+    done = _inplace(k, "kda_step_slots", "done", done, (e, h), np.int32)
+    y = k.empty((r, h, kd), k.bf16)
+    if e and h and kd:
+        k.launch(SRC, "kda_step_slots", ((kd + 7) // 8, h, e), (128,),
+                 (S, x, window, w, a, a_log, dt_bias, beta, seg, y, done, i32(h), i32(kd), i32(taps), f32(lower),
+                  f32(eps), f32(q_scale)))
+    return y
 
 
 @op("kda_out")

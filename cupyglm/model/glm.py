@@ -68,7 +68,7 @@ class Block:
         attn = KDALayer if self.is_kda else DSALayer
         self.attn = attn(cfg, w.sub("self_attn"), ops, layer, tp)
         self.mlp = MoE(cfg, w.sub("mlp"), ops) if cfg.is_moe(layer) else MLP(w.sub("mlp"), ops, cfg.swiglu_limit)
-        self.graphs = None            # model/graph_capture.FFNGraphs: the FFN half of decode calls replayed
+        self.graphs = None            # model/graph_capture.DecodeGraphs: decode calls replayed (KDA layers whole)
 
     def enter(self, X):
         """The first layer's attention input: (h, post, comb) of the embedded streams X."""
@@ -78,12 +78,22 @@ class Block:
         """X: [T, S, D] bf16 streams; h, post, comb: this layer's attention input and gates. Returns the next
         layer's (X, h, post, comb), each hc_post fused with the hc_pre + norm after it; after the last layer
         (nxt None) the final streams (X, None, None, None). hc_post rounds the fp32 sum to bf16."""
+        d = decode_rows(segs)
+        graphs = self.graphs if self.graphs is not None and self.graphs.takes(X.shape[0], d) else None
+        if graphs is not None and self.is_kda:
+            return graphs.layer(self, (X, h, post, comb), segs, nxt)
         partial = self.attn(h, segs) if self.is_kda else self.attn(h, segs, kv)
         X, h, post, comb = self.hc_ffn.post_pre_norm(X, summed(comm, partial), post, comb, self.post_norm)
-        d = decode_rows(segs)
-        if self.graphs is not None and d == X.shape[0]:
-            return self.graphs.ffn(self, (X, h, post, comb), nxt)
+        if graphs is not None:
+            return graphs.ffn(self, (X, h, post, comb), nxt)
         return self.ffn(X, h, post, comb, d, comm, nxt)
+
+    def whole(self, X, h, post, comb, slots, comm, nxt: "Block | None"):
+        """A KDA layer of a captured decode call (every row a decode/verify row; the sequences' states in
+        `slots`, KDALayer's argument): attention, all-reduce, hc_post + hc_pre + norm, then the FFN half."""
+        partial = self.attn(h, None, slots)
+        X, h, post, comb = self.hc_ffn.post_pre_norm(X, summed(comm, partial), post, comb, self.post_norm)
+        return self.ffn(X, h, post, comb, X.shape[0], comm, nxt)
 
     def ffn(self, X, h, post, comb, decode: int, comm, nxt: "Block | None"):
         """The FFN half from its normed input h [T, D] bf16 (the leading `decode` rows decode/verify rows): the
@@ -106,7 +116,8 @@ class GLMModel:
         self.mtp = MTPLayer(cfg, root.sub(f"layers.{cfg.mtp_layer}"), ops, cfg.mtp_layer, tp) if mtp else None
 
     def use_graphs(self, graphs) -> None:
-        """Replay the main layers' FFN halves of decode calls from `graphs` (model/graph_capture.py); None: eager."""
+        """Replay decode calls' layers from `graphs` (model/graph_capture.py: KDA layers whole, DSA layers' FFN
+        halves); None: eager."""
         for b in self.blocks:
             b.graphs = graphs
 

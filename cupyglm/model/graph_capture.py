@@ -1,30 +1,43 @@
-"""Decode work as CUDA graphs (cuda backend, CUPYGLM_CUDA_GRAPHS=1): each main layer's FFN half (dense MLP or
-MoE from the normed row, the all-reduce, hc_post fused with the next layer's hc_pre + norm) captured once per
-(layer, batch bucket) and replayed.
+"""Decode calls as CUDA graphs (cuda backend, CUPYGLM_CUDA_GRAPHS=1): per (layer, batch bucket) one graph,
+captured once and replayed. A KDA layer is captured whole (its attention half from the normed row, the
+all-reduce, hc_post fused with hc_pre + norm, the FFN half, the all-reduce, hc_post fused with the next layer's
+hc_pre + norm); a DSA layer's FFN half alone (its attention half stays eager).
 
 What is captured and why it stays exact:
 * Only calls whose rows are all decode/verify rows, at most 16 (`bucket`): a call of R rows runs in the smallest
   bucket B >= R (1, 2, 4, 8, 16). Rows are batch-invariant (every kernel of the decode role computes a row from
-  that row alone, the expert pairs sorted per expert in pair order), so the R real rows of a B-row replay are the
-  bits of the same R rows run eagerly; the padding rows B-R.. hold earlier real rows (or zeros at first) and
-  their outputs are dropped.
-* The FFN half reads nothing that changes per step but its input rows: its grids, shapes and host branches
-  depend on B alone, never on context length, page tables or sequences. The per-step inputs are the graph's
-  static (X [B, 4, D] bf16, h [B, D] bf16, post, comb), written in place (one copy each) before each replay; the weights, the guard flags
-  and everything else it reads are fixed allocations.
+  that row alone, the expert pairs sorted per expert in pair order, a KDA row from its own sequence's state), so
+  the R real rows of a B-row replay are the bits of the same R rows run eagerly; the padding rows B-R.. hold
+  earlier real rows (or zeros at first), run KDA on a zero state that is never written back, and their outputs
+  are dropped.
+* A graph reads nothing that changes per step but its input rows and, for KDA, the call's slot table: its grids,
+  shapes and host branches depend on B alone, never on context length, page tables or which sequences run.
+  The KDA states live in slots at fixed addresses (model/kda_slots.py states the ownership rule: a seated
+  sequence's SeqState arrays are views of its slot, written in place only by its own calls' replays, moved in
+  only when the batch's composition changes), stepped by one kda_step_slots launch for all the call's
+  sequences, each sequence's rows in order (MTP verify rows included).
+* Static inputs (X [B, 4, D] bf16, h [B, D] bf16, post, comb). Chained: when layer i's graph outputs are layer
+  i+1's inputs (consecutive captured layers), layer i+1 is captured with layer i's output buffers as its static
+  inputs, so nothing is copied between them; only inputs that come from eager work (the embedding, a DSA
+  attention half) are written in place (one copy each) before the replay. The weights, the guard flags, the
+  slots, the table and everything else a graph reads are fixed allocations.
 * The graphs' temporaries and outputs come from a private memory pool per bucket, kept alive with the graphs, so
   eager work never reuses them. A bucket's graphs share its pool (as PyTorch shares a graph pool): they replay
-  one after another on one stream in capture order (layer order), so a block one graph used as a temporary and
-  a later one reuses is never live in both; outputs stay allocated. A replay rewrites its output, which the
-  step consumes before the same graph replays again. Device memory: per bucket B, L x (X, h, post, comb) outputs
-  and one layer's temporaries (not in the memory plan: it comes out of CUPYGLM_MEMORY_RESERVE_GIB).
-* Capture is keyed by (layer, B) only, since nothing host-side in the FFN half depends on anything else. A
-  warm-up run of the same call precedes the capture (kernels loaded, guard flags allocated: no allocation
-  outside the pool, no module load inside the capture).
-Eager: prompt rows, mixed calls, the attention halves (their host-side shapes follow context lengths: index
-tails, visible pools, pick widths, page tables; KDA states are per-sequence arrays), embedding, lm_head, MTP.
+  one after another on one stream in capture order (layer order: a call captures all its layers' graphs or
+  none), so a block one graph used as a temporary and a later one reuses is never live in both; outputs stay
+  allocated. A replay rewrites its outputs, which the step (or the next graph) consumes before the same graph
+  replays again. Device memory: per bucket B, L x (X, h, post, comb) outputs and one layer's temporaries, plus
+  the KDA slots (not in the memory plan: it comes out of CUPYGLM_MEMORY_RESERVE_GIB).
+* Capture is keyed by (layer, B) only. A warm-up run of the same work precedes the capture (kernels loaded,
+  guard flags allocated: no allocation outside the pool, no module load inside the capture); a KDA warm-up runs
+  every row as padding, so no slot is written.
+Eager: prompt rows, mixed calls, calls over 16 rows, the DSA attention halves (their host-side shapes follow
+context lengths: index tails, visible pools, pick widths, page tables), embedding, lm_head, MTP.
 """
 from __future__ import annotations
+
+from cupyglm.kv.copy_hooks import address_of
+from cupyglm.model.kda_slots import KDASlots
 
 BUCKETS = (1, 2, 4, 8, 16)
 
@@ -39,51 +52,80 @@ def bucket(rows: int) -> int | None:
 
 class _Entry:
     def __init__(self, graph, static, out):
-        self.graph = graph            # cupy.cuda.Graph of block.ffn(*static, B, comm, nxt)
-        self.static = static          # (X [B, 4, D] bf16, h [B, D] bf16, post, comb): the graph's inputs, written in place
+        self.graph = graph            # cupy.cuda.Graph of the layer's captured work
+        self.static = static          # (X [B, 4, D] bf16, h [B, D] bf16, post, comb): its inputs, fixed buffers
         self.out = out                # (X', h', post', comb') from the bucket's pool (None entries after the last layer)
 
 
-class FFNGraphs:
-    """The captured FFN halves of one model, per (layer, bucket)."""
+class DecodeGraphs:
+    """The captured decode work of one model, per (layer, bucket)."""
 
     def __init__(self, ops, comm):
         self.ops, self.comm, self.cp = ops, comm, ops.xp
         self.stream = self.cp.cuda.Stream(non_blocking=True)       # captures only; replays run on the current
         self.entries: dict[tuple[int, int], _Entry] = {}
         self.pools: dict[int, object] = {}                          # bucket -> its graphs' cupy.cuda.MemoryPool
+        self.slots = KDASlots(self.cp)
         self.replays = 0
+        self.copies = 0                                             # static inputs written before a replay
 
-    def ffn(self, block, inputs: tuple, nxt):
-        """inputs (X, h, post, comb) of R decode/verify rows -> block.ffn(*inputs, R, comm, nxt), by a graph
-        replay when R fits a bucket."""
+    @staticmethod
+    def takes(rows: int, decode: int) -> bool:
+        """Whether a call of `rows` rows, the leading `decode` of them decode/verify rows, replays graphs."""
+        return decode == rows and bucket(rows) is not None
+
+    def layer(self, block, inputs: tuple, segs, nxt):
+        """A whole KDA layer of a decode call: inputs (X, h, post, comb) of its R rows -> the next layer's."""
         r = inputs[0].shape[0]
         b = bucket(r)
-        if b is None:
-            return block.ffn(*inputs, r, self.comm, nxt)
+        layer, slots = block.layer, self.slots
+        slots.seat(segs, r, b)
+        slots.move_in(layer, segs)
+        return self._replay(block, b, inputs,
+                            lambda *st: block.whole(*st, slots.args(layer, b), self.comm, nxt),
+                            lambda *st: block.whole(*st, slots.args(layer, b, warm=True), self.comm, nxt))
+
+    def ffn(self, block, inputs: tuple, nxt):
+        """A DSA layer's FFN half: inputs (X, h, post, comb) of R decode/verify rows -> block.ffn(...)."""
+        b = bucket(inputs[0].shape[0])
+        run = lambda *st: block.ffn(*st, b, self.comm, nxt)         # noqa: E731
+        return self._replay(block, b, inputs, run, run)
+
+    def _replay(self, block, b: int, inputs: tuple, run, warm):
+        r = inputs[0].shape[0]
         e = self.entries.get((block.layer, b))
         if e is None:
-            e = self.entries[(block.layer, b)] = self._capture(block, b, inputs, nxt)
+            e = self.entries[(block.layer, b)] = self._capture(b, inputs, run, warm)
         for s, x in zip(e.static, inputs):
-            s[:r] = x                                               # the per-step inputs, in place
+            if address_of(s) != address_of(x):                      # chained inputs are the buffers themselves
+                s[:r] = x
+                self.copies += 1
         e.graph.launch()
         self.replays += 1
         return tuple(None if o is None else o[:r] for o in e.out)
 
-    def _capture(self, block, b: int, inputs: tuple, nxt) -> _Entry:
+    def _chained(self, b: int, inputs: tuple):
+        """The output buffers of a bucket-b graph that `inputs` are (the previous captured layer's), or None."""
+        want = tuple(address_of(x) for x in inputs)
+        for (_, bb), e in self.entries.items():
+            if bb == b and all(o is not None for o in e.out) and tuple(address_of(o) for o in e.out) == want:
+                return e.out
+        return None
+
+    def _capture(self, b: int, inputs: tuple, run, warm) -> _Entry:
         cp = self.cp
         r = inputs[0].shape[0]
-        static = tuple(cp.zeros((b,) + tuple(x.shape[1:]), dtype=x.dtype) for x in inputs)   # padding rows zero at first
-        for s, x in zip(static, inputs):
-            s[:r] = x
-        block.ffn(*static, b, self.comm, nxt)                       # warm-up: kernels loaded, flags allocated
+        static = self._chained(b, inputs)
+        if static is None:
+            static = tuple(cp.zeros((b,) + tuple(x.shape[1:]), dtype=x.dtype) for x in inputs)   # padding rows zero at first
+        warm(*static)                                               # kernels loaded, flags allocated
         pool = self.pools.get(b)
         if pool is None:
             pool = self.pools[b] = cp.cuda.MemoryPool()
         with self.stream, cp.cuda.using_allocator(pool.malloc):
             self.stream.begin_capture()
             try:
-                out = block.ffn(*static, b, self.comm, nxt)
+                out = run(*static)
             finally:
                 graph = self.stream.end_capture()
         return _Entry(graph, static, out)

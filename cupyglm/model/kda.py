@@ -37,14 +37,30 @@ class KDALayer:
         storage = storage_of(self.ops)
         return alloc(self.ops.xp, state, storage), alloc(self.ops.xp, conv, storage)
 
-    def __call__(self, x, segs: list[Segment]):
-        """x: [T, D] bf16 (normed). Returns this rank's o_proj partial [T, D] fp32."""
-        ops, h, k, d = self.ops, self.heads, self.dk, decode_rows(segs)
+    def __call__(self, x, segs: list[Segment] | None, slots=None):
+        """x: [T, D] bf16 (normed). Returns this rank's o_proj partial [T, D] fp32. slots (a captured decode call,
+        model/graph_capture.py): (S [slots, H, K, K] fp32, window [slots, taps - 1, 3HK] bf16, seg [E, 3] int32,
+        done [E, H] int32): every row a decode/verify row, the sequences' states stepped in place in their slots
+        (segs unused); None: per segment of segs, out of place."""
+        ops, h, k = self.ops, self.heads, self.dk
+        d = x.shape[0] if slots is not None else decode_rows(segs)
         # every projection of x in one call, then both low-rank second factors: [T, 3HK], [T, r] x2, [T, H] bf16
         qkv, fa, ga, beta = ops.gemm_multi((x, x, x, x), (self.w_qkv, self.f_a, self.g_a, self.b),
                                            ("bf16", "bf16", "bf16", "sigmoid_bf16"), decode=d)
         a, gate_out = ops.gemm_multi((fa, ga), (self.f_b, self.g_b), ("bf16", "bf16"), decode=d)
         a, gate_out = a.reshape(-1, h, k), gate_out.reshape(-1, h, k)                  # [T, H, K] bf16
+        if slots is not None:
+            S, window, seg, done = slots
+            y = ops.kda_step_slots(S, qkv, window, self.conv, a, self.a_log, self.dt_bias, beta, seg, done,
+                                   self.cfg.kda_gate_lower_bound, L2_EPS, k ** -0.5)   # [T, H, V] bf16
+        else:
+            y = self._segments(x, qkv, a, beta, segs)
+        # the gated output norm and o_proj (for decode rows one launch: the norm in the GEMV's prologue)
+        return ops.kda_out_gemm(y, self.o_norm, gate_out, self.cfg.rms_norm_eps, self.o_proj, decode=d)
+
+    def _segments(self, x, qkv, a, beta, segs: list[Segment]):
+        """Each segment's rows on its sequence's state, out of place (new state arrays) -> y [T, H, V] bf16."""
+        ops, h, k = self.ops, self.heads, self.dk
         whole = len(segs) == 1 and segs[0].n == x.shape[0]           # one sequence: its rows are all of y
         y = None if whole else ops.xp.empty((x.shape[0], h, k), dtype=ops.bf16_dtype)  # [T, H, V] bf16
         for seg in segs:
@@ -56,8 +72,7 @@ class KDALayer:
             else:
                 y[seg.rows] = ys
             seg.state.kda_state[self.layer], seg.state.kda_conv[self.layer] = S, window
-        # the gated output norm and o_proj (for decode rows one launch: the norm in the GEMV's prologue)
-        return ops.kda_out_gemm(y, self.o_norm, gate_out, self.cfg.rms_norm_eps, self.o_proj, decode=d)
+        return y
 
     def _step(self, S, x, window, a, beta):
         """Decode/verify rows: the short conv, q and k l2-normed (q scaled by K^-0.5), the decay of a and the delta

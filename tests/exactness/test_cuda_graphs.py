@@ -3,6 +3,10 @@ work instead of running it and replays it on the same allocations (tests/cupy_do
 
 * replay = eager, bit for bit (logits, hence tokens), for decode steps at several context lengths (one past the
   sparse limit) and batch sizes 1..5 (buckets 1, 2, 4, 8), the graphs captured once and replayed after;
+* the same with sequences joining and leaving, verify rows (several rows of one sequence, run in order), mixed
+  and prompt calls between replays (a seated sequence leaves its KDA slot and moves back), more sequences than
+  slots (seats evicted), up to 16 rows;
+* a state kept while seated and restored into a fresh sequence decodes through the graphs as the fresh run;
 * padded = unpadded: a 3-row call in the 4-row bucket gives each row's bits of the same rows eager and of each
   row alone;
 * host launches per decode token drop, the graph launches and the kernels inside them counted apart;
@@ -23,6 +27,7 @@ from cupyglm.engine.engine import Engine
 from cupyglm.engine.runner import ModelRunner
 from cupyglm.engine.sampling import SamplingParams
 from cupyglm.model.glm import SeqInput
+from cupyglm.model.kda_slots import KDASlots
 
 PROMPTS = [[5, 17, 300, 42], list(range(60, 100)), [7] * 13, [9, 8, 7, 6, 5, 4], [11] * 21]
 
@@ -69,6 +74,71 @@ def test_graph_replay_equals_eager_across_buckets_and_lengths(tiny_ckpt, cuda_op
     assert graph.graphs.replays == len(plan) * layers
 
 
+def _call(runner, ops, items) -> list[np.ndarray]:
+    """items: (state, tokens, decode) -> every row's logits."""
+    out = runner.forward([SeqInput(t, s, all_logits=True, decode=d) for s, t, d in items])
+    return [ops.asnumpy(o.logits) for o in out]
+
+
+def test_replay_equals_eager_with_sequences_joining_leaving_verify_rows_and_evictions(tiny_ckpt, cuda_ops):
+    eager, graph = _runner(tiny_ckpt, cuda_ops, False), _runner(tiny_ckpt, cuda_ops, True)
+    graph.graphs.slots = KDASlots(cuda_ops.xp, n=4)                 # 6 sequences over 4 slots: seats evicted
+    prompts = PROMPTS + [[3, 1, 4, 1, 5, 9, 2, 6]]
+    es, gs = [eager.new_state() for _ in prompts], [graph.new_state() for _ in prompts]
+    rng = np.random.default_rng(3)
+    P, D = "prompt", "decode"
+    # each step one call: (sequence, kind, rows); a prompt row in a call makes it eager (mixed)
+    plan = [[(0, P, 0), (1, P, 0), (2, P, 0)],
+            [(0, D, 1), (1, D, 1), (2, D, 1)],                      # bucket 4
+            [(0, D, 4), (2, D, 1)],                                 # verify rows: 5 rows, bucket 8
+            [(3, P, 0), (4, P, 0)],                                 # two sequences join (eager prompts)
+            [(3, D, 1), (1, D, 1), (4, D, 1), (0, D, 1)],           # s2 absent, its seat taken: evicted
+            [(2, D, 3), (3, D, 1)],                                 # s2 back (moved in), verify rows
+            [(5, P, 0), (1, D, 1)],                                 # mixed call: eager, s1 leaves its slot
+            [(1, D, 1), (5, D, 2), (0, D, 1), (4, D, 1)],           # s1 moved back, s5 joins
+            [(0, D, 4), (1, D, 4), (2, D, 4), (3, D, 4)]]           # 16 rows
+    for step, call in enumerate(plan):
+        feed = [np.asarray(prompts[i], np.int32) if kind == P else rng.integers(0, 400, n).astype(np.int32)
+                for i, kind, n in call]
+        want = _call(eager, cuda_ops, [(es[i], f, kind == D) for (i, kind, _), f in zip(call, feed)])
+        got = _call(graph, cuda_ops, [(gs[i], f, kind == D) for (i, kind, _), f in zip(call, feed)])
+        for (i, _, _), w, g in zip(call, want, got):
+            assert np.isfinite(g).all(), f"step {step} seq {i}: non-finite logits"
+            assert np.array_equal(bits(w), bits(g)), f"step {step} seq {i}: max diff {np.abs(w - g).max()}"
+    slots = graph.graphs.slots
+    assert slots.evictions > 0 and slots.moves > 0
+    assert {b for _, b in graph.graphs.entries} == {4, 8, 16}
+
+
+def test_kept_state_resumed_through_graphs_equals_fresh(tiny_ckpt, cuda_ops):
+    """A state kept while it sits in its KDA slot (the walk copies from the slot's addresses) and restored into a
+    fresh sequence decodes through the graphs with the bits of the uninterrupted eager run."""
+    from cupyglm.kv.kept import KeptStore
+
+    eager, graph = _runner(tiny_ckpt, cuda_ops, False), _runner(tiny_ckpt, cuda_ops, True)
+    kept = KeptStore(tiny_ckpt.config, cuda_ops, graph.kv, 1, 1 << 22)
+    prompt = np.asarray(PROMPTS[1], np.int32)
+    e, a, other = eager.new_state(), graph.new_state(), graph.new_state()
+    _call(eager, cuda_ops, [(e, prompt, False)])
+    _call(graph, cuda_ops, [(a, prompt, False), (other, np.asarray(PROMPTS[0], np.int32), False)])
+    rng = np.random.default_rng(5)
+    feeds = [rng.integers(0, 400, n).astype(np.int32) for n in (1, 2, 1, 3, 1)]
+    for f in feeds[:2]:
+        _call(eager, cuda_ops, [(e, f, True)])
+        _call(graph, cuda_ops, [(a, f, True), (other, f[:1], True)])
+    kept.keep(1, a)
+    for f in feeds[2:]:                                              # a runs on: its slot changes after the keep
+        _call(graph, cuda_ops, [(other, f[:1], True), (a, f, True)])
+    b = graph.new_state()
+    graph.kv.ensure(b.pages, a.length - sum(f.size for f in feeds[2:]))
+    kept.restore(1, b)
+    for f in feeds[2:]:
+        want = _call(eager, cuda_ops, [(e, f, True)])[0]
+        got = _call(graph, cuda_ops, [(b, f, True), (other, f[:1], True)])[0]
+        assert np.array_equal(bits(want), bits(got)), f"resumed != fresh: max diff {np.abs(want - got).max()}"
+    assert graph.graphs.slots.moves > 0 and graph.graphs.replays > 0
+
+
 def test_padded_rows_equal_unpadded_and_alone(tiny_ckpt, cuda_ops):
     who = [0, 1, 2]                                      # 3 rows in the 4-row bucket
     graph = _runner(tiny_ckpt, cuda_ops, True)
@@ -107,8 +177,11 @@ def test_graphs_cut_host_launches_per_decode_token(tiny_ckpt, cuda_ops):
     layers = tiny_ckpt.config.num_hidden_layers
     assert on.graph_launches == layers and off.graph_launches == 0 and on.captured == 0
     assert on.launches + on.graph_launches < off.launches
-    assert on.launches + on.graph_kernels == off.launches           # the same kernels run, fewer from the host
-    assert on.syncs == off.syncs and on.h2d == off.h2d
+    kda = len(tiny_ckpt.config.kda_layers)
+    assert 0 < kda < layers
+    # the same kernels run, fewer from the host, and one kda_step_slots a KDA layer for both sequences' kda_step
+    assert on.launches + on.graph_kernels == off.launches - kda
+    assert on.syncs == off.syncs and on.h2d == off.h2d + 1           # + the call's slot table
 
 
 LENGTHS = [5, 40, 12, 20]
