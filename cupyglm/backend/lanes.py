@@ -158,3 +158,19 @@ def exp_f32(x):
     with np.errstate(over="ignore", under="ignore"):
         y = (p * s1) * s2
     return np.where(nan, x, y).astype(np.float32)
+
+
+def sigmoid_f32(x: np.ndarray) -> np.ndarray:
+    return (np.float32(1.0) / (np.float32(1.0) + exp_f32(-x))).astype(np.float32)
+
+
+def rsqrt_f32(x: np.ndarray) -> np.ndarray:
+    return (np.float32(1.0) / np.sqrt(x)).astype(np.float32)
+
+
+def seq_sum(parts) -> np.ndarray:
+    """Left-to-right sum of a short list of arrays (streams, taps)."""
+    acc = parts[0]
+    for p in parts[1:]:
+        acc = acc + p
+    return acc

@@ -11,29 +11,16 @@ from __future__ import annotations
 
 import numpy as np
 
-from cupyglm.backend.lanes import BF16, bf16, exp_f32, f32, gemm, lane_sum, out_kind, stored_weight
+from cupyglm.backend.lanes import (BF16, bf16, exp_f32, f32, gemm, lane_sum, out_kind, rsqrt_f32, seq_sum,
+                                   sigmoid_f32, stored_weight)
 from cupyglm.backend.logits_ops import LogitsOps
 from cupyglm.backend.numpy_gather import GatherOps
 from cupyglm.backend.numpy_gemm import NumpyGemm, round_out as _round
+from cupyglm.backend.numpy_kda import KDAOps
+from cupyglm.backend.numpy_moe import MoEOps
 from cupyglm.backend.roles import decode_rows
 
 NEG_INF = np.float32(-np.inf)
-
-
-def _sigmoid(x: np.ndarray) -> np.ndarray:
-    return (np.float32(1.0) / (np.float32(1.0) + exp_f32(-x))).astype(np.float32)
-
-
-def _rsqrt(x: np.ndarray) -> np.ndarray:
-    return (np.float32(1.0) / np.sqrt(x)).astype(np.float32)
-
-
-def _seq_sum(parts) -> np.ndarray:
-    """Left-to-right sum of a short list of arrays (streams, taps)."""
-    acc = parts[0]
-    for p in parts[1:]:
-        acc = acc + p
-    return acc
 
 
 def expand_pools(pools: np.ndarray, q: int, kpool: int) -> np.ndarray:
@@ -54,10 +41,11 @@ def paged_rows(tokens: np.ndarray, table: np.ndarray, page_tokens: int) -> np.nd
     return np.where(tokens < 0, np.int32(-1), rows).astype(np.int32)
 
 
-class NumpyOps(NumpyGemm, LogitsOps, GatherOps):
+class NumpyOps(NumpyGemm, KDAOps, MoEOps, LogitsOps, GatherOps):
     """The ops interface (DESIGN §2). Backends subclass it and replace ops with kernels. The reference GEMMs live in
     cupyglm.backend.numpy_gemm, the ops on a step's fp32 logits rows (sample, logprobs, penalize, mask_tokens) in
-    cupyglm.backend.logits_ops, the KV host-row gathers in cupyglm.backend.numpy_gather."""
+    cupyglm.backend.logits_ops, the KV host-row gathers in cupyglm.backend.numpy_gather, the KDA recurrence's ops in
+    cupyglm.backend.numpy_kda, the MoE routing and combine in cupyglm.backend.numpy_moe."""
 
     name = "numpy"
     xp = np
@@ -103,7 +91,7 @@ class NumpyOps(NumpyGemm, LogitsOps, GatherOps):
 
     def sigmoid(self, x: np.ndarray, out: str = "f32") -> np.ndarray:
         """1 / (1 + exp(-x)) of fp32 x, elementwise; out="bf16" rounds it (beta = bf16(sigmoid(b)))."""
-        return _round(_sigmoid(f32(x)), out_kind("sigmoid", out))
+        return _round(sigmoid_f32(f32(x)), out_kind("sigmoid", out))
 
     def residual_add(self, x: np.ndarray, partial: np.ndarray) -> np.ndarray:
         """A plain residual (the MTP layer): bf16(x + bf16(partial)). x: [T, D] bf16, partial: [T, D] fp32
@@ -115,7 +103,7 @@ class NumpyOps(NumpyGemm, LogitsOps, GatherOps):
         """Llama form per row: bf16(w * bf16(x * rsqrt(mean(x^2) + eps))). x: [..., D] bf16, w: [D] bf16."""
         x, w = f32(x), f32(w)
         ms = lane_sum(x * x) / np.float32(x.shape[-1])
-        r = _rsqrt(ms + np.float32(eps))
+        r = rsqrt_f32(ms + np.float32(eps))
         return bf16(w * f32(bf16(x * r[..., None])))
 
     def layernorm(self, x: np.ndarray, w: np.ndarray, b: np.ndarray, eps: float) -> np.ndarray:
@@ -125,7 +113,7 @@ class NumpyOps(NumpyGemm, LogitsOps, GatherOps):
         mean = lane_sum(x) / n
         d = x - mean[..., None]
         var = lane_sum(d * d) / n
-        return bf16(d * _rsqrt(var + np.float32(eps))[..., None] * w + b)
+        return bf16(d * rsqrt_f32(var + np.float32(eps))[..., None] * w + b)
 
     # ---- hyper-connections -----------------------------------------------------------------------
     def hc_pre(self, X: np.ndarray, fn: np.ndarray, base: np.ndarray, scale: np.ndarray,
@@ -134,13 +122,13 @@ class NumpyOps(NumpyGemm, LogitsOps, GatherOps):
         X, fn, base, scale = f32(X), f32(fn), f32(base), f32(scale)
         t, s, d = X.shape
         flat = X.reshape(t, s * d)
-        r = _rsqrt(lane_sum(flat * flat) / np.float32(s * d) + np.float32(norm_eps))
+        r = rsqrt_f32(lane_sum(flat * flat) / np.float32(s * d) + np.float32(norm_eps))
         mix = gemm(flat, fn) * r[:, None]                                   # [T, 24]
-        pre = _sigmoid(mix[:, 0:s] * scale[0] + base[0:s]) + np.float32(hc_eps)
-        post = np.float32(2.0) * _sigmoid(mix[:, s:2 * s] * scale[1] + base[s:2 * s])
+        pre = sigmoid_f32(mix[:, 0:s] * scale[0] + base[0:s]) + np.float32(hc_eps)
+        post = np.float32(2.0) * sigmoid_f32(mix[:, s:2 * s] * scale[1] + base[s:2 * s])
         logit = (mix[:, 2 * s:] * scale[2] + base[2 * s:]).reshape(t, s, s)
         comb = self._sinkhorn(logit, hc_eps, iters)
-        x = bf16(_seq_sum([pre[:, i:i + 1] * X[:, i, :] for i in range(s)]))
+        x = bf16(seq_sum([pre[:, i:i + 1] * X[:, i, :] for i in range(s)]))
         return x, post, comb
 
     def hc_pre_norm(self, X: np.ndarray, fn: np.ndarray, base: np.ndarray, scale: np.ndarray, norm_w: np.ndarray,
@@ -163,14 +151,14 @@ class NumpyOps(NumpyGemm, LogitsOps, GatherOps):
         n = logit.shape[-1]
         m = np.max(logit, axis=-1, keepdims=True)
         e = exp_f32(logit - m).astype(np.float32)
-        rows = _seq_sum([e[..., j:j + 1] for j in range(n)])
+        rows = seq_sum([e[..., j:j + 1] for j in range(n)])
         c = e / rows + eps
 
         def norm_cols(c):
-            return c / (_seq_sum([c[..., i:i + 1, :] for i in range(n)]) + eps)
+            return c / (seq_sum([c[..., i:i + 1, :] for i in range(n)]) + eps)
 
         def norm_rows(c):
-            return c / (_seq_sum([c[..., j:j + 1] for j in range(n)]) + eps)
+            return c / (seq_sum([c[..., j:j + 1] for j in range(n)]) + eps)
 
         c = norm_cols(c)
         for _ in range(iters - 1):
@@ -194,94 +182,7 @@ class NumpyOps(NumpyGemm, LogitsOps, GatherOps):
     def stream_mean(self, X: np.ndarray) -> np.ndarray:
         """[T, 4, D] bf16 -> [T, D] bf16(((X0 + X1) + X2) + X3) * 0.25)."""
         X = f32(X)
-        return bf16(_seq_sum([X[:, i, :] for i in range(X.shape[1])]) * np.float32(1.0 / X.shape[1]))
-
-    # ---- KDA -------------------------------------------------------------------------------------
-    def kda_conv(self, x: np.ndarray, window: np.ndarray, w: np.ndarray):
-        """Depthwise causal conv over [saved rows; new rows], taps oldest first, fp32, then SiLU, bf16.
-
-        x: [n, C] bf16, window: [taps - 1, C] bf16 (oldest first), w: [C, taps] bf16 -> (y [n, C] bf16,
-        window' [taps - 1, C] bf16).
-        """
-        x, window, w = f32(x), f32(window), f32(w)
-        taps = w.shape[1]
-        full = np.concatenate([window, x], axis=0)                           # [taps - 1 + n, C]
-        n = x.shape[0]
-        acc = _seq_sum([full[j:j + n] * w[:, j] for j in range(taps)])
-        y = bf16(acc * _sigmoid(acc))
-        return y, bf16(full[n:])
-
-    def kda_gate(self, a: np.ndarray, a_log: np.ndarray, dt_bias: np.ndarray, lower: float) -> np.ndarray:
-        """Per-channel decay g = exp(lower * sigmoid(exp(A_log) * (a + dt_bias))). a: [n, H, K] bf16,
-        a_log: [H] bf16, dt_bias: [H, K] bf16 -> fp32."""
-        a, a_log, dt_bias = f32(a), f32(a_log), f32(dt_bias)
-        inner = exp_f32(a_log)[None, :, None] * (a + dt_bias)
-        return exp_f32(np.float32(lower) * _sigmoid(inner)).astype(np.float32)
-
-    def l2norm(self, x: np.ndarray, eps: float, scale: float | None = None) -> np.ndarray:
-        """x / sqrt(sum(x^2) + eps) over the last axis: x bf16 -> fp32; then times scale (fp32) when given."""
-        x = f32(x)
-        y = (x * _rsqrt(lane_sum(x * x) + np.float32(eps))[..., None]).astype(np.float32)
-        return y if scale is None else y * np.float32(scale)
-
-    def kda_step(self, S: np.ndarray, x: np.ndarray, window: np.ndarray, w: np.ndarray, a: np.ndarray,
-                 a_log: np.ndarray, dt_bias: np.ndarray, beta: np.ndarray, lower: float, eps: float, q_scale: float):
-        """A segment's KDA step from its projections: conv = kda_conv(x, window, w), q = l2norm(q, eps, q_scale),
-        k = l2norm(k, eps), g = kda_gate(a), then kda_recurrence. x: [n, 3HK] bf16 (q, k, v heads), a: [n, H, K]
-        bf16 -> (y, S', window')."""
-        n, h, k = a.shape
-        conv, window = self.kda_conv(x, window, w)
-        q, kk, v = (conv[:, i * h * k:(i + 1) * h * k].reshape(n, h, k) for i in range(3))
-        y, S = self.kda_recurrence(S, self.l2norm(q, eps, q_scale), self.l2norm(kk, eps), v,
-                                   self.kda_gate(a, a_log, dt_bias, lower), beta)
-        return y, S, window
-
-    def kda_step_slots(self, S: np.ndarray, x: np.ndarray, window: np.ndarray, w: np.ndarray, a: np.ndarray,
-                       a_log: np.ndarray, dt_bias: np.ndarray, beta: np.ndarray, seg: np.ndarray, done: np.ndarray,
-                       lower: float, eps: float, q_scale: float) -> np.ndarray:
-        """kda_step per entry (row0, n, slot) of seg [E, 3] int32 on S[slot] [H, K, K] fp32 and window[slot]
-        [taps - 1, 3HK] bf16, written back in place; n = 0: no rows; slot < 0: zero state and window, nothing
-        written back. done [E, H] int32 stays zero (the kernel's counters). -> y [R, H, K] bf16 (rows in no entry
-        zero)."""
-        r, h, k = a.shape
-        y = bf16(np.zeros((r, h, k), dtype=np.float32))
-        for row0, n, slot in np.asarray(seg, dtype=np.int64).tolist():
-            if n <= 0:
-                continue
-            rows = slice(row0, row0 + n)
-            st = S[slot] if slot >= 0 else np.zeros(S.shape[1:], S.dtype)
-            win = window[slot] if slot >= 0 else np.zeros(window.shape[1:], window.dtype)
-            y[rows], st, win = self.kda_step(st, x[rows], win, w, a[rows], a_log, dt_bias, beta[rows], lower, eps,
-                                             q_scale)
-            if slot >= 0:
-                S[slot], window[slot] = st, win
-        return y
-
-    def kda_recurrence(self, S: np.ndarray, q: np.ndarray, k: np.ndarray, v: np.ndarray, g: np.ndarray,
-                       beta: np.ndarray):
-        """The per-token delta rule, the same for prefill and decode.
-
-        S: [H, V, K] fp32 (value rows x key columns); q, k, g: [n, H, K] fp32; v: [n, H, V] bf16;
-        beta: [n, H] bf16.
-        Per token: S *= g (along K); kv = S k; S += ((v - kv) * beta) outer k; y = S q.
-        Returns (y [n, H, V] bf16, S').
-        """
-        S, v, beta = S.copy(), f32(v), f32(beta)
-        n = q.shape[0]
-        y = np.empty(v.shape, dtype=np.float32)
-        for t in range(n):
-            S *= g[t][:, None, :]
-            kv = lane_sum(S * k[t][:, None, :])                              # [H, V]
-            u = (v[t] - kv) * beta[t][:, None]
-            S += u[:, :, None] * k[t][:, None, :]
-            y[t] = lane_sum(S * q[t][:, None, :])
-        return bf16(y), S
-
-    def kda_out(self, y: np.ndarray, w: np.ndarray, gate: np.ndarray, eps: float) -> np.ndarray:
-        """Per head: bf16(w * y * rsqrt(mean(y^2) + eps) * sigmoid(gate)). y, gate: [n, H, V] bf16, w: [V] bf16."""
-        y, w, gate = f32(y), f32(w), f32(gate)
-        r = _rsqrt(lane_sum(y * y) / np.float32(y.shape[-1]) + np.float32(eps))
-        return bf16(w * (y * r[..., None]) * _sigmoid(gate))
+        return bf16(seq_sum([X[:, i, :] for i in range(X.shape[1])]) * np.float32(1.0 / X.shape[1]))
 
     # ---- DSA indexer -----------------------------------------------------------------------------
     def index_pool(self, ik: np.ndarray, ig: np.ndarray, ape: np.ndarray) -> np.ndarray:
@@ -293,9 +194,9 @@ class NumpyOps(NumpyGemm, LogitsOps, GatherOps):
         ik, ig, ape = f32(ik), f32(ig), f32(ape)
         l = ig + ape[None]
         e = exp_f32(l - np.max(l, axis=1, keepdims=True)).astype(np.float32)
-        s = _seq_sum([e[:, j] for j in range(e.shape[1])])
+        s = seq_sum([e[:, j] for j in range(e.shape[1])])
         t = f32(bf16(f32(bf16(e / s[:, None])) * ik))
-        return bf16(_seq_sum([t[:, j] for j in range(t.shape[1])]))
+        return bf16(seq_sum([t[:, j] for j in range(t.shape[1])]))
 
     def index_scores(self, qi: np.ndarray, hw: np.ndarray, pk: np.ndarray) -> np.ndarray:
         """Score of every pool for every row: s = sum_h hw_h * relu(I^-0.5 * qi_h . pk).
@@ -368,54 +269,3 @@ class NumpyOps(NumpyGemm, LogitsOps, GatherOps):
         """attention over token lists tokens [T, W] int32 (positions, -1 padded) mapped through each row's page
         table table [T, width] int32 (paged_rows): the forward call's one row map serves every DSA layer."""
         return self.attention(qa, store, paged_rows(tokens, table, page_tokens), counts, scale, chunk, decode)
-
-    # ---- MoE -------------------------------------------------------------------------------------
-    def moe_route(self, logits: np.ndarray, bias: np.ndarray, k: int, scale: float):
-        """Sigmoid scores; top k of (score + bias), ties to the lower id; weights renormalised in pick
-        order and scaled. logits: [T, E] fp32, bias: [E] bf16 -> (ids [T, k] int32, weights [T, k] fp32)."""
-        bias = f32(bias)
-        score = _sigmoid(logits)
-        order = np.argsort(-(score + bias), axis=1, kind="stable")[:, :k].astype(np.int32)
-        chosen = np.take_along_axis(score, order, axis=1)
-        total = _seq_sum([chosen[:, j] for j in range(k)]) + np.float32(1e-20)
-        return order, (chosen / total[:, None] * np.float32(scale)).astype(np.float32)
-
-    def swiglu(self, gate: np.ndarray, up: np.ndarray, limit: float | None) -> np.ndarray:
-        """bf16(bf16(silu(min(gate, L))) * clip(up, -L, L)); no clamp when limit is None. gate, up bf16 -> bf16."""
-        gate, up = f32(gate), f32(up)
-        if limit is not None:
-            gate = np.minimum(gate, np.float32(limit))
-            up = np.clip(up, np.float32(-limit), np.float32(limit))
-        return bf16(f32(bf16(gate * _sigmoid(gate))) * up)
-
-    def moe_sort(self, ids: np.ndarray, n_experts: int):
-        """ids [T, k] -> (order, group, src, pos) [T*k] int32: pairs p = (row p // k, slot p % k) by expert (ids
-        outside [0, E) last), pair order within one; group = ids at order, src = order // k, pos = order's inverse."""
-        flat = ids.reshape(-1).astype(np.int64)
-        order = np.argsort(np.where((flat >= 0) & (flat < n_experts), flat, n_experts), kind="stable").astype(np.int32)
-        pos = np.argsort(order).astype(np.int32)                  # the inverse permutation
-        return order, flat[order].astype(np.int32), (order // ids.shape[1]).astype(np.int32), pos
-
-    def moe_route_sort(self, logits: np.ndarray, bias: np.ndarray, k: int, scale: float, n_experts: int):
-        """moe_route, then moe_sort of its ids: (ids, weights, order, group, src, pos)."""
-        ids, weights = self.moe_route(logits, bias, k, scale)
-        return (ids, weights, *self.moe_sort(ids, n_experts))
-
-    def moe_combine(self, y: np.ndarray, weights: np.ndarray, shared: np.ndarray, pos=None) -> np.ndarray:
-        """sum_k w_k y_k in slot order, then + shared; fp32. y: [T, k, D] (with pos: [T*k, D], slot j at pos[t*k+j])."""
-        y = y if pos is None else y[pos].reshape(weights.shape + (y.shape[1],))
-        acc = np.zeros_like(shared)
-        for j in range(y.shape[1]):
-            acc = acc + weights[:, j:j + 1] * y[:, j]
-        return acc + shared
-
-    def moe_experts(self, x, logits, bias, k: int, scale: float, w_gate, w_up, w_down, limit: float | None, sh_act,
-                    sh_down) -> np.ndarray:
-        """The routed experts of decode/verify rows x [T, D]: moe_route_sort, the grouped gate/up SwiGLU of x[src],
-        the experts' down projection and the shared expert's (of sh_act [T, Ns]), moe_combine -> [T, D] fp32."""
-        t = x.shape[0]
-        ids, weights, _, group, src, pos = self.moe_route_sort(logits, bias, k, scale, logits.shape[1])
-        pairs = t * ids.shape[1]
-        a = self.gemm_grouped_swiglu(x[src], w_gate, w_up, group, limit, decode=pairs)
-        ys, shared = self.gemm_grouped_dense(a, w_down, group, sh_act, sh_down, decode=pairs, decode2=t)
-        return self.moe_combine(ys, weights, shared, pos)
