@@ -35,7 +35,7 @@ def _runner(ckpt, backend: str, tokens: int, seqs: int = 1) -> ModelRunner:
     pt = cfg.page_tokens
     name = resolve(backend)[0]
     return ModelRunner(ckpt, make_ops(name), LocalComm(), seqs * (-(-tokens // pt) + 2), pt,
-                       graphs=cuda_graphs(name))              # CUPYGLM_CUDA_GRAPHS=1: decode FFN halves replayed
+                       graphs=cuda_graphs(name))              # CUPYGLM_CUDA_GRAPHS=1: decode layers replayed
 
 
 def _greedy(runner: ModelRunner, prompt: np.ndarray, n: int):
