@@ -28,19 +28,21 @@ def test_case_passes_in_every_order_and_its_control_is_red(c):
     assert r.control_red, r.line()
 
 
-FRAMEWORK = "gemm,norm,kv_,pick"      # the framework's kernels (the in-process test above runs them all)
+# The CLI's lines, orders and SUMMARY on two kernels' cases; the in-process test above runs every case in every
+# order, so a wider pattern here would only rerun those cases.
+CLI_PATTERN = "rmsnorm,pick"
 
 
 def test_cli_all_orders_prints_lines_and_summary():
     proc = subprocess.run([sys.executable, "-m", "cupyglm.cli.contract", "--backend", "sim", "--order", "all",
-                           "--kernels", FRAMEWORK], capture_output=True, text=True, timeout=900)
+                           "--kernels", CLI_PATTERN], capture_output=True, text=True, timeout=900)
     lines = proc.stdout.strip().splitlines()
     m = SUMMARY_RE.match(lines[-1])
     assert m, lines[-1]
     n, p, f, c, r, miss = map(int, m.groups())
-    cases = check.select(registry.load_all(), FRAMEWORK)
-    assert c == len(cases) == len(lines) - 1 >= 31
-    assert n == len({k for case in cases for k in case.kernels})
+    cases = check.select(registry.load_all(), CLI_PATTERN)
+    assert c == len(cases) == len(lines) - 1 >= 11
+    assert n == len({k for case in cases for k in case.kernels}) < c        # kernels count once, cases each
     assert all(LINE_RE.match(s) for s in lines[:-1]), lines
     assert (p, f, r, miss) == (n, 0, c, 0), proc.stdout
     assert proc.returncode == 0, proc.stderr
