@@ -125,3 +125,9 @@ def test_select_by_kernel_name_and_glob():
     cases = registry.load_all()
     assert {c.name for c in check.select(cases, "gemm_lane16")} >= {"gemm[decode]", "gemm_heads[decode]"}
     assert all(c.name.startswith("pick[") for c in check.select(cases, "pick[*"))
+    pick, picks = check.select(cases, "pick[*"), check.select(cases, "dsa_pick")
+    unflagged = [c.name for c in picks if "flags" not in c.name]
+    assert [c.name for c in check.select(cases, "dsa_pick,!*flags*")] == unflagged
+    assert "pick.flags[edges]" in {c.name for c in picks} and len(pick) < len(picks)
+    assert len(check.select(cases, "!pick[*")) == len(cases) - len(pick) > 0
+    assert check.select(cases, "pick[*,!dsa_pick") == []             # a `!` item naming a kernel drops its cases too
