@@ -16,7 +16,8 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="cupyglm-contract", description=__doc__.splitlines()[0])
     p.add_argument("--backend", choices=("sim", "cuda"), default="sim")
     p.add_argument("--kernels", default=None, metavar="PATTERN",
-                   help="cases whose name or kernel matches (glob, or substring; comma-separated)")
+                   help="cases whose name or kernel matches (glob, or substring; comma-separated; !PATTERN leaves "
+                        "those out)")
     p.add_argument("--order", choices=(*ORDERS, "all"), default="forward",
                    help="emulator thread order (sim); all = each of forward, reverse, shuffled, and identical "
                         "outputs across them")

@@ -71,16 +71,22 @@ class Report:
 
 
 def select(cases: Iterable[Case], pattern: str | None) -> list[Case]:
-    """Cases whose name or one of whose kernels matches `pattern` (a glob; plain text matches a substring)."""
+    """Cases whose name or one of whose kernels matches `pattern` (a glob; plain text matches a substring), less
+    those matching a `!`-prefixed item (only `!` items: every case but those)."""
     cases = list(cases)
     if not pattern:
         return cases
-    pats = [p.strip() for p in pattern.split(",") if p.strip()]
+    items = [p.strip() for p in pattern.split(",") if p.strip()]
+    pats = [p for p in items if not p.startswith("!")]
+    drop = [p[1:] for p in items if p.startswith("!")]
 
-    def hit(name: str) -> bool:
-        return any(fnmatch.fnmatchcase(name, p) if any(ch in p for ch in "*?[") else p in name for p in pats)
+    def hit(name: str, among: list[str]) -> bool:
+        return any(fnmatch.fnmatchcase(name, p) if any(ch in p for ch in "*?[") else p in name for p in among)
 
-    return [c for c in cases if hit(c.name) or any(hit(k) for k in c.kernels)]
+    def named(c: Case, among: list[str]) -> bool:
+        return hit(c.name, among) or any(hit(k, among) for k in c.kernels)
+
+    return [c for c in cases if (not pats or named(c, pats)) and not (drop and named(c, drop))]
 
 
 def _xp(backend: str):
