@@ -114,7 +114,6 @@ class DecodeGraphs:
 
     def _capture(self, b: int, inputs: tuple, run, warm) -> _Entry:
         cp = self.cp
-        r = inputs[0].shape[0]
         static = self._chained(b, inputs)
         if static is None:
             static = tuple(cp.zeros((b,) + tuple(x.shape[1:]), dtype=x.dtype) for x in inputs)   # padding rows zero at first
