@@ -133,18 +133,7 @@ static __device__ int smp_sorted_draw(const unsigned long long* __restrict__ key
     sh.b[c] = m;
   }
   __syncthreads();
-  float* src = sh.b;
-  float* dst = sh.b2;
-  for (int d = 1; d <= nc; d <<= 1) {                 // suffix max over b[0..nc], Hillis-Steele
-    for (int i = tid; i <= nc; i += nt) {
-      const float a = src[i];
-      const float c = i + d <= nc ? src[i + d] : 0.0f;
-      dst[i] = c > a ? c : a;
-    }
-    __syncthreads();
-    float* w = src; src = dst; dst = w;
-  }
-  const float* bsuf = src;
+  const float* bsuf = smp_suffix_max(sh.b, sh.b2, nc, tid, nt);     // suffix max over the chunk maxima
   auto bound = [&](int j) {                           // >= every e[i], i >= j (0 past the kept ids)
     const int c = (j < n ? j / C : nc) + SMP_SORT_SKIP;
     return bsuf[c < nc ? c : nc];

@@ -55,6 +55,23 @@ struct SmpShared {
   int stat_sort[5];                      // SAMPLE_STATS: the sorted path's radix passes, S, c and q terms, windows
 };
 
+// Suffix maxima of b[0..n] (Hillis-Steele, every thread of the block; b2 the scratch of the same size): returns
+// the array holding them (b or b2), each entry the largest of itself and every entry after it.
+static __device__ const float* smp_suffix_max(float* b, float* b2, int n, int tid, int nt) {
+  float* src = b;
+  float* dst = b2;
+  for (int d = 1; d <= n; d <<= 1) {
+    for (int i = tid; i <= n; i += nt) {
+      const float a = src[i];
+      const float c = i + d <= n ? src[i + d] : 0.0f;
+      dst[i] = c > a ? c : a;
+    }
+    __syncthreads();
+    float* w = src; src = dst; dst = w;
+  }
+  return src;
+}
+
 static __device__ __forceinline__ unsigned long long smp_warp_sum(unsigned long long v) {
   for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(FULL_MASK, v, off);
   return v;
@@ -249,18 +266,7 @@ static __device__ __forceinline__ int smp_tile_draw(const float* __restrict__ x,
     sh.b[i] = e;
   }
   __syncthreads();
-  float* src = sh.b;
-  float* dst = sh.b2;
-  for (int d = 1; d <= M; d <<= 1) {                  // suffix max over b[0..M], Hillis-Steele
-    for (int i = tid; i <= M; i += nt) {
-      const float a = src[i];
-      const float c = i + d <= M ? src[i + d] : 0.0f;
-      dst[i] = c > a ? c : a;
-    }
-    __syncthreads();
-    float* w = src; src = dst; dst = w;
-  }
-  const float* b = src;
+  const float* b = smp_suffix_max(sh.b, sh.b2, M, tid, nt);
 
   // ---- step 3: S ---------------------------------------------------------------------------------------
   if (tid == 0) {

@@ -93,6 +93,23 @@ def kda_recurrence(k: Kernels, S, q, kk, v, g, beta):
     return y, S_out
 
 
+def _step_rows(k: Kernels, kernel: str, h: int, kd: int, x, w, a, a_log, dt_bias, beta, min_taps: int):
+    """The row inputs and weights both decode steps take: x [n, 3HK] bf16, conv taps w [3HK, taps] bf16
+    (min_taps..8), a [n, H, K] bf16, a_log [H] fp32, dt_bias [H, K] fp32, beta [n, H] bf16."""
+    c = 3 * h * kd
+    x = _arg(k, kernel, "x", x, (None, c), k.bf16)
+    n = x.shape[0]
+    w = _arg(k, kernel, "w", w, (c, None), k.bf16)
+    taps = w.shape[1]
+    if not min_taps <= taps <= 8:
+        raise ValueError(f"{kernel}: {min_taps}..8 taps supported, got {taps}")
+    a = _arg(k, kernel, "a", a, (n, h, kd), k.bf16)
+    a_log = _arg(k, kernel, "a_log", a_log, (h,), np.float32)
+    dt_bias = _arg(k, kernel, "dt_bias", dt_bias, (h, kd), np.float32)
+    beta = _arg(k, kernel, "beta", beta, (n, h), k.bf16)
+    return x, w, taps, a, a_log, dt_bias, beta
+
+
 @op("kda_step")
 def kda_step(k: Kernels, S, x, window, w, a, a_log, dt_bias, beta, lower, eps, q_scale):
     """kda_conv of x (the q, k, v heads), l2norm of q (times q_scale) and k, kda_gate of a and kda_recurrence in
@@ -103,17 +120,9 @@ def kda_step(k: Kernels, S, x, window, w, a, a_log, dt_bias, beta, lower, eps, q
     if vd != kd or kd > 256:
         raise ValueError(f"kda_step: value rows = key columns <= 256 supported, got S of shape {tuple(S.shape)}")
     c = 3 * h * kd
-    x = _arg(k, "kda_step", "x", x, (None, c), k.bf16)
+    x, w, taps, a, a_log, dt_bias, beta = _step_rows(k, "kda_step", h, kd, x, w, a, a_log, dt_bias, beta, 1)
     n = x.shape[0]
-    w = _arg(k, "kda_step", "w", w, (c, None), k.bf16)
-    taps = w.shape[1]
-    if not 1 <= taps <= 8:
-        raise ValueError(f"kda_step: 1..8 taps supported, got {taps}")
     window = _arg(k, "kda_step", "window", window, (taps - 1, c), k.bf16)
-    a = _arg(k, "kda_step", "a", a, (n, h, kd), k.bf16)
-    a_log = _arg(k, "kda_step", "a_log", a_log, (h,), np.float32)
-    dt_bias = _arg(k, "kda_step", "dt_bias", dt_bias, (h, kd), np.float32)
-    beta = _arg(k, "kda_step", "beta", beta, (n, h), k.bf16)
     y = k.empty((n, h, kd), k.bf16)
     S_out = k.empty(S.shape)
     win = k.empty((taps - 1, c), k.bf16)
@@ -146,17 +155,9 @@ def kda_step_slots(k: Kernels, S, x, window, w, a, a_log, dt_bias, beta, seg, do
     if vd != kd or kd > 256:
         raise ValueError(f"kda_step_slots: value rows = key columns <= 256 supported, got S of shape {tuple(S.shape)}")
     c = 3 * h * kd
-    x = _arg(k, "kda_step_slots", "x", x, (None, c), k.bf16)
+    x, w, taps, a, a_log, dt_bias, beta = _step_rows(k, "kda_step_slots", h, kd, x, w, a, a_log, dt_bias, beta, 2)
     r = x.shape[0]
-    w = _arg(k, "kda_step_slots", "w", w, (c, None), k.bf16)
-    taps = w.shape[1]
-    if not 2 <= taps <= 8:
-        raise ValueError(f"kda_step_slots: 2..8 taps supported, got {taps}")
     window = _inplace(k, "kda_step_slots", "window", window, (slots, taps - 1, c), k.bf16)
-    a = _arg(k, "kda_step_slots", "a", a, (r, h, kd), k.bf16)
-    a_log = _arg(k, "kda_step_slots", "a_log", a_log, (h,), np.float32)
-    dt_bias = _arg(k, "kda_step_slots", "dt_bias", dt_bias, (h, kd), np.float32)
-    beta = _arg(k, "kda_step_slots", "beta", beta, (r, h), k.bf16)
     seg = _arg(k, "kda_step_slots", "seg", seg, (None, 3), np.int32)
     e = seg.shape[0]
     done = _inplace(k, "kda_step_slots", "done", done, (e, h), np.int32)
