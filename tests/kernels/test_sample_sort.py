@@ -16,9 +16,9 @@ import pytest
 
 from cupyglm.backend.lanes import exp_f32
 from cupyglm.backend.numpy_ops import NumpyOps
-from cupyglm.engine.sampling import _ordered
 from cupyglm.kernels import ops_sample
 from cupyglm.kernels.ops import Kernels
+from test_sample_tile import _ref_s_q
 
 REF = NumpyOps()
 KS = {o: Kernels("sim", np, order=o) for o in ("forward", "reverse", "shuffled")}
@@ -45,21 +45,6 @@ def _rows(rng, v, specs, scale=0.5, lift=6.0):
         x[i, ids[-8:-6]] = -np.inf
     cols = [np.array([s[j] for s in specs], dt) for j, dt in enumerate((F, np.int32, F, F))]
     return (x, *cols, rng.integers(0, 2**64, r, dtype=np.uint64), rng.integers(0, 100_000, r).astype(np.int32))
-
-
-def _ref_s_q(x, t, k, tp, mp):
-    """S and q[n' - 1] as the reference computes them (np.cumsum in float32)."""
-    x = (x / F(t)).astype(F)
-    s = x[_ordered(x, k)]
-    e = exp_f32(s - s[0])
-    S = np.cumsum(e, dtype=F)[-1]
-    p = (e / S).astype(F)
-    keep = p.shape[0]
-    if tp < 1:
-        keep = min(keep, 1 + int(np.count_nonzero(np.cumsum(p, dtype=F)[:-1] < F(tp))))
-    if mp > 0:
-        keep = min(keep, max(1, int(np.count_nonzero(p[:keep] >= F(mp) * p[0]))))
-    return S, np.cumsum(p[:keep], dtype=F)[-1]
 
 
 @pytest.mark.parametrize("v", [3001, 5000])
