@@ -16,8 +16,9 @@ from cupyglm.model.batch import Segment
 
 class CallMaps:
     """latent: [T] int32 store rows of the call's rows; positions: [T] int32; table: [T, width] int32 row t's page
-    table (zero padded past its pages); base: [T, 1] int32 t * width (the host path's flat table index); pools: seg.off -> [visible] int32 pooled-key rows of pools 0..visible-1
-    (sparse segments only). All views of one device array."""
+    table (zero padded past its pages); base: [T, 1] int32 t * width (the host path's flat table index); pools:
+    seg.off -> [visible] int32 pooled-key rows of pools 0..visible-1 (sparse segments only). All views of one
+    device array."""
 
     def __init__(self, segs: list[Segment], kv, xp):
         cfg, t = kv.cfg, sum(s.n for s in segs)
