@@ -6,6 +6,7 @@ work instead of running it and replays it on the same allocations (tests/cupy_do
 * the same with sequences joining and leaving, verify rows (several rows of one sequence, run in order), mixed
   and prompt calls between replays (a seated sequence leaves its KDA slot and moves back), more sequences than
   slots (seats evicted), up to 16 rows;
+* a released sequence vacates its seat with no copy: the next sequence takes that slot, nothing evicted;
 * a state kept while seated and restored into a fresh sequence decodes through the graphs as the fresh run;
 * padded = unpadded: a 3-row call in the 4-row bucket gives each row's bits of the same rows eager and of each
   row alone;
@@ -108,6 +109,32 @@ def test_replay_equals_eager_with_sequences_joining_leaving_verify_rows_and_evic
     slots = graph.graphs.slots
     assert slots.evictions > 0 and slots.moves > 0
     assert {b for _, b in graph.graphs.entries} == {4, 8, 16}
+
+
+def test_a_released_sequence_gives_its_seat_to_the_next_without_a_copy(tiny_ckpt, cuda_ops):
+    """runner.release vacates a finished sequence's KDA seat though its state lives on (the caller holds it): the
+    sequence joining next takes that exact slot, nothing is evicted, and every row keeps eager's bits."""
+    eager, graph = _runner(tiny_ckpt, cuda_ops, False), _runner(tiny_ckpt, cuda_ops, True)
+    slots = graph.graphs.slots = KDASlots(cuda_ops.xp, n=2)
+    es, gs = [eager.new_state() for _ in range(3)], [graph.new_state() for _ in range(3)]
+    feed = [np.asarray(p, np.int32) for p in PROMPTS[:3]]
+    _call(eager, cuda_ops, [(s, f, False) for s, f in zip(es, feed)])
+    _call(graph, cuda_ops, [(s, f, False) for s, f in zip(gs, feed)])
+    rng = np.random.default_rng(11)
+    for step, who in enumerate([[0, 1], [0, 1], [2, 1], [2, 1]]):
+        if step == 2:
+            eager.release(es[0])
+            graph.release(gs[0])
+        toks = [rng.integers(0, 400, 1).astype(np.int32) for _ in who]
+        want = _call(eager, cuda_ops, [(es[i], t, True) for i, t in zip(who, toks)])
+        got = _call(graph, cuda_ops, [(gs[i], t, True) for i, t in zip(who, toks)])
+        for i, w, g in zip(who, want, got):
+            assert np.array_equal(bits(w), bits(g)), f"step {step} seq {i}: max diff {np.abs(w - g).max()}"
+        assert [slots._seated(gs[i]) for i in who] == [0, 1]          # seq 2 in seq 0's slot from step 2
+    assert slots._seated(gs[0]) is None and slots.releases == 1
+    assert slots.evictions == 0                    # the finished sequence was not copied out
+    kda = len(tiny_ckpt.config.kda_layers)
+    assert slots.moves == 3 * 2 * kda              # each sequence's two arrays moved in once per KDA layer
 
 
 def test_kept_state_resumed_through_graphs_equals_fresh(tiny_ckpt, cuda_ops):
