@@ -131,8 +131,8 @@ def test_a_released_sequence_gives_its_seat_to_the_next_without_a_copy(tiny_ckpt
         for i, w, g in zip(who, want, got):
             assert np.array_equal(bits(w), bits(g)), f"step {step} seq {i}: max diff {np.abs(w - g).max()}"
         assert [slots._seated(gs[i]) for i in who] == [0, 1]          # seq 2 in seq 0's slot from step 2
-    assert slots._seated(gs[0]) is None and slots.releases == 1
     assert slots.evictions == 0                    # the finished sequence was not copied out
+    assert slots._seated(gs[0]) is None and slots.releases == 1
     kda = len(tiny_ckpt.config.kda_layers)
     assert slots.moves == 3 * 2 * kda              # each sequence's two arrays moved in once per KDA layer
 
