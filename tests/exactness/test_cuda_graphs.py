@@ -73,6 +73,20 @@ def test_graph_replay_equals_eager_across_buckets_and_lengths(tiny_ckpt, cuda_op
     assert {b for _, b in graph.graphs.entries} == {1, 2, 4, 8}
     assert len(graph.graphs.entries) == 4 * layers                 # captured once per (layer, bucket)
     assert graph.graphs.replays == len(plan) * layers
+    _memory_within_the_plan(tiny_ckpt.config, graph.graphs, cuda_ops)
+
+
+def _memory_within_the_plan(cfg, graphs, ops) -> None:
+    """The seats hold exactly what the plan counts for the buckets used; each bucket's pool stays within its bound."""
+    from cupyglm.engine.plan_graphs import graph_pool_bytes
+    from cupyglm.memory import graph_slot_arrays, storage_of, total_bytes
+
+    storage, slots = storage_of(ops), graphs.slots
+    assert slots.nbytes() == total_bytes(graph_slot_arrays(cfg, 1, slots.n, tuple(sorted(slots.seg))), storage)
+    for b, pool in graphs.pools.items():
+        held, bound = pool.total_bytes(), graph_pool_bytes(cfg, 1, storage, b)
+        print(f"bucket {b}: pool {held:,} B, plan's bound {bound:,} B")
+        assert held <= bound, f"bucket {b}: the pool holds {held:,} B, past the plan's bound {bound:,} B"
 
 
 def _call(runner, ops, items) -> list[np.ndarray]:
@@ -246,4 +260,6 @@ def test_engine_with_graphs_equals_numpy(tiny_ckpt, cuda_ops, drafts):
     eng = _engine(tiny_ckpt, cuda_ops, True, drafts)
     got = _run(eng, prompts)
     assert eng.runner.graphs.replays > 0
+    slots = eng.runner.graphs.slots                 # every finished request released its seat, none copied out
+    assert all(o is None for o in slots.owner) and slots.releases > 0 and slots.evictions == 0
     assert got == _run(_engine(tiny_ckpt, NumpyOps(), False, drafts), prompts)
