@@ -208,8 +208,9 @@ def graph_slot_arrays(cfg: ModelConfig, tp: int, slots: int, buckets: tuple[int,
     h, k = cfg.kda_num_heads // tp, cfg.kda_head_dim
     out = []
     for layer in cfg.kda_layers:
-        out += [ArraySpec(f"graphs.slot_state.{layer}", (slots, h, k, k), FP32),                        # [n, H, K, K]
-                ArraySpec(f"graphs.slot_conv.{layer}", (slots, cfg.kda_conv_size - 1, 3 * h * k), BF16)]  # [n, taps-1, 3HK]
+        taps = cfg.kda_conv_size - 1
+        out += [ArraySpec(f"graphs.slot_state.{layer}", (slots, h, k, k), FP32),          # [n, H, K, K]
+                ArraySpec(f"graphs.slot_conv.{layer}", (slots, taps, 3 * h * k), BF16)]   # [n, taps - 1, 3HK]
     for b in buckets:
         out += [ArraySpec(f"graphs.seg.{b}", (b, 3), I32),         # [B, 3] (row0, n, slot) per sequence
                 ArraySpec(f"graphs.warm.{b}", (b, 3), I32),        # [B, 3] every row padding
