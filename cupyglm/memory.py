@@ -14,6 +14,8 @@ plan of every backend counts the bytes that backend allocates.
     kv host     with CUPYGLM_KV_HOST: latent rows in host memory; on the device the gather's slots [S, R] bf16,
                  their rows [S] i32 and a mark per host row [N] i32
     prompt cache the kept-state arena: [kept pages, page bytes] u8 (device, or host with CUPYGLM_HOST_CACHE)
+    cuda graphs  with CUPYGLM_CUDA_GRAPHS: the KDA seats (per KDA layer 16 states and windows, per bucket the call's
+                 tables) and per bucket the graphs' inputs and outputs per layer (engine/plan_graphs.py sums them)
 """
 from __future__ import annotations
 
@@ -196,3 +198,30 @@ def prompt_cache_arena(cache_bytes: int, page_bytes: int) -> ArraySpec:
     if page_bytes <= 0:
         raise ValueError(f"kept page bytes must be positive, got {page_bytes}")
     return ArraySpec("prompt_cache.arena", (max(0, cache_bytes) // page_bytes, page_bytes), U8)  # [pages, B] u8
+
+
+# ---- CUDA graphs ------------------------------------------------------------------------------------------------
+
+def graph_slot_arrays(cfg: ModelConfig, tp: int, slots: int, buckets: tuple[int, ...]) -> list[ArraySpec]:
+    """The KDA seats of captured decode calls (model/kda_slots.py), exactly: per KDA layer `slots` recurrent states
+    and conv windows; per bucket B the call's table, its all-padding twin and kda_step_slots' counters."""
+    h, k = cfg.kda_num_heads // tp, cfg.kda_head_dim
+    out = []
+    for layer in cfg.kda_layers:
+        taps = cfg.kda_conv_size - 1
+        out += [ArraySpec(f"graphs.slot_state.{layer}", (slots, h, k, k), FP32),          # [n, H, K, K]
+                ArraySpec(f"graphs.slot_conv.{layer}", (slots, taps, 3 * h * k), BF16)]   # [n, taps - 1, 3HK]
+    for b in buckets:
+        out += [ArraySpec(f"graphs.seg.{b}", (b, 3), I32),         # [B, 3] (row0, n, slot) per sequence
+                ArraySpec(f"graphs.warm.{b}", (b, 3), I32),        # [B, 3] every row padding
+                ArraySpec(f"graphs.done.{b}", (b, h), I32)]        # [B, H] the step's counters
+    return out
+
+
+def graph_stream_arrays(cfg: ModelConfig, b: int, tag: str) -> list[ArraySpec]:
+    """One set of a captured layer's inputs or outputs for bucket b: the streams and the next sublayer's input."""
+    d, s = cfg.hidden_size, cfg.hc_mult
+    return [ArraySpec(f"graphs.{tag}.X", (b, s, d), BF16),         # [B, 4, D] streams
+            ArraySpec(f"graphs.{tag}.h", (b, d), BF16),            # [B, D] normed input of the next sublayer
+            ArraySpec(f"graphs.{tag}.post", (b, s), FP32),         # [B, 4] hc_post gates
+            ArraySpec(f"graphs.{tag}.comb", (b, s, s), FP32)]      # [B, 4, 4] Sinkhorn mix

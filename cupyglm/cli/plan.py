@@ -1,15 +1,15 @@
 """cupyglm-plan: the memory plan for any config and card size, without weights.
 
     cupyglm-plan --config glm-5.3-flash --tp 2 --card-gib 96 [--kv-host] [--context N] [--page-tokens N]
-                 [--quant fp8|nvfp4 | --model DIR]
+                 [--quant fp8|nvfp4 | --model DIR] [--cuda-graphs]
 
 Weights: bf16, or a quantised checkpoint's stored bytes (packed values + scales) a rank holds: `--quant` names
 the format (the projections the published FP8 release quantises), `--model DIR` reads a checkpoint's config,
 quantisation declaration and safetensors headers (no weight is read).
 
 The plan counts every array as `cupyglm.memory` describes it at the backends' storage (--storage to state
-another). Prints the bytes per token, one plan line per rank (weights, pages x bytes, window, prompt cache, reserve,
-free) and the pages and window; exits 1 with `PlanError: ...` when the plan does not fit.
+another). Prints the bytes per token, one plan line per rank (weights, scratch, cuda graphs when on, pages x bytes,
+window, prompt cache, reserve, free) and the pages and window; exits 1 with `PlanError: ...` when the plan does not fit.
 """
 from __future__ import annotations
 
@@ -49,6 +49,10 @@ def build_parser() -> argparse.ArgumentParser:
     reserve = env.get("CUPYGLM_MEMORY_RESERVE_GIB") or env.VARIABLES["CUPYGLM_MEMORY_RESERVE_GIB"][0]
     p.add_argument("--reserve-gib", type=float, default=float(reserve),
                    help=f"memory kept free per rank (default $CUPYGLM_MEMORY_RESERVE_GIB, {reserve})")
+    graphs = env.get_or("CUPYGLM_CUDA_GRAPHS") == "1"
+    p.add_argument("--cuda-graphs", action=argparse.BooleanOptionalAction, default=graphs,
+                   help="decode calls replay CUDA graphs: their KDA seats and pools in the plan (default "
+                        f"$CUPYGLM_CUDA_GRAPHS, {'on' if graphs else 'off'})")
     p.add_argument("--weights-gib", type=float, default=None,
                    help="per-rank weights in GiB (a quantised checkpoint); default: bf16 shard shapes")
     p.add_argument("--quant", choices=("fp8", "nvfp4"), default=None,
@@ -112,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
                              reserve_gib=args.reserve_gib, prompt_cache_gib=args.prompt_cache_gib,
                              host_cache=args.host_cache, chunk_rows=args.prefill_chunk,
                              weights=None if args.weights_gib is None else int(args.weights_gib * GIB),
-                             quant=layout)
+                             quant=layout, graphs=args.cuda_graphs)
                  for r in range(args.tp)]
     except (PlanError, ValueError) as e:
         print(f"PlanError: {e}", file=sys.stderr)

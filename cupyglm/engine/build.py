@@ -37,7 +37,7 @@ def plan_for(world, ckpt, ops, *, parallel: int | None = None, mtp: bool = False
               context=st.context, page_tokens=st.page_tokens, kv_pages=st.kv_pages, kv_host=st.kv_host,
               kv_host_bytes=None if st.kv_host_gib is None else int(st.kv_host_gib * GIB),
               reserve_gib=st.memory_reserve_gib, prompt_cache_gib=st.prompt_cache_gib, host_cache=st.host_cache,
-              chunk_rows=chunk, mtp=mtp, pool_cap=cpu, quant=layout_of(ckpt))
+              chunk_rows=chunk, mtp=mtp, pool_cap=cpu, quant=layout_of(ckpt), graphs=cuda_graphs(world.backend))
     try:                                   # what fits this rank; refusals wait until the ranks agree
         local_fit, local_error = plan_memory(cfg, **{**kw, "context": 0, "kv_pages": 0}).fit_pages, None
     except PlanError as e:

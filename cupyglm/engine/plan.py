@@ -5,6 +5,7 @@
       - scratch      (activations for the step's rows + the fixed state of `parallel` sequences)
       - reserve      (CUPYGLM_MEMORY_RESERVE_GIB)
       - prompt cache (--prompt-cache-gib, unless CUPYGLM_HOST_CACHE puts it in host memory)
+      - cuda graphs  (CUPYGLM_CUDA_GRAPHS: the KDA seats exactly, the graphs' pools as a bound; plan_graphs.py)
       = room for KV pages (`cupyglm.memory.kv_arrays` of one page each)
 
 Every array's bytes come from `cupyglm.memory`, at the storage of the backend that allocates them, so the plan
@@ -22,6 +23,7 @@ import functools
 import numpy as np
 
 from cupyglm.config import ModelConfig
+from cupyglm.engine.plan_graphs import describe, graph_bytes, graph_terms
 from cupyglm.memory import (FP32, Storage, gather_arrays, host_latent_arrays, kv_arrays, prompt_cache_arena,
                             state_arrays, total_bytes, weight_arrays)
 
@@ -119,6 +121,11 @@ class MemoryPlan:
     host_pages: int = 0               # --kv-host: pages the host rows hold (CUPYGLM_KV_HOST_GIB, one window unasked)
     gather_slots: int = 0             # --kv-host: the gather's slots (the window: host_rows.py's bound)
     gather_bytes: int = 0             # --kv-host: the gather's device buffers (in the scratch)
+    graph_terms: tuple = ()           # CUDA graphs: (name, bytes, exact) per term (plan_graphs.graph_terms)
+
+    @property
+    def graph_bytes(self) -> int:
+        return graph_bytes(self.graph_terms)
 
     @property
     def kv_bytes(self) -> int:
@@ -141,8 +148,9 @@ class MemoryPlan:
                    f"gather {self.gather_slots:,} slots = {_gib(self.gather_bytes)} in the scratch)")
         budget = f" of {_gib(self.budget_bytes)}" if self.budget_bytes else f" (--kv-gib {_gib(self.explicit_kv_bytes)})"
         cap = f" ({self.window_cap})" if self.window_cap else ""
+        graphs = f", cuda graphs {_gib(self.graph_bytes)} ({describe(self.graph_terms)})" if self.graph_terms else ""
         return (f"rank {self.rank} plan ({self.storage}): weights {_gib(self.weights_bytes)}, scratch "
-                f"{_gib(self.scratch_bytes)}, {kv}, window {self.context:,} tokens{cap}, {cache}, reserve "
+                f"{_gib(self.scratch_bytes)}{graphs}, {kv}, window {self.context:,} tokens{cap}, {cache}, reserve "
                 f"{_gib(self.reserve_bytes)}, free {_gib(self.free_bytes)}{budget}")
 
     def summary(self) -> str:
@@ -178,12 +186,14 @@ def plan_memory(cfg: ModelConfig, *, storage: Storage, tp: int = 1, rank: int = 
                 kv_pages: int = 0, kv_host: bool = False, kv_host_bytes: int | None = None,
                 reserve_gib: float = 1.0, prompt_cache_gib: float = 0.0, host_cache: bool = False,
                 chunk_rows: int = 2048, weights: int | None = None, quant=None,
-                mtp: bool = False, pool_cap: bool = False, fit_pages: int | None = None) -> MemoryPlan:
+                mtp: bool = False, pool_cap: bool = False, fit_pages: int | None = None,
+                graphs: bool = False) -> MemoryPlan:
     """The plan of one rank, every array at the backend's `storage` (`memory.storage_of(ops)`). `budget_bytes`:
     the memory this rank plans in (card or host); `kv_budget_bytes` (--kv-gib) replaces the arithmetic with an
     explicit KV budget. `fit_pages` overrides the pages that fit (the minimum over ranks, see `agree`).
     `pool_cap` (CPU backends) sizes the pool to `parallel` full windows rather than all memory; `mtp`: the
-    MTP head is built (its weights and state rows counted, and each stream's verify snapshot, engine/verify)."""
+    MTP head is built (its weights and state rows counted, and each stream's verify snapshot, engine/verify);
+    `graphs`: decode calls replay CUDA graphs (their seats and pools counted before the pages, plan_graphs.py)."""
     if tp < 1 or parallel < 1:
         raise PlanError(f"tp and parallel must be positive (got tp {tp}, parallel {parallel})")
     page_tokens = page_tokens or cfg.page_tokens
@@ -204,17 +214,26 @@ def plan_memory(cfg: ModelConfig, *, storage: Storage, tp: int = 1, rank: int = 
         raise PlanError(f"--prompt-cache-gib {prompt_cache_gib:g} holds no kept page of {_size(page_bytes)} "
                         f"(give 0 for no prompt cache, or at least {page_bytes / GIB:.6f})")
     cache_here = 0 if host_cache else cache
+    terms = graph_terms(cfg, tp, storage) if graphs else ()
+    graph = graph_bytes(terms)
     if kv_budget_bytes is not None:
         budget, room = 0, int(kv_budget_bytes)
     else:
         if budget_bytes is None:
             raise PlanError("no memory budget: give the card size or --kv-gib")
         budget = int(budget_bytes)
-        room = budget - wbytes - scratch - reserve - cache_here
+        room = budget - wbytes - scratch - reserve - cache_here - graph
+        if graph and room < page_bytes <= room + graph and fit_pages is None:
+            raise PlanError(f"CUDA graphs do not fit on rank {rank}: they need {_gib(graph)} ({describe(terms)}) "
+                            f"but {_gib(room + graph)} are left after weights {_gib(wbytes)} + scratch "
+                            f"{_gib(scratch)} + reserve {_gib(reserve)}"
+                            + (f" + prompt cache {_gib(cache_here)}" if cache_here else "")
+                            + f", and a KV page needs {_size(page_bytes)} more (CUPYGLM_CUDA_GRAPHS=0 runs eagerly)")
         if room < page_bytes and fit_pages is None:
             raise PlanError(f"no room for KV pages on rank {rank}: weights {_gib(wbytes)} + scratch "
                             f"{_gib(scratch)} + reserve {_gib(reserve)}"
                             + (f" + prompt cache {_gib(cache_here)}" if cache_here else "")
+                            + (f" + cuda graphs {_gib(graph)}" if graph else "")
                             + f" exceed the {_gib(budget)} budget (a quantised checkpoint: --quant, --model or "
                             f"--weights-gib in cupyglm-plan)")
     fit = max(0, room // page_bytes) if fit_pages is None else fit_pages
@@ -238,7 +257,7 @@ def plan_memory(cfg: ModelConfig, *, storage: Storage, tp: int = 1, rank: int = 
                       bytes_per_token=page_bytes // page_tokens, host_bytes_per_token=host_bpt, fit_pages=fit,
                       num_pages=pages, context=window, window_cap=cap, free_bytes=free,
                       explicit_kv_bytes=int(kv_budget_bytes or 0), host_pages=host_pages, gather_slots=slots,
-                      gather_bytes=gather)
+                      gather_bytes=gather, graph_terms=terms)
 
 
 def _host_rows(cfg: ModelConfig, storage: Storage, page_tokens: int, context: int, kv_host: bool,

@@ -34,7 +34,10 @@ class ModelRunner:
         return self.model.new_state()
 
     def release(self, state) -> None:
+        """A finished sequence: its pages back, and its KDA seat vacated without a copy (model/kda_slots.py)."""
         self.model.release(state)
+        if self.graphs is not None:
+            self.graphs.slots.release(state)
 
     def forward(self, batch: list[SeqInput], check: bool = True) -> list[SeqOutput]:
         """check=False: the caller reads the step's device checks itself, with its one read-back

@@ -17,10 +17,18 @@ Ownership (what must stay true):
   slots). A sequence without a seat takes a free slot, else the slot of an owner absent from the call, which is
   evicted first: its arrays still in the slot are copied out to its own arrays. So a slot's bytes change only
   through its owner's calls, and a state moves only when the batch's composition changes.
+* A released sequence (runner.release: the request finished or was aborted) vacates its seat at once, with no
+  copy: its bytes are never read again, and its SeqState drops its views of the slot (a later read of them fails
+  by name instead of reading the slot's next owner). A sequence kept as a prompt-cache entry (kv/kept.py) keeps
+  its seat and needs no copy-out either: a keep runs in the step whose rows reached its length, after that step's
+  forward and before any later call can seat another sequence, and the walk copies the slot's bytes from the
+  addresses the state holds (engine._run: a message's releases first, its keeps after its rows); the entry's
+  bytes are then the arena's, so the slot may be reused once the sequence is released. So an eviction copies out
+  only a sequence that lives on and may run again, never a released one.
 * The call's table seg [B, 3] int32 (row0, n, slot) per sequence (its rows in order), padding rows (r, 1, -1) on a
   zero state with nothing written back, the rest (0, 0, -1); uploaded once per call, read by every layer's graph.
-Device memory: 16 x (H K K fp32 + (taps - 1) 3HK bf16) per KDA layer, outside the memory plan (from the reserve),
-as the graphs' pools.
+Device memory: 16 x (H K K fp32 + (taps - 1) 3HK bf16) per KDA layer and the per-bucket tables, counted by the
+memory plan (`cupyglm.memory.graph_slot_arrays`) when graphs are on.
 """
 from __future__ import annotations
 
@@ -46,7 +54,8 @@ class KDASlots:
         self.call = None                       # the segment list seated last (one object per forward call)
         self.slot_of: dict[int, int] = {}      # id(state) -> slot, for the call seated last
         self.moves = 0                         # arrays copied into slots
-        self.evictions = 0
+        self.evictions = 0                     # owners copied out of their slot to seat another sequence
+        self.releases = 0                      # seats vacated by a release (no copy)
 
     def _seated(self, st) -> int | None:
         for i, ref in enumerate(self.owner):
@@ -84,7 +93,23 @@ class KDASlots:
         if b not in self.seg:
             self.seg[b] = self.xp.zeros((b, 3), dtype=np.int32)
             self.warm[b] = self.xp.asarray(np.array([(r, 1, -1) for r in range(b)], dtype=np.int32))
-        self.seg[b].set(np.asarray(table, dtype=np.int32))              # one upload per call
+        _upload(self.seg[b], np.asarray(table, dtype=np.int32))         # one upload per call
+
+    def release(self, st) -> None:
+        """A finished sequence leaves its seat (no copy: its state is never read again) and drops its views of the
+        slot; nothing happens for a sequence without a seat."""
+        i = self._seated(st)
+        if i is None:
+            return
+        for layer, S in self.S.items():
+            if layer in st.kda_state and address_of(st.kda_state[layer]) == address_of(S[i]):
+                del st.kda_state[layer]
+            if layer in st.kda_conv and address_of(st.kda_conv[layer]) == address_of(self.W[layer][i]):
+                del st.kda_conv[layer]
+        self.owner[i] = None
+        if self.call is not None and any(s.state is st for s in self.call):
+            self.call, self.slot_of = None, {}                     # the next forward seats afresh
+        self.releases += 1
 
     def _evict(self, i: int) -> None:
         """The owner of slot i gets its own copies of whatever of its state still sits in the slot."""
@@ -122,3 +147,16 @@ class KDASlots:
         if b not in self.done:
             self.done[b] = self.xp.zeros((b, S.shape[1]), dtype=np.int32)
         return S, self.W[layer], (self.warm if warm else self.seg)[b], self.done[b]
+
+    def nbytes(self) -> int:
+        """Bytes the slots and the per-bucket tables hold now (`memory.graph_slot_arrays` counts them at most)."""
+        arrays = [*self.S.values(), *self.W.values(), *self.seg.values(), *self.warm.values(), *self.done.values()]
+        return sum(int(a.nbytes) for a in arrays)
+
+
+def _upload(dst, host: np.ndarray) -> None:
+    """host -> dst in one copy (a device array's set; an array of a CPU backend in place)."""
+    if isinstance(dst, np.ndarray):
+        dst[...] = host
+    else:
+        dst.set(host)

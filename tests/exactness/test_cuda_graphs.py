@@ -6,6 +6,7 @@ work instead of running it and replays it on the same allocations (tests/cupy_do
 * the same with sequences joining and leaving, verify rows (several rows of one sequence, run in order), mixed
   and prompt calls between replays (a seated sequence leaves its KDA slot and moves back), more sequences than
   slots (seats evicted), up to 16 rows;
+* a released sequence vacates its seat with no copy: the next sequence takes that slot, nothing evicted;
 * a state kept while seated and restored into a fresh sequence decodes through the graphs as the fresh run;
 * padded = unpadded: a 3-row call in the 4-row bucket gives each row's bits of the same rows eager and of each
   row alone;
@@ -72,6 +73,20 @@ def test_graph_replay_equals_eager_across_buckets_and_lengths(tiny_ckpt, cuda_op
     assert {b for _, b in graph.graphs.entries} == {1, 2, 4, 8}
     assert len(graph.graphs.entries) == 4 * layers                 # captured once per (layer, bucket)
     assert graph.graphs.replays == len(plan) * layers
+    _memory_within_the_plan(tiny_ckpt.config, graph.graphs, cuda_ops)
+
+
+def _memory_within_the_plan(cfg, graphs, ops) -> None:
+    """The seats hold exactly what the plan counts for the buckets used; each bucket's pool stays within its bound."""
+    from cupyglm.engine.plan_graphs import graph_pool_bytes
+    from cupyglm.memory import graph_slot_arrays, storage_of, total_bytes
+
+    storage, slots = storage_of(ops), graphs.slots
+    assert slots.nbytes() == total_bytes(graph_slot_arrays(cfg, 1, slots.n, tuple(sorted(slots.seg))), storage)
+    for b, pool in graphs.pools.items():
+        held, bound = pool.total_bytes(), graph_pool_bytes(cfg, 1, storage, b)
+        print(f"bucket {b}: pool {held:,} B, plan's bound {bound:,} B")
+        assert held <= bound, f"bucket {b}: the pool holds {held:,} B, past the plan's bound {bound:,} B"
 
 
 def _call(runner, ops, items) -> list[np.ndarray]:
@@ -108,6 +123,32 @@ def test_replay_equals_eager_with_sequences_joining_leaving_verify_rows_and_evic
     slots = graph.graphs.slots
     assert slots.evictions > 0 and slots.moves > 0
     assert {b for _, b in graph.graphs.entries} == {4, 8, 16}
+
+
+def test_a_released_sequence_gives_its_seat_to_the_next_without_a_copy(tiny_ckpt, cuda_ops):
+    """runner.release vacates a finished sequence's KDA seat though its state lives on (the caller holds it): the
+    sequence joining next takes that exact slot, nothing is evicted, and every row keeps eager's bits."""
+    eager, graph = _runner(tiny_ckpt, cuda_ops, False), _runner(tiny_ckpt, cuda_ops, True)
+    slots = graph.graphs.slots = KDASlots(cuda_ops.xp, n=2)
+    es, gs = [eager.new_state() for _ in range(3)], [graph.new_state() for _ in range(3)]
+    feed = [np.asarray(p, np.int32) for p in PROMPTS[:3]]
+    _call(eager, cuda_ops, [(s, f, False) for s, f in zip(es, feed)])
+    _call(graph, cuda_ops, [(s, f, False) for s, f in zip(gs, feed)])
+    rng = np.random.default_rng(11)
+    for step, who in enumerate([[0, 1], [0, 1], [2, 1], [2, 1]]):
+        if step == 2:
+            eager.release(es[0])
+            graph.release(gs[0])
+        toks = [rng.integers(0, 400, 1).astype(np.int32) for _ in who]
+        want = _call(eager, cuda_ops, [(es[i], t, True) for i, t in zip(who, toks)])
+        got = _call(graph, cuda_ops, [(gs[i], t, True) for i, t in zip(who, toks)])
+        for i, w, g in zip(who, want, got):
+            assert np.array_equal(bits(w), bits(g)), f"step {step} seq {i}: max diff {np.abs(w - g).max()}"
+        assert [slots._seated(gs[i]) for i in who] == [0, 1]          # seq 2 in seq 0's slot from step 2
+    assert slots.evictions == 0                    # the finished sequence was not copied out
+    assert slots._seated(gs[0]) is None and slots.releases == 1
+    kda = len(tiny_ckpt.config.kda_layers)
+    assert slots.moves == 3 * 2 * kda              # each sequence's two arrays moved in once per KDA layer
 
 
 def test_kept_state_resumed_through_graphs_equals_fresh(tiny_ckpt, cuda_ops):
@@ -219,4 +260,6 @@ def test_engine_with_graphs_equals_numpy(tiny_ckpt, cuda_ops, drafts):
     eng = _engine(tiny_ckpt, cuda_ops, True, drafts)
     got = _run(eng, prompts)
     assert eng.runner.graphs.replays > 0
+    slots = eng.runner.graphs.slots                 # every finished request released its seat, none copied out
+    assert all(o is None for o in slots.owner) and slots.releases > 0 and slots.evictions == 0
     assert got == _run(_engine(tiny_ckpt, NumpyOps(), False, drafts), prompts)

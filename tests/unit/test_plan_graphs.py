@@ -1,0 +1,61 @@
+"""CUDA graphs in the memory plan (engine/plan_graphs.py): the KDA seats counted exactly, the graphs' pools as a
+bound, the pages sized after both, the line shown (plan and cupyglm-plan), and a clear refusal when they do not fit."""
+from __future__ import annotations
+
+import pytest
+
+from cupyglm.cli.plan import main as plan_main
+from cupyglm.config import preset
+from cupyglm.engine.plan import GIB, PlanError, plan_memory
+from cupyglm.engine.plan_graphs import graph_pool_bytes, graph_terms
+from cupyglm.memory import BF16_STORAGE
+
+FULL = preset("glm-5.3-flash")
+
+
+def _slots(cfg, tp: int) -> int:
+    """16 seats per KDA layer of H K K fp32 + (taps - 1) 3HK bf16, and per bucket B (1..16) two [B, 3] tables and
+    the [B, H] counters, int32."""
+    h, k = cfg.kda_num_heads // tp, cfg.kda_head_dim
+    seat = h * k * k * 4 + (cfg.kda_conv_size - 1) * 3 * h * k * 2
+    return 16 * seat * len(cfg.kda_layers) + sum(4 * b * (6 + h) for b in (1, 2, 4, 8, 16))
+
+
+@pytest.mark.parametrize("tp, gib", [(2, 1.10), (8, 0.275)])
+def test_the_kda_seats_of_the_full_model_exactly(tp, gib):
+    (name, slots, exact), (pname, pools, pexact) = graph_terms(FULL, tp, BF16_STORAGE)
+    assert (name, exact, pname, pexact) == ("kda slots", True, "graph pools", False)
+    assert slots == _slots(FULL, tp)
+    assert abs(slots / GIB - gib) < 0.005                  # 34 KDA layers x 16 seats: ~1.1 GiB at TP=2
+    # the pools' bound: 45 layers' outputs in every bucket, 12 static input sets, one layer's temporaries
+    assert 0.05 * GIB < pools < 0.1 * GIB
+    assert pools == sum(graph_pool_bytes(FULL, tp, BF16_STORAGE, b) for b in (1, 2, 4, 8, 16))
+
+
+def test_the_pages_are_sized_after_the_graphs():
+    kw = dict(storage=BF16_STORAGE, tp=8, budget_bytes=141 * GIB, weights=70 * GIB)
+    off, on = plan_memory(FULL, **kw), plan_memory(FULL, **kw, graphs=True)
+    assert off.graph_bytes == 0 and "cuda graphs" not in off.line()
+    graph = on.graph_bytes
+    assert graph == sum(n for _, n, _ in graph_terms(FULL, 8, BF16_STORAGE))
+    assert (off.fit_pages - on.fit_pages) * on.page_bytes >= graph - off.free_bytes
+    assert on.free_bytes + on.num_pages * on.page_bytes + graph == off.free_bytes + off.num_pages * off.page_bytes
+    assert "cuda graphs 0.35 GiB (kda slots 0.27 GiB + graph pools <= 0.07 GiB)" in on.line()
+
+
+def test_graphs_that_do_not_fit_are_refused_by_name():
+    kw = dict(storage=BF16_STORAGE, tp=2, weights=70 * GIB, reserve_gib=1.0)
+    base = plan_memory(FULL, **kw, budget_bytes=141 * GIB)
+    left = 141 * GIB - base.num_pages * base.page_bytes - base.free_bytes      # weights + scratch + reserve
+    budget = left + base.page_bytes + GIB // 2                                 # a page fits, the 1.18 GiB do not
+    assert plan_memory(FULL, **kw, budget_bytes=budget).num_pages >= 1
+    with pytest.raises(PlanError, match=r"CUDA graphs do not fit on rank 0: they need 1\.18 GiB \(kda slots "
+                                        r"1\.10 GiB \+ graph pools <= 0\.08 GiB\).*CUPYGLM_CUDA_GRAPHS=0"):
+        plan_memory(FULL, **kw, budget_bytes=budget, graphs=True)
+
+
+def test_cli_prints_the_graphs_line(capsys):
+    assert plan_main(["--tp", "8", "--card-gib", "141", "--weights-gib", "70", "--cuda-graphs"]) == 0
+    assert "cuda graphs 0.35 GiB (kda slots 0.27 GiB + graph pools <= 0.07 GiB)" in capsys.readouterr().out
+    assert plan_main(["--tp", "2", "--card-gib", "73.5", "--weights-gib", "70", "--cuda-graphs"]) == 1
+    assert "PlanError: CUDA graphs do not fit" in capsys.readouterr().err
