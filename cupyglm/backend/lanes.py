@@ -59,6 +59,7 @@ def stored_weight(array) -> np.ndarray:
     return b
 
 
+GEMM_TILE = 8192            # outputs per gemm tile: its [tile, 16] fp32 partials stay in cache
 OUTS = ("f32", "bf16")      # the output choices of gemm, gemm_heads, gemm_grouped and sigmoid
 
 
@@ -108,7 +109,18 @@ def gemm(x: np.ndarray, w: np.ndarray) -> np.ndarray:
         raise ValueError(f"gemm: x has K={k} but w has K={k2}")
     xb = _pad_lanes(x).reshape(m, -1, LANES)          # [M, K/16, 16]
     wb = _pad_lanes(w).reshape(n, -1, LANES)          # [N, K/16, 16]
-    acc = np.zeros((m, n, LANES), dtype=np.float32)   # [M, N, 16] lane partials
+    out = np.empty((m, n), dtype=np.float32)
+    tn = max(1, min(n, GEMM_TILE // LANES))
+    tm = max(1, min(m, GEMM_TILE // tn))
+    for n0 in range(0, n, tn):                        # tiles only bound the working set: each output's order is fixed
+        for m0 in range(0, m, tm):
+            out[m0:m0 + tm, n0:n0 + tn] = _gemm_tile(xb[m0:m0 + tm], wb[n0:n0 + tn])
+    return out
+
+
+def _gemm_tile(xb: np.ndarray, wb: np.ndarray) -> np.ndarray:
+    """xb [m, K/16, 16], wb [n, K/16, 16] fp32 -> [m, n] fp32: the 16 lanes accumulated over K in order, folded."""
+    acc = np.zeros((xb.shape[0], wb.shape[0], LANES), dtype=np.float32)   # [m, n, 16] lane partials
     prod = np.empty_like(acc)
     for j in range(xb.shape[1]):
         np.multiply(xb[:, None, j, :], wb[None, :, j, :], out=prod)

@@ -3,6 +3,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
+from cupyglm.backend import lanes as lanes_mod
 from cupyglm.backend.lanes import bf16, gemm, lane_sum
 
 
@@ -37,6 +38,15 @@ def test_gemm_matches_float64_and_follows_lane_order():
     for width in (8, 4, 2, 1):
         lanes[:width] = lanes[:width] + lanes[width:2 * width]
     assert y[2, 3] == lanes[0]
+
+
+def test_gemm_tiles_change_no_bit():
+    """Tiles over rows and columns (the cache-sized working set) give the bits of one tile over everything."""
+    rng = np.random.default_rng(3)
+    x, w = _bf16_rand(rng, (37, 100)), _bf16_rand(rng, (lanes_mod.GEMM_TILE // 16 * 2 + 5, 100))
+    xb, wb = (np.pad(lanes_mod.f32(a), ((0, 0), (0, 12))).reshape(a.shape[0], -1, 16) for a in (x, w))
+    whole = lanes_mod._gemm_tile(xb, wb)
+    assert np.array_equal(gemm(x, w).view(np.uint32), whole.view(np.uint32))
 
 
 def test_numpy_matmul_is_not_row_invariant_but_gemm_is():
