@@ -1,7 +1,8 @@
 // indexer.cu -- DSA indexer: pooled keys of complete pools (index_pool; index_tail_pool: a segment's index tail
-// in place and the pools its rows complete) and the score of every pool for every row (index_scores).  Reference: NumpyOps.index_pool / index_scores in cupyglm/backend/numpy_ops.py; the
-// dots over the index head dimension and the sum over heads run in lane-16 order, the 4 pool members left to
-// right.  Storage: index keys, gates, ape, pooled keys and index queries are bf16; head weights and scores fp32.
+// in place and the pools its rows complete) and the score of every pool for every row (index_scores).
+// Reference: NumpyOps.index_pool / index_tail_pool / index_scores in cupyglm/backend/numpy_ops.py; the dots over
+// the index head dimension and the sum over heads run in lane-16 order, the 4 pool members left to right.
+// Storage: index keys, gates, ape, pooled keys and index queries are bf16; head weights and scores fp32.
 #include "common.cuh"
 #include "index_pool.cuh"
 
