@@ -33,7 +33,7 @@ def measure(tokens: int, tp: int, reps: int, host: bool) -> dict:
     for layer in cfg.kda_layers:
         src.kda_state[layer], src.kda_conv[layer] = (alloc(np, a, st) for a in kda_state_arrays(cfg, tp, layer))
     for layer in indexed_layers(cfg, False):
-        src.index_tail[layer] = tuple(np.zeros((tokens % cfg.index_kpool, cfg.index_head_dim), st.bf16)
+        src.index_tail[layer] = tuple(np.zeros((cfg.index_kpool, cfg.index_head_dim), st.bf16)
                                       for _ in range(2))
     page = total_bytes(kv_arrays(cfg, 1, cfg.page_tokens), st)
     kept = KeptStore(cfg, ops, kv, tp, kept_state_bytes(cfg, tp, st, cfg.page_tokens, tokens) + page, host=host)

@@ -1,15 +1,12 @@
-// indexer.cu -- DSA indexer: pooled keys of complete pools (index_pool) and the score of every pool for every
-// row (index_scores).  Reference: NumpyOps.index_pool / index_scores in cupyglm/backend/numpy_ops.py; the
-// dots over the index head dimension and the sum over heads run in lane-16 order, the 4 pool members left to
-// right.  Storage: index keys, gates, ape, pooled keys and index queries are bf16; head weights and scores fp32.
+// indexer.cu -- DSA indexer: pooled keys of complete pools (index_pool; index_tail_pool: a segment's index tail
+// in place and the pools its rows complete) and the score of every pool for every row (index_scores).
+// Reference: NumpyOps.index_pool / index_tail_pool / index_scores in cupyglm/backend/numpy_ops.py; the dots over
+// the index head dimension and the sum over heads run in lane-16 order, the 4 pool members left to right.
+// Storage: index keys, gates, ape, pooled keys and index queries are bf16; head weights and scores fp32.
 #include "common.cuh"
-#include "exp_f32.cuh"
+#include "index_pool.cuh"
 
-#define IDX_MAX_KPOOL 8  // index_pool: pool members <= 8 (the model has 4)
-
-// Per pool p and channel d: l_j = ig[p, j, d] + ape[j, d]; e_j = exp(l_j - max l);
-// s = ((e0 + e1) + e2) + e3; pk = bf16(sum_j bf16(bf16(e_j / s) * ik[p, j, d])), j left to right.
-// One thread per (p, d).
+// Per pool p and channel d: pk[p, d] = bf16(idx_pool_channel(members of pool p)).  One thread per (p, d).
 extern "C" __global__ void index_pool(const __nv_bfloat16* __restrict__ ik,   // [P, KP, I] bf16
                                       const __nv_bfloat16* __restrict__ ig,   // [P, KP, I] bf16
                                       const __nv_bfloat16* __restrict__ ape,  // [KP, I] bf16
@@ -19,23 +16,62 @@ extern "C" __global__ void index_pool(const __nv_bfloat16* __restrict__ ik,   //
   if (i >= (long long)P * I) return;
   const long long p = i / I;
   const int d = (int)(i % I);
-  float l[IDX_MAX_KPOOL];
-  float m = 0.0f;
+  float k[IDX_MAX_KPOOL], g[IDX_MAX_KPOOL];
   for (int j = 0; j < KP; ++j) {
-    l[j] = ld_bf16(ig, (p * KP + j) * I + d) + ld_bf16(ape, (long long)j * I + d);
-    m = (j == 0 || l[j] > m) ? l[j] : m;
+    k[j] = ld_bf16(ik, (p * KP + j) * I + d);
+    g[j] = ld_bf16(ig, (p * KP + j) * I + d);
   }
-  float s = 0.0f;
-  for (int j = 0; j < KP; ++j) {
-    l[j] = exp_f32(l[j] - m);
-    s = (j == 0) ? l[j] : s + l[j];
+  pk[i] = to_bf16(idx_pool_channel(k, g, ape, KP, I, d));
+}
+
+// A segment's index tail, in place, and the pools its rows complete (one launch per segment).
+// Rows r0..r0+n-1 of ik/ig are positions start..start+n-1; the tail holds at slot s the latest written position
+// = s (mod KP), so its leading (start + n) % KP slots are the incomplete pool's members after the launch.
+// Complete pools: C = (start + n) / KP - start / KP, pool c's members are positions (start / KP + c) * KP + j,
+// read from the tail before start and from the rows after; its key goes to pooled[pool_rows[c]] (-1: none).
+// grid (ceil(I / 128), max(C, 1)), block 128: thread d of block (x, c) pools channel d of pool c; block y = 0
+// also writes the tail after its pool (only pool 0 can read tail members, in the same thread: no race).
+extern "C" __global__ void __launch_bounds__(128) index_tail_pool(
+    const __nv_bfloat16* __restrict__ ik,   // [T, I] bf16 the call's index keys
+    const __nv_bfloat16* __restrict__ ig,   // [T, I] bf16 the call's index gates
+    const __nv_bfloat16* __restrict__ ape,  // [KP, I] bf16
+    __nv_bfloat16* __restrict__ tail_ik,    // [KP, I] bf16 the sequence's tail, in place
+    __nv_bfloat16* __restrict__ tail_ig,    // [KP, I] bf16
+    __nv_bfloat16* __restrict__ pooled,     // [R, I] bf16 the layer's pooled keys
+    const int* __restrict__ pool_rows,      // [C] int32 pooled rows of the completed pools, -1 = none
+    int r0, int n, int start, int KP, int I, int C, int R) {
+  const int d = blockIdx.x * blockDim.x + threadIdx.x;
+  if (d >= I) return;
+  const int c = blockIdx.y;
+#ifdef CONTROL_TAIL_EARLY  // planted: the tail written before pool 0 reads its members
+  if (c == 0)
+    for (int j = max(0, n - KP); j < n; ++j) {
+      const int s = (start + j) % KP;
+      tail_ik[(long long)s * I + d] = ik[(long long)(r0 + j) * I + d];
+      tail_ig[(long long)s * I + d] = ig[(long long)(r0 + j) * I + d];
+    }
+#endif
+  if (c < C) {
+    const int pos0 = (start / KP + c) * KP;
+    float k[IDX_MAX_KPOOL], g[IDX_MAX_KPOOL];
+    for (int j = 0; j < KP; ++j) {
+      const int pos = pos0 + j;
+      const bool old = pos < start;
+      const long long at = old ? (long long)(pos % KP) * I + d : (long long)(r0 + pos - start) * I + d;
+      k[j] = ld_bf16(old ? tail_ik : ik, at);
+      g[j] = ld_bf16(old ? tail_ig : ig, at);
+    }
+    const int pr = pool_rows[c];
+    if (pr >= 0 && pr < R) pooled[(long long)pr * I + d] = to_bf16(idx_pool_channel(k, g, ape, KP, I, d));
   }
-  float acc = 0.0f;
-  for (int j = 0; j < KP; ++j) {
-    const float tj = bf16_round(bf16_round(l[j] / s) * ld_bf16(ik, (p * KP + j) * I + d));
-    acc = (j == 0) ? tj : acc + tj;
-  }
-  pk[i] = to_bf16(acc);
+#ifndef CONTROL_TAIL_EARLY
+  if (c == 0)
+    for (int j = max(0, n - KP); j < n; ++j) {   // the last KP rows: each slot's latest position
+      const int s = (start + j) % KP;
+      tail_ik[(long long)s * I + d] = ik[(long long)(r0 + j) * I + d];
+      tail_ig[(long long)s * I + d] = ig[(long long)(r0 + j) * I + d];
+    }
+#endif
 }
 
 // scores[t, p] = sum_h hw[t, h] * relu(qscale * (qi[t, h] . pk[p])), heads summed in lane-16 order (head h

@@ -10,7 +10,7 @@ plan of every backend counts the bytes that backend allocates.
                  [pages * page_tokens / index_kpool, index_head_dim] bf16, each with its own page stride
     state        per sequence: per KDA layer the recurrent state [H/tp, K, K] fp32 and the conv window
                  [taps - 1, 3 H/tp K] bf16; per KV layer the incomplete pool's index keys and gates
-                 (at most kpool - 1 rows each) bf16; with MTP the pending row [D] bf16
+                 ([kpool, I] pairs, written in place) bf16; with MTP the pending row [D] bf16
     kv host     with CUPYGLM_KV_HOST: latent rows in host memory; on the device the gather's slots [S, R] bf16,
                  their rows [S] i32 and a mark per host row [N] i32
     prompt cache the kept-state arena: [kept pages, page bytes] u8 (device, or host with CUPYGLM_HOST_CACHE)
@@ -180,9 +180,10 @@ def kda_state_arrays(cfg: ModelConfig, tp: int, layer: int) -> tuple[ArraySpec, 
 
 def state_arrays(cfg: ModelConfig, tp: int, mtp: bool = False) -> list[ArraySpec]:
     """One sequence's state at its largest: KDA states and windows, each KV layer's incomplete-pool tail
-    (index keys and gates, kpool - 1 rows each), the MTP pending row when the MTP head is built."""
+    (index keys and gates: a fixed kpool-row pair, written in place), the MTP pending row when the MTP head is
+    built."""
     out = [a for layer in cfg.kda_layers for a in kda_state_arrays(cfg, tp, layer)]
-    tail = (cfg.index_kpool - 1, cfg.index_head_dim)
+    tail = (cfg.index_kpool, cfg.index_head_dim)
     layers = cfg.kv_layers if mtp else cfg.dsa_layers
     for layer in layers:
         out += [ArraySpec(f"state.tail_ik.{layer}", tail, BF16), ArraySpec(f"state.tail_ig.{layer}", tail, BF16)]

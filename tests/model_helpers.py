@@ -97,6 +97,13 @@ def prefill_all(model: GLMModel, seqs: list[list[int]]):
     return [o.logits for o in outs], [o.mtp_logits for o in outs]
 
 
+def tail_fill(cfg, layer: int, length: int) -> int:
+    """Leading slots of a layer's index tail in use at `length` (the rest are stale rows, never read)."""
+    from cupyglm.kv.kept import written
+
+    return written(cfg, layer, length) % cfg.index_kpool
+
+
 def snapshot(model: GLMModel, state) -> dict:
     """Everything a sequence has written: latent rows and pooled keys through its pages, and its fixed state."""
     kv, cfg = model.kv, model.cfg
@@ -106,7 +113,8 @@ def snapshot(model: GLMModel, state) -> dict:
                  for l in cfg.dsa_layers})
     snap.update({f"kda{l}": s for l, s in state.kda_state.items()})
     snap.update({f"conv{l}": s for l, s in state.kda_conv.items()})
-    snap.update({f"tail{l}": np.concatenate(t) for l, t in state.index_tail.items()})
+    snap.update({f"tail{l}": np.concatenate([a[:tail_fill(cfg, l, state.length)] for a in t])
+                 for l, t in state.index_tail.items()})
     snap["mtp_pending"] = state.mtp_pending
     return snap
 

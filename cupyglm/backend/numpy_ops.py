@@ -198,6 +198,27 @@ class NumpyOps(NumpyGemm, KDAOps, MoEOps, LogitsOps, GatherOps):
         t = f32(bf16(f32(bf16(e / s[:, None])) * ik))
         return bf16(seq_sum([t[:, j] for j in range(t.shape[1])]))
 
+    def index_tail_pool(self, tail_ik: np.ndarray, tail_ig: np.ndarray, ik: np.ndarray, ig: np.ndarray,
+                        ape: np.ndarray, pooled: np.ndarray, pool_rows: np.ndarray, r0: int, n: int,
+                        start: int) -> None:
+        """A segment's index tail in place and the pools its rows complete. tail_ik, tail_ig: [KP, I] bf16 (slot s
+        holds the latest written position = s mod KP); ik, ig: [T, I] bf16, rows r0..r0+n-1 at positions
+        start..start+n-1; pooled: [R, I] bf16; pool_rows: [C] int32 rows of the C completed pools (-1: none).
+        Each completed pool is index_pool of its members (the tail's before start, the rows' after)."""
+        kp = tail_ik.shape[0]
+        first, complete = start // kp, (start + n) // kp - start // kp
+        if complete:
+            pos = np.arange(first * kp, (first + complete) * kp)
+            old = (pos < start)[:, None]
+            row = np.clip(r0 + pos - start, 0, None)
+            mk = np.where(old, tail_ik[pos % kp], ik[row]).reshape(complete, kp, -1)
+            mg = np.where(old, tail_ig[pos % kp], ig[row]).reshape(complete, kp, -1)
+            pk = self.index_pool(mk, mg, ape)
+            keep = (pool_rows >= 0) & (pool_rows < pooled.shape[0])
+            pooled[pool_rows[keep]] = pk[keep]
+        for j in range(max(0, n - kp), n):                                  # each slot's latest position
+            tail_ik[(start + j) % kp], tail_ig[(start + j) % kp] = ik[r0 + j], ig[r0 + j]
+
     def index_scores(self, qi: np.ndarray, hw: np.ndarray, pk: np.ndarray) -> np.ndarray:
         """Score of every pool for every row: s = sum_h hw_h * relu(I^-0.5 * qi_h . pk).
 

@@ -1,7 +1,8 @@
-"""Contract cases of cuda_src/indexer.cu (ops index_pool, index_scores).
+"""Contract cases of cuda_src/indexer.cu (ops index_pool, index_tail_pool, index_scores).
 
-Controls: index_pool with a missing pool member (member 3's gate -inf, so it weighs 0); index_scores with the
-pooled keys of two pools swapped (a wrong page mapping).
+Controls: index_pool with a missing pool member (member 3's gate -inf, so it weighs 0); index_tail_pool with the
+tail written before the first pool reads its members (-DCONTROL_TAIL_EARLY) or the pooled rows of two pools
+swapped, or the rows read one early; index_scores with the pooled keys of two pools swapped (a wrong page mapping).
 """
 from __future__ import annotations
 
@@ -47,6 +48,49 @@ def _pool(label: str, p: int, i: int, kp: int = 4) -> None:
     case(Case(f"index_pool[{label}]", ("index_pool",), make, run, replay, ctl, POOL_ULPS, POOL_WHY))
 
 
+def _tail(label: str, t: int, r0: int, n: int, start: int, i: int, control: str, kp: int = 4, rows: int = 12) -> None:
+    """index_tail_pool on one segment: rows r0..r0+n-1 of a T-row call at positions start..; one pool row -1."""
+    complete = (start + n) // kp - start // kp
+
+    def make(rng):
+        pool_rows = rng.permutation(rows)[:complete].astype(np.int32)
+        if complete > 2:
+            pool_rows[1] = -1                          # a pool whose row this rank does not hold
+        return {"tail_ik": _bf(rng, (kp, i)), "tail_ig": _bf(rng, (kp, i), 2.0), "ik": _bf(rng, (t, i)),
+                "ig": _bf(rng, (t, i), 2.0), "ape": _bf(rng, (kp, i), 0.5), "pooled": _bf(rng, (rows, i)),
+                "pool_rows": pool_rows}
+
+    def call(fn, d, pool_rows=None, row0=r0):
+        fn(d["tail_ik"], d["tail_ig"], d["ik"], d["ig"], d["ape"], d["pooled"],
+           d["pool_rows"] if pool_rows is None else pool_rows, row0, n, start)
+        return {"tail_ik": d["tail_ik"], "tail_ig": d["tail_ig"], "pooled": d["pooled"]}
+
+    def run(k, d):
+        return call(lambda *a: ops_indexer.index_tail_pool(k, *a), d)
+
+    def replay(d):
+        return call(REF.index_tail_pool, d)
+
+    if control == "early":
+        def ctl(k, d):                                 # the tail overwritten before pool 0 reads its members
+            return call(lambda *a: ops_indexer.index_tail_pool(k.variant("CONTROL_TAIL_EARLY"), *a), d)
+    elif control == "row":
+        def ctl(k, d):                                 # the segment's rows read one row early
+            return call(lambda *a: ops_indexer.index_tail_pool(k, *a), d, row0=r0 - 1)
+    elif control == "swap":
+        def ctl(k, d):                                 # pools 0 and C - 1 written to each other's rows
+            bad = d["pool_rows"].copy()
+            bad[0], bad[complete - 1] = d["pool_rows"][complete - 1], d["pool_rows"][0]
+            return call(lambda *a: ops_indexer.index_tail_pool(k, *a), d, bad)
+    else:
+        def ctl(k, d):                                 # the next pooled row (a page table off by one)
+            bad = d["pool_rows"].copy()
+            bad[0] = (bad[0] + 1) % rows
+            return call(lambda *a: ops_indexer.index_tail_pool(k, *a), d, bad)
+
+    case(Case(f"index_tail_pool[{label}]", ("index_tail_pool",), make, run, replay, ctl, POOL_ULPS, POOL_WHY))
+
+
 def _scores(label: str, t: int, hi: int, i: int, p: int) -> None:
     def make(rng):
         return {"qi": _bf(rng, (t, hi, i)), "hw": (rng.standard_normal((t, hi)) * hi ** -0.5).astype(np.float32),
@@ -71,6 +115,12 @@ _pool("one",          1,  32)      # decode completing one pool
 _pool("prompt",       9,  32)      # a prompt chunk's pools
 _pool("full",        64, 128)
 _pool("odd",          5,  40)
+#      label         T  r0   n  start    I  control
+_tail("decode",      3,  1,  1,    11,  32, "shift")    # a decode row completing pool 2 from 3 tail members
+_tail("crossing",    9,  2,  5,     2,  32, "early")    # verify rows: a pool from the tail, slots 0, 1 rewritten
+_tail("verify",     16,  0, 16,    13,  40, "swap")     # 16 rows: 4 pools, one without a row, I % 16 = 8
+_tail("prompt",     37,  0, 37,     0, 128, "swap")     # a prompt chunk from position 0: 9 pools
+_tail("none",        3,  1,  2,     5,  32, "row")      # no pool completes: the tail alone (slots 1, 2)
 #        label       T  Hi    I     P
 _scores("decode",    1,  4,  32,    9)   # tiny: 9 visible pools (sparse from position 35)
 _scores("verify",   16,  4,  32,   40)

@@ -8,8 +8,8 @@ of r (its start is q + a + 1) and settles before anything else leases or reads:
 - Pages: the table is cut to the pages q + a + 1 positions need: on rank 0 by the scheduler when it accepts
   (before it leases the next step's pages), elsewhere here; every rank's pool sees the same releases before
   the same leases.
-- State: snapshot before the proposer runs (KDA states and conv windows copied, index-key tails and the MTP
-  pending row by reference, since the model replaces those objects rather than writing into them); on a
+- State: snapshot before the proposer runs (KDA states, conv windows and index-key tails copied, since the
+  model writes tails in place; the MTP pending row by reference, since the model replaces it); on a
   rejection the snapshot is put back (length q) and the accepted rows [T, d1..da] run again as one forward
   call. Recompute rather than per-row states: the forward is row-invariant, so the replay writes exactly the
   bytes a serial run writes (KDA states, conv windows, index tails, KV rows, MTP rows and pending row) and no
@@ -46,15 +46,22 @@ class Pending:
     snap: Snapshot
 
 
+def _tails(tails: dict, xp) -> dict:
+    """Copies of index tails (layer -> (ik, ig)): the model writes tails in place."""
+    return {l: tuple(xp.copy(a) for a in t) for l, t in tails.items()}
+
+
 def snapshot(state, xp) -> Snapshot:
     return Snapshot(state.length, {l: xp.copy(s) for l, s in state.kda_state.items()},
-                    {l: xp.copy(c) for l, c in state.kda_conv.items()}, dict(state.index_tail), state.mtp_pending)
+                    {l: xp.copy(c) for l, c in state.kda_conv.items()}, _tails(state.index_tail, xp),
+                    state.mtp_pending)
 
 
-def restore(state, snap: Snapshot) -> None:
+def restore(state, snap: Snapshot, xp) -> None:
+    """The snapshot put back; its tails are copied again, so the snapshot stays what it was."""
     state.length = snap.length
     state.kda_state, state.kda_conv = dict(snap.kda_state), dict(snap.kda_conv)
-    state.index_tail, state.mtp_pending = dict(snap.index_tail), snap.mtp_pending
+    state.index_tail, state.mtp_pending = _tails(snap.index_tail, xp), snap.mtp_pending
 
 
 class Verifier:
@@ -92,7 +99,7 @@ class Verifier:
                 kv.pool.release(state.pages[keep:])
                 del state.pages[keep:]
             if fed < len(p.tokens):
-                restore(state, p.snap)
+                restore(state, p.snap, self.runner.ops.xp)
                 replay.append(SeqInput(np.asarray(p.tokens[:fed], dtype=np.int32), state, decode=True))  # as verified
         if replay:
             self.replayed_rows += sum(s.tokens.size for s in replay)
@@ -111,7 +118,7 @@ class Verifier:
             got = tuple(drafts.get(rid, ()))
             if len(got) != n:
                 raise ValueError(f"request {rid}: the proposer gave {len(got)} drafts for {n}")
-            st.index_tail = dict(snaps[rid].index_tail)        # the chain's MTP index tail is not the state's
+            st.index_tail = _tails(snaps[rid].index_tail, xp)  # the chain wrote the MTP layer's tail in place
             out[rid] = (tok,) + got
             self.pending[rid] = Pending(st.length, out[rid], snaps[rid])
         return out

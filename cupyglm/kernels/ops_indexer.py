@@ -50,3 +50,30 @@ def index_scores(k: Kernels, qi, hw, pk):
         k.launch(SRC, "index_scores", (blocks,), (16 * POOLS,),
                  (qi, hw, pk, out, i32(t), i32(h), i32(i), i32(p), f32(i ** -0.5)))
     return out
+
+
+@op("index_tail_pool", inplace=(0, 1, 5))
+def index_tail_pool(k: Kernels, tail_ik, tail_ig, ik, ig, ape, pooled, pool_rows, r0: int, n: int,
+                    start: int) -> None:
+    """A segment's index tail in place and the pools its rows complete (NumpyOps.index_tail_pool)."""
+    name = "index_tail_pool"
+    check(name, "tail_ik", tail_ik, (None, None), k.bf16)
+    kp, i = tail_ik.shape
+    if not 1 <= kp <= 8:
+        raise ValueError(f"{name}: 1..8 pool members supported, got {kp}")
+    check(name, "tail_ig", tail_ig, (kp, i), k.bf16)
+    ik = _arg(k, name, "ik", ik, (None, i), k.bf16)
+    ig = _arg(k, name, "ig", ig, ik.shape, k.bf16)
+    ape = _arg(k, name, "ape", ape, (kp, i), k.bf16)
+    check(name, "pooled", pooled, (None, i), k.bf16)
+    complete = (start + n) // kp - start // kp
+    pool_rows = _arg(k, name, "pool_rows", pool_rows, (complete,), np.int32)
+    if start < 0 or n < 0 or r0 < 0 or r0 + n > ik.shape[0]:
+        raise ValueError(f"{name}: rows {r0}..{r0 + n} at {start} outside the call's {ik.shape[0]} rows")
+    for a, what in ((tail_ik, "tail_ik"), (tail_ig, "tail_ig"), (pooled, "pooled")):
+        if not getattr(a.flags, "writeable", True) or not a.flags.c_contiguous:
+            raise ValueError(f"{name}: parameter {what} must be writeable and C-contiguous")
+    if n and i:
+        k.launch(SRC, name, (-(-i // 128), max(complete, 1)), (128,),
+                 (ik, ig, ape, tail_ik, tail_ig, pooled, pool_rows, i32(r0), i32(n), i32(start), i32(kp), i32(i),
+                  i32(complete), i32(pooled.shape[0])))

@@ -19,7 +19,7 @@ from cupyglm.config import ModelConfig
 from cupyglm.kv.copy_hooks import address_of, hook_for, host_arena
 from cupyglm.kv.page_store import PageStore
 from cupyglm.kv.pool import PagePool
-from cupyglm.kv.state import SeqState
+from cupyglm.kv.state import SeqState, new_index_tail
 from cupyglm.kv.walk import Kept, Part, each
 from cupyglm.memory import BF16, alloc, kda_state_arrays, kv_arrays, prompt_cache_arena, storage_of, total_bytes
 
@@ -108,13 +108,14 @@ class KeptStore:
                 d[layer] = xp.ascontiguousarray(d[layer])        # an address needs one contiguous buffer
                 out.append(Part(address_of(d[layer]), int(d[layer].nbytes)))
         for layer in indexed_layers(cfg, self.mtp):
-            rows = written(cfg, layer, length) % cfg.index_kpool
-            ik, ig = state.index_tail[layer]
-            if ik.shape[0] != rows or ig.shape[0] != rows:
-                raise ValueError(f"layer {layer}'s index tail holds {ik.shape[0]} rows at length {length}")
-            ik, ig = xp.ascontiguousarray(ik), xp.ascontiguousarray(ig)
-            state.index_tail[layer] = (ik, ig)
-            out += [Part(address_of(ik), int(ik.nbytes)), Part(address_of(ig), int(ig.nbytes))]
+            rows = written(cfg, layer, length) % cfg.index_kpool          # the tail's leading slots in use
+            tail = state.index_tail.get(layer)
+            if tail is None and rows == 0:                     # a layer that has not run yet: nothing pending
+                tail = state.index_tail[layer] = new_index_tail(xp, cfg, self.storage.dtype(BF16))
+            want = (cfg.index_kpool, cfg.index_head_dim)
+            if tail is None or any(a.shape != want or not a.flags.c_contiguous for a in tail):
+                raise ValueError(f"layer {layer}'s index tail is not a contiguous {want} pair at length {length}")
+            out += [Part(address_of(a), rows * int(a.nbytes) // cfg.index_kpool) for a in tail]
         pages, skip = tuple(state.pages), self.shared_pages(length)
         per_pool = kv.page_tokens // cfg.index_kpool
         for layer in indexed_layers(cfg, self.mtp):
@@ -152,10 +153,8 @@ class KeptStore:
         if state.length or len(state.pages) < self.kv.pages_needed(length):
             raise ValueError(f"restore needs a fresh state with {self.kv.pages_needed(length)} pages")
         bf = self.storage.dtype(BF16)
-        for layer in indexed_layers(cfg, self.mtp):
-            rows = written(cfg, layer, length) % cfg.index_kpool
-            state.index_tail[layer] = (xp.empty((rows, cfg.index_head_dim), dtype=bf),
-                                       xp.empty((rows, cfg.index_head_dim), dtype=bf))
+        for layer in indexed_layers(cfg, self.mtp):                 # the leading slots restored, the rest zeros
+            state.index_tail[layer] = new_index_tail(xp, cfg, bf)
         if self.mtp and length:
             state.mtp_pending = xp.empty((cfg.hidden_size,), dtype=bf)
         each(self.parts(state, length), entry.kept, self.hook, restore=True)

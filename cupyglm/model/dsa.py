@@ -51,7 +51,7 @@ class DSALayer:
                 kv.host.write_hash.note(self.layer, ids, ops.read_rows(store, ids), seg.state)
         toks, ns = [], []
         for seg in segs:
-            self.indexer.write_pools(kv, self.layer, seg, ik, ig)
+            self.indexer.write_pools(kv, self.layer, seg, ik, ig, maps)
             tokens, n = self.indexer.pick(kv, self.layer, seg, maps, qs)    # on the device: no read-back
             toks.append(tokens)
             ns.append(n)

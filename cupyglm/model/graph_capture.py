@@ -32,7 +32,8 @@ What is captured and why it stays exact:
   guard flags allocated: no allocation outside the pool, no module load inside the capture); a KDA warm-up runs
   every row as padding, so no slot is written.
 Eager: prompt rows, mixed calls, calls over 16 rows, the DSA attention halves (their host-side shapes follow
-context lengths: index tails, visible pools, pick widths, page tables), embedding, lm_head, MTP.
+context lengths: visible pools, pick widths, page tables; the index tails are fixed [kpool, I] pairs written in
+place by one launch per segment, but at each sequence's own address), embedding, lm_head, MTP.
 """
 from __future__ import annotations
 

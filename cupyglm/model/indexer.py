@@ -7,6 +7,7 @@ from __future__ import annotations
 import numpy as np
 
 from cupyglm.config import ModelConfig
+from cupyglm.kv.state import new_index_tail
 from cupyglm.model.batch import Segment, Weights
 
 LN_EPS = 1e-6
@@ -33,21 +34,15 @@ class Indexer:
         c = self.cfg
         return Queries(qib.reshape(-1, c.index_n_heads, c.index_head_dim), hwr, np.float32(c.index_n_heads ** -0.5))
 
-    def write_pools(self, kv, layer: int, seg: Segment, ik, ig) -> None:
-        """Pool the segment's complete pools into the store; keep the incomplete pool's tail in state."""
-        ops, kp = self.ops, self.cfg.index_kpool
-        xp = ops.xp
-        tail_ik, tail_ig = seg.state.index_tail.get(layer, (ik[:0], ig[:0]))
-        first = seg.start - tail_ik.shape[0]                       # a multiple of kpool
-        all_ik = xp.concatenate([tail_ik, ik[seg.rows]])
-        all_ig = xp.concatenate([tail_ig, ig[seg.rows]])
-        complete = all_ik.shape[0] // kp
-        if complete:
-            pk = ops.index_pool(all_ik[:complete * kp].reshape(complete, kp, -1),
-                                all_ig[:complete * kp].reshape(complete, kp, -1), self.ape)
-            pools = np.arange(first // kp, first // kp + complete)
-            ops.write_rows(kv.pooled[layer], xp.asarray(kv.pool_rows(seg.state.pages, pools)), pk)
-        seg.state.index_tail[layer] = (all_ik[complete * kp:].copy(), all_ig[complete * kp:].copy())
+    def write_pools(self, kv, layer: int, seg: Segment, ik, ig, maps) -> None:
+        """The segment's index tail in place (kv/state.py: a fixed [kpool, I] pair per layer) and the pools its
+        rows complete pooled into the store, one launch. ik, ig: the call's [T, I] bf16; maps: the call's
+        CallMaps (the completed pools' rows)."""
+        tail = seg.state.index_tail.get(layer)
+        if tail is None:                                           # the sequence's first rows at this layer
+            tail = seg.state.index_tail[layer] = new_index_tail(self.ops.xp, self.cfg, ik.dtype)
+        self.ops.index_tail_pool(tail[0], tail[1], ik, ig, self.ape, kv.pooled[layer], maps.done_of(seg), seg.off,
+                                 seg.n, seg.start)
 
     def pick(self, kv, layer: int, seg: Segment, maps, qs: "Queries"):
         """Token lists (positions) for the segment's rows: [n, max_pick] int32, -1 padded, and counts. maps: the

@@ -4,7 +4,8 @@ by every DSA layer of the call (the MTP layer's call has its own segments, so it
 Everything here is host arithmetic on the page tables the host already holds (kv/store.py's rows), so every
 backend sees the same ids, and no layer computes a row map on the device: the latent rows each segment's new
 rows are written to, the positions the pick takes, each row's page table (attention maps its picked positions
-through it inside the kernels: ops.attention_paged), and the pooled-key rows of a sparse segment's visible pools.
+through it inside the kernels: ops.attention_paged), the pooled-key rows of a sparse segment's visible pools and
+those of the pools each segment's rows complete.
 The maps are cached on the call's first segment (`dev`), which lives for one forward call.
 """
 from __future__ import annotations
@@ -17,8 +18,8 @@ from cupyglm.model.batch import Segment
 class CallMaps:
     """latent: [T] int32 store rows of the call's rows; positions: [T] int32; table: [T, width] int32 row t's page
     table (zero padded past its pages); base: [T, 1] int32 t * width (the host path's flat table index); pools:
-    seg.off -> [visible] int32 pooled-key rows of pools 0..visible-1 (sparse segments only). All views of one
-    device array."""
+    seg.off -> [visible] int32 pooled-key rows of pools 0..visible-1 (sparse segments only); done: seg.off -> [C]
+    int32 pooled-key rows of the pools the segment's rows complete. All views of one device array."""
 
     def __init__(self, segs: list[Segment], kv, xp):
         cfg, t = kv.cfg, sum(s.n for s in segs)
@@ -31,18 +32,25 @@ class CallMaps:
         for s in segs:
             table[s.rows, :len(s.state.pages)] = s.state.pages
         base = np.arange(t, dtype=np.int32) * np.int32(width)                              # [T] int32 row t's table
-        parts, pool_at, at = [latent, positions, table.reshape(-1), base], {}, 3 * t + t * width
+        parts, pool_at, done_at, at = [latent, positions, table.reshape(-1), base], {}, {}, 3 * t + t * width
+        kp = cfg.index_kpool
         for s in segs:
-            visible = (s.start + s.n) // cfg.index_kpool
+            visible = (s.start + s.n) // kp
             if visible > cfg.index_pools:                                                   # the pick scores pools
                 parts.append(kv.pool_rows(s.state.pages, np.arange(visible)))
                 pool_at[s.off] = (at, visible)
                 at += visible
+        for s in segs:                                                  # the pools the segment's rows complete
+            first, last = s.start // kp, (s.start + s.n) // kp
+            parts.append(kv.pool_rows(s.state.pages, np.arange(first, last)))
+            done_at[s.off] = (at, last - first)
+            at += last - first
         dev = xp.asarray(np.concatenate(parts).astype(np.int32, copy=False))              # the one upload
         self.latent, self.positions = dev[:t], dev[t:2 * t]
         self.table = dev[2 * t:2 * t + t * width].reshape(t, width)
         self.base = dev[2 * t + t * width:3 * t + t * width].reshape(t, 1)                  # [T, 1] int32
         self.pools = {off: dev[a:a + v] for off, (a, v) in pool_at.items()}
+        self.done = {off: dev[a:a + c] for off, (a, c) in done_at.items()}
         self.page_tokens = kv.page_tokens
         self._empty = {}
 
@@ -57,6 +65,10 @@ class CallMaps:
     def pools_of(self, seg: Segment):
         """[visible] int32 pooled-key rows of the segment's visible pools (a sparse segment)."""
         return self.pools[seg.off]
+
+    def done_of(self, seg: Segment):
+        """[C] int32 pooled-key rows of the pools the segment's rows complete (index_tail_pool's pool_rows)."""
+        return self.done[seg.off]
 
     def no_scores(self, seg: Segment, xp):
         """[n, 0] fp32: the scores of a segment whose rows are all dense (made once per call)."""

@@ -11,6 +11,7 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
+from model_helpers import tail_fill
 
 from cupyglm.backend.numpy_ops import NumpyOps
 from cupyglm.dist.comm import LocalComm
@@ -135,6 +136,8 @@ def _kv_view(model, state):
     out.update({f"kda{l}": np.asarray(s).tobytes() for l, s in state.kda_state.items()})
     out.update({f"conv{l}": np.asarray(s).tobytes() for l, s in state.kda_conv.items()})
     out.update({f"tail{l}": b"".join(np.asarray(a).tobytes() for a in t) for l, t in state.index_tail.items()})
+    out.update({f"fill{l}": b"".join(np.asarray(a[:tail_fill(cfg, l, L)]).tobytes() for a in t)
+                for l, t in state.index_tail.items()})
     out["mtp_pending"] = np.asarray(state.mtp_pending).tobytes()
     return out
 
