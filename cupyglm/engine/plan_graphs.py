@@ -31,7 +31,7 @@ def layer_temporaries(cfg: ModelConfig, tp: int, b: int) -> list[ArraySpec]:
     projections, low-rank factors, gates and output, the o_proj partial and its sum, the mid-layer streams, then
     the router, the experts' and shared expert's gate/up and SwiGLU products (or the dense MLP's, if wider), the
     FFN partial and its sum, and the MoE's per-pair maps."""
-    d, s, hk = cfg.hidden_size, cfg.hc_mult, cfg.kda_num_heads * cfg.kda_head_dim // tp
+    d, hk = cfg.hidden_size, cfg.kda_num_heads * cfg.kda_head_dim // tp
     k, e = cfg.num_experts_per_tok, cfg.n_routed_experts
     inter, shared = cfg.moe_intermediate_size // tp, cfg.moe_intermediate_size * cfg.n_shared_experts // tp
     moe = 3 * (k * inter + shared) + e

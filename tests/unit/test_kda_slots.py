@@ -9,6 +9,7 @@ import pytest
 from cupyglm.backend.numpy_ops import NumpyOps
 from cupyglm.config import preset
 from cupyglm.kv.kept import KeptStore
+from cupyglm.kv.state import new_index_tail
 from cupyglm.kv.state import SeqState
 from cupyglm.kv.store import KVStore
 from cupyglm.memory import alloc, kda_state_arrays, storage_of
@@ -96,8 +97,7 @@ def test_a_kept_state_is_copied_by_the_walk_and_keeps_its_seat(released):
     slots = KDASlots(np, n=2)
     a, b, c = _state(1), _state(2), _state(3)
     for st in (a, b, c):
-        st.index_tail = {layer: (np.zeros((0, CFG.index_head_dim), storage_of(OPS).bf16),) * 2
-                         for layer in CFG.dsa_layers}
+        st.index_tail = {layer: new_index_tail(np, CFG, storage_of(OPS).bf16) for layer in CFG.dsa_layers}
     _replay(slots, [a, b])
     want = _bits(a)
     kept.keep(7, a)                      # a is seated: the walk reads its slot's addresses
