@@ -27,7 +27,7 @@ What is captured and why it stays exact:
   none), so a block one graph used as a temporary and a later one reuses is never live in both; outputs stay
   allocated. A replay rewrites its outputs, which the step (or the next graph) consumes before the same graph
   replays again. Device memory: per bucket B, L x (X, h, post, comb) outputs and one layer's temporaries, plus
-  the KDA slots (not in the memory plan: it comes out of CUPYGLM_MEMORY_RESERVE_GIB).
+  the KDA slots; the memory plan sets both aside before sizing pages (engine/plan_graphs.py).
 * Capture is keyed by (layer, B) only. A warm-up run of the same work precedes the capture (kernels loaded,
   guard flags allocated: no allocation outside the pool, no module load inside the capture); a KDA warm-up runs
   every row as padding, so no slot is written.
