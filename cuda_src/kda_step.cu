@@ -19,6 +19,7 @@
 struct KdaStepShared {
   GemvShared<1> gemv;                              // the low-rank GEMV's stage tiles, then its lane partials
   unsigned short a[GEMV_ROWS][16 * KDA_MAX_J];     // [token of the chunk, key column] bf16 bit patterns of a
+  float head[3][16 * KDA_MAX_J];                   // [q, k, g][key column] f32: one token's normed q, k and decay
 };
 
 // The low-rank second factors of one segment's rows.
@@ -67,13 +68,50 @@ static __device__ __forceinline__ void kda_lowrank_chunk(KdaStepShared& sh, cons
     lr.gate[((long long)(t0 + lane) * H + h) * K + vr0 + o] = to_bf16(gemm_fold16(sh.gemv.part[0][o][lane]));
 }
 
-// The decode rows of one segment for value row vr of head h, by its group of 16 threads (the block's groups
-// together: barriers): per chunk of 16 tokens kda_lowrank_chunk, then per token kda_conv of the projections' q/k/v
-// heads (kda_conv_at), q = l2norm(q) * q_scale, k = l2norm(k) (l2norm's lane-16 sums, recomputed by every value
-// row's group), g = kda_gate(a) (kda_gate's expression per element), then kda_token: the bits of gemm_multi's f_b
-// and g_b, kda_conv, l2norm x2, kda_gate and kda_recurrence (V = K).  S_in null: a zero state; S_out null: the
-// state not written.  S_in may equal S_out (in place: the group reads its row before it writes it).  x, beta, y
-// and lr's rows point at the segment's first row; window at its [taps-1, 3HK] saved rows.
+// One token t of head h, once per block into sh.head (read by every group after a barrier): group 0 the conv of q
+// and q = l2norm(q) * q_scale, group 1 the conv of k and k = l2norm(k) (kda_conv_at, l2norm's lane-16 sums: one
+// code path, the shuffles convergent), group 2 g = kda_gate(a) (kda_gate's expression per element), the others
+// idle.  x, window: as kda_step_group's.
+static __device__ __forceinline__ void kda_head_token(KdaStepShared& sh, const __nv_bfloat16* x,
+                                                      const __nv_bfloat16* window, const __nv_bfloat16* cw,
+                                                      const float* dt_bias, float ea, int t, int tc, int H, int K,
+                                                      int taps, float lower, float eps, float q_scale, int h,
+                                                      int lane) {
+  const int grp = threadIdx.y, C = 3 * H * K;
+  if (grp < 2) {                                       // warp 0: q (group 0) and k (group 1)
+    const long long c0 = (long long)(grp * H + h) * K;
+    float* out = sh.head[grp];
+    float sq = 0.0f;
+#pragma unroll 1
+    for (int kk = lane; kk < K; kk += 16) {            // the lane's own elements: read back by it alone
+      const float v = kda_conv_at(x, window, cw, t, c0 + kk, C, taps);
+      out[kk] = v;
+      sq += v * v;
+    }
+    const float rn = 1.0f / sqrtf(lane16_fold(sq) + eps);
+#pragma unroll 1
+    for (int kk = lane; kk < K; kk += 16) {
+      const float yn = out[kk] * rn;
+      out[kk] = grp == 0 ? yn * q_scale : yn;
+    }
+  } else if (grp == 2) {
+    for (int kk = lane; kk < K; kk += 16) {
+#ifdef CONTROL_GATE_HEAD
+      const float inner = ea * (gemv_bf(sh.a[tc][kk]) + dt_bias[(long long)((h + 1) % H) * K + kk]);
+#else
+      const float inner = ea * (gemv_bf(sh.a[tc][kk]) + dt_bias[(long long)h * K + kk]);
+#endif
+      sh.head[2][kk] = exp_f32(lower * sigmoid_f32(inner));
+    }
+  }
+}
+
+// The decode rows of one segment for value row vr0 + threadIdx.y of head h, by its group of 16 threads (the
+// block's groups together: barriers): per chunk of 16 tokens kda_lowrank_chunk, then per token kda_head_token and
+// kda_token on the group's own v channel (kda_conv_at): the bits of gemm_multi's f_b and g_b, kda_conv, l2norm x2,
+// kda_gate and kda_recurrence (V = K).  S_in null: a zero state; S_out null: the state not written.  S_in may
+// equal S_out (in place: the group reads its row before it writes it).  x, beta, y and lr's rows point at the
+// segment's first row; window at its [taps-1, 3HK] saved rows.
 static __device__ __forceinline__ void kda_step_group(KdaStepShared& sh, const KdaLowRank& lr, const float* S_in,
                                                       float* S_out, const __nv_bfloat16* x,
                                                       const __nv_bfloat16* window, const __nv_bfloat16* cw,
@@ -84,7 +122,7 @@ static __device__ __forceinline__ void kda_step_group(KdaStepShared& sh, const K
   const int vr = vr0 + threadIdx.y;
   const bool active = vr < K;
   const int C = 3 * H * K;
-  const long long cq = (long long)h * K, ck = cq + (long long)H * K, cv = ck + (long long)H * K;
+  const long long cv = (long long)(2 * H + h) * K;
   float s[KDA_MAX_J];
   const long long srow = ((long long)h * K + (active ? vr : 0)) * K;
   kda_load_state(s, S_in, srow, lane, K, active && S_in != nullptr);
@@ -93,42 +131,21 @@ static __device__ __forceinline__ void kda_step_group(KdaStepShared& sh, const K
     const int nt = min(GEMV_ROWS, n - t0);
     kda_lowrank_chunk(sh, lr, H, K, h, vr0, t0, nt);
     for (int t = t0; t < t0 + nt; ++t) {
-      const long long hk = ((long long)t * H + h) * K;
+      kda_head_token(sh, x, window, cw, dt_bias, ea, t, t - t0, H, K, taps, lower, eps, q_scale, h, lane);
+      __syncthreads();                                 // sh.head holds token t
       float qv[KDA_MAX_J], kv[KDA_MAX_J], gv[KDA_MAX_J];
-      float sq = 0.0f, sk = 0.0f;
 #pragma unroll
       for (int j = 0; j < KDA_MAX_J; ++j) {
         const int kk = lane + 16 * j;
-        qv[j] = kk < K ? kda_conv_at(x, window, cw, t, cq + kk, C, taps) : 0.0f;
-        kv[j] = kk < K ? kda_conv_at(x, window, cw, t, ck + kk, C, taps) : 0.0f;
-        if (kk < K) {
-          sq += qv[j] * qv[j];
-          sk += kv[j] * kv[j];
-        }
-      }
-      const float rq = 1.0f / sqrtf(lane16_fold(sq) + eps);
-      const float rk = 1.0f / sqrtf(lane16_fold(sk) + eps);
-#pragma unroll
-      for (int j = 0; j < KDA_MAX_J; ++j) {
-        const int kk = lane + 16 * j;
-        if (kk < K) {
-          const float yq = qv[j] * rq;
-          qv[j] = yq * q_scale;
-          kv[j] = kv[j] * rk;
-#ifdef CONTROL_GATE_HEAD
-          const float inner = ea * (gemv_bf(sh.a[t - t0][kk]) + dt_bias[(long long)((h + 1) % H) * K + kk]);
-#else
-          const float inner = ea * (gemv_bf(sh.a[t - t0][kk]) + dt_bias[(long long)h * K + kk]);
-#endif
-          gv[j] = exp_f32(lower * sigmoid_f32(inner));
-        } else {
-          gv[j] = 0.0f;
-        }
+        qv[j] = kk < K ? sh.head[0][kk] : 0.0f;
+        kv[j] = kk < K ? sh.head[1][kk] : 0.0f;
+        gv[j] = kk < K ? sh.head[2][kk] : 0.0f;
       }
       const float vv = active ? kda_conv_at(x, window, cw, t, cv + vr, C, taps) : 0.0f;
       const float bv = active ? ld_bf16(beta, (long long)t * H + h) : 0.0f;
       const float yv = kda_token(s, qv, kv, gv, lane, K, active, vv, bv);
-      if (active && lane == 0) y[hk + vr] = to_bf16(yv);
+      if (active && lane == 0) y[((long long)t * H + h) * K + vr] = to_bf16(yv);
+      __syncthreads();                                 // every group has read sh.head (and sh.a) of token t
     }
   }
   if (S_out != nullptr) kda_store_state(s, S_out, srow, lane, K, active);
@@ -136,7 +153,7 @@ static __device__ __forceinline__ void kda_step_group(KdaStepShared& sh, const K
 
 // The decode step of one segment in one launch (kda_step_group), out of place.  The q/k channels' next window is
 // written by the first group of each head, v's by its row's group.  grid (ceil(K / 16), H); block (16, 16).
-extern "C" __global__ void __launch_bounds__(256) kda_step(
+extern "C" __global__ void __launch_bounds__(256, 1) kda_step(
     const float* __restrict__ S_in,            // [H, K, K] f32
     const __nv_bfloat16* __restrict__ x,       // [n, 3, H, K] bf16: conv input
     const __nv_bfloat16* __restrict__ window,  // [taps-1, 3HK] bf16, oldest first
@@ -180,7 +197,7 @@ extern "C" __global__ void __launch_bounds__(256) kda_step(
 // written after row n + j > j was read); the q/k channels of head h are read by every block of (h, e), so only the
 // block that finishes last (counted in done[e, h], which it sets back to 0 for the next launch) writes them.
 // grid (ceil(K / 16), H, E); block (16, 16).
-extern "C" __global__ void __launch_bounds__(256) kda_step_slots(
+extern "C" __global__ void __launch_bounds__(256, 1) kda_step_slots(
     float* S,                                  // [slots, H, K, K] f32, in place
     const __nv_bfloat16* __restrict__ x,       // [R, 3, H, K] bf16: conv input
     __nv_bfloat16* window,                     // [slots, taps-1, 3HK] bf16, in place
