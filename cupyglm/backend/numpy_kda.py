@@ -1,5 +1,6 @@
-"""The numpy backend's KDA ops (short conv, gate, l2 norms, the delta rule, the batched decode step on state
-slots, the gated output norm): part of NumpyOps, the reference cuda_src/kda.cu is checked against."""
+"""The numpy backend's KDA ops (short conv, gate, l2 norms, the delta rule, the decode step with its low-rank
+second factors, the batched decode step on state slots, the gated output norm): part of NumpyOps, the reference
+cuda_src/kda.cu and kda_step.cu are checked against."""
 from __future__ import annotations
 
 import numpy as np
@@ -35,38 +36,44 @@ class KDAOps:
         y = (x * rsqrt_f32(lane_sum(x * x) + np.float32(eps))[..., None]).astype(np.float32)
         return y if scale is None else y * np.float32(scale)
 
-    def kda_step(self, S: np.ndarray, x: np.ndarray, window: np.ndarray, w: np.ndarray, a: np.ndarray,
-                 a_log: np.ndarray, dt_bias: np.ndarray, beta: np.ndarray, lower: float, eps: float, q_scale: float):
-        """A segment's KDA step from its projections: conv = kda_conv(x, window, w), q = l2norm(q, eps, q_scale),
-        k = l2norm(k, eps), g = kda_gate(a), then kda_recurrence. x: [n, 3HK] bf16 (q, k, v heads), a: [n, H, K]
-        bf16 -> (y, S', window')."""
-        n, h, k = a.shape
+    def kda_step(self, S: np.ndarray, x: np.ndarray, window: np.ndarray, w: np.ndarray, fa: np.ndarray,
+                 ga: np.ndarray, f_b: np.ndarray, g_b: np.ndarray, a_log: np.ndarray, dt_bias: np.ndarray,
+                 beta: np.ndarray, lower: float, eps: float, q_scale: float):
+        """A segment's KDA step from its projections: a = gemm(fa, f_b, bf16) and gate = gemm(ga, g_b, bf16) (the
+        low-rank second factors, viewed [n, H, K]), conv = kda_conv(x, window, w), q = l2norm(q, eps, q_scale),
+        k = l2norm(k, eps), g = kda_gate(a), then kda_recurrence. x: [n, 3HK] bf16 (q, k, v heads), fa, ga: [n, r]
+        bf16, f_b, g_b: [HK, r] bf16 -> (y [n, H, K] bf16, gate [n, H, K] bf16, S', window')."""
+        n, (h, k) = x.shape[0], dt_bias.shape
+        a = self.gemm(fa, f_b, out="bf16").reshape(n, h, k)
+        gate = self.gemm(ga, g_b, out="bf16").reshape(n, h, k)
         conv, window = self.kda_conv(x, window, w)
         q, kk, v = (conv[:, i * h * k:(i + 1) * h * k].reshape(n, h, k) for i in range(3))
         y, S = self.kda_recurrence(S, self.l2norm(q, eps, q_scale), self.l2norm(kk, eps), v,
                                    self.kda_gate(a, a_log, dt_bias, lower), beta)
-        return y, S, window
+        return y, gate, S, window
 
-    def kda_step_slots(self, S: np.ndarray, x: np.ndarray, window: np.ndarray, w: np.ndarray, a: np.ndarray,
-                       a_log: np.ndarray, dt_bias: np.ndarray, beta: np.ndarray, seg: np.ndarray, done: np.ndarray,
-                       lower: float, eps: float, q_scale: float) -> np.ndarray:
+    def kda_step_slots(self, S: np.ndarray, x: np.ndarray, window: np.ndarray, w: np.ndarray, fa: np.ndarray,
+                       ga: np.ndarray, f_b: np.ndarray, g_b: np.ndarray, a_log: np.ndarray, dt_bias: np.ndarray,
+                       beta: np.ndarray, seg: np.ndarray, done: np.ndarray, lower: float, eps: float,
+                       q_scale: float):
         """kda_step per entry (row0, n, slot) of seg [E, 3] int32 on S[slot] [H, K, K] fp32 and window[slot]
         [taps - 1, 3HK] bf16, written back in place; n = 0: no rows; slot < 0: zero state and window, nothing
-        written back. done [E, H] int32 stays zero (the kernel's counters). -> y [R, H, K] bf16 (rows in no entry
-        zero)."""
-        r, h, k = a.shape
+        written back. done [E, H] int32 stays zero (the kernel's counters). -> (y, gate) [R, H, K] bf16 (rows in
+        no entry zero)."""
+        r, (h, k) = x.shape[0], dt_bias.shape
         y = bf16(np.zeros((r, h, k), dtype=np.float32))
+        gate = y.copy()
         for row0, n, slot in np.asarray(seg, dtype=np.int64).tolist():
             if n <= 0:
                 continue
             rows = slice(row0, row0 + n)
             st = S[slot] if slot >= 0 else np.zeros(S.shape[1:], S.dtype)
             win = window[slot] if slot >= 0 else np.zeros(window.shape[1:], window.dtype)
-            y[rows], st, win = self.kda_step(st, x[rows], win, w, a[rows], a_log, dt_bias, beta[rows], lower, eps,
-                                             q_scale)
+            y[rows], gate[rows], st, win = self.kda_step(st, x[rows], win, w, fa[rows], ga[rows], f_b, g_b, a_log,
+                                                         dt_bias, beta[rows], lower, eps, q_scale)
             if slot >= 0:
                 S[slot], window[slot] = st, win
-        return y
+        return y, gate
 
     def kda_recurrence(self, S: np.ndarray, q: np.ndarray, k: np.ndarray, v: np.ndarray, g: np.ndarray,
                        beta: np.ndarray):

@@ -1,11 +1,9 @@
-"""Contract cases of cuda_src/kda.cu (ops kda_conv, kda_gate, l2norm, kda_recurrence, kda_step, kda_out).
+"""Contract cases of cuda_src/kda.cu (ops kda_conv, kda_gate, l2norm, kda_recurrence, kda_out; the decode steps
+of kda_step.cu are in cases_kda_step.py).
 
 Controls: kda_conv with the saved window read newest first; kda_gate with dt_bias of the wrong head; l2norm
 reading the next row; kda_recurrence with a dropped token (its decay and update skipped: g = 1, beta = 0);
-kda_out with the gates of two heads swapped; kda_step with the decay's dt_bias of the next head
-(-DCONTROL_GATE_HEAD), the saved window read newest first, or q's and k's heads swapped; kda_step_slots with
-every block writing q/k's next window at once (-DCONTROL_WINDOW_EAGER: a block of the same head reads it) or each
-sequence on the next slot.
+kda_out with the gates of two heads swapped.
 """
 from __future__ import annotations
 
@@ -127,85 +125,6 @@ def _rec(label: str, n: int, h: int, v: int, kd: int) -> None:
     case(Case(f"kda_recurrence[{label}]", ("kda_recurrence",), make, run, replay, ctl))
 
 
-def _step(label: str, n: int, h: int, kd: int, control: str, taps: int = 4) -> None:
-    """kda_step against kda_conv, l2norm x2, kda_gate and kda_recurrence of the reference (x: [n, 3HK] bf16)."""
-    c = 3 * h * kd
-
-    def make(rng):
-        return {"S": (rng.standard_normal((h, kd, kd)) * 0.3).astype(np.float32),
-                "x": _bf(rng, (n, c)), "window": _bf(rng, (taps - 1, c)), "w": _bf(rng, (c, taps), 0.5),
-                "a": _bf(rng, (n, h, kd)),
-                "a_log": bf16(np.log(rng.uniform(1.0, 16.0, h)).astype(np.float32)).astype(np.float32),
-                "dt_bias": _bf(rng, (h, kd), 0.5).astype(np.float32),
-                "beta": REF.sigmoid(rng.standard_normal((n, h)).astype(np.float32), out="bf16")}
-
-    def args(d, x=None, window=None):
-        return (d["S"], d["x"] if x is None else x, d["window"] if window is None else window, d["w"], d["a"],
-                d["a_log"], d["dt_bias"], d["beta"], LOWER, L2_EPS, kd ** -0.5)
-
-    def pack(out):
-        return dict(zip(("y", "S", "window"), out))
-
-    def run(k, d):
-        return pack(ops_kda.kda_step(k, *args(d)))
-
-    def replay(d):
-        return pack(REF.kda_step(*args(d)))
-
-    if control == "head":
-        def ctl(k, d):                                 # the decay takes dt_bias of the next head
-            return pack(ops_kda.kda_step(k.variant("CONTROL_GATE_HEAD"), *args(d)))
-    elif control == "window":
-        def ctl(k, d):                                 # the saved window read newest first
-            return pack(ops_kda.kda_step(k, *args(d, window=k.xp.ascontiguousarray(d["window"][::-1]))))
-    else:
-        def ctl(k, d):                                 # k's head read as q's (the q/k thirds of x swapped)
-            x = d["x"].copy()
-            hk = h * kd
-            x[:, :hk], x[:, hk:2 * hk] = d["x"][:, hk:2 * hk], d["x"][:, :hk]
-            return pack(ops_kda.kda_step(k, *args(d, x=x)))
-
-    case(Case(f"kda_step[{label}]", ("kda_step",), make, run, replay, ctl, GATE_ULPS, GATE_WHY))
-
-
-def _slots(label: str, seg, slots: int, h: int, kd: int, control: str, taps: int = 4) -> None:
-    """kda_step_slots against kda_step per entry (row0, n, slot) of seg, states written back into their slots."""
-    c = 3 * h * kd
-    seg = np.asarray(seg, dtype=np.int32)                  # [E, 3] (row0, n, slot)
-    r = int((seg[:, 0] + seg[:, 1]).max())
-
-    def make(rng):
-        return {"S": (rng.standard_normal((slots, h, kd, kd)) * 0.3).astype(np.float32),
-                "x": _bf(rng, (r, c)), "window": _bf(rng, (slots, taps - 1, c)), "w": _bf(rng, (c, taps), 0.5),
-                "a": _bf(rng, (r, h, kd)),
-                "a_log": bf16(np.log(rng.uniform(1.0, 16.0, h)).astype(np.float32)).astype(np.float32),
-                "dt_bias": _bf(rng, (h, kd), 0.5).astype(np.float32),
-                "beta": REF.sigmoid(rng.standard_normal((r, h)).astype(np.float32), out="bf16"),
-                "seg": seg.copy(), "done": np.zeros((seg.shape[0], h), np.int32)}
-
-    def call(fn, d, seg_in=None):
-        y = fn(d["S"], d["x"], d["window"], d["w"], d["a"], d["a_log"], d["dt_bias"], d["beta"],
-               d["seg"] if seg_in is None else seg_in, d["done"], LOWER, L2_EPS, kd ** -0.5)
-        return {"y": y, "S": d["S"], "window": d["window"], "done": d["done"]}
-
-    def run(k, d):
-        return call(lambda *a: ops_kda.kda_step_slots(k, *a), d)
-
-    def replay(d):
-        return call(REF.kda_step_slots, d)
-
-    if control == "eager":
-        def ctl(k, d):                                 # every block writes q/k's window without waiting for the others
-            return call(lambda *a: ops_kda.kda_step_slots(k.variant("CONTROL_WINDOW_EAGER"), *a), d)
-    else:
-        def ctl(k, d):                                 # each sequence stepped on the next slot's state
-            bad = seg.copy()
-            bad[:, 2] = np.where(bad[:, 2] >= 0, (bad[:, 2] + 1) % slots, bad[:, 2])
-            return call(lambda *a: ops_kda.kda_step_slots(k, *a), d, k.xp.asarray(bad))
-
-    case(Case(f"kda_step_slots[{label}]", ("kda_step_slots",), make, run, replay, ctl, GATE_ULPS, GATE_WHY))
-
-
 def _out(label: str, n: int, h: int, v: int) -> None:
     def make(rng):
         return {"y": _bf(rng, (n, h, v), 0.3), "w": _bf(rng, (v,), 0.2, 1.0), "gate": _bf(rng, (n, h, v), 2.0)}
@@ -248,19 +167,6 @@ _rec("verify",       16,  4,  32,  32)
 _rec("prompt37",     37,  4,  32,  32)
 _rec("odd",           3,  3,  24,  40)    # V not a multiple of 8 rows, K % 16 = 8
 _rec("full",          4,  2, 128, 128)    # two full-size heads
-#      label          n   H    K  control
-_step("decode",       1,  4,  32, "head")
-_step("two",          2,  4,  32, "window")  # fewer new rows than saved rows: the window keeps an old row
-_step("verify",      16,  4,  32, "swap")
-_step("odd",          3,  3,  40, "head")    # K % 16 = 8: lanes past K idle
-_step("full",         2,  2, 128, "swap")    # two full-size heads
-_step("taps1",        3,  2,  16, "swap", 1) # no window
-#       label      seg [(row0, n, slot)]                                  slots  H    K  control
-_slots("bucket8",  [(0, 3, 2), (3, 1, 0), (4, 1, 3), (5, 1, -1), (6, 2, 1),
-                    (8, 0, -1), (0, 0, -1), (0, 0, -1)],                    4,   4,  32, "eager")
-_slots("verify4",  [(0, 4, 1), (4, 1, 0), (5, 1, -1)],                     2,   4,  32, "slots")
-_slots("one",      [(0, 1, 0)],                                            1,   3,  40, "eager")  # K % 16 = 8
-_slots("full",     [(0, 2, 1), (2, 1, 0)],                                 2,   2, 128, "slots")
 _out("decode",        1,  4,  32)
 _out("prompt37",     37,  4,  32)
 _out("odd",           3,  3,  40)

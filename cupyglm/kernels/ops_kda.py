@@ -1,6 +1,6 @@
-"""KDA launchers (cuda_src/kda.cu): kda_conv, kda_gate, l2norm, kda_recurrence, kda_step, kda_step_slots,
-kda_out, with NumpyOps'
-signatures. bf16 parameters are checked against the backend's bf16 storage (`k.bf16`); S, g, q, k are fp32."""
+"""KDA launchers (cuda_src/kda.cu: kda_conv, kda_gate, l2norm, kda_recurrence, kda_out; cuda_src/kda_step.cu:
+kda_step, kda_step_slots, the decode steps with the low-rank second factors fused in), with NumpyOps' signatures.
+bf16 parameters are checked against the backend's bf16 storage (`k.bf16`); S, g, q, k are fp32."""
 from __future__ import annotations
 
 import numpy as np
@@ -8,6 +8,8 @@ import numpy as np
 from cupyglm.kernels.ops import Kernels, check, f32, i32, op
 
 SRC = "kda.cu"
+SRC_STEP = "kda_step.cu"    # kda_step, kda_step_slots
+ROWS = 16                   # KDA_STEP_ROWS: value rows per block (threadIdx.y; threadIdx.x the 16 lanes)
 F32 = np.float32
 
 
@@ -93,9 +95,11 @@ def kda_recurrence(k: Kernels, S, q, kk, v, g, beta):
     return y, S_out
 
 
-def _step_rows(k: Kernels, kernel: str, h: int, kd: int, x, w, a, a_log, dt_bias, beta, min_taps: int):
+def _step_rows(k: Kernels, kernel: str, h: int, kd: int, x, w, fa, ga, f_b, g_b, a_log, dt_bias, beta,
+               min_taps: int):
     """The row inputs and weights both decode steps take: x [n, 3HK] bf16, conv taps w [3HK, taps] bf16
-    (min_taps..8), a [n, H, K] bf16, a_log [H] fp32, dt_bias [H, K] fp32, beta [n, H] bf16."""
+    (min_taps..8), the low-rank first factors fa, ga [n, r] bf16 and second factors f_b, g_b [HK, r] bf16 (r >= 1),
+    a_log [H] fp32, dt_bias [H, K] fp32, beta [n, H] bf16."""
     c = 3 * h * kd
     x = _arg(k, kernel, "x", x, (None, c), k.bf16)
     n = x.shape[0]
@@ -103,37 +107,47 @@ def _step_rows(k: Kernels, kernel: str, h: int, kd: int, x, w, a, a_log, dt_bias
     taps = w.shape[1]
     if not min_taps <= taps <= 8:
         raise ValueError(f"{kernel}: {min_taps}..8 taps supported, got {taps}")
-    a = _arg(k, kernel, "a", a, (n, h, kd), k.bf16)
+    f_b = _arg(k, kernel, "f_b", f_b, (h * kd, None), k.bf16)
+    r = f_b.shape[1]
+    if r < 1:
+        raise ValueError(f"{kernel}: the low rank r must be at least 1, got f_b of shape {tuple(f_b.shape)}")
+    g_b = _arg(k, kernel, "g_b", g_b, (h * kd, r), k.bf16)
+    fa = _arg(k, kernel, "fa", fa, (n, r), k.bf16)
+    ga = _arg(k, kernel, "ga", ga, (n, r), k.bf16)
     a_log = _arg(k, kernel, "a_log", a_log, (h,), np.float32)
     dt_bias = _arg(k, kernel, "dt_bias", dt_bias, (h, kd), np.float32)
     beta = _arg(k, kernel, "beta", beta, (n, h), k.bf16)
-    return x, w, taps, a, a_log, dt_bias, beta
+    return x, w, taps, fa, ga, f_b, g_b, r, a_log, dt_bias, beta
 
 
 @op("kda_step")
-def kda_step(k: Kernels, S, x, window, w, a, a_log, dt_bias, beta, lower, eps, q_scale):
-    """kda_conv of x (the q, k, v heads), l2norm of q (times q_scale) and k, kda_gate of a and kda_recurrence in
-    one launch. S: [H, K, K] fp32; x: [n, 3HK] bf16; window: [taps - 1, 3HK] bf16; w: [3HK, taps] bf16; a: [n, H,
-    K] bf16; beta: [n, H] bf16 -> (y [n, H, K] bf16, S', window')."""
+def kda_step(k: Kernels, S, x, window, w, fa, ga, f_b, g_b, a_log, dt_bias, beta, lower, eps, q_scale):
+    """The low-rank second factors a = gemm(fa, f_b, bf16) and gate = gemm(ga, g_b, bf16) (the decode GEMV's
+    bits), kda_conv of x (the q, k, v heads), l2norm of q (times q_scale) and k, kda_gate of a and kda_recurrence
+    in one launch. S: [H, K, K] fp32; x: [n, 3HK] bf16; window: [taps - 1, 3HK] bf16; w: [3HK, taps] bf16; fa, ga:
+    [n, r] bf16; f_b, g_b: [HK, r] bf16; beta: [n, H] bf16 -> (y [n, H, K] bf16, gate [n, H, K] bf16, S',
+    window')."""
     S = _arg(k, "kda_step", "S", S, (None, None, None))
     h, vd, kd = S.shape
     if vd != kd or kd > 256:
         raise ValueError(f"kda_step: value rows = key columns <= 256 supported, got S of shape {tuple(S.shape)}")
     c = 3 * h * kd
-    x, w, taps, a, a_log, dt_bias, beta = _step_rows(k, "kda_step", h, kd, x, w, a, a_log, dt_bias, beta, 1)
+    x, w, taps, fa, ga, f_b, g_b, r, a_log, dt_bias, beta = _step_rows(k, "kda_step", h, kd, x, w, fa, ga, f_b, g_b,
+                                                                       a_log, dt_bias, beta, 1)
     n = x.shape[0]
     window = _arg(k, "kda_step", "window", window, (taps - 1, c), k.bf16)
     y = k.empty((n, h, kd), k.bf16)
+    gate = k.empty((n, h, kd), k.bf16)
     S_out = k.empty(S.shape)
     win = k.empty((taps - 1, c), k.bf16)
-    if h and kd:
-        k.launch(SRC, "kda_step", ((kd + 7) // 8, h), (128,),
-                 (S, x, window, w, a, a_log, dt_bias, beta, y, S_out, win, i32(n), i32(h), i32(kd), i32(taps),
-                  f32(lower), f32(eps), f32(q_scale)))
+    if h and kd and n:
+        k.launch(SRC_STEP, "kda_step", (-(-kd // ROWS), h), (16, ROWS),
+                 (S, x, window, w, fa, ga, f_b, g_b, a_log, dt_bias, beta, y, gate, S_out, win, i32(n), i32(h),
+                  i32(kd), i32(r), i32(taps), f32(lower), f32(eps), f32(q_scale)))
     else:
         S_out[...] = S
         win[...] = window
-    return y, S_out, win
+    return y, gate, S_out, win
 
 
 def _inplace(k: Kernels, kernel: str, name: str, a, shape, dtype):
@@ -143,30 +157,33 @@ def _inplace(k: Kernels, kernel: str, name: str, a, shape, dtype):
     return check(kernel, name, a, shape, dtype)
 
 
-@op("kda_step_slots", inplace=(0, 2, 9))
-def kda_step_slots(k: Kernels, S, x, window, w, a, a_log, dt_bias, beta, seg, done, lower, eps, q_scale):
+@op("kda_step_slots", inplace=(0, 2, 12))
+def kda_step_slots(k: Kernels, S, x, window, w, fa, ga, f_b, g_b, a_log, dt_bias, beta, seg, done, lower, eps,
+                   q_scale):
     """kda_step of several sequences' decode/verify rows in one launch, their states in slots written in place.
-    S: [slots, H, K, K] fp32; x: [R, 3HK] bf16; window: [slots, taps - 1, 3HK] bf16; w: [3HK, taps] bf16; a:
-    [R, H, K] bf16; beta: [R, H] bf16; seg: [E, 3] int32 (row0, n, slot) per sequence, its rows in order (n = 0:
-    none; slot < 0: a padding row on a zero state, nothing written back; every row of y in one entry); done: [E,
-    H] int32 zeros, left zero -> y [R, H, K] bf16."""
+    S: [slots, H, K, K] fp32; x: [R, 3HK] bf16; window: [slots, taps - 1, 3HK] bf16; w: [3HK, taps] bf16; fa, ga:
+    [R, r] bf16; f_b, g_b: [HK, r] bf16; beta: [R, H] bf16; seg: [E, 3] int32 (row0, n, slot) per sequence, its
+    rows in order (n = 0: none; slot < 0: a padding row on a zero state, nothing written back; every row of y in
+    one entry); done: [E, H] int32 zeros, left zero -> (y, gate) [R, H, K] bf16."""
     S = _inplace(k, "kda_step_slots", "S", S, (None, None, None, None), F32)
     slots, h, vd, kd = S.shape
     if vd != kd or kd > 256:
         raise ValueError(f"kda_step_slots: value rows = key columns <= 256 supported, got S of shape {tuple(S.shape)}")
     c = 3 * h * kd
-    x, w, taps, a, a_log, dt_bias, beta = _step_rows(k, "kda_step_slots", h, kd, x, w, a, a_log, dt_bias, beta, 2)
-    r = x.shape[0]
+    x, w, taps, fa, ga, f_b, g_b, r, a_log, dt_bias, beta = _step_rows(k, "kda_step_slots", h, kd, x, w, fa, ga,
+                                                                       f_b, g_b, a_log, dt_bias, beta, 2)
+    rows = x.shape[0]
     window = _inplace(k, "kda_step_slots", "window", window, (slots, taps - 1, c), k.bf16)
     seg = _arg(k, "kda_step_slots", "seg", seg, (None, 3), np.int32)
     e = seg.shape[0]
     done = _inplace(k, "kda_step_slots", "done", done, (e, h), np.int32)
-    y = k.empty((r, h, kd), k.bf16)
+    y = k.empty((rows, h, kd), k.bf16)
+    gate = k.empty((rows, h, kd), k.bf16)
     if e and h and kd:
-        k.launch(SRC, "kda_step_slots", ((kd + 7) // 8, h, e), (128,),
-                 (S, x, window, w, a, a_log, dt_bias, beta, seg, y, done, i32(h), i32(kd), i32(taps), f32(lower),
-                  f32(eps), f32(q_scale)))
-    return y
+        k.launch(SRC_STEP, "kda_step_slots", (-(-kd // ROWS), h, e), (16, ROWS),
+                 (S, x, window, w, fa, ga, f_b, g_b, a_log, dt_bias, beta, seg, y, gate, done, i32(h), i32(kd), i32(r),
+                  i32(taps), f32(lower), f32(eps), f32(q_scale)))
+    return y, gate
 
 
 @op("kda_out")

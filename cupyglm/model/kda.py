@@ -42,42 +42,59 @@ class KDALayer:
         model/graph_capture.py): (S [slots, H, K, K] fp32, window [slots, taps - 1, 3HK] bf16, seg [E, 3] int32,
         done [E, H] int32): every row a decode/verify row, the sequences' states stepped in place in their slots
         (segs unused); None: per segment of segs, out of place."""
-        ops, h, k = self.ops, self.heads, self.dk
+        ops, k = self.ops, self.dk
         d = x.shape[0] if slots is not None else decode_rows(segs)
-        # every projection of x in one call, then both low-rank second factors: [T, 3HK], [T, r] x2, [T, H] bf16
+        # every projection of x in one call: [T, 3HK], [T, r] x2, [T, H] bf16; the low-rank second factors (f_b,
+        # g_b) of decode rows inside their step, of prompt rows in _segments
         qkv, fa, ga, beta = ops.gemm_multi((x, x, x, x), (self.w_qkv, self.f_a, self.g_a, self.b),
                                            ("bf16", "bf16", "bf16", "sigmoid_bf16"), decode=d)
-        a, gate_out = ops.gemm_multi((fa, ga), (self.f_b, self.g_b), ("bf16", "bf16"), decode=d)
-        a, gate_out = a.reshape(-1, h, k), gate_out.reshape(-1, h, k)                  # [T, H, K] bf16
         if slots is not None:
             S, window, seg, done = slots
-            y = ops.kda_step_slots(S, qkv, window, self.conv, a, self.a_log, self.dt_bias, beta, seg, done,
-                                   self.cfg.kda_gate_lower_bound, L2_EPS, k ** -0.5)   # [T, H, V] bf16
+            y, gate_out = ops.kda_step_slots(S, qkv, window, self.conv, fa, ga, self.f_b, self.g_b, self.a_log,
+                                             self.dt_bias, beta, seg, done, self.cfg.kda_gate_lower_bound, L2_EPS,
+                                             k ** -0.5)                                 # [T, H, V], [T, H, K] bf16
         else:
-            y = self._segments(x, qkv, a, beta, segs)
+            y, gate_out = self._segments(x, qkv, fa, ga, beta, segs, d)
         # the gated output norm and o_proj (for decode rows one launch: the norm in the GEMV's prologue)
         return ops.kda_out_gemm(y, self.o_norm, gate_out, self.cfg.rms_norm_eps, self.o_proj, decode=d)
 
-    def _segments(self, x, qkv, a, beta, segs: list[Segment]):
-        """Each segment's rows on its sequence's state, out of place (new state arrays) -> y [T, H, V] bf16."""
+    def _segments(self, x, qkv, fa, ga, beta, segs: list[Segment], d: int):
+        """Each segment's rows on its sequence's state, out of place (new state arrays) -> (y [T, H, V], gate_out
+        [T, H, K]) bf16. The prompt rows [d, T) take a and gate_out from one gemm_multi of f_b and g_b."""
         ops, h, k = self.ops, self.heads, self.dk
-        whole = len(segs) == 1 and segs[0].n == x.shape[0]           # one sequence: its rows are all of y
-        y = None if whole else ops.xp.empty((x.shape[0], h, k), dtype=ops.bf16_dtype)  # [T, H, V] bf16
+        t = x.shape[0]
+        if d < t:
+            a_p, gate_p = (g.reshape(-1, h, k) for g in ops.gemm_multi((fa[d:], ga[d:]), (self.f_b, self.g_b),
+                                                                        ("bf16", "bf16")))   # [T - d, H, K] bf16
+        whole = len(segs) == 1 and segs[0].n == t                     # one sequence: its rows are all of y
+        y = gate = None
+        if not whole:
+            y = ops.xp.empty((t, h, k), dtype=ops.bf16_dtype)        # [T, H, V] bf16
+            gate = ops.xp.empty((t, h, k), dtype=ops.bf16_dtype)     # [T, H, K] bf16
+            if d < t:
+                gate[d:] = gate_p
         for seg in segs:
             S, window = seg.state.kda_state[self.layer], seg.state.kda_conv[self.layer]
-            ys, S, window = (self._step if seg.decode else self._prompt)(S, qkv[seg.rows], window, a[seg.rows],
-                                                                          beta[seg.rows])
-            if whole:
-                y = ys
+            r = seg.rows
+            if seg.decode:
+                ys, gs, S, window = self._step(S, qkv[r], window, fa[r], ga[r], beta[r])
             else:
-                y[seg.rows] = ys
+                ys, S, window = self._prompt(S, qkv[r], window, a_p[r.start - d:r.stop - d], beta[r])
+                gs = gate_p
+            if whole:
+                y, gate = ys, gs
+            else:
+                y[r] = ys
+                if seg.decode:
+                    gate[r] = gs
             seg.state.kda_state[self.layer], seg.state.kda_conv[self.layer] = S, window
-        return y
+        return y, gate
 
-    def _step(self, S, x, window, a, beta):
-        """Decode/verify rows: the short conv, q and k l2-normed (q scaled by K^-0.5), the decay of a and the delta
-        rule as one op (each value row's block recomputes the head's conv and norms: cheap for a few rows)."""
-        return self.ops.kda_step(S, x, window, self.conv, a, self.a_log, self.dt_bias, beta,
+    def _step(self, S, x, window, fa, ga, beta):
+        """Decode/verify rows: the low-rank second factors (a, gate_out), the short conv, q and k l2-normed (q
+        scaled by K^-0.5), the decay of a and the delta rule as one op (each value-row block recomputes its head's
+        a, conv and norms: cheap for a few rows) -> (y, gate_out, S', window')."""
+        return self.ops.kda_step(S, x, window, self.conv, fa, ga, self.f_b, self.g_b, self.a_log, self.dt_bias, beta,
                                  self.cfg.kda_gate_lower_bound, L2_EPS, self.dk ** -0.5)
 
     def _prompt(self, S, x, window, a, beta):

@@ -1,0 +1,74 @@
+"""A KDA layer's decode rows through the CuPy double: three launches a layer, whatever the batch (one multi-GEMV of
+x, the decode step with the low-rank second factors f_b, g_b inside it, one kda_step per sequence, and o_proj with
+the gated norm in its prologue); a mixed call's prompt rows take f_b and g_b as GEMMs of their own."""
+from __future__ import annotations
+
+import collections
+
+import numpy as np
+import pytest
+
+from cupy_double.fixtures import cuda_double_module  # noqa: F401
+import cupy_double
+from cupy_double.state import STATE
+from cupyglm.dist.comm import LocalComm
+from cupyglm.engine.runner import ModelRunner
+from cupyglm.model.glm import SeqInput
+
+
+@pytest.fixture(scope="module")
+def cuda_ops(cuda_double_module):
+    from cupyglm.backend.cuda_ops import CudaOps
+
+    return CudaOps()
+
+
+def _kda_launches(runner, feeds):
+    """The RawKernel launches of each KDA layer's attention in one forward call of feeds, by kernel name."""
+    per_layer = {}
+    blocks = [b for b in runner.model.blocks if b.is_kda]
+
+    def wrap(b):
+        inner = b.attn
+
+        def attn(*args, **kw):
+            before = collections.Counter(STATE.where.get("launches", {}))
+            out = inner(*args, **kw)
+            per_layer[b.layer] = collections.Counter(STATE.where.get("launches", {})) - before
+            return out
+        return inner, attn
+
+    saved = {}
+    for b in blocks:
+        saved[b.layer], b.attn = wrap(b)
+    try:
+        with cupy_double.counting(trace=True):
+            out = runner.model.forward(feeds)
+    finally:
+        for b in blocks:
+            b.attn = saved[b.layer]
+    assert sorted(per_layer) == [b.layer for b in blocks]
+    return per_layer, out
+
+
+@pytest.mark.parametrize("prompts", [[[5, 17, 300, 42]], [[5, 17, 300], list(range(60, 100)), [7] * 13]],
+                         ids=["one", "three"])
+def test_kda_decode_rows_three_launches(tiny_ckpt, cuda_ops, prompts):
+    runner = ModelRunner(tiny_ckpt, cuda_ops, LocalComm(), 64, 16)
+    states = [runner.new_state() for _ in prompts]
+    out = runner.forward([SeqInput(np.asarray(p, np.int32), s) for p, s in zip(prompts, states)])
+    toks = [int(np.argmax(cuda_ops.asnumpy_checked(o.logits[-1]))) for o in out]
+    per_layer, _ = _kda_launches(runner, [SeqInput(np.array([t], np.int32), s, decode=True)
+                                          for t, s in zip(toks, states)])
+    want = {"gemv_multi_lane16": 1, "kda_step": len(prompts), "gemv_kda_out_lane16": 1}
+    for layer, got in per_layer.items():
+        assert dict(got) == want, f"layer {layer}: {dict(got)}"
+    # a prompt chunk after the decode rows: its rows' f_b and g_b as GEMMs, the decode rows' inside kda_step
+    states.append(runner.new_state())
+    per_layer, _ = _kda_launches(runner, [SeqInput(np.array([toks[0]], np.int32), states[0], decode=True),
+                                          SeqInput(np.arange(3, 9, dtype=np.int32), states[-1])])
+    for layer, got in per_layer.items():
+        assert got["kda_step"] == 1 and got["gemv_multi_lane16"] == 1 and got["kda_recurrence"] == 1, dict(got)
+        assert got["gemm_lane16_bf16"] >= 2, dict(got)           # f_b and g_b of the prompt rows
+    for s in states:
+        runner.release(s)
