@@ -240,6 +240,18 @@ def _run(engine, prompts) -> list[list[int]]:
     return [got[i] for i in ids]
 
 
+def test_sampling_parameters_in_one_upload(cuda_ops):
+    """engine/step_sample.upload_params: the six columns ops.sample takes, from one host-to-device copy."""
+    from cupyglm.engine.step_sample import PARAM_DTYPES, upload_params
+
+    rows = [(0.0, 0, 1.0, 0.0, 2**63 + 5, 7), (0.8, 20, 0.9, 0.1, 1, 9), (1.0, 3, 0.5, 0.25, 12345, 0)]
+    with cupy_double.counting() as c:
+        got = upload_params(cuda_ops.xp, rows)
+    assert c.h2d == 1
+    for col, dt, g in zip(zip(*rows), PARAM_DTYPES, got):
+        assert g.dtype == dt and g.flags.c_contiguous and np.array_equal(cuda_ops.asnumpy(g), np.array(col, dt))
+
+
 @pytest.mark.parametrize("drafts", [0, 3])
 def test_engine_with_graphs_equals_numpy(tiny_ckpt, cuda_ops, drafts):
     """4 concurrent mixed-sampling requests (batches shrinking as they finish; with drafts, verify groups and
