@@ -10,7 +10,7 @@ Structured output (`guides`, rank 0's grammar matchers): the masks started while
 the penalties and before the bans; a guided request never drafts, so its group is one row.
 
 min_tokens bans are logits edits before the op (a NaN stays NaN, so a NaN row is still refused); the tokens
-come back to the host for the stops and the bookkeeping.
+come back to the host for the stops and the bookkeeping. The sampling parameters travel in one upload a step.
 """
 from __future__ import annotations
 
@@ -59,10 +59,7 @@ def sample_step(ops, cfg, plan, outs, reqs, drafts: dict[int, tuple[int, ...]], 
             cur = logits[i, ban]
             logits[i, ban] = xp.where(xp.isnan(cur), cur, xp.float32(-np.inf))
         params.append((0.0 if p.greedy else p.temperature, p.top_k, p.top_p, p.min_p, r.seed, position))
-    temperature, top_k, top_p, min_p, seed, position = (
-        np.array(col, dtype=dt) for col, dt in zip(zip(*params), (np.float32, np.int32, np.float32,
-                                                                   np.float32, np.uint64, np.int32)))
-    drawn = ops.sample(logits, temperature, top_k, top_p, min_p, seed, position)
+    drawn = ops.sample(logits, *upload_params(xp, params))
     tokens, lps = tokens_and_logprobs(ops, logits, drawn, [reqs[g.request_id].params.logprobs for g, *_ in rows])
     per_group: dict[int, list[int]] = {}
     lp_of: dict[int, list] = {}
@@ -90,6 +87,23 @@ def sample_step(ops, cfg, plan, outs, reqs, drafts: dict[int, tuple[int, ...]], 
         if guides is not None and not g.drafts and not guides.consume(g.request_id, toks[0]):
             failed.append(g.request_id)
     return sampled, logprobs, failed
+
+
+PARAM_DTYPES = (np.float32, np.int32, np.float32, np.float32, np.uint64, np.int32)   # ops.sample's order
+
+
+def upload_params(xp, params: list[tuple]) -> tuple:
+    """Per row (temperature, top_k, top_p, min_p, seed, position) -> ops.sample's six [R] columns, uploaded in
+    one host-to-device transfer: one byte buffer, the 8-byte seeds first (aligned), each column a view of it."""
+    cols = [np.array(col, dtype=dt) for col, dt in zip(zip(*params), PARAM_DTYPES)]
+    order = (4, 0, 1, 2, 3, 5)
+    dev = xp.asarray(np.concatenate([cols[i].view(np.uint8) for i in order]))
+    views, at = [None] * len(cols), 0
+    for i in order:
+        n = cols[i].nbytes
+        views[i] = dev[at:at + n].view(PARAM_DTYPES[i])
+        at += n
+    return tuple(views)
 
 
 def sampled_rows(plan) -> list[int]:

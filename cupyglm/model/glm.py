@@ -17,6 +17,7 @@ from cupyglm.kv.state import SeqState
 from cupyglm.kv.store import KVStore
 from cupyglm.model.batch import Weights, decode_rows, segments
 from cupyglm.model.dsa import DSALayer
+from cupyglm.model.graph_ends import DecodeEnds
 from cupyglm.model.kda import KDALayer
 from cupyglm.model.moe import MLP, MoE
 from cupyglm.model.mtp import MTPLayer
@@ -114,12 +115,14 @@ class GLMModel:
         self.lm_head = ops.weight(shard["lm_head.weight"])        # [V / tp, D]
         self.blocks = [Block(cfg, root.sub(f"layers.{i}"), ops, i, tp) for i in range(cfg.num_hidden_layers)]
         self.mtp = MTPLayer(cfg, root.sub(f"layers.{cfg.mtp_layer}"), ops, cfg.mtp_layer, tp) if mtp else None
+        self.ends = None              # model/graph_ends.DecodeEnds: decode calls' embedding and lm_head replayed
 
     def use_graphs(self, graphs) -> None:
         """Replay decode calls' layers from `graphs` (model/graph_capture.py: KDA layers whole, DSA layers' FFN
-        halves); None: eager."""
+        halves) and their ends (model/graph_ends.py); None: eager."""
         for b in self.blocks:
             b.graphs = graphs
+        self.ends = None if graphs is None else DecodeEnds(graphs, self.ends_enter, self.ends_exit)
 
     def new_state(self) -> SeqState:
         st = SeqState()
@@ -138,6 +141,18 @@ class GLMModel:
         leading `decode` rows are decode/verify rows."""
         return self.comm.concat_last(self.ops.gemm(h, self.lm_head, decode=decode))
 
+    def ends_enter(self, ids) -> tuple:
+        """Token ids [T] int32 (device) -> layer 0's inputs (X [T, 4, D] bf16 streams, h, post, comb)."""
+        x = self.ops.read_rows(self.embed, ids)                                  # [T, D] bf16
+        X = self.ops.xp.repeat(x[:, None, :], self.cfg.hc_mult, axis=1)         # [T, 4, D] streams
+        return (X, *self.blocks[0].enter(X))
+
+    def ends_exit(self, X, rows, decode: int) -> tuple:
+        """The last layer's streams X [T, 4, D] bf16, rows [P] (device): the rows whose logits are wanted ->
+        (final-normed rows [T, D] bf16, their logits [P, V] fp32); the leading `decode` picked rows decode/verify."""
+        h = self.ops.rmsnorm(self.ops.stream_mean(X), self.norm, self.cfg.rms_norm_eps)
+        return h, self.logits(h[rows], decode)
+
     def forward(self, batch: list[SeqInput]) -> list[SeqOutput]:
         """Outputs in the batch's order; inside, the decode/verify sequences' rows go first (rows are
         batch-invariant, so the order changes no bit)."""
@@ -149,7 +164,7 @@ class GLMModel:
         return back
 
     def _forward(self, batch: list[SeqInput]) -> list[SeqOutput]:
-        ops, xp = self.ops, self.ops.xp
+        xp = self.ops.xp
         for item in batch:
             if item.tokens.size == 0:
                 raise ValueError("a sequence in the batch has no new tokens")
@@ -157,17 +172,22 @@ class GLMModel:
         segs = segments([b.state for b in batch], [b.state.length for b in batch], [b.tokens.size for b in batch],
                         [b.decode for b in batch])
         tokens = np.concatenate([b.tokens.astype(np.int32) for b in batch])
-        x = ops.read_rows(self.embed, xp.asarray(tokens))                            # [T, D] bf16
-        X = xp.repeat(x[:, None, :], self.cfg.hc_mult, axis=1)                      # [T, 4, D] streams
-        h, post, comb = self.blocks[0].enter(X)
+        pick = [np.arange(s.off, s.off + s.n) if b.all_logits else np.array([s.off + s.n - 1])
+                for s, b in zip(segs, batch)]
+        picked = np.concatenate(pick)
+        ends = self.ends if self.ends is not None and self.ends.graphs.takes(tokens.size, decode_rows(segs)) else None
+        if ends is not None:                                                         # one upload: ids, row map
+            feed = ends.upload(tokens, picked)
+            X, h, post, comb = ends.enter(feed, tokens.size)
+        else:
+            X, h, post, comb = self.ends_enter(xp.asarray(tokens))
         for i, block in enumerate(self.blocks):
             nxt = self.blocks[i + 1] if i + 1 < len(self.blocks) else None
             X, h, post, comb = block(X, h, post, comb, segs, self.kv, self.comm, nxt)
-        h = ops.rmsnorm(ops.stream_mean(X), self.norm, self.cfg.rms_norm_eps)       # [T, D]
-        pick = [np.arange(s.off, s.off + s.n) if b.all_logits else np.array([s.off + s.n - 1])
-                for s, b in zip(segs, batch)]
-        logits = self.logits(h[xp.asarray(np.concatenate(pick))],
-                             sum(p.size for p, s in zip(pick, segs) if s.decode))
+        if ends is not None:
+            h, logits = ends.exit(feed, X, picked.size)                              # [T, D], [P, V]
+        else:
+            h, logits = self.ends_exit(X, xp.asarray(picked), sum(p.size for p, s in zip(pick, segs) if s.decode))
         mtp_logits = self._mtp(segs, tokens, h)
         for item in batch:
             item.state.length += item.tokens.size

@@ -33,7 +33,8 @@ What is captured and why it stays exact:
   every row as padding, so no slot is written.
 Eager: prompt rows, mixed calls, calls over 16 rows, the DSA attention halves (their host-side shapes follow
 context lengths: visible pools, pick widths, page tables; the index tails are fixed [kpool, I] pairs written in
-place by one launch per segment, but at each sequence's own address), embedding, lm_head, MTP.
+place by one launch per segment, but at each sequence's own address), sampling, MTP. The ends (embedding ->
+streams -> layer 0's hc_pre + norm; final norm -> lm_head -> vocab gather) are captured by model/graph_ends.py.
 """
 from __future__ import annotations
 
@@ -69,6 +70,7 @@ class DecodeGraphs:
         self.slots = KDASlots(self.cp)
         self.replays = 0
         self.copies = 0                                             # static inputs written before a replay
+        self.sources: list[tuple[int, tuple]] = []                  # (bucket, outputs): graph_ends' entry graphs
 
     @staticmethod
     def takes(rows: int, decode: int) -> bool:
@@ -108,9 +110,10 @@ class DecodeGraphs:
     def _chained(self, b: int, inputs: tuple):
         """The output buffers of a bucket-b graph that `inputs` are (the previous captured layer's), or None."""
         want = tuple(address_of(x) for x in inputs)
-        for (_, bb), e in self.entries.items():
-            if bb == b and all(o is not None for o in e.out) and tuple(address_of(o) for o in e.out) == want:
-                return e.out
+        outs = [e.out for (_, bb), e in self.entries.items() if bb == b] + [o for bb, o in self.sources if bb == b]
+        for out in outs:                                            # layer graphs' outputs, then graph_ends' entries
+            if all(o is not None for o in out) and tuple(address_of(o) for o in out) == want:
+                return out
         return None
 
     def _capture(self, b: int, inputs: tuple, run, warm) -> _Entry:

@@ -10,6 +10,8 @@ work instead of running it and replays it on the same allocations (tests/cupy_do
 * a state kept while seated and restored into a fresh sequence decodes through the graphs as the fresh run;
 * padded = unpadded: a 3-row call in the 4-row bucket gives each row's bits of the same rows eager and of each
   row alone;
+* the captured ends (model/graph_ends.py): the logits row map follows all_logits per sequence (several rows of a
+  sequence, some wanting every row's logits, some the last), a new map each call of the same graphs;
 * host launches per decode token drop, the graph launches and the kernels inside them counted apart;
 * the engine with graphs (batches shrinking as requests finish; MTP verify groups and rollback replays) gives
   the numpy engine's tokens.
@@ -73,6 +75,11 @@ def test_graph_replay_equals_eager_across_buckets_and_lengths(tiny_ckpt, cuda_op
     assert {b for _, b in graph.graphs.entries} == {1, 2, 4, 8}
     assert len(graph.graphs.entries) == 4 * layers                 # captured once per (layer, bucket)
     assert graph.graphs.replays == len(plan) * layers
+    ends = graph.model.ends
+    assert set(ends.buckets) == {1, 2, 4, 8} and ends.replays == 2 * len(plan)     # entry and exit each call
+    for bb, e in ends.buckets.items():                              # chained: layer 0 reads the entry's outputs, the
+        assert graph.graphs.entries[(0, bb)].static is e.enter[1]   # exit the last layer's X, nothing copied
+        assert e.exit[1] is graph.graphs.entries[(layers - 1, bb)].out[0]
     _memory_within_the_plan(tiny_ckpt.config, graph.graphs, cuda_ops)
 
 
@@ -216,13 +223,36 @@ def test_graphs_cut_host_launches_per_decode_token(tiny_ckpt, cuda_ops):
         counts[on] = c
     off, on = counts[False], counts[True]
     layers = tiny_ckpt.config.num_hidden_layers
-    assert on.graph_launches == layers and off.graph_launches == 0 and on.captured == 0
+    assert on.graph_launches == layers + 2 and off.graph_launches == 0 and on.captured == 0   # + entry and exit
     assert on.launches + on.graph_launches < off.launches
     kda = len(tiny_ckpt.config.kda_layers)
     assert 0 < kda < layers
     # the same kernels run, fewer from the host, and one kda_step_slots a KDA layer for both sequences' kda_step
     assert on.launches + on.graph_kernels == off.launches - kda
-    assert on.syncs == off.syncs and on.h2d == off.h2d + 1           # + the call's slot table
+    # + the call's slot table, - one of the ids' and row map's two uploads (one feed)
+    assert on.syncs == off.syncs and on.h2d == off.h2d
+
+
+def test_graph_ends_row_map_follows_all_logits(tiny_ckpt, cuda_ops):
+    """Calls of several rows per sequence in one bucket, each sequence wanting every row's logits or its last
+    row's: the exit graph's row map picks the eager call's rows, a different map each call."""
+    eager, graph = _runner(tiny_ckpt, cuda_ops, False), _runner(tiny_ckpt, cuda_ops, True)
+    es, gs = [eager.new_state() for _ in range(3)], [graph.new_state() for _ in range(3)]
+    rng = np.random.default_rng(11)
+    for run, st in ((eager, es), (graph, gs)):
+        run.forward([SeqInput(np.asarray(PROMPTS[i], np.int32), s) for i, s in enumerate(st)])
+    plan = [[(3, False), (1, False), (2, True)],                    # 6 rows in bucket 8, rows 2, 3, 4, 5
+            [(1, True), (4, False), (2, False)],                    # 7 rows: rows 0, 4, 6
+            [(2, True), (2, False), (3, True)]]                     # 7 rows: rows 0, 1, 3, 4, 5, 6
+    for step, call in enumerate(plan):
+        feed = [rng.integers(0, 400, n).astype(np.int32) for n, _ in call]
+        want, got = [[cuda_ops.asnumpy(o.logits) for o in run.forward(
+            [SeqInput(f, s, all_logits=a, decode=True) for f, s, (_, a) in zip(feed, st, call)])]
+            for run, st in ((eager, es), (graph, gs))]
+        for i, ((n, a), w, g) in enumerate(zip(call, want, got)):
+            assert g.shape == w.shape == (n if a else 1, w.shape[1])
+            assert np.array_equal(bits(w), bits(g)), f"step {step} seq {i}: max diff {np.abs(w - g).max()}"
+    assert set(graph.model.ends.buckets) == {8} and graph.model.ends.replays == 2 * len(plan)
 
 
 LENGTHS = [5, 40, 12, 20]
@@ -249,6 +279,18 @@ def _run(engine, prompts) -> list[list[int]]:
             got[out.request_id] += out.new_token_ids
     assert engine.free_pages == engine.total_pages
     return [got[i] for i in ids]
+
+
+def test_sampling_parameters_in_one_upload(cuda_ops):
+    """engine/step_sample.upload_params: the six columns ops.sample takes, from one host-to-device copy."""
+    from cupyglm.engine.step_sample import PARAM_DTYPES, upload_params
+
+    rows = [(0.0, 0, 1.0, 0.0, 2**63 + 5, 7), (0.8, 20, 0.9, 0.1, 1, 9), (1.0, 3, 0.5, 0.25, 12345, 0)]
+    with cupy_double.counting() as c:
+        got = upload_params(cuda_ops.xp, rows)
+    assert c.h2d == 1
+    for col, dt, g in zip(zip(*rows), PARAM_DTYPES, got):
+        assert g.dtype == dt and g.flags.c_contiguous and np.array_equal(cuda_ops.asnumpy(g), np.array(col, dt))
 
 
 @pytest.mark.parametrize("drafts", [0, 3])
