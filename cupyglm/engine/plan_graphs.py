@@ -8,7 +8,9 @@ one place that lists what graphs hold (a new fixed buffer of captured work is on
                    half; chained layers read the previous graph's outputs);
                  - one layer's temporaries: a bucket's graphs share its pool, so the blocks a capture frees are
                    there for the next; an estimate from the shapes, every term at fp32 width, both halves of a KDA
-                   layer with the wider FFN live at once, each array rounded up to the pool's 512-byte unit.
+                   layer with the wider FFN live at once, each array rounded up to the pool's 512-byte unit;
+                 - the ends (model/graph_ends.py): the feed, the final-normed rows, the picked rows and the
+                   logits, this rank's vocab slice and the gathered rows.
 The plan sizes the KV pages after these bytes and refuses to start when they do not fit.
 """
 from __future__ import annotations
@@ -45,13 +47,23 @@ def layer_temporaries(cfg: ModelConfig, tp: int, b: int) -> list[ArraySpec]:
             ArraySpec("graphs.tmp.pairs", (b * k, 4), I32)]              # ids, weights, groups, positions
 
 
+def ends_arrays(cfg: ModelConfig, tp: int, b: int) -> list[ArraySpec]:
+    """The captured ends' buffers for b rows (model/graph_ends.py), every row term at fp32 width."""
+    d, v = cfg.hidden_size, cfg.vocab_size
+    return [ArraySpec("graphs.ends.feed", (2, b), I32),                 # token ids, logits row map
+            ArraySpec("graphs.ends.rows", (2, b, d), FP32),             # final-normed rows, picked rows
+            ArraySpec("graphs.ends.logits_rank", (b, v // tp), FP32),   # this rank's lm_head slice
+            ArraySpec("graphs.ends.logits", (b, v), FP32)]              # gathered in rank order
+
+
 def graph_pool_bytes(cfg: ModelConfig, tp: int, storage: Storage, b: int) -> int:
     """A bound on bucket b's pool and static inputs (see the module docstring)."""
     layers = cfg.num_hidden_layers                                     # every main layer is captured
     fed = len({0, *cfg.dsa_layers})                                    # graphs whose inputs come from eager work
     per_layer = _pooled(graph_stream_arrays(cfg, b, "out"), storage)
     statics = total_bytes(graph_stream_arrays(cfg, b, "in"), storage)
-    return layers * per_layer + fed * statics + _pooled(layer_temporaries(cfg, tp, b), storage)
+    return (layers * per_layer + fed * statics + _pooled(layer_temporaries(cfg, tp, b), storage)
+            + _pooled(ends_arrays(cfg, tp, b), storage))
 
 
 def graph_terms(cfg: ModelConfig, tp: int, storage: Storage) -> tuple[tuple[str, int, bool], ...]:
