@@ -23,46 +23,12 @@ extern "C" __global__ void rmsnorm_rows(const __nv_bfloat16* __restrict__ x,   /
   rmsnorm_row(rd, w, out + (long long)blockIdx.x * D, D, eps);
 }
 
-// out = bf16(((x - mean) * (1 / sqrt(var + eps))) * w + b), population variance, per row.
+// out = bf16(((x - mean) * (1 / sqrt(var + eps))) * w + b), population variance, per row (norm_row.cuh).
 extern "C" __global__ void layernorm_rows(const __nv_bfloat16* __restrict__ x,   // [rows, D] bf16
                                           const __nv_bfloat16* __restrict__ w,   // [D] bf16
                                           const __nv_bfloat16* __restrict__ b,   // [D] bf16
                                           __nv_bfloat16* __restrict__ out,       // [rows, D] bf16
                                           int D, float eps) {
-  __shared__ float lanes[NORM_LANES];
-  __shared__ float mean_s, scale_s;
-  const int tid = threadIdx.x;
-  const __nv_bfloat16* xr = x + (long long)blockIdx.x * D;
-  __nv_bfloat16* orow = out + (long long)blockIdx.x * D;
-  const float n = (float)D;
-  if (tid < NORM_LANES) {
-    float acc = 0.0f;
-    for (int i = tid; i < D; i += NORM_LANES) acc = acc + ld_bf16(xr, i);
-    lanes[tid] = acc;
-  }
-  __syncthreads();
-  if (tid == 0) mean_s = lane16_fold_array(lanes) / n;
-  __syncthreads();
-  const float mean = mean_s;
-  if (tid < NORM_LANES) {
-    float acc = 0.0f;
-    for (int i = tid; i < D; i += NORM_LANES) {
-      const float d = ld_bf16(xr, i) - mean;
-      const float p = d * d;
-      acc = acc + p;
-    }
-    lanes[tid] = acc;
-  }
-  __syncthreads();
-  if (tid == 0) {
-    const float var = lane16_fold_array(lanes) / n;
-    scale_s = 1.0f / sqrtf(var + eps);
-  }
-  __syncthreads();
-  const float r = scale_s;
-  for (int i = tid; i < D; i += blockDim.x) {
-    const float d = ld_bf16(xr, i) - mean;
-    const float t = (d * r) * ld_bf16(w, i);
-    orow[i] = to_bf16(t + ld_bf16(b, i));
-  }
+  const NormRowBf16 rd{x + (long long)blockIdx.x * D};
+  layernorm_row(rd, w, b, out + (long long)blockIdx.x * D, D, eps);
 }

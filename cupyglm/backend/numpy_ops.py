@@ -79,11 +79,14 @@ class NumpyOps(NumpyGemm, KDAOps, MoEOps, LogitsOps, GatherOps):
         """store[rows[i]] = values[i]. store: [N, C] bf16, rows: [n] int32, values: [n, C] bf16."""
         store[rows] = values
 
-    def write_rows_rmsnorm(self, store: np.ndarray, rows: np.ndarray, x: np.ndarray, w: np.ndarray,
-                           eps: float, distinct_on_host: bool = False) -> None:
-        """store[rows[i]] = rmsnorm(x[i], w, eps): a DSA layer's latent rows normed on their way into the store.
-        x: [n, C] bf16, w: [C] bf16; distinct_on_host: the caller refused repeated ids on the host already."""
+    def write_rows_rmsnorm_keys(self, store: np.ndarray, rows: np.ndarray, x: np.ndarray, w: np.ndarray,
+                                eps: float, keys: np.ndarray, kw: np.ndarray, kb: np.ndarray, keps: float,
+                                distinct_on_host: bool = False) -> np.ndarray:
+        """store[rows[i]] = rmsnorm(x[i], w, eps): a DSA layer's latent rows normed on their way into the store
+        (x: [n, C] bf16, w: [C] bf16); returns the same rows' index keys layernorm(keys, kw, kb, keps) [n, I] bf16
+        (keys: [n, I] bf16). distinct_on_host: the caller refused repeated ids on the host already."""
         self.write_rows(store, rows, self.rmsnorm(x, w, eps))
+        return self.layernorm(keys, kw, kb, keps)
 
     def read_rows(self, store: np.ndarray, rows: np.ndarray) -> np.ndarray:
         """store[rows] -> [n, C] bf16: KV rows through page tables, and the token embedding gather."""

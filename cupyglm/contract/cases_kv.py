@@ -4,10 +4,9 @@
 Rows the call must not touch are NaN: a write must leave them NaN, a read must never return them.
 Controls: write_rows with two slots swapped; read_rows through a wrong page mapping (two pages swapped).
 read_rows is also the token embedding gather (embed[...] cases at vocabulary shapes).
-write_rows_rmsnorm: the rows RMS-normed on their way in (NumpyOps.write_rows_rmsnorm); controls: two slots
-swapped, and the norm's eps 10x (every row's scale moves).
 *.flags: the kernels counting ids outside [0, N) into their guard slot themselves (the write skips the row,
 the read gives NaN; sim checks every address); control: the variant KV_PLANT_FLAG (the id N is not counted).
+The normed latent write with the index keys (kv_write_rows_rmsnorm_keys): cases_kv_norm.py.
 """
 from __future__ import annotations
 
@@ -91,42 +90,7 @@ def _read(label: str, num_pages: int, cols: int, start: int, n: int) -> Case:
     return case(Case(f"read_rows[{label}]", ("kv_read_rows",), make, run, replay, ctl))
 
 
-def _write_norm(label: str, num_pages: int, cols: int, start: int, n: int) -> None:
-    eps = 1e-6
-
-    def make(rng):
-        d = _write_inputs(rng, num_pages, cols, start, n)
-        d["values"] = bf16(rng.standard_normal((n, cols)).astype(np.float32) * np.float32(3.0))
-        d["w"] = bf16((rng.standard_normal(cols) * 0.5 + 1.0).astype(np.float32))
-        return d
-
-    def launch(k, d, rows, e):
-        ops_kv.write_rows_rmsnorm(k, d["store"], rows, d["values"], d["w"], e)
-        return {"store": d["store"]}
-
-    def replay(d):
-        REF.write_rows_rmsnorm(d["store"], d["rows"], d["values"], d["w"], eps)
-        return {"store": d["store"]}
-
-    def ctl_slots(k, d):
-        rows = d["rows"].copy()
-        if rows.shape[0] > 1:
-            rows[[0, -1]] = rows[[-1, 0]]                            # two slots swapped
-        else:
-            rows[0] = rows[0] + 1 if int(rows[0]) % PAGE < PAGE - 1 else rows[0] - 1
-        return launch(k, d, rows, eps)
-
-    name = f"write_rows_rmsnorm[{label}]"
-    case(Case(name, ("kv_write_rows_rmsnorm",), make, lambda k, d: launch(k, d, d["rows"], eps), replay, ctl_slots))
-    case(Case(name.replace("[", ".eps["), ("kv_write_rows_rmsnorm",), make,
-              lambda k, d: launch(k, d, d["rows"], eps), replay, lambda k, d: launch(k, d, d["rows"], 1.0)))
-
-
 #       label              pages cols start  n
-_write_norm("latent-decode",  8,  64,   37,   1)
-_write_norm("latent-verify",  8,  64,   40,  16)
-_write_norm("latent-r512",    4, 512,    5,   3)     # the full model's latent width
-_write_norm("odd",            8,  72,   13,   7)     # C % 16 = 8
 _write("latent-decode",      8,  64,   37,   1)     # one token's latent row
 _write("latent-verify",      8,  64,   40,  16)     # 16 rows crossing a page boundary
 _write("latent-prompt100",  10,  64,    0, 100)     # a prompt from position 0, 7 pages
@@ -163,7 +127,6 @@ _embed("prompt64", 512, 256, 64)
 _embed("odd", 300, 100, 7)
 
 
-EPS = 1e-6
 SLOTS, SLOT = 3, 1                 # slot 0 must stay clear: the slot argument is honoured
 
 
@@ -184,17 +147,13 @@ def _flags_case(op: str, n_store: int, cols: int, n: int) -> Case:
     def make(rng):
         store = bf16(rng.standard_normal((n_store, cols)).astype(np.float32))       # [N, C] bf16
         return {"store": store, "rows": _bad_ids(rng, n_store, n),
-                "values": bf16(rng.standard_normal((n, cols)).astype(np.float32)),
-                "w": bf16((rng.standard_normal(cols) * 0.5 + 1.0).astype(np.float32))}
+                "values": bf16(rng.standard_normal((n, cols)).astype(np.float32))}
 
     def launch(kn, dd, variant):
         kv = kn.variant("KV_PLANT_FLAG") if variant else kn
         flags = kn.xp.zeros((SLOTS, 2), dtype=np.uint32)
         if op == "write":
             ops_kv.launch_write(kv, dd["store"], dd["rows"], dd["values"], (flags, SLOT))
-            return {"store": dd["store"], "flags": flags}
-        if op == "write_rmsnorm":
-            ops_kv.launch_write_rmsnorm(kv, dd["store"], dd["rows"], dd["values"], dd["w"], EPS, (flags, SLOT))
             return {"store": dd["store"], "flags": flags}
         return {"y": ops_kv.launch_read(kv, dd["store"], dd["rows"], (flags, SLOT)), "flags": flags}
 
@@ -204,18 +163,14 @@ def _flags_case(op: str, n_store: int, cols: int, n: int) -> Case:
         if op == "write":
             REF.write_rows(dd["store"], ids[good], dd["values"][good])
             return {"store": dd["store"], "flags": _flags_out(ids, n_store)}
-        if op == "write_rmsnorm":
-            REF.write_rows_rmsnorm(dd["store"], ids[good], dd["values"][good], dd["w"], EPS)
-            return {"store": dd["store"], "flags": _flags_out(ids, n_store)}
         y = np.full((n, cols), np.nan, dtype=BF16)
         y[good] = REF.read_rows(dd["store"], ids[good])
         return {"y": y, "flags": _flags_out(ids, n_store)}
 
-    kernel = {"write": "kv_write_rows", "write_rmsnorm": "kv_write_rows_rmsnorm", "read": "kv_read_rows"}[op]
+    kernel = {"write": "kv_write_rows", "read": "kv_read_rows"}[op]
     return case(Case(f"{op}_rows.flags[{n}]", (kernel,), make,
                      lambda kn, dd: launch(kn, dd, False), replay, lambda kn, dd: launch(kn, dd, True)))
 
 
 _flags_case("write", 64, 40, 9)
 _flags_case("read", 64, 40, 9)
-_flags_case("write_rmsnorm", 64, 40, 9)

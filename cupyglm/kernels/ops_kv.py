@@ -33,31 +33,41 @@ def launch_write(k: Kernels, store, rows, values, guard) -> None:
                  (store, rows, values, i32(n_store), i32(c), guard[0], i32(guard[1])))
 
 
-@op("write_rows_rmsnorm", inplace=(0,))
-def write_rows_rmsnorm(k: Kernels, store, rows, x, w, eps: float, distinct_on_host: bool = False) -> None:
-    """store[rows[i]] = rmsnorm(x[i], w, eps), in place. store: [N, C] bf16, rows: [n] int32 (distinct),
-    x: [n, C] bf16, w: [C] bf16. distinct_on_host: the caller built the ids on the host and refused repeats
-    there (model/seg_device.CallMaps), so no device check runs."""
-    check("write_rows_rmsnorm", "store", store, (None, None), k.bf16)
-    check("write_rows_rmsnorm", "rows", rows, (None,), np.int32)
-    check("write_rows_rmsnorm", "x", x, (rows.shape[0], store.shape[1]), k.bf16)
-    check("write_rows_rmsnorm", "w", w, (store.shape[1],), k.bf16)
+@op("write_rows_rmsnorm_keys", inplace=(0,))
+def write_rows_rmsnorm_keys(k: Kernels, store, rows, x, w, eps: float, keys, kw, kb, keps: float,
+                            distinct_on_host: bool = False):
+    """store[rows[i]] = rmsnorm(x[i], w, eps), in place, and the call rows' index keys layer-normed, in one launch.
+    store: [N, C] bf16, rows: [n] int32 (distinct), x: [n, C] bf16, w: [C] bf16; keys: [n, I] bf16, kw, kb: [I]
+    bf16 -> layernorm(keys, kw, kb, keps) [n, I] bf16. distinct_on_host: the caller built the ids on the host and
+    refused repeats there (model/seg_device.CallMaps), so no device check runs."""
+    name = "write_rows_rmsnorm_keys"
+    check(name, "store", store, (None, None), k.bf16)
+    check(name, "rows", rows, (None,), np.int32)
+    check(name, "x", x, (rows.shape[0], store.shape[1]), k.bf16)
+    check(name, "w", w, (store.shape[1],), k.bf16)
+    check(name, "keys", keys, (rows.shape[0], None), k.bf16)
+    check(name, "kw", kw, (keys.shape[1],), k.bf16)
+    check(name, "kb", kb, (keys.shape[1],), k.bf16)
     if not getattr(store.flags, "writeable", True):
-        raise ValueError("write_rows_rmsnorm: parameter store must be writeable")
-    guard = guards.range_slot(k, "write_rows_rmsnorm", "rows", rows, store.shape[0])   # counted by the kernel
+        raise ValueError(f"{name}: parameter store must be writeable")
+    guard = guards.range_slot(k, name, "rows", rows, store.shape[0])   # counted by the kernel
     if not distinct_on_host:
-        guards.ids_distinct(k, "write_rows_rmsnorm", "rows", rows)
-    launch_write_rmsnorm(k, store, rows, x, w, eps, guard)
+        guards.ids_distinct(k, name, "rows", rows)
+    return launch_write_rmsnorm_keys(k, store, rows, x, w, eps, keys, kw, kb, keps, guard)
 
 
-def launch_write_rmsnorm(k: Kernels, store, rows, x, w, eps: float, guard) -> None:
-    """kv_write_rows_rmsnorm: launch_write's guard, each row normed before it is written. Also the contract's
-    entry point."""
-    check("kv_write_rows_rmsnorm", "flags", guard[0], (None, 2), np.uint32)
+def launch_write_rmsnorm_keys(k: Kernels, store, rows, x, w, eps: float, keys, kw, kb, keps: float, guard):
+    """kv_write_rows_rmsnorm_keys: launch_write's guard, each row normed before it is written (grid.y = 0), the
+    keys' rows layer-normed into the returned [n, I] bf16 (grid.y = 1). Also the contract's entry point."""
+    check("kv_write_rows_rmsnorm_keys", "flags", guard[0], (None, 2), np.uint32)
     n_store, c = store.shape
-    if rows.shape[0] and c:
-        k.launch(SRC, "kv_write_rows_rmsnorm", (rows.shape[0],), (THREADS,),
-                 (store, rows, x, w, i32(n_store), i32(c), f32(eps), guard[0], i32(guard[1])))
+    n, i = keys.shape
+    out = k.empty((n, i), k.bf16)                                  # [n, I] bf16 normed index keys
+    if n:
+        k.launch(SRC, "kv_write_rows_rmsnorm_keys", (n, 2), (THREADS,),
+                 (store, rows, x, w, i32(n_store), i32(c), f32(eps), keys, kw, kb, out, i32(i), f32(keps),
+                  guard[0], i32(guard[1])))
+    return out
 
 
 @op("read_rows")

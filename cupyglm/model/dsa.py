@@ -39,12 +39,13 @@ class DSALayer:
         qb, qib = ops.rmsnorm_gemm_multi(qa, self.q_a_norm, c.rms_norm_eps, (self.q_b, ix.wq_b), ("bf16", "bf16"),
                                          decode=d)
         q = qb.reshape(t, h, c.qk_nope_head_dim)                                          # [T, H, nope] bf16
-        ik = ix.keys(ikr)
         qs = ix.queries(qib, hwr)
         store = kv.latent[self.layer]
         maps = seg_device.call_maps(segs, kv, xp)                              # the call's row maps, built once
-        # the call's latent rows, RMS-normed on their way into the store (one launch for every segment)
-        ops.write_rows_rmsnorm(store, maps.latent, kva, self.kv_a_norm, c.rms_norm_eps, distinct_on_host=True)
+        # the call's latent rows, RMS-normed on their way into the store, and its index keys [T, I] bf16
+        # layer-normed, in one launch for every segment
+        ik = ops.write_rows_rmsnorm_keys(store, maps.latent, kva, self.kv_a_norm, c.rms_norm_eps, ikr, *ix.key_norm,
+                                         distinct_on_host=True)
         written = [maps.latent_of(seg) for seg in segs]                        # per segment [n] int32 store rows
         if kv.host is not None and kv.host.write_hash is not None:               # a test's check mode: rows as stored
             for seg, ids in zip(segs, written):

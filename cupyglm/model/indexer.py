@@ -23,10 +23,11 @@ class Indexer:
         self.compress_gate = w("index_kpool_compress_gate")       # [I, D]
         self.ape = w("index_kpool_compress_ape")                  # [kpool, I]
 
-    def keys(self, ikr):
-        """Index keys [T, I] bf16 from x's wk projection [T, I] bf16 (the layer norm; the layer projects x's rows
-        through wk, compress_gate and weights_proj in its one gemm_multi)."""
-        return self.ops.layernorm(ikr, self.k_norm_w, self.k_norm_b, LN_EPS)
+    @property
+    def key_norm(self):
+        """The index keys' LayerNorm (weight [I] bf16, bias [I] bf16, eps): the layer norms x's wk projection
+        [T, I] bf16 with it in the launch that writes its latent rows (ops.write_rows_rmsnorm_keys)."""
+        return self.k_norm_w, self.k_norm_b, LN_EPS
 
     def queries(self, qib, hwr) -> "Queries":
         """The call's queries from qn's wq_b projection [T, Hi * I] bf16 and x's weights_proj projection [T, Hi]

@@ -1,6 +1,7 @@
 """A DSA layer's decode rows through the CuPy double: the call's row maps uploaded once per forward call and no
-row map computed on the device in any layer, the latent rows normed inside their write, the attention chunks
-merged inside the pv kernel; a batch of decode sequences writes its latent rows in one launch per layer."""
+row map computed on the device in any layer, the latent rows normed inside their write and the index keys
+layer-normed in that same launch, the attention chunks merged inside the pv kernel; a batch of decode sequences
+writes its latent rows in one launch per layer."""
 from __future__ import annotations
 
 import numpy as np
@@ -43,6 +44,7 @@ def test_dsa_decode_rows_launches(tiny_ckpt, cuda_ops, prompts):
     kernels, launches = c.where.get("kernels", {}), c.where.get("launches", {})
     assert not [k for k in ROW_MAP_KERNELS if k in kernels], kernels       # no per-layer row map on the device
     assert "attention_merge" not in launches, launches                    # merged inside attention_chunk_pv
-    assert launches.get("kv_write_rows_rmsnorm") == dsa, launches          # one normed write per layer, any batch
+    assert launches.get("kv_write_rows_rmsnorm_keys") == dsa, launches     # one normed write per layer, any batch
+    assert "layernorm_rows" not in launches, launches                     # the index keys normed in that write
     assert "check_ids_distinct" not in launches, launches                  # the maps' ids were checked on the host
     assert launches.get("attention_chunk_pv") == dsa, launches

@@ -57,6 +57,9 @@ CALLS = {
                      lambda m: (-(-m // 16) * 3, 1, 1)),
     "rmsnorm_rows": (lambda k, m: ops_norm.rmsnorm(k, _bf((m, 16)), _bf((16,)), 1e-5), lambda m: (m, 1, 1)),
     "kv_read_rows": (lambda k, m: ops_kv.read_rows(k, _bf((8, 16)), np.zeros(m, np.int32)), lambda m: (m, 1, 1)),
+    "kv_write_rows_rmsnorm_keys": (lambda k, m: ops_kv.write_rows_rmsnorm_keys(
+        k, _bf((8, 16)), np.zeros(m, np.int32), _bf((m, 16)), _bf((16,)), 1e-5, _bf((m, 24)), _bf((24,)), _bf((24,)),
+        1e-6, distinct_on_host=True), lambda m: (m, 2, 1)),
 }
 
 
