@@ -122,13 +122,20 @@ class DecodeGraphs:
         if static is None:
             static = tuple(cp.zeros((b,) + tuple(x.shape[1:]), dtype=x.dtype) for x in inputs)   # padding rows zero at first
         warm(*static)                                               # kernels loaded, flags allocated
+        graph, out = self.record(b, lambda: run(*static))
+        return _Entry(graph, static, out)
+
+    def record(self, b: int, run) -> tuple:
+        """(graph, outputs) of run() captured on the capture stream, allocating from bucket b's pool (the caller
+        warmed the same work up first)."""
+        cp = self.cp
         pool = self.pools.get(b)
         if pool is None:
             pool = self.pools[b] = cp.cuda.MemoryPool()
         with self.stream, cp.cuda.using_allocator(pool.malloc):
             self.stream.begin_capture()
             try:
-                out = run(*static)
+                out = run()
             finally:
                 graph = self.stream.end_capture()
-        return _Entry(graph, static, out)
+        return graph, out

@@ -95,18 +95,8 @@ class DecodeEnds:
         return None
 
     def _capture(self, b: int, run):
-        cp, g = self.cp, self.graphs
         run()                                                       # warm-up: kernels loaded, flags allocated
-        pool = g.pools.get(b)
-        if pool is None:
-            pool = g.pools[b] = cp.cuda.MemoryPool()
-        with g.stream, cp.cuda.using_allocator(pool.malloc):
-            g.stream.begin_capture()
-            try:
-                out = run()
-            finally:
-                graph = g.stream.end_capture()
-        return graph, out
+        return self.graphs.record(b, run)
 
     def _launch(self, graph) -> None:
         graph.launch()
