@@ -8,7 +8,8 @@
 // the conv, the q/k norms, the decay of a and the delta rule (kda_rows.cuh), as kda_conv, l2norm x2, kda_gate and
 // kda_recurrence.  Reference: NumpyOps.kda_step / kda_step_slots (cupyglm/backend/numpy_kda.py).
 // Block (16, 16): group threadIdx.y owns value row vr0 + threadIdx.y, lane threadIdx.x; every block of a head
-// re-reads the head's [K, r] slice of f_b (L2-resident: the same slice for all of them).
+// re-reads the head's [K, r] slice of f_b (L2-resident: the same slice for all of them); kda_step_slots' blocks
+// loop over the call's sequences, so a chunk of 16 rows reads it once whatever the number of sequences.
 #include "common.cuh"
 #include "exp_f32.cuh"
 #include "gemv_tile.cuh"
@@ -48,9 +49,10 @@ static __device__ __forceinline__ void kda_lowrank_tile(GemvShared<1>& sh, const
 }
 
 // Tokens t0 .. t0 + nt - 1 (nt <= 16): a of head h into sh.a (all K columns), gate_out of value rows vr0 .. to
-// memory.  CONTROL_FACTOR_ROW (planted): a's column k takes the sum of f_b's neighbouring row k ^ 1.
+// memory; ent (shared, null: every row is some sequence's): a row with ent[row - t0] < 0 gets a +0.0 gate.
+// CONTROL_FACTOR_ROW (planted): a's column k takes the sum of f_b's neighbouring row k ^ 1.
 static __device__ __forceinline__ void kda_lowrank_chunk(KdaStepShared& sh, const KdaLowRank& lr, int H, int K, int h,
-                                                         int vr0, int t0, int nt) {
+                                                         int vr0, int t0, int nt, const int* ent = nullptr) {
   const int lane = threadIdx.x, o = threadIdx.y;
   for (int c = 0; c < K; c += GEMV_OUTS) {
     const int nc = min(GEMV_OUTS, K - c);
@@ -64,8 +66,10 @@ static __device__ __forceinline__ void kda_lowrank_chunk(KdaStepShared& sh, cons
   }
   const int nv = min(KDA_STEP_ROWS, K - vr0);
   kda_lowrank_tile(sh.gemv, lr.ga, lr.gb, (long long)h * K + vr0, nv, t0, nt, lr.r);   // its barriers publish sh.a
-  if (o < nv && lane < nt)
-    lr.gate[((long long)(t0 + lane) * H + h) * K + vr0 + o] = to_bf16(gemm_fold16(sh.gemv.part[0][o][lane]));
+  if (o < nv && lane < nt) {
+    const float gv = ent != nullptr && ent[lane] < 0 ? 0.0f : gemm_fold16(sh.gemv.part[0][o][lane]);
+    lr.gate[((long long)(t0 + lane) * H + h) * K + vr0 + o] = to_bf16(gv);
+  }
 }
 
 // One token t of head h, once per block into sh.head (read by every group after a barrier): group 0 the conv of q
@@ -106,12 +110,41 @@ static __device__ __forceinline__ void kda_head_token(KdaStepShared& sh, const _
   }
 }
 
-// The decode rows of one segment for value row vr0 + threadIdx.y of head h, by its group of 16 threads (the
-// block's groups together: barriers): per chunk of 16 tokens kda_lowrank_chunk, then per token kda_head_token and
-// kda_token on the group's own v channel (kda_conv_at): the bits of gemm_multi's f_b and g_b, kda_conv, l2norm x2,
-// kda_gate and kda_recurrence (V = K).  S_in null: a zero state; S_out null: the state not written.  S_in may
-// equal S_out (in place: the group reads its row before it writes it).  x, beta, y and lr's rows point at the
-// segment's first row; window at its [taps-1, 3HK] saved rows.
+// One token t of a sequence (tc: its row in the chunk, sh.a's row) for value row vr0 + threadIdx.y of head h, by
+// its group of 16 threads (the block's groups together: barriers): kda_head_token, then kda_token on the group's
+// own v channel (kda_conv_at) with the group's state row s: kda_conv, l2norm x2, kda_gate and kda_recurrence
+// (V = K).  x, beta, y point at the sequence's first row; window at its [taps-1, 3HK] saved rows (null: zeros).
+static __device__ __forceinline__ void kda_row_step(KdaStepShared& sh, float* s, const __nv_bfloat16* x,
+                                                    const __nv_bfloat16* window, const __nv_bfloat16* cw,
+                                                    const float* dt_bias, const __nv_bfloat16* beta,
+                                                    __nv_bfloat16* y, float ea, int t, int tc, int H, int K,
+                                                    int taps, float lower, float eps, float q_scale, int h, int vr0,
+                                                    int lane) {
+  const int vr = vr0 + threadIdx.y;
+  const bool active = vr < K;
+  const int C = 3 * H * K;
+  const long long cv = (long long)(2 * H + h) * K;
+  kda_head_token(sh, x, window, cw, dt_bias, ea, t, tc, H, K, taps, lower, eps, q_scale, h, lane);
+  __syncthreads();                                     // sh.head holds token t
+  float qv[KDA_MAX_J], kv[KDA_MAX_J], gv[KDA_MAX_J];
+#pragma unroll
+  for (int j = 0; j < KDA_MAX_J; ++j) {
+    const int kk = lane + 16 * j;
+    qv[j] = kk < K ? sh.head[0][kk] : 0.0f;
+    kv[j] = kk < K ? sh.head[1][kk] : 0.0f;
+    gv[j] = kk < K ? sh.head[2][kk] : 0.0f;
+  }
+  const float vv = active ? kda_conv_at(x, window, cw, t, cv + vr, C, taps) : 0.0f;
+  const float bv = active ? ld_bf16(beta, (long long)t * H + h) : 0.0f;
+  const float yv = kda_token(s, qv, kv, gv, lane, K, active, vv, bv);
+  if (active && lane == 0) y[((long long)t * H + h) * K + vr] = to_bf16(yv);
+  __syncthreads();                                     // every group has read sh.head (and sh.a) of token t
+}
+
+// The decode rows of one segment for value row vr0 + threadIdx.y of head h (the block's groups together:
+// barriers): per chunk of 16 tokens kda_lowrank_chunk, then kda_row_step per token: the bits of gemm_multi's f_b
+// and g_b, kda_conv, l2norm x2, kda_gate and kda_recurrence.  S_in null: a zero state; S_out null: the state not
+// written.  x, beta, y and lr's rows point at the segment's first row; window at its [taps-1, 3HK] saved rows.
 static __device__ __forceinline__ void kda_step_group(KdaStepShared& sh, const KdaLowRank& lr, const float* S_in,
                                                       float* S_out, const __nv_bfloat16* x,
                                                       const __nv_bfloat16* window, const __nv_bfloat16* cw,
@@ -121,8 +154,6 @@ static __device__ __forceinline__ void kda_step_group(KdaStepShared& sh, const K
                                                       int vr0, int lane) {
   const int vr = vr0 + threadIdx.y;
   const bool active = vr < K;
-  const int C = 3 * H * K;
-  const long long cv = (long long)(2 * H + h) * K;
   float s[KDA_MAX_J];
   const long long srow = ((long long)h * K + (active ? vr : 0)) * K;
   kda_load_state(s, S_in, srow, lane, K, active && S_in != nullptr);
@@ -130,23 +161,9 @@ static __device__ __forceinline__ void kda_step_group(KdaStepShared& sh, const K
   for (int t0 = 0; t0 < n; t0 += GEMV_ROWS) {
     const int nt = min(GEMV_ROWS, n - t0);
     kda_lowrank_chunk(sh, lr, H, K, h, vr0, t0, nt);
-    for (int t = t0; t < t0 + nt; ++t) {
-      kda_head_token(sh, x, window, cw, dt_bias, ea, t, t - t0, H, K, taps, lower, eps, q_scale, h, lane);
-      __syncthreads();                                 // sh.head holds token t
-      float qv[KDA_MAX_J], kv[KDA_MAX_J], gv[KDA_MAX_J];
-#pragma unroll
-      for (int j = 0; j < KDA_MAX_J; ++j) {
-        const int kk = lane + 16 * j;
-        qv[j] = kk < K ? sh.head[0][kk] : 0.0f;
-        kv[j] = kk < K ? sh.head[1][kk] : 0.0f;
-        gv[j] = kk < K ? sh.head[2][kk] : 0.0f;
-      }
-      const float vv = active ? kda_conv_at(x, window, cw, t, cv + vr, C, taps) : 0.0f;
-      const float bv = active ? ld_bf16(beta, (long long)t * H + h) : 0.0f;
-      const float yv = kda_token(s, qv, kv, gv, lane, K, active, vv, bv);
-      if (active && lane == 0) y[((long long)t * H + h) * K + vr] = to_bf16(yv);
-      __syncthreads();                                 // every group has read sh.head (and sh.a) of token t
-    }
+    for (int t = t0; t < t0 + nt; ++t)
+      kda_row_step(sh, s, x, window, cw, dt_bias, beta, y, ea, t, t - t0, H, K, taps, lower, eps, q_scale, h, vr0,
+                   lane);
   }
   if (S_out != nullptr) kda_store_state(s, S_out, srow, lane, K, active);
 }
@@ -190,13 +207,18 @@ extern "C" __global__ void __launch_bounds__(256, 1) kda_step(
 }
 
 // The decode step of several sequences in one launch, their states in slots updated in place (a CUDA graph's fixed
-// addresses; model/graph_capture.py).  Entry e = blockIdx.z of seg is (row0, n, slot): rows row0 .. row0 + n - 1 of
-// x, fa, ga, beta, y and gate are one sequence's rows, run in order (kda_step_group) on S[slot] and window[slot];
-// n = 0: no work; slot < 0: a padding row run on a zero state and window, nothing written back.  In place is safe:
-// a group owns its state row and its v channel's window (read first, written after, rows ascending: row j is
-// written after row n + j > j was read); the q/k channels of head h are read by every block of (h, e), so only the
-// block that finishes last (counted in done[e, h], which it sets back to 0 for the next launch) writes them.
-// grid (ceil(K / 16), H, E); block (16, 16).
+// addresses; model/graph_capture.py).  Entry e of seg is (row0, n, slot): rows row0 .. row0 + n - 1 of x, fa, ga,
+// beta, y and gate are one sequence's rows, run in order on S[slot] and window[slot]; n = 0: no work; slot < 0: a
+// padding row run on a zero state and window, nothing written back; a row of no entry: y and gate +0.0.
+// A block (value rows vr0 .., head h) steps every entry: per chunk of 16 of the call's rows it computes a and the
+// gate of all of them (kda_lowrank_chunk: f_b's and g_b's head slices read once per chunk, not once per sequence),
+// then steps the chunk's rows in order (kda_row_step), the group's state row in registers from its entry's first
+// row (loaded) to its last (stored; an entry may span chunks).  In place is safe: a group owns its state row and
+// its v channel's window (read first, written after, rows ascending: row j is written after row n + j > j was
+// read); the q/k channels of head h are read by every block of h, so for each entry only the block that finishes
+// it last (counted in done[e, h], which it sets back to 0 for the next launch) writes them.
+// CONTROL_ENTRY_CARRY (planted): an entry after the block's first starts from the previous entry's state.
+// grid (ceil(K / 16), H); block (16, 16).
 extern "C" __global__ void __launch_bounds__(256, 1) kda_step_slots(
     float* S,                                  // [slots, H, K, K] f32, in place
     const __nv_bfloat16* __restrict__ x,       // [R, 3, H, K] bf16: conv input
@@ -213,43 +235,73 @@ extern "C" __global__ void __launch_bounds__(256, 1) kda_step_slots(
     __nv_bfloat16* __restrict__ y,             // [R, H, K] bf16
     __nv_bfloat16* __restrict__ gate,          // [R, H, K] bf16: gate_out
     int* __restrict__ done,                    // [E, H] int32, 0 on entry and exit
-    int H, int K, int r, int taps, float lower, float eps, float q_scale) {
+    int R, int E, int H, int K, int r, int taps, float lower, float eps, float q_scale) {
   __shared__ __align__(16) KdaStepShared sh;
+  __shared__ int ent[GEMV_ROWS];                       // entry of each row of the chunk, -1: none
   __shared__ int last;
-  const int h = blockIdx.y, e = blockIdx.z;
-  const int row0 = seg[3 * e], n = seg[3 * e + 1], slot = seg[3 * e + 2];
-  if (n <= 0) return;                                  // the whole block: no barrier below is reached
-  const int vr0 = blockIdx.x * KDA_STEP_ROWS, lane = threadIdx.x, vr = vr0 + threadIdx.y;
+  const int h = blockIdx.y, vr0 = blockIdx.x * KDA_STEP_ROWS, lane = threadIdx.x, vr = vr0 + threadIdx.y;
   const int tid = threadIdx.y * 16 + threadIdx.x;
   const bool active = vr < K;
   const int C = 3 * H * K;
   const long long cq = (long long)h * K, ck = cq + (long long)H * K, cv = ck + (long long)H * K;
-  float* Ss = slot >= 0 ? S + (long long)slot * H * K * K : nullptr;
-  __nv_bfloat16* win = slot >= 0 ? window + (long long)slot * (taps - 1) * C : nullptr;
-  const __nv_bfloat16* xs = x + (long long)row0 * C;
-  const KdaLowRank lr = {fa + (long long)row0 * r, ga + (long long)row0 * r, fb, gb, gate + (long long)row0 * H * K,
-                         r};
-  kda_step_group(sh, lr, Ss, Ss, xs, win, cw, a_log, dt_bias, beta + (long long)row0 * H, y + (long long)row0 * H * K,
-                 n, H, K, taps, lower, eps, q_scale, h, vr0, lane);
-  if (slot < 0) return;
-  for (int j = 0; j < taps - 1; ++j)                   // v: this group's own channel, in place
-    if (active && lane == 0) win[(long long)j * C + cv + vr] = kda_full_at(xs, win, n + j, cv + vr, C, taps);
-#ifdef CONTROL_WINDOW_EAGER
-  __syncthreads();
-  if (tid == 0) last = 1;
-#else
-  __syncthreads();                                     // every group of this block has read the saved window
-  if (tid == 0) {
-    __threadfence();
-    last = atomicAdd(&done[(long long)e * H + h], 1) == (int)gridDim.x - 1;
-    if (last) done[(long long)e * H + h] = 0;
-  }
+  const long long srow = ((long long)h * K + (active ? vr : 0)) * K;
+  const KdaLowRank lr = {fa, ga, fb, gb, gate, r};
+  const float ea = exp_f32(a_log[h]);
+  float s[KDA_MAX_J];
+  kda_load_state(s, nullptr, srow, lane, K, false);
+#ifdef CONTROL_ENTRY_CARRY
+  bool started = false;
 #endif
-  __syncthreads();
-  if (!last) return;
-  for (int kk = tid; kk < K; kk += 256)
-    for (int j = 0; j < taps - 1; ++j) {               // rows ascending: in place
-      win[(long long)j * C + cq + kk] = kda_full_at(xs, win, n + j, cq + kk, C, taps);
-      win[(long long)j * C + ck + kk] = kda_full_at(xs, win, n + j, ck + kk, C, taps);
+  for (int c0 = 0; c0 < R; c0 += GEMV_ROWS) {
+    const int nt = min(GEMV_ROWS, R - c0);
+    __syncthreads();                                   // every thread has read the previous chunk's ent
+    if (tid < nt) {                                    // rows of no entry, or of an entry with n <= 0: none
+      int found = -1;
+      for (int e = 0; e < E; ++e)
+        if (seg[3 * e + 1] > 0 && seg[3 * e] <= c0 + tid && c0 + tid < seg[3 * e] + seg[3 * e + 1]) found = e;
+      ent[tid] = found;
     }
+    __syncthreads();                                   // ent is read by kda_lowrank_chunk's gate writes
+    kda_lowrank_chunk(sh, lr, H, K, h, vr0, c0, nt, ent);
+    for (int t = c0; t < c0 + nt; ++t) {
+      const int e = ent[t - c0];                       // the same for the whole block: barriers below are uniform
+      if (e < 0) {
+        if (active && lane == 0) y[((long long)t * H + h) * K + vr] = to_bf16(0.0f);
+        continue;
+      }
+      const int row0 = seg[3 * e], n = seg[3 * e + 1], slot = seg[3 * e + 2];
+      float* Ss = slot >= 0 ? S + (long long)slot * H * K * K : nullptr;
+      __nv_bfloat16* win = slot >= 0 ? window + (long long)slot * (taps - 1) * C : nullptr;
+      const __nv_bfloat16* xs = x + (long long)row0 * C;
+#ifdef CONTROL_ENTRY_CARRY
+      if (t == row0 && !started) kda_load_state(s, Ss, srow, lane, K, active && Ss != nullptr);
+      started = true;
+#else
+      if (t == row0) kda_load_state(s, Ss, srow, lane, K, active && Ss != nullptr);
+#endif
+      kda_row_step(sh, s, xs, win, cw, dt_bias, beta + (long long)row0 * H, y + (long long)row0 * H * K, ea, t - row0,
+                   t - c0, H, K, taps, lower, eps, q_scale, h, vr0, lane);
+      if (t != row0 + n - 1 || slot < 0) continue;     // the entry's last row: its state and window written back
+      kda_store_state(s, Ss, srow, lane, K, active);
+      for (int j = 0; j < taps - 1; ++j)               // v: this group's own channel, in place
+        if (active && lane == 0) win[(long long)j * C + cv + vr] = kda_full_at(xs, win, n + j, cv + vr, C, taps);
+#ifdef CONTROL_WINDOW_EAGER
+      if (tid == 0) last = 1;
+#else
+      if (tid == 0) {                                  // kda_row_step's last barrier: every group has read the window
+        __threadfence();
+        last = atomicAdd(&done[(long long)e * H + h], 1) == (int)gridDim.x - 1;
+        if (last) done[(long long)e * H + h] = 0;
+      }
+#endif
+      __syncthreads();
+      if (last)
+        for (int kk = tid; kk < K; kk += 256)
+          for (int j = 0; j < taps - 1; ++j) {         // rows ascending: in place
+            win[(long long)j * C + cq + kk] = kda_full_at(xs, win, n + j, cq + kk, C, taps);
+            win[(long long)j * C + ck + kk] = kda_full_at(xs, win, n + j, ck + kk, C, taps);
+          }
+      __syncthreads();                                 // last is read before the next entry's count sets it
+    }
+  }
 }

@@ -38,11 +38,12 @@ class KDAOps:
 
     def kda_step(self, S: np.ndarray, x: np.ndarray, window: np.ndarray, w: np.ndarray, fa: np.ndarray,
                  ga: np.ndarray, f_b: np.ndarray, g_b: np.ndarray, a_log: np.ndarray, dt_bias: np.ndarray,
-                 beta: np.ndarray, lower: float, eps: float, q_scale: float):
+                 beta: np.ndarray, lower: float, eps: float, q_scale: float, out=None):
         """A segment's KDA step from its projections: a = gemm(fa, f_b, bf16) and gate = gemm(ga, g_b, bf16) (the
         low-rank second factors, viewed [n, H, K]), conv = kda_conv(x, window, w), q = l2norm(q, eps, q_scale),
         k = l2norm(k, eps), g = kda_gate(a), then kda_recurrence. x: [n, 3HK] bf16 (q, k, v heads), fa, ga: [n, r]
-        bf16, f_b, g_b: [HK, r] bf16 -> (y [n, H, K] bf16, gate [n, H, K] bf16, S', window')."""
+        bf16, f_b, g_b: [HK, r] bf16 -> (y [n, H, K] bf16, gate [n, H, K] bf16, S', window'); out: None, or
+        (y, gate) views of the caller's rows [n, H, K] bf16, written and returned."""
         n, (h, k) = x.shape[0], dt_bias.shape
         a = self.gemm(fa, f_b, out="bf16").reshape(n, h, k)
         gate = self.gemm(ga, g_b, out="bf16").reshape(n, h, k)
@@ -50,6 +51,9 @@ class KDAOps:
         q, kk, v = (conv[:, i * h * k:(i + 1) * h * k].reshape(n, h, k) for i in range(3))
         y, S = self.kda_recurrence(S, self.l2norm(q, eps, q_scale), self.l2norm(kk, eps), v,
                                    self.kda_gate(a, a_log, dt_bias, lower), beta)
+        if out is not None:
+            out[0][...], out[1][...] = y, gate
+            y, gate = out
         return y, gate, S, window
 
     def kda_step_slots(self, S: np.ndarray, x: np.ndarray, window: np.ndarray, w: np.ndarray, fa: np.ndarray,

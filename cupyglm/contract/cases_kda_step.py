@@ -5,7 +5,9 @@ kda_gate and kda_recurrence (kda_step per entry for the slots).
 Controls: kda_step with the decay's dt_bias of the next head (-DCONTROL_GATE_HEAD), the saved window read newest
 first, q's and k's heads swapped, a's column k summed from f_b's row k ^ 1 (-DCONTROL_FACTOR_ROW), or f_b and g_b
 swapped; kda_step_slots with every block writing q/k's next window at once (-DCONTROL_WINDOW_EAGER: a block of the
-same head reads it), each sequence on the next slot, a wrong factor row, or f_b and g_b swapped.
+same head reads it), each sequence on the next slot, a wrong factor row, f_b and g_b swapped, an entry started
+from the previous entry's state (-DCONTROL_ENTRY_CARRY: one block steps every entry) or two entries' rows swapped;
+kda_step with out= views one row early.
 """
 from __future__ import annotations
 
@@ -101,11 +103,17 @@ def _slots(label: str, seg, slots: int, h: int, kd: int, r: int, control: str, t
     def replay(d):
         return call(REF.kda_step_slots, d)
 
-    if control in ("eager", "factor"):
-        define = {"eager": "CONTROL_WINDOW_EAGER", "factor": "CONTROL_FACTOR_ROW"}[control]
+    if control in ("eager", "factor", "carry"):
+        define = {"eager": "CONTROL_WINDOW_EAGER", "factor": "CONTROL_FACTOR_ROW", "carry": "CONTROL_ENTRY_CARRY"}
+        define = define[control]
 
-        def ctl(k, d):                                 # q/k's window written early; a wrong factor row
-            return call(lambda *a: ops_kda.kda_step_slots(k.variant(define), *a), d)
+        def ctl(k, d):                                 # q/k's window written early; a wrong factor row; a state
+            return call(lambda *a: ops_kda.kda_step_slots(k.variant(define), *a), d)   # carried between entries
+    elif control == "rows":
+        def ctl(k, d):                                 # the first two entries' rows swapped
+            bad = seg.copy()
+            bad[0, :2], bad[1, :2] = seg[1, :2], seg[0, :2]
+            return call(lambda *a: ops_kda.kda_step_slots(k, *a), d, k.xp.asarray(bad))
     elif control == "fbgb":
         def ctl(k, d):                                 # f_b and g_b swapped
             return call(lambda *a: ops_kda.kda_step_slots(k, *a), d, control="fbgb")
@@ -116,6 +124,33 @@ def _slots(label: str, seg, slots: int, h: int, kd: int, r: int, control: str, t
             return call(lambda *a: ops_kda.kda_step_slots(k, *a), d, k.xp.asarray(bad))
 
     case(Case(f"kda_step_slots[{label}]", ("kda_step_slots",), make, run, replay, ctl, GATE_ULPS, GATE_WHY))
+
+
+def _step_out(label: str, n: int, h: int, kd: int, r: int, taps: int = 4) -> None:
+    """kda_step with out=: y and gate written into rows 1 .. n of [n + 2, H, K] buffers, the other rows kept."""
+    c = 3 * h * kd
+
+    def make(rng):
+        return {"S": (rng.standard_normal((h, kd, kd)) * 0.3).astype(np.float32),
+                "window": _bf(rng, (taps - 1, c)), **_params(rng, n, h, kd, r, taps),
+                "y": _bf(rng, (n + 2, h, kd)), "gate": _bf(rng, (n + 2, h, kd))}
+
+    def call(fn, d, at=1):
+        out = (d["y"][at:at + n], d["gate"][at:at + n])
+        _, _, S, window = fn(d["S"], d["x"], d["window"], d["w"], d["fa"], d["ga"], d["f_b"], d["g_b"], d["a_log"],
+                             d["dt_bias"], d["beta"], LOWER, L2_EPS, kd ** -0.5, out=out)
+        return {"y": d["y"], "gate": d["gate"], "S": S, "window": window}
+
+    def run(k, d):
+        return call(lambda *a, **o: ops_kda.kda_step(k, *a, **o), d)
+
+    def replay(d):
+        return call(REF.kda_step, d)
+
+    def ctl(k, d):                                     # the views one row early
+        return call(lambda *a, **o: ops_kda.kda_step(k, *a, **o), d, at=0)
+
+    case(Case(f"kda_step[{label}]", ("kda_step",), make, run, replay, ctl, GATE_ULPS, GATE_WHY))
 
 
 #      label          n   H    K    r  control
@@ -136,3 +171,8 @@ _slots("factor",   [(0, 2, 1), (2, 1, 0), (3, 1, -1)],                     2,   
 _slots("lowrank",  [(0, 1, 0), (1, 2, 1)],                                 2,   4,  32,  32, "fbgb")
 _slots("one",      [(0, 1, 0)],                                            1,   3,  40,  40, "eager")  # K % 16 = 8
 _slots("full",     [(0, 2, 1), (2, 1, 0)],                                 2,   2, 128, 128, "slots")
+# span: an entry across the 16-row chunks, row 20 in no entry; gap: entries out of row order, row 3 in none
+_slots("span",     [(0, 14, 1), (14, 6, 0), (21, 2, 2)],                   3,   2,  32,  32, "carry")
+_slots("gap",      [(2, 1, 0), (0, 2, 1), (4, 1, -1)],                     2,   2,  32,  32, "rows")
+_slots("bucket16", [(i, 1, 7 * i % 17 - 1) for i in range(16)],           16,   2,  16,  16, "carry")
+_step_out("out",      2,  2,  32,  32)               # y and gate into the caller's rows (model/kda.py's views)

@@ -120,13 +120,23 @@ def _step_rows(k: Kernels, kernel: str, h: int, kd: int, x, w, fa, ga, f_b, g_b,
     return x, w, taps, fa, ga, f_b, g_b, r, a_log, dt_bias, beta
 
 
+def _out_view(k: Kernels, kernel: str, name: str, a, shape):
+    """A caller's output view the kernel writes: the shape, bf16, C-contiguous and writeable (a copy would lose
+    the writes)."""
+    check(kernel, f"out {name}", a, shape, k.bf16)
+    if not getattr(a.flags, "writeable", True):
+        raise ValueError(f"{kernel}: out {name} must be writeable")
+    return a
+
+
 @op("kda_step")
-def kda_step(k: Kernels, S, x, window, w, fa, ga, f_b, g_b, a_log, dt_bias, beta, lower, eps, q_scale):
+def kda_step(k: Kernels, S, x, window, w, fa, ga, f_b, g_b, a_log, dt_bias, beta, lower, eps, q_scale, out=None):
     """The low-rank second factors a = gemm(fa, f_b, bf16) and gate = gemm(ga, g_b, bf16) (the decode GEMV's
     bits), kda_conv of x (the q, k, v heads), l2norm of q (times q_scale) and k, kda_gate of a and kda_recurrence
     in one launch. S: [H, K, K] fp32; x: [n, 3HK] bf16; window: [taps - 1, 3HK] bf16; w: [3HK, taps] bf16; fa, ga:
     [n, r] bf16; f_b, g_b: [HK, r] bf16; beta: [n, H] bf16 -> (y [n, H, K] bf16, gate [n, H, K] bf16, S',
-    window')."""
+    window'). out: None, or (y, gate) views of the caller's rows ([n, H, K] bf16, C-contiguous) written in place
+    and returned."""
     S = _arg(k, "kda_step", "S", S, (None, None, None))
     h, vd, kd = S.shape
     if vd != kd or kd > 256:
@@ -136,8 +146,12 @@ def kda_step(k: Kernels, S, x, window, w, fa, ga, f_b, g_b, a_log, dt_bias, beta
                                                                        a_log, dt_bias, beta, 1)
     n = x.shape[0]
     window = _arg(k, "kda_step", "window", window, (taps - 1, c), k.bf16)
-    y = k.empty((n, h, kd), k.bf16)
-    gate = k.empty((n, h, kd), k.bf16)
+    if out is None:
+        y, gate = k.empty((n, h, kd), k.bf16), k.empty((n, h, kd), k.bf16)
+    else:
+        if len(out) != 2:
+            raise ValueError(f"kda_step: out must be (y, gate) views, got {len(out)} arrays")
+        y, gate = (_out_view(k, "kda_step", nm, a, (n, h, kd)) for nm, a in zip(("y", "gate"), out))
     S_out = k.empty(S.shape)
     win = k.empty((taps - 1, c), k.bf16)
     if h and kd and n:
@@ -163,8 +177,9 @@ def kda_step_slots(k: Kernels, S, x, window, w, fa, ga, f_b, g_b, a_log, dt_bias
     """kda_step of several sequences' decode/verify rows in one launch, their states in slots written in place.
     S: [slots, H, K, K] fp32; x: [R, 3HK] bf16; window: [slots, taps - 1, 3HK] bf16; w: [3HK, taps] bf16; fa, ga:
     [R, r] bf16; f_b, g_b: [HK, r] bf16; beta: [R, H] bf16; seg: [E, 3] int32 (row0, n, slot) per sequence, its
-    rows in order (n = 0: none; slot < 0: a padding row on a zero state, nothing written back; every row of y in
-    one entry); done: [E, H] int32 zeros, left zero -> (y, gate) [R, H, K] bf16."""
+    rows in order inside [0, R), no row in two entries (n = 0: none; slot < 0: a padding row on a zero state,
+    nothing written back; a row in no entry: y and gate zero); done: [E, H] int32 zeros, left zero -> (y, gate)
+    [R, H, K] bf16."""
     S = _inplace(k, "kda_step_slots", "S", S, (None, None, None, None), F32)
     slots, h, vd, kd = S.shape
     if vd != kd or kd > 256:
@@ -179,10 +194,10 @@ def kda_step_slots(k: Kernels, S, x, window, w, fa, ga, f_b, g_b, a_log, dt_bias
     done = _inplace(k, "kda_step_slots", "done", done, (e, h), np.int32)
     y = k.empty((rows, h, kd), k.bf16)
     gate = k.empty((rows, h, kd), k.bf16)
-    if e and h and kd:
-        k.launch(SRC_STEP, "kda_step_slots", (-(-kd // ROWS), h, e), (16, ROWS),
-                 (S, x, window, w, fa, ga, f_b, g_b, a_log, dt_bias, beta, seg, y, gate, done, i32(h), i32(kd), i32(r),
-                  i32(taps), f32(lower), f32(eps), f32(q_scale)))
+    if rows and h and kd:      # a block per (value rows, head) steps every entry: f_b/g_b read once per 16 rows
+        k.launch(SRC_STEP, "kda_step_slots", (-(-kd // ROWS), h), (16, ROWS),
+                 (S, x, window, w, fa, ga, f_b, g_b, a_log, dt_bias, beta, seg, y, gate, done, i32(rows), i32(e),
+                  i32(h), i32(kd), i32(r), i32(taps), f32(lower), f32(eps), f32(q_scale)))
     return y, gate
 
 

@@ -76,26 +76,26 @@ class KDALayer:
         for seg in segs:
             S, window = seg.state.kda_state[self.layer], seg.state.kda_conv[self.layer]
             r = seg.rows
-            if seg.decode:
-                ys, gs, S, window = self._step(S, qkv[r], window, fa[r], ga[r], beta[r])
+            if seg.decode:     # written into the call's rows in place (views of y and gate) when not whole
+                ys, gs, S, window = self._step(S, qkv[r], window, fa[r], ga[r], beta[r],
+                                               None if whole else (y[r], gate[r]))
             else:
                 ys, S, window = self._prompt(S, qkv[r], window, a_p[r.start - d:r.stop - d], beta[r])
                 gs = gate_p
+                if not whole:
+                    y[r] = ys
             if whole:
                 y, gate = ys, gs
-            else:
-                y[r] = ys
-                if seg.decode:
-                    gate[r] = gs
             seg.state.kda_state[self.layer], seg.state.kda_conv[self.layer] = S, window
         return y, gate
 
-    def _step(self, S, x, window, fa, ga, beta):
+    def _step(self, S, x, window, fa, ga, beta, out=None):
         """Decode/verify rows: the low-rank second factors (a, gate_out), the short conv, q and k l2-normed (q
         scaled by K^-0.5), the decay of a and the delta rule as one op (each value-row block recomputes its head's
-        a, conv and norms: cheap for a few rows) -> (y, gate_out, S', window')."""
+        a, conv and norms: cheap for a few rows) -> (y, gate_out, S', window'); out: (y, gate_out) views the op
+        writes in place, or None."""
         return self.ops.kda_step(S, x, window, self.conv, fa, ga, self.f_b, self.g_b, self.a_log, self.dt_bias, beta,
-                                 self.cfg.kda_gate_lower_bound, L2_EPS, self.dk ** -0.5)
+                                 self.cfg.kda_gate_lower_bound, L2_EPS, self.dk ** -0.5, out=out)
 
     def _prompt(self, S, x, window, a, beta):
         """Prompt rows: the same steps as separate ops (each computed once per row), the same bits as _step."""

@@ -23,8 +23,9 @@ def cuda_ops(cuda_double_module):
     return CudaOps()
 
 
-def _kda_launches(runner, feeds):
-    """The RawKernel launches of each KDA layer's attention in one forward call of feeds, by kernel name."""
+def _kda_launches(runner, feeds, cupy_kernels=None):
+    """The RawKernel launches of each KDA layer's attention in one forward call of feeds, by kernel name (and
+    CuPy's own kernels into the dict cupy_kernels when given)."""
     per_layer = {}
     blocks = [b for b in runner.model.blocks if b.is_kda]
 
@@ -32,9 +33,11 @@ def _kda_launches(runner, feeds):
         inner = b.attn
 
         def attn(*args, **kw):
-            before = collections.Counter(STATE.where.get("launches", {}))
+            before = [collections.Counter(STATE.where.get(k, {})) for k in ("launches", "kernels")]
             out = inner(*args, **kw)
-            per_layer[b.layer] = collections.Counter(STATE.where.get("launches", {})) - before
+            per_layer[b.layer] = collections.Counter(STATE.where.get("launches", {})) - before[0]
+            if cupy_kernels is not None:
+                cupy_kernels[b.layer] = collections.Counter(STATE.where.get("kernels", {})) - before[1]
             return out
         return inner, attn
 
@@ -58,11 +61,14 @@ def test_kda_decode_rows_three_launches(tiny_ckpt, cuda_ops, prompts):
     states = [runner.new_state() for _ in prompts]
     out = runner.forward([SeqInput(np.asarray(p, np.int32), s) for p, s in zip(prompts, states)])
     toks = [int(np.argmax(cuda_ops.asnumpy_checked(o.logits[-1]))) for o in out]
+    copies = {}
     per_layer, _ = _kda_launches(runner, [SeqInput(np.array([t], np.int32), s, decode=True)
-                                          for t, s in zip(toks, states)])
+                                          for t, s in zip(toks, states)], copies)
     want = {"gemv_multi_lane16": 1, "kda_step": len(prompts), "gemv_kda_out_lane16": 1}
     for layer, got in per_layer.items():
         assert dict(got) == want, f"layer {layer}: {dict(got)}"
+        # each sequence's step writes its rows of y and gate in place (out= views): no CuPy copy of them
+        assert "setitem" not in copies[layer] and "copy" not in copies[layer], f"layer {layer}: {dict(copies[layer])}"
     # a prompt chunk after the decode rows: its rows' f_b and g_b as GEMMs, the decode rows' inside kda_step
     states.append(runner.new_state())
     per_layer, _ = _kda_launches(runner, [SeqInput(np.array([toks[0]], np.int32), states[0], decode=True),
