@@ -38,7 +38,7 @@ class IndexTails:
     def __init__(self, cfg, xp, storage, slots: int, layers: tuple[int, ...]):
         if slots < 1:
             raise ValueError(f"index tails need at least one slot, got {slots}")
-        self.xp, self.slots, self.layers = xp, slots, tuple(layers)
+        self.slots, self.layers = slots, tuple(layers)
         self.all = alloc(xp, index_tail_array(cfg, slots, self.layers), storage)   # [2, L, slots, kpool, I] bf16
         at = {layer: i for i, layer in enumerate(self.layers)}
         self.ik = {layer: self.all[0, i] for layer, i in at.items()}              # layer -> [slots, kpool, I] bf16
