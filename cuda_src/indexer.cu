@@ -26,8 +26,8 @@ extern "C" __global__ void index_pool(const __nv_bfloat16* __restrict__ ik,   //
 
 // A forward call's index tails, in place, and the pools its segments' rows complete: one launch per layer call.
 // Segment s = seg[s] (row0, n, start, slot, done0): rows row0..row0+n-1 of ik/ig are positions start..start+n-1
-// of the sequence whose tail is tails_*[slot] (slot s holds the latest written position = s mod KP, so its
-// leading (start + n) % KP slots are the incomplete pool's members after the launch); distinct segments hold
+// of the sequence whose tail is tails_*[slot] (its row q holds the latest written position = q mod KP, so its
+// leading (start + n) % KP rows are the incomplete pool's members after the launch); distinct segments hold
 // distinct slots. Its C = (start + n) / KP - start / KP complete pools: pool c's members are positions
 // (start / KP + c) * KP + j, read from the tail before start and from the rows after; its key goes to
 // pooled[done[done0 + c]] (-1: none). Work items: max(C, 1) per segment with n > 0, in segment order; item (s, c)
