@@ -53,6 +53,9 @@ class CallMaps:
         if len(set(slots)) != len(slots):
             raise ValueError(f"call maps: two segments of the call hold one index-tail slot ({slots})")
         done0, ndone = done_at[segs[0].off][0], sum(c for _, c in done_at.values())
+        if not ndone:                                      # no pool completes: one -1 (none), never an empty view
+            parts.append(np.full(1, -1, dtype=np.int32))
+            at, ndone = at + 1, 1
         tails = np.array([(s.off, s.n, s.start, slot, done_at[s.off][0] - done0) for s, slot in zip(segs, slots)],
                          dtype=np.int32).reshape(-1, 5)                                   # [S, 5] int32
         parts.append(tails.reshape(-1))
