@@ -1,5 +1,5 @@
-// indexer.cu -- DSA indexer: pooled keys of complete pools (index_pool; index_tail_pool: a segment's index tail
-// in place and the pools its rows complete) and the score of every pool for every row (index_scores).
+// indexer.cu -- DSA indexer: pooled keys of complete pools (index_pool; index_tail_pool: a call's index tails
+// in place and the pools its segments' rows complete) and the score of every pool for every row (index_scores).
 // Reference: NumpyOps.index_pool / index_tail_pool / index_scores in cupyglm/backend/numpy_ops.py; the dots over
 // the index head dimension and the sum over heads run in lane-16 order, the 4 pool members left to right.
 // Storage: index keys, gates, ape, pooled keys and index queries are bf16; head weights and scores fp32.
@@ -24,54 +24,76 @@ extern "C" __global__ void index_pool(const __nv_bfloat16* __restrict__ ik,   //
   pk[i] = to_bf16(idx_pool_channel(k, g, ape, KP, I, d));
 }
 
-// A segment's index tail, in place, and the pools its rows complete (one launch per segment).
-// Rows r0..r0+n-1 of ik/ig are positions start..start+n-1; the tail holds at slot s the latest written position
-// = s (mod KP), so its leading (start + n) % KP slots are the incomplete pool's members after the launch.
-// Complete pools: C = (start + n) / KP - start / KP, pool c's members are positions (start / KP + c) * KP + j,
-// read from the tail before start and from the rows after; its key goes to pooled[pool_rows[c]] (-1: none).
-// grid (ceil(I / 128), max(C, 1)), block 128: thread d of block (x, c) pools channel d of pool c; block y = 0
-// also writes the tail after its pool (only pool 0 can read tail members, in the same thread: no race).
+// A forward call's index tails, in place, and the pools its segments' rows complete: one launch per layer call.
+// Segment s = seg[s] (row0, n, start, slot, done0): rows row0..row0+n-1 of ik/ig are positions start..start+n-1
+// of the sequence whose tail is tails_*[slot] (its row q holds the latest written position = q mod KP, so its
+// leading (start + n) % KP rows are the incomplete pool's members after the launch); distinct segments hold
+// distinct slots. Its C = (start + n) / KP - start / KP complete pools: pool c's members are positions
+// (start / KP + c) * KP + j, read from the tail before start and from the rows after; its key goes to
+// pooled[done[done0 + c]] (-1: none). Work items: max(C, 1) per segment with n > 0, in segment order; item (s, c)
+// pools pool c of segment s, and item (s, 0) also writes the segment's tail after its pool (only pool 0 can read
+// tail members, in the same thread: no race). grid (ceil(I / 128), any y >= 1): block y takes items y, y +
+// gridDim.y, ... (so a captured launch may fix grid.y); block 128: thread d handles channel d.
+#define TAIL_SEG_COLS 5
 extern "C" __global__ void __launch_bounds__(128) index_tail_pool(
     const __nv_bfloat16* __restrict__ ik,   // [T, I] bf16 the call's index keys
     const __nv_bfloat16* __restrict__ ig,   // [T, I] bf16 the call's index gates
     const __nv_bfloat16* __restrict__ ape,  // [KP, I] bf16
-    __nv_bfloat16* __restrict__ tail_ik,    // [KP, I] bf16 the sequence's tail, in place
-    __nv_bfloat16* __restrict__ tail_ig,    // [KP, I] bf16
+    __nv_bfloat16* __restrict__ tails_ik,   // [NS, KP, I] bf16 the layer's tails, one slot per sequence, in place
+    __nv_bfloat16* __restrict__ tails_ig,   // [NS, KP, I] bf16
     __nv_bfloat16* __restrict__ pooled,     // [R, I] bf16 the layer's pooled keys
-    const int* __restrict__ pool_rows,      // [C] int32 pooled rows of the completed pools, -1 = none
-    int r0, int n, int start, int KP, int I, int C, int R) {
+    const int* __restrict__ seg,            // [S, 5] int32 (row0, n, start, slot, done0) per segment
+    const int* __restrict__ done,           // [D] int32 pooled rows of the completed pools, -1 = none
+    int S, int T, int KP, int I, int NS, int D, int R) {
   const int d = blockIdx.x * blockDim.x + threadIdx.x;
   if (d >= I) return;
-  const int c = blockIdx.y;
+  for (int item = blockIdx.y;; item += gridDim.y) {
+    int s = 0, base = 0, C = 0;
+    for (; s < S; ++s) {                     // the segment of this item: items in segment order
+      const int n = seg[s * TAIL_SEG_COLS + 1], start = seg[s * TAIL_SEG_COLS + 2];
+      if (n <= 0) continue;
+      C = (start + n) / KP - start / KP;
+      const int m = C > 1 ? C : 1;
+      if (item < base + m) break;
+      base += m;
+    }
+    if (s >= S) return;                      // past the call's last item
+    const int* e = seg + s * TAIL_SEG_COLS;
+    const int r0 = e[0], n = e[1], start = e[2], slot = e[3], done0 = e[4];
+    const int c = item - base;
+    if (slot < 0 || slot >= NS || r0 < 0 || r0 + n > T) continue;   // the host checked the table (CallMaps)
+    __nv_bfloat16* tk = tails_ik + (long long)slot * KP * I;
+    __nv_bfloat16* tg = tails_ig + (long long)slot * KP * I;
 #ifdef CONTROL_TAIL_EARLY  // planted: the tail written before pool 0 reads its members
-  if (c == 0)
-    for (int j = max(0, n - KP); j < n; ++j) {
-      const int s = (start + j) % KP;
-      tail_ik[(long long)s * I + d] = ik[(long long)(r0 + j) * I + d];
-      tail_ig[(long long)s * I + d] = ig[(long long)(r0 + j) * I + d];
-    }
+    if (c == 0)
+      for (int j = max(0, n - KP); j < n; ++j) {
+        const int q = (start + j) % KP;
+        tk[(long long)q * I + d] = ik[(long long)(r0 + j) * I + d];
+        tg[(long long)q * I + d] = ig[(long long)(r0 + j) * I + d];
+      }
 #endif
-  if (c < C) {
-    const int pos0 = (start / KP + c) * KP;
-    float k[IDX_MAX_KPOOL], g[IDX_MAX_KPOOL];
-    for (int j = 0; j < KP; ++j) {
-      const int pos = pos0 + j;
-      const bool old = pos < start;
-      const long long at = old ? (long long)(pos % KP) * I + d : (long long)(r0 + pos - start) * I + d;
-      k[j] = ld_bf16(old ? tail_ik : ik, at);
-      g[j] = ld_bf16(old ? tail_ig : ig, at);
+    if (c < C) {
+      const int pos0 = (start / KP + c) * KP;
+      float k[IDX_MAX_KPOOL], g[IDX_MAX_KPOOL];
+      for (int j = 0; j < KP; ++j) {
+        const int pos = pos0 + j;
+        const bool old = pos < start;
+        const long long at = old ? (long long)(pos % KP) * I + d : (long long)(r0 + pos - start) * I + d;
+        k[j] = ld_bf16(old ? tk : ik, at);
+        g[j] = ld_bf16(old ? tg : ig, at);
+      }
+      const int pr = done0 + c < D ? done[done0 + c] : -1;
+      if (pr >= 0 && pr < R) pooled[(long long)pr * I + d] = to_bf16(idx_pool_channel(k, g, ape, KP, I, d));
     }
-    const int pr = pool_rows[c];
-    if (pr >= 0 && pr < R) pooled[(long long)pr * I + d] = to_bf16(idx_pool_channel(k, g, ape, KP, I, d));
-  }
 #ifndef CONTROL_TAIL_EARLY
-  if (c == 0)
-    for (int j = max(0, n - KP); j < n; ++j) {   // the last KP rows: each slot's latest position
-      const int s = (start + j) % KP;
-      tail_ik[(long long)s * I + d] = ik[(long long)(r0 + j) * I + d];
-      tail_ig[(long long)s * I + d] = ig[(long long)(r0 + j) * I + d];
-    }
+    if (c == 0)
+      for (int j = max(0, n - KP); j < n; ++j) {   // the last KP rows: each slot's latest position
+        const int q = (start + j) % KP;
+        tk[(long long)q * I + d] = ik[(long long)(r0 + j) * I + d];
+        tg[(long long)q * I + d] = ig[(long long)(r0 + j) * I + d];
+      }
 #endif
+  }
 }
 
 // scores[t, p] = sum_h hw[t, h] * relu(qscale * (qi[t, h] . pk[p])), heads summed in lane-16 order (head h

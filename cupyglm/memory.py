@@ -10,7 +10,8 @@ plan of every backend counts the bytes that backend allocates.
                  [pages * page_tokens / index_kpool, index_head_dim] bf16, each with its own page stride
     state        per sequence: per KDA layer the recurrent state [H/tp, K, K] fp32 and the conv window
                  [taps - 1, 3 H/tp K] bf16; per KV layer the incomplete pool's index keys and gates
-                 ([kpool, I] pairs, written in place) bf16; with MTP the pending row [D] bf16
+                 ([kpool, I] pairs, written in place: views of the KV store's tail slots, `index_tail_array`)
+                 bf16; with MTP the pending row [D] bf16
     kv host     with CUPYGLM_KV_HOST: latent rows in host memory; on the device the gather's slots [S, R] bf16,
                  their rows [S] i32 and a mark per host row [N] i32
     prompt cache the kept-state arena: [kept pages, page bytes] u8 (device, or host with CUPYGLM_HOST_CACHE)
@@ -190,6 +191,14 @@ def state_arrays(cfg: ModelConfig, tp: int, mtp: bool = False) -> list[ArraySpec
     if mtp:
         out.append(ArraySpec("state.mtp_pending", (cfg.hidden_size,), BF16))
     return out
+
+
+def index_tail_array(cfg: ModelConfig, slots: int, layers: tuple[int, ...]) -> ArraySpec:
+    """The KV store's index tails (kv/index_tails.py): per layer of `layers` the index keys and the gates of
+    `slots` sequences' incomplete pools, one array; a slot is one sequence's state.tail_ik/tail_ig pair of
+    `state_arrays` (the plan counts `parallel` slots inside the states' share of the scratch)."""
+    # [2 (ik, ig), layers, slots, kpool, I] bf16
+    return ArraySpec("kv.index_tails", (2, len(layers), slots, cfg.index_kpool, cfg.index_head_dim), BF16)
 
 
 # ---- prompt cache -----------------------------------------------------------------------------------------------

@@ -201,9 +201,24 @@ class NumpyOps(NumpyGemm, KDAOps, MoEOps, LogitsOps, GatherOps):
         t = f32(bf16(f32(bf16(e / s[:, None])) * ik))
         return bf16(seq_sum([t[:, j] for j in range(t.shape[1])]))
 
-    def index_tail_pool(self, tail_ik: np.ndarray, tail_ig: np.ndarray, ik: np.ndarray, ig: np.ndarray,
-                        ape: np.ndarray, pooled: np.ndarray, pool_rows: np.ndarray, r0: int, n: int,
-                        start: int) -> None:
+    def index_tail_pool(self, tails_ik: np.ndarray, tails_ig: np.ndarray, ik: np.ndarray, ig: np.ndarray,
+                        ape: np.ndarray, pooled: np.ndarray, seg: np.ndarray, done: np.ndarray,
+                        items: int = 0) -> None:
+        """A forward call's index tails in place and the pools its segments' rows complete: _index_tail_segment of
+        each segment in order. tails_ik, tails_ig: [NS, KP, I] bf16, a slot per sequence; seg: [S, 5] int32
+        (row0, n, start, slot, done0), distinct slots; done: [D] int32, segment s's completed pools' rows at
+        done0.. (-1: none); items: the kernel's grid (no effect on the bits)."""
+        kp = tails_ik.shape[1]
+        for r0, n, start, slot, done0 in np.asarray(seg, dtype=np.int64).reshape(-1, 5):
+            if n <= 0:
+                continue
+            complete = (start + n) // kp - start // kp
+            self._index_tail_segment(tails_ik[slot], tails_ig[slot], ik, ig, ape, pooled,
+                                     done[done0:done0 + complete], int(r0), int(n), int(start))
+
+    def _index_tail_segment(self, tail_ik: np.ndarray, tail_ig: np.ndarray, ik: np.ndarray, ig: np.ndarray,
+                            ape: np.ndarray, pooled: np.ndarray, pool_rows: np.ndarray, r0: int, n: int,
+                            start: int) -> None:
         """A segment's index tail in place and the pools its rows complete. tail_ik, tail_ig: [KP, I] bf16 (slot s
         holds the latest written position = s mod KP); ik, ig: [T, I] bf16, rows r0..r0+n-1 at positions
         start..start+n-1; pooled: [R, I] bf16; pool_rows: [C] int32 rows of the C completed pools (-1: none).

@@ -1,8 +1,9 @@
 """Contract cases of cuda_src/indexer.cu (ops index_pool, index_tail_pool, index_scores).
 
-Controls: index_pool with a missing pool member (member 3's gate -inf, so it weighs 0); index_tail_pool with the
-tail written before the first pool reads its members (-DCONTROL_TAIL_EARLY) or the pooled rows of two pools
-swapped, or the rows read one early; index_scores with the pooled keys of two pools swapped (a wrong page mapping).
+Controls: index_pool with a missing pool member (member 3's gate -inf, so it weighs 0); index_tail_pool (a whole
+call: a segment table naming each sequence's tail slot) with the tail written before the first pool reads its
+members (-DCONTROL_TAIL_EARLY), the pooled rows of two pools swapped, the rows read one early, or a segment
+writing another sequence's slot; index_scores with the pooled keys of two pools swapped (a wrong page mapping).
 """
 from __future__ import annotations
 
@@ -48,45 +49,58 @@ def _pool(label: str, p: int, i: int, kp: int = 4) -> None:
     case(Case(f"index_pool[{label}]", ("index_pool",), make, run, replay, ctl, POOL_ULPS, POOL_WHY))
 
 
-def _tail(label: str, t: int, r0: int, n: int, start: int, i: int, control: str, kp: int = 4, rows: int = 12) -> None:
-    """index_tail_pool on one segment: rows r0..r0+n-1 of a T-row call at positions start..; one pool row -1."""
-    complete = (start + n) // kp - start // kp
+def _tail(label: str, t: int, segs: list, i: int, control: str, kp: int = 4, rows: int = 12, ns: int = 5,
+          items: int = 0) -> None:
+    """index_tail_pool on one call: segs (r0, n, start, slot) of a T-row call, ns tail slots; one pool row -1."""
+    cs = [(start + n) // kp - start // kp for _, n, start, _ in segs]
+    d0 = np.concatenate([[0], np.cumsum(cs)]).astype(int)
+    table = np.array([(r0, n, start, slot, d0[j]) for j, (r0, n, start, slot) in enumerate(segs)], dtype=np.int32)
 
     def make(rng):
-        pool_rows = rng.permutation(rows)[:complete].astype(np.int32)
-        if complete > 2:
-            pool_rows[1] = -1                          # a pool whose row this rank does not hold
-        return {"tail_ik": _bf(rng, (kp, i)), "tail_ig": _bf(rng, (kp, i), 2.0), "ik": _bf(rng, (t, i)),
+        done = rng.permutation(max(rows, int(d0[-1])))[:d0[-1]].astype(np.int32) % rows
+        if d0[-1] > 2:
+            done[1] = -1                               # a pool whose row this rank does not hold
+        return {"tails_ik": _bf(rng, (ns, kp, i)), "tails_ig": _bf(rng, (ns, kp, i), 2.0), "ik": _bf(rng, (t, i)),
                 "ig": _bf(rng, (t, i), 2.0), "ape": _bf(rng, (kp, i), 0.5), "pooled": _bf(rng, (rows, i)),
-                "pool_rows": pool_rows}
+                "done": done, "seg": table.copy()}
 
-    def call(fn, d, pool_rows=None, row0=r0):
-        fn(d["tail_ik"], d["tail_ig"], d["ik"], d["ig"], d["ape"], d["pooled"],
-           d["pool_rows"] if pool_rows is None else pool_rows, row0, n, start)
-        return {"tail_ik": d["tail_ik"], "tail_ig": d["tail_ig"], "pooled": d["pooled"]}
+    def call(fn, d, seg=None, done=None):
+        fn(d["tails_ik"], d["tails_ig"], d["ik"], d["ig"], d["ape"], d["pooled"], d["seg"] if seg is None else seg,
+           d["done"] if done is None else done, items=items)
+        return {"tails_ik": d["tails_ik"], "tails_ig": d["tails_ig"], "pooled": d["pooled"]}
 
     def run(k, d):
-        return call(lambda *a: ops_indexer.index_tail_pool(k, *a), d)
+        return call(lambda *a, **kw: ops_indexer.index_tail_pool(k, *a, **kw), d)
 
     def replay(d):
         return call(REF.index_tail_pool, d)
 
+    def launch(k, d, seg=None, done=None):
+        return call(lambda *a, **kw: ops_indexer.index_tail_pool(k, *a, **kw), d, seg, done)
+
     if control == "early":
         def ctl(k, d):                                 # the tail overwritten before pool 0 reads its members
-            return call(lambda *a: ops_indexer.index_tail_pool(k.variant("CONTROL_TAIL_EARLY"), *a), d)
+            return call(lambda *a, **kw: ops_indexer.index_tail_pool(k.variant("CONTROL_TAIL_EARLY"), *a, **kw), d)
     elif control == "row":
-        def ctl(k, d):                                 # the segment's rows read one row early
-            return call(lambda *a: ops_indexer.index_tail_pool(k, *a), d, row0=r0 - 1)
+        def ctl(k, d):                                 # the last segment's rows read one row early
+            bad = d["seg"].copy()
+            bad[-1, 0] -= 1
+            return launch(k, d, bad)
+    elif control == "slot":
+        def ctl(k, d):                                 # the last segment writes the next (another sequence's) slot
+            bad = d["seg"].copy()
+            bad[-1, 3] = (bad[-1, 3] + 1) % ns
+            return launch(k, d, bad)
     elif control == "swap":
-        def ctl(k, d):                                 # pools 0 and C - 1 written to each other's rows
-            bad = d["pool_rows"].copy()
-            bad[0], bad[complete - 1] = d["pool_rows"][complete - 1], d["pool_rows"][0]
-            return call(lambda *a: ops_indexer.index_tail_pool(k, *a), d, bad)
+        def ctl(k, d):                                 # the first and the last completed pools in each other's rows
+            bad = d["done"].copy()
+            bad[0], bad[-1] = d["done"][-1], d["done"][0]
+            return launch(k, d, None, bad)
     else:
         def ctl(k, d):                                 # the next pooled row (a page table off by one)
-            bad = d["pool_rows"].copy()
+            bad = d["done"].copy()
             bad[0] = (bad[0] + 1) % rows
-            return call(lambda *a: ops_indexer.index_tail_pool(k, *a), d, bad)
+            return launch(k, d, None, bad)
 
     case(Case(f"index_tail_pool[{label}]", ("index_tail_pool",), make, run, replay, ctl, POOL_ULPS, POOL_WHY))
 
@@ -115,12 +129,16 @@ _pool("one",          1,  32)      # decode completing one pool
 _pool("prompt",       9,  32)      # a prompt chunk's pools
 _pool("full",        64, 128)
 _pool("odd",          5,  40)
-#      label         T  r0   n  start    I  control
-_tail("decode",      3,  1,  1,    11,  32, "shift")    # a decode row completing pool 2 from 3 tail members
-_tail("crossing",    9,  2,  5,     2,  32, "early")    # verify rows: a pool from the tail, slots 0, 1 rewritten
-_tail("verify",     16,  0, 16,    13,  40, "swap")     # 16 rows: 4 pools, one without a row, I % 16 = 8
-_tail("prompt",     37,  0, 37,     0, 128, "swap")     # a prompt chunk from position 0: 9 pools
-_tail("none",        3,  1,  2,     5,  32, "row")      # no pool completes: the tail alone (slots 1, 2)
+#      label         T  segments (r0, n, start, slot)              I  control
+_tail("decode",      3, [(1, 1, 11, 2)],                           32, "shift")  # one row: pool 2 from 3 tail members
+_tail("crossing",    9, [(2, 5, 2, 0)],                            32, "early")  # verify rows: slots 0, 1 rewritten
+_tail("verify",     16, [(0, 16, 13, 4)],                          40, "swap")   # 16 rows: 4 pools, I % 16 = 8
+_tail("prompt",     37, [(0, 37, 0, 1)],                          128, "swap")   # a prompt chunk from 0: 9 pools
+_tail("none",        3, [(1, 2, 5, 3)],                            32, "row")    # no pool completes: the tail alone
+_tail("decode4",     4, [(0, 1, 7, 3), (1, 1, 12, 0), (2, 1, 3, 4), (3, 1, 9, 1)], 32, "slot")  # 4 sequences
+_tail("mixed",      24, [(0, 1, 11, 2), (1, 5, 2, 0), (6, 18, 0, 3)], 40, "slot")  # decode, verify, prompt rows
+_tail("strided",    24, [(0, 1, 11, 2), (1, 5, 2, 0), (6, 18, 0, 3)], 40, "swap", items=2)  # 2 blocks stride 8 items
+_tail("empty",       4, [(0, 1, 3, 1), (1, 0, 0, 2), (1, 3, 6, 0)],  32, "early")  # a segment without rows
 #        label       T  Hi    I     P
 _scores("decode",    1,  4,  32,    9)   # tiny: 9 visible pools (sparse from position 35)
 _scores("verify",   16,  4,  32,   40)

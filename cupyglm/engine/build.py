@@ -93,7 +93,7 @@ def build(world, ckpt, *, poison: bool = False, log=log_line):
     runner = ModelRunner(ckpt, ops, world.comm, plan.num_pages, plan.page_tokens, mtp=mtp, poison=poison,
                          host_slots=host_slots(plan) if st.kv_host else 0,
                          host_shared=(lambda n: world.shared_segment("kv_host", n)) if st.kv_host_shared else None,
-                         graphs=cuda_graphs(world.backend))
+                         graphs=cuda_graphs(world.backend), tail_slots=st.parallel)
     seg = runner.kv.host.segment if runner.kv.host is not None else None
     if seg is not None and log is not None:
         log(shared_line(world, seg))

@@ -2,7 +2,8 @@
 
     budget (card or host memory, per rank)
       - weights      (this rank's shard: the split table's shard shapes at the backend's storage)
-      - scratch      (activations for the step's rows + the fixed state of `parallel` sequences)
+      - scratch      (activations for the step's rows + the fixed state of `parallel` sequences, their index
+                      tails included: the KV store's `parallel` tail slots, kv/index_tails.py)
       - reserve      (CUPYGLM_MEMORY_RESERVE_GIB)
       - prompt cache (--prompt-cache-gib, unless CUPYGLM_HOST_CACHE puts it in host memory)
       - cuda graphs  (CUPYGLM_CUDA_GRAPHS: the KDA seats exactly, the graphs' pools as a bound; plan_graphs.py)
@@ -24,8 +25,8 @@ import numpy as np
 
 from cupyglm.config import ModelConfig
 from cupyglm.engine.plan_graphs import describe, graph_bytes, graph_terms
-from cupyglm.memory import (FP32, Storage, gather_arrays, host_latent_arrays, kv_arrays, prompt_cache_arena,
-                            state_arrays, total_bytes, weight_arrays)
+from cupyglm.memory import (FP32, Storage, gather_arrays, host_latent_arrays, index_tail_array, kv_arrays,
+                            prompt_cache_arena, state_arrays, total_bytes, weight_arrays)
 
 GIB = 1 << 30
 MIB = 1 << 20
@@ -122,6 +123,8 @@ class MemoryPlan:
     gather_slots: int = 0             # --kv-host: the gather's slots (the window: host_rows.py's bound)
     gather_bytes: int = 0             # --kv-host: the gather's device buffers (in the scratch)
     graph_terms: tuple = ()           # CUDA graphs: (name, bytes, exact) per term (plan_graphs.graph_terms)
+    tail_bytes: int = 0               # the KV store's index-tail slots of `parallel` sequences (in the scratch:
+                                      # each slot is the tails' share of one sequence's state_bytes)
 
     @property
     def graph_bytes(self) -> int:
@@ -203,6 +206,7 @@ def plan_memory(cfg: ModelConfig, *, storage: Storage, tp: int = 1, rank: int = 
     host_bpt = host_kv_bytes_per_token(cfg, storage) if kv_host else 0
     wbytes = weights if weights is not None else weight_bytes(cfg, tp, storage, quant, mtp)
     state = fixed_state_bytes(cfg, tp, storage, mtp)
+    tails = total_bytes([index_tail_array(cfg, parallel, cfg.kv_layers if mtp else cfg.dsa_layers)], storage)
     host_pages, slots, gather = _host_rows(cfg, storage, page_tokens, context, kv_host, kv_host_bytes, host_bpt)
     scratch = activation_bytes(cfg, tp, chunk_rows + parallel, parallel, storage.itemsize(FP32)) + parallel * state
     scratch += gather
@@ -257,7 +261,7 @@ def plan_memory(cfg: ModelConfig, *, storage: Storage, tp: int = 1, rank: int = 
                       bytes_per_token=page_bytes // page_tokens, host_bytes_per_token=host_bpt, fit_pages=fit,
                       num_pages=pages, context=window, window_cap=cap, free_bytes=free,
                       explicit_kv_bytes=int(kv_budget_bytes or 0), host_pages=host_pages, gather_slots=slots,
-                      gather_bytes=gather, graph_terms=terms)
+                      gather_bytes=gather, graph_terms=terms, tail_bytes=tails)
 
 
 def _host_rows(cfg: ModelConfig, storage: Storage, page_tokens: int, context: int, kv_host: bool,

@@ -4,23 +4,26 @@ from __future__ import annotations
 import numpy as np
 
 from cupyglm.checkpoint.loader import Checkpoint
+from cupyglm.kv.index_tails import TAIL_SLOTS
 from cupyglm.kv.store import KVStore
 from cupyglm.model.glm import GLMModel, SeqInput, SeqOutput
 
 
 class ModelRunner:
     def __init__(self, ckpt: Checkpoint, ops, comm, num_pages: int, page_tokens: int, mtp: bool = False,
-                 poison: bool = False, host_slots: int = 0, host_shared=None, graphs: bool = False):
+                 poison: bool = False, host_slots: int = 0, host_shared=None, graphs: bool = False,
+                 tail_slots: int = TAIL_SLOTS):
         """graphs: replay decode calls as CUDA graphs (cuda backend), KDA layers whole and DSA layers' FFN halves,
         and the call's ends (embedding in, final norm + lm_head + vocab gather out: model/graph_ends.py).
         Keyed by (layer, bucket) alone: the captured work has no host-side shape or branch that follows context
         length or sequences, the KDA states sit in slots at fixed addresses, consecutive captured layers chain
         their buffers, and padding rows are dropped (rows are batch-invariant): model/graph_capture.py states why
-        a replay is exact and what stays eager, model/kda_slots.py who owns a slot."""
+        a replay is exact and what stays eager, model/kda_slots.py who owns a slot. tail_slots: the sequences
+        alive at once whose index tails the KV store holds (kv/index_tails.py; the engine: its running streams)."""
         self.cfg = ckpt.config
         self.ops, self.comm = ops, comm
         self.kv = KVStore(self.cfg, ops, num_pages, page_tokens, poison, host_slots=host_slots,
-                          host_shared=host_shared)
+                          host_shared=host_shared, tail_slots=tail_slots, mtp=mtp)
         self.model = GLMModel(self.cfg, ckpt.shard(comm.rank, comm.size), ops, comm, self.kv, mtp=mtp)
         self.graphs = None
         if graphs:

@@ -10,10 +10,11 @@ of r (its start is q + a + 1) and settles before anything else leases or reads:
   the same leases.
 - State: snapshot before the proposer runs (KDA states, conv windows and index-key tails copied, since the
   model writes tails in place; the MTP pending row by reference, since the model replaces it); on a
-  rejection the snapshot is put back (length q) and the accepted rows [T, d1..da] run again as one forward
-  call. Recompute rather than per-row states: the forward is row-invariant, so the replay writes exactly the
-  bytes a serial run writes (KDA states, conv windows, index tails, KV rows, MTP rows and pending row) and no
-  kernel has to keep a state per row. When every draft is accepted nothing is replayed.
+  rejection the snapshot is put back (length q; the tails copied into the state's slot views, in place) and
+  the accepted rows [T, d1..da] run again as one forward call. Recompute rather than per-row states: the
+  forward is row-invariant, so the replay writes exactly the bytes a serial run writes (KDA states, conv
+  windows, index tails, KV rows, MTP rows and pending row) and no kernel has to keep a state per row. When
+  every draft is accepted nothing is replayed.
 - KV rows past q + a (main and MTP layers) and pooled keys of pools the rejected rows completed stay on the
   pages but are never read: each call writes a position's rows before any row reads them, and a pool's key is
   read only once the pool is complete, which rewrites it.
@@ -51,6 +52,22 @@ def _tails(tails: dict, xp) -> dict:
     return {l: tuple(xp.copy(a) for a in t) for l, t in tails.items()}
 
 
+def put_tails(state, tails: dict) -> None:
+    """Copies of index tails written back into the state's own tails, in place (they are views of its slot in
+    the KV store, kv/index_tails.py); a layer the copies lack (first written after them) goes back to zeros and
+    leaves the dict, as before its first write."""
+    for l in [l for l in state.index_tail if l not in tails]:
+        for a in state.index_tail.pop(l):
+            a[...] = 0
+    for l, t in tails.items():
+        held = state.index_tail.get(l)
+        if held is None:                                   # not the state's own tail yet: the model moves it in
+            state.index_tail[l] = tuple(a.copy() for a in t)
+            continue
+        for dst, src in zip(held, t):
+            dst[...] = src
+
+
 def snapshot(state, xp) -> Snapshot:
     return Snapshot(state.length, {l: xp.copy(s) for l, s in state.kda_state.items()},
                     {l: xp.copy(c) for l, c in state.kda_conv.items()}, _tails(state.index_tail, xp),
@@ -58,10 +75,12 @@ def snapshot(state, xp) -> Snapshot:
 
 
 def restore(state, snap: Snapshot, xp) -> None:
-    """The snapshot put back; its tails are copied again, so the snapshot stays what it was."""
+    """The snapshot put back; its tails are copied into the state's (in place), so the snapshot stays what it
+    was."""
     state.length = snap.length
     state.kda_state, state.kda_conv = dict(snap.kda_state), dict(snap.kda_conv)
-    state.index_tail, state.mtp_pending = _tails(snap.index_tail, xp), snap.mtp_pending
+    put_tails(state, snap.index_tail)
+    state.mtp_pending = snap.mtp_pending
 
 
 class Verifier:
@@ -118,7 +137,7 @@ class Verifier:
             got = tuple(drafts.get(rid, ()))
             if len(got) != n:
                 raise ValueError(f"request {rid}: the proposer gave {len(got)} drafts for {n}")
-            st.index_tail = _tails(snaps[rid].index_tail, xp)  # the chain wrote the MTP layer's tail in place
+            put_tails(st, snaps[rid].index_tail)       # the chain wrote the MTP layer's tail in place
             out[rid] = (tok,) + got
             self.pending[rid] = Pending(st.length, out[rid], snaps[rid])
         return out

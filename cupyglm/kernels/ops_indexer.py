@@ -1,4 +1,4 @@
-"""DSA indexer launchers (cuda_src/indexer.cu): index_pool, index_scores, with NumpyOps' signatures."""
+"""DSA indexer launchers (cuda_src/indexer.cu): index_pool, index_scores, index_tail_pool, with NumpyOps' signatures."""
 from __future__ import annotations
 
 import numpy as np
@@ -53,27 +53,31 @@ def index_scores(k: Kernels, qi, hw, pk):
 
 
 @op("index_tail_pool", inplace=(0, 1, 5))
-def index_tail_pool(k: Kernels, tail_ik, tail_ig, ik, ig, ape, pooled, pool_rows, r0: int, n: int,
-                    start: int) -> None:
-    """A segment's index tail in place and the pools its rows complete (NumpyOps.index_tail_pool)."""
+def index_tail_pool(k: Kernels, tails_ik, tails_ig, ik, ig, ape, pooled, seg, done, items: int = 0) -> None:
+    """A call's index tails in place and the pools its segments' rows complete, one launch
+    (NumpyOps.index_tail_pool). tails_*: [NS, KP, I] bf16; seg: [S, 5] int32 (row0, n, start, slot, done0); done:
+    [D] int32. items: the call's work items (max(C, 1) per segment with rows) as grid.y; any value >= 1 gives the
+    same bits (the kernel strides over them), 0: one per segment row of seg."""
     name = "index_tail_pool"
-    check(name, "tail_ik", tail_ik, (None, None), k.bf16)
-    kp, i = tail_ik.shape
+    check(name, "tails_ik", tails_ik, (None, None, None), k.bf16)
+    ns, kp, i = tails_ik.shape
     if not 1 <= kp <= 8:
         raise ValueError(f"{name}: 1..8 pool members supported, got {kp}")
-    check(name, "tail_ig", tail_ig, (kp, i), k.bf16)
+    check(name, "tails_ig", tails_ig, (ns, kp, i), k.bf16)
     ik = _arg(k, name, "ik", ik, (None, i), k.bf16)
     ig = _arg(k, name, "ig", ig, ik.shape, k.bf16)
     ape = _arg(k, name, "ape", ape, (kp, i), k.bf16)
     check(name, "pooled", pooled, (None, i), k.bf16)
-    complete = (start + n) // kp - start // kp
-    pool_rows = _arg(k, name, "pool_rows", pool_rows, (complete,), np.int32)
-    if start < 0 or n < 0 or r0 < 0 or r0 + n > ik.shape[0]:
-        raise ValueError(f"{name}: rows {r0}..{r0 + n} at {start} outside the call's {ik.shape[0]} rows")
-    for a, what in ((tail_ik, "tail_ik"), (tail_ig, "tail_ig"), (pooled, "pooled")):
+    seg = _arg(k, name, "seg", seg, (None, 5), np.int32)
+    done = _arg(k, name, "done", done, (None,), np.int32)
+    for a, what in ((tails_ik, "tails_ik"), (tails_ig, "tails_ig"), (pooled, "pooled")):
         if not getattr(a.flags, "writeable", True) or not a.flags.c_contiguous:
             raise ValueError(f"{name}: parameter {what} must be writeable and C-contiguous")
-    if n and i:
-        k.launch(SRC, name, (-(-i // 128), max(complete, 1)), (128,),
-                 (ik, ig, ape, tail_ik, tail_ig, pooled, pool_rows, i32(r0), i32(n), i32(start), i32(kp), i32(i),
-                  i32(complete), i32(pooled.shape[0])))
+    if items < 0:
+        raise ValueError(f"{name}: items must be >= 0, got {items}")
+    s = seg.shape[0]
+    y = items or s
+    if s and i and ns:
+        k.launch(SRC, name, (-(-i // 128), min(y, 65535)), (128,),
+                 (ik, ig, ape, tails_ik, tails_ig, pooled, seg, done, i32(s), i32(ik.shape[0]), i32(kp), i32(i),
+                  i32(ns), i32(done.shape[0]), i32(pooled.shape[0])))

@@ -19,7 +19,7 @@ from cupyglm.config import ModelConfig
 from cupyglm.kv.copy_hooks import address_of, hook_for, host_arena
 from cupyglm.kv.page_store import PageStore
 from cupyglm.kv.pool import PagePool
-from cupyglm.kv.state import SeqState, new_index_tail
+from cupyglm.kv.state import SeqState
 from cupyglm.kv.walk import Kept, Part, each
 from cupyglm.memory import BF16, alloc, kda_state_arrays, kv_arrays, prompt_cache_arena, storage_of, total_bytes
 
@@ -110,8 +110,8 @@ class KeptStore:
         for layer in indexed_layers(cfg, self.mtp):
             rows = written(cfg, layer, length) % cfg.index_kpool          # the tail's leading slots in use
             tail = state.index_tail.get(layer)
-            if tail is None and rows == 0:                     # a layer that has not run yet: nothing pending
-                tail = state.index_tail[layer] = new_index_tail(xp, cfg, self.storage.dtype(BF16))
+            if tail is None and rows == 0:                     # a layer that has not run yet: its slot's zeros
+                tail = kv.tails.of(state, layer)
             want = (cfg.index_kpool, cfg.index_head_dim)
             if tail is None or any(a.shape != want or not a.flags.c_contiguous for a in tail):
                 raise ValueError(f"layer {layer}'s index tail is not a contiguous {want} pair at length {length}")
@@ -153,8 +153,9 @@ class KeptStore:
         if state.length or len(state.pages) < self.kv.pages_needed(length):
             raise ValueError(f"restore needs a fresh state with {self.kv.pages_needed(length)} pages")
         bf = self.storage.dtype(BF16)
-        for layer in indexed_layers(cfg, self.mtp):                 # the leading slots restored, the rest zeros
-            state.index_tail[layer] = new_index_tail(xp, cfg, bf)
+        for layer in indexed_layers(cfg, self.mtp):    # into the state's slot: the leading rows restored, the rest 0
+            for a in self.kv.tails.of(state, layer):
+                a[...] = 0
         if self.mtp and length:
             state.mtp_pending = xp.empty((cfg.hidden_size,), dtype=bf)
         each(self.parts(state, length), entry.kept, self.hook, restore=True)

@@ -4,7 +4,8 @@ A page of `page_tokens` tokens holds, per KV layer, latent rows [page_tokens, R]
 [page_tokens / kpool, I], each array with its own page stride. Position p of a sequence lives at
 row pages[p // page_tokens] * page_tokens + p % page_tokens. The arrays are those `cupyglm.memory.kv_arrays`
 describes (the plan counts the same description). With `host_slots` (CUPYGLM_KV_HOST=1) the latent rows
-live in host memory (`cupyglm.kv.host_rows`) and `host` gathers a call's picked rows into device slots.
+live in host memory (`cupyglm.kv.host_rows`) and `host` gathers a call's picked rows into device slots. Every
+live sequence's index tails sit in `tails`, a slot per sequence (`cupyglm.kv.index_tails`).
 """
 from __future__ import annotations
 
@@ -12,13 +13,16 @@ import numpy as np
 
 from cupyglm.config import ModelConfig
 from cupyglm.kv.host_rows import HostRows
+from cupyglm.kv.index_tails import TAIL_SLOTS, IndexTails
 from cupyglm.kv.pool import PagePool
 from cupyglm.memory import alloc, latent_array, pooled_array, storage_of
 
 
 class KVStore:
     def __init__(self, cfg: ModelConfig, ops, num_pages: int, page_tokens: int, poison: bool = False,
-                 host_slots: int = 0, host_shared=None):
+                 host_slots: int = 0, host_shared=None, tail_slots: int = TAIL_SLOTS, mtp: bool = True):
+        """tail_slots: the sequences whose index tails the store holds at once (kv/index_tails.py); mtp: the MTP
+        layer writes tails (its head is built)."""
         if page_tokens <= 0 or page_tokens % cfg.index_kpool:
             raise ValueError(f"page_tokens must be a positive multiple of {cfg.index_kpool}, got {page_tokens}")
         self.cfg = cfg
@@ -34,6 +38,7 @@ class KVStore:
         else:
             self.latent = {l: alloc(xp, latent_array(cfg, l, rows), storage, poison) for l in cfg.kv_layers}
         self.pooled = {l: alloc(xp, pooled_array(cfg, l, pools), storage, poison) for l in cfg.kv_layers}
+        self.tails = IndexTails(cfg, xp, storage, tail_slots, cfg.kv_layers if mtp else cfg.dsa_layers)
 
     def pages_needed(self, length: int) -> int:
         return -(-length // self.page_tokens)

@@ -50,9 +50,9 @@ class DSALayer:
         if kv.host is not None and kv.host.write_hash is not None:               # a test's check mode: rows as stored
             for seg, ids in zip(segs, written):
                 kv.host.write_hash.note(self.layer, ids, ops.read_rows(store, ids), seg.state)
+        self.indexer.write_pools(kv, self.layer, segs, ik, ig, maps)               # every segment, one launch
         toks, ns = [], []
         for seg in segs:
-            self.indexer.write_pools(kv, self.layer, seg, ik, ig, maps)
             tokens, n = self.indexer.pick(kv, self.layer, seg, maps, qs)    # on the device: no read-back
             toks.append(tokens)
             ns.append(n)

@@ -132,9 +132,10 @@ class GLMModel:
         return st
 
     def release(self, state: SeqState) -> None:
-        """Give a finished sequence's pages back."""
+        """Give a finished sequence's pages and its index-tail slot back (kv/index_tails.py: no copy)."""
         self.kv.pool.release(state.pages)
         state.pages.clear()
+        self.kv.tails.release(state)
 
     def logits(self, h, decode: int = 0):
         """Final-normed rows [R, D] -> full-vocab logits [R, V] fp32 (vocab slices gathered in rank order); the

@@ -7,7 +7,6 @@ from __future__ import annotations
 import numpy as np
 
 from cupyglm.config import ModelConfig
-from cupyglm.kv.state import new_index_tail
 from cupyglm.model.batch import Segment, Weights
 
 LN_EPS = 1e-6
@@ -35,15 +34,15 @@ class Indexer:
         c = self.cfg
         return Queries(qib.reshape(-1, c.index_n_heads, c.index_head_dim), hwr, np.float32(c.index_n_heads ** -0.5))
 
-    def write_pools(self, kv, layer: int, seg: Segment, ik, ig, maps) -> None:
-        """The segment's index tail in place (kv/state.py: a fixed [kpool, I] pair per layer) and the pools its
-        rows complete pooled into the store, one launch. ik, ig: the call's [T, I] bf16; maps: the call's
-        CallMaps (the completed pools' rows)."""
-        tail = seg.state.index_tail.get(layer)
-        if tail is None:                                           # the sequence's first rows at this layer
-            tail = seg.state.index_tail[layer] = new_index_tail(self.ops.xp, self.cfg, ik.dtype)
-        self.ops.index_tail_pool(tail[0], tail[1], ik, ig, self.ape, kv.pooled[layer], maps.done_of(seg), seg.off,
-                                 seg.n, seg.start)
+    def write_pools(self, kv, layer: int, segs: list[Segment], ik, ig, maps) -> None:
+        """Every segment's index tail in place (its slot in the store's tails, kv/index_tails.py) and the pools its
+        rows complete pooled into the store: one launch for the call. ik, ig: the call's [T, I] bf16; maps: the
+        call's CallMaps (the segment table and the completed pools' rows)."""
+        tails = kv.tails
+        for seg in segs:                                   # host only: each state's pair as its slot's views
+            tails.of(seg.state, layer)
+        self.ops.index_tail_pool(tails.ik[layer], tails.ig[layer], ik, ig, self.ape, kv.pooled[layer], maps.tail_seg,
+                                 maps.done_rows, items=maps.tail_items)
 
     def pick(self, kv, layer: int, seg: Segment, maps, qs: "Queries"):
         """Token lists (positions) for the segment's rows: [n, max_pick] int32, -1 padded, and counts. maps: the

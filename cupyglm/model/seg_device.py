@@ -19,7 +19,9 @@ class CallMaps:
     """latent: [T] int32 store rows of the call's rows; positions: [T] int32; table: [T, width] int32 row t's page
     table (zero padded past its pages); base: [T, 1] int32 t * width (the host path's flat table index); pools:
     seg.off -> [visible] int32 pooled-key rows of pools 0..visible-1 (sparse segments only); done: seg.off -> [C]
-    int32 pooled-key rows of the pools the segment's rows complete. All views of one device array."""
+    int32 pooled-key rows of the pools the segment's rows complete; tail_seg: [S, 5] int32 (row0, n, start, tail
+    slot, done0) per segment and done_rows: [D] int32 every segment's completed pools' rows (index_tail_pool's seg
+    and done; tail_items its work items). All views of one device array."""
 
     def __init__(self, segs: list[Segment], kv, xp):
         cfg, t = kv.cfg, sum(s.n for s in segs)
@@ -45,6 +47,19 @@ class CallMaps:
             parts.append(kv.pool_rows(s.state.pages, np.arange(first, last)))
             done_at[s.off] = (at, last - first)
             at += last - first
+        # index_tail_pool's table: (row0, n, start, tail slot, done0) per segment, done0 into the done rows (the
+        # segments' done blocks, consecutive in segment order)
+        slots = [kv.tails.slot(s.state) for s in segs]
+        if len(set(slots)) != len(slots):
+            raise ValueError(f"call maps: two segments of the call hold one index-tail slot ({slots})")
+        done0, ndone = done_at[segs[0].off][0], sum(c for _, c in done_at.values())
+        if not ndone:                                      # no pool completes: one -1 (none), never an empty view
+            parts.append(np.full(1, -1, dtype=np.int32))
+            at, ndone = at + 1, 1
+        tails = np.array([(s.off, s.n, s.start, slot, done_at[s.off][0] - done0) for s, slot in zip(segs, slots)],
+                         dtype=np.int32).reshape(-1, 5)                                   # [S, 5] int32
+        parts.append(tails.reshape(-1))
+        tails_at, at = at, at + tails.size
         dev = xp.asarray(np.concatenate(parts).astype(np.int32, copy=False))              # the one upload
         self.latent, self.positions = dev[:t], dev[t:2 * t]
         self.table = dev[2 * t:2 * t + t * width].reshape(t, width)
@@ -53,6 +68,8 @@ class CallMaps:
         self.done = {off: dev[a:a + c] for off, (a, c) in done_at.items()}
         self.page_tokens = kv.page_tokens
         self._empty = {}
+        self.tail_seg, self.done_rows = dev[tails_at:tails_at + tails.size].reshape(-1, 5), dev[done0:done0 + ndone]
+        self.tail_items = sum(max((s.start + s.n) // kp - s.start // kp, 1) for s in segs if s.n)   # its grid.y
 
     def latent_of(self, seg: Segment):
         """[n] int32 the store rows of the segment's new rows."""

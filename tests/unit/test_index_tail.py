@@ -11,17 +11,19 @@ from cupyglm.backend.numpy_ops import NumpyOps
 KP, I, N = 4, 24, 23
 
 
-def _feed(ops, splits, ik, ig, ape, pool_rows):
+def _feed(ops, splits, ik, ig, ape, pool_rows, slot=2):
     xp = ops.xp
-    tail = [xp.zeros((KP, I), dtype=ik.dtype) for _ in range(2)]
+    tails = [xp.zeros((4, KP, I), dtype=ik.dtype) for _ in range(2)]      # the sequence in slot `slot` of 4
     pooled = xp.zeros((N // KP + 2, I), dtype=ik.dtype)
     start = 0
     for n in splits:
         rows = lambda a: np.concatenate([a[:1] * 0, a[start:start + n]])   # noqa: E731  the segment at row 1
         done = pool_rows[start // KP:(start + n) // KP]
-        ops.index_tail_pool(tail[0], tail[1], rows(ik), rows(ig), ape, pooled, done, 1, n, start)
+        seg = np.array([[1, n, start, slot, 0]], dtype=np.int32)
+        ops.index_tail_pool(tails[0], tails[1], rows(ik), rows(ig), ape, pooled, seg, done)
         start += n
-    return [np.asarray(t) for t in tail], np.asarray(pooled)
+    assert not np.asarray(tails[0])[np.arange(4) != slot].any()          # the other slots untouched
+    return [np.asarray(t[slot]) for t in tails], np.asarray(pooled)
 
 
 @pytest.mark.parametrize("backend", ["numpy", "sim"])

@@ -65,6 +65,8 @@ def check_runner(runner, states, plan, parallel):
     seen: set = set()
     kv = held_bytes(store_arrays(runner.kv), seen)
     assert kv == plan.kv_bytes, (kv, plan.kv_bytes)
+    tails = held_bytes([runner.kv.tails.all], seen)      # `parallel` index-tail slots, inside the states' share
+    assert tails == plan.tail_bytes > 0, (tails, plan.tail_bytes)
     weights = held_bytes(runner, seen)                    # everything else the runner holds: the weights
     assert weights == plan.weights_bytes, (weights, plan.weights_bytes)
     assert len(states) == parallel
@@ -118,6 +120,7 @@ def test_tp2_shards_equal_their_plan(tiny_dir, tmp_path, quant):
     for m in models:
         seen: set = set()
         assert held_bytes(store_arrays(m.kv), seen) == plan.kv_bytes
+        held_bytes([m.kv.tails.all], seen)                 # the index-tail slots (a store outside the engine: 16)
         assert held_bytes(m, seen) == plan.weights_bytes
         st = m.new_state()
         assert held_bytes(st, seen) <= plan.state_bytes
