@@ -49,6 +49,6 @@ def test_dsa_decode_rows_launches(tiny_ckpt, cuda_ops, prompts):
     assert "layernorm_rows" not in launches, launches                     # the index keys normed in that write
     assert "check_ids_distinct" not in launches, launches                  # the maps' ids were checked on the host
     assert launches.get("attention_chunk_pv") == dsa, launches
-    assert launches.get("index_scores_rows") == dsa, launches             # every row scored, one launch a layer
     assert launches.get("dsa_pick") == dsa, launches                       # every row picked, one launch a layer
+    assert launches.get("index_scores_rows") == dsa, launches             # every row scored, one launch a layer
     assert "index_scores" not in launches, launches                       # no per-segment scores
