@@ -1,7 +1,9 @@
 // indexer.cu -- DSA indexer: pooled keys of complete pools (index_pool; index_tail_pool: a call's index tails
-// in place and the pools its segments' rows complete) and the score of every pool for every row (index_scores).
-// Reference: NumpyOps.index_pool / index_tail_pool / index_scores in cupyglm/backend/numpy_ops.py; the dots over
-// the index head dimension and the sum over heads run in lane-16 order, the 4 pool members left to right.
+// in place and the pools its segments' rows complete) and the score of every pool for every row (index_scores;
+// and index_scores_rows: each row against its own pools through a per-row pooled-row table).
+// Reference: NumpyOps.index_pool / index_tail_pool / index_scores / index_scores_rows in
+// cupyglm/backend/numpy_ops.py; the dots over the index head dimension and the sum over heads run in lane-16
+// order, the 4 pool members left to right.
 // Storage: index keys, gates, ape, pooled keys and index queries are bf16; head weights and scores fp32.
 #include "common.cuh"
 #include "index_pool.cuh"
@@ -98,14 +100,44 @@ extern "C" __global__ void __launch_bounds__(128) index_tail_pool(
 
 // scores[t, p] = sum_h hw[t, h] * relu(qscale * (qi[t, h] . pk[p])), heads summed in lane-16 order (head h
 // in lane h % 16), each dot over I in lane-16 order (16 partials per thread, folded 8, 4, 2, 1).
+#define IDX_POOLS 16
+#define IDX_ROWS 16
+#define IDX_MAX_I 256  // index head dimension <= 256 (the model has 128)
+
+// Lane `lane`'s partial of one (row, pool) score: heads h = lane, lane + 16, ... of the row's queries qt
+// [Hi, I] bf16 against one key (I bf16 bit patterns), each head's weight hwt[h] * hscale (hscale 1: hw as
+// given, x * 1 exact). The caller folds the 16 lanes (lane16_fold) with every thread of the group converged.
+static __device__ __forceinline__ float idx_score_lane(const __nv_bfloat16* __restrict__ qt,  // [Hi, I] bf16
+                                                       const float* __restrict__ hwt,         // [Hi] f32
+                                                       const unsigned short* key,             // [I] bf16 bits
+                                                       int Hi, int I, float qscale, float hscale, int lane) {
+  float acc = 0.0f;
+  for (int h = lane; h < Hi; h += 16) {
+    const __nv_bfloat16* qr = qt + (long long)h * I;
+    float a[16];
+#pragma unroll
+    for (int m = 0; m < 16; ++m) a[m] = 0.0f;
+    for (int k0 = 0; k0 < I; k0 += 16) {
+#pragma unroll
+      for (int m = 0; m < 16; ++m)
+        if (k0 + m < I) a[m] += ld_bf16(qr, k0 + m) * __bfloat162float(__ushort_as_bfloat16(key[k0 + m]));
+    }
+#pragma unroll
+    for (int w = 8; w > 0; w >>= 1)
+#pragma unroll
+      for (int m = 0; m < w; ++m) a[m] = a[m] + a[m + w];
+    float z = a[0] * qscale;
+    z = (z < 0.0f) ? 0.0f : z;  // np.maximum(z, 0): NaN stays NaN
+    acc += z * (hwt[h] * hscale);
+  }
+  return acc;
+}
+
 // A block takes IDX_POOLS pools and up to IDX_ROWS rows: the pools' keys are read once into shared memory and
 // serve every head of every row of the block (a verify call's 16 rows share one read); a group of 16 threads
 // per pool, lane l computing the dots of heads l, l+16, ..., the group folding, row after row.
 // grid (ceil(T / IDX_ROWS) * ceil(P / IDX_POOLS)): one flat grid.x (2^31 - 1) over (row group, pool block), so
 // neither the token count nor the pool count meets grid.y's 65,535 limit; blockDim.x = 16 * IDX_POOLS.
-#define IDX_POOLS 16
-#define IDX_ROWS 16
-#define IDX_MAX_I 256  // index head dimension <= 256 (the model has 128)
 extern "C" __global__ void __launch_bounds__(16 * IDX_POOLS) index_scores(
     const __nv_bfloat16* __restrict__ qi,  // [T, Hi, I] bf16
     const float* __restrict__ hw,          // [T, Hi] f32
@@ -127,27 +159,45 @@ extern "C" __global__ void __launch_bounds__(16 * IDX_POOLS) index_scores(
   for (int tt = 0; tt < nt; ++tt) {        // block-uniform: every group folds (full-mask shuffles)
     const int t = t0 + tt;
     float acc = 0.0f;
-    if (p < P) {
-      for (int h = lane; h < Hi; h += 16) {
-        const __nv_bfloat16* qr = qi + ((long long)t * Hi + h) * I;
-        float a[16];
-#pragma unroll
-        for (int m = 0; m < 16; ++m) a[m] = 0.0f;
-        for (int k0 = 0; k0 < I; k0 += 16) {
-#pragma unroll
-          for (int m = 0; m < 16; ++m)
-            if (k0 + m < I) a[m] += ld_bf16(qr, k0 + m) * __bfloat162float(__ushort_as_bfloat16(kt[g][k0 + m]));
-        }
-#pragma unroll
-        for (int w = 8; w > 0; w >>= 1)
-#pragma unroll
-          for (int m = 0; m < w; ++m) a[m] = a[m] + a[m + w];
-        float z = a[0] * qscale;
-        z = (z < 0.0f) ? 0.0f : z;  // np.maximum(z, 0): NaN stays NaN
-        acc += z * hw[(long long)t * Hi + h];
-      }
-    }
+    if (p < P) acc = idx_score_lane(qi + (long long)t * Hi * I, hw + (long long)t * Hi, kt[g], Hi, I, qscale, 1.0f,
+                                    lane);
     acc = lane16_fold(acc);
     if (p < P && lane == 0) scores[(long long)t * P + p] = acc;
   }
+}
+
+// The call's rows, each against its own pools: scores[t, p] = index_scores of row t (head weights hw[t] * hscale)
+// against pooled[rows[t, p]] (row t's pooled-key row table, model/seg_device.py). A row index outside
+// [0, R) reads a zero key (the caller pads with valid rows; the pick reads only a row's visible pools).
+// One block per (row, IDX_POOLS pools): the block's keys of its row into shared memory, then the same groups,
+// lanes and fold as index_scores. grid (T * ceil(Pw / IDX_POOLS)) on grid.x, blockDim.x = 16 * IDX_POOLS.
+extern "C" __global__ void __launch_bounds__(16 * IDX_POOLS) index_scores_rows(
+    const __nv_bfloat16* __restrict__ qi,      // [T, Hi, I] bf16
+    const float* __restrict__ hw,              // [T, Hi] f32 head weights before hscale
+    const __nv_bfloat16* __restrict__ pooled,  // [R, I] bf16 the layer's pooled keys
+    const int* __restrict__ rows,              // [T, Pw] int32 pooled row of row t's pool p
+    float* __restrict__ scores,                // [T, Pw] f32
+    int T, int Hi, int I, int Pw, int R, float qscale, float hscale) {
+  __shared__ unsigned short kt[IDX_POOLS][IDX_MAX_I];   // the block's keys of its row, bf16 bit patterns
+  const int pblocks = (Pw + IDX_POOLS - 1) / IDX_POOLS;
+  const int t = (int)(blockIdx.x / pblocks);
+  const int pb = (int)(blockIdx.x % pblocks) * IDX_POOLS;
+  const int g = threadIdx.x >> 4, lane = threadIdx.x & 15;
+  const int p = pb + g;
+#ifdef CONTROL_ROW_TABLE  // planted: row t reads the next row's table
+  const int tr = (t + 1) % T;
+#else
+  const int tr = t;
+#endif
+  for (int i = threadIdx.x; i < IDX_POOLS * I; i += blockDim.x) {
+    const int gg = i / I, d = i % I;
+    const int r = pb + gg < Pw ? rows[(long long)tr * Pw + pb + gg] : -1;
+    kt[gg][d] = r >= 0 && r < R ? __bfloat16_as_ushort(pooled[(long long)r * I + d]) : (unsigned short)0;
+  }
+  __syncthreads();
+  float acc = 0.0f;
+  if (p < Pw) acc = idx_score_lane(qi + (long long)t * Hi * I, hw + (long long)t * Hi, kt[g], Hi, I, qscale, hscale,
+                                   lane);
+  acc = lane16_fold(acc);
+  if (p < Pw && lane == 0) scores[(long long)t * Pw + p] = acc;
 }

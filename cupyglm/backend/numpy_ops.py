@@ -249,6 +249,24 @@ class NumpyOps(NumpyGemm, KDAOps, MoEOps, LogitsOps, GatherOps):
         r = np.maximum(dots * np.float32(i ** -0.5), np.float32(0.0)) * hw[:, :, None]
         return lane_sum(np.moveaxis(r, 1, 2))                                # sum over heads
 
+    def index_scores_rows(self, qi: np.ndarray, hw: np.ndarray, hscale: float, pooled: np.ndarray,
+                          rows: np.ndarray) -> np.ndarray:
+        """Each row against its own pools: scores[t] = index_scores(qi[t], hw[t] * hscale, pooled[rows[t]]).
+        rows: [T, Pw] int32 row t's pooled-key rows (one outside [0, R) reads a zero key), pooled: [R, I] bf16,
+        hw: [T, Hi] fp32 before hscale -> [T, Pw] fp32. Rows with equal tables score in one index_scores."""
+        rows = np.asarray(rows, dtype=np.int64)
+        hw = f32(hw) * np.float32(hscale)
+        out = np.zeros(rows.shape, dtype=np.float32)
+        if not out.size:
+            return out
+        rows = np.where((rows >= 0) & (rows < pooled.shape[0]), rows, -1)
+        tables, which = np.unique(rows, axis=0, return_inverse=True)
+        for j, table in enumerate(tables):
+            keys = np.where((table >= 0)[:, None], f32(pooled[np.maximum(table, 0)]), np.float32(0.0))
+            sel = which.reshape(-1) == j
+            out[sel] = self.index_scores(qi[sel], hw[sel], keys)
+        return out
+
     def pick(self, scores: np.ndarray, positions: np.ndarray, npools: int, kpool: int, width: int):
         """Token lists for attention. scores: [T, P] fp32 (P >= visible pools), positions: [T] int.
 

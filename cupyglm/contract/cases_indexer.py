@@ -1,9 +1,10 @@
-"""Contract cases of cuda_src/indexer.cu (ops index_pool, index_tail_pool, index_scores).
+"""Contract cases of cuda_src/indexer.cu (ops index_pool, index_tail_pool, index_scores, index_scores_rows).
 
 Controls: index_pool with a missing pool member (member 3's gate -inf, so it weighs 0); index_tail_pool (a whole
 call: a segment table naming each sequence's tail slot) with the tail written before the first pool reads its
 members (-DCONTROL_TAIL_EARLY), the pooled rows of two pools swapped, the rows read one early, or a segment
-writing another sequence's slot; index_scores with the pooled keys of two pools swapped (a wrong page mapping).
+writing another sequence's slot; index_scores with the pooled keys of two pools swapped (a wrong page mapping);
+index_scores_rows with each row reading the next row's table (-DCONTROL_ROW_TABLE) or two pools' rows swapped.
 """
 from __future__ import annotations
 
@@ -124,6 +125,44 @@ def _scores(label: str, t: int, hi: int, i: int, p: int) -> None:
     case(Case(f"index_scores[{label}]", ("index_scores",), make, run, replay, ctl))
 
 
+def _scores_rows(label: str, seqs: tuple[int, ...], hi: int, i: int, pw: int, r: int, control: str) -> None:
+    """index_scores_rows over a call of len(seqs) segments (seqs[j] rows each): a segment's rows share a table of
+    distinct pooled rows out of r, padded with its first; one entry -1 and one r (outside: a zero key)."""
+    t = sum(seqs)
+
+    def make(rng):
+        rows = np.empty((t, pw), dtype=np.int32)
+        at = 0
+        for n in seqs:
+            table = rng.permutation(r)[:pw].astype(np.int32)
+            table[pw - pw // 3:] = table[0]                # past the visible pools: the row's first pool
+            rows[at:at + n] = table
+            at += n
+        rows[t - 1, pw - 1], rows[0, pw - 2] = -1, r
+        return {"qi": _bf(rng, (t, hi, i)), "hw": rng.standard_normal((t, hi)).astype(np.float32),
+                "pooled": _bf(rng, (r, i)), "rows": rows}
+
+    def call(fn, d, rows=None):
+        return {"s": fn(d["qi"], d["hw"], np.float32(hi ** -0.5), d["pooled"], d["rows"] if rows is None else rows)}
+
+    def run(k, d):
+        return call(lambda *a: ops_indexer.index_scores_rows(k, *a), d)
+
+    def replay(d):
+        return call(REF.index_scores_rows, d)
+
+    if control == "table":
+        def ctl(k, d):                                 # row t reads row t + 1's table
+            return call(lambda *a: ops_indexer.index_scores_rows(k.variant("CONTROL_ROW_TABLE"), *a), d)
+    else:
+        def ctl(k, d):                                 # row 0's first two pools swapped (a wrong page mapping)
+            bad = d["rows"].copy()
+            bad[0, 0], bad[0, 1] = d["rows"][0, 1], d["rows"][0, 0]
+            return call(lambda *a: ops_indexer.index_scores_rows(k, *a), d, bad)
+
+    case(Case(f"index_scores_rows[{label}]", ("index_scores_rows",), make, run, replay, ctl))
+
+
 #      label         P    I
 _pool("one",          1,  32)      # decode completing one pool
 _pool("prompt",       9,  32)      # a prompt chunk's pools
@@ -145,3 +184,9 @@ _scores("verify",   16,  4,  32,   40)
 _scores("prompt37", 37,  4,  32,   17)
 _scores("odd",       3, 20,  40,   33)   # Hi > 16 and not a multiple; I % 16 = 8
 _scores("full",      2, 32, 128,  600)   # full model: 32 heads x 128, past the 512-pool dense limit
+#            label      seqs            Hi    I    Pw     R  control
+_scores_rows("decode1", (1,),            4,  32,   16,   40, "swap")    # one decode row: a width bucket of 16
+_scores_rows("decode4", (1, 1, 1, 1),    4,  32,   16,   90, "table")   # four sequences, four tables
+_scores_rows("mixed",   (1, 1, 7, 16),   4,  32,   32,  120, "table")   # decode rows, a prompt chunk, verify rows
+_scores_rows("odd",     (2, 3),         20,  40,   33,   70, "table")   # Hi > 16, I % 16 = 8, Pw % 16 = 1
+_scores_rows("full",    (1, 1),         32, 128, 1024, 2100, "table")   # full model: past the 512-pool dense limit

@@ -1,4 +1,5 @@
-"""DSA indexer launchers (cuda_src/indexer.cu): index_pool, index_scores, index_tail_pool, with NumpyOps' signatures."""
+"""DSA indexer launchers (cuda_src/indexer.cu): index_pool, index_scores, index_scores_rows, index_tail_pool, with
+NumpyOps' signatures."""
 from __future__ import annotations
 
 import numpy as np
@@ -49,6 +50,30 @@ def index_scores(k: Kernels, qi, hw, pk):
     if t and p:
         k.launch(SRC, "index_scores", (blocks,), (16 * POOLS,),
                  (qi, hw, pk, out, i32(t), i32(h), i32(i), i32(p), f32(i ** -0.5)))
+    return out
+
+
+@op("index_scores_rows")
+def index_scores_rows(k: Kernels, qi, hw, hscale: float, pooled, rows):
+    """qi: [T, Hi, I] bf16, hw: [T, Hi] fp32 (before hscale), pooled: [R, I] bf16, rows: [T, Pw] int32 row t's
+    pooled-key rows -> [T, Pw] fp32 (NumpyOps.index_scores_rows)."""
+    name = "index_scores_rows"
+    qi = _arg(k, name, "qi", qi, (None, None, None), k.bf16)
+    t, h, i = qi.shape
+    hw = _arg(k, name, "hw", hw, (t, h))
+    pooled = _arg(k, name, "pooled", pooled, (None, i), k.bf16)
+    rows = _arg(k, name, "rows", rows, (t, None), np.int32)
+    pw = rows.shape[1]
+    if i > MAX_I:
+        raise ValueError(f"{name}: index head dimension <= {MAX_I} supported, got {i}")
+    blocks = t * -(-pw // POOLS)
+    if blocks > 2**31 - 1:
+        raise ValueError(f"{name}: T={t} rows x {pw} pools exceed the grid's 2^31 - 1 blocks")
+    out = k.empty((t, pw))
+    if t and pw:
+        k.launch(SRC, name, (blocks,), (16 * POOLS,),
+                 (qi, hw, pooled, rows, out, i32(t), i32(h), i32(i), i32(pw), i32(pooled.shape[0]), f32(i ** -0.5),
+                  f32(hscale)))
     return out
 
 

@@ -39,7 +39,6 @@ class DSALayer:
         qb, qib = ops.rmsnorm_gemm_multi(qa, self.q_a_norm, c.rms_norm_eps, (self.q_b, ix.wq_b), ("bf16", "bf16"),
                                          decode=d)
         q = qb.reshape(t, h, c.qk_nope_head_dim)                                          # [T, H, nope] bf16
-        qs = ix.queries(qib, hwr)
         store = kv.latent[self.layer]
         maps = seg_device.call_maps(segs, kv, xp)                              # the call's row maps, built once
         # the call's latent rows, RMS-normed on their way into the store, and its index keys [T, I] bf16
@@ -51,13 +50,8 @@ class DSALayer:
             for seg, ids in zip(segs, written):
                 kv.host.write_hash.note(self.layer, ids, ops.read_rows(store, ids), seg.state)
         self.indexer.write_pools(kv, self.layer, segs, ik, ig, maps)               # every segment, one launch
-        toks, ns = [], []
-        for seg in segs:
-            tokens, n = self.indexer.pick(kv, self.layer, seg, maps, qs)    # on the device: no read-back
-            toks.append(tokens)
-            ns.append(n)
-        tokens = toks[0] if len(toks) == 1 else xp.concatenate(toks)           # [T, max_pick] positions, -1 padded
-        counts = ns[0] if len(ns) == 1 else xp.concatenate(ns)                 # [T] int32
+        # every row's token list in one scores and one pick launch, on the device: no read-back
+        tokens, counts = ix.pick(kv, self.layer, maps, qib, hwr)   # [T, max_pick] positions, -1 padded; [T] int32
         qa = ops.gemm_heads(q.transpose(1, 0, 2), self.w_k_t, out="bf16", decode=d).transpose(1, 0, 2)  # [T, H, R]
         if kv.host is not None:                                                # latent rows in host memory
             rows = seg_device.token_rows(maps, xp, tokens)                     # [T, max_pick] store rows

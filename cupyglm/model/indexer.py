@@ -28,12 +28,6 @@ class Indexer:
         [T, I] bf16 with it in the launch that writes its latent rows (ops.write_rows_rmsnorm_keys)."""
         return self.k_norm_w, self.k_norm_b, LN_EPS
 
-    def queries(self, qib, hwr) -> "Queries":
-        """The call's queries from qn's wq_b projection [T, Hi * I] bf16 and x's weights_proj projection [T, Hi]
-        fp32."""
-        c = self.cfg
-        return Queries(qib.reshape(-1, c.index_n_heads, c.index_head_dim), hwr, np.float32(c.index_n_heads ** -0.5))
-
     def write_pools(self, kv, layer: int, segs: list[Segment], ik, ig, maps) -> None:
         """Every segment's index tail in place (its slot in the store's tails, kv/index_tails.py) and the pools its
         rows complete pooled into the store: one launch for the call. ik, ig: the call's [T, I] bf16; maps: the
@@ -44,28 +38,14 @@ class Indexer:
         self.ops.index_tail_pool(tails.ik[layer], tails.ig[layer], ik, ig, self.ape, kv.pooled[layer], maps.tail_seg,
                                  maps.done_rows, items=maps.tail_items)
 
-    def pick(self, kv, layer: int, seg: Segment, maps, qs: "Queries"):
-        """Token lists (positions) for the segment's rows: [n, max_pick] int32, -1 padded, and counts. maps: the
-        call's row maps (model/seg_device.CallMaps); qs: the call's queries."""
+    def pick(self, kv, layer: int, maps, qib, hwr):
+        """Token lists (positions) for the call's rows: [T, max_pick] int32, -1 padded, and counts [T] int32, in one
+        scores launch and one pick launch. Every row is scored against its pool table (maps.pool_table); the pick
+        decides per row, from its position, whether it is dense (its scores never read) or sparse. qib: qn's
+        wq_b projection [T, Hi * I] bf16; hwr: x's weights_proj projection [T, Hi] fp32, scaled by Hi^-0.5 inside
+        the scores launch. maps: the call's row maps (model/seg_device.CallMaps)."""
         ops, c = self.ops, self.cfg
-        visible_last = (seg.start + seg.n) // c.index_kpool
-        if visible_last > c.index_pools:
-            pk = ops.read_rows(kv.pooled[layer], maps.pools_of(seg))          # [visible pools, I] bf16
-            scores = ops.index_scores(qs.qi[seg.rows], qs.hw[seg.rows], pk)
-        else:
-            scores = maps.no_scores(seg, ops.xp)                           # every row is dense
-        return ops.pick(scores, maps.positions_of(seg), c.index_pools, c.index_kpool, c.max_pick)
-
-
-class Queries:
-    """A call's indexer queries qi [T, Hi, I] bf16 and head weights hw [T, Hi] fp32 (the projection scaled by
-    Hi^-0.5), scaled once, when a sparse segment first scores pools: dense rows never read them."""
-
-    def __init__(self, qi, hwr, scale: np.float32):
-        self.qi, self._hwr, self._scale, self._hw = qi, hwr, scale, None
-
-    @property
-    def hw(self):
-        if self._hw is None:
-            self._hw = self._hwr * self._scale
-        return self._hw
+        qi = qib.reshape(-1, c.index_n_heads, c.index_head_dim)                           # [T, Hi, I] bf16
+        scores = ops.index_scores_rows(qi, hwr, np.float32(c.index_n_heads ** -0.5), kv.pooled[layer],
+                                       maps.pool_table)                                   # [T, Pw] fp32
+        return ops.pick(scores, maps.positions, c.index_pools, c.index_kpool, c.max_pick)

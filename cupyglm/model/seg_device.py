@@ -4,9 +4,10 @@ by every DSA layer of the call (the MTP layer's call has its own segments, so it
 Everything here is host arithmetic on the page tables the host already holds (kv/store.py's rows), so every
 backend sees the same ids, and no layer computes a row map on the device: the latent rows each segment's new
 rows are written to, the positions the pick takes, each row's page table (attention maps its picked positions
-through it inside the kernels: ops.attention_paged), the pooled-key rows of a sparse segment's visible pools and
-those of the pools each segment's rows complete.
-The maps are cached on the call's first segment (`dev`), which lives for one forward call.
+through it inside the kernels: ops.attention_paged), each row's pooled-key rows (the indexer scores every row
+against them: ops.index_scores_rows) and those of the pools each segment's rows complete.
+The two tables' widths are width buckets (`width_bucket`), so the call's shapes follow buckets, not the exact
+context length. The maps are cached on the call's first segment (`dev`), which lives for one forward call.
 """
 from __future__ import annotations
 
@@ -15,17 +16,24 @@ import numpy as np
 from cupyglm.model.batch import Segment
 
 
+def width_bucket(n: int) -> int:
+    """The smallest power of two >= n, at least 1: the width of a table of n entries."""
+    return 1 << max(0, int(n) - 1).bit_length()
+
+
 class CallMaps:
     """latent: [T] int32 store rows of the call's rows; positions: [T] int32; table: [T, width] int32 row t's page
-    table (zero padded past its pages); base: [T, 1] int32 t * width (the host path's flat table index); pools:
-    seg.off -> [visible] int32 pooled-key rows of pools 0..visible-1 (sparse segments only); done: seg.off -> [C]
-    int32 pooled-key rows of the pools the segment's rows complete; tail_seg: [S, 5] int32 (row0, n, start, tail
+    table (zero padded past its pages; width = width_bucket(the most pages of a sequence)); base: [T, 1] int32
+    t * width (the host path's flat table index); pool_table: [T, Pw] int32 row t's pooled-key rows: its
+    sequence's pools 0..V-1, V the visible pools of the segment's last row (a segment's rows share one table; its
+    pools past a row's own visible count complete within the call, and the pick never reads them), then the
+    sequence's pool 0 row; Pw = width_bucket(the call's largest V). tail_seg: [S, 5] int32 (row0, n, start, tail
     slot, done0) per segment and done_rows: [D] int32 every segment's completed pools' rows (index_tail_pool's seg
     and done; tail_items its work items). All views of one device array."""
 
     def __init__(self, segs: list[Segment], kv, xp):
         cfg, t = kv.cfg, sum(s.n for s in segs)
-        width = max(len(s.state.pages) for s in segs)
+        width = width_bucket(max(len(s.state.pages) for s in segs))
         latent = np.concatenate([kv.rows(s.state.pages, s.positions) for s in segs])        # [T] int32
         if np.unique(latent).size != t:                                                    # pages shared by two rows
             raise ValueError("call maps: two rows of the call map to one latent row (a page table is corrupt)")
@@ -34,14 +42,16 @@ class CallMaps:
         for s in segs:
             table[s.rows, :len(s.state.pages)] = s.state.pages
         base = np.arange(t, dtype=np.int32) * np.int32(width)                              # [T] int32 row t's table
-        parts, pool_at, done_at, at = [latent, positions, table.reshape(-1), base], {}, {}, 3 * t + t * width
         kp = cfg.index_kpool
-        for s in segs:
-            visible = (s.start + s.n) // kp
-            if visible > cfg.index_pools:                                                   # the pick scores pools
-                parts.append(kv.pool_rows(s.state.pages, np.arange(visible)))
-                pool_at[s.off] = (at, visible)
-                at += visible
+        visible = [(s.start + s.n) // kp for s in segs]                    # pools the segment's last row sees
+        pw = width_bucket(max(visible))
+        pool_table = np.empty((t, pw), dtype=np.int32)                                     # [T, Pw] int32
+        for s, v in zip(segs, visible):
+            row = np.full(pw, kv.pool_rows(s.state.pages, np.zeros(1))[0], dtype=np.int32)
+            row[:v] = kv.pool_rows(s.state.pages, np.arange(v))
+            pool_table[s.rows] = row
+        parts, done_at = [latent, positions, table.reshape(-1), base, pool_table.reshape(-1)], {}
+        at = 3 * t + t * width + t * pw
         for s in segs:                                                  # the pools the segment's rows complete
             first, last = s.start // kp, (s.start + s.n) // kp
             parts.append(kv.pool_rows(s.state.pages, np.arange(first, last)))
@@ -64,10 +74,8 @@ class CallMaps:
         self.latent, self.positions = dev[:t], dev[t:2 * t]
         self.table = dev[2 * t:2 * t + t * width].reshape(t, width)
         self.base = dev[2 * t + t * width:3 * t + t * width].reshape(t, 1)                  # [T, 1] int32
-        self.pools = {off: dev[a:a + v] for off, (a, v) in pool_at.items()}
-        self.done = {off: dev[a:a + c] for off, (a, c) in done_at.items()}
+        self.pool_table = dev[3 * t + t * width:3 * t + t * width + t * pw].reshape(t, pw)  # [T, Pw] int32
         self.page_tokens = kv.page_tokens
-        self._empty = {}
         self.tail_seg, self.done_rows = dev[tails_at:tails_at + tails.size].reshape(-1, 5), dev[done0:done0 + ndone]
         self.tail_items = sum(max((s.start + s.n) // kp - s.start // kp, 1) for s in segs if s.n)   # its grid.y
 
@@ -78,20 +86,6 @@ class CallMaps:
     def positions_of(self, seg: Segment):
         """[n] int32 the segment's positions."""
         return self.positions[seg.rows]
-
-    def pools_of(self, seg: Segment):
-        """[visible] int32 pooled-key rows of the segment's visible pools (a sparse segment)."""
-        return self.pools[seg.off]
-
-    def done_of(self, seg: Segment):
-        """[C] int32 pooled-key rows of the pools the segment's rows complete (index_tail_pool's pool_rows)."""
-        return self.done[seg.off]
-
-    def no_scores(self, seg: Segment, xp):
-        """[n, 0] fp32: the scores of a segment whose rows are all dense (made once per call)."""
-        if seg.off not in self._empty:
-            self._empty[seg.off] = xp.zeros((seg.n, 0), dtype=xp.float32)
-        return self._empty[seg.off]
 
 
 def call_maps(segs: list[Segment], kv, xp) -> CallMaps:

@@ -1,8 +1,9 @@
 """A DSA layer's decode rows through the CuPy double: the call's row maps uploaded once per forward call and no
 row map computed on the device in any layer, the latent rows normed inside their write and the index keys
 layer-normed in that same launch, the attention chunks merged inside the pv kernel; a batch of decode sequences
-writes its latent rows in one launch per layer, and its index tails (a slot each in the KV store) and completed
-pools in one more."""
+writes its latent rows in one launch per layer, its index tails (a slot each in the KV store) and completed
+pools in one more, and picks every row's tokens in one scores launch and one pick launch per layer (dense and
+sparse rows alike), with no concatenate of token lists."""
 from __future__ import annotations
 
 import numpy as np
@@ -50,3 +51,6 @@ def test_dsa_decode_rows_launches(tiny_ckpt, cuda_ops, prompts):
     assert "check_ids_distinct" not in launches, launches                  # the maps' ids were checked on the host
     assert launches.get("attention_chunk_pv") == dsa, launches
     assert launches.get("index_tail_pool") == dsa, launches                 # every sequence's tail, one launch
+    assert launches.get("dsa_pick") == dsa, launches                       # every row picked, one launch a layer
+    assert launches.get("index_scores_rows") == dsa, launches             # every row scored, one launch a layer
+    assert "index_scores" not in launches, launches                       # no per-segment scores

@@ -37,8 +37,14 @@ def test_call_maps_equal_the_store_rows():
         assert maps.latent_of(s).tolist() == kv.rows(s.state.pages, s.positions).tolist()
         assert maps.positions_of(s).tolist() == s.positions.tolist()
     assert maps.table.shape == (7, 4) and maps.table[0, :3].tolist() == [5, 2, 9] and maps.table[1, 1] == 0
-    assert set(maps.pools) == {0, 3}                                           # visible pools > 8: sparse segments
-    assert maps.pools_of(segs[2]).tolist() == kv.pool_rows([1, 3, 4, 0], np.arange(13)).tolist()
+    # every row's pooled-key rows: its sequence's pools 0..V-1 (V: the segment's last row's), then its pool 0;
+    # the width is the bucket of the call's largest V (13 -> 16)
+    assert maps.pool_table.shape == (7, 16)
+    for s, v in zip(segs, [10, 1, 13]):
+        want = kv.pool_rows(s.state.pages, np.arange(v)).tolist()
+        want += kv.pool_rows(s.state.pages, np.zeros(16 - v, np.int64)).tolist()
+        for r in range(s.off, s.off + s.n):
+            assert maps.pool_table[r].tolist() == want
     tokens = np.full((7, 6), -1, np.int32)
     tokens[0, :3] = [0, 17, 40]
     tokens[6, :2] = [63, 49]
@@ -46,6 +52,17 @@ def test_call_maps_equal_the_store_rows():
     assert rows[0, :4].tolist() == kv.rows([5, 2, 9], np.array([0, 17, 40, -1])).tolist()
     assert rows[6, :2].tolist() == kv.rows([1, 3, 4, 0], np.array([63, 49])).tolist()
     assert np.array_equal(rows, paged_rows(tokens, maps.table, 16))
+
+
+def test_width_buckets():
+    assert [seg_device.width_bucket(n) for n in (0, 1, 2, 3, 4, 5, 16, 17, 1000)] == [1, 1, 2, 4, 4, 8, 16, 32, 1024]
+    kv = _KV(_Cfg(), 16)
+    segs = segments([_State([5, 2, 9, 1, 6]), _State([7])], [70, 2], [1, 1], [True, True])
+    maps = seg_device.call_maps(segs, kv, np)
+    assert maps.table.shape == (2, 8) and maps.table[0].tolist() == [5, 2, 9, 1, 6, 0, 0, 0]
+    assert maps.pool_table.shape == (2, 32)                            # 17 visible pools -> 32
+    assert maps.pool_table[1].tolist() == [kv.pool_rows([7], [0])[0]] * 32                 # no pool visible yet
+    assert maps.base.reshape(-1).tolist() == [0, 8]
 
 
 def test_call_maps_refuse_a_shared_latent_row():
