@@ -16,6 +16,16 @@ class _KV:
         self.cfg, self.page_tokens = cfg, page_tokens
         self.rows = lambda pages, pos: KVStore.rows(self, pages, pos)
         self.pool_rows = lambda pages, pools: KVStore.pool_rows(self, pages, pools)
+        self.tails = _Tails()
+
+
+class _Tails:
+    """The index tails' slot of each state (kv/index_tails.py): the next free one, in order of first ask."""
+    def __init__(self):
+        self.of = {}
+
+    def slot(self, st) -> int:
+        return self.of.setdefault(id(st), len(self.of))
 
 
 class _Cfg:
