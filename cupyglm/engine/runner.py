@@ -40,10 +40,11 @@ class ModelRunner:
         if self.graphs is not None:
             self.graphs.slots.release(state)
 
-    def forward(self, batch: list[SeqInput], check: bool = True) -> list[SeqOutput]:
+    def forward(self, batch: list[SeqInput], check: bool = True, sample=None) -> list[SeqOutput]:
         """check=False: the caller reads the step's device checks itself, with its one read-back
-        (ops.asnumpy_checked), before it uses anything the step computed."""
-        out = self.model.forward(batch)
+        (ops.asnumpy_checked), before it uses anything the step computed. sample: rank 0's
+        model.graph_ends.SampleRows, drawn inside the captured exit when the call replays graphs."""
+        out = self.model.forward(batch, sample)
         if check:
             self.ops.raise_device_errors()      # the step's device-side launcher checks, read once
         return out
