@@ -12,7 +12,8 @@ class ModelRunner:
     def __init__(self, ckpt: Checkpoint, ops, comm, num_pages: int, page_tokens: int, mtp: bool = False,
                  poison: bool = False, host_slots: int = 0, host_shared=None, graphs: bool = False):
         """graphs: replay decode calls as CUDA graphs (cuda backend), KDA layers whole and DSA layers' FFN halves,
-        and the call's ends (embedding in, final norm + lm_head + vocab gather out: model/graph_ends.py).
+        and the call's ends (embedding in, final norm + lm_head + vocab gather out, and a plain step's sample:
+        model/graph_ends.py).
         Keyed by (layer, bucket) alone: the captured work has no host-side shape or branch that follows context
         length or sequences, the KDA states sit in slots at fixed addresses, consecutive captured layers chain
         their buffers, and padding rows are dropped (rows are batch-invariant): model/graph_capture.py states why

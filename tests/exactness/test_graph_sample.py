@@ -4,10 +4,10 @@ strict CuPy double:
 * the exit graph's draw is the eager `ops.sample` of the same rows with the same (seed, position) columns:
   greedy and seeded top-k / top-p / min-p rows, 3 rows padded into the 4-row bucket = the same rows eager =
   each row alone (bucket 1), over several steps;
-* the engine with graphs: a plain decode step (no penalties, grammar, min_tokens bans or logprobs; verify groups
-  included) launches no eager sample kernel and stacks no logits rows, its tokens read back from the graph; a
-  step with one request that edits its logits or asks for logprobs samples eagerly; the tokens are the graphs-off
-  engine's either way.
+* the engine with graphs: a plain decode step (no penalties, grammar, min_tokens bans or logprobs) launches no
+  eager sample kernel and stacks no logits rows, its tokens read back from the graph; a step with one request
+  that edits its logits or asks for logprobs samples eagerly; the tokens are the graphs-off engine's either way
+  (verify groups: test_cuda_graphs.test_engine_with_graphs_equals_numpy[3] draws them in the exit graph).
 """
 from __future__ import annotations
 
@@ -55,20 +55,20 @@ def _drawn(runner, ops, states, toks, cols) -> list[int]:
 
 def test_exit_graph_draws_the_eager_tokens_padded_and_alone(tiny_ckpt, cuda_ops):
     graph, eager = _runner(tiny_ckpt, cuda_ops, True), _runner(tiny_ckpt, cuda_ops, False)
-    alone = _runner(tiny_ckpt, cuda_ops, True)                      # each row its own call: bucket 1
-    gs, es, ss = ([r.new_state() for _ in PROMPTS] for r in (graph, eager, alone))
-    for r, st in ((graph, gs), (eager, es), (alone, ss)):
+    gs, es, ss = ([r.new_state() for _ in PROMPTS] for r in (graph, eager, graph))     # ss: each row alone
+    for r, st in ((graph, gs), (eager, es), (graph, ss)):
         r.forward([SeqInput(np.asarray(p, np.int32), s) for p, s in zip(PROMPTS, st)])
     toks = [np.array([i + 1], np.int32) for i in range(len(PROMPTS))]
     for step in range(4):
         cols = [c[:5] + (s.length + 1,) for c, s in zip(COLUMNS, es)]
         want = _drawn(eager, cuda_ops, es, toks, cols)
         got = _drawn(graph, cuda_ops, gs, toks, cols)                # 3 rows in the 4-row bucket
-        solo = [_drawn(alone, cuda_ops, [s], [t], [c])[0] for s, t, c in zip(ss, toks, cols)]
+        solo = [_drawn(graph, cuda_ops, [s], [t], [c])[0] for s, t, c in zip(ss, toks, cols)]      # bucket 1
         assert got == want == solo, f"step {step}: graph {got}, eager {want}, alone {solo}"
         toks = [np.array([t], np.int32) for t in want]
-    assert graph.model.ends.sampled == 4 and set(graph.model.ends.buckets) == {4}
-    assert alone.model.ends.sampled == 4 * len(PROMPTS) and set(alone.model.ends.buckets) == {1}
+    ends = graph.model.ends
+    assert ends.sampled == 4 * (1 + len(PROMPTS)) and set(ends.buckets) == {1, 4}
+    assert all(e.exit is None and e.exit_sample is not None for e in ends.buckets.values())
 
 
 PARAMS = [SamplingParams(temperature=0, max_tokens=7),
@@ -79,12 +79,11 @@ MIXED = [SamplingParams(temperature=0.9, seed=3, repetition_penalty=1.3, max_tok
          SamplingParams(temperature=0, logprobs=2, max_tokens=2)]
 
 
-def _engine(ckpt, ops, graphs: bool, drafts: int) -> Engine:
+def _engine(ckpt, ops, graphs: bool) -> Engine:
     c = ckpt.config
-    runner = ModelRunner(ckpt, ops, LocalComm(), 32, 16, mtp=drafts > 0, poison=True, graphs=graphs)
+    runner = ModelRunner(ckpt, ops, LocalComm(), 32, 16, poison=True, graphs=graphs)
     cfg = EngineConfig(context=128, num_pages=32, page_tokens=16, keep_grid=c.keep_grid, parallel=6, seed=0,
-                       eos_token_ids=c.eos_token_ids, vocab_size=c.vocab_size, poison=True, mtp_drafts=drafts,
-                       draft_pricing=False)
+                       eos_token_ids=c.eos_token_ids, vocab_size=c.vocab_size, poison=True)
     return Engine(runner, LocalComm(), cfg, ckpt.tokenizer)
 
 
@@ -109,18 +108,17 @@ def _run(engine, prompts, params) -> tuple[list[list[int]], list[tuple]]:
     return [got[i] for i in ids], steps
 
 
-@pytest.mark.parametrize("drafts, params", [(0, PARAMS + MIXED), (3, PARAMS)], ids=["mixed", "verify"])
-def test_plain_steps_draw_in_the_exit_graph_with_the_eager_tokens(tiny_ckpt, cuda_ops, drafts, params):
+def test_plain_steps_draw_in_the_exit_graph_with_the_eager_tokens(tiny_ckpt, cuda_ops):
+    """(Verify groups drawn in the exit graph: test_cuda_graphs.test_engine_with_graphs_equals_numpy[3].)"""
     rng = np.random.default_rng(5)
-    prompts = [rng.integers(0, 496, n).tolist() for n in (5, 40, 12, 20, 9, 16)[:len(params)]]
-    got, steps = _run(_engine(tiny_ckpt, cuda_ops, True, drafts), prompts, params)
-    want, off = _run(_engine(tiny_ckpt, cuda_ops, False, drafts), prompts, params)
+    params = PARAMS + MIXED
+    prompts = [rng.integers(0, 496, n).tolist() for n in (5, 40, 12, 20, 9, 16)]
+    got, steps = _run(_engine(tiny_ckpt, cuda_ops, True), prompts, params)
+    want, off = _run(_engine(tiny_ckpt, cuda_ops, False), prompts, params)
     assert got == want
     assert not any(g for g, _, _ in off) and all(e[0] == 1 for _, e, _ in off), off   # graphs off: eager
     drew = [e for g, e, captured in steps if g and not captured]
     assert drew and all(e[0] == 0 for e in drew), f"steps (in the graph, (samples, stacks), captured): {steps}"
     assert all(e[0] == 1 for g, e, _ in steps if not g)
-    if not drafts:                                            # (MTP drafting stacks its rows: eager, not sampling)
-        assert all(e[1] == 0 for e in drew) and all(e[1] > 0 for _, e, _ in off)
-    if params is not PARAMS:                                  # the penalised and logprobs requests' steps eager
-        assert any(not g for g, _, _ in steps)
+    assert all(e[1] == 0 for e in drew) and all(e[1] > 0 for _, e, _ in off)
+    assert any(not g for g, _, _ in steps)                   # the penalised and logprobs requests' steps: eager
