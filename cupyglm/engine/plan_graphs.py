@@ -10,13 +10,10 @@ one place that lists what graphs hold (a new fixed buffer of captured work is on
                    there for the next; an estimate from the shapes, every term at fp32 width, both halves of a KDA
                    layer with the wider FFN live at once, each array rounded up to the pool's 512-byte unit;
                  - the ends (model/graph_ends.py): the feed, the final-normed rows, the picked rows and the
-                   logits, this rank's vocab slice and the gathered rows; the sampling exit's copy of them, the
-                   sample kernel's scratch and the drawn tokens.
+                   logits, this rank's vocab slice and the gathered rows; the sample graph's scratch and tokens.
 The plan sizes the KV pages after these bytes and refuses to start when they do not fit.
 """
 from __future__ import annotations
-
-import dataclasses
 
 from cupyglm.config import ModelConfig
 from cupyglm.memory import FP32, I32, ArraySpec, Storage, graph_slot_arrays, graph_stream_arrays, total_bytes
@@ -55,15 +52,14 @@ def layer_temporaries(cfg: ModelConfig, tp: int, b: int) -> list[ArraySpec]:
 def ends_arrays(cfg: ModelConfig, tp: int, b: int) -> list[ArraySpec]:
     """The captured ends' buffers for b rows (model/graph_ends.py), every row term at fp32 width."""
     d, v = cfg.hidden_size, cfg.vocab_size
-    exit_ = [ArraySpec("graphs.ends.rows", (2, b, d), FP32),            # final-normed rows, picked rows
-             ArraySpec("graphs.ends.logits_rank", (b, v // tp), FP32),  # this rank's lm_head slice
-             ArraySpec("graphs.ends.logits", (b, v), FP32)]             # gathered in rank order
-    sample = [ArraySpec("graphs.ends.sample_keys", (b, 2, 2 * v), I32),  # [B, 2, V] u64 (value bits, id) keys
-              ArraySpec("graphs.ends.sample_counts", (b, SAMPLE_BINS, SAMPLE_THREADS), I32),   # u32 digit counts
-              ArraySpec("graphs.ends.sample_probs", (b, v), FP32),
-              ArraySpec("graphs.ends.tokens", (b,), I32)]
     return [ArraySpec("graphs.ends.feed", (FEED_ROWS, b), I32),         # token ids, logits row map, sampling columns
-            *exit_, *[dataclasses.replace(s, name=s.name + ".sampled") for s in exit_], *sample]
+            ArraySpec("graphs.ends.rows", (2, b, d), FP32),             # final-normed rows, picked rows
+            ArraySpec("graphs.ends.logits_rank", (b, v // tp), FP32),   # this rank's lm_head slice
+            ArraySpec("graphs.ends.logits", (b, v), FP32),              # gathered in rank order
+            ArraySpec("graphs.ends.sample_keys", (b, 2, 2 * v), I32),   # [B, 2, V] u64 (value bits, id) keys
+            ArraySpec("graphs.ends.sample_counts", (b, SAMPLE_BINS, SAMPLE_THREADS), I32),   # u32 digit counts
+            ArraySpec("graphs.ends.sample_probs", (b, v), FP32),        # e, p, the draw's prefix
+            ArraySpec("graphs.ends.tokens", (b,), I32)]
 
 
 def graph_pool_bytes(cfg: ModelConfig, tp: int, storage: Storage, b: int) -> int:

@@ -19,13 +19,15 @@ What stays true:
 * Captured in the first call of a bucket, after a warm-up run of the same work (kernels loaded, guard flags
   allocated), in the bucket's pool; the entry before layer 0's graph and the exit after the last layer's, so a
   bucket's graphs replay in capture order on one stream (the pool-sharing rule of graph_capture).
-* Sampling (rank 0, a step whose every logits row is plain: `SampleRows`): a second exit graph per bucket, the
-  exit then `ops.sample` on all B logits rows with the columns read from the feed (uploaded with the ids and the
-  map), so the step's one read-back is the drawn tokens [P]. The same kernel on the same fp32 rows and the same
-  (seed, position) columns as the eager sample gives the same tokens; each row's draw reads that row alone, so
-  padding rows change none. Two graphs rather than one always sampling: other ranks and steps with logits edits
-  replay the exit graph alone, paying no sample. Both share the bucket's static input; only one of them replays
-  in a call, after the last layer's graph, so the pool-sharing rule holds.
+* Sampling (rank 0, a step whose every logits row is plain: `SampleRows`): a sample graph per bucket, replayed
+  right after the exit graph, runs `ops.sample` on the exit's B logits rows (its output buffer, chained) with
+  the columns read from the feed (uploaded with the ids and the map), so the step's one read-back is the drawn
+  tokens [P]. The same kernel on the same fp32 rows and the same (seed, position) columns as the eager sample
+  gives the same tokens; each row's draw reads that row alone, so padding rows change none. A graph of its own
+  rather than a second "exit + sample" graph: the exit graph holds the vocab gather's collective, and every rank
+  must capture (and warm up) the same collectives at the same call; the sample graph has none, so rank 0 alone
+  captures it whenever its first plain step comes, other ranks and steps with logits edits replay the exit
+  alone, and no exit output is held twice. It replays last in the call (the pool-sharing rule holds).
 Any other step samples outside (engine/step_sample.py uploads its sampling parameters in one transfer).
 """
 from __future__ import annotations
@@ -56,9 +58,8 @@ class _Ends:
     def __init__(self, feed):
         self.feed = feed            # [FEED_ROWS, B] int32 device: ids, row map, sampling columns (one upload a call)
         self.enter = None           # (graph, (X, h, post, comb) outputs)
-        self.static = None          # X [B, 4, D] bf16: the exit graphs' input (the last layer graph's output, chained)
         self.exit = None            # (graph, static X, (hm [B, D] bf16, logits [B, V] f32))
-        self.exit_sample = None     # (graph, static X, (hm, logits, tokens [B] int32)): the exit, then ops.sample
+        self.sample = None          # (graph, tokens [B] int32): ops.sample on the exit's logits, the feed's columns
 
 
 class DecodeEnds:
@@ -70,7 +71,7 @@ class DecodeEnds:
         self._enter, self._exit = enter, exit_      # GLMModel.ends_enter(ids), GLMModel.ends_exit(X, rows, decode)
         self.buckets: dict[int, _Ends] = {}
         self.replays = 0
-        self.sampled = 0                            # replays of a sampling exit
+        self.sampled = 0                            # replays of a sample graph
 
     def upload(self, tokens: np.ndarray, pick: np.ndarray, params: list[tuple] | None = None) -> _Ends:
         """The call's token ids [R], logits row map [P] (P <= R) and, when the exit samples, the P rows' sampling
@@ -104,38 +105,34 @@ class DecodeEnds:
 
     def exit(self, e: _Ends, X, picks: int, sample: bool = False) -> tuple:
         """(hm [R, D] bf16 final-normed rows, logits [P, V] f32 of the mapped rows, the drawn tokens [P] int32 or
-        None) from the last layer's X; sample: the exit graph that also draws (the feed holds the columns)."""
+        None) from the last layer's X; sample: the sample graph after the exit (the feed holds the columns)."""
         b, r = e.feed.shape[1], X.shape[0]
-        if e.static is None:
-            e.static = self._buffer(b, X)
-            if e.static is None:
-                e.static = self.cp.zeros((b,) + tuple(X.shape[1:]), dtype=X.dtype)
-        static = e.static
-        if sample:
-            if e.exit_sample is None:
-                graph, out = self._capture(b, lambda: self._exit_sample(static, e.feed, b))
-                e.exit_sample = (graph, static, out)
-            graph, _, (hm, logits, drawn) = e.exit_sample
-        else:
-            if e.exit is None:
-                graph, out = self._capture(b, lambda: self._exit(static, e.feed[1], b))
-                e.exit = (graph, static, out)
-            (graph, _, (hm, logits)), drawn = e.exit, None
+        if e.exit is None:
+            static = self._buffer(b, X)
+            if static is None:
+                static = self.cp.zeros((b,) + tuple(X.shape[1:]), dtype=X.dtype)
+            run = lambda: self._exit(static, e.feed[1], b)         # noqa: E731
+            graph, out = self._capture(b, run)
+            e.exit = (graph, static, out)
+        graph, static, (hm, logits) = e.exit
         if address_of(static) != address_of(X):
             static[:r] = X
             self.graphs.copies += 1
         self._launch(graph)
-        self.sampled += sample
-        return hm[:r], logits[:picks], None if drawn is None else drawn[:picks]
+        if not sample:
+            return hm[:r], logits[:picks], None
+        if e.sample is None:
+            e.sample = self._capture(b, lambda: self._draw(logits, e.feed))
+        self._launch(e.sample[0])
+        self.sampled += 1
+        return hm[:r], logits[:picks], e.sample[1][:picks]
 
-    def _exit_sample(self, static, feed, b: int) -> tuple:
-        """The exit's work, then one token per logits row (all B: padding rows draw greedily, dropped)."""
-        hm, logits = self._exit(static, feed[1], b)
+    def _draw(self, logits, feed):
+        """One token per logits row [B, V] f32 (all B: padding rows draw greedily, dropped), the feed's columns."""
         seed = feed[_SEED:_SEED + 2].reshape(-1).view(np.uint64)                     # [B] u64
         f32 = lambda row: feed[row].view(np.float32)                                  # noqa: E731
-        drawn = self.graphs.ops.sample(logits, f32(_TEMPERATURE), feed[_TOP_K], f32(_TOP_P), f32(_MIN_P), seed,
-                                       feed[_POSITION])
-        return hm, logits, drawn
+        return self.graphs.ops.sample(logits, f32(_TEMPERATURE), feed[_TOP_K], f32(_TOP_P), f32(_MIN_P), seed,
+                                      feed[_POSITION])
 
     def _buffer(self, b: int, x):
         """The bucket-b layer graph output that `x` is a row view of, or None."""

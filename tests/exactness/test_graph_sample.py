@@ -68,7 +68,7 @@ def test_exit_graph_draws_the_eager_tokens_padded_and_alone(tiny_ckpt, cuda_ops)
         toks = [np.array([t], np.int32) for t in want]
     ends = graph.model.ends
     assert ends.sampled == 4 * (1 + len(PROMPTS)) and set(ends.buckets) == {1, 4}
-    assert all(e.exit is None and e.exit_sample is not None for e in ends.buckets.values())
+    assert all(e.exit is not None and e.sample is not None for e in ends.buckets.values())
 
 
 PARAMS = [SamplingParams(temperature=0, max_tokens=7),
