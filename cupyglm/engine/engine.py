@@ -45,7 +45,7 @@ from cupyglm.engine.outputs import step_outputs
 from cupyglm.engine.prompt_cache import PromptCache
 from cupyglm.engine.request import EngineError, Request, RequestOutput
 from cupyglm.engine.sampling import FINISH_ABORT, SamplingParams
-from cupyglm.engine.step_sample import sample_step, sampled_rows
+from cupyglm.engine.step_sample import plain_rows, sample_step, sampled_rows
 from cupyglm.engine.text import RequestText
 from cupyglm.engine.verify import Verifier
 from cupyglm.kv.host_rows import early_writes, log_writes
@@ -225,15 +225,15 @@ class Engine:
             data = stepmod.encode(msg)
             if self.size > 1:
                 self.comm.bcast_bytes(data)
-            outs = self._run(stepmod.decode(data), check=False)     # checked with the sampled tokens
+            plain = plain_rows(self.runner, plan, reqs, self.guides, self.cfg)   # sampled in the exit graph
+            outs = self._run(stepmod.decode(data), False, plain)     # checked with the sampled tokens
             if self.scheduler.disk is not None:
                 self.scheduler.disk.resolved(self._disk_results)      # the ranks' agreed loads
             for rid, got in prompt_logprobs.collect(self.ops, plan.groups, outs, reqs).items():
                 self._prompt_lp.setdefault(rid, []).extend(got)
-            drafts = {rid: p.tokens for rid, p in self.verifier.pending.items()}
             masks, self._masks = self._masks, None
-            sampled, self._logprobs, failed = sample_step(self.ops, self.cfg, plan, outs, reqs, drafts,
-                                                          self.guides, masks)
+            sampled, self._logprobs, failed = sample_step(self.ops, self.cfg, plan, outs, reqs, self.verifier.pending,
+                                                          self.guides, masks, plain)
             self._pending_aborts += failed             # a failed grammar ends its request "abort"
             refused = self._host_refused(plan)
             for rid in refused:
@@ -325,8 +325,8 @@ class Engine:
                                    schedule=tuple(entries), restores=plan.restores, drops=plan.drops,
                                    keeps=plan.keeps, evicts=plan.evicts, disk=plan.disk)
 
-    def _run(self, msg: stepmod.StepMessage, check: bool = True):
-        """Apply a step message on this rank and run its rows; the model's outputs, one per row group."""
+    def _run(self, msg: stepmod.StepMessage, check: bool = True, sample=None):
+        """Apply a step message on this rank and run its rows (`sample`: rank 0's plain_rows); one output a group."""
         self._mirror.apply(msg)
         for rid in msg.cancelled:
             state = self._states.pop(rid, None)
@@ -364,7 +364,7 @@ class Engine:
         batch = [SeqInput(np.asarray(drafted[e.request_id] if verify else tokens, dtype=np.int32), state,
                           all_logits=verify or bool(e.flags & FLAG_ALL_LOGITS),
                           decode=bool(e.flags & FLAG_DECODE)) for e, state, tokens, verify in rows]
-        outs = self.runner.forward(batch, check=check) if batch else []
+        outs = self.runner.forward(batch, check=check, sample=sample) if batch else []
         self._disk_results = {}
         if msg.disk is not None:         # spills before the drops; the ranks agree on the loads between
             disk_tier.spill_before_drops(self.disk, msg)

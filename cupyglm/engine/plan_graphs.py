@@ -10,14 +10,16 @@ one place that lists what graphs hold (a new fixed buffer of captured work is on
                    there for the next; an estimate from the shapes, every term at fp32 width, both halves of a KDA
                    layer with the wider FFN live at once, each array rounded up to the pool's 512-byte unit;
                  - the ends (model/graph_ends.py): the feed, the final-normed rows, the picked rows and the
-                   logits, this rank's vocab slice and the gathered rows.
+                   logits, this rank's vocab slice and the gathered rows; the sample graph's scratch and tokens.
 The plan sizes the KV pages after these bytes and refuses to start when they do not fit.
 """
 from __future__ import annotations
 
 from cupyglm.config import ModelConfig
 from cupyglm.memory import FP32, I32, ArraySpec, Storage, graph_slot_arrays, graph_stream_arrays, total_bytes
+from cupyglm.kernels.ops_sample import BINS as SAMPLE_BINS, THREADS as SAMPLE_THREADS
 from cupyglm.model.graph_capture import BUCKETS
+from cupyglm.model.graph_ends import FEED_ROWS
 from cupyglm.model.kda_slots import SLOTS
 
 POOL_UNIT = 512                  # a CuPy memory pool hands out multiples of 512 bytes
@@ -50,10 +52,14 @@ def layer_temporaries(cfg: ModelConfig, tp: int, b: int) -> list[ArraySpec]:
 def ends_arrays(cfg: ModelConfig, tp: int, b: int) -> list[ArraySpec]:
     """The captured ends' buffers for b rows (model/graph_ends.py), every row term at fp32 width."""
     d, v = cfg.hidden_size, cfg.vocab_size
-    return [ArraySpec("graphs.ends.feed", (2, b), I32),                 # token ids, logits row map
+    return [ArraySpec("graphs.ends.feed", (FEED_ROWS, b), I32),         # token ids, logits row map, sampling columns
             ArraySpec("graphs.ends.rows", (2, b, d), FP32),             # final-normed rows, picked rows
             ArraySpec("graphs.ends.logits_rank", (b, v // tp), FP32),   # this rank's lm_head slice
-            ArraySpec("graphs.ends.logits", (b, v), FP32)]              # gathered in rank order
+            ArraySpec("graphs.ends.logits", (b, v), FP32),              # gathered in rank order
+            ArraySpec("graphs.ends.sample_keys", (b, 2, 2 * v), I32),   # [B, 2, V] u64 (value bits, id) keys
+            ArraySpec("graphs.ends.sample_counts", (b, SAMPLE_BINS, SAMPLE_THREADS), I32),   # u32 digit counts
+            ArraySpec("graphs.ends.sample_probs", (b, v), FP32),        # e, p, the draw's prefix
+            ArraySpec("graphs.ends.tokens", (b,), I32)]
 
 
 def graph_pool_bytes(cfg: ModelConfig, tp: int, storage: Storage, b: int) -> int:

@@ -14,7 +14,8 @@ class ModelRunner:
                  poison: bool = False, host_slots: int = 0, host_shared=None, graphs: bool = False,
                  tail_slots: int = TAIL_SLOTS):
         """graphs: replay decode calls as CUDA graphs (cuda backend), KDA layers whole and DSA layers' FFN halves,
-        and the call's ends (embedding in, final norm + lm_head + vocab gather out: model/graph_ends.py).
+        and the call's ends (embedding in, final norm + lm_head + vocab gather out, and a plain step's sample:
+        model/graph_ends.py).
         Keyed by (layer, bucket) alone: the captured work has no host-side shape or branch that follows context
         length or sequences, the KDA states sit in slots at fixed addresses, consecutive captured layers chain
         their buffers, and padding rows are dropped (rows are batch-invariant): model/graph_capture.py states why
@@ -43,10 +44,11 @@ class ModelRunner:
         if self.graphs is not None:
             self.graphs.slots.release(state)
 
-    def forward(self, batch: list[SeqInput], check: bool = True) -> list[SeqOutput]:
+    def forward(self, batch: list[SeqInput], check: bool = True, sample=None) -> list[SeqOutput]:
         """check=False: the caller reads the step's device checks itself, with its one read-back
-        (ops.asnumpy_checked), before it uses anything the step computed."""
-        out = self.model.forward(batch)
+        (ops.asnumpy_checked), before it uses anything the step computed. sample: rank 0's
+        model.graph_ends.SampleRows, drawn inside the captured exit when the call replays graphs."""
+        out = self.model.forward(batch, sample)
         if check:
             self.ops.raise_device_errors()      # the step's device-side launcher checks, read once
         return out

@@ -17,7 +17,7 @@ from cupyglm.kv.state import SeqState
 from cupyglm.kv.store import KVStore
 from cupyglm.model.batch import Weights, decode_rows, segments
 from cupyglm.model.dsa import DSALayer
-from cupyglm.model.graph_ends import DecodeEnds
+from cupyglm.model.graph_ends import DecodeEnds, SampleRows
 from cupyglm.model.kda import KDALayer
 from cupyglm.model.moe import MLP, MoE
 from cupyglm.model.mtp import MTPLayer
@@ -154,17 +154,19 @@ class GLMModel:
         h = self.ops.rmsnorm(self.ops.stream_mean(X), self.norm, self.cfg.rms_norm_eps)
         return h, self.logits(h[rows], decode)
 
-    def forward(self, batch: list[SeqInput]) -> list[SeqOutput]:
+    def forward(self, batch: list[SeqInput], sample: SampleRows | None = None) -> list[SeqOutput]:
         """Outputs in the batch's order; inside, the decode/verify sequences' rows go first (rows are
-        batch-invariant, so the order changes no bit)."""
+        batch-invariant, so the order changes no bit). `sample`: the logits rows' sampling columns (batch order),
+        drawn in the captured exit when the call replays graphs (sample.tokens set; an all-decode call keeps
+        the batch's order)."""
         order = sorted(range(len(batch)), key=lambda i: not batch[i].decode)      # stable: decode first
-        outs = self._forward([batch[i] for i in order])
+        outs = self._forward([batch[i] for i in order], sample)
         back = [None] * len(batch)
         for i, o in zip(order, outs):
             back[i] = o
         return back
 
-    def _forward(self, batch: list[SeqInput]) -> list[SeqOutput]:
+    def _forward(self, batch: list[SeqInput], sample: SampleRows | None = None) -> list[SeqOutput]:
         xp = self.ops.xp
         for item in batch:
             if item.tokens.size == 0:
@@ -177,8 +179,8 @@ class GLMModel:
                 for s, b in zip(segs, batch)]
         picked = np.concatenate(pick)
         ends = self.ends if self.ends is not None and self.ends.graphs.takes(tokens.size, decode_rows(segs)) else None
-        if ends is not None:                                                         # one upload: ids, row map
-            feed = ends.upload(tokens, picked)
+        if ends is not None:                                     # one upload: ids, row map, sampling columns
+            feed = ends.upload(tokens, picked, None if sample is None else sample.params)
             X, h, post, comb = ends.enter(feed, tokens.size)
         else:
             X, h, post, comb = self.ends_enter(xp.asarray(tokens))
@@ -186,7 +188,9 @@ class GLMModel:
             nxt = self.blocks[i + 1] if i + 1 < len(self.blocks) else None
             X, h, post, comb = block(X, h, post, comb, segs, self.kv, self.comm, nxt)
         if ends is not None:
-            h, logits = ends.exit(feed, X, picked.size)                              # [T, D], [P, V]
+            h, logits, drawn = ends.exit(feed, X, picked.size, sample is not None)     # [T, D], [P, V], [P]
+            if sample is not None:
+                sample.tokens = drawn
         else:
             h, logits = self.ends_exit(X, xp.asarray(picked), sum(p.size for p, s in zip(pick, segs) if s.decode))
         mtp_logits = self._mtp(segs, tokens, h)

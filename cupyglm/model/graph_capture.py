@@ -33,8 +33,9 @@ What is captured and why it stays exact:
   every row as padding, so no slot is written.
 Eager: prompt rows, mixed calls, calls over 16 rows, the DSA attention halves (their host-side shapes follow
 context lengths: visible pools, pick widths, page tables; the index tails are fixed [kpool, I] pairs written in
-place by one launch per segment, but at each sequence's own address), sampling, MTP. The ends (embedding ->
-streams -> layer 0's hc_pre + norm; final norm -> lm_head -> vocab gather) are captured by model/graph_ends.py.
+place by one launch per segment, but at each sequence's own address), MTP, the sampling of a step with logits
+edits. The ends (embedding -> streams -> layer 0's hc_pre + norm; final norm -> lm_head -> vocab gather, and a
+plain step's sample) are captured by model/graph_ends.py.
 """
 from __future__ import annotations
 

@@ -4,8 +4,9 @@ norm, the rows whose logits are wanted, lm_head, the rank-order vocab gather), b
 layer graphs. Same calls as the layers (`DecodeGraphs.takes`: every row a decode/verify row, at most 16).
 
 What stays true:
-* One host-to-device upload a call: `feed` [2, B] int32 (row 0: the token ids, row 1: the logits row map, the
-  picked rows' indices in call order) written in place into a fixed buffer; padding entries hold id 0 / row 0.
+* One host-to-device upload a call: `feed` [9, B] int32 (row 0: the token ids, row 1: the logits row map, the
+  picked rows' indices in call order; rows 2-8 the sampled rows' columns, `FEED_ROWS`) written in place into a
+  fixed buffer; padding entries hold id 0 / row 0 / zero columns (a greedy draw of a dropped row).
 * The entry graph's outputs (X [B, 4, D] bf16, h [B, D] bf16, post, comb) are in the bucket's pool and are
   registered with DecodeGraphs (`sources`), so layer 0's graph, when captured, takes them as its static inputs
   (chained: nothing copied). The exit graph's input is the last layer graph's output X itself when it is one
@@ -18,9 +19,20 @@ What stays true:
 * Captured in the first call of a bucket, after a warm-up run of the same work (kernels loaded, guard flags
   allocated), in the bucket's pool; the entry before layer 0's graph and the exit after the last layer's, so a
   bucket's graphs replay in capture order on one stream (the pool-sharing rule of graph_capture).
-Sampling stays outside: engine/step_sample.py uploads the step's sampling parameters in one transfer.
+* Sampling (rank 0, a step whose every logits row is plain: `SampleRows`): a sample graph per bucket, replayed
+  right after the exit graph, runs `ops.sample` on the exit's B logits rows (its output buffer, chained) with
+  the columns read from the feed (uploaded with the ids and the map), so the step's one read-back is the drawn
+  tokens [P]. The same kernel on the same fp32 rows and the same (seed, position) columns as the eager sample
+  gives the same tokens; each row's draw reads that row alone, so padding rows change none. A graph of its own
+  rather than a second "exit + sample" graph: the exit graph holds the vocab gather's collective, and every rank
+  must capture (and warm up) the same collectives at the same call; the sample graph has none, so rank 0 alone
+  captures it whenever its first plain step comes, other ranks and steps with logits edits replay the exit
+  alone, and no exit output is held twice. It replays last in the call (the pool-sharing rule holds).
+Any other step samples outside (engine/step_sample.py uploads its sampling parameters in one transfer).
 """
 from __future__ import annotations
+
+import dataclasses
 
 import numpy as np
 
@@ -28,11 +40,26 @@ from cupyglm.kv.copy_hooks import address_of
 from cupyglm.model.graph_capture import bucket
 
 
+# the feed's rows: ids, row map, then ops.sample's columns (the u64 seeds over two rows, 8-byte aligned at 8B bytes)
+FEED_ROWS = 9
+_SEED, _TEMPERATURE, _TOP_K, _TOP_P, _MIN_P, _POSITION = 2, 4, 5, 6, 7, 8
+
+
+@dataclasses.dataclass
+class SampleRows:
+    """Rank 0's sampling columns for a decode call, one (temperature, top_k, top_p, min_p, seed, position) per
+    logits row in the call's row order; `tokens` [P] int32 (device, a view the bucket's next replay rewrites) is
+    set by the forward when its exit graph drew them, else left None (the caller samples)."""
+    params: list[tuple]
+    tokens: object = None
+
+
 class _Ends:
     def __init__(self, feed):
-        self.feed = feed            # [2, B] int32 device: token ids, logits row map (one upload a call)
+        self.feed = feed            # [FEED_ROWS, B] int32 device: ids, row map, sampling columns (one upload a call)
         self.enter = None           # (graph, (X, h, post, comb) outputs)
-        self.exit = None            # (graph, static X [B, 4, D] bf16, (hm [B, D] bf16, logits [B, V] f32))
+        self.exit = None            # (graph, static X, (hm [B, D] bf16, logits [B, V] f32))
+        self.sample = None          # (graph, tokens [B] int32): ops.sample on the exit's logits, the feed's columns
 
 
 class DecodeEnds:
@@ -44,20 +71,27 @@ class DecodeEnds:
         self._enter, self._exit = enter, exit_      # GLMModel.ends_enter(ids), GLMModel.ends_exit(X, rows, decode)
         self.buckets: dict[int, _Ends] = {}
         self.replays = 0
+        self.sampled = 0                            # replays of a sample graph
 
-    def upload(self, tokens: np.ndarray, pick: np.ndarray) -> _Ends:
-        """The call's token ids [R] and logits row map [P] (P <= R) in one upload into the bucket's feed."""
+    def upload(self, tokens: np.ndarray, pick: np.ndarray, params: list[tuple] | None = None) -> _Ends:
+        """The call's token ids [R], logits row map [P] (P <= R) and, when the exit samples, the P rows' sampling
+        columns, in one upload into the bucket's feed (the columns' rows only when sampled)."""
         r = tokens.size
         b = bucket(r)
         if b is None or not 0 < pick.size <= r:
             raise ValueError(f"graph ends: a call of {r} rows picking {pick.size} logits rows is not captured")
-        host = np.zeros((2, b), dtype=np.int32)
+        if params is not None and len(params) != pick.size:
+            raise ValueError(f"graph ends: {len(params)} rows of sampling columns for {pick.size} logits rows")
+        host = np.zeros((FEED_ROWS, b), dtype=np.int32)
         host[0, :r] = tokens
         host[1, :pick.size] = pick
+        if params is not None:
+            _pack_columns(host, params)
         e = self.buckets.get(b)
         if e is None:
-            e = self.buckets[b] = _Ends(self.cp.zeros((2, b), dtype=np.int32))
-        e.feed.set(host)
+            e = self.buckets[b] = _Ends(self.cp.zeros((FEED_ROWS, b), dtype=np.int32))
+        n = 2 if params is None else FEED_ROWS
+        e.feed[:n].set(host[:n])
         return e
 
     def enter(self, e: _Ends, r: int) -> tuple:
@@ -69,8 +103,9 @@ class DecodeEnds:
         self._launch(e.enter[0])
         return tuple(o[:r] for o in e.enter[1])
 
-    def exit(self, e: _Ends, X, picks: int) -> tuple:
-        """(hm [R, D] bf16 final-normed rows, logits [P, V] f32 of the mapped rows) from the last layer's X."""
+    def exit(self, e: _Ends, X, picks: int, sample: bool = False) -> tuple:
+        """(hm [R, D] bf16 final-normed rows, logits [P, V] f32 of the mapped rows, the drawn tokens [P] int32 or
+        None) from the last layer's X; sample: the sample graph after the exit (the feed holds the columns)."""
         b, r = e.feed.shape[1], X.shape[0]
         if e.exit is None:
             static = self._buffer(b, X)
@@ -84,7 +119,20 @@ class DecodeEnds:
             static[:r] = X
             self.graphs.copies += 1
         self._launch(graph)
-        return hm[:r], logits[:picks]
+        if not sample:
+            return hm[:r], logits[:picks], None
+        if e.sample is None:
+            e.sample = self._capture(b, lambda: self._draw(logits, e.feed))
+        self._launch(e.sample[0])
+        self.sampled += 1
+        return hm[:r], logits[:picks], e.sample[1][:picks]
+
+    def _draw(self, logits, feed):
+        """One token per logits row [B, V] f32 (all B: padding rows draw greedily, dropped), the feed's columns."""
+        seed = feed[_SEED:_SEED + 2].reshape(-1).view(np.uint64)                     # [B] u64
+        f32 = lambda row: feed[row].view(np.float32)                                  # noqa: E731
+        return self.graphs.ops.sample(logits, f32(_TEMPERATURE), feed[_TOP_K], f32(_TOP_P), f32(_MIN_P), seed,
+                                      feed[_POSITION])
 
     def _buffer(self, b: int, x):
         """The bucket-b layer graph output that `x` is a row view of, or None."""
@@ -101,3 +149,15 @@ class DecodeEnds:
     def _launch(self, graph) -> None:
         graph.launch()
         self.replays += 1
+
+
+def _pack_columns(host: np.ndarray, params: list[tuple]) -> None:
+    """Per row (temperature, top_k, top_p, min_p, seed, position) into the host feed's rows 2-8 (ops.sample's
+    dtypes: f32, i32, f32, f32, u64, i32, each a bit pattern in the int32 rows)."""
+    temperature, top_k, top_p, min_p, seed, position = zip(*params)
+    p = len(params)
+    host[_SEED:_SEED + 2].reshape(-1).view(np.uint64)[:p] = np.array(seed, dtype=np.uint64)
+    for row, col in ((_TEMPERATURE, temperature), (_TOP_P, top_p), (_MIN_P, min_p)):
+        host[row, :p] = np.array(col, dtype=np.float32).view(np.int32)
+    host[_TOP_K, :p] = np.array(top_k, dtype=np.int32)
+    host[_POSITION, :p] = np.array(position, dtype=np.int32)

@@ -28,7 +28,8 @@ def test_the_kda_seats_of_the_full_model_exactly(tp, gib):
     assert slots == _slots(FULL, tp)
     assert abs(slots / GIB - gib) < 0.005                  # 34 KDA layers x 16 seats: ~1.1 GiB at TP=2
     # the pools' bound: 45 layers' outputs in every bucket, 12 static input sets, one layer's temporaries, the ends
-    assert 0.05 * GIB < pools < 0.15 * GIB
+    # (the sample graph's scratch the largest term)
+    assert 0.15 * GIB < pools < 0.3 * GIB
     assert pools == sum(graph_pool_bytes(FULL, tp, BF16_STORAGE, b) for b in (1, 2, 4, 8, 16))
 
 
@@ -40,22 +41,22 @@ def test_the_pages_are_sized_after_the_graphs():
     assert graph == sum(n for _, n, _ in graph_terms(FULL, 8, BF16_STORAGE))
     assert (off.fit_pages - on.fit_pages) * on.page_bytes >= graph - off.free_bytes
     assert on.free_bytes + on.num_pages * on.page_bytes + graph == off.free_bytes + off.num_pages * off.page_bytes
-    assert "cuda graphs 0.37 GiB (kda slots 0.27 GiB + graph pools <= 0.09 GiB)" in on.line()
+    assert "cuda graphs 0.49 GiB (kda slots 0.27 GiB + graph pools <= 0.21 GiB)" in on.line()
 
 
 def test_graphs_that_do_not_fit_are_refused_by_name():
     kw = dict(storage=BF16_STORAGE, tp=2, weights=70 * GIB, reserve_gib=1.0)
     base = plan_memory(FULL, **kw, budget_bytes=141 * GIB)
     left = 141 * GIB - base.num_pages * base.page_bytes - base.free_bytes      # weights + scratch + reserve
-    budget = left + base.page_bytes + GIB // 2                                 # a page fits, the 1.20 GiB do not
+    budget = left + base.page_bytes + GIB // 2                                 # a page fits, the 1.32 GiB do not
     assert plan_memory(FULL, **kw, budget_bytes=budget).num_pages >= 1
-    with pytest.raises(PlanError, match=r"CUDA graphs do not fit on rank 0: they need 1\.20 GiB \(kda slots "
-                                        r"1\.10 GiB \+ graph pools <= 0\.10 GiB\).*CUPYGLM_CUDA_GRAPHS=0"):
+    with pytest.raises(PlanError, match=r"CUDA graphs do not fit on rank 0: they need 1\.32 GiB \(kda slots "
+                                        r"1\.10 GiB \+ graph pools <= 0\.22 GiB\).*CUPYGLM_CUDA_GRAPHS=0"):
         plan_memory(FULL, **kw, budget_bytes=budget, graphs=True)
 
 
 def test_cli_prints_the_graphs_line(capsys):
     assert plan_main(["--tp", "8", "--card-gib", "141", "--weights-gib", "70", "--cuda-graphs"]) == 0
-    assert "cuda graphs 0.37 GiB (kda slots 0.27 GiB + graph pools <= 0.09 GiB)" in capsys.readouterr().out
+    assert "cuda graphs 0.49 GiB (kda slots 0.27 GiB + graph pools <= 0.21 GiB)" in capsys.readouterr().out
     assert plan_main(["--tp", "2", "--card-gib", "73.5", "--weights-gib", "70", "--cuda-graphs"]) == 1
     assert "PlanError: CUDA graphs do not fit" in capsys.readouterr().err
