@@ -1,6 +1,6 @@
 // indexer.cu -- DSA indexer: pooled keys of complete pools (index_pool; index_tail_pool: a call's index tails
 // in place and the pools its segments' rows complete) and the score of every pool for every row (index_scores;
-// and index_scores_rows: each row against its own pools through a per-row pooled-row table).
+// and index_scores_rows: each row against its own pools through its segment's pooled-row table).
 // Reference: NumpyOps.index_pool / index_tail_pool / index_scores / index_scores_rows in
 // cupyglm/backend/numpy_ops.py; the dots over the index head dimension and the sum over heads run in lane-16
 // order, the 4 pool members left to right.
@@ -167,17 +167,19 @@ extern "C" __global__ void __launch_bounds__(16 * IDX_POOLS) index_scores(
 }
 
 // The call's rows, each against its own pools: scores[t, p] = index_scores of row t (head weights hw[t] * hscale)
-// against pooled[rows[t, p]] (row t's pooled-key row table, model/seg_device.py). A row index outside
-// [0, R) reads a zero key (the caller pads with valid rows; the pick reads only a row's visible pools).
+// against pooled[tables[seg[t], p]] (row t's segment's pooled-key row table, model/seg_device.py). A row index
+// outside [0, R) reads a zero key (the caller pads with valid rows; the pick reads only a row's visible pools),
+// and so does every entry of a row whose segment index is outside [0, S).
 // One block per (row, IDX_POOLS pools): the block's keys of its row into shared memory, then the same groups,
 // lanes and fold as index_scores. grid (T * ceil(Pw / IDX_POOLS)) on grid.x, blockDim.x = 16 * IDX_POOLS.
 extern "C" __global__ void __launch_bounds__(16 * IDX_POOLS) index_scores_rows(
     const __nv_bfloat16* __restrict__ qi,      // [T, Hi, I] bf16
     const float* __restrict__ hw,              // [T, Hi] f32 head weights before hscale
     const __nv_bfloat16* __restrict__ pooled,  // [R, I] bf16 the layer's pooled keys
-    const int* __restrict__ rows,              // [T, Pw] int32 pooled row of row t's pool p
+    const int* __restrict__ tables,            // [S, Pw] int32 pooled row of segment s's pool p
+    const int* __restrict__ seg,               // [T] int32 row t's segment (its row of tables)
     float* __restrict__ scores,                // [T, Pw] f32
-    int T, int Hi, int I, int Pw, int R, float qscale, float hscale) {
+    int T, int Hi, int I, int Pw, int R, int S, float qscale, float hscale) {
   __shared__ unsigned short kt[IDX_POOLS][IDX_MAX_I];   // the block's keys of its row, bf16 bit patterns
   const int pblocks = (Pw + IDX_POOLS - 1) / IDX_POOLS;
   const int t = (int)(blockIdx.x / pblocks);
@@ -185,13 +187,14 @@ extern "C" __global__ void __launch_bounds__(16 * IDX_POOLS) index_scores_rows(
   const int g = threadIdx.x >> 4, lane = threadIdx.x & 15;
   const int p = pb + g;
 #ifdef CONTROL_ROW_TABLE  // planted: row t reads the next row's table
-  const int tr = (t + 1) % T;
+  const int st = seg[(t + 1) % T];
 #else
-  const int tr = t;
+  const int st = seg[t];
 #endif
+  const bool in = st >= 0 && st < S;
   for (int i = threadIdx.x; i < IDX_POOLS * I; i += blockDim.x) {
     const int gg = i / I, d = i % I;
-    const int r = pb + gg < Pw ? rows[(long long)tr * Pw + pb + gg] : -1;
+    const int r = in && pb + gg < Pw ? tables[(long long)st * Pw + pb + gg] : -1;
     kt[gg][d] = r >= 0 && r < R ? __bfloat16_as_ushort(pooled[(long long)r * I + d]) : (unsigned short)0;
   }
   __syncthreads();

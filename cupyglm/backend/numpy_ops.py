@@ -250,20 +250,22 @@ class NumpyOps(NumpyGemm, KDAOps, MoEOps, LogitsOps, GatherOps):
         return lane_sum(np.moveaxis(r, 1, 2))                                # sum over heads
 
     def index_scores_rows(self, qi: np.ndarray, hw: np.ndarray, hscale: float, pooled: np.ndarray,
-                          rows: np.ndarray) -> np.ndarray:
-        """Each row against its own pools: scores[t] = index_scores(qi[t], hw[t] * hscale, pooled[rows[t]]).
-        rows: [T, Pw] int32 row t's pooled-key rows (one outside [0, R) reads a zero key), pooled: [R, I] bf16,
-        hw: [T, Hi] fp32 before hscale -> [T, Pw] fp32. Rows with equal tables score in one index_scores."""
-        rows = np.asarray(rows, dtype=np.int64)
+                          tables: np.ndarray, seg: np.ndarray) -> np.ndarray:
+        """Each row against its segment's pools: scores[t] = index_scores(qi[t], hw[t] * hscale,
+        pooled[tables[seg[t]]]). tables: [S, Pw] int32 each segment's pooled-key rows (one outside [0, R) reads a
+        zero key), seg: [T] int32 row t's segment (outside [0, S): every key zero), pooled: [R, I] bf16, hw: [T, Hi]
+        fp32 before hscale -> [T, Pw] fp32. The rows of one segment score in one index_scores."""
+        tables, seg = np.asarray(tables, dtype=np.int64), np.asarray(seg, dtype=np.int64).reshape(-1)
         hw = f32(hw) * np.float32(hscale)
-        out = np.zeros(rows.shape, dtype=np.float32)
+        out = np.zeros((seg.shape[0], tables.shape[1]), dtype=np.float32)
         if not out.size:
             return out
-        rows = np.where((rows >= 0) & (rows < pooled.shape[0]), rows, -1)
-        tables, which = np.unique(rows, axis=0, return_inverse=True)
-        for j, table in enumerate(tables):
+        tables = np.where((tables >= 0) & (tables < pooled.shape[0]), tables, -1)
+        seg = np.where((seg >= 0) & (seg < tables.shape[0]), seg, -1)
+        for j in np.unique(seg).tolist():
+            table = tables[j] if j >= 0 else np.full(tables.shape[1], -1, np.int64)
             keys = np.where((table >= 0)[:, None], f32(pooled[np.maximum(table, 0)]), np.float32(0.0))
-            sel = which.reshape(-1) == j
+            sel = seg == j
             out[sel] = self.index_scores(qi[sel], hw[sel], keys)
         return out
 

@@ -4,7 +4,8 @@ Controls: index_pool with a missing pool member (member 3's gate -inf, so it wei
 call: a segment table naming each sequence's tail slot) with the tail written before the first pool reads its
 members (-DCONTROL_TAIL_EARLY), the pooled rows of two pools swapped, the rows read one early, or a segment
 writing another sequence's slot; index_scores with the pooled keys of two pools swapped (a wrong page mapping);
-index_scores_rows with each row reading the next row's table (-DCONTROL_ROW_TABLE) or two pools' rows swapped.
+index_scores_rows with each row reading the next row's segment's table (-DCONTROL_ROW_TABLE) or two pools' rows
+swapped.
 """
 from __future__ import annotations
 
@@ -126,24 +127,24 @@ def _scores(label: str, t: int, hi: int, i: int, p: int) -> None:
 
 
 def _scores_rows(label: str, seqs: tuple[int, ...], hi: int, i: int, pw: int, r: int, control: str) -> None:
-    """index_scores_rows over a call of len(seqs) segments (seqs[j] rows each): a segment's rows share a table of
-    distinct pooled rows out of r, padded with its first; one entry -1 and one r (outside: a zero key)."""
-    t = sum(seqs)
+    """index_scores_rows over a call of len(seqs) segments (seqs[j] rows each): each segment's table of distinct
+    pooled rows out of r, padded with its first, and each row's segment; one entry -1 and one r (outside: a zero
+    key)."""
+    t, ns = sum(seqs), len(seqs)
 
     def make(rng):
-        rows = np.empty((t, pw), dtype=np.int32)
-        at = 0
-        for n in seqs:
-            table = rng.permutation(r)[:pw].astype(np.int32)
-            table[pw - pw // 3:] = table[0]                # past the visible pools: the row's first pool
-            rows[at:at + n] = table
-            at += n
-        rows[t - 1, pw - 1], rows[0, pw - 2] = -1, r
+        tables = np.empty((ns, pw), dtype=np.int32)                  # [S, Pw] int32
+        for j in range(ns):
+            tables[j] = rng.permutation(r)[:pw]
+            tables[j, pw - pw // 3:] = tables[j, 0]      # past the visible pools: the segment's first pool
+        tables[ns - 1, pw - 1], tables[0, pw - 2] = -1, r
+        seg = np.repeat(np.arange(ns, dtype=np.int32), seqs)           # [T] int32
         return {"qi": _bf(rng, (t, hi, i)), "hw": rng.standard_normal((t, hi)).astype(np.float32),
-                "pooled": _bf(rng, (r, i)), "rows": rows}
+                "pooled": _bf(rng, (r, i)), "tables": tables, "seg": seg}
 
-    def call(fn, d, rows=None):
-        return {"s": fn(d["qi"], d["hw"], np.float32(hi ** -0.5), d["pooled"], d["rows"] if rows is None else rows)}
+    def call(fn, d, tables=None):
+        return {"s": fn(d["qi"], d["hw"], np.float32(hi ** -0.5), d["pooled"],
+                        d["tables"] if tables is None else tables, d["seg"])}
 
     def run(k, d):
         return call(lambda *a: ops_indexer.index_scores_rows(k, *a), d)
@@ -152,12 +153,12 @@ def _scores_rows(label: str, seqs: tuple[int, ...], hi: int, i: int, pw: int, r:
         return call(REF.index_scores_rows, d)
 
     if control == "table":
-        def ctl(k, d):                                 # row t reads row t + 1's table
+        def ctl(k, d):                                 # row t reads row t + 1's segment's table
             return call(lambda *a: ops_indexer.index_scores_rows(k.variant("CONTROL_ROW_TABLE"), *a), d)
     else:
-        def ctl(k, d):                                 # row 0's first two pools swapped (a wrong page mapping)
-            bad = d["rows"].copy()
-            bad[0, 0], bad[0, 1] = d["rows"][0, 1], d["rows"][0, 0]
+        def ctl(k, d):                                 # segment 0's first two pools swapped (a wrong page mapping)
+            bad = d["tables"].copy()
+            bad[0, 0], bad[0, 1] = d["tables"][0, 1], d["tables"][0, 0]
             return call(lambda *a: ops_indexer.index_scores_rows(k, *a), d, bad)
 
     case(Case(f"index_scores_rows[{label}]", ("index_scores_rows",), make, run, replay, ctl))
@@ -188,5 +189,6 @@ _scores("full",      2, 32, 128,  600)   # full model: 32 heads x 128, past the 
 _scores_rows("decode1", (1,),            4,  32,   16,   40, "swap")    # one decode row: a width bucket of 16
 _scores_rows("decode4", (1, 1, 1, 1),    4,  32,   16,   90, "table")   # four sequences, four tables
 _scores_rows("mixed",   (1, 1, 7, 16),   4,  32,   32,  120, "table")   # decode rows, a prompt chunk, verify rows
+_scores_rows("chunk",   (37,),           4,  32,   16,   50, "swap")    # one prompt chunk: 37 rows, one table
 _scores_rows("odd",     (2, 3),         20,  40,   33,   70, "table")   # Hi > 16, I % 16 = 8, Pw % 16 = 1
 _scores_rows("full",    (1, 1),         32, 128, 1024, 2100, "table")   # full model: past the 512-pool dense limit

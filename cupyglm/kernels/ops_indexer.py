@@ -54,16 +54,19 @@ def index_scores(k: Kernels, qi, hw, pk):
 
 
 @op("index_scores_rows")
-def index_scores_rows(k: Kernels, qi, hw, hscale: float, pooled, rows):
-    """qi: [T, Hi, I] bf16, hw: [T, Hi] fp32 (before hscale), pooled: [R, I] bf16, rows: [T, Pw] int32 row t's
-    pooled-key rows -> [T, Pw] fp32 (NumpyOps.index_scores_rows)."""
+def index_scores_rows(k: Kernels, qi, hw, hscale: float, pooled, tables, seg):
+    """qi: [T, Hi, I] bf16, hw: [T, Hi] fp32 (before hscale), pooled: [R, I] bf16, tables: [S, Pw] int32 each
+    segment's pooled-key rows, seg: [T] int32 row t's segment (its row of tables) -> [T, Pw] fp32
+    (NumpyOps.index_scores_rows). seg in [0, S) is the caller's contract; the kernel scores a row outside it
+    against zero keys (as a table entry outside [0, R)), never reading past tables."""
     name = "index_scores_rows"
     qi = _arg(k, name, "qi", qi, (None, None, None), k.bf16)
     t, h, i = qi.shape
     hw = _arg(k, name, "hw", hw, (t, h))
     pooled = _arg(k, name, "pooled", pooled, (None, i), k.bf16)
-    rows = _arg(k, name, "rows", rows, (t, None), np.int32)
-    pw = rows.shape[1]
+    tables = _arg(k, name, "tables", tables, (None, None), np.int32)
+    seg = _arg(k, name, "seg", seg, (t,), np.int32)
+    s, pw = tables.shape
     if i > MAX_I:
         raise ValueError(f"{name}: index head dimension <= {MAX_I} supported, got {i}")
     blocks = t * -(-pw // POOLS)
@@ -72,8 +75,8 @@ def index_scores_rows(k: Kernels, qi, hw, hscale: float, pooled, rows):
     out = k.empty((t, pw))
     if t and pw:
         k.launch(SRC, name, (blocks,), (16 * POOLS,),
-                 (qi, hw, pooled, rows, out, i32(t), i32(h), i32(i), i32(pw), i32(pooled.shape[0]), f32(i ** -0.5),
-                  f32(hscale)))
+                 (qi, hw, pooled, tables, seg, out, i32(t), i32(h), i32(i), i32(pw), i32(pooled.shape[0]), i32(s),
+                  f32(i ** -0.5), f32(hscale)))
     return out
 
 

@@ -4,8 +4,8 @@ by every DSA layer of the call (the MTP layer's call has its own segments, so it
 Everything here is host arithmetic on the page tables the host already holds (kv/store.py's rows), so every
 backend sees the same ids, and no layer computes a row map on the device: the latent rows each segment's new
 rows are written to, the positions the pick takes, each row's page table (attention maps its picked positions
-through it inside the kernels: ops.attention_paged), each row's pooled-key rows (the indexer scores every row
-against them: ops.index_scores_rows) and those of the pools each segment's rows complete.
+through it inside the kernels: ops.attention_paged), each segment's pooled-key rows with each row's segment (the
+indexer scores every row against its segment's: ops.index_scores_rows) and those of the pools each segment's rows complete.
 The two tables' widths are width buckets (`width_bucket`), so the call's shapes follow buckets, not the exact
 context length. The maps are cached on the call's first segment (`dev`), which lives for one forward call.
 """
@@ -24,10 +24,11 @@ def width_bucket(n: int) -> int:
 class CallMaps:
     """latent: [T] int32 store rows of the call's rows; positions: [T] int32; table: [T, width] int32 row t's page
     table (zero padded past its pages; width = width_bucket(the most pages of a sequence)); base: [T, 1] int32
-    t * width (the host path's flat table index); pool_table: [T, Pw] int32 row t's pooled-key rows: its
-    sequence's pools 0..V-1, V the visible pools of the segment's last row (a segment's rows share one table; its
-    pools past a row's own visible count complete within the call, and the pick never reads them), then the
-    sequence's pool 0 row; Pw = width_bucket(the call's largest V). tail_seg: [S, 5] int32 (row0, n, start, tail
+    t * width (the host path's flat table index); pool_table: [S, Pw] int32 segment s's pooled-key rows: its
+    sequence's pools 0..V-1, V the visible pools of the segment's last row (the segment's rows share it; its pools
+    past a row's own visible count complete within the call, and the pick never reads them), then the sequence's
+    pool 0 row; Pw = width_bucket(the call's largest V); pool_seg: [T] int32 row t's segment, its row of
+    pool_table (one table row per segment, not per row, so a prompt chunk uploads one). tail_seg: [S, 5] int32 (row0, n, start, tail
     slot, done0) per segment and done_rows: [D] int32 every segment's completed pools' rows (index_tail_pool's seg
     and done; tail_items its work items). All views of one device array."""
 
@@ -45,13 +46,15 @@ class CallMaps:
         kp = cfg.index_kpool
         visible = [(s.start + s.n) // kp for s in segs]                    # pools the segment's last row sees
         pw = width_bucket(max(visible))
-        pool_table = np.empty((t, pw), dtype=np.int32)                                     # [T, Pw] int32
-        for s, v in zip(segs, visible):
-            row = np.full(pw, kv.pool_rows(s.state.pages, np.zeros(1))[0], dtype=np.int32)
-            row[:v] = kv.pool_rows(s.state.pages, np.arange(v))
-            pool_table[s.rows] = row
-        parts, done_at = [latent, positions, table.reshape(-1), base, pool_table.reshape(-1)], {}
-        at = 3 * t + t * width + t * pw
+        pool_table = np.empty((len(segs), pw), dtype=np.int32)                             # [S, Pw] int32
+        pool_seg = np.empty(t, dtype=np.int32)                                             # [T] int32
+        for j, (s, v) in enumerate(zip(segs, visible)):
+            pool_table[j] = kv.pool_rows(s.state.pages, np.zeros(1))[0]
+            pool_table[j, :v] = kv.pool_rows(s.state.pages, np.arange(v))
+            pool_seg[s.rows] = j
+        parts = [latent, positions, table.reshape(-1), base, pool_seg, pool_table.reshape(-1)]
+        done_at, pool_at = {}, 4 * t + t * width
+        at = pool_at + pool_table.size
         for s in segs:                                                  # the pools the segment's rows complete
             first, last = s.start // kp, (s.start + s.n) // kp
             parts.append(kv.pool_rows(s.state.pages, np.arange(first, last)))
@@ -74,7 +77,8 @@ class CallMaps:
         self.latent, self.positions = dev[:t], dev[t:2 * t]
         self.table = dev[2 * t:2 * t + t * width].reshape(t, width)
         self.base = dev[2 * t + t * width:3 * t + t * width].reshape(t, 1)                  # [T, 1] int32
-        self.pool_table = dev[3 * t + t * width:3 * t + t * width + t * pw].reshape(t, pw)  # [T, Pw] int32
+        self.pool_seg = dev[3 * t + t * width:pool_at]                                     # [T] int32
+        self.pool_table = dev[pool_at:pool_at + pool_table.size].reshape(-1, pw)          # [S, Pw] int32
         self.page_tokens = kv.page_tokens
         self.tail_seg, self.done_rows = dev[tails_at:tails_at + tails.size].reshape(-1, 5), dev[done0:done0 + ndone]
         self.tail_items = sum(max((s.start + s.n) // kp - s.start // kp, 1) for s in segs if s.n)   # its grid.y

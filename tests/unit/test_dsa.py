@@ -100,19 +100,23 @@ def test_attention_row_is_independent_of_its_batch():
         assert np.array_equal(both[i], alone[0])
 
 
-def test_scores_through_row_tables_are_index_scores_row_by_row():
+def test_scores_through_segment_tables_are_index_scores_row_by_row():
     rng = np.random.default_rng(7)
     t, hi, i, pw, r = 5, 20, 24, 9, 30
     qi = bf16(rng.standard_normal((t, hi, i)).astype(np.float32))
     hw = rng.standard_normal((t, hi)).astype(np.float32)
     pooled = bf16(rng.standard_normal((r, i)).astype(np.float32))
-    rows = rng.integers(0, r, (t, pw)).astype(np.int32)
-    rows[1] = rows[3]                                              # two rows sharing a table
-    rows[2, 4], rows[4, 0] = -1, r                                 # outside the store: a zero key
+    tables = rng.integers(0, r, (4, pw)).astype(np.int32)           # [S, Pw] int32 four segments' tables
+    tables[1, 4], tables[2, 0] = -1, r                             # outside the store: a zero key
+    seg = np.array([2, 1, 1, 0, 3], np.int32)                      # rows 1 and 2 share segment 1's table
     hscale = np.float32(hi ** -0.5)
-    got = ops.index_scores_rows(qi, hw, hscale, pooled, rows)
-    keys = np.where(((rows >= 0) & (rows < r))[..., None], pooled[np.clip(rows, 0, r - 1)].astype(np.float32), 0)
+    got = ops.index_scores_rows(qi, hw, hscale, pooled, tables, seg)
+    keys = np.where(((tables >= 0) & (tables < r))[..., None], pooled[np.clip(tables, 0, r - 1)].astype(np.float32),
+                    0)
     for row in range(t):
-        want = ops.index_scores(qi[row:row + 1], hw[row:row + 1] * hscale, keys[row])[0]
+        want = ops.index_scores(qi[row:row + 1], hw[row:row + 1] * hscale, keys[seg[row]])[0]
         assert np.array_equal(got[row].view(np.uint32), want.view(np.uint32)), row
-    assert np.array_equal(got[2, 4], ops.index_scores(qi[2:3], hw[2:3] * hscale, np.zeros((1, i), np.float32))[0, 0])
+    assert np.array_equal(got[1, 4], ops.index_scores(qi[1:2], hw[1:2] * hscale, np.zeros((1, i), np.float32))[0, 0])
+    seg[4] = 4                                                     # past the tables: every key zero
+    zero = ops.index_scores(qi[4:5], hw[4:5] * hscale, np.zeros((pw, i), np.float32))[0]
+    assert np.array_equal(ops.index_scores_rows(qi, hw, hscale, pooled, tables, seg)[4], zero)

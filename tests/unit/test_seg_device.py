@@ -47,14 +47,14 @@ def test_call_maps_equal_the_store_rows():
         assert maps.latent_of(s).tolist() == kv.rows(s.state.pages, s.positions).tolist()
         assert maps.positions_of(s).tolist() == s.positions.tolist()
     assert maps.table.shape == (7, 4) and maps.table[0, :3].tolist() == [5, 2, 9] and maps.table[1, 1] == 0
-    # every row's pooled-key rows: its sequence's pools 0..V-1 (V: the segment's last row's), then its pool 0;
-    # the width is the bucket of the call's largest V (13 -> 16)
-    assert maps.pool_table.shape == (7, 16)
-    for s, v in zip(segs, [10, 1, 13]):
+    # every segment's pooled-key rows: its sequence's pools 0..V-1 (V: the segment's last row's), then its pool 0;
+    # the width is the bucket of the call's largest V (13 -> 16); each row names its segment's table row
+    assert maps.pool_table.shape == (3, 16) and maps.pool_table.dtype == np.int32
+    assert maps.pool_seg.dtype == np.int32 and maps.pool_seg.tolist() == [0, 1, 1, 2, 2, 2, 2]
+    for j, (s, v) in enumerate(zip(segs, [10, 1, 13])):
         want = kv.pool_rows(s.state.pages, np.arange(v)).tolist()
         want += kv.pool_rows(s.state.pages, np.zeros(16 - v, np.int64)).tolist()
-        for r in range(s.off, s.off + s.n):
-            assert maps.pool_table[r].tolist() == want
+        assert maps.pool_table[j].tolist() == want
     tokens = np.full((7, 6), -1, np.int32)
     tokens[0, :3] = [0, 17, 40]
     tokens[6, :2] = [63, 49]
@@ -70,9 +70,22 @@ def test_width_buckets():
     segs = segments([_State([5, 2, 9, 1, 6]), _State([7])], [70, 2], [1, 1], [True, True])
     maps = seg_device.call_maps(segs, kv, np)
     assert maps.table.shape == (2, 8) and maps.table[0].tolist() == [5, 2, 9, 1, 6, 0, 0, 0]
-    assert maps.pool_table.shape == (2, 32)                            # 17 visible pools -> 32
+    assert maps.pool_table.shape == (2, 32) and maps.pool_seg.tolist() == [0, 1]      # 17 visible pools -> 32
     assert maps.pool_table[1].tolist() == [kv.pool_rows([7], [0])[0]] * 32                 # no pool visible yet
     assert maps.base.reshape(-1).tolist() == [0, 8]
+
+
+def test_a_prompt_chunk_uploads_one_pool_table_row():
+    # one decode row and 64 prompt rows from position 64: the one upload holds each segment's pool table once
+    kv = _KV(_Cfg(), 16)
+    segs = segments([_State([9]), _State(list(range(8)))], [5, 64], [1, 64], [True, False])
+    maps = seg_device.call_maps(segs, kv, np)
+    t, width, pw = 65, 8, 32                                                # 32 visible pools -> 32
+    assert maps.pool_table.shape == (2, pw) and maps.pool_seg.tolist() == [0] + [1] * 64
+    upload = maps.latent.base                                               # the one device array of the call
+    assert all(a.base is upload for a in (maps.positions, maps.table, maps.pool_seg, maps.pool_table, maps.tail_seg))
+    done = 32 - 16                                                          # the chunk completes pools 16..31
+    assert upload.size == 4 * t + t * width + 2 * pw + done + 2 * 5 < t * pw
 
 
 def test_call_maps_refuse_a_shared_latent_row():
