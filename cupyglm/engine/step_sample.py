@@ -25,7 +25,7 @@ from cupyglm.engine.logprobs import tokens_and_logprobs
 from cupyglm.engine.request import EngineError
 from cupyglm.engine.sampling import banned_ids
 from cupyglm.engine.verify import accept
-from cupyglm.model.graph_ends import SampleRows
+from cupyglm.model.graph_ends import SAMPLE_DTYPES, SampleRows, sample_columns
 
 
 def sample_step(ops, cfg, plan, outs, reqs, drafts: dict, guides=None, masks=None, plain: SampleRows | None = None):
@@ -131,19 +131,18 @@ def _columns(r, position: int) -> tuple:
     return (0.0 if p.greedy else p.temperature, p.top_k, p.top_p, p.min_p, r.seed, position)
 
 
-PARAM_DTYPES = (np.float32, np.int32, np.float32, np.float32, np.uint64, np.int32)   # ops.sample's order
 
 
 def upload_params(xp, params: list[tuple]) -> tuple:
     """Per row (temperature, top_k, top_p, min_p, seed, position) -> ops.sample's six [R] columns, uploaded in
     one host-to-device transfer: one byte buffer, the 8-byte seeds first (aligned), each column a view of it."""
-    cols = [np.array(col, dtype=dt) for col, dt in zip(zip(*params), PARAM_DTYPES)]
+    cols = sample_columns(params)
     order = (4, 0, 1, 2, 3, 5)
     dev = xp.asarray(np.concatenate([cols[i].view(np.uint8) for i in order]))
     views, at = [None] * len(cols), 0
     for i in order:
         n = cols[i].nbytes
-        views[i] = dev[at:at + n].view(PARAM_DTYPES[i])
+        views[i] = dev[at:at + n].view(SAMPLE_DTYPES[i])
         at += n
     return tuple(views)
 

@@ -43,6 +43,8 @@ from cupyglm.model.graph_capture import bucket
 # the feed's rows: ids, row map, then ops.sample's columns (the u64 seeds over two rows, 8-byte aligned at 8B bytes)
 FEED_ROWS = 9
 _SEED, _TEMPERATURE, _TOP_K, _TOP_P, _MIN_P, _POSITION = 2, 4, 5, 6, 7, 8
+# ops.sample's columns per row: (temperature, top_k, top_p, min_p, seed, position)
+SAMPLE_DTYPES = (np.float32, np.int32, np.float32, np.float32, np.uint64, np.int32)
 
 
 @dataclasses.dataclass
@@ -151,13 +153,16 @@ class DecodeEnds:
         self.replays += 1
 
 
+def sample_columns(params: list[tuple]) -> list[np.ndarray]:
+    """Per row (temperature, top_k, top_p, min_p, seed, position) -> ops.sample's six host columns, in its dtypes."""
+    return [np.array(col, dtype=dt) for col, dt in zip(zip(*params), SAMPLE_DTYPES)]
+
+
 def _pack_columns(host: np.ndarray, params: list[tuple]) -> None:
-    """Per row (temperature, top_k, top_p, min_p, seed, position) into the host feed's rows 2-8 (ops.sample's
-    dtypes: f32, i32, f32, f32, u64, i32, each a bit pattern in the int32 rows)."""
-    temperature, top_k, top_p, min_p, seed, position = zip(*params)
+    """The rows' sample_columns into the host feed's rows 2-8, each a bit pattern in the int32 rows."""
+    temperature, top_k, top_p, min_p, seed, position = sample_columns(params)
     p = len(params)
-    host[_SEED:_SEED + 2].reshape(-1).view(np.uint64)[:p] = np.array(seed, dtype=np.uint64)
-    for row, col in ((_TEMPERATURE, temperature), (_TOP_P, top_p), (_MIN_P, min_p)):
-        host[row, :p] = np.array(col, dtype=np.float32).view(np.int32)
-    host[_TOP_K, :p] = np.array(top_k, dtype=np.int32)
-    host[_POSITION, :p] = np.array(position, dtype=np.int32)
+    host[_SEED:_SEED + 2].reshape(-1).view(np.uint64)[:p] = seed
+    for row, col in ((_TEMPERATURE, temperature), (_TOP_K, top_k), (_TOP_P, top_p), (_MIN_P, min_p),
+                     (_POSITION, position)):
+        host[row, :p] = col.view(np.int32)
