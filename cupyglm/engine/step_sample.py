@@ -131,8 +131,6 @@ def _columns(r, position: int) -> tuple:
     return (0.0 if p.greedy else p.temperature, p.top_k, p.top_p, p.min_p, r.seed, position)
 
 
-
-
 def upload_params(xp, params: list[tuple]) -> tuple:
     """Per row (temperature, top_k, top_p, min_p, seed, position) -> ops.sample's six [R] columns, uploaded in
     one host-to-device transfer: one byte buffer, the 8-byte seeds first (aligned), each column a view of it."""
