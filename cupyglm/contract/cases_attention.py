@@ -9,6 +9,8 @@ Controls: `attention[..]` with a wrong page mapping (16 list entries read anothe
 `attention.chunks[..]` with the chunks of each list merged in reverse order (same keys, other merge order).
 `attention_split[..]`: the leading `decode` rows as decode/verify rows (cuda_src/attention_split.cu: heads
 sharing each latent row, chunks in parallel, merged in list order), the same controls.
+`attention_paged[..]`: the lists as positions, a call of segments (table [S, width] one page table per segment,
+seg [T] each row's); controls as below, and `.seg[..]` each row reading the next segment's table (planted).
 """
 from __future__ import annotations
 
