@@ -1,6 +1,6 @@
 // attention.cu -- absorbed MLA attention over latent rows read through row ids (keys equal values).
 // Reference: NumpyOps.attention in cupyglm/backend/numpy_ops.py (and attention_paged: the lists as positions
-// mapped through each row's page table, attention_rows.cuh).  Each (row, head) is computed alone by one
+// mapped through each row's segment's page table, attention_rows.cuh).  Each (row, head) is computed alone by one
 // block: online softmax over `chunk`-key chunks of the row's list, merged in list order; fp32 m, l, o; P
 // rounded to bf16 before P.V and before the sum l; every sum (the q.k dot over R, the sum of P, P.V over the
 // chunk's keys) in lane-16 order.  Only the first counts[t] ids of a row are ever read, and only those store
@@ -17,7 +17,8 @@
 extern "C" __global__ void attention(const __nv_bfloat16* __restrict__ qa,     // [T, H, R] bf16
                                      const __nv_bfloat16* __restrict__ store,  // [N, R] bf16
                                      const int* __restrict__ rows,             // [T, W] i32 row ids or positions
-                                     const int* __restrict__ table,            // [T, width] i32 page tables (pt > 0)
+                                     const int* __restrict__ table,            // [S, width] i32 page tables (pt > 0)
+                                     const int* __restrict__ seg,              // [T] i32 row t's table row (pt > 0)
                                      const int* __restrict__ counts,           // [T] i32 ids used per row
                                      __nv_bfloat16* __restrict__ out,          // [T, H, R] bf16
                                      int T, int H, int R, int W, float scale, int chunk, int width, int pt) {
@@ -40,7 +41,7 @@ extern "C" __global__ void attention(const __nv_bfloat16* __restrict__ qa,     /
 
   for (int c0 = 0; c0 < count; c0 += chunk) {
     const int n = min(chunk, count - c0);
-    for (int j = tid; j < n; j += blockDim.x) ids[j] = att_store_row(rows, table, t, W, c0 + j, width, pt);
+    for (int j = tid; j < n; j += blockDim.x) ids[j] = att_store_row(rows, table, seg, T, t, W, c0 + j, width, pt);
     __syncthreads();
     // Scores: a group of 16 threads per key; rounds are block-uniform so the shuffles stay convergent.
     for (int j0 = 0; j0 < n; j0 += groups) {

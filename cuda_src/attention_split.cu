@@ -31,7 +31,8 @@ extern "C" __global__ void __launch_bounds__(256) attention_chunk_scores(
     const __nv_bfloat16* __restrict__ qa,     // [T, H, R] bf16
     const __nv_bfloat16* __restrict__ store,  // [N, R] bf16
     const int* __restrict__ rows,             // [T, W] i32 store row ids or positions (pt > 0), -1 padded
-    const int* __restrict__ table,            // [T, width] i32 page tables (pt > 0, attention_rows.cuh)
+    const int* __restrict__ table,            // [S, width] i32 each segment's page table (pt > 0, attention_rows.cuh)
+    const int* __restrict__ seg,              // [T] i32 row t's segment, its row of table (pt > 0)
     const int* __restrict__ counts,           // [T] i32 ids used per row
     float* __restrict__ s,                    // [T, H, W] f32 scores (entries < counts[t] written)
     float* __restrict__ cm,                   // [T, H, C] f32 chunk max (chunks inside counts[t] written)
@@ -52,7 +53,7 @@ extern "C" __global__ void __launch_bounds__(256) attention_chunk_scores(
   for (int j0 = 0; j0 < n; j0 += ATT_KT) {
     const int nk = min(ATT_KT, n - j0);
     __syncthreads();                                           // the previous tile is no longer read
-    if (tid < nk) kid[tid] = att_store_row(rows, table, t, W, c0 + j0 + tid, width, pt);
+    if (tid < nk) kid[tid] = att_store_row(rows, table, seg, T, t, W, c0 + j0 + tid, width, pt);
     __syncthreads();
     for (int i = tid; i < nk * R; i += 256) {
       const int j = i / R, r = i % R;
@@ -113,7 +114,8 @@ static __device__ void att_merge(const int* __restrict__ counts, const float* __
 extern "C" __global__ void __launch_bounds__(256) attention_chunk_pv(
     const __nv_bfloat16* __restrict__ store,  // [N, R] bf16
     const int* __restrict__ rows,             // [T, W] i32 (as the scores kernel's)
-    const int* __restrict__ table,            // [T, width] i32
+    const int* __restrict__ table,            // [S, width] i32 (as the scores kernel's)
+    const int* __restrict__ seg,              // [T] i32
     const int* __restrict__ counts,           // [T] i32
     const float* __restrict__ s,              // [T, H, W] f32 scores
     const float* __restrict__ cm,             // [T, H, C] f32 chunk max
@@ -136,7 +138,7 @@ extern "C" __global__ void __launch_bounds__(256) attention_chunk_pv(
   }
   const int n = min(chunk, count - c0);
   const int tid = threadIdx.x;
-  for (int j = tid; j < n; j += 256) ids[j] = att_store_row(rows, table, t, W, c0 + j, width, pt);
+  for (int j = tid; j < n; j += 256) ids[j] = att_store_row(rows, table, seg, T, t, W, c0 + j, width, pt);
   for (int i = tid; i < nh * n; i += 256) {
     const int hh = i / n, j = i % n;
     const long long th = (long long)t * H + h0 + hh;

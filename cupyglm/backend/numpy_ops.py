@@ -31,13 +31,18 @@ def expand_pools(pools: np.ndarray, q: int, kpool: int) -> np.ndarray:
     return np.concatenate([toks, tail])
 
 
-def paged_rows(tokens: np.ndarray, table: np.ndarray, page_tokens: int) -> np.ndarray:
-    """Store rows of token lists [T, W] (positions, -1 padded) through each row's page table [T, width]:
-    table[t, p // page_tokens] * page_tokens + p % page_tokens in int32 (kv/store.py's rows); -1 stays -1."""
+def paged_rows(tokens: np.ndarray, table: np.ndarray, seg: np.ndarray, page_tokens: int) -> np.ndarray:
+    """Store rows of token lists [T, W] (positions, -1 padded) through each row's segment's page table (table
+    [S, width] int32 one row per segment, seg [T] int32 row t's): table[seg[t], p // page_tokens] * page_tokens +
+    p % page_tokens in int32 (kv/store.py's rows); -1 stays -1."""
     tokens, table = np.asarray(tokens, dtype=np.int32), np.asarray(table, dtype=np.int32)
+    seg = np.asarray(seg, dtype=np.int32)
+    if table.ndim != 2 or seg.shape != tokens.shape[:1]:
+        raise ValueError(f"paged_rows: table [S, width] and seg [T] for tokens {tokens.shape}, got table "
+                         f"{table.shape} and seg {seg.shape}")
     pt = np.int32(page_tokens)
     safe = np.maximum(tokens, np.int32(0))
-    rows = np.take_along_axis(table, safe // pt, axis=1) * pt + safe % pt
+    rows = table[seg[:, None], safe // pt] * pt + safe % pt
     return np.where(tokens < 0, np.int32(-1), rows).astype(np.int32)
 
 
@@ -324,7 +329,9 @@ class NumpyOps(NumpyGemm, KDAOps, MoEOps, LogitsOps, GatherOps):
         return bf16(out)
 
     def attention_paged(self, qa: np.ndarray, store: np.ndarray, tokens: np.ndarray, table: np.ndarray,
-                        page_tokens: int, counts: np.ndarray, scale: float, chunk: int, decode: int = 0) -> np.ndarray:
-        """attention over token lists tokens [T, W] int32 (positions, -1 padded) mapped through each row's page
-        table table [T, width] int32 (paged_rows): the forward call's one row map serves every DSA layer."""
-        return self.attention(qa, store, paged_rows(tokens, table, page_tokens), counts, scale, chunk, decode)
+                        seg: np.ndarray, page_tokens: int, counts: np.ndarray, scale: float, chunk: int,
+                        decode: int = 0) -> np.ndarray:
+        """attention over token lists tokens [T, W] int32 (positions, -1 padded) mapped through each row's
+        segment's page table (table [S, width] int32, seg [T] int32: paged_rows): the forward call's one row map
+        serves every DSA layer."""
+        return self.attention(qa, store, paged_rows(tokens, table, seg, page_tokens), counts, scale, chunk, decode)

@@ -9,6 +9,8 @@ Controls: `attention[..]` with a wrong page mapping (16 list entries read anothe
 `attention.chunks[..]` with the chunks of each list merged in reverse order (same keys, other merge order).
 `attention_split[..]`: the leading `decode` rows as decode/verify rows (cuda_src/attention_split.cu: heads
 sharing each latent row, chunks in parallel, merged in list order), the same controls.
+`attention_paged[..]`: the lists as positions, a call of segments (table [S, width] one page table per segment,
+seg [T] each row's); controls as below, and `.seg[..]` each row reading the next segment's table (planted).
 """
 from __future__ import annotations
 
@@ -130,54 +132,61 @@ _attention("heads6",    [40, 90],               6,  64,  16,  8, 2.0, decode=2) 
 _attention("full",      [2050, 3000],           2, 512, 512, 512, 6.0, decode=2)
 
 
-# ---- attention_paged: the lists as positions, each row mapped through its own page table inside the kernels ----
-# Controls: the page of a row's first token moved (table), the chunks merged last to first, and (decode rows of
-# several chunks) the variant ATT_PLANT_FIRST_DONE, whose first finished pv block merges instead of the last.
-def _paged_inputs(rng, positions, h, r, npools, qstd):
-    """Every row its own sequence: a page table of distinct physical pages; unused store rows NaN."""
-    t = len(positions)
+# ---- attention_paged: the lists as positions, each row mapped through its segment's page table in the kernels ----
+# Controls: the page of a row's first token moved (table), the chunks merged last to first, (decode rows of several
+# chunks) the variant ATT_PLANT_FIRST_DONE, whose first finished pv block merges instead of the last, and (calls of
+# several segments) the variant ATT_PLANT_NEXT_SEG, whose rows read the next segment's table.
+def _paged_inputs(rng, positions, seqs, h, r, npools, qstd):
+    """Segment j holds seqs[j] consecutive rows of the call, one sequence: a page table of distinct physical
+    pages (no page in two segments), zero padded to the widest as CallMaps pads it; unused store rows NaN."""
+    t, ns = len(positions), len(seqs)
+    seg = np.repeat(np.arange(ns, dtype=np.int32), seqs)                     # [T] int32 row t's segment
+    npages = [(max(positions[i] for i in np.flatnonzero(seg == j)) + PAGE) // PAGE for j in range(ns)]
+    perm = rng.permutation(sum(npages) + 3).astype(np.int32)
+    table = np.zeros((ns, max(npages)), dtype=np.int32)                      # [S, width] int32
+    for j, at in enumerate(np.cumsum([0] + npages[:-1])):
+        table[j, :npages[j]] = perm[at:at + npages[j]]
     width = npools * 4 + 3
-    lists = _lists(rng, positions, npools)
-    pages = (max(positions) + 1 + PAGE - 1) // PAGE
-    perm = rng.permutation(t * pages + 3)
-    table = perm[:t * pages].reshape(t, pages).astype(np.int32)     # [T, pages] row t's page table
     tokens = np.full((t, width), -1, dtype=np.int32)
     counts = np.zeros(t, dtype=np.int32)
-    for i, toks in enumerate(lists):
+    for i, toks in enumerate(_lists(rng, positions, npools)):
         tokens[i, :toks.size] = toks
         counts[i] = toks.size
-    store = np.full(((t * pages + 3) * PAGE, r), np.nan, dtype=BF16)
-    rows = np.take_along_axis(table, np.maximum(tokens, 0) // PAGE, axis=1) * PAGE + np.maximum(tokens, 0) % PAGE
+    store = np.full(((sum(npages) + 3) * PAGE, r), np.nan, dtype=BF16)
+    safe = np.maximum(tokens, 0)
+    rows = table[seg[:, None], safe // PAGE] * PAGE + safe % PAGE
     used = np.unique(rows[tokens >= 0])
     store[used] = bf16(rng.standard_normal((used.size, r)).astype(np.float32))
     qa = bf16(rng.standard_normal((t, h, r)).astype(np.float32) * np.float32(qstd))
-    return {"qa": qa, "store": store, "tokens": tokens, "table": table, "counts": counts}
+    return {"qa": qa, "store": store, "tokens": tokens, "table": table, "seg": seg, "counts": counts}
 
 
 def _host(a):
     return np.asarray(a.get() if hasattr(a, "get") else a)
 
 
-def _paged(label: str, positions, h: int, r: int, chunk: int, npools: int, qstd: float = 1.0,
-           decode: int = 0) -> None:
+def _paged(label: str, positions, seqs: tuple[int, ...], h: int, r: int, chunk: int, npools: int,
+           qstd: float = 1.0, decode: int = 0) -> None:
     positions = list(positions)
+    if sum(seqs) != len(positions):
+        raise ValueError(f"attention_paged[{label}]: segments {seqs} do not cover {len(positions)} rows")
     scale = r ** -0.5 if r < 256 else 256 ** -0.5
 
     def make(rng):
-        return _paged_inputs(rng, positions, h, r, npools, qstd)
+        return _paged_inputs(rng, positions, seqs, h, r, npools, qstd)
 
     def launch(k, d, tokens, table):
-        return {"o": ops_attention.attention_paged(k, d["qa"], d["store"], tokens, table, PAGE, d["counts"], scale,
-                                                   chunk, decode=decode)}
+        return {"o": ops_attention.attention_paged(k, d["qa"], d["store"], tokens, table, d["seg"], PAGE,
+                                                   d["counts"], scale, chunk, decode=decode)}
 
     def replay(d):
-        return {"o": REF.attention_paged(d["qa"], d["store"], d["tokens"], d["table"], PAGE, d["counts"], scale,
-                                         chunk, decode=decode)}
+        return {"o": REF.attention_paged(d["qa"], d["store"], d["tokens"], d["table"], d["seg"], PAGE, d["counts"],
+                                         scale, chunk, decode=decode)}
 
     def ctl_table(k, d):                               # the page of the last row's first token moved on
         table = _host(d["table"]).copy()
-        p = int(_host(d["tokens"])[-1, 0]) // PAGE
-        table[-1, p] = (int(table[-1, p]) + 1) % (table.size + 3)
+        p, s = int(_host(d["tokens"])[-1, 0]) // PAGE, int(_host(d["seg"])[-1])
+        table[s, p] = (int(table[s, p]) + 1) % (_host(d["store"]).shape[0] // PAGE)
         return launch(k, d, d["tokens"], k.xp.asarray(table))
 
     def ctl_chunks(k, d):                              # the chunks of every list merged last to first
@@ -189,9 +198,10 @@ def _paged(label: str, positions, h: int, r: int, chunk: int, npools: int, qstd:
         return launch(k, d, k.xp.asarray(tokens), d["table"])
 
     def ctl_first_done(k, d):                          # planted: the first pv block to finish merges, not the last
-        return {"o": ops_attention.attention_paged(k.variant("ATT_PLANT_FIRST_DONE"), d["qa"], d["store"],
-                                                   d["tokens"], d["table"], PAGE, d["counts"], scale, chunk,
-                                                   decode=decode)}
+        return launch(k.variant("ATT_PLANT_FIRST_DONE"), d, d["tokens"], d["table"])
+
+    def ctl_next_seg(k, d):                            # planted: every row reads the next segment's table
+        return launch(k.variant("ATT_PLANT_NEXT_SEG"), d, d["tokens"], d["table"])
 
     kernels = (SPLIT if decode else ()) + (("attention",) if decode < len(positions) else ())
     run = (lambda k, d: launch(k, d, d["tokens"], d["table"]))
@@ -200,11 +210,15 @@ def _paged(label: str, positions, h: int, r: int, chunk: int, npools: int, qstd:
     case(Case(f"attention_paged[{label}]", kernels, make, run, replay, ctl_table, ULPS, WHY))
     if any(p + 1 > chunk for p in positions):
         case(Case(f"attention_paged.chunks[{label}]", kernels, make, run, replay, ctl_chunks, ULPS, WHY))
+    seg = np.repeat(np.arange(len(seqs)), seqs)
+    if len(set(seg[:decode])) > 1 or len(set(seg[decode:])) > 1:    # a row whose next segment is in its launch
+        case(Case(f"attention_paged.seg[{label}]", kernels, make, run, replay, ctl_next_seg, ULPS, WHY))
 
 
-#        label      positions          H    R  chunk npools      decode rows
-_paged("decode",    [100],              4,  64,  16,  8, 2.0, decode=1)
-_paged("verify",    range(30, 46),      4,  64,  32,  8, 2.0, decode=16)
-_paged("mixed",     [0, 5, 77, 200],    3,  72,  20,  8, 2.0, decode=2)
-_paged("prompt37",  range(37),          4,  64,  32,  8, 2.0)
-_paged("full",      [2050, 3000],       2, 512, 512, 512, 6.0, decode=2)
+#        label      positions                                segments      H    R  chunk npools      decode rows
+_paged("decode",    [100],                                   (1,),         4,  64,  16,  8, 2.0, decode=1)
+_paged("verify",    range(30, 46),                           (4, 4, 4, 4), 4,  64,  32,  8, 2.0, decode=16)
+_paged("mixed",     [0, 5, 77, 200],                         (1, 1, 2),    3,  72,  20,  8, 2.0, decode=2)
+_paged("prompt40",  range(40),                               (40,),        4,  64,  32,  8, 2.0)   # one table row
+_paged("prompts",   list(range(10)) + list(range(30, 42)),   (10, 12),     4,  64,  16,  8, 2.0)   # two chunks
+_paged("full",      [2050, 3000],                            (1, 1),       2, 512, 512, 512, 6.0, decode=2)

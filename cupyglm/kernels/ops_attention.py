@@ -22,10 +22,10 @@ def _arg(k: Kernels, kernel: str, name: str, a, shape=None, dtype=F32):
     return check(kernel, name, k.xp.ascontiguousarray(a), shape, dtype)
 
 
-def _split(k: Kernels, qa, store, rows, table, pt: int, counts, out, scale: float, chunk: int) -> None:
+def _split(k: Kernels, qa, store, rows, table, seg, pt: int, counts, out, scale: float, chunk: int) -> None:
     """attention_split.cu on rows [0, T) of these (decode/verify rows): scores, then P.V per chunk with the merge
     done by each (row, head group)'s last block;
-    pt > 0: rows hold positions mapped through table [T, width] (attention_rows.cuh)."""
+    pt > 0: rows hold positions mapped through table[seg[t]] (table [S, width], seg [T]: attention_rows.cuh)."""
     t, h, r = qa.shape
     w = rows.shape[1]
     c = max(1, -(-w // chunk))
@@ -42,10 +42,10 @@ def _split(k: Kernels, qa, store, rows, table, pt: int, counts, out, scale: floa
     grid = (t, c, g)
     width = i32(table.shape[1])
     k.launch(SRC_SPLIT, "attention_chunk_scores", grid, (256,),
-             (qa, store, rows, table, counts, s, cm, done, i32(t), i32(h), i32(r), i32(w), i32(c), f32(scale),
+             (qa, store, rows, table, seg, counts, s, cm, done, i32(t), i32(h), i32(r), i32(w), i32(c), f32(scale),
               i32(chunk), width, i32(pt)), shared_mem=((KT * r + 1) // 2 + HG * chunk) * 4)
     k.launch(SRC_SPLIT, "attention_chunk_pv", grid, (256,),
-             (store, rows, table, counts, s, cm, ps, pv, done, out, i32(t), i32(h), i32(r), i32(w), i32(c),
+             (store, rows, table, seg, counts, s, cm, ps, pv, done, out, i32(t), i32(h), i32(r), i32(w), i32(c),
               i32(chunk), width, i32(pt)), shared_mem=(HG * chunk + chunk) * 4)
 
 
@@ -54,28 +54,37 @@ def attention(k: Kernels, qa, store, rows, counts, scale, chunk, decode: int = 0
     """qa: [T, H, R] bf16, store: [N, R] bf16, rows: [T, W] int32 row ids (-1 padded), counts: [T] int32
     -> [T, H, R] bf16. Online softmax over `chunk`-key chunks merged in list order; rows [0, decode) are
     decode/verify rows (attention_split.cu)."""
-    return _attend(k, "attention", qa, store, rows, None, 0, counts, scale, chunk, decode)
+    return _attend(k, "attention", qa, store, rows, None, None, 0, counts, scale, chunk, decode)
 
 
 @op("attention_paged")
-def attention_paged(k: Kernels, qa, store, tokens, table, page_tokens, counts, scale, chunk, decode: int = 0):
-    """attention over tokens [T, W] int32 positions (-1 padded), row t's mapped through its page table
-    table[t] ([T, width] int32, the call's row map): row = table[t, p // page_tokens] * page_tokens +
-    p % page_tokens, inside the kernels (no row array per layer)."""
+def attention_paged(k: Kernels, qa, store, tokens, table, seg, page_tokens, counts, scale, chunk, decode: int = 0):
+    """attention over tokens [T, W] int32 positions (-1 padded), row t's mapped through its segment's page table
+    (table [S, width] int32 one row per segment, seg [T] int32 row t's segment: the call's row map):
+    row = table[seg[t], p // page_tokens] * page_tokens + p % page_tokens, inside the kernels (no row array per
+    layer). seg in [0, S) is the caller's contract (checking it on the device would cost a sync)."""
     pt = int(page_tokens)
     if pt < 1:
         raise ValueError(f"attention_paged: page_tokens must be positive, got {pt}")
-    return _attend(k, "attention_paged", qa, store, tokens, table, pt, counts, scale, chunk, decode)
+    return _attend(k, "attention_paged", qa, store, tokens, table, seg, pt, counts, scale, chunk, decode)
 
 
-def _attend(k: Kernels, name: str, qa, store, rows, table, pt: int, counts, scale, chunk, decode: int):
+def _attend(k: Kernels, name: str, qa, store, rows, table, seg, pt: int, counts, scale, chunk, decode: int):
     qa = _arg(k, name, "qa", qa, (None, None, None), k.bf16)
     t, h, r = qa.shape
     store = check(name, "store", store, (None, r), k.bf16)   # never copied: the KV rows
     rows = _arg(k, name, "rows" if table is None else "tokens", rows, (t, None), np.int32)
     counts = _arg(k, name, "counts", counts, (t,), np.int32)
-    # pt == 0: the kernels never read the table (rows stands in for it)
-    table = rows if table is None else _arg(k, name, "table", table, (t, None), np.int32)
+    if table is not None:
+        table = _arg(k, name, "table", table, (None, None), np.int32)                       # [S, width] int32
+        seg = _arg(k, name, "seg", seg, (t,), np.int32)                                     # [T] int32
+        if t and 0 in table.shape:
+            raise ValueError(f"{name}: an empty page table {table.shape} for {t} rows")
+
+    def maps(lo: int, hi: int):
+        """(table, seg) of a launch on rows [lo, hi); pt == 0: the launch's own rows and counts stand in (never
+        read, and the emulator accepts only whole overlaps)"""
+        return (rows[lo:hi], counts[lo:hi]) if table is None else (table, seg[lo:hi])
     chunk = int(chunk)
     if chunk < 1:
         raise ValueError(f"{name}: chunk must be positive, got {chunk}")
@@ -88,10 +97,11 @@ def _attend(k: Kernels, name: str, qa, store, rows, table, pt: int, counts, scal
     out = k.empty((t, h, r), k.bf16)
     if t and h:
         if d:
-            _split(k, qa[:d], store, rows[:d], table[:d], pt, counts[:d], out[:d], scale, chunk)
+            _split(k, qa[:d], store, rows[:d], *maps(0, d), pt, counts[:d], out[:d], scale, chunk)
         if d < t:
+            tab, sg = maps(d, t)
             k.launch(SRC, "attention", (t - d, h), (threads,),
-                     (qa[d:], store, rows[d:], table[d:], counts[d:], out[d:], i32(t - d), i32(h), i32(r),
-                      i32(rows.shape[1]), f32(scale), i32(chunk), i32(table.shape[1]), i32(pt)),
+                     (qa[d:], store, rows[d:], tab, sg, counts[d:], out[d:], i32(t - d), i32(h), i32(r),
+                      i32(rows.shape[1]), f32(scale), i32(chunk), i32(tab.shape[1]), i32(pt)),
                      shared_mem=(2 * chunk + 1) * 4)
     return out

@@ -58,7 +58,7 @@ class DSALayer:
             o = gather.attend_host(ops, kv.host, self.layer, segs, xp.ascontiguousarray(qa), rows, counts,
                                    c.qk_nope_head_dim ** -0.5, c.attn_chunk, written)
         else:                                                                  # positions mapped in the kernels
-            o = ops.attention_paged(xp.ascontiguousarray(qa), store, tokens, maps.table, maps.page_tokens, counts,
-                                    c.qk_nope_head_dim ** -0.5, c.attn_chunk, decode=d)         # [T, H, R]
+            o = ops.attention_paged(xp.ascontiguousarray(qa), store, tokens, maps.table, maps.seg, maps.page_tokens,
+                                    counts, c.qk_nope_head_dim ** -0.5, c.attn_chunk, decode=d)  # [T, H, R]
         out = ops.gemm_heads(xp.ascontiguousarray(o.transpose(1, 0, 2)), self.w_v, out="bf16", decode=d)  # [H, T, V]
         return ops.gemm(xp.ascontiguousarray(out.transpose(1, 0, 2)).reshape(t, -1), self.o_proj, decode=d)

@@ -41,12 +41,12 @@ class Indexer:
     def pick(self, kv, layer: int, maps, qib, hwr):
         """Token lists (positions) for the call's rows: [T, max_pick] int32, -1 padded, and counts [T] int32, in one
         scores launch and one pick launch. Every row is scored against its segment's pool table (maps.pool_table
-        [S, Pw], row t's through maps.pool_seg [T]); the pick decides per row, from its position, whether it is
+        [S, Pw], row t's through maps.seg [T]); the pick decides per row, from its position, whether it is
         dense (its scores never read) or sparse. qib: qn's wq_b projection [T, Hi * I] bf16; hwr: x's weights_proj
         projection [T, Hi] fp32, scaled by Hi^-0.5 inside the scores launch. maps: the call's row maps
         (model/seg_device.CallMaps)."""
         ops, c = self.ops, self.cfg
         qi = qib.reshape(-1, c.index_n_heads, c.index_head_dim)                           # [T, Hi, I] bf16
         scores = ops.index_scores_rows(qi, hwr, np.float32(c.index_n_heads ** -0.5), kv.pooled[layer],
-                                       maps.pool_table, maps.pool_seg)                    # [T, Pw] fp32
+                                       maps.pool_table, maps.seg)                         # [T, Pw] fp32
         return ops.pick(scores, maps.positions, c.index_pools, c.index_kpool, c.max_pick)

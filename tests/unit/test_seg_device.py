@@ -46,11 +46,14 @@ def test_call_maps_equal_the_store_rows():
     for s in segs:
         assert maps.latent_of(s).tolist() == kv.rows(s.state.pages, s.positions).tolist()
         assert maps.positions_of(s).tolist() == s.positions.tolist()
-    assert maps.table.shape == (7, 4) and maps.table[0, :3].tolist() == [5, 2, 9] and maps.table[1, 1] == 0
+    # every segment's page table once, zero padded to the width bucket of the most pages (4); each row names its
+    # segment's table row
+    assert maps.table.shape == (3, 4) and maps.table.dtype == np.int32
+    assert maps.table.tolist() == [[5, 2, 9, 0], [7, 0, 0, 0], [1, 3, 4, 0]]
     # every segment's pooled-key rows: its sequence's pools 0..V-1 (V: the segment's last row's), then its pool 0;
-    # the width is the bucket of the call's largest V (13 -> 16); each row names its segment's table row
+    # the width is the bucket of the call's largest V (13 -> 16), rows through the same segment index
     assert maps.pool_table.shape == (3, 16) and maps.pool_table.dtype == np.int32
-    assert maps.pool_seg.dtype == np.int32 and maps.pool_seg.tolist() == [0, 1, 1, 2, 2, 2, 2]
+    assert maps.seg.dtype == np.int32 and maps.seg.tolist() == [0, 1, 1, 2, 2, 2, 2]
     for j, (s, v) in enumerate(zip(segs, [10, 1, 13])):
         want = kv.pool_rows(s.state.pages, np.arange(v)).tolist()
         want += kv.pool_rows(s.state.pages, np.zeros(16 - v, np.int64)).tolist()
@@ -61,7 +64,7 @@ def test_call_maps_equal_the_store_rows():
     rows = seg_device.token_rows(maps, np, tokens)
     assert rows[0, :4].tolist() == kv.rows([5, 2, 9], np.array([0, 17, 40, -1])).tolist()
     assert rows[6, :2].tolist() == kv.rows([1, 3, 4, 0], np.array([63, 49])).tolist()
-    assert np.array_equal(rows, paged_rows(tokens, maps.table, 16))
+    assert np.array_equal(rows, paged_rows(tokens, maps.table, maps.seg, 16))
 
 
 def test_width_buckets():
@@ -70,22 +73,23 @@ def test_width_buckets():
     segs = segments([_State([5, 2, 9, 1, 6]), _State([7])], [70, 2], [1, 1], [True, True])
     maps = seg_device.call_maps(segs, kv, np)
     assert maps.table.shape == (2, 8) and maps.table[0].tolist() == [5, 2, 9, 1, 6, 0, 0, 0]
-    assert maps.pool_table.shape == (2, 32) and maps.pool_seg.tolist() == [0, 1]      # 17 visible pools -> 32
+    assert maps.pool_table.shape == (2, 32) and maps.seg.tolist() == [0, 1]           # 17 visible pools -> 32
     assert maps.pool_table[1].tolist() == [kv.pool_rows([7], [0])[0]] * 32                 # no pool visible yet
-    assert maps.base.reshape(-1).tolist() == [0, 8]
 
 
-def test_a_prompt_chunk_uploads_one_pool_table_row():
-    # one decode row and 64 prompt rows from position 64: the one upload holds each segment's pool table once
+def test_a_prompt_chunk_uploads_one_table_row_of_each():
+    # one decode row and 64 prompt rows from position 64: the one upload holds each segment's page table and pool
+    # table once (S * width and S * Pw entries), never a copy per row (T * width)
     kv = _KV(_Cfg(), 16)
     segs = segments([_State([9]), _State(list(range(8)))], [5, 64], [1, 64], [True, False])
     maps = seg_device.call_maps(segs, kv, np)
-    t, width, pw = 65, 8, 32                                                # 32 visible pools -> 32
-    assert maps.pool_table.shape == (2, pw) and maps.pool_seg.tolist() == [0] + [1] * 64
+    t, s, width, pw = 65, 2, 8, 32                                          # 32 visible pools -> 32
+    assert maps.table.shape == (s, width) and maps.pool_table.shape == (s, pw)
+    assert maps.seg.tolist() == [0] + [1] * 64
     upload = maps.latent.base                                               # the one device array of the call
-    assert all(a.base is upload for a in (maps.positions, maps.table, maps.pool_seg, maps.pool_table, maps.tail_seg))
+    assert all(a.base is upload for a in (maps.positions, maps.seg, maps.table, maps.pool_table, maps.tail_seg))
     done = 32 - 16                                                          # the chunk completes pools 16..31
-    assert upload.size == 4 * t + t * width + 2 * pw + done + 2 * 5 < t * pw
+    assert upload.size == 3 * t + s * width + s * pw + done + s * 5 < 3 * t + t * width
 
 
 def test_call_maps_refuse_a_shared_latent_row():
@@ -98,13 +102,17 @@ def test_call_maps_refuse_a_shared_latent_row():
 def test_attention_paged_equals_attention_through_rows():
     rng = np.random.default_rng(0)
     ops = NumpyOps()
-    table = np.array([[2, 0], [1, 3]], np.int32)
-    tokens = np.array([[0, 5, 20, -1], [3, 17, -1, -1]], np.int32)
-    counts = np.array([3, 2], np.int32)
+    table = np.array([[2, 0], [1, 3]], np.int32)                        # [S, width] two segments' page tables
+    seg = np.array([1, 0, 1], np.int32)                                 # rows 0 and 2 share segment 1's
+    tokens = np.array([[0, 5, 20, -1], [3, 17, -1, -1], [16, 1, -1, -1]], np.int32)
+    counts = np.array([3, 2, 2], np.int32)
+    assert paged_rows(tokens, table, seg, 16).tolist() == [[16, 21, 52, -1], [35, 1, -1, -1], [48, 17, -1, -1]]
     store = ops.bf16_full((64, 8), 0.0)
     store[:] = rng.standard_normal((64, 8)).astype(np.float32)
-    qa = ops.bf16_full((2, 2, 8), 0.0)
-    qa[:] = rng.standard_normal((2, 2, 8)).astype(np.float32)
-    got = ops.attention_paged(qa, store, tokens, table, 16, counts, 0.3, 2)
-    want = ops.attention(qa, store, paged_rows(tokens, table, 16), counts, 0.3, 2)
+    qa = ops.bf16_full((3, 2, 8), 0.0)
+    qa[:] = rng.standard_normal((3, 2, 8)).astype(np.float32)
+    got = ops.attention_paged(qa, store, tokens, table, seg, 16, counts, 0.3, 2)
+    want = ops.attention(qa, store, paged_rows(tokens, table, seg, 16), counts, 0.3, 2)
     assert np.array_equal(got.view(np.uint16), want.view(np.uint16))
+    with pytest.raises(ValueError, match="seg"):
+        paged_rows(tokens, table, seg[:2], 16)
