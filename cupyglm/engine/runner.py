@@ -24,7 +24,7 @@ class ModelRunner:
         self.cfg = ckpt.config
         self.ops, self.comm = ops, comm
         self.kv = KVStore(self.cfg, ops, num_pages, page_tokens, poison, host_slots=host_slots,
-                          host_shared=host_shared, tail_slots=tail_slots, mtp=mtp)
+                          host_shared=host_shared, tail_slots=tail_slots, mtp=mtp, scratch=graphs)
         self.model = GLMModel(self.cfg, ckpt.shard(comm.rank, comm.size), ops, comm, self.kv, mtp=mtp)
         self.graphs = None
         if graphs:

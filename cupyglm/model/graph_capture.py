@@ -41,6 +41,7 @@ from __future__ import annotations
 
 from cupyglm.kv.copy_hooks import address_of
 from cupyglm.model.kda_slots import KDASlots
+from cupyglm.model.seg_device import CallMaps, graph_maps
 
 BUCKETS = (1, 2, 4, 8, 16)
 
@@ -54,14 +55,15 @@ def bucket(rows: int) -> int | None:
 
 
 class _Entry:
-    def __init__(self, graph, static, out):
-        self.graph = graph            # cupy.cuda.Graph of the layer's captured work
+    def __init__(self, graph, static, out, layout=None):
+        self.graph = graph            # cupy.cuda.Graph of the layer's captured work (its first layout's)
         self.static = static          # (X [B, 4, D] bf16, h [B, D] bf16, post, comb): its inputs, fixed buffers
         self.out = out                # (X', h', post', comb') from the bucket's pool (None entries after the last layer)
+        self.variants = {layout: graph}   # a DSA layer: a graph per maps layout (B, width, Pw), all writing `out`
 
 
 class DecodeGraphs:
-    """The captured decode work of one model, per (layer, bucket)."""
+    """The captured decode work of one model, per (layer, bucket) (a DSA layer's per maps layout within)."""
 
     def __init__(self, ops, comm):
         self.ops, self.comm, self.cp = ops, comm, ops.xp
@@ -69,6 +71,8 @@ class DecodeGraphs:
         self.entries: dict[tuple[int, int], _Entry] = {}
         self.pools: dict[int, object] = {}                          # bucket -> its graphs' cupy.cuda.MemoryPool
         self.slots = KDASlots(self.cp)
+        self.maps: dict[tuple, object] = {}                         # layout -> the DSA maps' fixed int32 buffer
+        self.warm_maps: dict[tuple, CallMaps] = {}                  # layout -> its all-padding twin (warm-ups)
         self.replays = 0
         self.copies = 0                                             # static inputs written before a replay
         self.sources: list[tuple[int, tuple]] = []                  # (bucket, outputs): graph_ends' entry graphs
@@ -78,33 +82,51 @@ class DecodeGraphs:
         """Whether a call of `rows` rows, the leading `decode` of them decode/verify rows, replays graphs."""
         return decode == rows and bucket(rows) is not None
 
-    def layer(self, block, inputs: tuple, segs, nxt):
-        """A whole KDA layer of a decode call: inputs (X, h, post, comb) of its R rows -> the next layer's."""
+    def layer(self, block, inputs: tuple, segs, kv, nxt):
+        """A whole layer of a decode call: inputs (X, h, post, comb) of its R rows -> the next layer's."""
+        if not block.is_kda:
+            return self._dsa(block, inputs, segs, kv, nxt)
         r = inputs[0].shape[0]
         b = bucket(r)
         layer, slots = block.layer, self.slots
         slots.seat(segs, r, b)
         slots.move_in(layer, segs)
         return self._replay(block, b, inputs,
-                            lambda *st: block.whole(*st, slots.args(layer, b), self.comm, nxt),
-                            lambda *st: block.whole(*st, slots.args(layer, b, warm=True), self.comm, nxt))
+                            lambda *st: block.whole(*st, (slots.args(layer, b),), self.comm, nxt),
+                            lambda *st: block.whole(*st, (slots.args(layer, b, warm=True),), self.comm, nxt))
+
+    def _dsa(self, block, inputs: tuple, segs, kv, nxt):
+        """A whole DSA layer (device rows): the call's maps padded to the bucket in their layout's fixed buffer (one
+        upload a call, shared by its DSA layers), each state's index tail as its slot's views (host, before)."""
+        b = bucket(inputs[0].shape[0])
+        maps = graph_maps(segs, kv, self.cp, b, self.maps)
+        for seg in segs:
+            kv.tails.of(seg.state, block.layer)
+        warm = self.warm_maps.get(maps.layout)
+        if warm is None:                                            # no real row: writes scratch rows alone
+            warm = self.warm_maps[maps.layout] = CallMaps([], kv, self.cp, pad_to=b, widths=maps.layout[1:])
+        return self._replay(block, b, inputs, lambda *st: block.whole(*st, (kv, maps), self.comm, nxt),
+                            lambda *st: block.whole(*st, (kv, warm), self.comm, nxt), maps.layout)
 
     def ffn(self, block, inputs: tuple, nxt):
-        """A DSA layer's FFN half: inputs (X, h, post, comb) of R decode/verify rows -> block.ffn(...)."""
+        """A DSA layer's FFN half (its attention eager: the host-rows path): inputs (X, h, post, comb) of R
+        decode/verify rows -> block.ffn(...)."""
         b = bucket(inputs[0].shape[0])
         run = lambda *st: block.ffn(*st, b, self.comm, nxt)         # noqa: E731
         return self._replay(block, b, inputs, run, run)
 
-    def _replay(self, block, b: int, inputs: tuple, run, warm):
+    def _replay(self, block, b: int, inputs: tuple, run, warm, layout=None):
         r = inputs[0].shape[0]
         e = self.entries.get((block.layer, b))
         if e is None:
-            e = self.entries[(block.layer, b)] = self._capture(b, inputs, run, warm)
+            e = self.entries[(block.layer, b)] = self._capture(b, inputs, run, warm, layout)
+        elif layout not in e.variants:
+            e.variants[layout] = self._variant(b, e, run, warm)
         for s, x in zip(e.static, inputs):
             if address_of(s) != address_of(x):                      # chained inputs are the buffers themselves
                 s[:r] = x
                 self.copies += 1
-        e.graph.launch()
+        e.variants[layout].launch()
         self.replays += 1
         return tuple(None if o is None else o[:r] for o in e.out)
 
@@ -117,14 +139,24 @@ class DecodeGraphs:
                 return out
         return None
 
-    def _capture(self, b: int, inputs: tuple, run, warm) -> _Entry:
+    def _capture(self, b: int, inputs: tuple, run, warm, layout) -> _Entry:
         cp = self.cp
         static = self._chained(b, inputs)
         if static is None:
             static = tuple(cp.zeros((b,) + tuple(x.shape[1:]), dtype=x.dtype) for x in inputs)   # padding rows zero at first
         warm(*static)                                               # kernels loaded, flags allocated
         graph, out = self.record(b, lambda: run(*static))
-        return _Entry(graph, static, out)
+        return _Entry(graph, static, out, layout)
+
+    def _variant(self, b: int, e: _Entry, run, warm):
+        """Another layout's graph of a captured layer: the same static inputs, its outputs copied into the entry's
+        (inside the graph), so the graphs chained to them read them; its own outputs are its temporaries."""
+        def both():
+            for dst, src in zip(e.out, run(*e.static)):
+                if dst is not None:
+                    dst[...] = src
+        warm(*e.static)
+        return self.record(b, both)[0]
 
     def record(self, b: int, run) -> tuple:
         """(graph, outputs) of run() captured on the capture stream, allocating from bucket b's pool (the caller
