@@ -1,41 +1,48 @@
 """Decode calls as CUDA graphs (cuda backend, CUPYGLM_CUDA_GRAPHS=1): per (layer, batch bucket) one graph,
-captured once and replayed. A KDA layer is captured whole (its attention half from the normed row, the
-all-reduce, hc_post fused with hc_pre + norm, the FFN half, the all-reduce, hc_post fused with the next layer's
-hc_pre + norm); a DSA layer's FFN half alone (its attention half stays eager).
+captured once and replayed; a DSA layer's per maps layout (below). Every layer is captured whole (its attention
+half from the normed row, the all-reduce, hc_post fused with hc_pre + norm, the FFN half, the all-reduce, hc_post
+fused with the next layer's hc_pre + norm); on the host-rows path (`kv.host`) a DSA layer's FFN half alone.
 
 What is captured and why it stays exact:
 * Only calls whose rows are all decode/verify rows, at most 16 (`bucket`): a call of R rows runs in the smallest
   bucket B >= R (1, 2, 4, 8, 16). Rows are batch-invariant (every kernel of the decode role computes a row from
   that row alone, the expert pairs sorted per expert in pair order, a KDA row from its own sequence's state), so
   the R real rows of a B-row replay are the bits of the same R rows run eagerly; the padding rows B-R.. hold
-  earlier real rows (or zeros at first), run KDA on a zero state that is never written back, and their outputs
-  are dropped.
-* A graph reads nothing that changes per step but its input rows and, for KDA, the call's slot table: its grids,
-  shapes and host branches depend on B alone, never on context length, page tables or which sequences run.
-  The KDA states live in slots at fixed addresses (model/kda_slots.py states the ownership rule: a seated
-  sequence's SeqState arrays are views of its slot, written in place only by its own calls' replays, moved in
-  only when the batch's composition changes), stepped by one kda_step_slots launch for all the call's
-  sequences, each sequence's rows in order (MTP verify rows included).
+  earlier real rows (or zeros at first), run KDA on a zero state that is never written back, write DSA latent rows
+  to the KV store's scratch pages (model/seg_device.CallMaps padded: their own rows, position 0, their own pool
+  table row, no index tail, no pooled key), and their outputs are dropped.
+* A KDA graph reads nothing that changes per step but its input rows and the call's slot table: its grids, shapes
+  and host branches depend on B alone. The KDA states live in slots at fixed addresses (model/kda_slots.py states
+  the ownership rule: a seated sequence's SeqState arrays are views of its slot, written in place only by its own
+  calls' replays, moved in only when the batch's composition changes), stepped by one kda_step_slots launch for
+  all the call's sequences, each sequence's rows in order (MTP verify rows included).
+* A DSA graph reads the call's maps (latent rows, positions, page table, row segments, pool table, tail table,
+  done rows) from the fixed buffer of their layout (B, table width bucket, pool-table width bucket), uploaded once
+  a call and shared by its DSA layers; every host-side shape of the layer follows that layout (the pick's width
+  is the model's, the tail launch's grid.y the bucket), so the key is (layer, B, layout). The index tails sit in
+  fixed slots (kv/index_tails.py), made each state's views on the host before the replay. A layer's first layout
+  owns its outputs; a later layout's graph copies its outputs into them (inside the graph), so the layer after it
+  stays chained and its own outputs are temporaries. A DSA warm-up runs the layout's all-padding twin (scratch
+  rows alone), so no sequence's rows, tails or pooled keys are written twice.
 * Static inputs (X [B, 4, D] bf16, h [B, D] bf16, post, comb). Chained: when layer i's graph outputs are layer
   i+1's inputs (consecutive captured layers), layer i+1 is captured with layer i's output buffers as its static
-  inputs, so nothing is copied between them; only inputs that come from eager work (the embedding, a DSA
+  inputs, so nothing is copied between them; only inputs that come from eager work (the embedding, a host-rows DSA
   attention half) are written in place (one copy each) before the replay. The weights, the guard flags, the
-  slots, the table and everything else a graph reads are fixed allocations.
+  slots, the maps' buffers, the KV store and everything else a graph reads are fixed allocations.
 * The graphs' temporaries and outputs come from a private memory pool per bucket, kept alive with the graphs, so
   eager work never reuses them. A bucket's graphs share its pool (as PyTorch shares a graph pool): they replay
-  one after another on one stream in capture order (layer order: a call captures all its layers' graphs or
-  none), so a block one graph used as a temporary and a later one reuses is never live in both; outputs stay
-  allocated. A replay rewrites its outputs, which the step (or the next graph) consumes before the same graph
-  replays again. Device memory: per bucket B, L x (X, h, post, comb) outputs and one layer's temporaries, plus
-  the KDA slots; the memory plan sets both aside before sizing pages (engine/plan_graphs.py).
-* Capture is keyed by (layer, B) only. A warm-up run of the same work precedes the capture (kernels loaded,
-  guard flags allocated: no allocation outside the pool, no module load inside the capture); a KDA warm-up runs
-  every row as padding, so no slot is written.
-Eager: prompt rows, mixed calls, calls over 16 rows, the DSA attention halves (their host-side shapes follow
-context lengths: visible pools, pick widths, page tables; the index tails are fixed [kpool, I] pairs written in
-place by one launch per segment, but at each sequence's own address), MTP, the sampling of a step with logits
-edits. The ends (embedding -> streams -> layer 0's hc_pre + norm; final norm -> lm_head -> vocab gather, and a
-plain step's sample) are captured by model/graph_ends.py.
+  one after another on one stream, so a block one graph used as a temporary and a later one reuses is never live
+  in both; outputs stay allocated. A replay rewrites its outputs, which the step (or the next graph) consumes
+  before the same graph replays again. Device memory: per bucket B, L x (X, h, post, comb) outputs, one layer's
+  temporaries and the DSA maps' buffers, plus the KDA slots and the store's scratch pages; the memory plan sets
+  them aside before sizing pages (engine/plan_graphs.py).
+* Capture is keyed by (layer, B) (and a DSA layer's layout). A warm-up run of the same work precedes the capture
+  (kernels loaded, guard flags allocated: no allocation outside the pool, no module load inside the capture); a
+  KDA warm-up runs every row as padding, so no slot is written.
+Eager: prompt rows, mixed calls, calls over 16 rows, the host-rows path's DSA attention halves (kv.host: its
+gather, and the write-hash mode), MTP, the sampling of a step with logits edits. The ends (embedding -> streams
+-> layer 0's hc_pre + norm; final norm -> lm_head -> vocab gather, and a plain step's sample) are captured by
+model/graph_ends.py.
 """
 from __future__ import annotations
 
@@ -72,7 +79,6 @@ class DecodeGraphs:
         self.pools: dict[int, object] = {}                          # bucket -> its graphs' cupy.cuda.MemoryPool
         self.slots = KDASlots(self.cp)
         self.maps: dict[tuple, object] = {}                         # layout -> the DSA maps' fixed int32 buffer
-        self.warm_maps: dict[tuple, CallMaps] = {}                  # layout -> its all-padding twin (warm-ups)
         self.replays = 0
         self.copies = 0                                             # static inputs written before a replay
         self.sources: list[tuple[int, tuple]] = []                  # (bucket, outputs): graph_ends' entry graphs
@@ -102,11 +108,11 @@ class DecodeGraphs:
         maps = graph_maps(segs, kv, self.cp, b, self.maps)
         for seg in segs:
             kv.tails.of(seg.state, block.layer)
-        warm = self.warm_maps.get(maps.layout)
-        if warm is None:                                            # no real row: writes scratch rows alone
-            warm = self.warm_maps[maps.layout] = CallMaps([], kv, self.cp, pad_to=b, widths=maps.layout[1:])
-        return self._replay(block, b, inputs, lambda *st: block.whole(*st, (kv, maps), self.comm, nxt),
-                            lambda *st: block.whole(*st, (kv, warm), self.comm, nxt), maps.layout)
+        def warm(*st):                                              # the layout's all-padding twin: scratch rows alone
+            twin = CallMaps([], kv, self.cp, pad_to=b, widths=maps.layout[1:])
+            return block.whole(*st, (kv, twin), self.comm, nxt)
+        return self._replay(block, b, inputs, lambda *st: block.whole(*st, (kv, maps), self.comm, nxt), warm,
+                            maps.layout)
 
     def ffn(self, block, inputs: tuple, nxt):
         """A DSA layer's FFN half (its attention eager: the host-rows path): inputs (X, h, post, comb) of R
