@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 
 from cupyglm.config import ModelConfig
-from cupyglm.model.batch import Segment, Weights
+from cupyglm.model.batch import Weights
 
 LN_EPS = 1e-6
 

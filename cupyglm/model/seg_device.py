@@ -42,7 +42,7 @@ class CallMaps:
         """pad_to: B >= T rows and table rows (a captured call's bucket; `padded` states what padding rows are);
         into: the fixed device buffers by `layout`, uploaded in place (the first call of a layout allocates it);
         widths: (width, Pw) given (an all-padding twin of a layout), else the buckets of segs'."""
-        cfg, t, kp = kv.cfg, sum(s.n for s in segs), kv.cfg.index_kpool
+        t, kp = sum(s.n for s in segs), kv.cfg.index_kpool
         b = pad_to or t                                                   # rows of the maps
         if b < t or (b > t and len(kv.scratch) * kv.page_tokens < b - t):
             raise ValueError(f"call maps: {t} rows padded to {b} need {b - t} scratch rows "
