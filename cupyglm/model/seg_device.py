@@ -44,14 +44,15 @@ class CallMaps:
         widths: (width, Pw) given (an all-padding twin of a layout), else the buckets of segs'."""
         t, kp = sum(s.n for s in segs), kv.cfg.index_kpool
         b = pad_to or t                                                   # rows of the maps
-        if b < t or (b > t and len(kv.scratch) * kv.page_tokens < b - t):
+        scratch = kv.scratch if pad_to else []                           # the store's padding pages
+        if b < t or len(scratch) * kv.page_tokens < b - t or (pad_to and not scratch):
             raise ValueError(f"call maps: {t} rows padded to {b} need {b - t} scratch rows "
-                             f"(the store has {len(kv.scratch) * kv.page_tokens}: KVStore(scratch=True))")
+                             f"(the store has {len(scratch) * kv.page_tokens}: KVStore(scratch=True))")
         visible = [(s.start + s.n) // kp for s in segs]                   # pools the segment's last row sees
         width, pw = widths or (width_bucket(max(len(s.state.pages) for s in segs)), width_bucket(max(visible)))
         ns = b if pad_to else len(segs)                                   # table rows: padding segments past S
         latent = np.concatenate([kv.rows(s.state.pages, s.positions) for s in segs]
-                                + [kv.rows(kv.scratch, np.arange(b - t))]).astype(np.int32)   # [B] int32
+                                + [kv.rows(scratch, np.arange(b - t))] * (b > t)).astype(np.int32)   # [B] int32
         if np.unique(latent).size != b:                                                    # pages shared by two rows
             raise ValueError("call maps: two rows of the call map to one latent row (a page table is corrupt)")
         positions = np.zeros(b, dtype=np.int32)                                            # [B] int32
@@ -62,8 +63,9 @@ class CallMaps:
             positions[s.rows], table[s.rows, :len(s.state.pages)], pool_seg[s.rows] = s.positions, s.state.pages, j
             pool_table[j] = kv.pool_rows(s.state.pages, np.zeros(1))[0]
             pool_table[j, :v] = kv.pool_rows(s.state.pages, np.arange(v))
-        table[t:, :len(kv.scratch)] = kv.scratch[:width]                   # padding rows: position 0, scratch rows
-        pool_table[len(segs):] = kv.pool_rows(kv.scratch, np.zeros(1))[0] if kv.scratch else 0
+        if pad_to:                                                       # padding rows: position 0, scratch rows
+            table[t:, :len(scratch)] = scratch[:width]
+            pool_table[len(segs):] = kv.pool_rows(scratch, np.zeros(1))[0]
         base = np.arange(b, dtype=np.int32) * np.int32(width)                              # [B] int32 row t's table
         parts = [latent, positions, table.reshape(-1), base, pool_seg, pool_table.reshape(-1)]
         done_at, pool_at = [], 4 * b + b * width
