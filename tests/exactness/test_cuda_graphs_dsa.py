@@ -152,3 +152,24 @@ def test_padded_maps_keep_the_real_rows_and_write_in_place(tiny_ckpt, cuda_ops):
         again = CallMaps(segments(states, [38, 7], [1, 1], [True, True]), kv, xp, pad_to=8, into=into)
     assert again.layout == padded.layout and c.h2d == 1 and c.allocs == 0
     assert address_of(again.latent) == address_of(buf)                     # the same fixed buffer, in place
+
+
+def test_the_host_rows_path_keeps_dsa_attention_eager(tiny_ckpt, cuda_ops):
+    """kv.host (latent rows in host memory): a DSA layer's attention half runs eagerly (its gather), its FFN half
+    replays; the KV store has no scratch pages; the rows equal the eager device run's."""
+    eager = _runner(tiny_ckpt, cuda_ops, False)
+    host = ModelRunner(tiny_ckpt, cuda_ops, LocalComm(), 64, 16, poison=True, host_slots=64, graphs=True)
+    assert host.kv.scratch == []
+    es, hs = [eager.new_state() for _ in range(3)], [host.new_state() for _ in range(3)]
+    for run, st in ((eager, es), (host, hs)):
+        _call(run, cuda_ops, [(s, np.arange(7 + 9 * i, 40, dtype=np.int32)) for i, s in enumerate(st)], False)
+    rng = np.random.default_rng(2)
+    for step in range(3):
+        feed = [rng.integers(0, 400, 1).astype(np.int32) for _ in es]
+        want = _call(eager, cuda_ops, list(zip(es, feed)), True)
+        with cupy_double.counting(trace=True) as c:
+            got = _call(host, cuda_ops, list(zip(hs, feed)), True)
+        for i, (w, g) in enumerate(zip(want, got)):
+            assert np.array_equal(bits(w), bits(g)), f"step {step} seq {i}: max diff {np.abs(w - g).max()}"
+        assert c.where["launches"]["dsa_pick"] == len(tiny_ckpt.config.dsa_layers)
+    assert all(len(e.variants) == 1 for e in host.graphs.entries.values())
