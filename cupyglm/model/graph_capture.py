@@ -108,6 +108,7 @@ class DecodeGraphs:
         maps = graph_maps(segs, kv, self.cp, b, self.maps)
         for seg in segs:
             kv.tails.of(seg.state, block.layer)
+
         def warm(*st):                                              # the layout's all-padding twin: scratch rows alone
             twin = CallMaps([], kv, self.cp, pad_to=b, widths=maps.layout[1:])
             return block.whole(*st, (kv, twin), self.comm, nxt)
