@@ -9,8 +9,8 @@ Engine.step with 4 requests decoding (mixed sampling), per token; `model-45` the
 the real layer structure (45 layers: 34 KDA + 11 DSA, 3 dense MLPs) at tiny widths (--layers45). --quant: the
 tiny checkpoint written quantised (make-tiny --quant) instead, with the gemm_* / quantised gemv launches named.
 
-Each row runs with CUDA graphs off (the `per token:` lines) and on (CUPYGLM_CUDA_GRAPHS=1: KDA layers whole,
-DSA layers' FFN halves and the ends replayed, model/graph_capture.py, graph_ends.py); a table puts both side by
+Each row runs with CUDA graphs off (the `per token:` lines) and on (CUPYGLM_CUDA_GRAPHS=1: every layer whole and
+the ends replayed, model/graph_capture.py, graph_ends.py); a table puts both side by
 side: host launches (eager RawKernels, eager CuPy kernels, graph launches), the kernels run inside graphs, syncs,
 H2D copies, host time (the emulator's time in the double, kernels inside graphs included) and own host time (host
 time less the emulator's kernel time: the glue's Python, CuPy ops run by numpy at tiny widths, the double's

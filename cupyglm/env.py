@@ -18,7 +18,7 @@ VARIABLES: dict[str, tuple[str, str]] = {
     "CUPYGLM_KV_HOST_GIB": ("", "size of the host KV pages in GiB (needs CUPYGLM_KV_HOST=1; default one full window)"),
     "CUPYGLM_KV_HOST_SLOTS": ("", "tests only: fewer gather slots than the plan's (the slot guard's refusal)"),
     "CUPYGLM_TEST_KV_HOST_HASH": ("0", "test only: 1 makes each rank print a digest of the host KV rows it wrote in each step"),
-    "CUPYGLM_CUDA_GRAPHS": ("0", "1: on the cuda backend, decode calls replay each KDA layer whole, each DSA layer's FFN half and the step's ends (embedding, lm_head) as CUDA graphs per batch bucket (no bit changes; not fingerprinted)"),
+    "CUPYGLM_CUDA_GRAPHS": ("0", "1: on the cuda backend, decode calls replay each layer whole (a DSA layer's FFN half alone with --kv-host) and the step's ends (embedding, lm_head) as CUDA graphs per batch bucket (no bit changes; not fingerprinted)"),
     "CUPYGLM_MEMORY_RESERVE_GIB": ("1.0", "memory each rank keeps free after weights, scratch and KV pages"),
     "CUPYGLM_SIM_ORDER": ("forward", "thread order of the sim backend: forward, reverse or shuffled"),
     "CUPYGLM_SIM_SEED": ("0", "seed of the sim backend's shuffled thread order"),

@@ -218,7 +218,7 @@ def plan_memory(cfg: ModelConfig, *, storage: Storage, tp: int = 1, rank: int = 
         raise PlanError(f"--prompt-cache-gib {prompt_cache_gib:g} holds no kept page of {_size(page_bytes)} "
                         f"(give 0 for no prompt cache, or at least {page_bytes / GIB:.6f})")
     cache_here = 0 if host_cache else cache
-    terms = graph_terms(cfg, tp, storage) if graphs else ()
+    terms = graph_terms(cfg, tp, storage, context, page_tokens) if graphs else ()
     graph = graph_bytes(terms)
     if kv_budget_bytes is not None:
         budget, room = 0, int(kv_budget_bytes)

@@ -13,18 +13,20 @@ class ModelRunner:
     def __init__(self, ckpt: Checkpoint, ops, comm, num_pages: int, page_tokens: int, mtp: bool = False,
                  poison: bool = False, host_slots: int = 0, host_shared=None, graphs: bool = False,
                  tail_slots: int = TAIL_SLOTS):
-        """graphs: replay decode calls as CUDA graphs (cuda backend), KDA layers whole and DSA layers' FFN halves,
-        and the call's ends (embedding in, final norm + lm_head + vocab gather out, and a plain step's sample:
-        model/graph_ends.py).
-        Keyed by (layer, bucket) alone: the captured work has no host-side shape or branch that follows context
-        length or sequences, the KDA states sit in slots at fixed addresses, consecutive captured layers chain
-        their buffers, and padding rows are dropped (rows are batch-invariant): model/graph_capture.py states why
-        a replay is exact and what stays eager, model/kda_slots.py who owns a slot. tail_slots: the sequences
-        alive at once whose index tails the KV store holds (kv/index_tails.py; the engine: its running streams)."""
+        """graphs: replay decode calls as CUDA graphs (cuda backend), every layer whole (a DSA layer's FFN half
+        alone on the host-rows path), and the call's ends (embedding in, final norm + lm_head + vocab gather out,
+        and a plain step's sample: model/graph_ends.py); the KV store then holds scratch pages for padding rows.
+        Keyed by (layer, bucket), a DSA layer's also by its maps' layout (table width buckets): the captured work
+        has no other host-side shape or branch that follows context length or sequences, the KDA states and index
+        tails sit in slots at fixed addresses, the DSA maps in a fixed buffer per layout, consecutive captured
+        layers chain their buffers, and padding rows are dropped (rows are batch-invariant): model/graph_capture.py
+        states why a replay is exact and what stays eager, model/kda_slots.py who owns a slot. tail_slots: the
+        sequences alive at once whose index tails the KV store holds (kv/index_tails.py; the engine: its running
+        streams)."""
         self.cfg = ckpt.config
         self.ops, self.comm = ops, comm
         self.kv = KVStore(self.cfg, ops, num_pages, page_tokens, poison, host_slots=host_slots,
-                          host_shared=host_shared, tail_slots=tail_slots, mtp=mtp)
+                          host_shared=host_shared, tail_slots=tail_slots, mtp=mtp, scratch=graphs)
         self.model = GLMModel(self.cfg, ckpt.shard(comm.rank, comm.size), ops, comm, self.kv, mtp=mtp)
         self.graphs = None
         if graphs:

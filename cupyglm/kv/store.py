@@ -5,7 +5,10 @@ A page of `page_tokens` tokens holds, per KV layer, latent rows [page_tokens, R]
 row pages[p // page_tokens] * page_tokens + p % page_tokens. The arrays are those `cupyglm.memory.kv_arrays`
 describes (the plan counts the same description). With `host_slots` (CUPYGLM_KV_HOST=1) the latent rows
 live in host memory (`cupyglm.kv.host_rows`) and `host` gathers a call's picked rows into device slots. Every
-live sequence's index tails sit in `tails`, a slot per sequence (`cupyglm.kv.index_tails`).
+live sequence's index tails sit in `tails`, a slot per sequence (`cupyglm.kv.index_tails`). With `scratch` (CUDA
+graphs) the device arrays hold `scratch_pages(page_tokens)` more pages past the pool's, never leased: the
+padding rows of a captured decode call write their latent rows there and read their pooled keys there
+(model/seg_device.py), so they touch no sequence's rows.
 """
 from __future__ import annotations
 
@@ -17,26 +20,39 @@ from cupyglm.kv.index_tails import TAIL_SLOTS, IndexTails
 from cupyglm.kv.pool import PagePool
 from cupyglm.memory import alloc, latent_array, pooled_array, storage_of
 
+PAD_ROWS = 16       # the rows of the largest captured bucket (an all-padding warm-up call included)
+
+
+def scratch_pages(page_tokens: int) -> int:
+    """Pages that hold PAD_ROWS latent rows (one row each, so no two padding rows write one row)."""
+    return -(-PAD_ROWS // page_tokens)
+
 
 class KVStore:
     def __init__(self, cfg: ModelConfig, ops, num_pages: int, page_tokens: int, poison: bool = False,
-                 host_slots: int = 0, host_shared=None, tail_slots: int = TAIL_SLOTS, mtp: bool = True):
+                 host_slots: int = 0, host_shared=None, tail_slots: int = TAIL_SLOTS, mtp: bool = True,
+                 scratch: bool = False):
         """tail_slots: the sequences whose index tails the store holds at once (kv/index_tails.py); mtp: the MTP
-        layer writes tails (its head is built)."""
+        layer writes tails (its head is built); scratch: the padding rows' pages past the pool's (device rows)."""
         if page_tokens <= 0 or page_tokens % cfg.index_kpool:
             raise ValueError(f"page_tokens must be a positive multiple of {cfg.index_kpool}, got {page_tokens}")
         self.cfg = cfg
         self.page_tokens = page_tokens
         self.pool = PagePool(num_pages)
         xp, storage = ops.xp, storage_of(ops)
-        rows, pools = num_pages * page_tokens, num_pages * page_tokens // cfg.index_kpool
+        rows = num_pages * page_tokens
+        # the scratch pages' ids: num_pages .. (device arrays only; the host-rows path never captures a DSA layer)
+        self.scratch = list(range(num_pages, num_pages + scratch_pages(page_tokens))) \
+            if scratch and not host_slots else []
+        drows = rows + len(self.scratch) * page_tokens
+        pools = drows // cfg.index_kpool
         # latent[layer]: [pages * page_tokens, R] bf16; pooled[layer]: [pages * page_tokens / 4, I] bf16
         self.host = HostRows(cfg, ops, rows, host_slots, poison, pool=self.pool, shared=host_shared) \
             if host_slots else None
         if self.host is not None:
             self.latent = self.host.latent
         else:
-            self.latent = {l: alloc(xp, latent_array(cfg, l, rows), storage, poison) for l in cfg.kv_layers}
+            self.latent = {l: alloc(xp, latent_array(cfg, l, drows), storage, poison) for l in cfg.kv_layers}
         self.pooled = {l: alloc(xp, pooled_array(cfg, l, pools), storage, poison) for l in cfg.kv_layers}
         self.tails = IndexTails(cfg, xp, storage, tail_slots, cfg.kv_layers if mtp else cfg.dsa_layers)
 

@@ -28,9 +28,22 @@ class DSALayer:
 
     def __call__(self, x, segs: list[Segment], kv):
         """x: [T, D] bf16 (normed). Writes latent rows and pooled keys; returns the o_proj partial [T, D]."""
+        maps = seg_device.call_maps(segs, kv, self.ops.xp)                     # the call's row maps, built once
+        for seg in segs:                                   # host only: each state's tail pair as its slot's views
+            kv.tails.of(seg.state, self.layer)
+        return self._attend(x, kv, maps, decode_rows(segs), segs)
+
+    def captured(self, x, kv, maps):
+        """A captured decode call's layer (model/graph_capture.py): x [B, D] bf16 every row a decode/verify row,
+        maps the call's padded CallMaps (fixed buffers), the tails' views set up by the caller; device rows only."""
+        return self._attend(x, kv, maps, x.shape[0], ())
+
+    def _attend(self, x, kv, maps, d: int, segs):
+        """d: the leading decode/verify rows (the gemv); segs: the call's segments for the host-rows path and the
+        write-hash mode (empty when captured)."""
         ops, c, h = self.ops, self.cfg, self.heads
         xp = ops.xp
-        t, d = x.shape[0], decode_rows(segs)                # d: the leading decode/verify rows (the gemv)
+        t = x.shape[0]
         # every projection of x in one call (q_a, kv_a, the indexer's wk, gate, head weights), then those of qn
         ix = self.indexer
         qa, kva, ikr, ig, hwr = ops.gemm_multi((x,) * 5, (self.q_a, self.kv_a, ix.wk, ix.compress_gate,
@@ -40,7 +53,6 @@ class DSALayer:
                                          decode=d)
         q = qb.reshape(t, h, c.qk_nope_head_dim)                                          # [T, H, nope] bf16
         store = kv.latent[self.layer]
-        maps = seg_device.call_maps(segs, kv, xp)                              # the call's row maps, built once
         # the call's latent rows, RMS-normed on their way into the store, and its index keys [T, I] bf16
         # layer-normed, in one launch for every segment
         ik = ops.write_rows_rmsnorm_keys(store, maps.latent, kva, self.kv_a_norm, c.rms_norm_eps, ikr, *ix.key_norm,
@@ -49,7 +61,7 @@ class DSALayer:
         if kv.host is not None and kv.host.write_hash is not None:               # a test's check mode: rows as stored
             for seg, ids in zip(segs, written):
                 kv.host.write_hash.note(self.layer, ids, ops.read_rows(store, ids), seg.state)
-        self.indexer.write_pools(kv, self.layer, segs, ik, ig, maps)               # every segment, one launch
+        self.indexer.write_pools(kv, self.layer, ik, ig, maps)                   # every segment, one launch
         # every row's token list in one scores and one pick launch, on the device: no read-back
         tokens, counts = ix.pick(kv, self.layer, maps, qib, hwr)   # [T, max_pick] positions, -1 padded; [T] int32
         qa = ops.gemm_heads(q.transpose(1, 0, 2), self.w_k_t, out="bf16", decode=d).transpose(1, 0, 2)  # [T, H, R]

@@ -69,7 +69,7 @@ class Block:
         attn = KDALayer if self.is_kda else DSALayer
         self.attn = attn(cfg, w.sub("self_attn"), ops, layer, tp)
         self.mlp = MoE(cfg, w.sub("mlp"), ops) if cfg.is_moe(layer) else MLP(w.sub("mlp"), ops, cfg.swiglu_limit)
-        self.graphs = None            # model/graph_capture.DecodeGraphs: decode calls replayed (KDA layers whole)
+        self.graphs = None            # model/graph_capture.DecodeGraphs: decode calls' layers replayed whole
 
     def enter(self, X):
         """The first layer's attention input: (h, post, comb) of the embedded streams X."""
@@ -81,18 +81,19 @@ class Block:
         (nxt None) the final streams (X, None, None, None). hc_post rounds the fp32 sum to bf16."""
         d = decode_rows(segs)
         graphs = self.graphs if self.graphs is not None and self.graphs.takes(X.shape[0], d) else None
-        if graphs is not None and self.is_kda:
-            return graphs.layer(self, (X, h, post, comb), segs, nxt)
+        if graphs is not None and (self.is_kda or kv.host is None):     # the host-rows path's attention stays eager
+            return graphs.layer(self, (X, h, post, comb), segs, kv, nxt)
         partial = self.attn(h, segs) if self.is_kda else self.attn(h, segs, kv)
         X, h, post, comb = self.hc_ffn.post_pre_norm(X, summed(comm, partial), post, comb, self.post_norm)
         if graphs is not None:
             return graphs.ffn(self, (X, h, post, comb), nxt)
         return self.ffn(X, h, post, comb, d, comm, nxt)
 
-    def whole(self, X, h, post, comb, slots, comm, nxt: "Block | None"):
-        """A KDA layer of a captured decode call (every row a decode/verify row; the sequences' states in
-        `slots`, KDALayer's argument): attention, all-reduce, hc_post + hc_pre + norm, then the FFN half."""
-        partial = self.attn(h, None, slots)
+    def whole(self, X, h, post, comb, attn_args: tuple, comm, nxt: "Block | None"):
+        """A layer of a captured decode call (every row a decode/verify row): attention, all-reduce, hc_post +
+        hc_pre + norm, then the FFN half. attn_args: a KDA layer's (slots,) (the sequences' states, KDALayer's
+        argument), a DSA layer's (kv, maps) (the call's padded row maps, DSALayer.captured)."""
+        partial = self.attn(h, None, *attn_args) if self.is_kda else self.attn.captured(h, *attn_args)
         X, h, post, comb = self.hc_ffn.post_pre_norm(X, summed(comm, partial), post, comb, self.post_norm)
         return self.ffn(X, h, post, comb, X.shape[0], comm, nxt)
 
@@ -118,8 +119,8 @@ class GLMModel:
         self.ends = None              # model/graph_ends.DecodeEnds: decode calls' embedding and lm_head replayed
 
     def use_graphs(self, graphs) -> None:
-        """Replay decode calls' layers from `graphs` (model/graph_capture.py: KDA layers whole, DSA layers' FFN
-        halves) and their ends (model/graph_ends.py); None: eager."""
+        """Replay decode calls' layers from `graphs` (model/graph_capture.py: each layer whole; a DSA layer's FFN
+        half alone on the host-rows path) and their ends (model/graph_ends.py); None: eager."""
         for b in self.blocks:
             b.graphs = graphs
         self.ends = None if graphs is None else DecodeEnds(graphs, self.ends_enter, self.ends_exit)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 
 from cupyglm.config import ModelConfig
-from cupyglm.model.batch import Segment, Weights
+from cupyglm.model.batch import Weights
 
 LN_EPS = 1e-6
 
@@ -28,13 +28,12 @@ class Indexer:
         [T, I] bf16 with it in the launch that writes its latent rows (ops.write_rows_rmsnorm_keys)."""
         return self.k_norm_w, self.k_norm_b, LN_EPS
 
-    def write_pools(self, kv, layer: int, segs: list[Segment], ik, ig, maps) -> None:
-        """Every segment's index tail in place (its slot in the store's tails, kv/index_tails.py) and the pools its
-        rows complete pooled into the store: one launch for the call. ik, ig: the call's [T, I] bf16; maps: the
-        call's CallMaps (the segment table and the completed pools' rows)."""
+    def write_pools(self, kv, layer: int, ik, ig, maps) -> None:
+        """Every segment's index tail in place (its slot in the store's tails, kv/index_tails.py: the caller made
+        each state's pair its slot's views) and the pools its rows complete pooled into the store: one launch for
+        the call. ik, ig: the call's [T, I] bf16; maps: the call's CallMaps (the segment table and the completed
+        pools' rows)."""
         tails = kv.tails
-        for seg in segs:                                   # host only: each state's pair as its slot's views
-            tails.of(seg.state, layer)
         self.ops.index_tail_pool(tails.ik[layer], tails.ig[layer], ik, ig, self.ape, kv.pooled[layer], maps.tail_seg,
                                  maps.done_rows, items=maps.tail_items)
 

@@ -61,7 +61,7 @@ def test_two_ranks_on_one_visible_gpu_are_refused(mpirun, tiny_dir):
 
 
 def test_tp2_cuda_graphs_equal_numpy(mpirun, numpy_out, tmp_path):
-    """CUPYGLM_CUDA_GRAPHS=1: decode steps replayed as graphs (KDA layers whole, DSA layers' FFN halves), their
+    """CUPYGLM_CUDA_GRAPHS=1: decode steps replayed as graphs (every layer whole, the DSA maps padded), their
     NCCL calls captured too."""
     rc, out, err = _run(mpirun, ["-genv", "CUPYGLM_CUDA_GRAPHS", "1", "-n", "2", RUN[0], RUN[1], "--counts-dir",
                                  str(tmp_path), *_cuda()[3:]])
