@@ -284,13 +284,14 @@ def _run(engine, prompts) -> list[list[int]]:
 def test_sampling_parameters_in_one_upload(cuda_ops):
     """engine/step_sample.upload_params: the six columns ops.sample takes, from one host-to-device copy."""
     from cupyglm.engine.step_sample import upload_params
-    from cupyglm.model.graph_ends import SAMPLE_DTYPES
 
+    dtypes = (np.float32, np.int32, np.float32, np.float32, np.uint64, np.int32)    # ops.sample's columns
     rows = [(0.0, 0, 1.0, 0.0, 2**63 + 5, 7), (0.8, 20, 0.9, 0.1, 1, 9), (1.0, 3, 0.5, 0.25, 12345, 0)]
     with cupy_double.counting() as c:
         got = upload_params(cuda_ops.xp, rows)
     assert c.h2d == 1
-    for col, dt, g in zip(zip(*rows), SAMPLE_DTYPES, got):
+    assert len(got) == len(dtypes)
+    for col, dt, g in zip(zip(*rows), dtypes, got):
         assert g.dtype == dt and g.flags.c_contiguous and np.array_equal(cuda_ops.asnumpy(g), np.array(col, dt))
 
 
