@@ -51,7 +51,7 @@ HEADER = CUDA_SRC / "sim" / "cuemu.h"
 
 CXXFLAGS = (
     "-std=c++17",
-    "-O2",
+    "-O1",  # the emulator's builds are compile-bound; IEEE semantics hold at any level (no fast-math, no FMA)
     "-fno-fast-math",
     "-ffp-contract=off",  # plain IEEE, no FMA contraction (== NVRTC --fmad=false)
     "-fno-strict-aliasing",  # kernels reinterpret_cast between vector/element types

@@ -1,5 +1,5 @@
 """Structured output against the real `mpirun -n 2` tiny server with the real openai client: json_schema replies
-parse and validate on 20 seeded requests, json_object, guided_choice, guided_regex, structured_outputs, a schema
+parse and validate on 12 seeded requests, json_object, guided_choice, guided_regex, structured_outputs, a schema
 streamed, tool_choice required and named, and plain requests batched with structured ones keep their tokens."""
 from __future__ import annotations
 
@@ -37,17 +37,17 @@ def valid(obj) -> bool:
             and (isinstance(obj.get("note", ""), str) and len(obj.get("note", "")) <= 4))
 
 
-def test_json_schema_parses_and_validates_on_20_seeds(client):
+def test_json_schema_parses_and_validates_on_12_seeds(client):
     def one(seed):
         return client.chat.completions.create(model=MODEL, messages=MSG, seed=seed, max_tokens=48, response_format=RF)
     with ThreadPoolExecutor(4) as pool:
-        replies = list(pool.map(one, range(20)))
+        replies = list(pool.map(one, range(12)))
     texts = set()
     for r in replies:
         c = r.choices[0]
         assert c.finish_reason == "stop" and valid(json.loads(c.message.content)), c.message.content
         texts.add(c.message.content)
-    assert len(texts) > 10                           # seeded sampling, not one forced string
+    assert len(texts) > 6                            # seeded sampling, not one forced string
 
 
 def test_json_object_choice_regex_and_structured_outputs(client):
@@ -103,16 +103,18 @@ def test_plain_requests_batched_with_structured_keep_their_tokens(http):
 
 
 def test_tool_choice_required_and_named(client):
-    for seed in range(2):
-        r = client.chat.completions.create(model=MODEL, messages=MSG, seed=seed, max_tokens=96, tools=TOOLS,
-                                           tool_choice="required")
-        c = r.choices[0]
-        assert c.finish_reason == "tool_calls" and c.message.tool_calls
-        for call in c.message.tool_calls:
+    named = {"type": "function", "function": {"name": "get_weather"}}
+
+    def one(args):
+        seed, choice = args
+        return client.chat.completions.create(model=MODEL, messages=MSG, seed=seed, max_tokens=96, tools=TOOLS,
+                                              tool_choice=choice).choices[0]
+    with ThreadPoolExecutor(3) as pool:                              # three requests sharing steps
+        *required, c = pool.map(one, [(0, "required"), (1, "required"), (4, named)])
+    for r in required:
+        assert r.finish_reason == "tool_calls" and r.message.tool_calls
+        for call in r.message.tool_calls:
             assert call.function.name in ("get_weather", "now") and isinstance(json.loads(call.function.arguments), dict)
-    r = client.chat.completions.create(model=MODEL, messages=MSG, seed=4, max_tokens=96, tools=TOOLS,
-                                       tool_choice={"type": "function", "function": {"name": "get_weather"}})
-    c = r.choices[0]
     assert c.finish_reason == "tool_calls" and [t.function.name for t in c.message.tool_calls] == ["get_weather"]
     args = json.loads(c.message.tool_calls[0].function.arguments)
     assert type(args["days"]) is int and 1 <= args["days"] <= 9 and set(args) <= {"days", "metric"}
