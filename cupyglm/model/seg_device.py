@@ -51,8 +51,8 @@ class CallMaps:
         visible = [(s.start + s.n) // kp for s in segs]                   # pools the segment's last row sees
         width, pw = widths or (width_bucket(max(len(s.state.pages) for s in segs)), width_bucket(max(visible)))
         ns = b if pad_to else len(segs)                                   # table rows: padding segments past S
-        latent = np.concatenate([kv.rows(s.state.pages, s.positions) for s in segs]
-                                + [kv.rows(scratch, np.arange(b - t))] * (b > t)).astype(np.int32)   # [B] int32
+        pad = [kv.rows(scratch, np.arange(b - t))] if b > t else []       # the padding rows' scratch rows
+        latent = np.concatenate([kv.rows(s.state.pages, s.positions) for s in segs] + pad).astype(np.int32)  # [B] int32
         if np.unique(latent).size != b:                                                    # pages shared by two rows
             raise ValueError("call maps: two rows of the call map to one latent row (a page table is corrupt)")
         positions = np.zeros(b, dtype=np.int32)                                            # [B] int32
