@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 
 import cupy_double
-from cupy_double.fixtures import cuda_double_module  # noqa: F401
+from cupy_double.fixtures import cuda_double_module, cuda_ops, graph_runner as _runner  # noqa: F401
 from cupyglm.backend.numpy_ops import NumpyOps
 from cupyglm.dist.comm import LocalComm
 from cupyglm.engine.config import EngineConfig
@@ -31,23 +31,9 @@ from cupyglm.engine.runner import ModelRunner
 from cupyglm.engine.sampling import SamplingParams
 from cupyglm.model.glm import SeqInput
 from cupyglm.model.kda_slots import KDASlots
+from model_helpers import bits
 
 PROMPTS = [[5, 17, 300, 42], list(range(60, 100)), [7] * 13, [9, 8, 7, 6, 5, 4], [11] * 21]
-
-
-def bits(a) -> np.ndarray:
-    return np.ascontiguousarray(a, dtype=np.float32).view(np.uint32)
-
-
-@pytest.fixture(scope="module")
-def cuda_ops(cuda_double_module):
-    from cupyglm.backend.cuda_ops import CudaOps
-
-    return CudaOps()
-
-
-def _runner(ckpt, ops, graphs: bool) -> ModelRunner:
-    return ModelRunner(ckpt, ops, LocalComm(), 64, 16, poison=True, graphs=graphs)
 
 
 def _step(runner, ops, states, feed, decode: bool) -> list[np.ndarray]:

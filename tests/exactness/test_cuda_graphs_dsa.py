@@ -12,34 +12,19 @@
 from __future__ import annotations
 
 import numpy as np
-import pytest
 
 import cupy_double
-from cupy_double.fixtures import cuda_double_module  # noqa: F401
+from cupy_double.fixtures import cuda_double_module, cuda_ops, graph_runner as _runner  # noqa: F401
 from cupyglm.dist.comm import LocalComm
 from cupyglm.engine.runner import ModelRunner
 from cupyglm.kv.copy_hooks import address_of
 from cupyglm.model.batch import segments
 from cupyglm.model.glm import SeqInput
 from cupyglm.model.seg_device import CallMaps
+from model_helpers import bits
 
 DSA_KERNELS = ("kv_write_rows_rmsnorm_keys", "index_tail_pool", "index_scores_rows", "dsa_pick",
                "attention_chunk_scores", "attention_chunk_pv")
-
-
-def bits(a) -> np.ndarray:
-    return np.ascontiguousarray(a, dtype=np.float32).view(np.uint32)
-
-
-@pytest.fixture(scope="module")
-def cuda_ops(cuda_double_module):
-    from cupyglm.backend.cuda_ops import CudaOps
-
-    return CudaOps()
-
-
-def _runner(ckpt, ops, graphs: bool) -> ModelRunner:
-    return ModelRunner(ckpt, ops, LocalComm(), 64, 16, poison=True, graphs=graphs)
 
 
 def _call(runner, ops, items, decode: bool) -> list[np.ndarray]:
