@@ -29,13 +29,18 @@ class DSALayer:
     def __call__(self, x, segs: list[Segment], kv):
         """x: [T, D] bf16 (normed). Writes latent rows and pooled keys; returns the o_proj partial [T, D]."""
         maps = seg_device.call_maps(segs, kv, self.ops.xp)                     # the call's row maps, built once
-        for seg in segs:                                   # host only: each state's tail pair as its slot's views
-            kv.tails.of(seg.state, self.layer)
+        self.tail_views(kv, segs)
         return self._attend(x, kv, maps, decode_rows(segs), segs)
+
+    def tail_views(self, kv, segs: list[Segment]) -> None:
+        """Host only, before the layer runs (eager or replayed): each state's index-tail pair as its slot's views."""
+        for seg in segs:
+            kv.tails.of(seg.state, self.layer)
 
     def captured(self, x, kv, maps):
         """A captured decode call's layer (model/graph_capture.py): x [B, D] bf16 every row a decode/verify row,
-        maps the call's padded CallMaps (fixed buffers), the tails' views set up by the caller; device rows only."""
+        maps the call's padded CallMaps (fixed buffers), the tails' views set up by the caller (tail_views);
+        device rows only."""
         return self._attend(x, kv, maps, x.shape[0], ())
 
     def _attend(self, x, kv, maps, d: int, segs):

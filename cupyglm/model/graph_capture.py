@@ -106,8 +106,7 @@ class DecodeGraphs:
         upload a call, shared by its DSA layers), each state's index tail as its slot's views (host, before)."""
         b = bucket(inputs[0].shape[0])
         maps = graph_maps(segs, kv, self.cp, b, self.maps)
-        for seg in segs:
-            kv.tails.of(seg.state, block.layer)
+        block.attn.tail_views(kv, segs)
 
         def warm(*st):                                              # the layout's all-padding twin: scratch rows alone
             twin = CallMaps([], kv, self.cp, pad_to=b, widths=maps.layout[1:])

@@ -102,8 +102,8 @@ def test_a_decode_call_runs_no_dsa_kernel_from_the_host(tiny_ckpt, cuda_ops):
     assert runner.graphs.replays - replays == layers                             # every layer one replay
     eager = {k for k, n in c.where.get("launches", {}).items() if n}
     assert not eager & set(DSA_KERNELS), f"DSA kernels launched from the host: {sorted(eager & set(DSA_KERNELS))}"
-    inside = sum(n for k, n in c.where.get("graph_kernels", {}).items() if k in DSA_KERNELS)
-    assert inside >= len(tiny_ckpt.config.dsa_layers) * 4
+    inside = {k: c.where.get("graph_kernels", {}).get(k, 0) for k in DSA_KERNELS}
+    assert inside == {k: len(tiny_ckpt.config.dsa_layers) for k in DSA_KERNELS}, inside   # each once a DSA layer
     assert c.graph_launches == layers + 2 and runner.graphs.copies == copies       # chained: no input copied
 
 
