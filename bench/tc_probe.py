@@ -1,6 +1,7 @@
 """The tensor core against its CPU model: random and adversarial inputs (cancellation, wide exponent spread,
 subnormals, ties on the truncation boundary) through cuda_src/mma_probe.cu (the real mma.m16n8k16 on cuda, the
-emulator on sim) and through backend/tensor_core.py, bit for bit; then the PTX fragment layouts (identity tiles),
+emulator on sim; A's fragments from global memory and through ldmatrix, each counted) and through
+backend/tensor_core.py, bit for bit; then the PTX fragment layouts (identity tiles),
 row invariance (each 16-row slice alone equals its rows of the whole) and determinism (a second run).
 
     python bench/tc_probe.py [--backend cuda|sim] [--arch sm_90] [--m 64] [--n 64] [--k 256] [--seed 0]
@@ -51,11 +52,11 @@ class Probe:
             self.xp = np
         self.k = Kernels(backend, self.xp)
 
-    def run(self, a, b, c) -> np.ndarray:
+    def run(self, a, b, c, ldm: bool = False) -> np.ndarray:
         xp = self.xp
         if xp is np:
-            return np.asarray(mma_probe.mma_chain(self.k, a, b, c))
-        d = mma_probe.mma_chain(self.k, xp.asarray(to_bits(a)), xp.asarray(to_bits(b)), xp.asarray(c))
+            return np.asarray(mma_probe.mma_chain(self.k, a, b, c, ldmatrix=ldm))
+        d = mma_probe.mma_chain(self.k, xp.asarray(to_bits(a)), xp.asarray(to_bits(b)), xp.asarray(c), ldmatrix=ldm)
         return xp.asnumpy(d)
 
 
@@ -63,18 +64,19 @@ def bits(x) -> np.ndarray:
     return np.ascontiguousarray(x, dtype=np.float32).view(np.uint32)
 
 
-def layout_ok(p: Probe) -> bool:
-    """Identity tiles: A = I gives B, B = [I; 0] / [0; I] give A's halves, A = 0 gives C."""
+def layout_ok(p: Probe, ldm: bool) -> bool:
+    """Identity tiles: A = I gives B, B = [I; 0] / [0; I] give A's halves, A = 0 gives C (A through ldmatrix
+    when ldm)."""
     vals = bf16(np.arange(1, 129, dtype=np.float32).reshape(16, 8))
     a = bf16(np.arange(256, dtype=np.float32).reshape(16, 16))
     eye = np.eye(8, dtype=np.float32)
     zero8 = np.zeros((8, 8), np.float32)
     z = np.zeros((16, 8), np.float32)
     c = np.arange(128, dtype=np.float32).reshape(16, 8) - 60.5
-    checks = [(p.run(bf16(np.eye(16, dtype=np.float32)), vals, z), vals.astype(np.float32)),
-              (p.run(a, bf16(np.vstack([eye, zero8])), z), a[:, :8].astype(np.float32)),
-              (p.run(a, bf16(np.vstack([zero8, eye])), z), a[:, 8:].astype(np.float32)),
-              (p.run(bf16(np.zeros((16, 16), np.float32)), vals, c), c)]
+    checks = [(p.run(bf16(np.eye(16, dtype=np.float32)), vals, z, ldm), vals.astype(np.float32)),
+              (p.run(a, bf16(np.vstack([eye, zero8])), z, ldm), a[:, :8].astype(np.float32)),
+              (p.run(a, bf16(np.vstack([zero8, eye])), z, ldm), a[:, 8:].astype(np.float32)),
+              (p.run(bf16(np.zeros((16, 16), np.float32)), vals, c, ldm), c)]
     return all(np.array_equal(bits(got), bits(want)) for got, want in checks)
 
 
@@ -112,11 +114,11 @@ def main(argv=None) -> int:
             print(f"{name:>13}: no model for {arch}; rows {'ok' if rows else 'DIFFER'}")
             continue
         want = tc.mma_chain(x, y, c, arch=arch)
-        miss = int((bits(got) != bits(want)).sum())
+        miss = int((bits(got) != bits(want)).sum()) + int((bits(p.run(x, y, c, ldm=True)) != bits(want)).sum())
         ieee = int((bits(got) != bits((x.astype(np.float64) @ y.astype(np.float64) + c).astype(np.float32))).sum())
-        bad, total = bad + miss, total + got.size
-        print(f"{name:>13}: {miss}/{got.size} bits differ from the {arch} model ({ieee} from an fp64 sum rounded to fp32)")
-    layout = layout_ok(p)
+        bad, total = bad + miss, total + 2 * got.size
+        print(f"{name:>13}: {miss}/{2 * got.size} bits differ from the {arch} model ({ieee} from an fp64 sum rounded to fp32)")
+    layout = layout_ok(p, False) and layout_ok(p, True)
     ok = bad == 0 and layout and rows
     seen = f"{bad}/{total} bits differ" if model is not None else f"no model for {arch}"
     print(f"RESULT tc_probe {'ok' if ok else 'FAIL'} {a.backend} {arch}: {seen}; layout {'ok' if layout else 'WRONG'}; "

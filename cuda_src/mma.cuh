@@ -48,6 +48,24 @@ static __device__ __forceinline__ void mma_load_a(unsigned a[4], const __nv_bflo
   }
 }
 
+// ldmatrix.sync.aligned.m8n8.x4.shared.b16: lanes 8j..8j+7 name the 8 rows (16 bytes each, in shared memory) of
+// matrix j; every lane gets r[j] = matrix j's (lane / 4, 2 (lane % 4) .. +1). With lane l naming row l % 16, column
+// 8 (l / 16) of a row-major 16x16 tile, r is that tile's A fragment.
+static __device__ __forceinline__ void mma_ldmatrix_x4(unsigned r[4], const __nv_bfloat16* row) {
+#ifdef __CUEMU__
+  const int lane = threadIdx.x & 31;
+  for (int j = 0; j < 4; ++j) {
+    const __nv_bfloat16* q = __shfl_sync(FULL_MASK, row, 8 * j + (lane >> 2));
+    r[j] = mma_pack(q[2 * (lane & 3)], q[2 * (lane & 3) + 1]);
+  }
+#else
+  const unsigned addr = (unsigned)__cvta_generic_to_shared(row);
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+#endif
+}
+
 // This lane's B fragment of the 16x8 tile at p (B[k][n] row-major, row stride ldb elements).
 static __device__ __forceinline__ void mma_load_b(unsigned b[2], const __nv_bfloat16* p, long long ldb) {
   const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;

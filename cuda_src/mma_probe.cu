@@ -1,6 +1,6 @@
 // mma_probe.cu -- the tensor-core primitive (mma.cuh) on its own: D = A @ B + C as a chain of mma.m16n8k16 over
-// ascending k blocks of 16, each step's D the next step's C (cupyglm/backend/tensor_core.py: mma_chain). One warp
-// per 16x8 tile of D (grid = (N / 8, M / 16), block = 32). Storage: A [M, K] and B [K, N] bf16 row-major, C and
+// ascending k blocks of 16, each step's D the next step's C (cupyglm/backend/tensor_core.py: mma_chain), A's
+// fragments loaded from global memory or through shared memory by ldmatrix. One warp per 16x8 tile of D (grid = (N / 8, M / 16), block = 32). Storage: A [M, K] and B [K, N] bf16 row-major, C and
 // D [M, N] fp32. M % 16 == 0, N % 8 == 0, K % 16 == 0 (the launcher checks).
 //
 // Planted controls: CONTROL_TRANSPOSED_FRAGMENT (A's fragment loaded from the transposed tile), CONTROL_CHAIN_
@@ -24,8 +24,10 @@ extern "C" __global__ void mma_probe_chain(const __nv_bfloat16* __restrict__ a, 
                                            const __nv_bfloat16* __restrict__ b,   // [K, N] bf16
                                            const float* __restrict__ c,           // [M, N] fp32
                                            float* __restrict__ d,                 // [M, N] fp32
-                                           int n, int k) {
-  const int row0 = blockIdx.y * 16, col0 = blockIdx.x * 8;
+                                           int n, int k,
+                                           int via_ldmatrix) {   // 1: A staged in shared memory, mma_ldmatrix_x4
+  __shared__ __align__(16) __nv_bfloat16 tile[16][16];
+  const int row0 = blockIdx.y * 16, col0 = blockIdx.x * 8, lane = threadIdx.x & 31;
   float acc[4];
   mma_load_c(acc, c + (long long)row0 * n + col0, n);
   for (int step = 0; step < k / 16; ++step) {
@@ -40,13 +42,20 @@ extern "C" __global__ void mma_probe_chain(const __nv_bfloat16* __restrict__ a, 
     unsigned fa[4], fb[2];
 #ifdef CONTROL_TRANSPOSED_FRAGMENT
     // the tile read as its transpose: element (r, c) taken from (c, r) of a square 16x16 window of A
-    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    const int g = lane >> 2, t = lane & 3;
     for (int r = 0; r < 4; ++r) {
       const int row = g + 8 * (r & 1), col = 2 * t + 8 * (r >> 1);
       fa[r] = mma_pack(a[(long long)(row0 + col) * k + k0 + row], a[(long long)(row0 + col + 1) * k + k0 + row]);
     }
 #else
-    mma_load_a(fa, a + (long long)row0 * k + k0, k);
+    if (via_ldmatrix) {
+      for (int i = lane; i < 256; i += 32) tile[i >> 4][i & 15] = a[(long long)(row0 + (i >> 4)) * k + k0 + (i & 15)];
+      __syncwarp();
+      mma_ldmatrix_x4(fa, &tile[lane & 15][8 * (lane >> 4)]);
+      __syncwarp();                                             // the tile is rewritten by the next step
+    } else {
+      mma_load_a(fa, a + (long long)row0 * k + k0, k);
+    }
 #endif
     mma_load_b(fb, b + (long long)k0 * n + col0, n);
     mma_m16n8k16_bf16(acc, fa, fb, acc);

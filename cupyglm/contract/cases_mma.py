@@ -1,6 +1,7 @@
 """Contract cases of cuda_src/mma_probe.cu: the tensor-core primitive (cuda_src/mma.cuh) against the CPU model
 (backend/tensor_core.py, the architecture the emulator is built for). A tile product (K = 16) and k-chains; the
 inputs mix wide exponent spreads, cancelling pairs and bf16 subnormals so the model's cut and truncation show.
+One case loads A's fragments through shared memory with ldmatrix.x4.
 
 Controls: -DCONTROL_TRANSPOSED_FRAGMENT (A's fragment loaded from the transposed tile), -DCONTROL_CHAIN_REVERSED
 (the k blocks in descending order), -DCONTROL_IEEE_SUM (an fp32 IEEE sum in place of the mma).
@@ -30,13 +31,13 @@ def adversarial(rng, m: int, n: int, k: int):
     return bf16(a), bf16(b), c
 
 
-def _case(label: str, m: int, n: int, k: int, control: str) -> Case:
+def _case(label: str, m: int, n: int, k: int, control: str, ldm: bool = False) -> Case:
     def make(rng):
         a, b, c = adversarial(rng, m, n, k)
         return {"a": a, "b": b, "c": c}
 
     def launch(kn, dd):
-        return {"d": mma_probe.mma_chain(kn, dd["a"], dd["b"], dd["c"])}
+        return {"d": mma_probe.mma_chain(kn, dd["a"], dd["b"], dd["c"], ldmatrix=ldm)}
 
     def replay(dd):
         return {"d": tc.mma_chain(dd["a"], dd["b"], dd["c"], arch=TC_ARCH)}
@@ -45,7 +46,8 @@ def _case(label: str, m: int, n: int, k: int, control: str) -> Case:
                      lambda kn, dd: launch(kn.variant(control), dd)))
 
 
-#      label        M   N    K  control
+#      label        M   N    K  control                        ldmatrix
 _case("tile",      16,  8,  16, "CONTROL_TRANSPOSED_FRAGMENT")
 _case("chain",     32, 16,  64, "CONTROL_CHAIN_REVERSED")
 _case("ieee",      16, 24, 128, "CONTROL_IEEE_SUM")
+_case("ldmatrix",  32, 16,  48, "CONTROL_CHAIN_REVERSED",       True)

@@ -11,8 +11,9 @@ SRC = "mma_probe.cu"
 KERNEL = "mma_probe_chain"
 
 
-def mma_chain(k: Kernels, a, b, c):
-    """a [M, K] bf16, b [K, N] bf16, c [M, N] fp32 -> d [M, N] fp32; M % 16, N % 8 and K % 16 must be 0."""
+def mma_chain(k: Kernels, a, b, c, ldmatrix: bool = False):
+    """a [M, K] bf16, b [K, N] bf16, c [M, N] fp32 -> d [M, N] fp32; M % 16, N % 8 and K % 16 must be 0.
+    ldmatrix: A's fragments through shared memory and ldmatrix.x4 instead of straight from global memory."""
     check(KERNEL, "a", a, (None, None), k.bf16)
     m, kk = a.shape
     check(KERNEL, "b", b, (kk, None), k.bf16)
@@ -22,5 +23,5 @@ def mma_chain(k: Kernels, a, b, c):
         raise ValueError(f"{KERNEL}: M {m}, N {n}, K {kk} must be multiples of 16, 8 and 16")
     d = k.empty((m, n), np.float32)
     if m and n:
-        k.launch(SRC, KERNEL, (n // 8, m // 16), (32,), (a, b, c, d, i32(n), i32(kk)))
+        k.launch(SRC, KERNEL, (n // 8, m // 16), (32,), (a, b, c, d, i32(n), i32(kk), i32(int(ldmatrix))))
     return d

@@ -22,27 +22,29 @@ def bits(x):
     return np.ascontiguousarray(x).view(np.uint32)
 
 
-def test_fragment_layouts_put_every_element_in_its_place():
+@pytest.mark.parametrize("ldm", [False, True], ids=["global", "ldmatrix"])
+def test_fragment_layouts_put_every_element_in_its_place(ldm):
     vals = bf16(np.arange(1, 129, dtype=np.float32).reshape(16, 8))
     # A = I: D = B (every B element reaches its (k, n))
-    d = mma_probe.mma_chain(_k(), bf16(np.eye(16, dtype=np.float32)), vals, np.zeros((16, 8), np.float32))
+    d = mma_probe.mma_chain(_k(), bf16(np.eye(16, dtype=np.float32)), vals, np.zeros((16, 8), np.float32), ldm)
     assert np.array_equal(d, vals.astype(np.float32))
     # B = [I; 0]: D = A[:, :8]; B = [0; I]: D = A[:, 8:]
     a = bf16(np.arange(256, dtype=np.float32).reshape(16, 16))
     top = bf16(np.vstack([np.eye(8), np.zeros((8, 8))]).astype(np.float32))
     bot = bf16(np.vstack([np.zeros((8, 8)), np.eye(8)]).astype(np.float32))
     zero = np.zeros((16, 8), np.float32)
-    assert np.array_equal(mma_probe.mma_chain(_k(), a, top, zero), a[:, :8].astype(np.float32))
-    assert np.array_equal(mma_probe.mma_chain(_k(), a, bot, zero), a[:, 8:].astype(np.float32))
+    assert np.array_equal(mma_probe.mma_chain(_k(), a, top, zero, ldm), a[:, :8].astype(np.float32))
+    assert np.array_equal(mma_probe.mma_chain(_k(), a, bot, zero, ldm), a[:, 8:].astype(np.float32))
     # A = 0: D = C, element by element
     c = np.arange(128, dtype=np.float32).reshape(16, 8) - 60.5
-    assert np.array_equal(mma_probe.mma_chain(_k(), bf16(np.zeros((16, 16), np.float32)), vals, c), c)
+    assert np.array_equal(mma_probe.mma_chain(_k(), bf16(np.zeros((16, 16), np.float32)), vals, c, ldm), c)
 
 
 @pytest.mark.parametrize("order", ["forward", "reverse", "shuffled"])
-def test_emulator_equals_the_model_bit_for_bit(order):
+@pytest.mark.parametrize("ldm", [False, True], ids=["global", "ldmatrix"])
+def test_emulator_equals_the_model_bit_for_bit(order, ldm):
     a, b, c = adversarial(np.random.default_rng(7), 48, 16, 96)
-    got = mma_probe.mma_chain(_k(order), a, b, c)
+    got = mma_probe.mma_chain(_k(order), a, b, c, ldmatrix=ldm)
     want = tc.mma_chain(a, b, c, arch=TC_ARCH)
     assert np.array_equal(bits(got), bits(want))
     # and the model is not an IEEE sum on these inputs (the test can tell them apart)
@@ -61,7 +63,7 @@ def test_a_partial_warp_is_refused():
     a, b, c = adversarial(np.random.default_rng(9), 16, 8, 16)
     d = np.zeros((16, 8), np.float32)
     with pytest.raises(Exception, match="all 32 lanes"):
-        _k().launch(mma_probe.SRC, mma_probe.KERNEL, (1, 1), (16,), (a, b, c, d, np.int32(8), np.int32(16)))
+        _k().launch(mma_probe.SRC, mma_probe.KERNEL, (1, 1), (16,), (a, b, c, d, np.int32(8), np.int32(16), np.int32(0)))
 
 
 def test_launcher_refuses_shapes_off_the_tile():

@@ -20,8 +20,8 @@ def test_emulator_matches_the_model_on_every_input_set():
     assert r.returncode == 0, r.stdout + r.stderr
     lines = r.stdout.strip().splitlines()
     for name in ("random", "cancellation", "spread", "subnormal", "ties"):
-        assert any(line.strip().startswith(f"{name}: 0/512 bits differ from the sm_90 model") for line in lines), lines
-    assert lines[-1] == ("RESULT tc_probe ok sim sm_90: 0/2560 bits differ; layout ok; "
+        assert any(line.strip().startswith(f"{name}: 0/1024 bits differ from the sm_90 model") for line in lines), lines
+    assert lines[-1] == ("RESULT tc_probe ok sim sm_90: 0/5120 bits differ; layout ok; "
                          "row invariance and determinism ok")
 
 
