@@ -41,9 +41,9 @@ BUILTIN_MODEL = "builtin-tiny"
 PREFIX = "REFUSE rank settings: "
 
 # Keys compared, in the order a refusal looks at them.
-FIELDS: tuple[str, ...] = ("model", "backend", "arithmetic", "context", "parallel", "page_tokens", "kv_cache", "kv_pages", "kv_gib",
-                           "prompt_cache_gib", "prompt_cache_disk", "prompt_cache_disk_gib", "host_cache", "kv_share",
-                           "kv_host", "kv_host_gib", "mtp_drafts",
+FIELDS: tuple[str, ...] = ("model", "backend", "arithmetic", "context", "parallel", "page_tokens", "kv_cache",
+                           "kv_pages", "kv_gib", "prompt_cache_gib", "prompt_cache_disk", "prompt_cache_disk_gib",
+                           "host_cache", "kv_share", "kv_host", "kv_host_gib", "mtp_drafts",
                            "memory_reserve_gib", "max_queue", "seed", "prefill_chunk")
 # How the keys that are not settings come about (the rest: settings.SOURCES).
 HOW = {"arithmetic": "the cupyglm build's ARITHMETIC version and the GPU's tensor core"}
