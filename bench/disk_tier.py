@@ -19,6 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
+from cupyglm.backend.arithmetic import identity
 from cupyglm.backend.numpy_ops import NumpyOps
 from cupyglm.checkpoint.loader import open_model
 from cupyglm.dist.comm import LocalComm
@@ -35,8 +36,8 @@ PT = 16
 
 
 def _fp():
-    return df.state_fingerprint(model="builtin-tiny", backend="numpy", tp=1, rank=0, page_tokens=PT,
-                                kv_cache="bf16", storage="bf16 in 2 bytes", mtp=False)
+    return df.state_fingerprint(model="builtin-tiny", backend="numpy", arithmetic=identity("numpy"), tp=1, rank=0,
+                                page_tokens=PT, kv_cache="bf16", storage="bf16 in 2 bytes", mtp=False)
 
 
 def restore_ratio(ckpt, tokens: int, reps: int) -> None:

@@ -23,6 +23,9 @@
 //     __syncwarp) rendezvous the lanes named by the mask (restricted to lanes
 //     that exist in a partial last warp) and follow PTX `shfl.sync` semantics
 //     exactly, including `width` segments.
+//   * The tensor core's mma.m16n8k16 (cuda_src/mma.cuh) rendezvous the whole
+//     warp, gathers the lanes' fragments in the PTX layouts and computes D with
+//     the CPU model of the tensor core of CUPYGLM_TC_ARCH (cuemu_mma.h).
 //   * Blocks run one after another, in forward / reverse / shuffled order.
 //   * `__shared__` is `static` storage placed in the `cuemu_shared` section;
 //     the whole section is filled with 0xFF before every block.  Dynamic shared
@@ -71,6 +74,7 @@
 #include "cuemu_types.h"
 #include "cuemu_intrinsics.h"
 #include "cuemu_bf16.h"
+#include "cuemu_mma.h"
 #include "cuemu_atomics.h"
 #include "cuemu_fiber.h"
 #include "cuemu_crash.h"

@@ -9,12 +9,13 @@
 namespace cuemu {
 
 enum FiberState { F_RUNNABLE = 0, F_BARRIER = 1, F_WARP = 2, F_DONE = 3 };
-enum WarpOp { W_SYNC = 0, W_SHFL_IDX, W_SHFL_UP, W_SHFL_DOWN, W_SHFL_XOR, W_BALLOT, W_ANY, W_ALL };
+enum WarpOp { W_SYNC = 0, W_SHFL_IDX, W_SHFL_UP, W_SHFL_DOWN, W_SHFL_XOR, W_BALLOT, W_ANY, W_ALL, W_MMA };
 enum BarKind { B_SYNC = 0, B_COUNT, B_AND, B_OR };
 enum Status { ST_OK = 0, ST_DEADLOCK = 1, ST_KERNEL_ERROR = 2, ST_LAUNCH_ERROR = 3 };
 
 static const char* const kWarpOpName[] = {"__syncwarp", "__shfl_sync", "__shfl_up_sync", "__shfl_down_sync",
-                                           "__shfl_xor_sync", "__ballot_sync", "__any_sync", "__all_sync"};
+                                           "__shfl_xor_sync", "__ballot_sync", "__any_sync", "__all_sync",
+                                           "mma.sync.m16n8k16"};
 static const char* const kBarName[] = {"__syncthreads", "__syncthreads_count", "__syncthreads_and", "__syncthreads_or"};
 
 struct Fiber {

@@ -27,6 +27,10 @@ static inline T shfl(int op, unsigned mask, T v, int param, int width, const cha
 #define __all_sync(mask, p) ((int)::cuemu::warp_op(::cuemu::W_ALL, (mask), (p) != 0, 0, 32, __FILE__, __LINE__))
 
 namespace cuemu {
+// The warp's mma.m16n8k16 (cuda_src/mma.cuh): every lane hands in its fragments; d holds its part of D after.
+static inline void mma_sync(MmaLane* f, const char* file, int line) {
+  warp_op(W_MMA, 0xffffffffu, (unsigned long long)reinterpret_cast<uintptr_t>(f), 0, 32, file, line);
+}
 static inline unsigned syncwarp_mask() { return 0xffffffffu; }
 static inline unsigned syncwarp_mask(unsigned m) { return m; }
 }  // namespace cuemu

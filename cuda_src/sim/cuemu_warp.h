@@ -77,6 +77,15 @@ static inline bool try_complete_warp(Fiber* f, unsigned nthreads) {
     }
     unsigned long long r = op == W_BALLOT ? ballot : (op == W_ANY ? (ballot != 0) : (ballot == M));
     for (unsigned m = M; m; m &= m - 1) w[__builtin_ctz(m)].wres = r;
+  } else if (op == W_MMA) {
+    if (M != 0xffffffffu) {
+      set_error("warp %u: mma.sync needs all 32 lanes of the warp, the mask is 0x%08x (%s:%d)", warp, M, f->wfile,
+                f->wline);
+      return false;
+    }
+    MmaLane* lanes[32];
+    for (unsigned l = 0; l < 32; ++l) lanes[l] = reinterpret_cast<MmaLane*>(w[l].wval);
+    mma_m16n8k16_run(lanes);
   }
   for (unsigned m = M; m; m &= m - 1) w[__builtin_ctz(m)].state = F_RUNNABLE;
   return true;

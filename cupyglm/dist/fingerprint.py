@@ -8,6 +8,8 @@ Fingerprint (a JSON object; VERSION is bumped whenever a key is added, removed o
     model               model_identity(--model): SHA-256 of the checkpoint's config.json bytes (and of
                         hf_quant_config.json's, where the checkpoint has one), or "builtin-tiny"
     backend             the resolved backend (auto resolved on each rank, so a cuda rank never pairs with a numpy one)
+    arithmetic          backend/arithmetic.identity: the ARITHMETIC version and the tensor core's architecture
+                        (the device's on cuda), so ranks whose bits would differ never pair
     context, parallel, page_tokens, kv_cache, kv_pages, kv_gib, prompt_cache_gib,
     prompt_cache_disk (whether --prompt-cache-dir is set; the directory itself is not compared),
     prompt_cache_disk_gib, host_cache, kv_share, kv_host_gib, mtp_drafts, memory_reserve_gib, max_queue, seed
@@ -30,18 +32,21 @@ import json
 from pathlib import Path
 from typing import Any
 
+from cupyglm.backend import arithmetic as arith
 from cupyglm.checkpoint.quant import HF_QUANT_FILE
 from cupyglm.settings import SOURCES, Settings, SettingsError
 
-VERSION = 2
+VERSION = 3
 BUILTIN_MODEL = "builtin-tiny"
 PREFIX = "REFUSE rank settings: "
 
 # Keys compared, in the order a refusal looks at them.
-FIELDS: tuple[str, ...] = ("model", "backend", "context", "parallel", "page_tokens", "kv_cache", "kv_pages", "kv_gib",
-                           "prompt_cache_gib", "prompt_cache_disk", "prompt_cache_disk_gib", "host_cache", "kv_share",
-                           "kv_host", "kv_host_gib", "mtp_drafts",
+FIELDS: tuple[str, ...] = ("model", "backend", "arithmetic", "context", "parallel", "page_tokens", "kv_cache",
+                           "kv_pages", "kv_gib", "prompt_cache_gib", "prompt_cache_disk", "prompt_cache_disk_gib",
+                           "host_cache", "kv_share", "kv_host", "kv_host_gib", "mtp_drafts",
                            "memory_reserve_gib", "max_queue", "seed", "prefill_chunk")
+# How the keys that are not settings come about (the rest: settings.SOURCES).
+HOW = {"arithmetic": "the cupyglm build's ARITHMETIC version and the GPU's tensor core"}
 
 
 def model_identity(model_dir: str | Path | None) -> str:
@@ -69,11 +74,14 @@ def _read(model_dir: Path, name: str, required: bool) -> bytes | None:
         raise SettingsError(f"--model {model_dir}: cannot read {name} ({e.strerror or e})") from None
 
 
-def fingerprint(settings: Settings, *, backend: str | None = None) -> dict[str, Any]:
-    """The fingerprint of `settings` (model identity from settings.model_id, else computed from config.json)."""
+def fingerprint(settings: Settings, *, backend: str | None = None, arithmetic: str | None = None) -> dict[str, Any]:
+    """The fingerprint of `settings` (model identity from settings.model_id, else computed from config.json;
+    arithmetic from the backend unless given)."""
     model = settings.model_id if settings.model_id is not None else model_identity(settings.model)
-    fp: dict[str, Any] = {"version": VERSION, "model": model, "backend": backend or settings.backend}
-    for name in FIELDS[2:]:
+    backend = backend or settings.backend
+    fp: dict[str, Any] = {"version": VERSION, "model": model, "backend": backend,
+                          "arithmetic": arithmetic if arithmetic is not None else arith.identity(backend)}
+    for name in FIELDS[3:]:
         fp[name] = settings.kv_host_mode if name == "kv_host" else getattr(settings, name)
     return fp
 
@@ -84,7 +92,7 @@ def fingerprint_hash(fp: dict[str, Any]) -> str:
 
 
 def _how(key: str) -> str:
-    return SOURCES.get(key, key)
+    return HOW.get(key) or SOURCES.get(key, key)
 
 
 def compare(fingerprints: list[dict[str, Any]]) -> str | None:

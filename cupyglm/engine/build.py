@@ -82,6 +82,7 @@ def cuda_graphs(backend: str) -> bool:
 def build(world, ckpt, *, poison: bool = False, log=log_line):
     """The engine of this rank (plan, runner, engine); prints this rank's plan line. Returns (engine, plan)."""
     from cupyglm.backend import make_ops
+    from cupyglm.backend.arithmetic import unconfirmed_note
     from cupyglm.engine.runner import ModelRunner
 
     st, cfg = world.settings, ckpt.config
@@ -90,6 +91,9 @@ def build(world, ckpt, *, poison: bool = False, log=log_line):
     plan = plan_for(world, ckpt, ops, mtp=mtp)
     if log is not None:
         log(plan.line())
+        note = unconfirmed_note(world.backend) if world.rank == 0 else None
+        if note is not None:
+            log(note)
     runner = ModelRunner(ckpt, ops, world.comm, plan.num_pages, plan.page_tokens, mtp=mtp, poison=poison,
                          host_slots=host_slots(plan) if st.kv_host else 0,
                          host_shared=(lambda n: world.shared_segment("kv_host", n)) if st.kv_host_shared else None,
@@ -126,7 +130,8 @@ def build_disk(world, ckpt, kept, page_tokens: int, log):
     st = world.settings
     pause = float(env.get_or("CUPYGLM_TEST_DISK_WRITE_PAUSE") or 0)
     model = checkpoint_identity(ckpt.path, builtin=st.model is None)
-    fp = state_fingerprint(model=model, backend=world.backend, tp=world.size, rank=world.rank,
+    fp = state_fingerprint(model=model, backend=world.backend, arithmetic=world.fingerprint["arithmetic"],
+                           tp=world.size, rank=world.rank,
                            page_tokens=page_tokens, kv_cache=st.kv_cache,
                            storage=f"bf16 in {kept.storage.itemsize(BF16)} bytes", mtp=kept.mtp)
     disk = DiskStore(st.prompt_cache_dir, fp, kept, world.rank, world.size, log, pause_s=pause)

@@ -84,7 +84,9 @@ def nvrtc_version() -> tuple[int, int]:
 
 
 def compile_options(arch: str) -> list[str]:
-    return [f"--gpu-architecture={arch}", *NVRTC_OPTIONS, f"-I{CUDA_SRC}", f"-I{cuda_include_dir()}"]
+    # CUPYGLM_TC_ARCH names the tensor core the code runs on (the emulator sets the model's; cuda_src/mma.cuh)
+    return [f"--gpu-architecture={arch}", *NVRTC_OPTIONS, f"-DCUPYGLM_TC_ARCH={arch.removeprefix('sm_')}",
+            f"-I{CUDA_SRC}", f"-I{cuda_include_dir()}"]
 
 
 def source_with_line(path: Path) -> str:

@@ -35,6 +35,7 @@ workers) never see a partial file.
 from __future__ import annotations
 
 from cupyglm import env
+from cupyglm.backend.tensor_core import DEFAULT_ARCH
 import dataclasses
 import functools
 import hashlib
@@ -48,6 +49,7 @@ from pathlib import Path
 ABI_VERSION = "cuemu-1"
 CUDA_SRC = Path(__file__).resolve().parents[2] / "cuda_src"
 HEADER = CUDA_SRC / "sim" / "cuemu.h"
+TC_ARCH = DEFAULT_ARCH
 
 CXXFLAGS = (
     "-std=c++17",
@@ -60,6 +62,7 @@ CXXFLAGS = (
     "-fPIC",
     "-shared",
     "-D__CUEMU__",
+    f"-DCUPYGLM_TC_ARCH={TC_ARCH[3:]}",  # the tensor-core model the emulator runs (cuda_src/sim/cuemu_mma.h)
     "-w",
 )
 

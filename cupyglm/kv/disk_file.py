@@ -115,11 +115,12 @@ def checkpoint_identity(path: str | Path, builtin: bool = False) -> str:
     return h.hexdigest()
 
 
-def state_fingerprint(*, model: str, backend: str, tp: int, rank: int, page_tokens: int, kv_cache: str,
-                      storage: str, mtp: bool) -> dict:
-    """Every setting that changes the bytes of a rank's kept state (or how they are read back)."""
-    return {"model": model, "backend": backend, "tp": tp, "rank": rank, "page_tokens": page_tokens,
-            "kv_cache": kv_cache, "storage": storage, "mtp": bool(mtp)}
+def state_fingerprint(*, model: str, backend: str, arithmetic: str, tp: int, rank: int, page_tokens: int,
+                      kv_cache: str, storage: str, mtp: bool) -> dict:
+    """Every setting that changes the bytes of a rank's kept state (or how they are read back); `arithmetic`
+    (backend/arithmetic.identity) refuses a state computed under other reduction orders or another tensor core."""
+    return {"model": model, "backend": backend, "arithmetic": arithmetic, "tp": tp, "rank": rank,
+            "page_tokens": page_tokens, "kv_cache": kv_cache, "storage": storage, "mtp": bool(mtp)}
 
 
 def _differs(have: dict, want: dict) -> str:

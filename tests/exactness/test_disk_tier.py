@@ -7,6 +7,7 @@ import struct
 
 import pytest
 
+from cupyglm.backend.arithmetic import identity
 from cupyglm.backend.numpy_ops import NumpyOps
 from cupyglm.dist.comm import LocalComm
 from cupyglm.engine.config import EngineConfig
@@ -23,8 +24,8 @@ PAGES, PT = 24, 16
 
 
 def _fp(**kw):
-    base = dict(model="builtin-tiny", backend="numpy", tp=1, rank=0, page_tokens=PT, kv_cache="bf16",
-                storage="bf16 in 2 bytes", mtp=False)
+    base = dict(model="builtin-tiny", backend="numpy", arithmetic=identity("numpy"), tp=1, rank=0,
+                page_tokens=PT, kv_cache="bf16", storage="bf16 in 2 bytes", mtp=False)
     return df.state_fingerprint(**{**base, **kw})
 
 
@@ -131,7 +132,8 @@ def test_corrupt_files_are_refused_by_name_and_served_fresh(tiny_ckpt, tmp_path)
     assert dict(eng.disk.stats.refused) == {"truncated": 1, "newer header version": 1, "checksum": 1}
 
 
-@pytest.mark.parametrize("field,value", [("tp", 2), ("page_tokens", 32), ("model", "0" * 64)])
+@pytest.mark.parametrize("field,value", [("tp", 2), ("page_tokens", 32), ("model", "0" * 64),
+                                         ("arithmetic", "arithmetic 1, tensor core sm_120")])
 def test_other_settings_are_refused(tiny_ckpt, tmp_path, field, value):
     (prompt,) = _saved(tiny_ckpt, tmp_path, (20,))
     lines = []

@@ -232,3 +232,16 @@ def test_usage_error_on_one_rank_ends_the_job(launch):
     rc, out, took = run_job(launch, mpmd([], ["--no-such-flag"]), timeout=30)
     assert rc != 0 and took < 10, out
     assert "unrecognized arguments: --no-such-flag" in out
+
+
+# A rank of a build with another ARITHMETIC (its reduction orders or roundings changed): its bits would differ.
+OTHER_ARITHMETIC = ("import sys; from cupyglm.backend import arithmetic; arithmetic.ARITHMETIC += 1; "
+                    "from cupyglm.dist.selfcheck import main; sys.exit(main(sys.argv[1:]))")
+
+
+@pytest.mark.timeout(60)
+def test_refuses_a_rank_of_another_arithmetic(launch):
+    other = [SELFCHECK[0], "-c", OTHER_ARITHMETIC, *SELFCHECK[3:]]
+    rc, out, took = run_job(launch, ["-n", "1", *SELFCHECK, ":", "-n", "1", *other], timeout=30)
+    _assert_refused(rc, out, took, "REFUSE rank settings: rank 1's arithmetic differs from rank 0's "
+                                   "(the cupyglm build's ARITHMETIC version and the GPU's tensor core)")

@@ -8,8 +8,8 @@ from cupyglm.dist.step import DISK_CLEAR, DISK_SYNC, DiskOps, StepMessage, decod
 from cupyglm.engine.disk_tier import DiskIndex
 from cupyglm.kv import disk_file as df
 
-FP = df.state_fingerprint(model="m", backend="numpy", tp=2, rank=1, page_tokens=16, kv_cache="bf16",
-                          storage="bf16 in 2 bytes", mtp=False)
+FP = df.state_fingerprint(model="m", backend="numpy", arithmetic="arithmetic 1, tensor core sm_90", tp=2, rank=1,
+                          page_tokens=16, kv_cache="bf16", storage="bf16 in 2 bytes", mtp=False)
 
 
 def _write(tmp_path, body=None, tokens=(5, 6, 7)):
@@ -28,6 +28,19 @@ def test_round_trip_and_no_temp_left(tmp_path):
     out = np.empty(h.body_len, dtype=np.uint8)
     df.read_body(path, h, out)
     assert np.array_equal(out, body) and [p.name for p in tmp_path.iterdir()] == [path.name]
+
+
+def test_a_state_of_another_arithmetic_is_refused_by_name(tmp_path):
+    path, _ = _write(tmp_path)
+    for other in ("arithmetic 1, tensor core sm_120", "arithmetic 2, tensor core sm_90"):
+        with pytest.raises(df.StateRefused, match="fingerprint: arithmetic 'arithmetic 1, tensor core sm_90', "
+                                                  f"this server '{other}'") as e:
+            df.read_header(path, dict(FP, arithmetic=other))
+        assert e.value.reason == df.FINGERPRINT and not e.value.corrupt
+    old = {k: v for k, v in FP.items() if k != "arithmetic"}      # a file of a build before the key existed
+    df.write_state(tmp_path, "old" + df.SUFFIX, old, df.salt_digest("t"), (1,), [("a", 4)], np.zeros(4, np.uint8))
+    with pytest.raises(df.StateRefused, match="fingerprint: arithmetic None"):
+        df.read_header(tmp_path / ("old" + df.SUFFIX), FP)
 
 
 def test_each_refusal_is_named(tmp_path):

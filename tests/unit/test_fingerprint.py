@@ -27,11 +27,12 @@ def test_model_identity_missing(tmp_path):
 
 def test_fingerprint_holds_every_agreed_setting():
     f = fp.fingerprint(Settings(kv_host=True, kv_host_shared=True), backend="numpy")
-    assert f["version"] == fp.VERSION == 2
+    assert f["version"] == fp.VERSION == 3
     assert set(f) == {"version", *fp.FIELDS}
     assert f["model"] == "builtin-tiny" and f["backend"] == "numpy"
+    assert f["arithmetic"] == "arithmetic 1, tensor core sm_90"
     assert f["kv_host"] == 2 and "kv_host_shared" not in f
-    assert all(k in SOURCES for k in fp.FIELDS)
+    assert all(k in SOURCES or k in fp.HOW for k in fp.FIELDS)
     json.dumps(f)  # plain JSON values
 
 
@@ -43,7 +44,7 @@ def test_fingerprint_uses_model_id_when_filled():
 def test_every_settings_field_but_per_rank_ones_is_fingerprinted():
     fields = {f.name for f in dataclasses.fields(Settings)}
     # model_id is "model"; shared is inside kv_host; the disk directory differs per host (prompt_cache_disk: set or not)
-    covered = set(fp.FIELDS) - {"prompt_cache_disk"} | {"model_id", "kv_host_shared", "prompt_cache_dir"}
+    covered = set(fp.FIELDS) - {"prompt_cache_disk", "arithmetic"} | {"model_id", "kv_host_shared", "prompt_cache_dir"}
     assert fields == covered
 
 
@@ -99,9 +100,9 @@ def test_compare_reports_the_lowest_rank_and_first_field():
 
 
 def test_compare_version_and_missing_keys():
-    other = dict(base(), version=3)
-    assert fp.compare([base(), other]) == ("REFUSE rank settings: rank 1's fingerprint version 3 differs from "
-                                           "rank 0's 2 (the ranks run different cupyglm builds)")
+    other = dict(base(), version=4)
+    assert fp.compare([base(), other]) == ("REFUSE rank settings: rank 1's fingerprint version 4 differs from "
+                                           "rank 0's 3 (the ranks run different cupyglm builds)")
     fewer = base()
     del fewer["seed"]
     assert fp.compare([base(), fewer]).startswith("REFUSE rank settings: rank 1's seed differs")
@@ -137,3 +138,12 @@ def test_model_identity_hashes_the_quant_config(tmp_path):
     assert nvfp4 != plain and nvfp4 == fp.model_identity(tmp_path)
     (tmp_path / "hf_quant_config.json").write_bytes(b'{"quantization": {"quant_algo": "NVFP4", "group_size": 32}}')
     assert fp.model_identity(tmp_path) not in (plain, nvfp4)
+
+
+def test_ranks_of_another_arithmetic_are_refused_by_name():
+    other = fp.fingerprint(Settings(), backend="numpy", arithmetic="arithmetic 1, tensor core sm_120")
+    assert fp.compare([base(), base(), other]) == (
+        "REFUSE rank settings: rank 2's arithmetic differs from rank 0's "
+        "(the cupyglm build's ARITHMETIC version and the GPU's tensor core)")
+    newer = fp.fingerprint(Settings(), backend="numpy", arithmetic="arithmetic 2, tensor core sm_90")
+    assert "rank 1's arithmetic differs" in fp.decide([fp.payload_ok(base()), fp.payload_ok(newer)])
