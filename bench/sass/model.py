@@ -19,6 +19,7 @@ fewer (the latency of a dependent FP or shared load is then not hidden).
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 from bench.sass import hw, parse
@@ -76,6 +77,7 @@ def units_per_iter(k: Kernel, c: parse.Counts) -> float:
     raise ValueError(f"unknown unit {unit!r}")
 
 
+@functools.lru_cache(maxsize=None)
 def analyse(k: Kernel, arch: str = "sm_90", defines: tuple[str, ...] = ()) -> Analysis:
     """The kernel compiled for arch, its hot loop counted (raises if it has no loop or no work in it)."""
     comp = compiled(k.file, arch, tuple(defines))
