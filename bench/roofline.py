@@ -124,7 +124,8 @@ def main(argv=None) -> int:
     ap.add_argument("--tp", type=int, nargs="+", default=[2, 8])
     ap.add_argument("--batch", type=int, nargs="+", default=[1, 4, 16])
     ap.add_argument("--context", type=int, nargs="+", default=[4096, 131072])
-    ap.add_argument("--prefill", type=int, nargs="+", default=[32768, 131072], help="cold prompt lengths")
+    ap.add_argument("--prefill", type=int, nargs="*", default=[32768, 131072],
+                    help="cold prompt lengths (none: decode only)")
     ap.add_argument("--quant", nargs="+", choices=("bf16", "fp8", "nvfp4"),
                     help="weight formats (default: nvfp4 at TP=2, bf16 and fp8 at TP=8, bf16 otherwise)")
     ap.add_argument("--arch", default="sm_90", help="the architecture the kernels are compiled for")
