@@ -8,7 +8,6 @@ import hashlib
 import json
 import os
 import re
-import shutil
 import struct
 import subprocess
 import tempfile
@@ -33,14 +32,14 @@ class Resources:
 
 @functools.lru_cache(maxsize=None)
 def cuobjdump() -> Path:
-    """The cuobjdump binary: the nvidia-cuda-cuobjdump wheel (CUDA 13 or 12 layout), else PATH."""
+    """The cuobjdump binary: the nvidia-cuda-cuobjdump wheel (CUDA 13 or 12 layout), else a CUDA home's."""
     for sub in ("cu13/bin/cuobjdump", "cuda_cuobjdump/bin/cuobjdump", "cu12/bin/cuobjdump"):
         p = nvrtc_gate._nvidia_dir(sub)
         if p is not None and p.is_file():
             return p
-    found = shutil.which("cuobjdump")
-    if found:
-        return Path(found)
+    for home in (*env.cuda_homes(), Path("/usr/local/cuda")):
+        if (home / "bin" / "cuobjdump").is_file():
+            return home / "bin" / "cuobjdump"
     raise DisassemblerUnavailable("cuobjdump not found: pip install nvidia-cuda-cuobjdump (in the test extra)")
 
 
