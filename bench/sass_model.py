@@ -42,7 +42,8 @@ def main(argv=None) -> int:
     ap.add_argument("--rows", type=int, nargs="+", default=[1, 16], help="decode rows of the decode kernels")
     ap.add_argument("--m", type=int, default=2048, help="prompt rows (tokens) of the prompt kernels")
     ap.add_argument("--context", type=int, default=4096, help="context of the decode attention / indexer")
-    ap.add_argument("--arch", default="sm_90", help="the architecture compiled for (sm_90, sm_120)")
+    ap.add_argument("--arch", default="sm_90", help="the architecture compiled for (sm_90, sm_120); timed with "
+                    "the H200 figures of bench/sass/hw.py")
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args(argv)
     rows = kernel_rows(preset(a.config), a.tp, tuple(a.rows), a.m, a.context, a.arch)

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 _FUNC = re.compile(r"^\s*Function\s*:\s*(\S+)")
 _INSTR = re.compile(r"^\s*/\*([0-9a-f]{4,})\*/\s+(.*?)\s*;")
-_BRA = re.compile(r"^(?:@!?U?P\w+\s+)?BRA(?:\.\S+)?\s+(?:`?\(?\.?\w*\)?`?\s*)?(0x[0-9a-f]+)")
+_BRA = re.compile(r"^(?:@!?U?P\w+\s+)?BRA(?:\.\S+)?\s+(?:!?U?P\w+\s*,\s*)?(0x[0-9a-f]+)")   # guard as @P or operand
 
 # the mnemonic families counted (the part before the first dot)
 FP = frozenset({"FADD", "FMUL", "FFMA", "FMNMX", "FSETP", "FSET", "FSEL", "FCHK", "MUFU", "FRND", "HADD2", "HMUL2",

@@ -77,3 +77,24 @@ def test_roofline_prints_predictions_without_fixed_fractions(capsys):
     d = roofline.decode(preset("glm-5.3-flash"), 8, "bf16", 1, 4096)
     assert float(row[6]) == pytest.approx(d["predicted_ms"], abs=0.01)
     assert d["predicted_tok_s"] < d["roofline_tok_s"]
+
+
+def test_loops_found_with_either_branch_guard():
+    """A back-edge guarded by @P (sm_90) or by a uniform predicate operand (sm_120's BRA.U) closes a loop; a
+    branch to itself (the end-of-kernel trap) does not."""
+    from bench.sass import parse
+
+    sass = """
+        Function : k
+        /*0000*/                   MOV R1, c[0x0][0x28] ;
+        /*0010*/                   FADD R2, R2, R3 ;
+        /*0020*/               @P0 BRA 0x10 ;
+        /*0030*/                   FMUL R2, R2, R3 ;
+        /*0040*/                   FADD R2, R2, R3 ;
+        /*0050*/                   BRA.U UP0, 0x30 ;
+        /*0060*/                   BRA 0x60;
+"""
+    code = parse.functions(sass)["k"]
+    assert [(lp.start, lp.end) for lp in parse.loops(code)] == [(1, 2), (3, 5)]
+    loop, counts = parse.hot_loop(code)
+    assert (loop.start, counts.instr, counts.fp, counts.fmul) == (3, 3, 2, 1)
