@@ -72,22 +72,3 @@ def test_roofline_decode_bytes_by_format():
     for cls in ("lm_head", "kda state", "dsa kv"):
         assert parts["bf16"][cls] == parts["fp8"][cls] == parts["nvfp4"][cls]
     assert parts["nvfp4"]["gemv (experts)"] < 0.3 * parts["bf16"]["gemv (experts)"]
-
-
-def test_roofline_gemv_call_by_format(capsys):
-    """The per-call gemv table reads each format's stored bytes (values + scales) through the quantised gemv,
-    whose blocks keep as many bytes in flight as the bf16 one's; a format's unquantised lm_head reads bf16."""
-    from bench.roofline import _stored, gemv_call, print_gemv_table
-
-    name = "model.language_model.layers.3.self_attn.o_proj.weight"
-    stored = {f: _stored(FULL, 2, f)[name] for f in ("bf16", "fp8", "nvfp4")}
-    n, k = 4096, 8192
-    assert stored["bf16"] == 2 * n * k
-    assert stored["fp8"] == n * k + 4 * (n // 128) * (k // 128)
-    assert stored["nvfp4"] == n * k // 2 + n * k // 16 + 4
-    calls = {f: gemv_call(n, k, 1, stored=stored[f], form="dense", fmt=f) for f in stored}
-    assert {c["fraction"] for c in calls.values()} == {calls["bf16"]["fraction"]}
-    assert calls["nvfp4"]["weights (HBM)"] < calls["fp8"]["weights (HBM)"] < calls["bf16"]["weights (HBM)"]
-    print_gemv_table(FULL, 2, [1], 4.8e12, ["bf16", "fp8", "nvfp4"])
-    out = capsys.readouterr().out
-    assert "lm_head" in out and "nvfp4: bf16" in out and out.count("o_proj") == 3

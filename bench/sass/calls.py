@@ -1,0 +1,91 @@
+"""One launch of each modelled kernel at a shape: the work units, bytes (weights as cupyglm.memory stores them),
+FLOPs and blocks the launcher's grid gives (cupyglm/kernels/ops_*.py)."""
+from __future__ import annotations
+
+from bench.sass import kernels as K
+from bench.sass.model import Call, analyse
+
+OUTS = 16            # GEMV_OUTS / GEMM_OUTS: output columns a block
+ROWS = 16            # GEMV_ROWS: decode rows a block reads each weight once for
+
+
+def gemv(form: str, fmt: str, n: int, k: int, rows: int, stored: float, nw: int = 1, slices: float = 1.0,
+         heads: int = 1, out_bytes: int = 2, arch: str = "sm_90", collective: bool = False) -> Call:
+    """A decode GEMV of `rows` rows against `nw` [N, K] matrices of `stored` bytes each, for `heads` heads, or
+    (grouped) over `slices` experts with `rows` rows each. Weights are read once per ROWS rows."""
+    groups = -(-rows // ROWS)
+    units = slices * heads * n * k * nw * groups
+    total_rows = rows * slices * heads
+    nbytes = slices * heads * stored * nw * groups + total_rows * k * 2 + total_rows * n * out_bytes
+    blocks = int(-(-n // OUTS) * groups * heads * max(1.0, round(slices)))
+    return Call(analyse(K.gemv(form, fmt), arch), units, nbytes, 2.0 * total_rows * n * k * nw, blocks, collective)
+
+
+def gemm(form: str, fmt: str, m: int, n: int, k: int, stored: float, nw: int = 1, arch: str = "sm_90",
+         slices: float = 1.0) -> Call:
+    """A prompt GEMM of M rows (over `slices` experts' weights for the grouped forms): 2 M N K FLOPs a matrix;
+    each weight read once, x and y once."""
+    flops = 2.0 * m * n * k * nw
+    nbytes = slices * stored * nw + m * k * 2 + m * n * 2
+    blocks = -(-m // 16) * -(-n // OUTS)
+    return Call(analyse(K.gemm(form, fmt), arch), flops, nbytes, flops, blocks)
+
+
+def attention_decode(cfg, tp: int, rows: int, context: int, arch: str = "sm_90") -> list[Call]:
+    """attention_split.cu for `rows` decode rows at `context`: each row's picked latent rows (min(context,
+    index_topk) of kv_lora_rank bf16) scored and summed by its heads (q.k then P.v: 2 H R a picked row each);
+    the rows read from HBM once (the P.V pass finds them in L2)."""
+    h, r, chunk = cfg.num_attention_heads // tp, cfg.kv_lora_rank, cfg.attn_chunk
+    picked = min(context, cfg.index_topk)
+    flops = 2.0 * rows * h * r * picked
+    blocks = rows * -(-picked // chunk) * -(-h // K.att.HG)
+    ks, kp = K.attention_decode(r, chunk)
+    return [Call(analyse(ks, arch), flops, rows * picked * r * 2.0, flops, blocks),
+            Call(analyse(kp, arch), flops, rows * h * r * 2.0, flops, blocks)]
+
+
+def attention_prompt(cfg, tp: int, tokens: int, arch: str = "sm_90") -> Call:
+    """attention.cu over a cold prompt: query p attends min(p + 1, index_topk) picked rows (4 H R FLOPs each);
+    the latent rows are read once, the queries and outputs once."""
+    h, r, topk = cfg.num_attention_heads // tp, cfg.kv_lora_rank, cfg.index_topk
+    full = min(tokens, topk)
+    pairs = full * (full + 1) / 2 + max(0, tokens - topk) * topk
+    flops = 4.0 * h * r * pairs
+    nbytes = tokens * r * 2.0 + 2 * tokens * h * r * 2.0
+    return Call(analyse(K.attention_prompt(r, cfg.attn_chunk), arch), flops, nbytes, flops, tokens * h)
+
+
+def index_decode(cfg, rows: int, context: int, arch: str = "sm_90") -> Call:
+    """index_scores_rows: each row scores its visible pooled keys (context / index_kpool of index_head_dim bf16)
+    with its index heads (2 Hi I FLOPs a key)."""
+    pools, hi, i = context // cfg.index_kpool, cfg.index_n_heads, cfg.index_head_dim
+    flops = 2.0 * rows * pools * hi * i
+    return Call(analyse(K.INDEX_DECODE, arch), flops, rows * pools * i * 2.0, flops, -(-rows // 16) * -(-pools // 16))
+
+
+def index_prompt(cfg, tokens: int, arch: str = "sm_90") -> Call:
+    """index_scores over a cold prompt: query p scores the p / index_kpool pooled keys before it."""
+    pools, hi, i = tokens // cfg.index_kpool, cfg.index_n_heads, cfg.index_head_dim
+    flops = 2.0 * hi * i * tokens * pools / 2
+    nbytes = pools * i * 2.0 + tokens * hi * i * 2.0
+    return Call(analyse(K.INDEX_PROMPT, arch), flops, nbytes, flops, -(-tokens // 16) * -(-pools // 16))
+
+
+def kda_decode(cfg, tp: int, rows: int, arch: str = "sm_90") -> Call:
+    """kda_step: each row's [H, V, K] fp32 state read, updated and written back."""
+    h, d = cfg.kda_num_heads // tp, cfg.kda_head_dim
+    state = h * d * d
+    return Call(analyse(K.KDA_DECODE, arch), rows * state, rows * state * 8.0, 0.0, -(-d // 16) * h)
+
+
+def kda_prompt(cfg, tp: int, tokens: int, arch: str = "sm_90") -> Call:
+    """kda_recurrence over a cold prompt: every token updates the whole state; q, k, g fp32 and v bf16 read."""
+    h, d = cfg.kda_num_heads // tp, cfg.kda_head_dim
+    nbytes = 2 * h * d * d * 4.0 + tokens * h * d * (3 * 4 + 2 * 2)
+    return Call(analyse(K.kda_prompt(d), arch), tokens * h * d * d, nbytes, 0.0, -(-d // 8) * h)
+
+
+def norm(cfg, rows: int, arch: str = "sm_90") -> Call:
+    """rmsnorm_rows over `rows` rows of hidden_size (about 4 FLOPs an element)."""
+    d = cfg.hidden_size
+    return Call(analyse(K.NORM, arch), 4.0 * rows * d, rows * d * 4.0, 0.0, rows)

@@ -1,0 +1,65 @@
+"""The kernels of the decode and prompt paths the speed model reads, with their launchers' block sizes
+(cupyglm/kernels/ops_*.py). GEMV and GEMM forms are named by (form, dtype)."""
+from __future__ import annotations
+
+from cupyglm.kernels import ops_attention as att
+
+from bench.sass.model import Kernel
+
+FORMATS = ("bf16", "fp8", "nvfp4")
+
+
+def _q(name: str, fmt: str) -> str:
+    """gemv_lane16 -> gemv_fp8_lane16 etc.: the quantised kernel of a bf16 name."""
+    return name if fmt == "bf16" else name.replace("_lane16", f"_{fmt}_lane16")
+
+
+def gemv(form: str, fmt: str = "bf16") -> Kernel:
+    """The decode GEMV of a form: dense (also per-head, grid z), grouped (experts), swiglu, grouped swiglu,
+    multi, multi swiglu, multi rmsnorm (a norm in its prologue); bf16 only for the last three."""
+    files = {"dense": ("gemv_lane16", "gemv.cu"), "grouped": ("gemv_grouped_lane16", "gemv.cu"),
+             "swiglu": ("gemv_swiglu_lane16", "gemv_swiglu.cu"),
+             "grouped swiglu": ("gemv_grouped_swiglu_lane16", "gemv_swiglu.cu"),
+             "multi": ("gemv_multi_lane16", "gemv_multi.cu"),
+             "multi swiglu": ("gemv_multi_swiglu_lane16", "gemv_multi.cu"),
+             "multi rmsnorm": ("gemv_multi_rmsnorm_lane16", "gemv_norm.cu")}
+    name, file = files[form]
+    if fmt != "bf16":
+        if form.startswith("multi"):
+            raise ValueError(f"gemv form {form!r} has no {fmt} kernel")
+        name, file = _q(name, fmt), "gemv_q.cu"
+    return Kernel(name, file, "decode", "weight", 256, fmt)
+
+
+def gemm(form: str, fmt: str = "bf16") -> Kernel:
+    """The prompt GEMM of a form: dense, grouped, swiglu, grouped swiglu (lane-16, 16 x 16 threads)."""
+    files = {"dense": ("gemm_lane16", "gemm.cu"), "grouped": ("gemm_grouped_lane16", "gemm.cu"),
+             "swiglu": ("gemm_swiglu_lane16", "gemm_swiglu.cu"),
+             "grouped swiglu": ("gemm_grouped_swiglu_lane16", "gemm_swiglu.cu")}
+    name, file = files[form]
+    return Kernel(_q(name, fmt), file, "prompt", "mac", 256, fmt)
+
+
+def attention_decode(r: int, chunk: int) -> tuple[Kernel, Kernel]:
+    """attention_split.cu's two kernels (scores, then P.V), with the launcher's dynamic shared memory."""
+    return (Kernel("attention_chunk_scores", "attention_split.cu", "decode", "flop", 256,
+                   dyn_shared=((att.KT * r + 1) // 2 + att.HG * chunk) * 4),
+            Kernel("attention_chunk_pv", "attention_split.cu", "decode", "flop", 256,
+                   dyn_shared=(att.HG * chunk + chunk) * 4))
+
+
+def attention_prompt(r: int, chunk: int) -> Kernel:
+    return Kernel("attention", "attention.cu", "prompt", "flop", 128 if r <= 1024 else 256,
+                  dyn_shared=(2 * chunk + 1) * 4)
+
+
+INDEX_DECODE = Kernel("index_scores_rows", "indexer.cu", "decode", "flop", 256)
+INDEX_PROMPT = Kernel("index_scores", "indexer.cu", "prompt", "flop", 256)
+# kda_step's hot loop is one of its per-token loops over the lane's key columns (one element a thread)
+KDA_DECODE = Kernel("kda_step", "kda_step.cu", "decode", "state", 256, per_thread=1)
+NORM = Kernel("rmsnorm_rows", "norm.cu", "decode", "flop", 128)
+
+
+def kda_prompt(head_dim: int) -> Kernel:
+    """kda_recurrence: 16 threads a value row, each holding head_dim / 16 of its key columns."""
+    return Kernel("kda_recurrence", "kda.cu", "prompt", "state", 128, per_thread=head_dim / 16)

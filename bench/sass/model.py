@@ -1,0 +1,127 @@
+"""Counts of a kernel's compiled hot loop -> the time of one call on the H200 (bench/sass/hw.py).
+
+A call's time is the largest of three bounds, plus its launch (and a collective where the forward has one):
+  issue   units x (warp instructions a unit) / the rate the call's warps issue at
+  memory  the bytes the call moves (cupyglm.memory's arrays at the model's shapes) / HBM bandwidth
+  tensor  the call's FLOPs / the tensor peak, for a kernel whose hot loop holds tensor-core instructions (else 0)
+A unit is a weight for the decode GEMVs and a FLOP for the rest. The units of one hot-loop iteration of a warp:
+  weight  32 x FADD / GEMV_ROWS   (each weight is added into the GEMV_ROWS row accumulators of its lane's
+                                   thread, every row slot issued whether the call has that row or not)
+  mac     64 x FADD               (a lane-16 GEMM: each FADD accumulates one product, 2 FLOPs a thread)
+  flop    the loop's FLOPs        (FP instructions by their width; tensor instructions by their shape)
+  state   32 x per_thread         (KDA: the recurrent-state elements a thread updates an iteration)
+Instructions outside the hot loop (staging, folds, stores) are not counted: the hot loop is most of the work.
+
+Issue rate (occupancy rule): the grid's blocks spread over min(SMs, blocks) SMs; an SM holds
+min(blocks its registers / shared memory / threads allow, ceil(blocks / SMs)) of them at once; each of its
+ISSUE_SLOTS schedulers issues every clock while it has WARPS_TO_ISSUE resident warps, proportionally less with
+fewer (the latency of a dependent FP or shared load is then not hidden).
+"""
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+from bench.sass import hw, parse
+from bench.sass.compile import compiled
+
+GEMV_ROWS = 16       # cuda_src/gemv_tile.cuh: the row slots of a block
+
+
+@dataclass(frozen=True)
+class Kernel:
+    name: str            # the extern "C" function
+    file: str            # under cuda_src/
+    role: str            # decode | prompt
+    unit: str            # weight | mac | flop
+    threads: int         # a block's threads (the launcher's)
+    dtype: str = "bf16"  # the weights' stored format, for GEMVs and GEMMs
+    dyn_shared: int = 0  # dynamic shared memory a block (the launcher's), bytes
+    per_thread: float = 1.0   # unit "state": the elements a thread updates an iteration
+
+
+@dataclass(frozen=True)
+class Analysis:
+    kernel: Kernel
+    counts: parse.Counts
+    registers: int
+    shared: int
+    units_per_iter: float
+
+    @property
+    def instr_per_unit(self) -> float:
+        return self.counts.instr / self.units_per_iter
+
+    def per_unit(self, n: int) -> float:
+        return n / self.units_per_iter
+
+    @property
+    def blocks_per_sm(self) -> int:
+        warps = -(-self.kernel.threads // 32)
+        regs = warps * -(-(-(-self.registers // 8) * 8 * 32) // 256) * 256       # allocated 256 a warp
+        limits = [hw.MAX_BLOCKS, hw.MAX_THREADS // (warps * 32), hw.REGISTERS // max(regs, 1),
+                  hw.SHARED_BYTES // (self.shared + self.kernel.dyn_shared + hw.SHARED_RESERVED)]
+        return max(0, min(limits))
+
+
+def units_per_iter(k: Kernel, c: parse.Counts) -> float:
+    unit = k.unit
+    if unit == "state":
+        return 32 * k.per_thread
+    if unit == "weight":
+        return 32 * c.fadd / GEMV_ROWS
+    if unit == "mac":
+        return 64 * c.fadd
+    if unit == "flop":
+        return float(c.flops)
+    raise ValueError(f"unknown unit {unit!r}")
+
+
+@functools.lru_cache(maxsize=None)
+def analyse(k: Kernel, arch: str = "sm_90", defines: tuple[str, ...] = ()) -> Analysis:
+    """The kernel compiled for arch, its hot loop counted (raises if it has no loop or no work in it)."""
+    comp = compiled(k.file, arch, tuple(defines))
+    if k.name not in comp.functions:
+        raise KeyError(f"{k.name} is not in {k.file} for {arch}")
+    hot = parse.hot_loop(comp.functions[k.name])
+    if hot is None:
+        raise ValueError(f"{k.name}: no loop in its SASS")
+    res = comp.resources[k.name]
+    units = units_per_iter(k, hot[1])
+    if units <= 0:
+        raise ValueError(f"{k.name}: its hot loop does no {k.unit} work")
+    return Analysis(k, hot[1], res.registers, res.shared, units)
+
+
+def issue_rate(a: Analysis, blocks: int) -> float:
+    """Warp instructions a second the call's blocks issue (the occupancy rule in the module docstring)."""
+    blocks = max(1, int(blocks))
+    active = min(hw.SMS, blocks)
+    resident = max(1, min(a.blocks_per_sm, -(-blocks // hw.SMS)))
+    warps = resident * -(-a.kernel.threads // 32)
+    busy = min(1.0, warps / (hw.ISSUE_SLOTS * hw.WARPS_TO_ISSUE))
+    return active * hw.ISSUE_SLOTS * hw.CLOCK_HZ * busy
+
+
+@dataclass(frozen=True)
+class Call:
+    """One launch: `units` of its kernel's work, `bytes` moved, `flops`, over `blocks` blocks."""
+    analysis: Analysis
+    units: float
+    bytes: float
+    flops: float
+    blocks: int
+    collective: bool = False
+
+
+def bounds(c: Call) -> dict:
+    """issue / memory / tensor bounds, the predicted time (us) and which bound wins."""
+    a = c.analysis
+    issue = c.units * a.instr_per_unit / issue_rate(a, c.blocks) * 1e6
+    memory = c.bytes / hw.HBM_BYTES_S * 1e6
+    tensor = c.flops / hw.TENSOR_BF16_FLOPS * 1e6 if a.counts.tensor else 0.0
+    b = {"issue": issue, "memory": memory, "tensor": tensor}
+    bound = max(b, key=b.get)
+    extra = hw.LAUNCH_US + (hw.COLLECTIVE_US if c.collective else 0.0)
+    return {"issue_bound_us": issue, "memory_bound_us": memory, "tensor_bound_us": tensor,
+            "predicted_us": b[bound] + extra, "bound": bound}

@@ -1,0 +1,100 @@
+"""bench/sass_model.py and bench/roofline.py: the speed model read from the compiled kernels (NVRTC cubin,
+cuobjdump SASS). Skipped only when cupy (NVRTC) or the nvidia-cuda-cuobjdump wheel is not installed (both are in
+the test extra)."""
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+
+if importlib.util.find_spec("cupy") is None:
+    pytest.skip("cupy is not installed (the test extra's cupy-cuda12x + nvidia-cuda-nvrtc-cu12)",
+                allow_module_level=True)
+
+from bench.sass import compile as sass_compile  # noqa: E402
+from bench.sass import calls, hw, model  # noqa: E402
+
+try:
+    sass_compile.cuobjdump()
+except sass_compile.DisassemblerUnavailable as e:
+    pytest.skip(str(e), allow_module_level=True)
+
+# a loop whose body is REPS x 64 steps of an integer hash of one loaded value, then one FADD: REPS=2 issues about
+# twice REPS=1's instructions for the same one product a thread an iteration
+PLANTED = r"""
+extern "C" __global__ void planted(const float* __restrict__ x, float* __restrict__ y, int n) {
+  float acc = 0.0f;
+#pragma unroll 1
+  for (int i = threadIdx.x; i < n; i += 32) {
+    unsigned v = __float_as_uint(x[i]);
+#pragma unroll
+    for (int r = 0; r < 64 * REPS; ++r) v = (v ^ (v >> 7)) * 0x9E3779B1u + (unsigned)r;
+    acc = acc + __uint_as_float(v);
+  }
+  y[threadIdx.x] = acc;
+}
+"""
+
+
+def _planted(path, reps: int) -> model.Analysis:
+    k = model.Kernel("planted", str(path), "prompt", "mac", 32)
+    return model.analyse(k, "sm_90", (f"REPS={reps}",))
+
+
+def test_planted_loop_with_twice_the_instructions_doubles_the_issue_bound(tmp_path):
+    path = tmp_path / "planted.cu"
+    path.write_text(PLANTED)
+    one, two = _planted(path, 1), _planted(path, 2)
+    ratio = two.counts.instr / one.counts.instr
+    assert 1.9 < ratio < 2.1, (one.counts, two.counts)
+    assert one.counts.fadd == two.counts.fadd == 1 and one.counts.global_loads == two.counts.global_loads == 1
+    t1, t2 = (model.bounds(model.Call(a, 1e9, 0.0, 0.0, 10_000))["issue_bound_us"] for a in (one, two))
+    assert t2 / t1 == pytest.approx(ratio, rel=1e-9)
+    assert t1 == pytest.approx(1e9 * one.instr_per_unit / (hw.SMS * hw.ISSUE_SLOTS * hw.CLOCK_HZ) * 1e6)
+
+
+def test_gemv_lane16_at_one_row_is_issue_bound():
+    """Every row slot of the block is issued whatever the rows: one row costs what sixteen do."""
+    n = k = 4096
+    one, sixteen = (calls.gemv("dense", "bf16", n, k, r, 2 * n * k) for r in (1, 16))
+    b1, b16 = model.bounds(one), model.bounds(sixteen)
+    assert one.analysis.kernel.name == "gemv_lane16"
+    assert b1["bound"] == "issue" and b1["issue_bound_us"] > b1["memory_bound_us"]
+    assert b1["issue_bound_us"] == b16["issue_bound_us"]
+    assert one.analysis.counts.predicated > 0 and one.analysis.counts.tensor == 0
+
+
+def test_roofline_prints_predictions_without_fixed_fractions(capsys):
+    import bench.roofline as roofline
+
+    assert not any(hasattr(roofline, n) for n in ("EXPECTED", "GEMV_FRACTION", "LAUNCHES_PER_LAYER"))
+    assert roofline.main(["--tp", "8", "--quant", "bf16", "--batch", "1", "--context", "4096", "--prefill"]) == 0
+    out = capsys.readouterr().out
+    assert "262 / 145" in out and "7.85" in out and "%" not in out.split("predicted tok/s")[0]
+    row = next(line.split() for line in out.splitlines() if line.split()[:2] == ["8", "bf16"])
+    from cupyglm.config import preset
+
+    d = roofline.decode(preset("glm-5.3-flash"), 8, "bf16", 1, 4096)
+    assert float(row[6]) == pytest.approx(d["predicted_ms"], abs=0.01)
+    assert d["predicted_tok_s"] < d["roofline_tok_s"]
+
+
+def test_loops_found_with_either_branch_guard():
+    """A back-edge guarded by @P (sm_90) or by a uniform predicate operand (sm_120's BRA.U) closes a loop; a
+    branch to itself (the end-of-kernel trap) does not."""
+    from bench.sass import parse
+
+    sass = """
+        Function : k
+        /*0000*/                   MOV R1, c[0x0][0x28] ;
+        /*0010*/                   FADD R2, R2, R3 ;
+        /*0020*/               @P0 BRA 0x10 ;
+        /*0030*/                   FMUL R2, R2, R3 ;
+        /*0040*/                   FADD R2, R2, R3 ;
+        /*0050*/                   BRA.U UP0, 0x30 ;
+        /*0060*/                   BRA 0x60;
+"""
+    code = parse.functions(sass)["k"]
+    assert [(lp.start, lp.end) for lp in parse.loops(code)] == [(1, 2), (3, 5)]
+    loop, counts = parse.hot_loop(code)
+    assert (loop.start, counts.instr, counts.fp, counts.fmul) == (3, 3, 2, 1)
