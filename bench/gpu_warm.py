@@ -47,12 +47,12 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--arch", default="sm_90", help="when no device is visible")
     ap.add_argument("--procs", type=int, default=WARM_PROCS)
-    ap.add_argument("--only", type=int, default=None, help="the first N jobs only (a dry run)")
+    ap.add_argument("--only", type=int, default=None, help="the N smallest jobs only (a dry run)")
     a = ap.parse_args(argv)
     arch = _arch(a.arch)
     jobs = compile_jobs()
     jobs.sort(key=lambda j: -(CUDA_SRC / j[0]).stat().st_size)       # big files first: the tail is short
-    jobs = jobs[: a.only] if a.only else jobs
+    jobs = jobs[-a.only:] if a.only else jobs
     t0 = time.perf_counter()
     ctx = multiprocessing.get_context("spawn")                       # workers touch NVRTC only, never a device
     bad, fresh, worst = 0, 0, (0.0, "")
