@@ -45,13 +45,13 @@ STEPS = (
     Step("env", 15, 6, what="nvidia-smi, python/numpy/cupy versions, NVRTC version, device"),
     Step("warm", 60, 0, what="every compile the run needs, 16 processes, into the disk cache"),
     Step("contract", 60, 35, keep=True, what="the whole kernel contract on cuda (cubins from the cache)"),
-    Step("tokens", 60, 40, what="tiny model greedy tokens: cuda eager and CUDA graphs vs numpy"),
+    Step("tokens", 75, 45, what="tiny model greedy tokens: cuda eager and CUDA graphs vs numpy"),
     Step("invariance", 20, 8, what="GEMM row 0 bit-identical for batch sizes 1..16"),
     Step("predict", 20, 10, what="bench/sass_model.py --json (CPU only; skipped when absent)"),
     Step("micro", 45, 30, keep=True, what="GB/s of each GEMV form, TFLOP/s of the prompt GEMM, attention"),
     Step("decode", 120, 80, keep=True, what="~1B random model decode tok/s, bf16 and nvfp4, batch 1/4/16, graphs off/on"),
     Step("engine", 40, 20, what="4 concurrent mixed-sampling requests = solo = numpy"),
-    Step("sanitizer", 60, 45, what="compute-sanitizer memcheck and racecheck on the riskiest kernels"),
+    Step("sanitizer", 45, 40, what="compute-sanitizer memcheck and racecheck on the riskiest kernels"),
 )
 # Files that come back: SUMMARY, the archive of every step's log, the kept logs, the model's predictions.
 OUT_FILES = ("SUMMARY", "logs.tar.gz", *(f"{s.name}.txt" for s in STEPS if s.keep), "predictions.json")

@@ -3,7 +3,7 @@
 * NVRTC options are fixed (shared with the compile gate):
   ``--gpu-architecture=sm_XY`` of the current device, ``--fmad=false``,
   ``-std=c++17``, ``-I<cuda_src>``, ``-I<dir of the .cu>`` and the include dir
-  of ``cuda_bf16.h`` (the nvidia-cuda-runtime-cu12 wheel).
+  of ``cuda_bf16.h`` (a CUDA 12 or 13 runtime wheel: nvrtc_gate.cuda_include_dir).
 * The source is prefixed with ``#line 1 "<path>"`` so NVRTC errors name the
   ``.cu`` file and line; a failed compile raises :class:`CudaCompileError` with
   the NVRTC log.
