@@ -1,7 +1,7 @@
 """The steps of launch/gpu-check: their time limits (read by the script), expected times, the result files, and
 the NVRTC compiles the run needs. One table, so the plan and the limits cannot drift apart.
 
-    python bench/gpu_plan.py --limits                  # "name limit_s keep" lines (launch/gpu-check reads them)
+    python bench/gpu_plan.py --limits                  # "name limit_s keep fill" lines (launch/gpu-check reads)
     python bench/gpu_plan.py --plan [--compile-s 9.5]  # each step's expected time and the total; exit 1 when the
                                                        # run would not fit the budget or the files would not come back
     python bench/gpu_plan.py --jobs                    # the compiles: "file.cu -DNAME ..." a line
@@ -38,12 +38,13 @@ class Step:
     limit_s: int          # the step's timeout in launch/gpu-check
     expect_s: float       # expected seconds on one H200 (compile steps: from the timed compile, see expected())
     keep: bool = False    # its log is copied beside the archive (the others are only in logs.tar.gz)
+    fill: bool = False    # the last step: it runs for all the time left, its limit the least it is given
     what: str = ""
 
 
 STEPS = (
     Step("env", 15, 6, what="nvidia-smi, python/numpy/cupy versions, NVRTC version, device"),
-    Step("warm", 60, 0, what="every compile the run needs, 16 processes, into the disk cache"),
+    Step("warm", 75, 0, what="every compile the run needs, 16 processes, into the disk cache"),
     Step("contract", 60, 35, keep=True, what="the whole kernel contract on cuda (cubins from the cache)"),
     Step("tokens", 75, 45, what="tiny model greedy tokens: cuda eager and CUDA graphs vs numpy"),
     Step("invariance", 20, 8, what="GEMM row 0 bit-identical for batch sizes 1..16"),
@@ -51,7 +52,7 @@ STEPS = (
     Step("micro", 45, 30, keep=True, what="GB/s of each GEMV form, TFLOP/s of the prompt GEMM, attention"),
     Step("decode", 120, 80, keep=True, what="~1B random model decode tok/s, bf16 and nvfp4, batch 1/4/16, graphs off/on"),
     Step("engine", 40, 20, what="4 concurrent mixed-sampling requests = solo = numpy"),
-    Step("sanitizer", 45, 40, what="compute-sanitizer memcheck and racecheck on the riskiest kernels"),
+    Step("sanitizer", 30, 28, fill=True, what="compute-sanitizer memcheck and racecheck on the riskiest kernels"),
 )
 # Files that come back: SUMMARY, the archive of every step's log, the kept logs, the model's predictions.
 OUT_FILES = ("SUMMARY", "logs.tar.gz", *(f"{s.name}.txt" for s in STEPS if s.keep), "predictions.json")
@@ -143,8 +144,8 @@ def main(argv=None) -> int:
     ap.add_argument("--compile-s", type=float, default=None, help="one compile's seconds (default: time one)")
     a = ap.parse_args(argv)
     if a.limits:
-        print("\n".join(f"{s.name} {s.limit_s} {int(s.keep)}" for s in STEPS))
-        print(f"budget {BUDGET_S} 0")
+        print("\n".join(f"{s.name} {s.limit_s} {int(s.keep)} {int(s.fill)}" for s in STEPS))
+        print(f"budget {BUDGET_S} 0 0")
         return 0
     if a.jobs:
         print("\n".join(" ".join((f, *o)) for f, o in compile_jobs()))

@@ -51,7 +51,8 @@ def test_limits_output_is_what_the_script_reads():
                          text=True, check=True).stdout.split("\n")
     rows = [line.split() for line in out if line]
     assert [r[0] for r in rows] == [s.name for s in gpu_plan.STEPS] + ["budget"]
-    assert rows[-1] == ["budget", str(gpu_plan.BUDGET_S), "0"]
+    assert rows[-1] == ["budget", str(gpu_plan.BUDGET_S), "0", "0"]
+    assert [r[0] for r in rows if r[3] == "1"] == ["sanitizer"]
 
 
 def test_launch_plan_times_one_compile_and_passes():
