@@ -50,7 +50,7 @@ STEPS = (
     Step("invariance", 20, 8, what="GEMM row 0 bit-identical for batch sizes 1..16"),
     Step("predict", 20, 10, what="bench/sass_model.py --json (CPU only; skipped when absent)"),
     Step("micro", 45, 30, keep=True, what="GB/s of each GEMV form, TFLOP/s of the prompt GEMM, attention"),
-    Step("decode", 120, 80, keep=True, what="~1B random model decode tok/s, bf16 and nvfp4, batch 1/4/16, graphs off/on"),
+    Step("decode", 120, 80, keep=True, what="~1B random model decode tok/s, bf16 + nvfp4, batch 1/4/16, graphs off/on"),
     Step("engine", 40, 20, what="4 concurrent mixed-sampling requests = solo = numpy"),
     Step("sanitizer", 30, 28, fill=True, what="compute-sanitizer memcheck and racecheck on the riskiest kernels"),
 )

@@ -206,7 +206,8 @@ def cmd_speed(a) -> bool:
             runner = _runner(ckpt, a.backend, a.prompt_tokens + a.decode_tokens, seqs, graphs)
             print(f"{label}: load {time.perf_counter() - t0:.1f}s")
             p, d = _single(runner, a)
-            print(f"{label}: prefill {a.prompt_tokens} tokens {p:.1f} tok/s (TTFT {1000 * a.prompt_tokens / p:.0f} ms), "
+            print(f"{label}: prefill {a.prompt_tokens} tokens {p:.1f} tok/s "
+                  f"(TTFT {1000 * a.prompt_tokens / p:.0f} ms), "
                   f"decode {d:.1f} tok/s ({1000 / d:.1f} ms/token), median of {a.reps}")
             rates = [_batched_decode(runner, a, b, quant, label) for b in a.batch]
             summary.append(f"{q}/{'graphs' if graphs else 'eager'} " + "/".join(f"{r:.0f}" for r in rates or [d]))

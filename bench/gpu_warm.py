@@ -25,7 +25,8 @@ def _compile(job: tuple[str, tuple[str, ...], str]) -> tuple[str, tuple[str, ...
 
     t0 = time.perf_counter()
     try:
-        cached = (cuda.cache_dir() / f"{Path(name).stem}-{arch}-{cuda.cache_key(CUDA_SRC / name, arch, opts)}.cubin").is_file()
+        key = cuda.cache_key(CUDA_SRC / name, arch, opts)
+        cached = (cuda.cache_dir() / f"{Path(name).stem}-{arch}-{key}.cubin").is_file()
         cuda.compile_cubin(CUDA_SRC / name, arch, opts)
         return name, opts, time.perf_counter() - t0, True, "cached" if cached else "compiled"
     except Exception as e:  # noqa: BLE001 (reported per job)
