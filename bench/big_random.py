@@ -1,19 +1,23 @@
-"""A larger random model of the tiny preset's architecture (about 1B parameters), weights generated on the fly
-(no checkpoint written): for speed runs on a GPU.
+"""A larger random model of the tiny preset's architecture (about 1B parameters), for speed runs on a GPU: no
+checkpoint is written; each tensor is generated once and memoized on disk (bench/random_store.py, keyed by the
+config and seed), so later steps and runs read it back, and quantised projections are drawn directly as codes.
 
     from bench.big_random import big_config, RandomCheckpoint
     ckpt = RandomCheckpoint(big_config())            # duck-types Checkpoint for ModelRunner
     ckpt = RandomCheckpoint(big_config(), quant="nvfp4")   # the FP8 release's projections quantised (fp8 | nvfp4)
+    ckpt.build()                                     # every tensor on disk now, in parallel threads
 """
 from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Mapping
+import sys
+from pathlib import Path
 
-from cupyglm.checkpoint import names, quant as qformat, tiny_quant
-from cupyglm.checkpoint.tiny import init_tensor
-from cupyglm.config import DSA, KDA, ModelConfig, preset
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from bench.random_store import RandomStore  # noqa: E402
+from cupyglm.checkpoint import names, quant as qformat  # noqa: E402
+from cupyglm.config import DSA, KDA, ModelConfig, preset  # noqa: E402
 
 # ~1.0B parameters (0.96B without the MTP layer): hidden 1024, 16 layers (12 KDA + 4 DSA), 32 experts.
 BIG = dict(hidden_size=1024, num_hidden_layers=16, vocab_size=32768, num_attention_heads=16, q_lora_rank=384,
@@ -41,26 +45,6 @@ def param_count(cfg: ModelConfig) -> int:
     return sum(math.prod(s.shape) for s in names.all_specs(cfg))
 
 
-class _LazyShard(Mapping):
-    """name -> tensor, each generated when the model asks for it (never all of them held on the host)."""
-
-    def __init__(self, cfg: ModelConfig, seed: int, scheme=None, quantised=frozenset()):
-        self.cfg, self.seed, self.scheme, self.quantised = cfg, seed, scheme, quantised
-        self.specs = {s.name: s for s in names.all_specs(cfg)}
-
-    def __getitem__(self, name: str):
-        x = init_tensor(self.specs[name], self.cfg, self.seed)
-        if name in self.quantised:                  # as a quantised checkpoint would store it (make-tiny's rule)
-            return tiny_quant.qweight(self.specs[name], x, self.scheme)
-        return x
-
-    def __iter__(self):
-        return iter(self.specs)
-
-    def __len__(self) -> int:
-        return len(self.specs)
-
-
 class RandomCheckpoint:
     """What ModelRunner needs of a Checkpoint (config, shard, path), with random weights (tp = 1)."""
 
@@ -76,7 +60,15 @@ class RandomCheckpoint:
             name = f"random-{param_count(cfg) / 1e9:.2f}B"
         self.path = _P()
 
+        self.store = RandomStore(cfg, seed, self.scheme, self.quantised)
+
+    def build(self, threads: int | None = None) -> int:
+        """Every text tensor on disk; returns how many this call generated (0: all memoized)."""
+        before = self.store.generated
+        self.store.build_all(threads)
+        return self.store.generated - before
+
     def shard(self, rank: int, tp: int):
         if tp != 1:
             raise ValueError("RandomCheckpoint serves tp = 1 only")
-        return _LazyShard(self.config, self.seed, self.scheme, self.quantised)
+        return self.store

@@ -1,13 +1,16 @@
 """GPU checks of the whole model (launch/gpu-check runs these; any backend works, numpy for a dry run).
 
-    python bench/gpu_tokens.py tokens     --backend cuda [--ref numpy] [--prompts 3] [--tokens 32]
+    python bench/gpu_tokens.py tokens     --backend cuda [--ref numpy] [--prompts 3] [--tokens 32] [--graphs both]
     python bench/gpu_tokens.py invariance --backend cuda [--max-batch 16]
-    python bench/gpu_tokens.py speed      --backend cuda --model tiny|big|small [--prompt-tokens 256] [--decode-tokens 32]
+    python bench/gpu_tokens.py speed      --backend cuda --model tiny|big|small [--quant bf16 nvfp4] [--graphs both]
+                                          [--prompt-tokens 256] [--decode-tokens 32] [--batch 1 4 16]
 
-`tokens`: greedy tokens of 3 prompts on the backend and on the reference; identical tokens required, and the
-largest logit difference over the steps where both ran the same tokens is reported.
+`tokens`: greedy tokens of 3 prompts on the backend (eager, CUDA graphs, or both) and on the reference;
+identical tokens required, and the largest logit difference over the steps where both ran the same tokens.
 `invariance`: one row's GEMM output on the backend is bit-identical for batch sizes 1..max (and equals lanes.gemm).
-`speed`: prefill and decode tokens/s (tiny checkpoint, or the ~1B random model of bench/big_random.py).
+`speed`: prefill and decode tokens/s (tiny checkpoint, or the ~1B random model of bench/big_random.py, built
+once per weight format and memoized on disk), then decode of `--batch` sequences together, one runner per
+graphs mode reused for every batch size. --graphs default: CUPYGLM_CUDA_GRAPHS.
 Each prints one `RESULT <name> ok|FAIL ...` line last; exit status 0 only when ok.
 """
 from __future__ import annotations
@@ -30,12 +33,18 @@ from cupyglm.engine.runner import ModelRunner  # noqa: E402
 from cupyglm.model.glm import SeqInput  # noqa: E402
 
 
-def _runner(ckpt, backend: str, tokens: int, seqs: int = 1) -> ModelRunner:
+def _runner(ckpt, backend: str, tokens: int, seqs: int = 1, graphs: bool = False) -> ModelRunner:
     cfg = ckpt.config
     pt = cfg.page_tokens
-    name = resolve(backend)[0]
-    return ModelRunner(ckpt, make_ops(name), LocalComm(), seqs * (-(-tokens // pt) + 2), pt,
-                       graphs=cuda_graphs(name))              # CUPYGLM_CUDA_GRAPHS=1: decode layers replayed
+    return ModelRunner(ckpt, make_ops(resolve(backend)[0]), LocalComm(), seqs * (-(-tokens // pt) + 2), pt,
+                       graphs=graphs)
+
+
+def _modes(a) -> list[bool]:
+    """The graphs modes asked for: off, on or both (default: CUPYGLM_CUDA_GRAPHS on this backend)."""
+    if a.graphs is None:
+        return [cuda_graphs(resolve(a.backend)[0])]
+    return {"off": [False], "on": [True], "both": [False, True]}[a.graphs]
 
 
 def _greedy(runner: ModelRunner, prompt: np.ndarray, n: int):
@@ -62,26 +71,30 @@ def cmd_tokens(a) -> bool:
     rng = np.random.default_rng(1)
     prompts = [rng.integers(3, vocab - 16, size=L).astype(np.int32) for L in (5, 23, 47)][: a.prompts]
     total = max(len(p) for p in prompts) + a.tokens
-    run, ref = _runner(ckpt, a.backend, total), _runner(ckpt, a.ref, total)
-    ok, worst = True, 0.0
-    for i, p in enumerate(prompts):
-        t0 = time.perf_counter()
-        got, glog = _greedy(run, p, a.tokens)
-        t1 = time.perf_counter()
-        want, wlog = _greedy(ref, p, a.tokens)
-        same = 0
-        while same < len(got) and got[same] == want[same]:
-            same += 1
-        diff = max(float(np.max(np.abs(g - w))) for g, w in zip(glog[: same + 1], wlog[: same + 1]))
-        worst = max(worst, diff)
-        ok &= got == want
-        print(f"prompt {i} ({len(p)} tokens): {'identical' if got == want else f'DIFFER at step {same}'} "
-              f"{a.tokens} tokens, max |logit diff| {diff:.3g} ({a.backend} {t1 - t0:.2f}s)")
-        print(f"  {a.backend}: {got}")
-        if got != want:
-            print(f"  {a.ref}: {want}")
-    print(f"RESULT tokens {'ok' if ok else 'FAIL'} {a.backend} vs {a.ref}: {a.prompts} prompts x {a.tokens} tokens "
-          f"{'identical' if ok else 'differ'}, max |logit diff| {worst:.3g}")
+    ref = _runner(ckpt, a.ref, total)
+    wants = [_greedy(ref, p, a.tokens) for p in prompts]
+    ok, worst, modes = True, 0.0, _modes(a)
+    for graphs in modes:
+        run, label = _runner(ckpt, a.backend, total, graphs=graphs), f"{a.backend}{' graphs' if graphs else ''}"
+        for i, (p, (want, wlog)) in enumerate(zip(prompts, wants)):
+            t0 = time.perf_counter()
+            got, glog = _greedy(run, p, a.tokens)
+            t1 = time.perf_counter()
+            same = 0
+            while same < len(got) and got[same] == want[same]:
+                same += 1
+            diff = max(float(np.max(np.abs(g - w))) for g, w in zip(glog[: same + 1], wlog[: same + 1]))
+            worst = max(worst, diff)
+            ok &= got == want
+            print(f"{label} prompt {i} ({len(p)} tokens): {'identical' if got == want else f'DIFFER at step {same}'} "
+                  f"{a.tokens} tokens, max |logit diff| {diff:.3g} ({t1 - t0:.2f}s)")
+            print(f"  {label}: {got}")
+            if got != want:
+                print(f"  {a.ref}: {want}")
+        del run
+    names = "+".join("graphs" if g else "eager" for g in modes)
+    print(f"RESULT tokens {'ok' if ok else 'FAIL'} {a.backend} ({names}) vs {a.ref}: {a.prompts} prompts x {a.tokens} "
+          f"tokens {'identical' if ok else 'differ'}, max |logit diff| {worst:.3g}")
     return ok
 
 
@@ -106,20 +119,21 @@ def cmd_invariance(a) -> bool:
     return ok
 
 
-def _batched_decode(ckpt, a, batch: int, runner=None) -> None:
+def _batched_decode(runner: ModelRunner, a, batch: int, quant: str | None, label: str) -> float:
     """Decode tok/s of `batch` sequences stepping together, against the HBM roofline of bench/roofline.py (the
     bytes one step must read: weights once, KV and state per sequence) at a.hbm_gbs."""
-    from bench.roofline import step_bytes
-
-    cfg = ckpt.config
-    runner = runner or _runner(ckpt, a.backend, a.prompt_tokens + a.decode_tokens, batch)
+    try:
+        from bench.roofline import step_bytes
+    except ImportError:                                   # roofline.py without the byte count: times alone
+        step_bytes = None
+    cfg = runner.cfg
     prompt = np.random.default_rng(1).integers(3, cfg.vocab_size - 16, a.prompt_tokens).astype(np.int32)
     sync = getattr(runner.ops, "cupy", None)
     states = [runner.new_state() for _ in range(batch)]
     outs = runner.forward([SeqInput(prompt, st) for st in states])
     toks = [int(np.argmax(runner.ops.asnumpy(o.logits[-1]))) for o in outs]
     steps = max(a.decode_tokens, 2)
-    for i in range(steps + 1):                            # step 0 warms up this batch size
+    for i in range(steps + 1):                            # step 0 warms up this batch size (and captures)
         if i == 1:
             if sync is not None:
                 sync.cuda.Device().synchronize()
@@ -133,25 +147,31 @@ def _batched_decode(ckpt, a, batch: int, runner=None) -> None:
     dt = (time.perf_counter() - t0) / steps
     for st in states:
         runner.release(st)
-    quant = getattr(a, "quant", None)
-    roof = sum(step_bytes(cfg, 1, batch, a.prompt_tokens + a.decode_tokens, quant).values()) / (a.hbm_gbs * 1e9)
-    print(f"decode batch {batch}: {batch / dt:.1f} tok/s ({1000 * dt:.2f} ms a step); HBM roofline "
-          f"{1e6 * roof:.1f} us a step ({batch / roof:,.0f} tok/s) at {a.hbm_gbs:.0f} GB/s: {roof / dt:.1%} of it")
+    line = f"decode {label} batch {batch}: {batch / dt:.1f} tok/s ({1000 * dt:.2f} ms a step)"
+    if step_bytes is not None:
+        roof = sum(step_bytes(cfg, 1, batch, a.prompt_tokens + a.decode_tokens, quant).values()) / (a.hbm_gbs * 1e9)
+        line += (f"; HBM roofline {1e6 * roof:.1f} us a step ({batch / roof:,.0f} tok/s) at {a.hbm_gbs:.0f} GB/s: "
+                 f"{roof / dt:.1%} of it")
+    print(line)
+    return batch / dt
 
 
-def cmd_speed(a) -> bool:
+def _checkpoint(a, quant: str | None):
     if a.model == "tiny":
         from cupyglm.checkpoint.tiny import default_tiny_dir
-        ckpt = open_model(default_tiny_dir(quant=a.quant) if a.quant else None)
-    else:
-        cfg = big_config(a.model)
-        t0 = time.perf_counter()
-        ckpt = RandomCheckpoint(cfg, quant=a.quant)
-        print(f"random model {a.model}: {param_count(cfg) / 1e9:.3f}B parameters, weights {a.quant or 'bf16'}")
-    cfg = ckpt.config
+        return open_model(default_tiny_dir(quant=quant) if quant else None)
+    cfg = big_config(a.model)
     t0 = time.perf_counter()
-    runner = _runner(ckpt, a.backend, a.prompt_tokens + a.decode_tokens)
-    print(f"load {time.perf_counter() - t0:.1f}s")
+    ckpt = RandomCheckpoint(cfg, quant=quant)
+    made = ckpt.build()
+    print(f"random model {a.model}: {param_count(cfg) / 1e9:.3f}B parameters, weights {quant or 'bf16'}: "
+          f"{made} tensors generated, the others memoized ({time.perf_counter() - t0:.1f}s)")
+    return ckpt
+
+
+def _single(runner: ModelRunner, a) -> tuple[float, float]:
+    """(prefill tok/s, decode tok/s) of one sequence, medians of a.reps after one warm-up rep."""
+    cfg = runner.cfg
     prompt = np.random.default_rng(0).integers(3, cfg.vocab_size - 16, a.prompt_tokens).astype(np.int32)
     sync = getattr(runner.ops, "cupy", None)
     pre, dec = [], []
@@ -171,11 +191,29 @@ def cmd_speed(a) -> bool:
         if rep:
             pre.append(a.prompt_tokens / (t1 - t0))
             dec.append(a.decode_tokens / (t2 - t1))
-    p, d = float(np.median(pre)), float(np.median(dec))
-    for b in a.batch:
-        _batched_decode(ckpt, a, b, runner if b == 1 else None)
-    print(f"RESULT speed ok {a.model} {a.quant or 'bf16'} {a.backend}: prefill {a.prompt_tokens} tokens {p:.1f} tok/s (TTFT "
-          f"{1000 * a.prompt_tokens / p:.0f} ms), decode {d:.1f} tok/s ({1000 / d:.1f} ms/token), median of {a.reps}")
+    return float(np.median(pre)), float(np.median(dec))
+
+
+def cmd_speed(a) -> bool:
+    seqs = max([1, *a.batch])
+    summary = []
+    for q in a.quant:
+        quant = None if q == "bf16" else q
+        ckpt = _checkpoint(a, quant)
+        for graphs in _modes(a):
+            label = f"{a.model} {q} graphs={'on' if graphs else 'off'}"
+            t0 = time.perf_counter()
+            runner = _runner(ckpt, a.backend, a.prompt_tokens + a.decode_tokens, seqs, graphs)
+            print(f"{label}: load {time.perf_counter() - t0:.1f}s")
+            p, d = _single(runner, a)
+            print(f"{label}: prefill {a.prompt_tokens} tokens {p:.1f} tok/s "
+                  f"(TTFT {1000 * a.prompt_tokens / p:.0f} ms), "
+                  f"decode {d:.1f} tok/s ({1000 / d:.1f} ms/token), median of {a.reps}")
+            rates = [_batched_decode(runner, a, b, quant, label) for b in a.batch]
+            summary.append(f"{q}/{'graphs' if graphs else 'eager'} " + "/".join(f"{r:.0f}" for r in rates or [d]))
+            del runner
+    print(f"RESULT speed ok {a.model} {a.backend} decode tok/s at batch {'/'.join(map(str, a.batch or [1]))}: "
+          + ", ".join(summary))
     return True
 
 
@@ -187,6 +225,7 @@ def main(argv=None) -> int:
     t.add_argument("--ref", default="numpy")
     t.add_argument("--prompts", type=int, default=3)
     t.add_argument("--tokens", type=int, default=32)
+    t.add_argument("--graphs", choices=("off", "on", "both"), default=None)
     i = sub.add_parser("invariance")
     i.add_argument("--backend", default="cuda")
     i.add_argument("--max-batch", type=int, default=16)
@@ -197,7 +236,9 @@ def main(argv=None) -> int:
     s.add_argument("--decode-tokens", type=int, default=32)
     s.add_argument("--reps", type=int, default=2)
     s.add_argument("--batch", type=int, nargs="*", default=[], help="also decode this many sequences together")
-    s.add_argument("--quant", choices=("fp8", "nvfp4"), default=None, help="quantised weights (default bf16)")
+    s.add_argument("--quant", choices=("bf16", "fp8", "nvfp4"), nargs="+", default=["bf16"],
+                   help="weight formats, one model each")
+    s.add_argument("--graphs", choices=("off", "on", "both"), default=None)
     s.add_argument("--hbm-gbs", type=float, default=4800.0, help="HBM bandwidth of the roofline (H200: 4,800)")
     a = ap.parse_args(argv)
     ok = {"tokens": cmd_tokens, "invariance": cmd_invariance, "speed": cmd_speed}[a.cmd](a)

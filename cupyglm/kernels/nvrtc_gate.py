@@ -2,11 +2,14 @@
 
 Uses cupy's low-level NVRTC binding (``cupy.cuda.nvrtc``: createProgram /
 compileProgram / getProgramLog), which needs no GPU.  libnvrtc comes from the
-``nvidia-cuda-nvrtc-cu12`` wheel: cupy's loader (cuda-pathfinder) finds
-``site-packages/nvidia/cuda_nvrtc/lib/libnvrtc.so.12`` by itself; if that ever
-fails, :func:`nvrtc_module` preloads the wheel's library with RTLD_GLOBAL and
-retries.  ``cuda_bf16.h`` comes from the ``nvidia-cuda-runtime-cu12`` wheel
-(``site-packages/nvidia/cuda_runtime/include``).  sm_120 needs NVRTC >= 12.8.
+NVRTC wheel: CUDA 12's ``nvidia-cuda-nvrtc-cu12`` keeps it at
+``site-packages/nvidia/cuda_nvrtc/lib/libnvrtc.so.12``, CUDA 13's ``nvidia-cuda-nvrtc``
+at ``site-packages/nvidia/cu13/lib/libnvrtc.so.13``.  cupy's loader (cuda-pathfinder)
+finds it by itself; if that ever fails, :func:`nvrtc_module` preloads the wheel's
+library (.so.13, then .so.12) with RTLD_GLOBAL and retries.  ``cuda_bf16.h`` comes
+from the runtime wheel: ``nvidia/cuda_runtime/include`` (cu12) or
+``nvidia/cu13/include`` (cu13), the one matching NVRTC's major version first.
+sm_120 needs NVRTC >= 12.8.
 
 CLI: ``cupyglm-nvrtc-gate [FILE.cu ...] [--arch sm_XY ...]`` prints the
 file x arch matrix and exits non-zero if any cell fails.
@@ -33,28 +36,59 @@ class NvrtcUnavailable(RuntimeError):
     """cupy is installed but libnvrtc cannot be loaded."""
 
 
-def _nvidia_dir(sub: str) -> Path | None:
+# The wheels' layouts under site-packages/nvidia, by CUDA major version: (include dir, libnvrtc).
+WHEEL_LAYOUTS = {13: ("cu13/include", "cu13/lib/libnvrtc.so.13"),
+                 12: ("cuda_runtime/include", "cuda_nvrtc/lib/libnvrtc.so.12")}
+
+
+def _nvidia_roots() -> list[Path]:
+    """The site-packages/nvidia folders of the installed NVIDIA wheels (a namespace package)."""
     spec = importlib.util.find_spec("nvidia")
     if spec is None or not spec.submodule_search_locations:
-        return None
-    for loc in spec.submodule_search_locations:
-        p = Path(loc) / sub
+        return []
+    return [Path(loc) for loc in spec.submodule_search_locations]
+
+
+def _nvidia_dir(sub: str) -> Path | None:
+    for root in _nvidia_roots():
+        p = root / sub
         if p.exists():
             return p
     return None
 
 
-def cuda_include_dir() -> Path:
-    """Directory holding cuda_bf16.h (the nvidia-cuda-runtime-cu12 wheel, else $CUDA_PATH/include)."""
-    p = _nvidia_dir("cuda_runtime/include")
-    if p is not None and (p / "cuda_bf16.h").is_file():
-        return p
+def _majors(first: int | None) -> list[int]:
+    """CUDA major versions to look under, `first` (NVRTC's own) before the others."""
+    return sorted(WHEEL_LAYOUTS, key=lambda m: (m != first, -m))
+
+
+def nvrtc_library_candidates() -> list[Path]:
+    """The wheels' libnvrtc files that exist, .so.13 before .so.12."""
+    found = (_nvidia_dir(WHEEL_LAYOUTS[m][1]) for m in _majors(None))
+    return [p for p in found if p is not None and p.is_file()]
+
+
+def _loaded_major() -> int | None:
+    try:
+        return nvrtc_version()[0]
+    except Exception:  # noqa: BLE001  (no NVRTC: any wheel's headers will do for the error message)
+        return None
+
+
+def cuda_include_dir(major: int | None = None) -> Path:
+    """Directory holding cuda_bf16.h: a CUDA runtime wheel's (NVRTC's major version first; default: the loaded
+    NVRTC's), else $CUDA_PATH/include."""
+    for m in _majors(_loaded_major() if major is None else major):
+        p = _nvidia_dir(WHEEL_LAYOUTS[m][0])
+        if p is not None and (p / "cuda_bf16.h").is_file():
+            return p
     for home in env.cuda_homes():
         if (home / "include" / "cuda_bf16.h").is_file():
             return home / "include"
     if Path("/usr/local/cuda/include/cuda_bf16.h").is_file():
         return Path("/usr/local/cuda/include")
-    raise NvrtcUnavailable("cuda_bf16.h not found: install nvidia-cuda-runtime-cu12 (or set CUDA_PATH)")
+    raise NvrtcUnavailable("cuda_bf16.h not found: install nvidia-cuda-runtime-cu12 or nvidia-cuda-runtime 13 "
+                           "(or set CUDA_PATH)")
 
 
 @functools.lru_cache(maxsize=None)
@@ -66,17 +100,19 @@ def nvrtc_module():
         nvrtc.getVersion()
         return nvrtc
     except Exception as first:  # noqa: BLE001
-        lib_dir = _nvidia_dir("cuda_nvrtc/lib")
-        lib = lib_dir / "libnvrtc.so.12" if lib_dir else None
-        if lib is None or not lib.is_file():
-            raise NvrtcUnavailable(f"libnvrtc could not be loaded ({first}) and the nvidia-cuda-nvrtc-cu12 "
-                                   "wheel is not installed") from first
-        try:
-            ctypes.CDLL(str(lib), mode=ctypes.RTLD_GLOBAL)
-            nvrtc.getVersion()
-        except Exception as e:  # noqa: BLE001
-            raise NvrtcUnavailable(f"libnvrtc could not be loaded: {first}; preloading {lib} failed: {e}") from e
-        return nvrtc
+        libs = nvrtc_library_candidates()
+        if not libs:
+            raise NvrtcUnavailable(f"libnvrtc could not be loaded ({first}) and no NVRTC wheel is installed "
+                                   "(nvidia-cuda-nvrtc-cu12, or nvidia-cuda-nvrtc 13)") from first
+        errors = []
+        for lib in libs:
+            try:
+                ctypes.CDLL(str(lib), mode=ctypes.RTLD_GLOBAL)
+                nvrtc.getVersion()
+                return nvrtc
+            except Exception as e:  # noqa: BLE001
+                errors.append(f"preloading {lib} failed: {e}")
+        raise NvrtcUnavailable(f"libnvrtc could not be loaded: {first}; {'; '.join(errors)}") from first
 
 
 def nvrtc_version() -> tuple[int, int]:
