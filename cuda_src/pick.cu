@@ -99,10 +99,11 @@ dsa_pick(const float* __restrict__ scores,    // [T, P] f32 pool scores
   if (lo >= vr) return;                                // block-uniform: this row has fewer parts
   const int n = min(vr - lo, PICK_PART);
   const float* s = scores + (long long)t * P + lo;
-  unsigned key[PICK_PER];                              // key j: pool lo + j * PICK_THREADS + tid (coalesced)
+  const int r0 = (tid >> 5) * (32 * PICK_PER) + (tid & 31);   // a warp's run: 32 * PICK_PER pools in a row
+  unsigned key[PICK_PER];                              // key j: pool lo + r0 + 32 j (coalesced)
 #pragma unroll
   for (int j = 0; j < PICK_PER; ++j) {
-    const int i = j * PICK_THREADS + tid;
+    const int i = r0 + 32 * j;
     key[j] = i < n ? pick_key(s[i]) : 0u;
   }
   unsigned T = 0u;                                     // a part of at most npools pools keeps them all
@@ -114,7 +115,7 @@ dsa_pick(const float* __restrict__ scores,    // [T, P] f32 pool scores
       pick_hist_clear(sh);
 #pragma unroll
       for (int j = 0; j < PICK_PER; ++j)
-        if (j * PICK_THREADS + tid < n) pick_count(sh, key[j], prefix, mask, shift);
+        if (r0 + 32 * j < n) pick_count(sh, key[j], prefix, mask, shift);
       __syncthreads();
       pick_digit(sh, shift, &prefix, &mask, &need, &ties);
     }
@@ -122,12 +123,14 @@ dsa_pick(const float* __restrict__ scores,    // [T, P] f32 pool scores
   }
   const bool single = vr <= PICK_PART;                 // the row's only part: its picks are the row's
   const long long c0 = (long long)t * stride + (long long)part * pick_keep(npools);
-  int gt0 = 0, eq0 = 0;
+  PickCount c = {0, 0};
+#pragma unroll
+  for (int j = 0; j < PICK_PER; ++j) pick_ballot(r0 + 32 * j < n, key[j], T, need, ties, &c);
+  c = pick_warp_base(sh, c);
 #pragma unroll
   for (int j = 0; j < PICK_PER; ++j) {
-    if (j * PICK_THREADS >= n) break;                  // block-uniform
-    const int i = j * PICK_THREADS + tid;
-    const int sl = pick_slot(sh, i < n, key[j], T, need, ties, &gt0, &eq0);
+    const int i = r0 + 32 * j;
+    const int sl = pick_ballot(i < n, key[j], T, need, ties, &c);
     if (sl < 0) continue;
     if (single) {
       pick_emit(out, sl, lo + i, kpool);
@@ -176,17 +179,27 @@ dsa_pick_merge(const unsigned* __restrict__ cand_keys,   // [T, stride] u32 (dsa
   int need = npools, ties = 0;
   for (int shift = 24; shift >= 0; shift -= 8) {
     pick_hist_clear(sh);
-#pragma unroll 4
-    for (int i = tid; i < n; i += PICK_THREADS) pick_count(sh, ck[pick_at(i, parts, keep, last)], prefix, mask, shift);
+#pragma unroll 8
+    for (int i = tid; i < n; i += PICK_THREADS)          // any order: the histogram is order-free
+      pick_count(sh, ck[pick_at(i, parts, keep, last)], prefix, mask, shift);
     __syncthreads();
     pick_digit(sh, shift, &prefix, &mask, &need, &ties);
   }
   int* out = tokens + (long long)t * width;
-  int gt0 = 0, eq0 = 0;
-  for (int base = 0; base < n; base += PICK_THREADS) {  // block-uniform trip count
-    const int i = base + tid;
-    const int at = i < n ? pick_at(i, parts, keep, last) : 0;
-    const int sl = pick_slot(sh, i < n, i < n ? ck[at] : 0u, prefix, need, ties, &gt0, &eq0);
+  const int run = (n + PICK_WARPS - 1) / PICK_WARPS;   // warp w numbers candidates [w * run, (w + 1) * run)
+  const int r0 = (tid >> 5) * run, r1 = min(n, r0 + run);
+  PickCount c = {0, 0};
+#pragma unroll 4
+  for (int i0 = r0; i0 < r1; i0 += 32) {               // warp-uniform trip count
+    const int i = i0 + (tid & 31);
+    pick_ballot(i < r1, i < r1 ? ck[pick_at(i, parts, keep, last)] : 0u, prefix, need, ties, &c);
+  }
+  c = pick_warp_base(sh, c);
+#pragma unroll 4
+  for (int i0 = r0; i0 < r1; i0 += 32) {
+    const int i = i0 + (tid & 31);
+    const int at = i < r1 ? pick_at(i, parts, keep, last) : 0;
+    const int sl = pick_ballot(i < r1, i < r1 ? ck[at] : 0u, prefix, need, ties, &c);
     if (sl >= 0) pick_emit(out, sl, cp[at], kpool);
   }
   pick_tail(out, counts, t, q, v, npools, kpool, width);

@@ -1,6 +1,6 @@
 // pick_select.cuh -- the exact radix select both pick kernels run (pick.cu), over a list of uint32 keys in pool
 // order: find T, the npools-th largest key, and `need`, how many keys equal to T are picked (the first `need` of
-// them in list order: ties to the lower pool), then number the picked keys in list order, tile by tile.
+// them in list order: ties to the lower pool), then number the picked keys in list order.
 //
 // Blocks of PICK_THREADS threads.  Four passes of 8-bit digits, most significant first, each a PICK_BINS-bin
 // histogram (shared-memory integer atomics: order-free) of the keys that match the digits fixed so far; the
@@ -17,6 +17,7 @@ struct PickShared {
   unsigned digit;                                // the pass's digit of T
   int need;                                      // keys equal to T still to take after that digit
   int ties;                                      // keys in the digit's bin (after the last pass: keys == T)
+  int run_gt[PICK_WARPS], run_eq[PICK_WARPS];    // pick_warp_base: each warp's run counts
 };
 
 // A uint32 that orders as the score does: -0 ties +0; NaN below every number (numpy's argsort(-s) puts NaN last).
@@ -77,17 +78,23 @@ __device__ __forceinline__ void pick_count(PickShared& sh, unsigned k, unsigned 
   if ((k & mask) == prefix) atomicAdd(&sh.hist[(k >> shift) & 255u], 1u);
 }
 
-// One tile of the numbering pass: this thread's key (in = it is in the list) against T; ties: the list's keys equal
-// to T; *gt0, *eq0: keys > T and == T before the tile (updated).  Returns the key's slot among the picked keys
-// (list order), or -1 when it is not picked.
-__device__ __forceinline__ int pick_slot(PickShared& sh, bool in, unsigned k, unsigned T, int need, int ties,
-                                         int* gt0, int* eq0) {
-  const int gt = (in && k > T) ? 1 : 0, eq = (in && k == T) ? 1 : 0;
-  int tot;
-  const int ex = pick_scan(gt | (eq << 16), sh, &tot);     // a tile holds < 2^16 keys: two counts in one scan
-  const int gt_b = *gt0 + (ex & 0xffff), eq_b = *eq0 + (ex >> 16);
-  *gt0 += tot & 0xffff;
-  *eq0 += tot >> 16;
+// Numbering: a block's list is split into one run a warp, in list order (warp w's run before warp w + 1's); a
+// warp walks its run 32 keys a step, lanes in list order.  pick_ballot counts a step's keys > T and == T before
+// each lane (ballots: no barrier); pick_warp_base gives each warp the counts of the runs before its own.
+
+struct PickCount {
+  int gt, eq;                                    // keys > T and == T before (the step, the run, ...)
+};
+
+// This lane's key in a step (in = it is in the list): its slot among the picked keys (list order) or -1, given
+// *c, the counts before the step (advanced past it).  ties: the list's keys equal to T.
+__device__ __forceinline__ int pick_ballot(bool in, unsigned k, unsigned T, int need, int ties, PickCount* c) {
+  const bool gt = in && k > T, eq = in && k == T;
+  const unsigned gm = __ballot_sync(FULL_MASK, gt), em = __ballot_sync(FULL_MASK, eq);
+  const unsigned below = (1u << (threadIdx.x & 31)) - 1u;
+  const int gt_b = c->gt + __popc(gm & below), eq_b = c->eq + __popc(em & below);
+  c->gt += __popc(gm);
+  c->eq += __popc(em);
 #ifdef PICK_PLANT_TIE_HIGH
   const int skip = ties - need;                            // planted: the last `need` equal keys are taken
   if (gt) return gt_b + max(0, eq_b - skip);
@@ -97,4 +104,21 @@ __device__ __forceinline__ int pick_slot(PickShared& sh, bool in, unsigned k, un
   if (gt) return gt_b + min(eq_b, need);
   return (eq && eq_b < need) ? gt_b + eq_b : -1;
 #endif
+}
+
+// run: this warp's counts over its whole run (lane-uniform) -> the counts of the runs of the warps before it.
+__device__ __forceinline__ PickCount pick_warp_base(PickShared& sh, PickCount run) {
+  const int w = threadIdx.x >> 5;
+  if ((threadIdx.x & 31) == 0) {
+    sh.run_gt[w] = run.gt;
+    sh.run_eq[w] = run.eq;
+  }
+  __syncthreads();
+  PickCount b = {0, 0};
+  for (int i = 0; i < w; ++i) {
+    b.gt += sh.run_gt[i];
+    b.eq += sh.run_eq[i];
+  }
+  __syncthreads();                                         // read before the arrays are written again
+  return b;
 }
