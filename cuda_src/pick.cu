@@ -189,13 +189,13 @@ dsa_pick_merge(const unsigned* __restrict__ cand_keys,   // [T, stride] u32 (dsa
   const int run = (n + PICK_WARPS - 1) / PICK_WARPS;   // warp w numbers candidates [w * run, (w + 1) * run)
   const int r0 = (tid >> 5) * run, r1 = min(n, r0 + run);
   PickCount c = {0, 0};
-#pragma unroll 4
+#pragma unroll 8
   for (int i0 = r0; i0 < r1; i0 += 32) {               // warp-uniform trip count
     const int i = i0 + (tid & 31);
     pick_ballot(i < r1, i < r1 ? ck[pick_at(i, parts, keep, last)] : 0u, prefix, need, ties, &c);
   }
   c = pick_warp_base(sh, c);
-#pragma unroll 4
+#pragma unroll 8
   for (int i0 = r0; i0 < r1; i0 += 32) {
     const int i = i0 + (tid & 31);
     const int at = i < r1 ? pick_at(i, parts, keep, last) : 0;
