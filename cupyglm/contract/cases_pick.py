@@ -6,7 +6,8 @@ Control: a stale score row (the scores of an earlier step, as if the pick read s
 updated).
 
 pick.parts: rows of one part and of several (ops_pick.PART pools a dsa_pick block, then dsa_pick_merge), a last
-part of one pool, exact ties cut across a part boundary, a row of +0/-0 ties only. Controls: the variants
+part of one pool, exact ties cut across a part boundary, a row of +0/-0 ties only; the same rows each alone in
+its own call with scores exactly its visible pools wide (another grid, the same ids). Controls: the variants
 PICK_PLANT_TIE_HIGH (equal keys taken from the highest pool), PICK_PLANT_MERGE_ORDER (the merge reads the parts
 last first) and PICK_PLANT_RANGE (a later part's range starts one pool late).
 
@@ -106,11 +107,21 @@ def _parts_case(label: str, ctl_define: str | None) -> Case:
         tok, cnt = REF.pick(d["scores"], d["positions"], _PARTS_N, 4, width)
         return {"tokens": tok, "counts": cnt}
 
-    ctl = (lambda kn, d: run(kn, d, ctl_define)) if ctl_define else (lambda kn, d: run(kn, d, key="stale"))
+    def alone(kn, d, key="scores"):                                 # each row its own call, scores v wide
+        xp = kn.xp
+        outs = [ops_pick.pick(kn, xp.ascontiguousarray(d[key][r:r + 1, :v]), d["positions"][r:r + 1], _PARTS_N, 4,
+                              width) for r, v in enumerate(_PARTS_V)]
+        return {"tokens": xp.concatenate([o[0] for o in outs]), "counts": xp.concatenate([o[1] for o in outs])}
+
+    if label == "alone":
+        run, ctl = alone, (lambda kn, d: alone(kn, d, "stale"))
+    else:
+        ctl = (lambda kn, d: run(kn, d, ctl_define)) if ctl_define else (lambda kn, d: run(kn, d, key="stale"))
     return case(Case(f"pick.parts[{label}]", ("dsa_pick", "dsa_pick_merge"), make, run, replay, ctl))
 
 
 _parts_case("stale", None)
+_parts_case("alone", None)                                           # the same ids whatever the batch and P
 _parts_case("tie-high", "PICK_PLANT_TIE_HIGH")
 _parts_case("merge-order", "PICK_PLANT_MERGE_ORDER")
 _parts_case("range", "PICK_PLANT_RANGE")
