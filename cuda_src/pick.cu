@@ -47,8 +47,6 @@ static __device__ __forceinline__ void pick_guard(int t, int q, int P, int npool
 #define PICK_PER 16                                  // keys a thread holds in dsa_pick
 #define PICK_PART (PICK_THREADS * PICK_PER)          // pools a part: cupyglm/kernels/ops_pick.py PART
 
-static_assert(PICK_BINS == PICK_THREADS, "pick_select.cuh: one bin a thread");
-
 // Candidates a part of a multi-part row keeps (its scratch stride): min(npools, PICK_PART).
 __device__ __forceinline__ int pick_keep(int npools) { return min(npools, PICK_PART); }
 

@@ -10,6 +10,7 @@
 #define PICK_THREADS 256
 #define PICK_WARPS (PICK_THREADS / 32)
 #define PICK_BINS 256
+static_assert(PICK_BINS == PICK_THREADS, "pick_hist_clear and pick_digit: one bin a thread");
 
 struct PickShared {
   unsigned hist[PICK_BINS];
