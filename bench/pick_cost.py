@@ -109,6 +109,11 @@ def after_us(s: np.ndarray, npools: int, rows: int) -> tuple[float, int]:
     return pick + merge, 2
 
 
+def _blocks(v: int) -> str:
+    n = -(-v // PART)
+    return f"{n} block{'s' if n > 1 else ''}"
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--tokens", type=int, nargs="+", default=[4096, 131072, 1048576], help="window (tokens)")
@@ -127,7 +132,7 @@ def main(argv=None) -> int:
             b, nb = before_us(s, a.npools, rows)
             f, nf = after_us(s, a.npools, rows)
             print(f"window {tokens:>9,} tokens ({v:>7,} pools), {rows:>2} rows: before {b:9.1f} us ({nb} launch), "
-                  f"after {f:7.1f} us ({nf} launch{'es' if nf > 1 else ''}, {-(-v // PART)} blocks a row); "
+                  f"after {f:7.1f} us ({nf} launch{'es' if nf > 1 else ''}, {_blocks(v)} a row); "
                   f"{b / f:5.1f}x a DSA layer")
     return 0
 

@@ -31,7 +31,7 @@ def test_select_finds_the_npools_th_key_and_the_parts_keep_the_top():
 def test_estimate_lines(capsys):
     assert pick_cost.main(["--tokens", "4096", "1048576", "--rows", "1"]) == 0
     short, long = capsys.readouterr().out.splitlines()[1:]
-    assert "after" in short and "(1 launch, 1 blocks a row)" in short
+    assert "after" in short and "(1 launch, 1 block a row)" in short
     assert "(2 launches, 64 blocks a row)" in long
     after = float(long.split("after")[1].split()[0])
     before = float(long.split("before")[1].split()[0])
