@@ -4,24 +4,26 @@
 // exact top npools pools by score, ties to the lower pool index, in ascending pool order, expanded to their
 // kpool tokens each, then the tail tokens v*kpool..q of the incomplete pool; -1 after the count.
 //
-// Selection is an exact radix select over (score key, pool index): a score's key is a uint32 that orders as
-// the score does (-0 ties +0; NaN below every number, as numpy's argsort(-s) puts NaN last).  Four passes
-// of 8-bit digits, most significant first, each a 256-bin histogram (shared-memory integer atomics: order-
-// free) of the keys that match the digits fixed so far, find T, the npools-th largest key, and `need`, how
-// many pools of key T are picked.  One more pass over the pools in tiles of blockDim, in pool order, picks
-// key > T, and key == T while fewer than `need` equal keys came before (ties to the lower index); block
-// scans give each picked pool its slot.  O(v) per row, shared memory independent of v (no context cap).
+// Selection is exact (pick_select.cuh: a radix select over (score key, pool index), ties to the earlier key in
+// list order).  The row's pools are split into parts of PICK_PART pools by pool index alone (part b: pools
+// b*PICK_PART.., never depending on the batch or the grid): dsa_pick runs one block a (row, part), holding its
+// part's keys in registers.  A row of one part (v <= PICK_PART) is finished there.  A longer row's part keeps
+// its top min(npools, PICK_PART) pools (all of them when it has no more), ascending, as (key, pool) candidates
+// at a fixed place in the row's scratch; every pool of the row's top npools is among its part's kept pools
+// (the same order ranks it within the part), so dsa_pick_merge (one block a row) selects the row's top npools
+// from the candidates read in part order, which is pool order: the same ids as a select over all v pools.
+// Shared memory is independent of v (no context cap); only the launcher's grid depends on P.
 //
-// One block per row (grid = T), PICK_THREADS threads.  width >= npools * kpool (the launcher checks), so
-// picked pools always fit; the dense list and the tail stop at width.  Scores of pools >= v (not yet
-// visible; the caller leaves anything there) are never read.
+// width >= npools * kpool (the launcher checks), so picked pools always fit; the dense list and the tail stop
+// at width.  Scores of pools >= v (not yet visible; the caller leaves anything there) are never read.
 //
-// The row's own preconditions are checked here (no separate check launch) and counted into guard slots
-// slot.. of `flags` (check_flag.cuh; slot < 0: the launcher checked them on the host): a negative position
-// (slot), a list longer than width (slot + 1), a sparse row seeing more than P pools (slot + 2).  A row failing
-// them still stays inside its tokens row and its scores row.
+// The row's own preconditions are checked by dsa_pick's part-0 block (no separate check launch) and counted
+// into guard slots slot.. of `flags` (check_flag.cuh; slot < 0: the launcher checked them on the host): a
+// negative position (slot), a list longer than width (slot + 1), a sparse row seeing more than P pools
+// (slot + 2).  A row failing them still stays inside its tokens row, its scores row and its scratch row.
 #include "common.cuh"
 #include "check_flag.cuh"
+#include "pick_select.cuh"
 
 // Thread 0 of row t's block: count its failed preconditions (kernels/guards.py: PICK_MESSAGES).
 static __device__ __forceinline__ void pick_guard(int t, int q, int P, int npools, int kpool, int width,
@@ -42,106 +44,161 @@ static __device__ __forceinline__ void pick_guard(int t, int q, int P, int npool
   if (sparse && v > P) check_flag(flags, slot + 2, t);
 }
 
-#define PICK_THREADS 128
-#define PICK_WARPS (PICK_THREADS / 32)
-#define PICK_BINS 256
+#define PICK_PER 16                                  // keys a thread holds in dsa_pick
+#define PICK_PART (PICK_THREADS * PICK_PER)          // pools a part: cupyglm/kernels/ops_pick.py PART
 
-__device__ __forceinline__ unsigned pick_key(float s) {
-  if (s != s) return 0u;                                   // NaN: below -inf (key >= 1 for every number)
-  const unsigned b = __float_as_uint(s == 0.0f ? 0.0f : s);  // -0 -> +0: they tie
-  return (b & 0x80000000u) ? ~b : (b | 0x80000000u);
+// Candidates a part of a multi-part row keeps (its scratch stride): min(npools, PICK_PART).
+__device__ __forceinline__ int pick_keep(int npools) { return min(npools, PICK_PART); }
+
+__device__ __forceinline__ void pick_emit(int* out, int slot, int pool, int kpool) {
+  for (int i = 0; i < kpool; ++i) out[slot * kpool + i] = pool * kpool + i;
 }
 
-// Exclusive prefix sum of x over the block (every thread calls it, blockDim == PICK_THREADS); *total: the sum.
-__device__ __forceinline__ int pick_scan(int x, int* warp_tot, int* total) {
-  const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
-  int inc = x;
-  for (int o = 1; o < 32; o <<= 1) {
-    const int y = __shfl_up_sync(FULL_MASK, inc, o);
-    if (lane >= o) inc += y;
-  }
-  if (lane == 31) warp_tot[w] = inc;
-  __syncthreads();
-  int before = 0, all = 0;
-  for (int i = 0; i < PICK_WARPS; ++i) {
-    before += i < w ? warp_tot[i] : 0;
-    all += warp_tot[i];
-  }
-  __syncthreads();                                         // warp_tot is rewritten by the next call
-  *total = all;
-  return before + inc - x;
+// After the picked pools: the tail tokens of the incomplete pool, -1 to width, and the row's count.
+__device__ __forceinline__ void pick_tail(int* out, int* counts, int t, int q, int v, int npools, int kpool,
+                                          int width) {
+  const int base = npools * kpool;
+  const int ntail = q + 1 - v * kpool;
+  for (int i = threadIdx.x; base + i < width; i += blockDim.x) out[base + i] = i < ntail ? v * kpool + i : -1;
+  if (threadIdx.x == 0) counts[t] = base + ntail;
 }
 
+// Grid (T, parts): part b of row t selects among pools [b * PICK_PART, min(v, (b + 1) * PICK_PART)).
 extern "C" __global__ void __launch_bounds__(PICK_THREADS)
 dsa_pick(const float* __restrict__ scores,    // [T, P] f32 pool scores
          const int* __restrict__ positions,   // [T] i32 position of each row
          int* __restrict__ tokens,            // [T, width] i32, -1 padded
          int* __restrict__ counts,            // [T] i32
+         unsigned* __restrict__ cand_keys,    // [T, stride] u32: part b's kept keys at b * keep (multi-part rows)
+         int* __restrict__ cand_pools,        // [T, stride] i32: their pool ids
          int P, int npools, int kpool, int width,
+         int stride,                          // parts * keep, parts = ceil(P / PICK_PART) (0 when parts == 1)
          unsigned int* __restrict__ flags,    // [slots, 2] u32 guard flags
          int slot) {
-  __shared__ unsigned hist[PICK_BINS];
-  __shared__ int warp_tot[PICK_WARPS];
-  __shared__ unsigned s_digit;
-  __shared__ int s_need;
-  const int t = blockIdx.x;
-  const int tid = threadIdx.x;
+  __shared__ PickShared sh;
+  const int t = blockIdx.x, part = blockIdx.y, tid = threadIdx.x;
   const int q = positions[t];
-  pick_guard(t, q, P, npools, kpool, width, flags, slot);
+  if (part == 0) pick_guard(t, q, P, npools, kpool, width, flags, slot);
   const int v = (q + 1) / kpool;
   int* out = tokens + (long long)t * width;
   if (v <= npools) {                                   // dense: every token so far (block-uniform branch)
+    if (part != 0) return;
     for (int i = tid; i < width; i += blockDim.x) out[i] = i <= q ? i : -1;
     if (tid == 0) counts[t] = q + 1;
     return;
   }
-  const float* s = scores + (long long)t * P;
   // The launcher guarantees v <= P (sim checks it on the host); never read past the row regardless.
   const int vr = min(v, P);
+#ifdef PICK_PLANT_RANGE
+  const int lo = part * PICK_PART + (part > 0 ? 1 : 0);   // planted: a later part's range starts one pool late
+#else
+  const int lo = part * PICK_PART;
+#endif
+  if (lo >= vr) return;                                // block-uniform: this row has fewer parts
+  const int n = min(vr - lo, PICK_PART);
+  const float* s = scores + (long long)t * P + lo;
+  const int r0 = (tid >> 5) * (32 * PICK_PER) + (tid & 31);   // a warp's run: 32 * PICK_PER pools in a row
+  unsigned key[PICK_PER];                              // key j: pool lo + r0 + 32 j (coalesced)
+#pragma unroll
+  for (int j = 0; j < PICK_PER; ++j) {
+    const int i = r0 + 32 * j;
+    key[j] = i < n ? pick_key(s[i]) : 0u;
+  }
+  unsigned T = 0u;                                     // a part of at most npools pools keeps them all
+  int need = n, ties = n;
+  if (n > npools) {
+    unsigned prefix = 0u, mask = 0u;
+    need = npools;
+    for (int shift = 24; shift >= 0; shift -= 8) {
+      pick_hist_clear(sh);
+#pragma unroll
+      for (int j = 0; j < PICK_PER; ++j)
+        if (r0 + 32 * j < n) pick_count(sh, key[j], prefix, mask, shift);
+      __syncthreads();
+      pick_digit(sh, shift, &prefix, &mask, &need, &ties);
+    }
+    T = prefix;
+  }
+  const bool single = vr <= PICK_PART;                 // the row's only part: its picks are the row's
+  const long long c0 = (long long)t * stride + (long long)part * pick_keep(npools);
+  PickCount c = {0, 0};
+#pragma unroll
+  for (int j = 0; j < PICK_PER; ++j) pick_ballot(r0 + 32 * j < n, key[j], T, need, ties, &c);
+  c = pick_warp_base(sh, c);
+#pragma unroll
+  for (int j = 0; j < PICK_PER; ++j) {
+    const int i = r0 + 32 * j;
+    const int sl = pick_ballot(i < n, key[j], T, need, ties, &c);
+    if (sl < 0) continue;
+    if (single) {
+      pick_emit(out, sl, lo + i, kpool);
+    } else {
+      cand_keys[c0 + sl] = key[j];
+      cand_pools[c0 + sl] = lo + i;
+    }
+  }
+  if (single) pick_tail(out, counts, t, q, v, npools, kpool, width);
+}
+
+// Where candidate i of a row (in part order) sits in its scratch row: part i / keep, place i % keep.
+__device__ __forceinline__ int pick_at(int i, int parts, int keep, int last) {
+#ifdef PICK_PLANT_MERGE_ORDER
+  if (i < last) return (parts - 1) * keep + i;         // planted: the parts merged last part first
+  const int r = i - last;
+  return (parts - 2 - r / keep) * keep + r % keep;
+#else
+  (void)parts, (void)keep, (void)last;
+  return i;
+#endif
+}
+
+// Grid (T,): a multi-part row's top npools among its parts' candidates, read in part order (= pool order).
+extern "C" __global__ void __launch_bounds__(PICK_THREADS)
+dsa_pick_merge(const unsigned* __restrict__ cand_keys,   // [T, stride] u32 (dsa_pick's)
+               const int* __restrict__ cand_pools,       // [T, stride] i32
+               const int* __restrict__ positions,        // [T] i32
+               int* __restrict__ tokens,                 // [T, width] i32, -1 padded
+               int* __restrict__ counts,                 // [T] i32
+               int P, int npools, int kpool, int width, int stride) {
+  __shared__ PickShared sh;
+  const int t = blockIdx.x, tid = threadIdx.x;
+  const int q = positions[t];
+  const int v = (q + 1) / kpool;
+  if (v <= npools) return;                             // dense: dsa_pick wrote it
+  const int vr = min(v, P);
+  if (vr <= PICK_PART) return;                         // one part: dsa_pick wrote it
+  const int keep = pick_keep(npools);
+  const int parts = (vr + PICK_PART - 1) / PICK_PART;
+  const int last = min(vr - (parts - 1) * PICK_PART, keep);   // the last part's candidates
+  const int n = (parts - 1) * keep + last;             // >= npools: every part but the last keeps keep
+  const unsigned* ck = cand_keys + (long long)t * stride;
+  const int* cp = cand_pools + (long long)t * stride;
   unsigned prefix = 0u, mask = 0u;
-  int need = npools;                                   // keys still to take among those matching prefix
+  int need = npools, ties = 0;
   for (int shift = 24; shift >= 0; shift -= 8) {
-    for (int i = tid; i < PICK_BINS; i += blockDim.x) hist[i] = 0u;
+    pick_hist_clear(sh);
+#pragma unroll 8
+    for (int i = tid; i < n; i += PICK_THREADS)          // any order: the histogram is order-free
+      pick_count(sh, ck[pick_at(i, parts, keep, last)], prefix, mask, shift);
     __syncthreads();
-    for (int p = tid; p < vr; p += blockDim.x) {
-      const unsigned k = pick_key(s[p]);
-      if ((k & mask) == prefix) atomicAdd(&hist[(k >> shift) & 255u], 1u);
-    }
-    __syncthreads();
-    if (tid == 0) {                                    // the digit holding the need-th largest matching key
-      unsigned acc = 0u;
-      int d = PICK_BINS - 1;
-      for (; d > 0; --d) {
-        if (acc + hist[d] >= (unsigned)need) break;
-        acc += hist[d];
-      }
-      s_digit = (unsigned)d;
-      s_need = need - (int)acc;
-    }
-    __syncthreads();
-    prefix |= s_digit << shift;
-    mask |= 255u << shift;
-    need = s_need;
-    __syncthreads();                                   // s_digit, s_need read before the next pass writes them
+    pick_digit(sh, shift, &prefix, &mask, &need, &ties);
   }
-  const unsigned T = prefix;
-  int slot0 = 0, eq0 = 0;
-  for (int base = 0; base < vr; base += blockDim.x) {  // block-uniform trip count
-    const int p = base + tid;
-    const unsigned k = p < vr ? pick_key(s[p]) : 0u;
-    const int gt = (p < vr && k > T) ? 1 : 0;
-    const int eq = (p < vr && k == T) ? 1 : 0;
-    int eq_tile, n_tile;
-    const int eq_rank = eq0 + pick_scan(eq, warp_tot, &eq_tile);
-    const int pk = (gt || (eq && eq_rank < need)) ? 1 : 0;
-    const int slot = slot0 + pick_scan(pk, warp_tot, &n_tile);
-    if (pk)
-      for (int i = 0; i < kpool; ++i) out[slot * kpool + i] = p * kpool + i;
-    eq0 += eq_tile;
-    slot0 += n_tile;
+  int* out = tokens + (long long)t * width;
+  const int run = (n + PICK_WARPS - 1) / PICK_WARPS;   // warp w numbers candidates [w * run, (w + 1) * run)
+  const int r0 = (tid >> 5) * run, r1 = min(n, r0 + run);
+  PickCount c = {0, 0};
+#pragma unroll 8
+  for (int i0 = r0; i0 < r1; i0 += 32) {               // warp-uniform trip count
+    const int i = i0 + (tid & 31);
+    pick_ballot(i < r1, i < r1 ? ck[pick_at(i, parts, keep, last)] : 0u, prefix, need, ties, &c);
   }
-  const int base = npools * kpool;
-  const int ntail = q + 1 - v * kpool;
-  for (int i = tid; base + i < width; i += blockDim.x) out[base + i] = i < ntail ? v * kpool + i : -1;
-  if (tid == 0) counts[t] = base + ntail;
+  c = pick_warp_base(sh, c);
+#pragma unroll 8
+  for (int i0 = r0; i0 < r1; i0 += 32) {
+    const int i = i0 + (tid & 31);
+    const int at = i < r1 ? pick_at(i, parts, keep, last) : 0;
+    const int sl = pick_ballot(i < r1, i < r1 ? ck[at] : 0u, prefix, need, ties, &c);
+    if (sl >= 0) pick_emit(out, sl, cp[at], kpool);
+  }
+  pick_tail(out, counts, t, q, v, npools, kpool, width);
 }

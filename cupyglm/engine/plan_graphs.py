@@ -23,6 +23,7 @@ from __future__ import annotations
 from cupyglm.config import ModelConfig
 from cupyglm.kv.store import scratch_pages
 from cupyglm.memory import FP32, I32, ArraySpec, Storage, graph_slot_arrays, graph_stream_arrays, kv_arrays, total_bytes
+from cupyglm.kernels import ops_pick
 from cupyglm.kernels.ops_sample import BINS as SAMPLE_BINS, THREADS as SAMPLE_THREADS
 from cupyglm.model.graph_capture import BUCKETS
 from cupyglm.model.graph_ends import FEED_ROWS
@@ -58,14 +59,17 @@ def layer_temporaries(cfg: ModelConfig, tp: int, b: int) -> list[ArraySpec]:
 
 def dsa_temporaries(cfg: ModelConfig, tp: int, b: int, pw: int) -> list[ArraySpec]:
     """An estimate of a captured DSA attention half's temporaries for b rows and a pool table Pw wide (every term
-    fp32): the projections, the pool scores, the pick's lists, the heads' latent queries and outputs, the split
-    attention's scratch, the value heads, and the outputs of a later layout's graph (copied into the first's)."""
+    fp32): the projections, the pool scores, the pick's lists and its parts' candidates, the heads' latent queries
+    and outputs, the split attention's scratch, the value heads, and the outputs of a later layout's graph (copied
+    into the first's)."""
     h, r, w = cfg.num_attention_heads // tp, cfg.kv_lora_rank, cfg.max_pick
     c, i, hi = -(-w // cfg.attn_chunk), cfg.index_head_dim, cfg.index_n_heads
+    cols = ops_pick.scratch_cols(pw, cfg.index_pools)
     proj = cfg.q_lora_rank + r + 3 * i + hi + h * cfg.qk_nope_head_dim + hi * i     # qa, kva, ik, ig, hw, qb, qib
     return [ArraySpec("graphs.tmp.dsa_proj", (b, proj), FP32),
             ArraySpec("graphs.tmp.dsa_scores", (b, pw), FP32),
             ArraySpec("graphs.tmp.dsa_pick", (b, w + 1), I32),          # token lists, counts
+            ArraySpec("graphs.tmp.dsa_pick_parts", (2, b, max(1, cols)), I32),   # the parts' candidate keys, pools
             ArraySpec("graphs.tmp.dsa_heads", (3, b, h, r), FP32),      # latent queries (and their copy), output
             ArraySpec("graphs.tmp.dsa_split", (b, h, w + c * (r + 2) + 1), FP32),   # scores, chunk max/sum, P.V
             ArraySpec("graphs.tmp.dsa_values", (2, b, h * cfg.v_head_dim), FP32),

@@ -7,7 +7,20 @@ from cupyglm.kernels import guards
 from cupyglm.kernels.ops import Kernels, check, i32, op
 
 SRC = "pick.cu"
-THREADS = 128                 # PICK_THREADS in pick.cu (its block scans assume exactly this many)
+THREADS = 256                 # PICK_THREADS in pick_select.cuh (its block scans assume exactly this many)
+PART = THREADS * 16           # PICK_PART in pick.cu: pools a dsa_pick block selects from
+
+
+def parts(p: int) -> int:
+    """dsa_pick blocks a row of scores p pools wide (grid.y): one a PICK_PART pools."""
+    return max(1, -(-p // PART))
+
+
+def scratch_cols(p: int, npools: int) -> int:
+    """Columns of the candidates scratch a row (keys u32, pools i32; 0 when one part covers the row): each part
+    of a multi-part row keeps min(npools, PART) (key, pool) pairs."""
+    n = parts(p)
+    return 0 if n == 1 else n * min(npools, PART)
 
 
 @op("pick")
@@ -36,9 +49,17 @@ def pick(k: Kernels, scores, positions, npools: int, kpool: int, width: int):
 
 
 def launch(k: Kernels, scores, pos, tokens, counts, npools: int, kpool: int, width: int, guard) -> None:
-    """dsa_pick: each row's preconditions counted by the kernel into guard = (flags, first of 3 slots)
-    (guards.PICK_MESSAGES; slot -1: nothing counted). Also the contract's entry point."""
+    """dsa_pick (grid (T, parts)), then dsa_pick_merge when a row of P pools can span several parts (P > PART):
+    one launch up to PART pools, two above. Each row's preconditions are counted by dsa_pick into guard =
+    (flags, first of 3 slots) (guards.PICK_MESSAGES; slot -1: nothing counted). Also the contract's entry point."""
     check("dsa_pick", "flags", guard[0], (None, 2), np.uint32)
     t, p = scores.shape
-    k.launch(SRC, "dsa_pick", (t,), (THREADS,),
-             (scores, pos, tokens, counts, i32(p), i32(npools), i32(kpool), i32(width), guard[0], i32(guard[1])))
+    cols = scratch_cols(p, npools)
+    ck = k.empty((t, cols) if cols else (1,), np.uint32)       # [T, cols] u32 candidate keys
+    cp = k.empty((t, cols) if cols else (1,), np.int32)        # [T, cols] i32 their pool ids
+    k.launch(SRC, "dsa_pick", (t, parts(p)), (THREADS,),
+             (scores, pos, tokens, counts, ck, cp, i32(p), i32(npools), i32(kpool), i32(width), i32(cols),
+              guard[0], i32(guard[1])))
+    if cols:
+        k.launch(SRC, "dsa_pick_merge", (t,), (THREADS,),
+                 (ck, cp, pos, tokens, counts, i32(p), i32(npools), i32(kpool), i32(width), i32(cols)))

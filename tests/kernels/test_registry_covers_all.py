@@ -12,7 +12,7 @@ FRAMEWORK = {
     "gemm.cu": {"gemm_lane16"},
     "norm.cu": {"rmsnorm_rows", "layernorm_rows"},
     "kv.cu": {"kv_write_rows", "kv_read_rows"},
-    "pick.cu": {"dsa_pick"},
+    "pick.cu": {"dsa_pick", "dsa_pick_merge"},
 }
 
 
