@@ -1,8 +1,10 @@
 """/v1/responses against the real `mpirun -n 2` tiny server with the real clients: `client.responses.create`
 plain and streamed (text, a json_schema `text.format`, a forced function call fed back with its output),
 `client.responses.parse`, openai-agents' `OpenAIResponsesModel` under its Runner (a tool round trip ending in a
-structured output, plain and streamed) and `litellm.responses`. The tiny model writes random tokens, so calls and JSON come from the grammar
-(forced `tool_choice`, json_schema) and text is compared with the chat route's on the same seed."""
+structured output, plain and streamed) and `litellm.responses`. The tiny model writes random tokens, so calls and
+JSON come from the grammar (forced `tool_choice`, json_schema) and text is compared with the chat route's on the
+same seed. Also the smaller routes and fields: echo with max_tokens 0, reasoning_effort / thinking, /version,
+/ping."""
 from __future__ import annotations
 
 import asyncio
