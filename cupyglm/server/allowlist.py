@@ -22,7 +22,7 @@ _COMMON_IMPLEMENTED = frozenset({
     "guided_regex", "guided_choice", "guided_grammar",
 })
 CHAT_IMPLEMENTED = _COMMON_IMPLEMENTED | {"messages", "chat_template_kwargs", "top_logprobs", "tools", "tool_choice",
-                                          "add_generation_prompt"}
+                                          "add_generation_prompt", "reasoning_effort", "thinking"}
 COMPLETION_IMPLEMENTED = _COMMON_IMPLEMENTED | {"prompt", "echo"}
 
 # name -> why it cannot change the output
@@ -76,7 +76,6 @@ CHAT_REFUSED: dict[str, tuple[Callable[[Any], bool], str]] = {
     "audio": (_is(), ""),
     "modalities": (lambda v: v is None or v == ["text"], "only ['text']"),
     "prediction": (_is(), ""),
-    "reasoning_effort": (_is(), "use chat_template_kwargs.enable_thinking"),
     "verbosity": (_is(), ""),
     "web_search_options": (_is(), ""),
     "moderation": (_is(), ""),

@@ -1,5 +1,6 @@
-"""The HTTP routes (starlette) of rank 0: OpenAI chat/completions, models, health, metrics, tokenize/detokenize,
-the prompt cache's save and clear (`cupyglm.server.cache_routes`).
+"""The HTTP routes (starlette) of rank 0: OpenAI chat/completions, models, health (and /ping), metrics,
+tokenize/detokenize, the prompt cache's save and clear (`cupyglm.server.cache_routes`), the Responses API and
+/version (`cupyglm.server.responses_routes`).
 
 `create_app(state)` builds the ASGI app around a `ServerState` whose bridge drives the engine. Every error is
 the OpenAI error JSON; errors found before a stream opens get their HTTP status (400/401/404/413/429/503), an
@@ -32,7 +33,9 @@ from cupyglm.server.prompt import PromptBuilder, WorkPool
 from cupyglm.server.requests import (GenRequest, ModelInfo, choice_seed, fit_context, parse_chat,
                                      parse_completion, parse_detokenize, parse_tokenize)
 from cupyglm.server.responses import (Reply, chat_response, chunk, completion_response, entries, model_card,
-                                      models_response, new_id, now, usage_chunk, usage_of)
+                                      models_response, new_id, now, prompt_only, tokenizer_info_of, usage_chunk,
+                                      usage_of)
+from cupyglm.server.responses_routes import ChatPath, responses_routes
 from cupyglm.server.sse import SSE_DONE, sse, sse_error
 
 DEFAULT_MAX_BODY_BYTES = 16 * 1024 * 1024
@@ -215,6 +218,7 @@ def create_app(state: ServerState, *, lifespan: Any = None) -> Starlette:
                         yield sse_error(refused)
                         yield SSE_DONE
                         return
+                    d = prompt_only(d) if req.prompt_only else d
                     reply = replies[k]
                     offset = len(reply.text) + len(reply.echo_text or "")
                     reply.add(d)
@@ -259,6 +263,7 @@ def create_app(state: ServerState, *, lifespan: Any = None) -> Starlette:
                     refused = _refused(d)
                     if refused is not None:
                         return json_error(refused)
+                    d = prompt_only(d) if req.prompt_only else d
                     replies[k].add(d)
             except EngineDied as e:
                 return json_error(ApiError(503, str(e), code="service_unavailable"))
@@ -363,26 +368,18 @@ def create_app(state: ServerState, *, lifespan: Any = None) -> Starlette:
         Route("/v1/models/{model_id:path}", model, methods=["GET"]),
         Route("/tokenizer_info", tokenizer_info, methods=["GET"]),
         Route("/health", health, methods=["GET"]),
+        Route("/ping", health, methods=["GET", "POST"]),
         Route("/metrics", metrics, methods=["GET"]),
         Route("/tokenize", tokenize, methods=["POST"]),
         Route("/detokenize", detokenize, methods=["POST"]),
         *cache_routes(state, _not_ready),
+        *responses_routes(ChatPath(body_json, need_ready, prompts_of, submit_all, _refused)),
     ]
     middleware = [Middleware(ApiKeyMiddleware, keys=state.api_keys)] if state.api_keys else []
     app = Starlette(routes=routes, middleware=middleware, lifespan=lifespan,
                     exception_handlers={HTTPException: http_error, Exception: server_error})
     app.router.redirect_slashes = False          # a redirect would be built from the client's Host header
     return app
-
-
-def tokenizer_info_of(tokenizer: Any, info: ModelInfo) -> dict:
-    """What vLLM's /tokenizer_info returns: the tokenizer's config (tokenizer_config.json) with its class, the
-    chat template and the context length filled in."""
-    out = {k: v for k, v in tokenizer.config.items() if k != "added_tokens_decoder"}
-    out.setdefault("tokenizer_class", "PreTrainedTokenizerFast")
-    out["chat_template"] = tokenizer.chat_template
-    out["model_max_length"] = info.max_model_len
-    return out
 
 
 def model_info(served_id: str, root: str, max_model_len: int, vocab_size: int, prompt_cache: bool = False,

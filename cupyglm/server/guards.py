@@ -26,7 +26,7 @@ from cupyglm.server.errors import ApiError, bad
 HEAD_TIMEOUT_S = 10.0
 BODY_TIMEOUT_S = 30.0
 KEEP_ALIVE_S = 5
-PUBLIC_PATHS = ("/health", "/metrics")
+PUBLIC_PATHS = ("/health", "/metrics", "/ping", "/version")
 JSON_TYPES = ("application/json",)
 
 

@@ -12,6 +12,7 @@ from cupyglm.server.fields import (check_token_ids, get_bool, get_dict, get_floa
                                    short)
 from cupyglm.server.messages import check_messages, check_tools
 from cupyglm.server.structured import structured_guide, tool_guide
+from cupyglm.server.thinking import apply_thinking
 from cupyglm.server.unsupported import refuse_unsupported
 
 MAX_STOP_STRINGS = 128
@@ -58,6 +59,7 @@ class GenRequest:
     echo: bool = False                          # completion: the prompt's text (and logprobs) before the reply
     tools: list[dict] | None = None             # chat: the tools rendered and parsed (None: tool_choice none)
     cache_salt: str | None = None               # kept prompt states are shared only under the same salt
+    prompt_only: bool = False                   # completion echo with max_tokens 0: the prompt (and its logprobs)
 
     @property
     def per(self) -> int:
@@ -148,7 +150,7 @@ def _logprobs(body: Mapping, kind: str) -> int | None:
 
 
 def _sampling(body: Mapping, info: ModelInfo, kind: str) -> dict:
-    max_tokens = get_int(body, "max_tokens", None, lo=1)
+    max_tokens = get_int(body, "max_tokens", None, lo=0 if kind == "completion" else 1)
     mct = get_int(body, "max_completion_tokens", None, lo=1)
     if mct is not None:
         max_tokens = mct
@@ -252,6 +254,7 @@ def parse_chat(body: Mapping, info: ModelInfo) -> GenRequest:
     messages = check_messages(body.get("messages"))
     c = _common(body, "chat", info)
     kwargs = _chat_template_kwargs(body, reserved=("messages", "tools", "add_generation_prompt"))
+    apply_thinking(body, kwargs)
     agp = get_bool(body, "add_generation_prompt", True)
     tools = check_tools(body)
     if tools:
@@ -286,7 +289,13 @@ def parse_completion(body: Mapping, info: ModelInfo) -> GenRequest:
         name = "n" if per == c["n"] else "best_of"
         raise bad(name, f"{len(prompts)} prompts x {name} = {per} asks for {len(prompts) * per} choices; at most "
                   f"{MAX_CHOICES} per request")
-    return GenRequest(kind="completion", prompts=prompts, echo=bool(get_bool(body, "echo", False)), **c)
+    echo = bool(get_bool(body, "echo", False))
+    prompt_only = c["sampling"]["max_tokens"] == 0
+    if prompt_only:
+        if not echo:
+            raise bad("max_tokens", "'max_tokens' = 0 is allowed only with 'echo': true (the prompt's logprobs)")
+        c["sampling"].update(max_tokens=1, min_tokens=0)   # the engine runs one step; its token is dropped
+    return GenRequest(kind="completion", prompts=prompts, echo=echo, prompt_only=prompt_only, **c)
 
 
 def _one_prompt(prompt: object, param: str, info: ModelInfo) -> str | list[int]:

@@ -1,4 +1,5 @@
-"""The OpenAI reply shapes: chat/completion responses, streamed chunks, usage, the model list, ids and token_sha."""
+"""The OpenAI reply shapes: chat/completion responses, streamed chunks, usage, the model list, the tokenizer info,
+ids and token_sha."""
 from __future__ import annotations
 
 import dataclasses
@@ -96,6 +97,14 @@ class Reply:
 def entries(delta) -> list:
     """A Delta's logprobs as (token id, logprob, top) entries."""
     return [(t, lp, top) for t, (lp, top) in zip(delta.token_ids, delta.logprobs or ())]
+
+
+def prompt_only(delta):
+    """A Delta of an echo-only request (max_tokens 0) with the token it generated dropped: the prompt's logprobs,
+    the cache counts and the end ("length") stay."""
+    return dataclasses.replace(delta, token_ids=[], text="", draft=None,
+                               logprobs=None if delta.logprobs is None else [],
+                               finish_reason="length" if delta.finished else None)
 
 
 def usage_of(replies: Sequence[Reply]) -> dict:
@@ -214,6 +223,16 @@ def _chunk_object(kind: str) -> str:
 def model_card(info: ModelInfo, root: str, created: int) -> dict:
     return {"id": info.served_id, "object": "model", "created": created, "owned_by": "cupyglm", "root": root,
             "parent": None, "max_model_len": info.max_model_len}
+
+
+def tokenizer_info_of(tokenizer: Any, info: ModelInfo) -> dict:
+    """What vLLM's /tokenizer_info returns: the tokenizer's config (tokenizer_config.json) with its class, the
+    chat template and the context length filled in."""
+    out = {k: v for k, v in tokenizer.config.items() if k != "added_tokens_decoder"}
+    out.setdefault("tokenizer_class", "PreTrainedTokenizerFast")
+    out["chat_template"] = tokenizer.chat_template
+    out["model_max_length"] = info.max_model_len
+    return out
 
 
 def models_response(info: ModelInfo, root: str, created: int) -> dict:
