@@ -195,7 +195,8 @@ def create_app(state: ServerState, *, lifespan: Any = None) -> Starlette:
                          counts_prompt=k % req.per == 0) for k in range(len(streams))]
         if req.kind == "chat":
             for r in replies:
-                r.glm = GlmOutput(bool(req.chat_kwargs.get("enable_thinking", True)), req.tools)
+                r.glm = GlmOutput(bool(req.chat_kwargs.get("enable_thinking", True)), req.tools,
+                                  max_calls=None if req.parallel_tool_calls else 1)
         if req.echo:
             for r in replies:
                 p = req.prompts[r.index // req.per]

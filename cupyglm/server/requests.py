@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 
+from cupyglm.engine.tool_values import Unenforceable
 from cupyglm.server.errors import ApiError, bad
 from cupyglm.server.fields import (check_token_ids, get_bool, get_dict, get_float, get_int, get_str, json_kind,
                                    short)
@@ -57,6 +58,7 @@ class GenRequest:
     continuous_usage: bool = False              # stream_options.continuous_usage_stats: usage on every chunk
     echo: bool = False                          # completion: the prompt's text (and logprobs) before the reply
     tools: list[dict] | None = None             # chat: the tools rendered and parsed (None: tool_choice none)
+    parallel_tool_calls: bool = True            # chat: False = at most one call (the grammar or the parser)
     cache_salt: str | None = None               # kept prompt states are shared only under the same salt
 
     @property
@@ -256,18 +258,23 @@ def parse_chat(body: Mapping, info: ModelInfo) -> GenRequest:
     tools = check_tools(body)
     if tools:
         kwargs["tools"] = tools
-    forced = tool_guide(tools, body.get("tool_choice"))
+    parallel = get_bool(body, "parallel_tool_calls", True)
+    forced = tool_guide(tools, body.get("tool_choice"), parallel)
     if forced is not None:
         if c["sampling"]["guide"] is not None:
             raise bad("tool_choice", "'tool_choice' forces a tool call and the request also constrains the output "
                       "(response_format / structured_outputs / guided_*); send one")
         if c["sampling"]["ignore_eos"] or c["sampling"]["min_tokens"]:
             raise bad("tool_choice", "a forced tool call cannot be combined with ignore_eos or min_tokens")
-        if err := forced.check():
+        try:
+            err = forced.check()
+        except Unenforceable as e:
+            raise bad(e.path, str(e)) from None
+        if err:
             raise bad("tools", f"the tools' parameters do not compile into a tool-call grammar: {short(err, 300)}")
         c["sampling"]["guide"] = forced
     return GenRequest(kind="chat", messages=messages, chat_kwargs=kwargs, add_generation_prompt=bool(agp),
-                      tools=tools, **c)
+                      tools=tools, parallel_tool_calls=parallel, **c)
 
 
 def parse_completion(body: Mapping, info: ModelInfo) -> GenRequest:

@@ -1,0 +1,142 @@
+"""The grammar of one tool-call argument's value, from its JSON schema, as GLM writes it inside `<arg_value>`.
+
+A property whose schema has `"type": "string"` is written raw (the text itself, no quotes or escapes), so its
+schema becomes one Lark lexeme: regexes intersected with llguidance's `&` -- enum / const (the literal strings),
+minLength / maxLength (code points), pattern (JSON Schema's search semantics: a branch anchored by `^` / `$` is
+anchored there, otherwise any text may surround it) -- and always "contains neither `</arg_value>` nor
+`</tool_call>`" (the parser ends the value or the call at those texts). Any other property (another type, a type
+list, no type, `$ref`, `anyOf`, ...) is written as JSON and embedded as llguidance's `%json` with the parameters'
+`$defs` / `definitions`, compact: the same compiler as response_format json_schema (enum, const, pattern,
+lengths, numeric bounds, nested objects and arrays, required, additionalProperties).
+
+`strict` (the tool's `strict: true`): a keyword the grammar does not enforce is refused (Unenforceable, naming its
+path) rather than ignored; without strict, llguidance's lenient mode skips what it cannot enforce and a raw string
+ignores keywords beyond the ones above. Annotations (title, description, ...) never constrain.
+"""
+from __future__ import annotations
+
+import json
+
+ANNOTATIONS = frozenset({"title", "description", "default", "examples", "$comment", "deprecated", "readOnly",
+                         "writeOnly"})
+RAW_KEYS = frozenset({"type", "enum", "const", "pattern", "minLength", "maxLength"}) | ANNOTATIONS
+NO_CLOSE = r"~/(?s:.*)(<\/arg_value>|<\/tool_call>)(?s:.*)/"
+_META = set(r"\.+*?()|[]{}^$#&-~/")
+
+
+class Unenforceable(ValueError):
+    """A schema the tool-call grammar cannot enforce (or an invalid one): `path` names the offending part."""
+
+    def __init__(self, path: str, what: str):
+        self.path = path
+        super().__init__(f"'{path}' {what}")
+
+
+def _llg():
+    import llguidance                   # imported on first use, as cupyglm.engine.grammar does
+    return llguidance
+
+
+def is_raw(schema) -> bool:
+    """Whether GLM writes this property's value as raw text (the parser keeps it a string) rather than JSON."""
+    return isinstance(schema, dict) and schema.get("type") == "string"
+
+
+def _escape(s: str) -> str:
+    """s as a literal inside a Lark /regex/ (Rust regex syntax)."""
+    return "".join("\\" + c if c in _META else "\\n" if c == "\n" else "\\r" if c == "\r" else
+                   "\\t" if c == "\t" else c for c in s)
+
+
+def _branches(p: str) -> list[str]:
+    """p split at its top-level '|' (outside groups, classes and escapes)."""
+    out, depth, cls, esc, cur = [], 0, False, False, ""
+    for c in p:
+        if not esc and not cls and depth == 0 and c == "|":
+            out.append(cur)
+            cur = ""
+            continue
+        cur += c
+        if esc:
+            esc = False
+        elif c == "\\":
+            esc = True
+        elif cls:
+            cls = c != "]"
+        elif c == "[":
+            cls = True
+        elif c in "()":
+            depth += 1 if c == "(" else -1
+    return out + [cur]
+
+
+def _search(p: str) -> str:
+    """A JSON Schema pattern (found anywhere in the text unless anchored) as a whole-text regex."""
+    parts = []
+    for b in _branches(p):
+        lead = b.startswith("^")
+        trail = b.endswith("$") and (len(b) - 1 - len(b[:-1].rstrip("\\"))) % 2 == 0
+        core = b[1 if lead else 0:len(b) - 1 if trail else len(b)]
+        parts.append(("" if lead else "(?s:.*)") + f"(?:{core})" + ("" if trail else "(?s:.*)"))
+    return "(?:" + "|".join(parts) + ")"
+
+
+def _regex_ok(rx: str) -> str:
+    """'' when the Lark regex lexeme compiles, else llguidance's message."""
+    llg = _llg()
+    err, msgs = llg.LLMatcher.validate_grammar_with_warnings(llg.grammar_from("lark", f"start: V\nV: {rx}\n"))
+    return msgs[0].splitlines()[0] if err else ""
+
+
+def _length(schema: dict, key: str, path: str) -> int | None:
+    v = schema.get(key)
+    if v is None:
+        return None
+    if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+        raise Unenforceable(f"{path}.{key}", "must be a non-negative integer")
+    return v
+
+
+def raw_lexeme(schema: dict, path: str, strict: bool) -> str:
+    """The Lark lexeme body of a raw string value (schema: is_raw)."""
+    if strict:
+        for k in schema:
+            if k not in RAW_KEYS:
+                raise Unenforceable(f"{path}.{k}", "is not enforced in a string argument, which GLM writes as raw "
+                                    "text (enforced: enum, const, pattern, minLength, maxLength)")
+    parts = [NO_CLOSE]
+    if "enum" in schema or "const" in schema:
+        key = "const" if "const" in schema else "enum"
+        values = [schema["const"]] if key == "const" else schema["enum"]
+        if not isinstance(values, list) or not any(isinstance(v, str) for v in values):
+            raise Unenforceable(f"{path}.{key}", "holds no string, so no string value satisfies it")
+        parts.append("/(?:" + "|".join(_escape(v) for v in values if isinstance(v, str)) + ")/")
+    lo, hi = _length(schema, "minLength", path), _length(schema, "maxLength", path)
+    if lo is not None or hi is not None:
+        parts.append(f"/(?s:.){{{lo or 0},{'' if hi is None else hi}}}/")
+    pattern = schema.get("pattern")
+    if pattern is not None:
+        if not isinstance(pattern, str):
+            raise Unenforceable(f"{path}.pattern", "must be a string")
+        rx = "/" + _search(pattern).replace("/", "\\/") + "/"
+        err = _regex_ok(rx)
+        if not err:
+            parts.append(rx)
+        elif strict:
+            raise Unenforceable(f"{path}.pattern", f"cannot be enforced: {err}")
+    return " & ".join(parts)
+
+
+def json_value(schema, defs: dict, path: str, strict: bool) -> str:
+    """The `%json {...}` of a JSON-written value: the property's schema with the parameters' definitions."""
+    s = dict(schema) if isinstance(schema, dict) else {}
+    s.update(defs)
+    s["x-guidance"] = {"whitespace_flexible": False, "lenient": not strict, **(s.get("x-guidance") or {})}
+    llg = _llg()
+    try:
+        err, msgs = llg.LLMatcher.validate_grammar_with_warnings(llg.grammar_from("json_schema", json.dumps(s)))
+    except ValueError as e:
+        err, msgs = True, [str(e)]
+    if err:
+        raise Unenforceable(path, f"cannot be enforced: {msgs[0].splitlines()[0] if msgs else 'invalid schema'}")
+    return "%json " + json.dumps(s, ensure_ascii=False)
