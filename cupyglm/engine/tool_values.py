@@ -16,6 +16,7 @@ ignores keywords beyond the ones above. Annotations (title, description, ...) ne
 from __future__ import annotations
 
 import json
+import re
 
 ANNOTATIONS = frozenset({"title", "description", "default", "examples", "$comment", "deprecated", "readOnly",
                          "writeOnly"})
@@ -118,7 +119,7 @@ def raw_lexeme(schema: dict, path: str, strict: bool) -> str:
     if pattern is not None:
         if not isinstance(pattern, str):
             raise Unenforceable(f"{path}.pattern", "must be a string")
-        rx = "/" + _search(pattern).replace("/", "\\/") + "/"
+        rx = "/" + re.sub(r"(?<!\\)/", r"\/", _search(pattern)) + "/"
         err = _regex_ok(rx)
         if not err:
             parts.append(rx)

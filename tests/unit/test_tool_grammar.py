@@ -19,6 +19,7 @@ PROPS = {
     "where": {"$ref": "#/$defs/Place"},
     "hits": {"type": "array", "items": {"type": "string", "maxLength": 2}, "maxItems": 2},
     "any": {},
+    "odd": {"type": "string", "enum": ["a.b", "x|y", "1/2", "[\\n]"], "pattern": "^(.*\\/.*|[^/]+)$"},
 }
 PLACE = {"type": "object", "properties": {"lat": {"type": "integer", "maximum": 90}}, "required": ["lat"],
          "additionalProperties": False}
@@ -50,6 +51,8 @@ def matches(guides, text: str, choice=None, parallel: bool = True, tools=TOOLS) 
     {"unit": "c", "days": "9"}, {"unit": "c", "ratio": "1.5"}, {"unit": "c", "where": '{"lat":-3}'},
     {"unit": "c", "hits": '["ab","c"]'}, {"unit": "c", "any": '"x"'}, {"unit": "c", "any": '[1,{"a":null}]'},
     {"unit": "f", "city": "Lyon", "code": "xyz-00", "days": "1", "hits": "[]"},
+    {"unit": "c", "odd": "a.b"}, {"unit": "c", "odd": "x|y"}, {"unit": "c", "odd": "1/2"},
+    {"unit": "c", "odd": "[\\n]"},
 ])
 def test_valid_arguments_are_accepted(guides, args):
     assert matches(guides, call("probe", **args), "probe")
@@ -65,6 +68,7 @@ def test_valid_arguments_are_accepted(guides, args):
     {"unit": "c", "ratio": "0.4"}, {"unit": "c", "ratio": "2"},         # minimum, exclusiveMaximum
     {"unit": "c", "where": '{"lat":91}'}, {"unit": "c", "where": '{"lat":1,"x":2}'}, {"unit": "c", "where": "{}"},
     {"unit": "c", "hits": '["abc"]'}, {"unit": "c", "hits": '["a","b","c"]'},
+    {"unit": "c", "odd": "axb"}, {"unit": "c", "odd": "x"}, {"unit": "c", "odd": "[\n]"},
     {"unit": "c", "any": "x"},                                          # an untyped value is JSON
     {"unit": "c", "days": " 3"}, {"unit": "c", "where": '{"lat": 3}'},  # JSON is compact
     {"city": "Paris"},                                                  # the required key is missing

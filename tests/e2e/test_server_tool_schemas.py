@@ -1,0 +1,105 @@
+"""Forced tool calls keep their schemas against the real `mpirun -n 2` tiny server with the real openai client: on 8
+seeds a strict tool's raw-string and JSON arguments (enum, maxLength, pattern, integer bounds) all validate with
+jsonschema and parallel_tool_calls false gives exactly one call; a strict schema the grammar cannot enforce is
+refused naming its part; instructor in TOOLS_STRICT mode parses a reply on its first try (skipped where instructor
+is not installed: its releases pin jiter below the openai SDK's). The tiny model writes random tokens, so every
+valid argument comes from the grammar; its bounds close each call (about 150 tokens: the tags are byte tokens here)
+within max_tokens. All the generations run at once, in one batch."""
+from __future__ import annotations
+
+import json
+from concurrent.futures import ThreadPoolExecutor
+from typing import Literal
+
+import jsonschema
+import openai
+import pytest
+
+pytestmark = pytest.mark.mpi
+
+MODEL = "cupyglm-tiny"
+MSG = [{"role": "user", "content": "Weather?"}]
+PARAMS = {"type": "object", "additionalProperties": False, "required": ["unit", "city", "days"],
+          "properties": {
+              "unit": {"type": "string", "enum": ["c", "f"]},
+              "city": {"type": "string", "maxLength": 5, "pattern": "^[a-z]+$"},
+              "days": {"type": "integer", "minimum": 1, "maximum": 9}}}
+TOOLS = [{"type": "function", "function": {"name": "get_weather", "strict": True, "parameters": PARAMS}}]
+MAX_TOKENS = 192
+
+
+@pytest.fixture(scope="module")
+def server(start_server):
+    """The tools' rendering makes a 400-token prompt: a window past the suite's default 256; 9 requests at once."""
+    s = start_server(["--context", "1024", "--parallel", "9", "--max-queue", "32"])
+    yield s
+    s.kill()
+
+
+def _weather_model():
+    from pydantic import BaseModel, Field
+
+    class Weather(BaseModel):
+        unit: Literal["c", "f"]
+        city: str = Field(max_length=5, pattern="^[a-z]+$")
+        days: int = Field(ge=1, le=9)
+    return Weather
+
+
+@pytest.fixture(scope="module")
+def replies(server):
+    """The 8 seeded forced calls and the instructor call, run concurrently: (choices, instructor's result)."""
+    instructor = _optional("instructor")
+    with openai.OpenAI(base_url=server.url, api_key="unused", max_retries=0, timeout=600) as c:
+        def one(seed):
+            return c.chat.completions.create(model=MODEL, messages=MSG, seed=seed, max_tokens=MAX_TOKENS,
+                                              tools=TOOLS, tool_choice="required",
+                                              parallel_tool_calls=False).choices[0]
+
+        def strict_client():
+            if instructor is None:
+                return None
+            client = instructor.from_openai(c, mode=instructor.Mode.TOOLS_STRICT)
+            try:
+                return client.chat.completions.create(model=MODEL, messages=MSG, response_model=_weather_model(),
+                                                      max_retries=0, seed=3, max_tokens=MAX_TOKENS)
+            except Exception as e:                   # reported by its test, not by the other ones
+                return e
+        with ThreadPoolExecutor(9) as pool:
+            inst = pool.submit(strict_client)
+            choices = list(pool.map(one, range(8)))
+            return choices, inst.result()
+
+
+def _optional(name: str):
+    try:
+        return __import__(name)
+    except ImportError:
+        return None
+
+
+def test_forced_calls_keep_their_schemas_one_call_each_on_8_seeds(replies):
+    seen = set()
+    for c in replies[0]:
+        assert c.finish_reason == "tool_calls" and len(c.message.tool_calls) == 1, c.message
+        call = c.message.tool_calls[0]
+        assert call.function.name == "get_weather"
+        jsonschema.validate(json.loads(call.function.arguments), PARAMS)
+        seen.add(call.function.arguments)
+    assert len(seen) > 4                             # seeded sampling, not one forced string
+
+
+def test_unenforceable_strict_schema_is_refused_by_name(client):
+    bad = json.loads(json.dumps(TOOLS))
+    bad[0]["function"]["parameters"]["properties"]["city"]["format"] = "hostname"
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(model=MODEL, messages=MSG, max_tokens=8, tools=bad, tool_choice="required")
+    assert e.value.body["param"] == "tools[0].function.parameters.properties.city.format"
+
+
+def test_instructor_tools_strict_first_try(replies):
+    if _optional("instructor") is None:
+        pytest.skip("instructor is not installed")
+    w = replies[1]
+    assert not isinstance(w, Exception), w
+    assert w.unit in ("c", "f") and 1 <= len(w.city) <= 5 and w.city.isalpha() and 1 <= w.days <= 9
