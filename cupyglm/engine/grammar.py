@@ -46,7 +46,8 @@ def _llg():
 class Guide:
     """What a request's output must match: kind in KINDS; text is the JSON schema (JSON text), the regex, the
     choices (a JSON array of strings), a grammar (Lark as llguidance reads it, or GBNF), or for tool_call the JSON
-    {"tools": [...], "name": a tool's name or null, "parallel": bool} (cupyglm.engine.tool_grammar)."""
+    {"tools": [...], "name": a tool's name or null, "parallel": bool, "auto": bool, "thinking": bool}
+    (cupyglm.engine.tool_grammar)."""
 
     kind: str
     text: str
@@ -63,8 +64,9 @@ class Guide:
         llg = _llg()
         if self.kind == "tool_call":
             spec = json.loads(self.text)
-            return llg.grammar_from("lark", tool_call_lark(spec["tools"], spec["name"], added,
-                                                             spec.get("parallel", True)))
+            return llg.grammar_from("lark", tool_call_lark(
+                spec["tools"], spec["name"], added, spec.get("parallel", True), spec.get("auto", False),
+                spec.get("thinking", True)))
         if self.kind == "json_schema":
             try:
                 schema = json.loads(self.text)

@@ -23,6 +23,7 @@ import json
 from cupyglm.engine.tool_values import ANNOTATIONS, Unenforceable, is_raw, json_value, raw_lexeme
 
 CALL_OPEN, CALL_CLOSE = "<tool_call>", "</tool_call>"
+THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 KEY_OPEN, KEY_CLOSE, VALUE_OPEN, VALUE_CLOSE = "<arg_key>", "</arg_key>", "<arg_value>", "</arg_value>"
 PARAM_KEYS = frozenset({"type", "properties", "required", "additionalProperties", "$defs", "definitions"}) | ANNOTATIONS
 
@@ -77,19 +78,34 @@ def _call_rules(i: int, fn: dict, path: str, kv: tuple, strict: bool) -> list[st
     return lines + [f"fn{i}: " + " ".join(body)]
 
 
+def _auto_head(added: frozenset[str], thinking: bool) -> list[str]:
+    """Under tool_choice auto: the text before the calls (a thinking block first when thinking is on), any text
+    but the tags that would open a call or close the block."""
+    lines = [f"TEXT: ~/(?s:.*){_rx_tag(CALL_OPEN)}(?s:.*)/ & /(?s:.+)/"]
+    if not thinking:
+        return ["head: TEXT?"] + lines
+    return ["head: think? TEXT?", f"think: {_tag(THINK_OPEN, added)} REASON? {_tag(THINK_CLOSE, added)}",
+            f"REASON: ~/(?s:.*){_rx_tag(THINK_CLOSE)}(?s:.*)/ & /(?s:.+)/"] + lines
+
+
+def _rx_tag(tag: str) -> str:
+    return tag.replace("/", "\\/")
+
+
 def tool_call_lark(tools: list[dict], name: str | None, added: frozenset[str] = frozenset(),
-                   parallel: bool = True) -> str:
+                   parallel: bool = True, auto: bool = False, thinking: bool = True) -> str:
     """The Lark text: tools as OpenAI sends them ({"type": "function", "function": {...}}); name None = any tool,
-    one or more calls ("required"; exactly one when not `parallel`), else exactly one call of that tool.
+    one or more calls ("required"; exactly one when not `parallel`), else exactly one call of that tool; `auto`:
+    text (after a thinking block when `thinking`) then any number of calls (at most one when not `parallel`).
     Unenforceable names what a strict tool's schema holds that the grammar cannot enforce."""
     fns = [(i, t["function"]) for i, t in enumerate(tools) if name is None or t["function"]["name"] == name]
     if not fns:
         raise ValueError(f"tool_choice names the function {name!r}, which is not in 'tools'")
     kv = (_tag(KEY_OPEN, added), _tag(KEY_CLOSE, added), _tag(VALUE_OPEN, added), _tag(VALUE_CLOSE, added))
-    many = name is None and parallel
-    lines = [f"start: call{' (_NL? call)*' if many else ''}", "_NL: \"\\n\"",
+    calls = f"call{' (_NL? call)*' if name is None and parallel else ''}"
+    lines = [f"start: head ({calls})?" if auto else f"start: {calls}", "_NL: \"\\n\"",
              f"call: {_tag(CALL_OPEN, added)} ({' | '.join(f'fn{i}' for i, _ in fns)}) "
-             f"{_tag(CALL_CLOSE, added)}"]
+             f"{_tag(CALL_CLOSE, added)}"] + (_auto_head(added, thinking) if auto else [])
     for i, fn in fns:
         lines += _call_rules(i, fn, f"tools[{i}].function", kv, fn.get("strict") is True)
     return "\n".join(lines) + "\n"

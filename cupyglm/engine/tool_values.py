@@ -3,7 +3,8 @@
 A property whose schema has `"type": "string"` is written raw (the text itself, no quotes or escapes), so its
 schema becomes one Lark lexeme: regexes intersected with llguidance's `&` -- enum / const (the literal strings),
 minLength / maxLength (code points), pattern (JSON Schema's search semantics: a branch anchored by `^` / `$` is
-anchored there, otherwise any text may surround it) -- and always "contains neither `</arg_value>` nor
+anchored there, otherwise any text may surround it), format date / time / date-time (RFC 3339) / ipv4 / uuid --
+and always "contains neither `</arg_value>` nor
 `</tool_call>`" (the parser ends the value or the call at those texts). Any other property (another type, a type
 list, no type, `$ref`, `anyOf`, ...) is written as JSON and embedded as llguidance's `%json` with the parameters'
 `$defs` / `definitions`, compact: the same compiler as response_format json_schema (enum, const, pattern,
@@ -20,7 +21,12 @@ import re
 
 ANNOTATIONS = frozenset({"title", "description", "default", "examples", "$comment", "deprecated", "readOnly",
                          "writeOnly"})
-RAW_KEYS = frozenset({"type", "enum", "const", "pattern", "minLength", "maxLength"}) | ANNOTATIONS
+RAW_KEYS = frozenset({"type", "enum", "const", "pattern", "minLength", "maxLength", "format"}) | ANNOTATIONS
+_DATE = r"[0-9]{4}-(0[1-9]|1[0-2])-(0[1-9]|[12][0-9]|3[01])"
+_TIME = r"([01][0-9]|2[0-3]):[0-5][0-9]:([0-5][0-9]|60)(\.[0-9]+)?(Z|z|[+-]([01][0-9]|2[0-3]):[0-5][0-9])"
+_OCTET = r"(25[0-5]|2[0-4][0-9]|1[0-9]{2}|[1-9]?[0-9])"
+FORMATS = {"date": _DATE, "time": _TIME, "date-time": f"{_DATE}[Tt]{_TIME}", "ipv4": rf"({_OCTET}\.){{3}}{_OCTET}",
+           "uuid": "[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}"}
 NO_CLOSE = r"~/(?s:.*)(<\/arg_value>|<\/tool_call>)(?s:.*)/"
 _META = set(r"\.+*?()|[]{}^$#&-~/")
 
@@ -104,7 +110,7 @@ def raw_lexeme(schema: dict, path: str, strict: bool) -> str:
         for k in schema:
             if k not in RAW_KEYS:
                 raise Unenforceable(f"{path}.{k}", "is not enforced in a string argument, which GLM writes as raw "
-                                    "text (enforced: enum, const, pattern, minLength, maxLength)")
+                                    "text (enforced: enum, const, pattern, minLength, maxLength, format)")
     parts = [NO_CLOSE]
     if "enum" in schema or "const" in schema:
         key = "const" if "const" in schema else "enum"
@@ -115,6 +121,12 @@ def raw_lexeme(schema: dict, path: str, strict: bool) -> str:
     lo, hi = _length(schema, "minLength", path), _length(schema, "maxLength", path)
     if lo is not None or hi is not None:
         parts.append(f"/(?s:.){{{lo or 0},{'' if hi is None else hi}}}/")
+    fmt = schema.get("format")
+    if fmt in FORMATS:
+        parts.append(f"/{FORMATS[fmt]}/")
+    elif fmt is not None and strict:
+        raise Unenforceable(f"{path}.format", f"= {fmt!r} is not enforced in a string argument (enforced formats: "
+                            f"{', '.join(FORMATS)})")
     pattern = schema.get("pattern")
     if pattern is not None:
         if not isinstance(pattern, str):

@@ -8,7 +8,8 @@ second one is refused naming it. Parts that would change the output and are not 
 (`response_format` type structural_tag, structured_outputs.structural_tag / whitespace_pattern /
 disable_additional_properties true). JSON is generated compact (no whitespace between tokens of JSON), which
 structured_outputs.disable_any_whitespace asks for and any schema allows. `tool_choice` "required" or a named
-function becomes a tool_call guide (cupyglm.engine.tool_grammar), exactly one call under parallel_tool_calls false.
+function becomes a tool_call guide (cupyglm.engine.tool_grammar), exactly one call under parallel_tool_calls false;
+so does "auto" with a strict tool or parallel_tool_calls false (text, then calls; at most one when not parallel).
 """
 from __future__ import annotations
 
@@ -139,10 +140,15 @@ def structured_guide(body: Mapping) -> Guide | None:
     return guide
 
 
-def tool_guide(tools: list[dict] | None, choice: Any, parallel: bool = True) -> Guide | None:
+def tool_guide(tools: list[dict] | None, choice: Any, parallel: bool = True, thinking: bool = True) -> Guide | None:
     """tool_choice "required" (one or more calls of any tool, exactly one when not `parallel`) or {"type":
-    "function", "function": {"name"}} (one call of that tool) as a guide; None for auto / none (nothing forced)."""
-    if not tools or choice in (None, "auto", "none"):
+    "function", "function": {"name"}} (one call of that tool) as a guide; auto with a `strict: true` tool or not
+    `parallel`: text, then calls that keep their schemas (at most one when not `parallel`); None otherwise."""
+    if not tools or choice == "none":
         return None
-    name = None if choice == "required" else choice["function"]["name"]
-    return Guide("tool_call", json.dumps({"tools": tools, "name": name, "parallel": parallel}))
+    auto = choice in (None, "auto")
+    if auto and parallel and not any(t["function"].get("strict") is True for t in tools):
+        return None
+    name = None if auto or choice == "required" else choice["function"]["name"]
+    return Guide("tool_call", json.dumps({"tools": tools, "name": name, "parallel": parallel, "auto": auto,
+                                          "thinking": thinking}))

@@ -19,6 +19,7 @@ PROPS = {
     "where": {"$ref": "#/$defs/Place"},
     "hits": {"type": "array", "items": {"type": "string", "maxLength": 2}, "maxItems": 2},
     "any": {},
+    "when": {"type": "string", "format": "date-time"},
     "odd": {"type": "string", "enum": ["a.b", "x|y", "1/2", "[\\n]"], "pattern": "^(.*\\/.*|[^/]+)$"},
 }
 PLACE = {"type": "object", "properties": {"lat": {"type": "integer", "maximum": 90}}, "required": ["lat"],
@@ -39,9 +40,10 @@ def call(name: str, **args: str) -> str:
                                              for k, v in args.items()) + "</tool_call>")
 
 
-def matches(guides, text: str, choice=None, parallel: bool = True, tools=TOOLS) -> bool:
+def matches(guides, text: str, choice=None, parallel: bool = True, tools=TOOLS, **auto) -> bool:
     """Whether the whole text drives the tool-call matcher token by token to an accepting state."""
-    m = guides.compile(Guide("tool_call", json.dumps({"tools": tools, "name": choice, "parallel": parallel})))
+    spec = {"tools": tools, "name": choice, "parallel": parallel, **auto}
+    m = guides.compile(Guide("tool_call", json.dumps(spec)))
     return all(m.consume_token(t) for t in guides.tokenizer.encode(text)) and m.is_accepting()
 
 
@@ -52,7 +54,7 @@ def matches(guides, text: str, choice=None, parallel: bool = True, tools=TOOLS) 
     {"unit": "c", "hits": '["ab","c"]'}, {"unit": "c", "any": '"x"'}, {"unit": "c", "any": '[1,{"a":null}]'},
     {"unit": "f", "city": "Lyon", "code": "xyz-00", "days": "1", "hits": "[]"},
     {"unit": "c", "odd": "a.b"}, {"unit": "c", "odd": "x|y"}, {"unit": "c", "odd": "1/2"},
-    {"unit": "c", "odd": "[\\n]"},
+    {"unit": "c", "odd": "[\\n]"}, {"unit": "c", "when": "2026-12-04T16:05:08.5+01:00"},
 ])
 def test_valid_arguments_are_accepted(guides, args):
     assert matches(guides, call("probe", **args), "probe")
@@ -69,6 +71,7 @@ def test_valid_arguments_are_accepted(guides, args):
     {"unit": "c", "where": '{"lat":91}'}, {"unit": "c", "where": '{"lat":1,"x":2}'}, {"unit": "c", "where": "{}"},
     {"unit": "c", "hits": '["abc"]'}, {"unit": "c", "hits": '["a","b","c"]'},
     {"unit": "c", "odd": "axb"}, {"unit": "c", "odd": "x"}, {"unit": "c", "odd": "[\n]"},
+    {"unit": "c", "when": "2026-13-04T16:05:08Z"}, {"unit": "c", "when": "2026-12-04 16:05"},
     {"unit": "c", "any": "x"},                                          # an untyped value is JSON
     {"unit": "c", "days": " 3"}, {"unit": "c", "where": '{"lat": 3}'},  # JSON is compact
     {"city": "Paris"},                                                  # the required key is missing
@@ -86,13 +89,25 @@ def test_call_count_follows_choice_and_parallel(guides):
     assert not matches(guides, two, "probe") and not matches(guides, call("now"), "probe")
 
 
+@pytest.mark.parametrize("thinking", (True, False))
+def test_auto_allows_text_then_calls_that_keep_their_schemas(guides, thinking):
+    one, think = call("probe", unit="c"), "<think>Hm, <b>.</think>\n"
+    for text in ("", "Just text, <i>no</i> call.", "Let me check." + one, one + "\n" + call("now")):
+        assert matches(guides, text, auto=True, thinking=thinking), text
+    assert matches(guides, think + "Sure." + one, auto=True, thinking=thinking) is thinking
+    assert not matches(guides, "x" + call("probe", unit="k"), auto=True, thinking=thinking)
+    assert not matches(guides, one + "then more text", auto=True, thinking=thinking)
+    assert not matches(guides, "a" + one + "\n" + call("now"), parallel=False, auto=True, thinking=thinking)
+    assert matches(guides, "a" + one, parallel=False, auto=True, thinking=thinking)
+
+
 def _strict(prop: dict, **params) -> list[dict]:
     return [{"type": "function", "function": {"name": "f", "strict": True, "parameters": {
         "type": "object", "properties": {"x": prop}, **params}}}]
 
 
 @pytest.mark.parametrize("tools, path", [
-    (_strict({"type": "string", "format": "date-time"}), "tools[0].function.parameters.properties.x.format"),
+    (_strict({"type": "string", "format": "email"}), "tools[0].function.parameters.properties.x.format"),
     (_strict({"type": "string", "pattern": "a(?=b)"}), "tools[0].function.parameters.properties.x.pattern"),
     (_strict({"type": "string", "enum": [1, 2]}), "tools[0].function.parameters.properties.x.enum"),
     (_strict({"type": "string", "maxLength": -1}), "tools[0].function.parameters.properties.x.maxLength"),
@@ -107,7 +122,7 @@ def test_strict_refuses_what_it_cannot_enforce_by_name(tools, path):
 
 
 def test_without_strict_the_unenforceable_keywords_are_skipped(guides):
-    tools = _strict({"type": "string", "format": "date-time", "pattern": "a(?=b)", "maxLength": 3})
+    tools = _strict({"type": "string", "format": "email", "pattern": "a(?=b)", "maxLength": 3})
     tools[0]["function"]["strict"] = False
     tools[0]["function"]["parameters"]["properties"]["y"] = {"type": "array", "uniqueItems": True}
     assert Guide("tool_call", json.dumps({"tools": tools, "name": None})).check() == ""
