@@ -1,4 +1,5 @@
-"""A grammar (llguidance's Lark) forcing GLM's tool-call format, for tool_choice "required" or a named function.
+"""A grammar (llguidance's Lark) of GLM's tool-call format: forced for tool_choice "required" or a named function,
+after free text under auto (with a strict tool or parallel_tool_calls false).
 
 The format is the one cupyglm.server.glm_output parses (and the chat template renders):
 
@@ -79,12 +80,12 @@ def _call_rules(i: int, fn: dict, path: str, kv: tuple, strict: bool) -> list[st
 
 
 def _auto_head(added: frozenset[str], thinking: bool) -> list[str]:
-    """Under tool_choice auto: the text before the calls (a thinking block first when thinking is on), any text
-    but the tags that would open a call or close the block."""
+    """Under tool_choice auto: the text before the calls (a thinking block first, after a newline or not, when
+    thinking is on), any text but the tags that would open a call or close the block."""
     lines = [f"TEXT: ~/(?s:.*){_rx_tag(CALL_OPEN)}(?s:.*)/ & /(?s:.+)/"]
     if not thinking:
         return ["head: TEXT?"] + lines
-    return ["head: think? TEXT?", f"think: {_tag(THINK_OPEN, added)} REASON? {_tag(THINK_CLOSE, added)}",
+    return ["head: (_NL? think)? TEXT?", f"think: {_tag(THINK_OPEN, added)} REASON? {_tag(THINK_CLOSE, added)}",
             f"REASON: ~/(?s:.*){_rx_tag(THINK_CLOSE)}(?s:.*)/ & /(?s:.+)/"] + lines
 
 

@@ -4,11 +4,11 @@ A property whose schema has `"type": "string"` is written raw (the text itself, 
 schema becomes one Lark lexeme: regexes intersected with llguidance's `&` -- enum / const (the literal strings),
 minLength / maxLength (code points), pattern (JSON Schema's search semantics: a branch anchored by `^` / `$` is
 anchored there, otherwise any text may surround it), format date / time / date-time (RFC 3339) / ipv4 / uuid --
-and always "contains neither `</arg_value>` nor
-`</tool_call>`" (the parser ends the value or the call at those texts). Any other property (another type, a type
-list, no type, `$ref`, `anyOf`, ...) is written as JSON and embedded as llguidance's `%json` with the parameters'
-`$defs` / `definitions`, compact: the same compiler as response_format json_schema (enum, const, pattern,
-lengths, numeric bounds, nested objects and arrays, required, additionalProperties).
+and always "contains neither `</arg_value>` nor `</tool_call>`" (the parser ends the value or the call at those
+texts). Any other property (another type, a type list, no type, `$ref`, `anyOf`, ...) is written as JSON and
+embedded as llguidance's `%json` with the parameters' `$defs` / `definitions`, compact: the same compiler as
+response_format json_schema (enum, const, pattern, lengths, numeric bounds, nested objects and arrays, required,
+additionalProperties).
 
 `strict` (the tool's `strict: true`): a keyword the grammar does not enforce is refused (Unenforceable, naming its
 path) rather than ignored; without strict, llguidance's lenient mode skips what it cannot enforce and a raw string

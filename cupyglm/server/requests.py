@@ -7,12 +7,11 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 
-from cupyglm.engine.tool_values import Unenforceable
 from cupyglm.server.errors import ApiError, bad
 from cupyglm.server.fields import (check_token_ids, get_bool, get_dict, get_float, get_int, get_str, json_kind,
                                    short)
 from cupyglm.server.messages import check_messages, check_tools
-from cupyglm.server.structured import structured_guide, tool_guide
+from cupyglm.server.structured import structured_guide, tool_grammar
 from cupyglm.server.unsupported import refuse_unsupported
 
 MAX_STOP_STRINGS = 128
@@ -250,31 +249,6 @@ def _bad_prompt_type(prompt: object) -> ApiError:
                "invalid_type")
 
 
-def _tool_grammar(sampling: dict, tools: list[dict] | None, choice, parallel: bool, thinking: bool) -> None:
-    """The tool-call grammar as the sampling guide: a forced call always (refused with another guide, ignore_eos
-    or min_tokens); under auto (strict tools or parallel_tool_calls false) only where no other guide, ignore_eos
-    or min_tokens is set, else the parser alone reads the calls."""
-    guide = tool_guide(tools, choice, parallel, thinking)
-    if guide is None:
-        return
-    forced = choice not in (None, "auto")
-    clash = sampling["guide"] is not None or sampling["ignore_eos"] or sampling["min_tokens"]
-    if clash and not forced:
-        return
-    if sampling["guide"] is not None:
-        raise bad("tool_choice", "'tool_choice' forces a tool call and the request also constrains the output "
-                  "(response_format / structured_outputs / guided_*); send one")
-    if clash:
-        raise bad("tool_choice", "a forced tool call cannot be combined with ignore_eos or min_tokens")
-    try:
-        err = guide.check()
-    except Unenforceable as e:
-        raise bad(e.path, str(e)) from None
-    if err:
-        raise bad("tools", f"the tools' parameters do not compile into a tool-call grammar: {short(err, 300)}")
-    sampling["guide"] = guide
-
-
 def parse_chat(body: Mapping, info: ModelInfo) -> GenRequest:
     messages = check_messages(body.get("messages"))
     c = _common(body, "chat", info)
@@ -284,7 +258,7 @@ def parse_chat(body: Mapping, info: ModelInfo) -> GenRequest:
     if tools:
         kwargs["tools"] = tools
     parallel = get_bool(body, "parallel_tool_calls", True)
-    _tool_grammar(c["sampling"], tools, body.get("tool_choice"), parallel, kwargs["enable_thinking"])
+    tool_grammar(c["sampling"], tools, body.get("tool_choice"), parallel, kwargs["enable_thinking"])
     return GenRequest(kind="chat", messages=messages, chat_kwargs=kwargs, add_generation_prompt=bool(agp),
                       tools=tools, parallel_tool_calls=parallel, **c)
 

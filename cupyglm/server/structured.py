@@ -18,6 +18,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from cupyglm.engine.grammar import Guide
+from cupyglm.engine.tool_values import Unenforceable
 from cupyglm.server.errors import bad
 from cupyglm.server.fields import get_bool, json_kind, short
 
@@ -152,3 +153,28 @@ def tool_guide(tools: list[dict] | None, choice: Any, parallel: bool = True, thi
     name = None if auto or choice == "required" else choice["function"]["name"]
     return Guide("tool_call", json.dumps({"tools": tools, "name": name, "parallel": parallel, "auto": auto,
                                           "thinking": thinking}))
+
+
+def tool_grammar(sampling: dict, tools: list[dict] | None, choice, parallel: bool, thinking: bool) -> None:
+    """The tool-call grammar as the sampling guide: a forced call always (refused with another guide, ignore_eos
+    or min_tokens); under auto (strict tools or parallel_tool_calls false) only where no other guide, ignore_eos
+    or min_tokens is set, else the parser alone reads the calls."""
+    guide = tool_guide(tools, choice, parallel, thinking)
+    if guide is None:
+        return
+    forced = choice not in (None, "auto")
+    clash = sampling["guide"] is not None or sampling["ignore_eos"] or sampling["min_tokens"]
+    if clash and not forced:
+        return
+    if sampling["guide"] is not None:
+        raise bad("tool_choice", "'tool_choice' forces a tool call and the request also constrains the output "
+                  "(response_format / structured_outputs / guided_*); send one")
+    if clash:
+        raise bad("tool_choice", "a forced tool call cannot be combined with ignore_eos or min_tokens")
+    try:
+        err = guide.check()
+    except Unenforceable as e:
+        raise bad(e.path, str(e)) from None
+    if err:
+        raise bad("tools", f"the tools' parameters do not compile into a tool-call grammar: {short(err, 300)}")
+    sampling["guide"] = guide

@@ -1,6 +1,7 @@
 """Forced tool calls keep their schemas against the real `mpirun -n 2` tiny server with the real openai client: on 8
 seeds a strict tool's raw-string and JSON arguments (enum, maxLength, pattern, integer bounds) all validate with
-jsonschema and parallel_tool_calls false gives exactly one call; a strict schema the grammar cannot enforce is
+jsonschema and parallel_tool_calls false gives exactly one call; so do 4 seeds under tool_choice auto (pushed to
+open a call by logit_bias, bounded by the grammar); a strict schema the grammar cannot enforce is
 refused naming its part; instructor in TOOLS_STRICT mode parses a reply on its first try (skipped where instructor
 is not installed: its releases pin jiter below the openai SDK's). The tiny model writes random tokens, so every
 valid argument comes from the grammar; its bounds close each call (about 150 tokens: the tags are byte tokens here)
@@ -30,8 +31,8 @@ MAX_TOKENS = 192
 
 @pytest.fixture(scope="module")
 def server(start_server):
-    """The tools' rendering makes a 400-token prompt: a window past the suite's default 256; 9 requests at once."""
-    s = start_server(["--context", "1024", "--parallel", "9", "--max-queue", "32"])
+    """The tools' rendering makes a 400-token prompt: a window past the suite's default 256; 13 requests at once."""
+    s = start_server(["--context", "1024", "--parallel", "13", "--max-queue", "32"])
     yield s
     s.kill()
 
@@ -47,14 +48,16 @@ def _weather_model():
 
 
 @pytest.fixture(scope="module")
-def replies(server):
-    """The 8 seeded forced calls and the instructor call, run concurrently: (choices, instructor's result)."""
+def replies(server, tiny_ckpt):
+    """Run concurrently: the 8 seeded forced calls, 4 seeded auto replies pushed to open a call (logit_bias on
+    <tool_call>), and the instructor call: (forced choices, auto choices, instructor's result)."""
     instructor = _optional("instructor")
+    bias = {str(tiny_ckpt.tokenizer.raw.token_to_id("<tool_call>")): 100}
     with openai.OpenAI(base_url=server.url, api_key="unused", max_retries=0, timeout=600) as c:
         def one(seed):
-            return c.chat.completions.create(model=MODEL, messages=MSG, seed=seed, max_tokens=MAX_TOKENS,
-                                              tools=TOOLS, tool_choice="required",
-                                              parallel_tool_calls=False).choices[0]
+            kw = dict(tool_choice="required") if seed < 8 else dict(logit_bias=bias, seed=seed - 8)
+            return c.chat.completions.create(**{**dict(model=MODEL, messages=MSG, seed=seed, max_tokens=MAX_TOKENS,
+                                                       tools=TOOLS, parallel_tool_calls=False), **kw}).choices[0]
 
         def strict_client():
             if instructor is None:
@@ -65,10 +68,10 @@ def replies(server):
                                                       max_retries=0, seed=3, max_tokens=MAX_TOKENS)
             except Exception as e:                   # reported by its test, not by the other ones
                 return e
-        with ThreadPoolExecutor(9) as pool:
+        with ThreadPoolExecutor(13) as pool:
             inst = pool.submit(strict_client)
-            choices = list(pool.map(one, range(8)))
-            return choices, inst.result()
+            choices = list(pool.map(one, range(12)))
+            return choices[:8], choices[8:], inst.result()
 
 
 def _optional(name: str):
@@ -89,6 +92,12 @@ def test_forced_calls_keep_their_schemas_one_call_each_on_8_seeds(replies):
     assert len(seen) > 4                             # seeded sampling, not one forced string
 
 
+def test_auto_with_a_strict_tool_keeps_its_schema_and_one_call(replies):
+    for c in replies[1]:
+        assert c.finish_reason == "tool_calls" and len(c.message.tool_calls) == 1, c.message
+        jsonschema.validate(json.loads(c.message.tool_calls[0].function.arguments), PARAMS)
+
+
 def test_unenforceable_strict_schema_is_refused_by_name(client):
     bad = json.loads(json.dumps(TOOLS))
     bad[0]["function"]["parameters"]["properties"]["city"]["format"] = "hostname"
@@ -100,6 +109,6 @@ def test_unenforceable_strict_schema_is_refused_by_name(client):
 def test_instructor_tools_strict_first_try(replies):
     if _optional("instructor") is None:
         pytest.skip("instructor is not installed")
-    w = replies[1]
+    w = replies[2]
     assert not isinstance(w, Exception), w
     assert w.unit in ("c", "f") and 1 <= len(w.city) <= 5 and w.city.isalpha() and 1 <= w.days <= 9

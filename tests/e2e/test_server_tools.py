@@ -146,6 +146,26 @@ def test_max_calls_keeps_the_first_call_and_drops_the_rest(cut):
     assert len(cut_short.message()["tool_calls"]) == 1 and "Rome" not in cut_short.message()["content"]
 
 
+def test_parallel_tool_calls_false_under_auto_keeps_the_first_call(tiny_ckpt):
+    """The scripted engine writes two calls and applies no grammar: the parser alone bounds them."""
+    s = InProcServer(tiny_ckpt.tokenizer)
+    s.engine = ScriptedEngine(tiny_ckpt.tokenizer, tiny_ckpt.tokenizer.encode(TWO))
+    s.load(tiny_ckpt.tokenizer)
+    try:
+        with openai.OpenAI(base_url=s.base + "/v1", api_key="unused", max_retries=0, timeout=30) as c:
+            both = c.chat.completions.create(model="fake", messages=MSG, tools=TOOLS).choices[0].message
+            one = c.chat.completions.create(model="fake", messages=MSG, tools=TOOLS,
+                                            parallel_tool_calls=False).choices[0].message
+            streamed = [tc for ch in c.chat.completions.create(model="fake", messages=MSG, tools=TOOLS, stream=True,
+                                                                parallel_tool_calls=False)
+                        for tc in ch.choices[0].delta.tool_calls or []]
+    finally:
+        s.close()
+    assert [json.loads(t.function.arguments)["city"] for t in both.tool_calls] == ["Paris", "Rome"]
+    assert [json.loads(t.function.arguments)["city"] for t in one.tool_calls] == ["Paris"]
+    assert {tc.index for tc in streamed} == {0} and one.content == "Let me check.tail"
+
+
 def test_values_typed_string_stay_raw_others_decode():
     tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {
         "s": {"type": "string"}, "u": {"description": "untyped"}, "o": {"anyOf": [{"type": "string"}]}}}}}]

@@ -95,6 +95,8 @@ def test_auto_allows_text_then_calls_that_keep_their_schemas(guides, thinking):
     for text in ("", "Just text, <i>no</i> call.", "Let me check." + one, one + "\n" + call("now")):
         assert matches(guides, text, auto=True, thinking=thinking), text
     assert matches(guides, think + "Sure." + one, auto=True, thinking=thinking) is thinking
+    assert matches(guides, "\n" + think + "Sure." + one, auto=True, thinking=thinking) is thinking
+    assert matches(guides, "\nSure." + one, auto=True, thinking=thinking)
     assert not matches(guides, "x" + call("probe", unit="k"), auto=True, thinking=thinking)
     assert not matches(guides, one + "then more text", auto=True, thinking=thinking)
     assert not matches(guides, "a" + one + "\n" + call("now"), parallel=False, auto=True, thinking=thinking)
