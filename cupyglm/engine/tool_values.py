@@ -16,6 +16,7 @@ ignores keywords beyond the ones above. Annotations (title, description, ...) ne
 """
 from __future__ import annotations
 
+import functools
 import json
 import re
 
@@ -88,11 +89,21 @@ def _search(p: str) -> str:
     return "(?:" + "|".join(parts) + ")"
 
 
+@functools.lru_cache(maxsize=4096)
+def _problem(kind: str, text: str) -> str:
+    """'' when llguidance compiles the grammar (kind "lark" or "json_schema"), else the first line of its message;
+    cached: clients send the same tools with every turn."""
+    llg = _llg()
+    try:
+        err, msgs = llg.LLMatcher.validate_grammar_with_warnings(llg.grammar_from(kind, text))
+    except ValueError as e:
+        err, msgs = True, [str(e)]
+    return ((msgs[0] if msgs else "") or "invalid").splitlines()[0] if err else ""
+
+
 def _regex_ok(rx: str) -> str:
     """'' when the Lark regex lexeme compiles, else llguidance's message."""
-    llg = _llg()
-    err, msgs = llg.LLMatcher.validate_grammar_with_warnings(llg.grammar_from("lark", f"start: V\nV: {rx}\n"))
-    return msgs[0].splitlines()[0] if err else ""
+    return _problem("lark", f"start: V\nV: {rx}\n")
 
 
 def _length(schema: dict, key: str, path: str) -> int | None:
@@ -145,11 +156,7 @@ def json_value(schema, defs: dict, path: str, strict: bool) -> str:
     s = dict(schema) if isinstance(schema, dict) else {}
     s.update(defs)
     s["x-guidance"] = {"whitespace_flexible": False, "lenient": not strict, **(s.get("x-guidance") or {})}
-    llg = _llg()
-    try:
-        err, msgs = llg.LLMatcher.validate_grammar_with_warnings(llg.grammar_from("json_schema", json.dumps(s)))
-    except ValueError as e:
-        err, msgs = True, [str(e)]
-    if err:
-        raise Unenforceable(path, f"cannot be enforced: {msgs[0].splitlines()[0] if msgs else 'invalid schema'}")
-    return "%json " + json.dumps(s, ensure_ascii=False)
+    text = json.dumps(s, ensure_ascii=False)
+    if err := _problem("json_schema", text):
+        raise Unenforceable(path, f"cannot be enforced: {err}")
+    return "%json " + text

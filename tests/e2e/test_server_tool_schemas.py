@@ -106,9 +106,9 @@ def test_unenforceable_strict_schema_is_refused_by_name(client):
     assert e.value.body["param"] == "tools[0].function.parameters.properties.city.format"
 
 
-def test_instructor_tools_strict_first_try(replies):
+def test_instructor_tools_strict_first_try(request):
     if _optional("instructor") is None:
         pytest.skip("instructor is not installed")
-    w = replies[2]
+    w = request.getfixturevalue("replies")[2]
     assert not isinstance(w, Exception), w
     assert w.unit in ("c", "f") and 1 <= len(w.city) <= 5 and w.city.isalpha() and 1 <= w.days <= 9
