@@ -30,6 +30,7 @@ import numpy as np
 
 from cupyglm.engine.token_mask import words
 from cupyglm.engine.tool_grammar import tool_call_lark
+from cupyglm.engine.tool_values import Unenforceable
 
 KINDS = ("json_schema", "regex", "choice", "grammar", "tool_call")
 # compact JSON (no free whitespace): a sampler cannot pad a reply with blanks forever; a schema's x-guidance wins
@@ -45,7 +46,8 @@ def _llg():
 class Guide:
     """What a request's output must match: kind in KINDS; text is the JSON schema (JSON text), the regex, the
     choices (a JSON array of strings), a grammar (Lark as llguidance reads it, or GBNF), or for tool_call the JSON
-    {"tools": [...], "name": a tool's name or null} (cupyglm.engine.tool_grammar)."""
+    {"tools": [...], "name": a tool's name or null, "parallel": bool, "auto": bool, "thinking": bool}
+    (cupyglm.engine.tool_grammar)."""
 
     kind: str
     text: str
@@ -58,11 +60,13 @@ class Guide:
 
     def grammar(self, added: frozenset[str] = frozenset()) -> str:
         """The llguidance grammar (`added`: the tokenizer's added tokens, for tool_call); ValueError when the text
-        is malformed."""
+        is malformed (Unenforceable: a strict tool's schema holds what the tool-call grammar cannot enforce)."""
         llg = _llg()
         if self.kind == "tool_call":
             spec = json.loads(self.text)
-            return llg.grammar_from("lark", tool_call_lark(spec["tools"], spec["name"], added))
+            return llg.grammar_from("lark", tool_call_lark(
+                spec["tools"], spec["name"], added, spec.get("parallel", True), spec.get("auto", False),
+                spec.get("thinking", True)))
         if self.kind == "json_schema":
             try:
                 schema = json.loads(self.text)
@@ -74,9 +78,11 @@ class Guide:
         return llg.grammar_from("regex" if self.kind == "regex" else "grammar", self.text)
 
     def check(self) -> str:
-        """'' when the grammar compiles, else llguidance's message (no tokenizer needed)."""
+        """'' when the grammar compiles, else llguidance's message (no tokenizer needed); Unenforceable raised."""
         try:
             g = self.grammar()
+        except Unenforceable:
+            raise
         except ValueError as e:
             return str(e)
         err, msgs = _llg().LLMatcher.validate_grammar_with_warnings(g)

@@ -22,7 +22,8 @@ _COMMON_IMPLEMENTED = frozenset({
     "guided_regex", "guided_choice", "guided_grammar",
 })
 CHAT_IMPLEMENTED = _COMMON_IMPLEMENTED | {"messages", "chat_template_kwargs", "top_logprobs", "tools", "tool_choice",
-                                          "add_generation_prompt", "reasoning_effort", "thinking"}
+                                          "add_generation_prompt", "reasoning_effort", "thinking",
+                                          "parallel_tool_calls"}
 COMPLETION_IMPLEMENTED = _COMMON_IMPLEMENTED | {"prompt", "echo"}
 
 # name -> why it cannot change the output
@@ -37,7 +38,6 @@ IGNORED: dict[str, str] = {
     "prompt_cache_options": "the provider's prompt-cache settings; cached prompts give the same tokens",
     "priority": "a scheduling priority; outputs do not depend on the batch (concurrent = solo)",
     "request_id": "a client-chosen id for logs",
-    "parallel_tool_calls": "a hint: GLM writes as many calls as it writes; each one is parsed",
 }
 
 

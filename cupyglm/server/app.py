@@ -26,7 +26,6 @@ from cupyglm.server.bridge import EngineBridge, EngineDied, RequestStream, merge
 from cupyglm.server.cache_routes import cache_routes
 from cupyglm.server.errors import ApiError, bad
 from cupyglm.server.fields import parse_json_object, short
-from cupyglm.server.glm_output import GlmOutput
 from cupyglm.server.guards import BODY_TIMEOUT_S, ApiKeyMiddleware, check_json_type, json_error, read_body
 from cupyglm.server.metrics import CONTENT_TYPE, Metrics
 from cupyglm.server.prompt import PromptBuilder, WorkPool
@@ -198,7 +197,7 @@ def create_app(state: ServerState, *, lifespan: Any = None) -> Starlette:
                          counts_prompt=k % req.per == 0) for k in range(len(streams))]
         if req.kind == "chat":
             for r in replies:
-                r.glm = GlmOutput(bool(req.chat_kwargs.get("enable_thinking", True)), req.tools)
+                r.glm = req.glm_output()
         if req.echo:
             for r in replies:
                 p = req.prompts[r.index // req.per]

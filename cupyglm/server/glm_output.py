@@ -12,10 +12,12 @@ tool_choice not "none"), as GLM-4.5 writes them:
     ...
     </tool_call>
 
-each becomes {"id", "type": "function", "function": {"name", "arguments": JSON}}; a value is JSON-decoded when
-the tool's schema gives that argument a non-string type and it parses, else kept as a string. Streamed, a call
-shows as a first delta (index, id, type, name, arguments "") once its name line is complete, then one delta with
-its whole arguments at `</tool_call>` (as vLLM's GLM tool parser streams them).
+each becomes {"id", "type": "function", "function": {"name", "arguments": JSON}}; a value is kept as written when
+the tool's schema types that argument "string" (cupyglm.engine.tool_values.is_raw), else JSON-decoded when it
+parses (kept as a string when not). With `max_calls` (parallel_tool_calls false: 1), the calls past it are
+dropped whole, neither calls nor content. Streamed, a call shows as a first delta (index, id, type, name,
+arguments "") once its name line is complete, then one delta with its whole arguments at `</tool_call>` (as
+vLLM's GLM tool parser streams them).
 """
 from __future__ import annotations
 
@@ -23,6 +25,8 @@ import json
 import re
 import uuid
 from typing import Any
+
+from cupyglm.engine.tool_values import is_raw
 
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 CALL_OPEN, CALL_CLOSE = "<tool_call>", "</tool_call>"
@@ -40,10 +44,11 @@ def _held(buf: str, tag: str) -> int:
 class GlmOutput:
     """Feed text pieces; each `feed` returns the OpenAI delta fields they complete."""
 
-    def __init__(self, thinking: bool, tools: list[dict] | None):
+    def __init__(self, thinking: bool, tools: list[dict] | None, max_calls: int | None = None):
         self.mode = "start" if thinking else "content"
         self.tools = {t["function"]["name"]: t["function"] for t in tools or []}
         self.parse_tools = bool(tools)
+        self.max_calls = max_calls
         self.buf = ""
         self.call = None                 # the tool call being read: its text after <tool_call>
         self.calls: list[dict] = []
@@ -89,7 +94,8 @@ class GlmOutput:
             self.strip_nl = False
         i = self.buf.find(CALL_OPEN) if self.parse_tools else -1
         if i >= 0:
-            piece, self.buf, self.mode = self.buf[:i], self.buf[i + len(CALL_OPEN):], "call"
+            full = self.max_calls is not None and len(self.calls) >= self.max_calls
+            piece, self.buf, self.mode = self.buf[:i], self.buf[i + len(CALL_OPEN):], "drop" if full else "call"
             self.call = None
             return self._say("content", piece)
         keep = 0 if final or not self.parse_tools else _held(self.buf, CALL_OPEN)
@@ -117,6 +123,16 @@ class GlmOutput:
         self.strip_nl = True
         return {"tool_calls": [{"index": self.call["index"], "function": {"arguments": args}}]}
 
+    def _drop(self, final: bool):
+        """A call past max_calls: its text up to and with `</tool_call>` (or to the end) is dropped."""
+        end = self.buf.find(CALL_CLOSE)
+        if end < 0 and not final:
+            self.buf = self.buf[len(self.buf) - _held(self.buf, CALL_CLOSE):]
+            return None
+        self.buf = "" if end < 0 else self.buf[end + len(CALL_CLOSE):]
+        self.mode, self.strip_nl = "content", True
+        return {}
+
     def _unfinished(self):
         """The output ended inside a tool call: what was read stays as content text."""
         head = CALL_OPEN + ("" if self.call is None else self.call["function"]["name"])
@@ -131,8 +147,7 @@ class GlmOutput:
         args: dict[str, Any] = {}
         for key, value in _ARG.findall(body):
             key = key.strip()
-            kind = (props.get(key) or {}).get("type", "string")
-            if kind != "string":
+            if not is_raw(props.get(key)):
                 try:
                     value = json.loads(value)
                 except ValueError:

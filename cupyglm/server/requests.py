@@ -10,8 +10,9 @@ from collections.abc import Mapping
 from cupyglm.server.errors import ApiError, bad
 from cupyglm.server.fields import (check_token_ids, get_bool, get_dict, get_float, get_int, get_str, json_kind,
                                    short)
+from cupyglm.server.glm_output import GlmOutput
 from cupyglm.server.messages import check_messages, check_tools
-from cupyglm.server.structured import structured_guide, tool_guide
+from cupyglm.server.structured import structured_guide, tool_grammar
 from cupyglm.server.thinking import apply_thinking
 from cupyglm.server.unsupported import refuse_unsupported
 
@@ -58,8 +59,14 @@ class GenRequest:
     continuous_usage: bool = False              # stream_options.continuous_usage_stats: usage on every chunk
     echo: bool = False                          # completion: the prompt's text (and logprobs) before the reply
     tools: list[dict] | None = None             # chat: the tools rendered and parsed (None: tool_choice none)
+    parallel_tool_calls: bool = True            # chat: False = at most one call (the grammar or the parser)
     cache_salt: str | None = None               # kept prompt states are shared only under the same salt
     prompt_only: bool = False                   # completion echo with max_tokens 0: the prompt (and its logprobs)
+
+    def glm_output(self) -> GlmOutput:
+        """The parser of one chat reply: thinking as the template renders it, at most one call when not parallel."""
+        return GlmOutput(bool(self.chat_kwargs.get("enable_thinking", True)), self.tools,
+                         max_calls=None if self.parallel_tool_calls else 1)
 
     @property
     def per(self) -> int:
@@ -259,18 +266,10 @@ def parse_chat(body: Mapping, info: ModelInfo) -> GenRequest:
     tools = check_tools(body)
     if tools:
         kwargs["tools"] = tools
-    forced = tool_guide(tools, body.get("tool_choice"))
-    if forced is not None:
-        if c["sampling"]["guide"] is not None:
-            raise bad("tool_choice", "'tool_choice' forces a tool call and the request also constrains the output "
-                      "(response_format / structured_outputs / guided_*); send one")
-        if c["sampling"]["ignore_eos"] or c["sampling"]["min_tokens"]:
-            raise bad("tool_choice", "a forced tool call cannot be combined with ignore_eos or min_tokens")
-        if err := forced.check():
-            raise bad("tools", f"the tools' parameters do not compile into a tool-call grammar: {short(err, 300)}")
-        c["sampling"]["guide"] = forced
+    parallel = get_bool(body, "parallel_tool_calls", True)
+    tool_grammar(c["sampling"], tools, body.get("tool_choice"), parallel, kwargs["enable_thinking"])
     return GenRequest(kind="chat", messages=messages, chat_kwargs=kwargs, add_generation_prompt=bool(agp),
-                      tools=tools, **c)
+                      tools=tools, parallel_tool_calls=parallel, **c)
 
 
 def parse_completion(body: Mapping, info: ModelInfo) -> GenRequest:

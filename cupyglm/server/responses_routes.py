@@ -22,7 +22,6 @@ from starlette.routing import Route
 
 from cupyglm.server.bridge import EngineDied, RequestStream, merge_streams
 from cupyglm.server.errors import ApiError
-from cupyglm.server.glm_output import GlmOutput
 from cupyglm.server.guards import json_error
 from cupyglm.server.requests import GenRequest, parse_chat
 from cupyglm.server.responses import Reply, now
@@ -87,7 +86,7 @@ def responses_routes(path: ChatPath) -> list[Route]:
         except ClientDisconnect:
             return Response(status_code=499)
         reply = Reply(id=f"resp_{uuid.uuid4().hex}", model=req.model, created=now(), prompt_ids=prompts[0])
-        reply.glm = GlmOutput(bool(req.chat_kwargs.get("enable_thinking", True)), req.tools)
+        reply.glm = req.glm_output()
         run = _Run(body, reply)
         if req.stream:
             return StreamingResponse(_stream(run, streams[0]), media_type="text/event-stream",

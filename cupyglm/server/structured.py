@@ -8,7 +8,8 @@ second one is refused naming it. Parts that would change the output and are not 
 (`response_format` type structural_tag, structured_outputs.structural_tag / whitespace_pattern /
 disable_additional_properties true). JSON is generated compact (no whitespace between tokens of JSON), which
 structured_outputs.disable_any_whitespace asks for and any schema allows. `tool_choice` "required" or a named
-function becomes a tool_call guide (cupyglm.engine.tool_grammar).
+function becomes a tool_call guide (cupyglm.engine.tool_grammar), exactly one call under parallel_tool_calls false;
+so does "auto" with a strict tool or parallel_tool_calls false (text, then calls; at most one when not parallel).
 """
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from cupyglm.engine.grammar import Guide
+from cupyglm.engine.tool_values import Unenforceable
 from cupyglm.server.errors import bad
 from cupyglm.server.fields import get_bool, json_kind, short
 
@@ -139,10 +141,40 @@ def structured_guide(body: Mapping) -> Guide | None:
     return guide
 
 
-def tool_guide(tools: list[dict] | None, choice: Any) -> Guide | None:
-    """tool_choice "required" (one or more calls of any tool) or {"type": "function", "function": {"name"}} (one
-    call of that tool) as a guide; None for auto / none (nothing forced)."""
-    if not tools or choice in (None, "auto", "none"):
+def tool_guide(tools: list[dict] | None, choice: Any, parallel: bool = True, thinking: bool = True) -> Guide | None:
+    """tool_choice "required" (one or more calls of any tool, exactly one when not `parallel`) or {"type":
+    "function", "function": {"name"}} (one call of that tool) as a guide; auto with a `strict: true` tool or not
+    `parallel`: text, then calls that keep their schemas (at most one when not `parallel`); None otherwise."""
+    if not tools or choice == "none":
         return None
-    name = None if choice == "required" else choice["function"]["name"]
-    return Guide("tool_call", json.dumps({"tools": tools, "name": name}))
+    auto = choice in (None, "auto")
+    if auto and parallel and not any(t["function"].get("strict") is True for t in tools):
+        return None
+    name = None if auto or choice == "required" else choice["function"]["name"]
+    return Guide("tool_call", json.dumps({"tools": tools, "name": name, "parallel": parallel, "auto": auto,
+                                          "thinking": thinking}))
+
+
+def tool_grammar(sampling: dict, tools: list[dict] | None, choice, parallel: bool, thinking: bool) -> None:
+    """The tool-call grammar as the sampling guide: a forced call always (refused with another guide, ignore_eos
+    or min_tokens); under auto (strict tools or parallel_tool_calls false) only where no other guide, ignore_eos
+    or min_tokens is set, else the parser alone reads the calls."""
+    guide = tool_guide(tools, choice, parallel, thinking)
+    if guide is None:
+        return
+    forced = choice not in (None, "auto")
+    clash = sampling["guide"] is not None or sampling["ignore_eos"] or sampling["min_tokens"]
+    if clash and not forced:
+        return
+    if sampling["guide"] is not None:
+        raise bad("tool_choice", "'tool_choice' forces a tool call and the request also constrains the output "
+                  "(response_format / structured_outputs / guided_*); send one")
+    if clash:
+        raise bad("tool_choice", "a forced tool call cannot be combined with ignore_eos or min_tokens")
+    try:
+        err = guide.check()
+    except Unenforceable as e:
+        raise bad(e.path, str(e)) from None
+    if err:
+        raise bad("tools", f"the tools' parameters do not compile into a tool-call grammar: {short(err, 300)}")
+    sampling["guide"] = guide

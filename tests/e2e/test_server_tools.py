@@ -128,3 +128,50 @@ def test_unfinished_call_stays_content():
     g = GlmOutput(False, TOOLS)
     g.feed("Hi <tool_call>get_weather\n<arg_key>city", final=True)
     assert g.message() == {"role": "assistant", "content": "Hi <tool_call>get_weather\n<arg_key>city"}
+
+
+TWO = REPLY + "\n<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Rome</arg_value>\n</tool_call>tail"
+
+
+@pytest.mark.parametrize("cut", (1, 5, len(TWO)))
+def test_max_calls_keeps_the_first_call_and_drops_the_rest(cut):
+    g = GlmOutput(True, TOOLS, max_calls=1)
+    deltas = [d for i in range(0, len(TWO), cut) for d in g.feed(TWO[i:i + cut])] + g.feed("", final=True)
+    m = g.message()
+    assert [json.loads(c["function"]["arguments"]) for c in m["tool_calls"]] == [{"city": "Paris", "days": 3}]
+    assert m["content"] == "Let me check.tail" and "Rome" not in json.dumps(deltas)
+    assert {tc["index"] for d in deltas for tc in d.get("tool_calls", [])} == {0}
+    cut_short = GlmOutput(True, TOOLS, max_calls=1)
+    cut_short.feed(TWO[:-20], final=True)
+    assert len(cut_short.message()["tool_calls"]) == 1 and "Rome" not in cut_short.message()["content"]
+
+
+def test_parallel_tool_calls_false_under_auto_keeps_the_first_call(tiny_ckpt):
+    """The scripted engine writes two calls and applies no grammar: the parser alone bounds them."""
+    s = InProcServer(tiny_ckpt.tokenizer)
+    s.engine = ScriptedEngine(tiny_ckpt.tokenizer, tiny_ckpt.tokenizer.encode(TWO))
+    s.load(tiny_ckpt.tokenizer)
+    try:
+        with openai.OpenAI(base_url=s.base + "/v1", api_key="unused", max_retries=0, timeout=30) as c:
+            both = c.chat.completions.create(model="fake", messages=MSG, tools=TOOLS).choices[0].message
+            one = c.chat.completions.create(model="fake", messages=MSG, tools=TOOLS,
+                                            parallel_tool_calls=False).choices[0].message
+            streamed = [tc for ch in c.chat.completions.create(model="fake", messages=MSG, tools=TOOLS, stream=True,
+                                                                parallel_tool_calls=False)
+                        for tc in ch.choices[0].delta.tool_calls or []]
+    finally:
+        s.close()
+    assert [json.loads(t.function.arguments)["city"] for t in both.tool_calls] == ["Paris", "Rome"]
+    assert [json.loads(t.function.arguments)["city"] for t in one.tool_calls] == ["Paris"]
+    assert {tc.index for tc in streamed} == {0} and one.content == "Let me check.tail"
+
+
+def test_values_typed_string_stay_raw_others_decode():
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {
+        "s": {"type": "string"}, "u": {"description": "untyped"}, "o": {"anyOf": [{"type": "string"}]}}}}}]
+    g = GlmOutput(False, tools)
+    g.feed("<tool_call>f\n<arg_key>s</arg_key><arg_value>12</arg_value><arg_key>u</arg_key><arg_value>12"
+           "</arg_value><arg_key>o</arg_key><arg_value>\"x\"</arg_value><arg_key>z</arg_key><arg_value>a b"
+           "</arg_value></tool_call>", final=True)
+    assert json.loads(g.message()["tool_calls"][0]["function"]["arguments"]) == {"s": "12", "u": 12, "o": "x",
+                                                                                 "z": "a b"}

@@ -192,4 +192,30 @@ def test_tool_choice_required_and_named_become_guides():
     broken = {"type": "function", "function": {"name": "f", "parameters": {"properties": {"n": {"type": "nope"}}}}}
     with pytest.raises(ApiError) as e:
         _parse("chat", {"tools": [broken], "tool_choice": "required"})
-    assert e.value.param == "tools"
+    assert e.value.param == "tools[0].function.parameters.properties.n"
+
+
+def test_parallel_tool_calls_and_strict_refusals():
+    tool = {"type": "function", "function": {"name": "f", "strict": True, "parameters": {"type": "object",
+            "properties": {"d": {"type": "string", "format": "email"}}}}}
+    with pytest.raises(ApiError) as e:
+        _parse("chat", {"tools": [tool], "tool_choice": "required"})
+    assert e.value.param == "tools[0].function.parameters.properties.d.format" and "format" in e.value.message
+    tool["function"]["strict"] = False
+    r = _parse("chat", {"tools": [tool], "tool_choice": "required", "parallel_tool_calls": False})
+    assert __import__("json").loads(r.sampling["guide"].text)["parallel"] is False and not r.parallel_tool_calls
+    assert _parse("chat", {"tools": [tool]}).parallel_tool_calls
+    assert _parse("chat", {"tools": [tool]}).sampling["guide"] is None        # auto, not strict, parallel
+    auto = _parse("chat", {"tools": [tool], "parallel_tool_calls": False}).sampling["guide"]
+    assert __import__("json").loads(auto.text)["auto"] is True
+    rf = {"type": "json_schema", "json_schema": {"name": "r", "schema": {"type": "object"}}}
+    assert _parse("chat", {"tools": [tool], "parallel_tool_calls": False,
+                           "response_format": rf}).sampling["guide"].kind == "json_schema"
+    tool["function"]["strict"] = True
+    with pytest.raises(ApiError) as e:                                        # auto with a strict tool: enforced
+        _parse("chat", {"tools": [tool]})
+    assert e.value.param == "tools[0].function.parameters.properties.d.format"
+    tool["function"]["strict"] = False
+    with pytest.raises(ApiError) as e:
+        _parse("chat", {"tools": [tool], "parallel_tool_calls": "no"})
+    assert e.value.param == "parallel_tool_calls"
