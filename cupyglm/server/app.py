@@ -23,14 +23,15 @@ from starlette.routing import Route
 from cupyglm.server import best_of
 from cupyglm.server.bridge import EngineBridge, EngineDied, RequestStream, merge_streams
 from cupyglm.server.cache_routes import cache_routes
-from cupyglm.server.errors import ApiError, bad
+from cupyglm.server.errors import ApiError, bad, internal_error
 from cupyglm.server.fields import parse_json_object, short
 from cupyglm.server.glm_output import GlmOutput
 from cupyglm.server.guards import BODY_TIMEOUT_S, ApiKeyMiddleware, check_json_type, json_error, read_body
+from cupyglm.server.guide_prep import parse_request
 from cupyglm.server.metrics import CONTENT_TYPE, Metrics
 from cupyglm.server.prompt import PromptBuilder, WorkPool
-from cupyglm.server.requests import (GenRequest, ModelInfo, choice_seed, fit_context, parse_chat,
-                                     parse_completion, parse_detokenize, parse_tokenize)
+from cupyglm.server.requests import (GenRequest, ModelInfo, choice_seed, fit_context, parse_detokenize,
+                                     parse_tokenize)
 from cupyglm.server.responses import (Reply, chat_response, chunk, completion_response, entries, model_card,
                                       models_response, new_id, now, usage_chunk, usage_of)
 from cupyglm.server.sse import SSE_DONE, sse, sse_error
@@ -107,7 +108,7 @@ def _engine_error(e: BaseException, req: GenRequest | None = None) -> ApiError:
     if isinstance(e, ValueError):
         m = _FIELD.search(str(e))
         return bad(m.group(1) if m else None, str(e))
-    return ApiError(500, f"internal error: {name}: {e}", code="internal_error")
+    return internal_error(e)
 
 
 def _refused(d) -> ApiError | None:
@@ -144,14 +145,15 @@ def create_app(state: ServerState, *, lifespan: Any = None) -> Starlette:
         pb = state.prompts()
         if req.kind == "chat":
             pb.check_messages(req.messages)
-            return [await state.pool.run(pb.chat_ids, req.messages, req.add_generation_prompt, req.chat_kwargs)]
+            return [await state.pool.run(pb.chat_ids, req.messages, req.add_generation_prompt, req.chat_kwargs,
+                                         pb.max_model_len - 1)]
         out = []
         for p in req.prompts:
             if isinstance(p, list):
                 out.append(list(p))
             else:
                 pb.check_chars("prompt", len(p))
-                out.append(await state.pool.run(pb.text_ids, p))
+                out.append(await state.pool.run(pb.text_ids, p, pb.max_model_len - 1))
         return out
 
     def submit_all(req: GenRequest, prompts: list[list[int]], info: ModelInfo) -> list[RequestStream]:
@@ -183,7 +185,7 @@ def create_app(state: ServerState, *, lifespan: Any = None) -> Starlette:
         try:
             body = await body_json(request)
             info = need_ready()
-            req = parse_chat(body, info) if kind == "chat" else parse_completion(body, info)
+            req = await parse_request(state.pool, kind, body, info, getattr(state.bridge.engine, "guides", None))
             prompts = await prompts_of(req)
             streams = submit_all(req, prompts, info)
         except ApiError as e:
@@ -354,7 +356,7 @@ def create_app(state: ServerState, *, lifespan: Any = None) -> Starlette:
         return json_error(ApiError(exc.status_code, msg, code=code, headers=getattr(exc, "headers", None)))
 
     async def server_error(request: Request, exc: Exception) -> Response:
-        return json_error(ApiError(500, f"internal error: {type(exc).__name__}: {exc}", code="internal_error"))
+        return json_error(internal_error(exc))
 
     routes = [
         Route("/v1/chat/completions", chat, methods=["POST"]),
