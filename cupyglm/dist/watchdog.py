@@ -11,6 +11,11 @@ done)` every HEARTBEAT_S, while loading, idle or busy; after its worker loop end
   `step_timeout_s`, times FIRST_STEP_FACTOR for the first step (kernels are compiled on first use);
 - after the stop message, `confirm_stop()` waits STOP_CONFIRM_S for every rank's BYE.
 
+Silence and step ages are measured on rank 0's awake clock: a gap longer than STALL_S between the watchdog's own
+polls is time rank 0 itself did not run (SIGSTOP, a starved host), and it is taken out of every measurement, with
+one line saying so. So rank 0's own pause is never blamed on another rank, and the job survives it: the other
+ranks wait for rank 0's next step message without a deadline, and rank 0 resumes serving where it stopped.
+
 When it fires: `on_fire(reason)` (the server fails every open request and turns /health 503 with the reason),
 FIRE_GRACE_S for rank 0 to write those replies, one line `rank 0: watchdog: <reason>; aborting the job`, then
 `MPI_Abort(1)`. So a frozen rank ends the job within step_timeout_s + HEARTBEAT_S + FIRE_GRACE_S (+ the
@@ -31,6 +36,7 @@ HEARTBEAT_S = 0.5
 POLL_S = 0.05
 ROWS_PER_TIMEOUT = 256
 FIRST_STEP_FACTOR = 10.0
+STALL_S = 1.0         # a gap this long between the watchdog's polls: rank 0 itself was not running
 FIRE_GRACE_S = 2.0
 STOP_CONFIRM_S = 5.0
 DEFAULT_STEP_TIMEOUT_S = 30.0
@@ -102,6 +108,8 @@ class Watchdog:
         self.on_fire = on_fire
         self.abort = abort or link.abort
         self.clock = clock
+        self.lost = 0.0                 # seconds rank 0 itself did not run (taken out of every measurement)
+        self._last_tick = clock()
         now = clock()
         self.heard = {r: now for r in range(1, link.size)}
         self.done_step = {r: -1 for r in range(1, link.size)}
@@ -118,10 +126,14 @@ class Watchdog:
         if start:
             self._thread.start()
 
+    def awake(self) -> float:
+        """Rank 0's awake clock: the clock less the time rank 0 itself did not run."""
+        return self.clock() - self.lost
+
     # ---- called by the engine thread ----------------------------------------------------------------------------
     def step_started(self, step: int, rows: int) -> None:
         with self._lock:
-            self._step = (step, self.clock(), step_deadline(self.step_timeout_s, rows, self._first))
+            self._step = (step, self.awake(), step_deadline(self.step_timeout_s, rows, self._first))
             self._first = False
 
     def step_done(self) -> None:
@@ -133,7 +145,7 @@ class Watchdog:
         for r, req in list(self._reqs.items()):
             while req is not None and req.Test():
                 kind, step = (int(x) for x in self._bufs[r])
-                self.heard[r] = self.clock()
+                self.heard[r] = self.awake()
                 self.done_step[r] = step
                 if kind == BYE:
                     self.byes.add(r)
@@ -145,9 +157,20 @@ class Watchdog:
             else:
                 self._reqs[r] = req
 
+    def tick(self) -> float:
+        """Called every poll: a gap since the previous tick longer than STALL_S is time rank 0 itself did not run;
+        it joins `lost`. Returns the seconds taken out (0.0 for an ordinary poll)."""
+        now = self.clock()
+        gap, self._last_tick = now - self._last_tick, now
+        if gap <= STALL_S:
+            return 0.0
+        with self._lock:
+            self.lost += gap - POLL_S
+        return gap - POLL_S
+
     def check(self) -> str | None:
         """The reason to fire now, or None."""
-        now = self.clock()
+        now = self.awake()
         for r, t in self.heard.items():
             if r not in self.byes and now - t > self.step_timeout_s:
                 return (f"rank {r} has not answered its heartbeat for {now - t:.1f} s (--step-timeout "
@@ -163,6 +186,10 @@ class Watchdog:
 
     def _run(self) -> None:
         while not self._stop.wait(POLL_S):
+            paused = self.tick()
+            if paused:
+                _say(f"rank 0: watchdog: rank 0 itself did not run for {paused:.1f} s (stopped or starved); "
+                     "that time is not counted against the other ranks")
             self._poll()
             reason = self.check()
             if reason is not None:
@@ -180,7 +207,7 @@ class Watchdog:
 
     def silent_ranks(self, for_s: float) -> list[int]:
         """Ranks not heard for more than `for_s` seconds (that have not confirmed the stop)."""
-        now = self.clock()
+        now = self.awake()
         return [r for r, t in self.heard.items() if r not in self.byes and now - t > for_s]
 
     # ---- the stop -------------------------------------------------------------------------------------------------

@@ -22,9 +22,12 @@ and never needed, since 0xFF occurs in no UTF-8 text.
 """
 from __future__ import annotations
 
+import collections
 import concurrent.futures
 import dataclasses
 import json
+import re
+import threading
 
 import numpy as np
 
@@ -35,6 +38,22 @@ from cupyglm.engine.tool_values import Unenforceable
 KINDS = ("json_schema", "regex", "choice", "grammar", "tool_call")
 # compact JSON (no free whitespace): a sampler cannot pad a reply with blanks forever; a schema's x-guidance wins
 JSON_DEFAULTS = {"whitespace_flexible": False}
+PREPARED = 16            # compiled guides kept for the requests about to be added (LRU)
+_SOURCE = re.compile(r"(thread '[^']*' )?panicked at |\S*[/\\]\S+\.rs(:\d+)*:?|\s+")
+
+
+def one_line(msg: str, limit: int = 300) -> str:
+    """llguidance's message as one line naming the problem: its first line and its `error:` line, without
+    source paths, panic prefixes or backtraces."""
+    lines = [ln.strip() for ln in str(msg).split("stack backtrace:")[0].splitlines() if ln.strip()]
+    if not lines:
+        return "the grammar is invalid"
+    if "panicked at" in lines[0] and len(lines) > 1:
+        lines = lines[1:]                          # a panic's message follows its location line
+    picked = lines[:1] + [ln for ln in lines[1:] if ln.startswith("error:")][:1]
+    text = _SOURCE.sub(lambda m: " " if m.group(0).isspace() else "", "; ".join(p.rstrip(":") for p in picked))
+    text = text.strip(" :;").removesuffix(" at")
+    return (text[: limit - 3] + "...") if len(text) > limit else (text or "the grammar is invalid")
 
 
 def _llg():
@@ -84,9 +103,9 @@ class Guide:
         except Unenforceable:
             raise
         except ValueError as e:
-            return str(e)
+            return one_line(str(e))
         err, msgs = _llg().LLMatcher.validate_grammar_with_warnings(g)
-        return msgs[0] if err else ""
+        return one_line(msgs[0]) if err else ""
 
 
 class Guides:
@@ -96,6 +115,8 @@ class Guides:
         self.tokenizer, self.vocab, self.eos_ids = tokenizer, int(vocab), [int(i) for i in eos_ids]
         self._tok = None
         self._matchers: dict[int, object] = {}
+        self._prepared: collections.OrderedDict[Guide, object] = collections.OrderedDict()
+        self._prep_lock = threading.Lock()
         self._pool: concurrent.futures.ThreadPoolExecutor | None = None
         self._executor = None
 
@@ -107,13 +128,29 @@ class Guides:
             self._tok = _llg().LLTokenizer(self.tokenizer.raw.to_str(), n_vocab=self.vocab, eos_token=self.eos_ids)
         return self._tok
 
-    def compile(self, guide: Guide):
-        """A matcher of `guide` at the start of the output; ValueError naming the grammar's error."""
+    def _build(self, guide: Guide):
         added = frozenset(t.content for t in self.tokenizer.raw.get_added_tokens_decoder().values())
         m = _llg().LLMatcher(self.view(), guide.grammar(added), log_level=0)
         if m.is_error():
-            raise ValueError(f"structured output: the {guide.kind} does not compile: {m.get_error()}")
+            raise ValueError(f"structured output: the {guide.kind} does not compile: {one_line(m.get_error())}")
         return m
+
+    def prepare(self, guide: Guide) -> None:
+        """Compile `guide` ahead of `compile` (any thread: llguidance drops the GIL while it compiles, so the server
+        does this in a worker, never on its event loop); ValueError naming the grammar's error."""
+        m = self._build(guide)
+        with self._prep_lock:
+            self._prepared[guide] = m
+            self._prepared.move_to_end(guide)
+            while len(self._prepared) > PREPARED:
+                self._prepared.popitem(last=False)
+
+    def compile(self, guide: Guide):
+        """A matcher of `guide` at the start of the output (a copy of the prepared one when there is one);
+        ValueError naming the grammar's error."""
+        with self._prep_lock:
+            ready = self._prepared.get(guide)
+        return ready.deep_copy() if ready is not None else self._build(guide)
 
     def put(self, request_id: int, matcher) -> None:
         self._matchers[request_id] = matcher

@@ -13,6 +13,10 @@ zlib.crc32 (stdlib, hardware-assisted where zlib is). A file is restored only wh
 its fingerprint equals the running rank's, its size is exactly prefix + meta + body and both checksums match.
 Files are written atomically: a temp file `.tmp-<name>-<pid>` in the same directory, fsync, rename, fsync of
 the directory, so a reader never sees a torn file under a state's name.
+
+Only regular files are state files: `is_regular` (lstat, no link followed) picks them when the directory is
+listed, and every read opens with O_NONBLOCK | O_NOFOLLOW and checks the opened file is regular, so a directory,
+FIFO, socket, device or symlink under a state's name is never read, never blocks an open, never stops a start.
 """
 from __future__ import annotations
 
@@ -20,6 +24,7 @@ import dataclasses
 import hashlib
 import json
 import os
+import stat
 import struct
 import zlib
 from collections.abc import Callable
@@ -170,10 +175,32 @@ def _write_all(fd: int, view: memoryview) -> None:
         view = view[n:]
 
 
+def is_regular(path: Path) -> bool:
+    """A regular file itself (not through a link); False when it is anything else or gone."""
+    try:
+        return stat.S_ISREG(os.lstat(path).st_mode)
+    except OSError:
+        return False
+
+
+def _open_regular(path: Path):
+    """`path` opened for reading, never blocking (a FIFO) and never through a link; OSError when it is not a
+    regular file."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0))
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(0, "not a regular file")
+        os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb", buffering=0)
+    except BaseException:
+        os.close(fd)
+        raise
+
+
 def read_header(path: Path, want: dict) -> Header:
     """The header of `path`, checked against the running rank's fingerprint `want` (the body is not read)."""
     try:
-        with open(path, "rb") as f:
+        with _open_regular(path) as f:
             head = f.read(PREFIX_BYTES)
             if len(head) < PREFIX_BYTES:
                 raise StateRefused(TRUNCATED, f"{len(head)} bytes, the header prefix alone is {PREFIX_BYTES}")
@@ -212,7 +239,7 @@ def read_body(path: Path, header: Header, out: np.ndarray) -> None:
     if out.size != header.body_len:
         raise ValueError(f"the buffer holds {out.size} bytes, the body {header.body_len}")
     try:
-        with open(path, "rb", buffering=0) as f:
+        with _open_regular(path) as f:
             f.seek(header.body_offset)
             view, got = memoryview(out), 0
             while got < out.size:

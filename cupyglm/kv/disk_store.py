@@ -88,12 +88,18 @@ class DiskStore:
         self.dir.mkdir(parents=True, exist_ok=True)
         suffix = f"-r{self.rank}{df.SUFFIX}"
         for p in sorted(self.dir.iterdir()):
+            if (p.name.startswith(df.TMP_PREFIX) and suffix in p.name or p.name.endswith(suffix)) \
+                    and not df.is_regular(p):
+                self.log(f"{LOG}: rank {self.rank} skipped {p.name}: not a regular file")
+                continue
             if p.name.startswith(df.TMP_PREFIX) and suffix in p.name:
                 pid = p.name.rsplit("-", 1)[-1]
                 if not (pid.isdigit() and _alive(int(pid))):
                     p.unlink(missing_ok=True)
                     self.log(f"{LOG}: removed the torn temp file {p.name} (its writer is gone)")
         for p in sorted(self.dir.glob(f"*{suffix}")):
+            if not df.is_regular(p):
+                continue                              # said above
             try:
                 h = df.read_header(p, self.fp)
             except df.StateRefused as e:
@@ -109,7 +115,7 @@ class DiskStore:
     def refuse(self, path: Path, e: df.StateRefused) -> None:
         self.stats.refused[e.reason] += 1
         gone = ""
-        if e.corrupt:
+        if e.corrupt and df.is_regular(path):
             path.unlink(missing_ok=True)
             gone = "; deleted"
         self.log(f"{LOG}: rank {self.rank} refused {path.name}: {e}{gone}")
@@ -236,8 +242,9 @@ class DiskStore:
         self.flush()
         n = 0
         for p in self.dir.glob(f"{df.fingerprint_tag(self.fp)}-*-r{self.rank}{df.SUFFIX}"):
-            p.unlink(missing_ok=True)
-            n += 1
+            if df.is_regular(p):
+                p.unlink(missing_ok=True)
+                n += 1
         with self._lock:
             self.states.clear()
         return n

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import re
 from collections.abc import Callable
 from typing import Any
@@ -24,13 +25,14 @@ from starlette.routing import Route
 from cupyglm.server import best_of
 from cupyglm.server.bridge import EngineBridge, EngineDied, RequestStream, merge_streams
 from cupyglm.server.cache_routes import cache_routes
-from cupyglm.server.errors import ApiError, bad
+from cupyglm.server.errors import ApiError, bad, internal_error
 from cupyglm.server.fields import parse_json_object, short
 from cupyglm.server.guards import BODY_TIMEOUT_S, ApiKeyMiddleware, check_json_type, json_error, read_body
+from cupyglm.server.guide_prep import parse_request
 from cupyglm.server.metrics import CONTENT_TYPE, Metrics
 from cupyglm.server.prompt import PromptBuilder, WorkPool
-from cupyglm.server.requests import (GenRequest, ModelInfo, choice_seed, fit_context, parse_chat,
-                                     parse_completion, parse_detokenize, parse_tokenize)
+from cupyglm.server.requests import (GenRequest, ModelInfo, choice_seed, fit_context, parse_detokenize,
+                                     parse_tokenize)
 from cupyglm.server.responses import (Reply, chat_response, chunk, completion_response, entries, model_card,
                                       models_response, new_id, now, prompt_only, tokenizer_info_of, usage_chunk,
                                       usage_of)
@@ -109,7 +111,7 @@ def _engine_error(e: BaseException, req: GenRequest | None = None) -> ApiError:
     if isinstance(e, ValueError):
         m = _FIELD.search(str(e))
         return bad(m.group(1) if m else None, str(e))
-    return ApiError(500, f"internal error: {name}: {e}", code="internal_error")
+    return internal_error(e)
 
 
 def _refused(d) -> ApiError | None:
@@ -139,6 +141,9 @@ def create_app(state: ServerState, *, lifespan: Any = None) -> Starlette:
         assert state.info is not None
         return state.info
 
+    async def parse_off_loop(kind: str, body: dict, info: ModelInfo) -> GenRequest:
+        return await parse_request(state.pool, kind, body, info, getattr(state.bridge.engine, "guides", None))
+
     def token_text(token_id: int) -> str:
         return state.tokenizer.decode([token_id])
 
@@ -146,14 +151,15 @@ def create_app(state: ServerState, *, lifespan: Any = None) -> Starlette:
         pb = state.prompts()
         if req.kind == "chat":
             pb.check_messages(req.messages)
-            return [await state.pool.run(pb.chat_ids, req.messages, req.add_generation_prompt, req.chat_kwargs)]
+            return [await state.pool.run(pb.chat_ids, req.messages, req.add_generation_prompt, req.chat_kwargs,
+                                         pb.max_model_len - 1)]
         out = []
         for p in req.prompts:
             if isinstance(p, list):
                 out.append(list(p))
             else:
                 pb.check_chars("prompt", len(p))
-                out.append(await state.pool.run(pb.text_ids, p))
+                out.append(await state.pool.run(pb.text_ids, p, pb.max_model_len - 1))
         return out
 
     def submit_all(req: GenRequest, prompts: list[list[int]], info: ModelInfo) -> list[RequestStream]:
@@ -185,7 +191,7 @@ def create_app(state: ServerState, *, lifespan: Any = None) -> Starlette:
         try:
             body = await body_json(request)
             info = need_ready()
-            req = parse_chat(body, info) if kind == "chat" else parse_completion(body, info)
+            req = await parse_off_loop(kind, body, info)
             prompts = await prompts_of(req)
             streams = submit_all(req, prompts, info)
         except ApiError as e:
@@ -358,7 +364,7 @@ def create_app(state: ServerState, *, lifespan: Any = None) -> Starlette:
         return json_error(ApiError(exc.status_code, msg, code=code, headers=getattr(exc, "headers", None)))
 
     async def server_error(request: Request, exc: Exception) -> Response:
-        return json_error(ApiError(500, f"internal error: {type(exc).__name__}: {exc}", code="internal_error"))
+        return json_error(internal_error(exc))
 
     routes = [
         Route("/v1/chat/completions", chat, methods=["POST"]),
@@ -372,7 +378,7 @@ def create_app(state: ServerState, *, lifespan: Any = None) -> Starlette:
         Route("/tokenize", tokenize, methods=["POST"]),
         Route("/detokenize", detokenize, methods=["POST"]),
         *cache_routes(state, _not_ready),
-        *responses_routes(ChatPath(body_json, need_ready, prompts_of, submit_all, _refused)),
+        *responses_routes(ChatPath(body_json, need_ready, functools.partial(parse_off_loop, "chat"), prompts_of, submit_all, _refused)),
     ]
     middleware = [Middleware(ApiKeyMiddleware, keys=state.api_keys)] if state.api_keys else []
     app = Starlette(routes=routes, middleware=middleware, lifespan=lifespan,

@@ -5,6 +5,7 @@ offending field.
 """
 from __future__ import annotations
 
+import sys
 from collections.abc import Mapping
 
 # type strings of the OpenAI error object, by status
@@ -45,3 +46,10 @@ def error_body(message: str, *, type: str = "invalid_request_error", param: str 
 
 def bad(param: str | None, message: str, code: str = "invalid_value") -> ApiError:
     return ApiError(400, message, param=param, code=code)
+
+
+def internal_error(e: BaseException) -> ApiError:
+    """A 500 for a failure of the server itself: the details go to the log (stderr), never into the reply (no
+    exception class, path or backtrace reaches a client)."""
+    print(f"rank 0: internal error: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
+    return ApiError(500, "internal error (the server logged it); retry, or report it", code="internal_error")

@@ -6,7 +6,7 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from cupyglm.server.errors import bad
+from cupyglm.server.errors import ApiError, bad
 
 
 MAX_DEPTH = 32            # nesting of arrays and objects in a request body
@@ -36,6 +36,22 @@ def parse_json_object(raw: bytes) -> dict:
     if not isinstance(value, dict):
         raise bad(None, f"request body must be a JSON object, got {json_kind(value)}", "invalid_type")
     check_tree(value)
+    return value
+
+
+def parse_json_text(text: str, param: str) -> Any:
+    """JSON given as a string inside a field (a schema), under the body's limits: 400 naming `param` for invalid
+    JSON, nesting deeper than MAX_DEPTH or a lone surrogate."""
+    try:
+        value = json.loads(text, parse_constant=_refuse_constant)
+    except RecursionError:
+        raise bad(param, f"'{param}' nests arrays or objects deeper than {MAX_DEPTH} levels") from None
+    except ValueError:
+        raise bad(param, f"'{param}' is not valid JSON") from None
+    try:
+        check_tree(value)
+    except ApiError as e:
+        raise bad(param, f"'{param}' (JSON text): {e.message}") from None
     return value
 
 

@@ -56,6 +56,22 @@ class WorkPool:
         finally:
             self._busy -= 1
 
+    async def run_within(self, timeout_s: float, fn, *args):
+        """`fn(*args)` in the pool, awaited at most `timeout_s` (TimeoutError past it). A job past its deadline keeps
+        its pending slot until its thread is done, so slow jobs cannot pile up beyond `pending`."""
+        if self._busy >= self._pending:
+            raise ApiError(429, "too many requests are being prepared at once; retry later", code="queue_full",
+                           headers={"Retry-After": "1"})
+        self._busy += 1
+        fut = asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
+        fut.add_done_callback(self._job_done)
+        return await asyncio.wait_for(asyncio.shield(fut), timeout_s)
+
+    def _job_done(self, fut) -> None:
+        self._busy -= 1
+        if not fut.cancelled():
+            fut.exception()               # retrieved: a job past its deadline fails silently
+
     async def parse_big(self, raw: bytes) -> dict:
         """A big body as a JSON object, parsed in the child process (cupyglm.server.jsonproc)."""
         return await self.run(self._json.parse, raw)
@@ -87,15 +103,37 @@ class PromptBuilder:
         self.check_chars("messages", chars)
 
     # ---- the work (worker threads) ------------------------------------------------------------------------------
-    def text_ids(self, text: str) -> list[int]:
-        return self.tok.encode(text)
+    def text_ids(self, text: str, cap: int | None = None) -> list[int]:
+        return self._encode(text, cap)
 
-    def chat_ids(self, messages: list[dict], add_generation_prompt: bool, kwargs: dict) -> list[int]:
+    def _encode(self, text: str, cap: int | None = None, tok: Any = None) -> list[int]:
+        """The ids of `text`; past `cap` tokens, 400 context_length_exceeded before the ids become a list.
+        encode_batch_fast drops the GIL while it tokenizes (encode holds it) and builds no offsets, so the
+        encoding is freed quickly; it is freed here, in the worker, never by the event loop (an exception's
+        traceback would carry it there)."""
+        enc = (tok or self.tok.raw).encode_batch_fast([text], add_special_tokens=False)[0]
+        n = len(enc)
+        if cap is None or n <= cap:
+            return enc.ids
+        del enc
+        raise ApiError(400, f"This model's maximum context length is {self.max_model_len} tokens. However, "
+                       f"your prompt has at least {n} tokens, leaving no room for a completion.",
+                       param="prompt", code="context_length_exceeded")
+
+    def chat_ids(self, messages: list[dict], add_generation_prompt: bool, kwargs: dict,
+                 cap: int | None = None) -> list[int]:
+        try:
+            return self._chat_ids(messages, add_generation_prompt, kwargs, cap)
+        except ApiError as e:
+            e.param = "messages" if e.code == "context_length_exceeded" else e.param
+            raise
+
+    def _chat_ids(self, messages: list[dict], add_generation_prompt: bool, kwargs: dict, cap: int | None):
         forged = [] if self.allow_control_tokens or self._special_re is None else [
             i for i, m in enumerate(messages)
             if isinstance(m.get("content"), str) and self._special_re.search(m["content"])]
         if not forged:
-            return self.tok.encode(self._render(messages, add_generation_prompt, kwargs))
+            return self._encode(self._render(messages, add_generation_prompt, kwargs), cap)
         # content holding control-token text goes through the template as a marker, then is tokenized as text
         mark = f"\x00cupyglm-{secrets.token_hex(8)}-"
         swapped = [dict(m, content=f"{mark}{i}\x00") if i in forged else m for i, m in enumerate(messages)]
@@ -104,9 +142,9 @@ class PromptBuilder:
         ids: list[int] = []
         for j, piece in enumerate(pieces):
             if j % 2 == 0:
-                ids += self.tok.encode(piece) if piece else []
+                ids += self._encode(piece, cap) if piece else []
             else:
-                ids += self._plain_encode(messages[int(piece)]["content"])
+                ids += self._plain_encode(messages[int(piece)]["content"], cap)
         return ids
 
     def _render(self, messages: list[dict], add_generation_prompt: bool, kwargs: dict) -> str:
@@ -115,13 +153,13 @@ class PromptBuilder:
         except (ValueError, TypeError) as e:
             raise bad("messages", f"cannot render the chat template: {e}") from None
         except Exception as e:  # noqa: BLE001 - jinja errors raised by the template itself
-            raise bad("messages", f"cannot render the chat template: {type(e).__name__}: {e}") from None
+            raise bad("messages", f"cannot render the chat template: {e}") from None
 
-    def _plain_encode(self, text: str) -> list[int]:
+    def _plain_encode(self, text: str, cap: int | None = None) -> list[int]:
         if self._plain is None:
             import tokenizers
 
             plain = tokenizers.Tokenizer.from_str(self.tok.raw.to_str())
             plain.encode_special_tokens = True
             self._plain = plain
-        return list(self._plain.encode(text, add_special_tokens=False).ids)
+        return self._encode(text, cap, self._plain)

@@ -23,7 +23,7 @@ from starlette.routing import Route
 from cupyglm.server.bridge import EngineDied, RequestStream, merge_streams
 from cupyglm.server.errors import ApiError
 from cupyglm.server.guards import json_error
-from cupyglm.server.requests import GenRequest, parse_chat
+from cupyglm.server.requests import GenRequest
 from cupyglm.server.responses import Reply, now
 from cupyglm.server.responses_input import to_chat
 from cupyglm.server.responses_output import OutputItems, response_object, responses_usage, status_of
@@ -36,6 +36,7 @@ class ChatPath:
 
     body_json: Callable[[Request], Any]          # async: the request body as a JSON object
     need_ready: Callable[[], Any]                # the ModelInfo, or ApiError 503
+    parse: Callable[[dict, Any], Any]            # async: (chat body, ModelInfo) -> GenRequest, off the event loop
     prompts_of: Callable[[GenRequest], Any]      # async: the prompt ids of each prompt
     submit_all: Callable[..., list[RequestStream]]
     refused: Callable[[Any], ApiError | None]    # the error of a Delta the engine refused, else None
@@ -78,7 +79,7 @@ def responses_routes(path: ChatPath) -> list[Route]:
         try:
             body = await path.body_json(request)
             info = path.need_ready()
-            req = parse_chat(to_chat(body), info)
+            req = await path.parse(to_chat(body), info)
             prompts = await path.prompts_of(req)
             streams = path.submit_all(req, prompts, info)
         except ApiError as e:

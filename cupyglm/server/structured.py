@@ -10,6 +10,10 @@ disable_additional_properties true). JSON is generated compact (no whitespace be
 structured_outputs.disable_any_whitespace asks for and any schema allows. `tool_choice` "required" or a named
 function becomes a tool_call guide (cupyglm.engine.tool_grammar), exactly one call under parallel_tool_calls false;
 so does "auto" with a strict tool or parallel_tool_calls false (text, then calls; at most one when not parallel).
+
+Bounds, refused by name before anything compiles: at most MAX_GUIDED_CHOICES choices, at most MAX_GUIDE_CHARS
+characters of choices, regex, grammar or schema text; a schema given as a string is parsed under the body's
+nesting limit. The check that a guide compiles runs off the event loop (cupyglm.server.guide_prep).
 """
 from __future__ import annotations
 
@@ -20,7 +24,7 @@ from typing import Any
 from cupyglm.engine.grammar import Guide
 from cupyglm.engine.tool_values import Unenforceable
 from cupyglm.server.errors import bad
-from cupyglm.server.fields import get_bool, json_kind, short
+from cupyglm.server.fields import get_bool, json_kind, parse_json_text, short
 
 ANY_OBJECT = '{"type": "object"}'
 GUIDED = ("guided_json", "guided_regex", "guided_choice", "guided_grammar")
@@ -28,17 +32,24 @@ SO_KINDS = ("json", "regex", "choice", "grammar", "json_object")
 SO_OPTIONS = {"disable_fallback", "disable_any_whitespace", "disable_additional_properties", "whitespace_pattern",
               "structural_tag"}
 SCHEMA_KEYS = {"name", "schema", "strict", "description"}
+MAX_GUIDED_CHOICES = 1024      # llguidance fails a row of more than 2000 items while decoding
+MAX_GUIDE_CHARS = 256 * 1024   # of a regex, grammar, schema or the choices together
+
+
+def _sized(param: str, chars: int) -> None:
+    if chars > MAX_GUIDE_CHARS:
+        raise bad(param, f"'{param}' holds {chars} characters; at most {MAX_GUIDE_CHARS}", "too_large")
 
 
 def _schema(v: Any, param: str) -> Guide:
     if isinstance(v, str):
-        try:
-            v = json.loads(v)
-        except ValueError:
-            raise bad(param, f"'{param}' is not valid JSON") from None
+        _sized(param, len(v))
+        v = parse_json_text(v, param)
     if not isinstance(v, dict):
         raise bad(param, f"'{param}' must be a JSON schema object, got {json_kind(v)}", "invalid_type")
-    return Guide("json_schema", json.dumps(v))
+    text = json.dumps(v)
+    _sized(param, len(text))
+    return Guide("json_schema", text)
 
 
 def _text(v: Any, param: str, kind: str) -> Guide:
@@ -46,13 +57,18 @@ def _text(v: Any, param: str, kind: str) -> Guide:
         raise bad(param, f"'{param}' must be a string, got {json_kind(v)}", "invalid_type")
     if not v:
         raise bad(param, f"'{param}' must not be empty")
+    _sized(param, len(v))
     return Guide(kind, v)
 
 
 def _choice(v: Any, param: str) -> Guide:
     if not isinstance(v, list) or not v or not all(isinstance(c, str) and c for c in v):
         raise bad(param, f"'{param}' must be a non-empty array of non-empty strings")
-    return Guide("choice", json.dumps(v))
+    if len(v) > MAX_GUIDED_CHOICES:
+        raise bad(param, f"'{param}' holds {len(v)} choices; at most {MAX_GUIDED_CHOICES}", "too_large")
+    text = json.dumps(v)
+    _sized(param, len(text))
+    return Guide("choice", text)
 
 
 def _response_format(rf: Mapping) -> Guide | None:
@@ -137,7 +153,7 @@ def structured_guide(body: Mapping) -> Guide | None:
     param, guide = found[0]
     err = guide.check()
     if err:
-        raise bad(param, f"'{param}' does not compile: {short(err, 300)}")
+        raise bad(param, f"'{param}' does not compile: {err}")
     return guide
 
 

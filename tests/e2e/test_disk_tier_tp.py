@@ -213,3 +213,29 @@ def test_sigkill_while_writing_leaves_nothing_restorable(start_server, tmp_path)
     with httpx.Client(base_url=s2.base, timeout=120, headers=AUTH) as c:
         assert _complete(c, p + [5])[1:] == (0, "no prefix")
     s2.kill()
+
+
+def test_a_directory_and_a_fifo_named_like_state_files_are_skipped(start_server, tmp_path):
+    """Neither stops the start nor blocks it (a FIFO would block open() forever); one line each; states are saved
+    and cleared beside them, which stay, and one SIGTERM stops the job."""
+    import os
+
+    d = tmp_path / "odd"
+    d.mkdir()
+    odd = []
+    for rank in (0, 1):
+        (d / f"0123456789ab-{'a' * 32}-r{rank}{df.SUFFIX}").mkdir()
+        os.mkfifo(d / f"0123456789ab-{'b' * 32}-r{rank}{df.SUFFIX}")
+        odd += [f"{c * 32}-r{rank}" for c in "ab"]
+    names = sorted(x.name for x in d.iterdir())
+    s = start_server(_warm(d))
+    for name in odd:
+        assert len(re.findall(rf"skipped \S*{name}\S*: not a regular file", s.output)) == 1, s.output
+    (p,) = _convs(1, 95)
+    with httpx.Client(base_url=s.base, timeout=120, headers=AUTH) as c:
+        assert c.get("/health").json() == {"status": "ok"}
+        first = _complete(c, p)
+        assert c.post("/v1/cache/save").status_code == 200
+        assert c.post("/v1/cache/clear").status_code == 200          # leaves what is not a state file alone
+    _stop(s)
+    assert sorted(x.name for x in d.iterdir()) == names and first[1] == 0

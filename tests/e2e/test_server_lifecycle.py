@@ -160,6 +160,33 @@ def test_frozen_rank_fails_streams_and_ends_the_job(start_server, server_args):
     assert frames[-1] == "data: [DONE]" and '"error"' in frames[-2] and "rank 1" in frames[-2], frames[-3:]
 
 
+def test_rank_0_paused_past_the_timeout_is_survived(start_server, server_args):
+    """Rank 0 stopped for twice --step-timeout mid-stream: no rank is blamed, the stream finishes, the job serves."""
+    step_timeout = 2.0
+    s = start_server([*server_args, "--step-timeout", str(step_timeout)])
+    pids = s.rank_pids(2)
+    result: dict = {}
+    t = _stream_in_thread(s, result, max_tokens=60)
+    _wait_running(s)
+    os.kill(pids[0], signal.SIGSTOP)
+    try:
+        time.sleep(2 * step_timeout)
+    finally:
+        os.kill(pids[0], signal.SIGCONT)
+    t.join(60)
+    try:
+        frames = result["text"].rstrip("\n").split("\n\n")
+        assert frames[-1] == "data: [DONE]" and all('"error"' not in f for f in frames), frames[-3:]
+        assert httpx.get(s.base + "/health", timeout=10).json() == {"status": "ok"}
+        r = httpx.post(s.url + "/completions", json={"prompt": "x", "max_tokens": 2}, timeout=60)
+        assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 2, r.text
+        assert "aborting the job" not in s.output and s.proc.poll() is None, s.output
+        assert "rank 0: watchdog: rank 0 itself did not run for " in s.output, s.output
+    finally:
+        s.kill()
+        _reap(s, pids)
+
+
 def test_sigterm_with_a_frozen_rank_ends_within_the_drain(start_server, server_args):
     drain = 1.0
     s = start_server([*server_args, "--step-timeout", "60", "--drain-seconds", str(drain)])

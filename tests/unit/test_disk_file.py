@@ -133,3 +133,19 @@ def test_disk_settings_are_checked_and_the_directory_is_not_compared():
     off = Settings.from_argv(["--prompt-cache-gib", "1"])
     assert fingerprint(a, backend="numpy") == fingerprint(b, backend="numpy") != fingerprint(off, backend="numpy")
     assert fingerprint(a, backend="numpy")["prompt_cache_disk_gib"] == 2.0
+
+
+def test_only_regular_files_are_read(tmp_path):
+    """A directory, a FIFO and a symlink under a state's name: never opened blocking, refused as unreadable."""
+    import os
+
+    path, _ = _write(tmp_path)
+    d, fifo, link = (tmp_path / f"x-{i}-r1{df.SUFFIX}" for i in range(3))
+    d.mkdir()
+    os.mkfifo(fifo)
+    link.symlink_to(path)
+    assert df.is_regular(path) and not any(df.is_regular(p) for p in (d, fifo, link, tmp_path / "gone"))
+    for p in (d, fifo, link):
+        with pytest.raises(df.StateRefused, match="^unreadable") as e:
+            df.read_header(p, FP)                           # a FIFO would block here without O_NONBLOCK
+        assert e.value.corrupt

@@ -6,7 +6,7 @@ import threading
 import numpy as np
 import pytest
 
-from cupyglm.engine.grammar import Guide, Guides
+from cupyglm.engine.grammar import Guide, Guides, one_line
 from cupyglm.engine.token_mask import allowed, mask_rows, words
 
 
@@ -93,3 +93,22 @@ def test_guide_checks():
     assert "nowhere" in Guide("grammar", "start: nowhere").check()
     with pytest.raises(ValueError, match="guide kind"):
         Guide("xml", "x")
+
+
+def test_errors_are_one_line_without_paths_or_backtraces():
+    msg = Guide("regex", "a{1,10").check()
+    assert "\n" not in msg and "unclosed counted repetition" in msg and "^" not in msg
+    panic = ("thread '<unnamed>' panicked at /home/b/.cargo/registry/src/x/llguidance-1.0/src/earley/grammar.rs:9:5:\n"
+             "too many items at src/api.rs:3\nstack backtrace:\n   0: rust_begin_unwind\n at /rustc/a/std.rs:1:2")
+    assert one_line(panic) == "too many items"
+    assert one_line("") == "the grammar is invalid" and len(one_line("x" * 1000)) == 300
+
+
+def test_a_prepared_guide_is_copied_not_compiled(guides, monkeypatch):
+    with pytest.raises(ValueError, match="^structured output: the regex does not compile: .*repetition$"):
+        guides.prepare(Guide("regex", "a{1,10"))
+    g = Guide("choice", json.dumps(["yes", "no"]))
+    guides.prepare(g)
+    monkeypatch.setattr(guides, "_build", lambda guide: pytest.fail("compiled again"))
+    a, b = guides.compile(g), guides.compile(g)
+    assert a is not b and not a.is_error() and not b.is_error()

@@ -74,3 +74,30 @@ def test_fire_reports_then_aborts(monkeypatch):
     wd.fire("rank 1 is gone")
     assert seen == ["rank 1 is gone", ("abort", 1)] and wd.fired == "rank 1 is gone"
     assert wd.confirm_stop(0.0) == []
+
+
+def test_rank_0s_own_pause_is_not_counted_against_the_others():
+    clock = Clock()
+    wd = _watchdog(clock, ranks=2)
+    wd.step_started(7, 0)
+    wd.step_done()
+    wd.step_started(8, 0)                     # deadline 2 s
+    wd.done_step[1] = 7
+    clock.t += 0.05
+    assert wd.tick() == 0.0
+    clock.t += 8.0                            # rank 0 stopped: no poll, no beat received, for 8 s
+    assert wd.tick() == pytest.approx(8.0 - wdm.POLL_S)
+    assert wd.check() is None                 # neither rank 1's silence nor step 8's age counts the pause
+    assert wd.silent_ranks(1.0) == []
+    clock.t += 2.1                            # awake time past the timeout: rank 1 is judged again
+    reason = wd.check()
+    assert reason is not None and reason.startswith("rank 1 has not answered its heartbeat for 2.2 s")
+
+
+def test_an_ordinary_poll_gap_is_not_a_pause():
+    clock = Clock()
+    wd = _watchdog(clock, ranks=2)
+    for _ in range(50):
+        clock.t += wdm.STALL_S * 0.9
+        assert wd.tick() == 0.0
+    assert wd.lost == 0.0 and wd.check() is not None and "rank 1" in wd.check()
