@@ -44,12 +44,21 @@ def param_count(cfg: ModelConfig) -> int:
 class _LazyShard(Mapping):
     """name -> tensor, each generated when the model asks for it (never all of them held on the host)."""
 
-    def __init__(self, cfg: ModelConfig, seed: int, scheme=None, quantised=frozenset()):
+    def __init__(self, cfg: ModelConfig, seed: int, scheme=None, quantised=frozenset(), rank: int = 0, tp: int = 1):
         self.cfg, self.seed, self.scheme, self.quantised = cfg, seed, scheme, quantised
+        self.rank, self.tp = rank, tp
         self.specs = {s.name: s for s in names.all_specs(cfg)}
+        for s in self.specs.values():
+            s.shard_shape(tp)                       # raises naming the first tensor that does not split tp ways
 
     def __getitem__(self, name: str):
-        x = init_tensor(self.specs[name], self.cfg, self.seed)
+        spec = self.specs[name]
+        x = init_tensor(spec, self.cfg, self.seed)
+        if spec.split != "rep" and self.tp > 1:     # this rank's block of the full tensor, as loader.read_shard
+            shape = spec.shard_shape(self.tp)
+            r = self.rank
+            x = x[r * shape[0]:(r + 1) * shape[0]] if spec.split == "row" else x[:, r * shape[1]:(r + 1) * shape[1]]
+            return x.copy(order="C")
         if name in self.quantised:                  # as a quantised checkpoint would store it (make-tiny's rule)
             return tiny_quant.qweight(self.specs[name], x, self.scheme)
         return x
@@ -62,7 +71,8 @@ class _LazyShard(Mapping):
 
 
 class RandomCheckpoint:
-    """What ModelRunner needs of a Checkpoint (config, shard, path), with random weights (tp = 1)."""
+    """What ModelRunner needs of a Checkpoint (config, shard, path), with random weights (bf16 at any tp the
+    sizes split; quantised at tp = 1)."""
 
     def __init__(self, cfg: ModelConfig, seed: int = 0, quant: str | None = None):
         self.config = cfg
@@ -77,6 +87,6 @@ class RandomCheckpoint:
         self.path = _P()
 
     def shard(self, rank: int, tp: int):
-        if tp != 1:
-            raise ValueError("RandomCheckpoint serves tp = 1 only")
-        return _LazyShard(self.config, self.seed, self.scheme, self.quantised)
+        if tp != 1 and self.quantised:
+            raise ValueError("RandomCheckpoint serves a quantised model at tp = 1 only")
+        return _LazyShard(self.config, self.seed, self.scheme, self.quantised, rank, tp)
