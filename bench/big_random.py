@@ -10,6 +10,7 @@ config and seed), so later steps and runs read it back, and quantised projection
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 import math
 import sys
 from pathlib import Path
@@ -45,8 +46,33 @@ def param_count(cfg: ModelConfig) -> int:
     return sum(math.prod(s.shape) for s in names.all_specs(cfg))
 
 
+class _TpShard(Mapping):
+    """This rank's block of each tensor of a memoized store, as loader.read_shard cuts it (bf16 only)."""
+
+    def __init__(self, store: Mapping, cfg: ModelConfig, rank: int, tp: int):
+        self.store, self.rank, self.tp = store, rank, tp
+        self.specs = {s.name: s for s in names.all_specs(cfg)}
+        for s in self.specs.values():
+            s.shard_shape(tp)                       # raises naming the first tensor that does not split tp ways
+
+    def __getitem__(self, name: str):
+        spec, x = self.specs[name], self.store[name]
+        if spec.split == "rep":
+            return x
+        shape, r = spec.shard_shape(self.tp), self.rank
+        x = x[r * shape[0]:(r + 1) * shape[0]] if spec.split == "row" else x[:, r * shape[1]:(r + 1) * shape[1]]
+        return x.copy(order="C")
+
+    def __iter__(self):
+        return iter(self.specs)
+
+    def __len__(self) -> int:
+        return len(self.specs)
+
+
 class RandomCheckpoint:
-    """What ModelRunner needs of a Checkpoint (config, shard, path), with random weights (tp = 1)."""
+    """What ModelRunner needs of a Checkpoint (config, shard, path), with random weights (bf16 at any tp the
+    sizes split; quantised at tp = 1)."""
 
     def __init__(self, cfg: ModelConfig, seed: int = 0, quant: str | None = None):
         self.config = cfg
@@ -69,6 +95,8 @@ class RandomCheckpoint:
         return self.store.generated - before
 
     def shard(self, rank: int, tp: int):
-        if tp != 1:
-            raise ValueError("RandomCheckpoint serves tp = 1 only")
-        return self.store
+        if tp == 1:
+            return self.store
+        if self.quantised:
+            raise ValueError("RandomCheckpoint serves a quantised model at tp = 1 only")
+        return _TpShard(self.store, self.config, rank, tp)

@@ -3,6 +3,7 @@ host syncs, RawKernel launches, CuPy's own kernels (elementwise ops, copies, red
 allocations, host time (the double's own cost included). No GPU needed; the baseline of decode-speed work.
 
     python bench/cuda_counts.py [--tokens 4] [--layers45] [--where] [--quant fp8|nvfp4]
+    mpirun -n N python bench/cuda_counts.py --tp N [--tokens 2] [--layers45] [--where]
 
 Rows: `model` is one GLMModel.forward of one sequence's decode token (the tiny checkpoint); `engine` one
 Engine.step with 4 requests decoding (mixed sampling), per token; `model-45` the forward of a random model of
@@ -15,6 +16,12 @@ side: host launches (eager RawKernels, eager CuPy kernels, graph launches), the 
 H2D copies, host time (the emulator's time in the double, kernels inside graphs included) and own host time (host
 time less the emulator's kernel time: the glue's Python, CuPy ops run by numpy at tiny widths, the double's
 checks). One decode step before the counted ones captures the graphs (warm-up, uncounted, in both modes).
+
+--tp N (under `mpirun -n N`): the same model rows with the weights split N ways, every rank on its own device of
+the double and the collectives over its NCCL (carried over MPI); rank 0 prints. `collectives` counts the NCCL
+calls a decode token makes (inside graph replays too), and the raw/cupy kernel columns hold what each
+collective's rank-order sum adds. The tiny checkpoint splits 2 ways (4 heads); `model-45` runs its 45 layers
+with 8 heads of each kind (TP_HEADS) so that it splits 2 and 8 ways.
 """
 from __future__ import annotations
 
@@ -28,13 +35,17 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 
 
-def _model_row(ckpt, ops, tokens: int, where: bool, graphs: bool = False):
+# head counts of the --tp 45-layer row: 8 of each kind, so its weights split 2 and 8 ways
+TP_HEADS = dict(num_attention_heads=8, kda_num_heads=8, index_n_heads=8)
+
+
+def _model_row(ckpt, ops, tokens: int, where: bool, graphs: bool = False, comm=None):
     import cupy_double
     from cupyglm.dist.comm import LocalComm
     from cupyglm.engine.runner import ModelRunner
     from cupyglm.model.glm import SeqInput
 
-    runner = ModelRunner(ckpt, ops, LocalComm(), 16, 16, graphs=graphs)
+    runner = ModelRunner(ckpt, ops, comm or LocalComm(), 16, 16, graphs=graphs)
     st = runner.new_state()
     out = runner.forward([SeqInput(np.arange(5, 25, dtype=np.int32), st)])
     tok = int(np.argmax(_read_checked(ops, out[0].logits[-1])))
@@ -105,7 +116,7 @@ def _print(name: str, c, per: int, where: bool) -> None:
 
 SIDE = (("host launches", lambda c: c.launches + c.kernels + c.graph_launches),
         ("raw kernels", lambda c: c.launches), ("cupy kernels", lambda c: c.kernels),
-        ("graph launches", lambda c: c.graph_launches),
+        ("graph launches", lambda c: c.graph_launches), ("collectives", lambda c: c.collectives),
         ("in graphs", lambda c: c.graph_kernels + c.graph_ops + c.graph_memcpys),
         ("syncs", lambda c: c.syncs), ("h2d", lambda c: c.h2d), ("host ms", lambda c: 1e3 * c.host_s),
         ("own host ms", lambda c: _own_ms(c)))
@@ -132,6 +143,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--layers45", action="store_true", help="also the 45-layer structure at tiny widths")
     ap.add_argument("--where", action="store_true", help="break each count down by where it came from")
     ap.add_argument("--quant", choices=("fp8", "nvfp4"), help="the tiny checkpoint quantised in this format")
+    ap.add_argument("--tp", type=int, default=0, help="run under `mpirun -n TP`: the weights split TP ways, NCCL")
     a = ap.parse_args(argv)
     sys.path.insert(0, str(REPO / "tests"))
     sys.path.insert(0, str(REPO / "bench"))
@@ -145,6 +157,8 @@ def main(argv: list[str] | None = None) -> int:
     ops = CudaOps()
     if a.quant:
         return _quant_rows(ops, a)
+    if a.tp:
+        return _tp_rows(ops, a)
     tiny = Checkpoint.open(default_tiny_dir())
     side = []
     off, on = (_model_row(tiny, ops, a.tokens, a.where, g) for g in (False, True))
@@ -163,6 +177,41 @@ def main(argv: list[str] | None = None) -> int:
         _print("model-45", off, a.tokens, a.where)
         side.append(("model-45", off, on, a.tokens))
     _side_by_side(side)
+    return 0
+
+
+def _tp_rows(ops, a) -> int:
+    """The model rows at TP = a.tp, one rank of `mpirun -n a.tp` each, over the double's NCCL; rank 0 prints."""
+    from mpi4py import MPI
+
+    from big_random import RandomCheckpoint, big_config
+    from cupyglm.checkpoint import names
+    from cupyglm.checkpoint.loader import Checkpoint
+    from cupyglm.checkpoint.tiny import default_tiny_dir
+    from cupyglm.dist.comm import NcclComm
+
+    world = MPI.COMM_WORLD
+    if world.Get_size() != a.tp:
+        raise SystemExit(f"--tp {a.tp}: run it under `mpirun -n {a.tp}` (this world has {world.Get_size()} ranks)")
+    comm = NcclComm(world, world.Get_rank())
+    say = print if comm.rank == 0 else (lambda *_: None)
+    ckpts = [("model", Checkpoint.open(default_tiny_dir()))]
+    if a.layers45:
+        ckpts.append(("model-45", RandomCheckpoint(big_config("small", num_hidden_layers=45, **TP_HEADS))))
+    side = []
+    for name, ckpt in ckpts:
+        try:
+            [spec.shard_shape(a.tp) for spec in names.all_specs(ckpt.config)]
+        except ValueError as e:
+            say(f"{name:<9} tp{a.tp}: skipped, its weights do not split {a.tp} ways ({e})")
+            continue
+        off, on = (_model_row(ckpt, ops, a.tokens, a.where, g, comm) for g in (False, True))
+        if comm.rank == 0:
+            _print(f"{name} tp{a.tp}", off, a.tokens, a.where)
+        side.append((f"{name}", off, on, a.tokens))
+    if comm.rank == 0 and side:
+        print(f"tp={a.tp}, rank 0:")
+        _side_by_side(side)
     return 0
 
 

@@ -186,3 +186,12 @@ def seq_sum(parts) -> np.ndarray:
     for p in parts[1:]:
         acc = acc + p
     return acc
+
+
+def rank_sum(parts):
+    """parts [R, ...] (numpy or cupy) -> parts[0] + parts[1] + ... added left to right in parts' dtype: the
+    cross-rank sum's one order (cuda_src/rank_sum.cu on cuda); bf16 rounds after every add."""
+    acc = parts[0].copy()
+    for i in range(1, parts.shape[0]):
+        acc += parts[i]
+    return acc

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from cupyglm.backend.lanes import (BF16, bf16, exp_f32, f32, gemm, lane_sum, out_kind, rsqrt_f32, seq_sum,
+from cupyglm.backend.lanes import (BF16, bf16, exp_f32, f32, gemm, lane_sum, out_kind, rank_sum, rsqrt_f32, seq_sum,
                                    sigmoid_f32, stored_weight)
 from cupyglm.backend.logits_ops import LogitsOps
 from cupyglm.backend.numpy_gather import GatherOps
@@ -105,6 +105,11 @@ class NumpyOps(NumpyGemm, KDAOps, MoEOps, LogitsOps, GatherOps):
         """A plain residual (the MTP layer): bf16(x + bf16(partial)). x: [T, D] bf16, partial: [T, D] fp32
         (the sublayer's output summed across ranks) -> [T, D] bf16."""
         return bf16(f32(x) + f32(bf16(partial)))
+
+    def rank_sum(self, parts: np.ndarray) -> np.ndarray:
+        """A collective's gathered partials [R, ...] fp32 or bf16 -> their sum [...] added in rank order, in
+        parts' dtype (bf16 rounds after every add): the all-reduce's one order (NcclComm runs the kernel)."""
+        return rank_sum(parts)
 
     # ---- dense algebra: gemm, gemm_heads, gemm_grouped and the gate/up + SwiGLU forms (NumpyGemm) -------
     def rmsnorm(self, x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:

@@ -7,7 +7,8 @@ message size or topology).
 
 - LocalComm: one rank, no MPI.
 - MpiComm: mpi4py on numpy arrays (the CPU backends); arrays travel as raw bytes, so bf16 (ml_dtypes) works.
-- NcclComm: cupy arrays over NCCL (cupy.cuda.nccl), its unique id broadcast by MPI; host bytes go over MPI.
+- NcclComm: cupy arrays over NCCL (cupy.cuda.nccl), its unique id broadcast by MPI; host bytes go over MPI; the
+  rank-order sum is one kernel (cuda_src/rank_sum.cu).
 """
 from __future__ import annotations
 
@@ -15,7 +16,10 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from cupyglm.backend.lanes import rank_sum
 from cupyglm.dist import idle
+from cupyglm.kernels import ops_rank_sum
+from cupyglm.kernels.ops import Kernels
 
 
 class Comm(Protocol):
@@ -36,11 +40,8 @@ def summed(comm: "Comm", partial: Any) -> Any:
 
 
 def ordered_sum(parts: Any) -> Any:
-    """parts[0] + parts[1] + ... added left to right in parts' dtype (numpy or cupy)."""
-    acc = parts[0].copy()
-    for i in range(1, parts.shape[0]):
-        acc += parts[i]
-    return acc
+    """parts[0] + parts[1] + ... added left to right in parts' dtype (numpy; backend.lanes.rank_sum)."""
+    return rank_sum(parts)
 
 
 class LocalComm:
@@ -131,6 +132,7 @@ class NcclComm:
         uid = nccl.get_unique_id() if self.rank == 0 else None
         uid = mpi_comm.bcast(uid, root=0)
         self.nccl = nccl.NcclCommunicator(self.size, uid, self.rank)
+        self._kernels = Kernels("cuda", cupy)       # the rank-order sum's kernel (cuda_src/rank_sum.cu)
 
     def _stream(self) -> int:
         return self._cupy.cuda.get_current_stream().ptr
@@ -145,10 +147,14 @@ class NcclComm:
         return out
 
     def allreduce_sum(self, x: Any) -> Any:
-        return ordered_sum(self.allgather(x))
+        """One allGather, then the parts added in rank order by one kernel (fp32, or bf16 as uint16 bits)."""
+        return ops_rank_sum.rank_sum(self._kernels, self.allgather(x))
 
     def concat_last(self, x: Any) -> Any:
+        """One allGather; with one leading row the rank-major gather already is the concatenation (no copy)."""
         parts = self.allgather(x)
+        if x.ndim and x.size == x.shape[-1]:
+            return parts.reshape(x.shape[:-1] + (self.size * x.shape[-1],))
         return self._cupy.concatenate(list(parts), axis=-1)
 
     def bcast_bytes(self, b: bytes | None) -> bytes:

@@ -70,3 +70,12 @@ def test_tp2_cuda_graphs_equal_numpy(mpirun, numpy_out, tmp_path):
     lines = {f.name: f.read_text() for f in tmp_path.iterdir()}
     assert sorted(lines) == ["rank-0", "rank-1"], err
     assert all(int(re.search(r"graph_launches=(\d+)", v)[1]) > 0 for v in lines.values()), lines
+
+
+def test_nccl_rank_sum_is_one_kernel(mpirun):
+    """NcclComm on the double at TP=3: allreduce_sum is one allGather and one rank_sum launch (no CuPy kernel), its
+    bits the NumPy rank-order sum's (fp32; bf16 rounded each add); a one-row concat_last is one allGather alone."""
+    rc, out, err = _run(mpirun, ["-n", "3", RUN[0], RUN[1], "mpi.nccl_sum_job"])
+    assert rc == 0, out + err
+    assert "f32 True bf16 True row True" in out, out
+    assert "collectives 3 launches {'rank_sum_bf16': 1, 'rank_sum_f32': 1} cupy_kernels 0" in out, out
