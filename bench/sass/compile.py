@@ -53,7 +53,9 @@ def _whole_elf(cubin: bytes) -> bytes:
 
 
 def _run(tool: Path, *args: str) -> str:
-    r = subprocess.run([str(tool), *args], capture_output=True, text=True, check=False)
+    # cuobjdump runs nvdisasm, which the wheels install beside it
+    path = os.pathsep.join([str(tool.parent), os.environ.get("PATH", "")])
+    r = subprocess.run([str(tool), *args], capture_output=True, text=True, check=False, env={**os.environ, "PATH": path})
     if r.returncode != 0:
         raise RuntimeError(f"{tool.name} {' '.join(args)} failed: {r.stderr.strip()}")
     return r.stdout

@@ -9,7 +9,6 @@ empty), `message` (one `output_text` part), `function_call` (its arguments whole
 from __future__ import annotations
 
 import uuid
-from typing import Any
 
 
 def item_id(prefix: str) -> str:

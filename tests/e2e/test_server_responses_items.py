@@ -5,23 +5,10 @@ from __future__ import annotations
 
 import json
 
-import openai
-import pytest
-from test_server_fake_engine import InProcServer
-from test_server_tools import REPLY, ScriptedEngine
+from test_server_tools import client  # noqa: F401  (the scripted engine's server, one per module)
 
 TOOLS = [{"type": "function", "name": "get_weather", "description": "Weather by city", "strict": False,
           "parameters": {"type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}}}}]
-
-
-@pytest.fixture(scope="module")
-def client(tiny_ckpt):
-    s = InProcServer(tiny_ckpt.tokenizer)
-    s.engine = ScriptedEngine(tiny_ckpt.tokenizer, tiny_ckpt.tokenizer.encode(REPLY))
-    s.load(tiny_ckpt.tokenizer)
-    with openai.OpenAI(base_url=s.base + "/v1", api_key="unused", max_retries=0, timeout=30) as c:
-        yield c
-    s.close()
 
 
 def test_reasoning_message_and_function_call_items(client):
