@@ -37,7 +37,10 @@ struct GemvQ {
 template <int NW, int F>
 union GemvQShared {
   struct {
-    unsigned short x[GEMV_ROWS][Gemv<NW>::PITCH];             // [row, k of the sub-stage] bf16 bit patterns
+    union {
+      unsigned short x[GEMV_ROWS][Gemv<NW>::PITCH];           // [row, k of the sub-stage] bf16 bit patterns
+      float xf[GEMV_ROWS / 2][Gemv<NW>::PITCH];               // the same values as fp32 (buckets <= 8: GemvXf)
+    };
     unsigned char w[NW][GEMV_OUTS][GemvQ<NW, F>::WPITCH];     // [weight, column, byte of the stage] packed codes
     unsigned char s[NW][GEMV_OUTS][GemvQ<NW, F>::GS];         // [weight, column, group of the stage] e4m3 (NVFP4)
   } tile;
@@ -163,7 +166,12 @@ static __device__ __forceinline__ void gemv_q_x(GemvQShared<NW, F>& sh, const Ge
 #pragma unroll
   for (int q = 0; q < G::VECS && G::STEP * q < NR; ++q) {
     const int r = t / G::CHUNKS + G::STEP * q;
-    if (r < NR) *reinterpret_cast<uint4*>(&sh.tile.x[r][kk]) = v[q];
+    if (r < NR) {
+      if (GemvXf<NR>::on)
+        gemv_store_f32x8(&sh.tile.xf[r][kk], v[q]);
+      else
+        *reinterpret_cast<uint4*>(&sh.tile.x[r][kk]) = v[q];
+    }
   }
 }
 
@@ -216,7 +224,7 @@ static __device__ __forceinline__ void gemv_q_sum(const GemvQShared<NW, F>& sh, 
 #pragma unroll
     for (int r = 0; r < NR; ++r) {
       if (r < src.nrows) {
-        const float xv = gemv_bf(sh.tile.x[r][kk]);
+        const float xv = GemvXf<NR>::on ? sh.tile.xf[r][kk] : gemv_bf(sh.tile.x[r][kk]);
 #pragma unroll
         for (int i = 0; i < NW; ++i) {
           const float p = xv * wv[i];

@@ -39,7 +39,10 @@ template <int NW>
 union GemvShared {
   struct {
     unsigned short w[NW][GEMV_OUTS][Gemv<NW>::PITCH];   // [weight, column, k of the stage] bf16 bit patterns
-    unsigned short x[GEMV_ROWS][Gemv<NW>::PITCH];       // [row, k of the stage] bf16 bit patterns
+    union {
+      unsigned short x[GEMV_ROWS][Gemv<NW>::PITCH];     // [row, k of the stage] bf16 bit patterns (bucket 16)
+      float xf[GEMV_ROWS / 2][Gemv<NW>::PITCH];         // [row, k of the stage] the same values as fp32 (buckets <= 8)
+    };
   } tile;
   float part[NW][GEMV_OUTS][GEMV_ROWS][GEMM_LANES + 1];  // [weight, column, row, lane] fp32 lane partials
 };
@@ -63,6 +66,24 @@ static __device__ __forceinline__ void gemv_flag_run(unsigned int* flags, int sl
 
 static __device__ __forceinline__ bool gemv_aligned(const void* a, const void* b, int K) {
   return (K % 8) == 0 && ((((unsigned long long)a) | ((unsigned long long)b)) & 15ull) == 0;
+}
+
+// Whether a row bucket stages x as fp32 (converted once a stage, not once a column; the same value, exactly).
+template <int NR>
+struct GemvXf {
+  static constexpr bool on = NR <= GEMV_ROWS / 2;
+};
+
+// A packed chunk of 8 bf16 values stored as 8 fp32 at p (16-byte aligned): the exact conversion of each.
+static __device__ __forceinline__ void gemv_store_f32x8(float* p, uint4 v) {
+  const unsigned u[4] = {v.x, v.y, v.z, v.w};
+  float4 lo, hi;
+  lo.x = __uint_as_float(u[0] << 16); lo.y = __uint_as_float(u[0] & 0xffff0000u);
+  lo.z = __uint_as_float(u[1] << 16); lo.w = __uint_as_float(u[1] & 0xffff0000u);
+  hi.x = __uint_as_float(u[2] << 16); hi.y = __uint_as_float(u[2] & 0xffff0000u);
+  hi.z = __uint_as_float(u[3] << 16); hi.w = __uint_as_float(u[3] & 0xffff0000u);
+  reinterpret_cast<float4*>(p)[0] = lo;
+  reinterpret_cast<float4*>(p)[1] = hi;
 }
 
 // 8 bf16 bit patterns h[0..8) as one 16-byte chunk (element i at bits 16 (i % 2) of word i / 2).
@@ -139,7 +160,12 @@ static __device__ __forceinline__ void gemv_stash(const GemvStage<NW>& s, GemvSh
     const int c = t / G::CHUNKS + G::STEP * q;
 #pragma unroll
     for (int i = 0; i < NW; ++i) *reinterpret_cast<uint4*>(&sh.tile.w[i][c][kk]) = s.w[i][q];
-    if (G::STEP * q < NR && c < NR) *reinterpret_cast<uint4*>(&sh.tile.x[c][kk]) = s.x[q];
+    if (G::STEP * q < NR && c < NR) {
+      if (GemvXf<NR>::on)
+        gemv_store_f32x8(&sh.tile.xf[c][kk], s.x[q]);
+      else
+        *reinterpret_cast<uint4*>(&sh.tile.x[c][kk]) = s.x[q];
+    }
   }
 }
 
@@ -166,7 +192,7 @@ static __device__ __forceinline__ void gemv_sum(const GemvShared<NW>& sh, float 
 #pragma unroll
     for (int r = 0; r < NR; ++r) {
       if (r < nrows) {
-        const float xv = gemv_bf(sh.tile.x[r][kk]);
+        const float xv = GemvXf<NR>::on ? sh.tile.xf[r][kk] : gemv_bf(sh.tile.x[r][kk]);
 #pragma unroll
         for (int i = 0; i < NW; ++i) {
           const float p = xv * wv[i];
