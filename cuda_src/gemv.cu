@@ -34,7 +34,8 @@ static __device__ __forceinline__ void gemv_body(
     gemv_store(y, (h * M + m0 + lane) * (long long)N + n, gemm_fold16(sh.part[0][o][lane]));
 }
 
-extern "C" __global__ void __launch_bounds__(256) gemv_lane16(
+// 3 blocks an SM (<= 85 registers): the row buckets' unrolled loops would otherwise take more.
+extern "C" __global__ void __launch_bounds__(256, 3) gemv_lane16(
     const __nv_bfloat16* __restrict__ x,   // [H, M, K] bf16
     const __nv_bfloat16* __restrict__ w,   // [H, N, K] bf16
     float* __restrict__ y,                 // [H, M, N] f32: rows [0, rows) of each head written
@@ -42,7 +43,7 @@ extern "C" __global__ void __launch_bounds__(256) gemv_lane16(
   gemv_body(x, w, y, M, N, K, rows);
 }
 
-extern "C" __global__ void __launch_bounds__(256) gemv_lane16_bf16(
+extern "C" __global__ void __launch_bounds__(256, 3) gemv_lane16_bf16(
     const __nv_bfloat16* __restrict__ x,   // [H, M, K] bf16
     const __nv_bfloat16* __restrict__ w,   // [H, N, K] bf16
     __nv_bfloat16* __restrict__ y,         // [H, M, N] bf16 (the fp32 sum rounded once): rows [0, rows)

@@ -19,7 +19,8 @@
 
 #define GEMV_MULTI_PARTS 6
 
-extern "C" __global__ void __launch_bounds__(256) gemv_multi_lane16(
+// 3 blocks an SM (<= 85 registers), as gemv_lane16.
+extern "C" __global__ void __launch_bounds__(256, 3) gemv_multi_lane16(
     const __nv_bfloat16* __restrict__ x0,   // [M, k0] bf16
     const __nv_bfloat16* __restrict__ w0,   // [n0, k0] bf16
     void* __restrict__ y0,                  // [M, n0] fp32 (kind0 0) or bf16 (1, 2): rows [0, rows)

@@ -220,7 +220,8 @@ extern "C" __global__ void __launch_bounds__(256, 3) gemv_nvfp4_lane16_bf16(
   gemv_q_body<GEMV_NVFP4>(x, gemv_qw_nvfp4(wv, ws, ws2), y, M, N, K, rows);
 }
 
-extern "C" __global__ void __launch_bounds__(256) gemv_grouped_nvfp4_lane16(
+// Grouped NVFP4: 2 blocks an SM (<= 128 registers) with every row bucket compiled in.
+extern "C" __global__ void __launch_bounds__(256, 2) gemv_grouped_nvfp4_lane16(
     const __nv_bfloat16* __restrict__ x,    // [M, K] bf16
     const unsigned char* __restrict__ wv,   // [E, N, K / 2] packed e2m1 (element 2i low nibble)
     const unsigned char* __restrict__ ws,   // [E, N, K / 16] e4m3 weight_scale
@@ -233,7 +234,7 @@ extern "C" __global__ void __launch_bounds__(256) gemv_grouped_nvfp4_lane16(
   gemv_q_grouped_body<GEMV_NVFP4>(x, gemv_qw_nvfp4(wv, ws, ws2), group, y, M, N, K, E, flags, slot);
 }
 
-extern "C" __global__ void __launch_bounds__(256) gemv_grouped_nvfp4_lane16_bf16(
+extern "C" __global__ void __launch_bounds__(256, 2) gemv_grouped_nvfp4_lane16_bf16(
     const __nv_bfloat16* __restrict__ x,    // [M, K] bf16
     const unsigned char* __restrict__ wv,   // [E, N, K / 2] packed e2m1 (element 2i low nibble)
     const unsigned char* __restrict__ ws,   // [E, N, K / 16] e4m3 weight_scale

@@ -13,7 +13,7 @@
 // and held in a register.  The stage's weights are issued into registers before the previous stage is summed.
 // x (L2-resident) is staged in sub-stages of the bf16 stage's k values, read synchronously, so the registers
 // hold only the weights' loads.  Thread (lane, o) reads back its lane's codes in increasing k and decodes them.
-// Blocks split N (and rows) only, never K.
+// Blocks split N (and rows) only, never K; a block's rows run in their row bucket (gemv_tile.cuh's gemv_bucket).
 #pragma once
 #include "gemv_tile.cuh"
 #include "dequant.cuh"
@@ -37,7 +37,10 @@ struct GemvQ {
 template <int NW, int F>
 union GemvQShared {
   struct {
-    unsigned short x[GEMV_ROWS][Gemv<NW>::PITCH];             // [row, k of the sub-stage] bf16 bit patterns
+    union {
+      unsigned short x[GEMV_ROWS][Gemv<NW>::PITCH];           // [row, k of the sub-stage] bf16 bit patterns
+      float xf[GEMV_ROWS / 2][Gemv<NW>::PITCH];               // the same values as fp32 (buckets <= 8: GemvXf)
+    };
     unsigned char w[NW][GEMV_OUTS][GemvQ<NW, F>::WPITCH];     // [weight, column, byte of the stage] packed codes
     unsigned char s[NW][GEMV_OUTS][GemvQ<NW, F>::GS];         // [weight, column, group of the stage] e4m3 (NVFP4)
   } tile;
@@ -145,8 +148,9 @@ static __device__ __forceinline__ void gemv_q_stash(const GemvQStage<NW, F>& s, 
   }
 }
 
-// x rows [0, nrows) of the sub-stage at k0 into shared memory (16-byte loads as gemv_fetch's; L2-resident).
-template <int NW, int F>
+// x rows [0, nrows) of the sub-stage at k0 into shared memory (16-byte loads as gemv_fetch's; L2-resident); only
+// the rows of the row bucket NR are written (the rows past it are never read back).
+template <int NW, int F, int NR>
 static __device__ __forceinline__ void gemv_q_x(GemvQShared<NW, F>& sh, const GemvQSrc<NW>& src, int k0) {
   typedef Gemv<NW> G;
   const int t = threadIdx.y * 16 + threadIdx.x;
@@ -154,20 +158,28 @@ static __device__ __forceinline__ void gemv_q_x(GemvQShared<NW, F>& sh, const Ge
   const int valid = min(8, src.K - k0 - kk);
   uint4 v[G::VECS];
 #pragma unroll
-  for (int q = 0; q < G::VECS; ++q) {
+  for (int q = 0; q < G::VECS && G::STEP * q < NR; ++q) {
     const int r = t / G::CHUNKS + G::STEP * q;
     v[q] = r < src.nrows ? gemv_load8(src.x + (long long)r * src.K + k0 + kk, valid, src.xvec)
                          : make_uint4(0u, 0u, 0u, 0u);
   }
 #pragma unroll
-  for (int q = 0; q < G::VECS; ++q) *reinterpret_cast<uint4*>(&sh.tile.x[t / G::CHUNKS + G::STEP * q][kk]) = v[q];
+  for (int q = 0; q < G::VECS && G::STEP * q < NR; ++q) {
+    const int r = t / G::CHUNKS + G::STEP * q;
+    if (r < NR) {
+      if (GemvXf<NR>::on)
+        gemv_store_f32x8(&sh.tile.xf[r][kk], v[q]);
+      else
+        *reinterpret_cast<uint4*>(&sh.tile.x[r][kk]) = v[q];
+    }
+  }
 }
 
 // Lane `lane` of column o over the sub-stage at kx (sub-stage `sub` of the stage): terms kx + lane,
-// kx + lane + 16, ... (< K) in increasing k, per row, each weight decoded as dequant.cuh's readers decode it.
-// CONTROL_CHUNK_ORDER as in gemv_tile.cuh.
-template <int NW, int F>
-static __device__ __forceinline__ void gemv_q_sum(const GemvQShared<NW, F>& sh, float (*acc)[GEMV_ROWS],
+// kx + lane + 16, ... (< K) in increasing k, per row of the NR slots (rows >= nrows skipped), each weight decoded
+// once per term as dequant.cuh's readers decode it.  CONTROL_CHUNK_ORDER as in gemv_tile.cuh.
+template <int NW, int F, int NR>
+static __device__ __forceinline__ void gemv_q_sum(const GemvQShared<NW, F>& sh, float (*acc)[NR],
                                                   const GemvQSrc<NW>& src, int kx, int sub) {
   const int lane = threadIdx.x, o = threadIdx.y;
   if (o >= src.ncols) return;          // no weight there (its partials are never stored)
@@ -210,9 +222,9 @@ static __device__ __forceinline__ void gemv_q_sum(const GemvQShared<NW, F>& sh, 
       }
     }
 #pragma unroll
-    for (int r = 0; r < GEMV_ROWS; ++r) {
+    for (int r = 0; r < NR; ++r) {
       if (r < src.nrows) {
-        const float xv = gemv_bf(sh.tile.x[r][kk]);
+        const float xv = GemvXf<NR>::on ? sh.tile.xf[r][kk] : gemv_bf(sh.tile.x[r][kk]);
 #pragma unroll
         for (int i = 0; i < NW; ++i) {
           const float p = xv * wv[i];
@@ -223,14 +235,14 @@ static __device__ __forceinline__ void gemv_q_sum(const GemvQShared<NW, F>& sh, 
   }
 }
 
-// As gemv_rows: every thread takes part (barriers); the caller reads sh.part[i][o][r] after it returns.
-template <int NW, int F>
-static __device__ __forceinline__ void gemv_q_rows(GemvQShared<NW, F>& sh, const GemvQSrc<NW>& src) {
-  float acc[NW][GEMV_ROWS];
+// As gemv_rows_nr (row bucket NR >= nrows): every thread takes part (barriers); rows [0, NR) go to sh.part.
+template <int NW, int F, int NR>
+static __device__ __forceinline__ void gemv_q_rows_nr(GemvQShared<NW, F>& sh, const GemvQSrc<NW>& src) {
+  float acc[NW][NR];
 #pragma unroll
   for (int i = 0; i < NW; ++i)
 #pragma unroll
-    for (int r = 0; r < GEMV_ROWS; ++r) acc[i][r] = 0.0f;
+    for (int r = 0; r < NR; ++r) acc[i][r] = 0.0f;
   GemvQStage<NW, F> s;
   gemv_q_fetch(s, src, 0);
   for (int k0 = 0; k0 < src.klen; k0 += GemvQ<NW, F>::TK) {
@@ -242,17 +254,30 @@ static __device__ __forceinline__ void gemv_q_rows(GemvQShared<NW, F>& sh, const
       const int kx = k0 + sub * GemvQ<NW, F>::XK;
       if (kx >= src.klen) break;       // uniform across the block
       if (sub > 0) __syncthreads();    // the previous sub-stage is done with the x tile
-      gemv_q_x(sh, src, kx);
+      gemv_q_x<NW, F, NR>(sh, src, kx);
       __syncthreads();                 // the stage's weights and the sub-stage's x are in shared memory
-      gemv_q_sum(sh, acc, src, kx, sub);
+      gemv_q_sum<NW, F, NR>(sh, acc, src, kx, sub);
     }
   }
   __syncthreads();                     // every thread has summed its last stage: the tiles may be overwritten
 #pragma unroll
   for (int i = 0; i < NW; ++i)
 #pragma unroll
-    for (int r = 0; r < GEMV_ROWS; ++r) sh.part[i][threadIdx.y][r][threadIdx.x] = acc[i][r];
+    for (int r = 0; r < NR; ++r) sh.part[i][threadIdx.y][r][threadIdx.x] = acc[i][r];
   __syncthreads();
+}
+
+// The block's rows (src.nrows <= GEMV_ROWS) in their row bucket (gemv_bucket, block-uniform); the caller reads
+// sh.part[i][o][r] (row r < nrows) after it returns.
+template <int NW, int F>
+static __device__ __forceinline__ void gemv_q_rows(GemvQShared<NW, F>& sh, const GemvQSrc<NW>& src) {
+  switch (gemv_bucket(src.nrows)) {
+    case 1: gemv_q_rows_nr<NW, F, 1>(sh, src); break;
+    case 2: gemv_q_rows_nr<NW, F, 2>(sh, src); break;
+    case 4: gemv_q_rows_nr<NW, F, 4>(sh, src); break;
+    case 8: gemv_q_rows_nr<NW, F, 8>(sh, src); break;
+    default: gemv_q_rows_nr<NW, F, GEMV_ROWS>(sh, src); break;
+  }
 }
 
 // A block's source: columns from n0 of expert e of each weight (ncols = 0: an expert id outside [0, E)).

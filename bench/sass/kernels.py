@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from cupyglm.kernels import ops_attention as att
 
-from bench.sass.model import Kernel
+from bench.sass.model import Kernel, bucket
 
 FORMATS = ("bf16", "fp8", "nvfp4")
 
@@ -14,9 +14,10 @@ def _q(name: str, fmt: str) -> str:
     return name if fmt == "bf16" else name.replace("_lane16", f"_{fmt}_lane16")
 
 
-def gemv(form: str, fmt: str = "bf16") -> Kernel:
+def gemv(form: str, fmt: str = "bf16", rows: int = 16) -> Kernel:
     """The decode GEMV of a form: dense (also per-head, grid z), grouped (experts), swiglu, grouped swiglu,
-    multi, multi swiglu, multi rmsnorm (a norm in its prologue); bf16 only for the last three."""
+    multi, multi swiglu, multi rmsnorm (a norm in its prologue); bf16 only for the last three. Counted in the
+    row bucket a block of `rows` rows runs in."""
     files = {"dense": ("gemv_lane16", "gemv.cu"), "grouped": ("gemv_grouped_lane16", "gemv.cu"),
              "swiglu": ("gemv_swiglu_lane16", "gemv_swiglu.cu"),
              "grouped swiglu": ("gemv_grouped_swiglu_lane16", "gemv_swiglu.cu"),
@@ -28,7 +29,7 @@ def gemv(form: str, fmt: str = "bf16") -> Kernel:
         if form.startswith("multi"):
             raise ValueError(f"gemv form {form!r} has no {fmt} kernel")
         name, file = _q(name, fmt), "gemv_q.cu"
-    return Kernel(name, file, "decode", "weight", 256, fmt)
+    return Kernel(name, file, "decode", "weight", 256, fmt, bucket=bucket(rows))
 
 
 def gemm(form: str, fmt: str = "bf16") -> Kernel:

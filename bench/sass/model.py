@@ -5,12 +5,17 @@ A call's time is the largest of three bounds, plus its launch (and a collective 
   memory  the bytes the call moves (cupyglm.memory's arrays at the model's shapes) / HBM bandwidth
   tensor  the call's FLOPs / the tensor peak, for a kernel whose hot loop holds tensor-core instructions (else 0)
 A unit is a weight for the decode GEMVs and a FLOP for the rest. The units of one hot-loop iteration of a warp:
-  weight  32 x FADD / GEMV_ROWS   (each weight is added into the GEMV_ROWS row accumulators of its lane's
-                                   thread, every row slot issued whether the call has that row or not)
+  weight  32 x FADD / bucket      (each weight is added into the bucket's row accumulators of its lane's
+                                   thread: a block runs its rows in the smallest of 1, 2, 4, 8, 16 row slots
+                                   holding them, every slot of that bucket issued)
   mac     64 x FADD               (a lane-16 GEMM: each FADD accumulates one product, 2 FLOPs a thread)
   flop    the loop's FLOPs        (FP instructions by their width; tensor instructions by their shape)
   state   32 x per_thread         (KDA: the recurrent-state elements a thread updates an iteration)
 Instructions outside the hot loop (staging, folds, stores) are not counted: the hot loop is most of the work.
+A decode GEMV's loop is counted in a compile that keeps only its bucket's instantiation (-DGEMV_BUCKET_ONLY, every
+block dispatched to it), so the loop counted is the one a block of that many rows runs; its hot loop is the
+innermost loop with shared loads and FADDs (the lane sums), not a prologue's. Registers and shared memory are the
+shipped kernel's (every bucket compiled in).
 
 Issue rate (occupancy rule): the grid's blocks spread over min(SMs, blocks) SMs; an SM holds
 min(blocks its registers / shared memory / threads allow, ceil(blocks / SMs)) of them at once; each of its
@@ -26,6 +31,12 @@ from bench.sass import hw, parse
 from bench.sass.compile import compiled
 
 GEMV_ROWS = 16       # cuda_src/gemv_tile.cuh: the row slots of a block
+BUCKETS = (1, 2, 4, 8, 16)   # gemv_tile.cuh's gemv_bucket: the row slots a block of r rows runs in
+
+
+def bucket(rows: int) -> int:
+    """The row bucket of a block of `rows` rows (at most GEMV_ROWS)."""
+    return next(b for b in BUCKETS if b >= min(max(rows, 1), GEMV_ROWS))
 
 
 @dataclass(frozen=True)
@@ -38,6 +49,7 @@ class Kernel:
     dtype: str = "bf16"  # the weights' stored format, for GEMVs and GEMMs
     dyn_shared: int = 0  # dynamic shared memory a block (the launcher's), bytes
     per_thread: float = 1.0   # unit "state": the elements a thread updates an iteration
+    bucket: int = GEMV_ROWS   # unit "weight": the row bucket whose loop is counted (bucket())
 
 
 @dataclass(frozen=True)
@@ -69,7 +81,9 @@ def units_per_iter(k: Kernel, c: parse.Counts) -> float:
     if unit == "state":
         return 32 * k.per_thread
     if unit == "weight":
-        return 32 * c.fadd / GEMV_ROWS
+        if c.fadd % k.bucket:
+            raise ValueError(f"{k.name}: {c.fadd} FADDs a loop, not whole weights of bucket {k.bucket}")
+        return 32 * c.fadd / k.bucket
     if unit == "mac":
         return 64 * c.fadd
     if unit == "flop":
@@ -83,7 +97,11 @@ def analyse(k: Kernel, arch: str = "sm_90", defines: tuple[str, ...] = ()) -> An
     comp = compiled(k.file, arch, tuple(defines))
     if k.name not in comp.functions:
         raise KeyError(f"{k.name} is not in {k.file} for {arch}")
-    hot = parse.hot_loop(comp.functions[k.name])
+    if k.unit == "weight":
+        only = compiled(k.file, arch, tuple(defines) + (f"GEMV_BUCKET_ONLY={k.bucket}",))
+        hot = parse.hot_loop(only.functions[k.name], lambda c: c.shared_loads > 0 and c.fadd > 0)
+    else:
+        hot = parse.hot_loop(comp.functions[k.name])
     if hot is None:
         raise ValueError(f"{k.name}: no loop in its SASS")
     res = comp.resources[k.name]

@@ -120,11 +120,13 @@ def count(code: list[Instr], loop: Loop) -> Counts:
                   fmul=fam.count("FMUL"), fadd=fam.count("FADD"))
 
 
-def hot_loop(code: list[Instr]) -> tuple[Loop, Counts] | None:
-    """The innermost loop with the most work (tensor instructions, then FLOPs, then length); None without loops."""
+def hot_loop(code: list[Instr], keep=None) -> tuple[Loop, Counts] | None:
+    """The innermost loop with the most work (tensor instructions, then FLOPs, then length), among those whose
+    counts `keep` accepts (all without it); None without such loops."""
     all_loops = loops(code)
     inner = [lp for lp in all_loops if not any(lp.contains(o) for o in all_loops)]
-    if not inner:
-        return None
     scored = [(lp, count(code, lp)) for lp in inner]
+    scored = [s for s in scored if keep is None or keep(s[1])]
+    if not scored:
+        return None
     return max(scored, key=lambda s: (s[1].tensor, s[1].flops, s[1].instr))

@@ -53,15 +53,20 @@ def test_planted_loop_with_twice_the_instructions_doubles_the_issue_bound(tmp_pa
     assert t1 == pytest.approx(1e9 * one.instr_per_unit / (hw.SMS * hw.ISSUE_SLOTS * hw.CLOCK_HZ) * 1e6)
 
 
-def test_gemv_lane16_at_one_row_is_issue_bound():
-    """Every row slot of the block is issued whatever the rows: one row costs what sixteen do."""
+def test_gemv_lane16_counts_the_loop_of_its_row_bucket():
+    """A block runs its rows in the smallest row bucket holding them: the model counts that bucket's loop, whose
+    FADDs add each weight into exactly the bucket's rows, so one row issues less than four, four less than 16."""
     n = k = 4096
-    one, sixteen = (calls.gemv("dense", "bf16", n, k, r, 2 * n * k) for r in (1, 16))
-    b1, b16 = model.bounds(one), model.bounds(sixteen)
-    assert one.analysis.kernel.name == "gemv_lane16"
-    assert b1["bound"] == "issue" and b1["issue_bound_us"] > b1["memory_bound_us"]
-    assert b1["issue_bound_us"] == b16["issue_bound_us"]
-    assert one.analysis.counts.predicated > 0 and one.analysis.counts.tensor == 0
+    c = {r: calls.gemv("dense", "bf16", n, k, r, 2 * n * k) for r in (1, 3, 4, 16)}
+    a = {r: c[r].analysis for r in c}
+    assert [a[r].kernel.bucket for r in (1, 3, 4, 16)] == [1, 4, 4, 16]
+    assert a[1].kernel.name == "gemv_lane16" and a[1].counts.tensor == 0
+    for r in c:
+        assert a[r].counts.fadd % a[r].kernel.bucket == 0 and a[r].counts.shared_loads > 0
+    assert a[3].counts == a[4].counts
+    assert a[1].instr_per_unit < a[4].instr_per_unit < a[16].instr_per_unit
+    issue = {r: model.bounds(c[r])["issue_bound_us"] for r in c}
+    assert issue[1] < issue[4] < issue[16]
 
 
 def test_roofline_prints_predictions_without_fixed_fractions(capsys):
