@@ -44,16 +44,16 @@ class Step:
 
 STEPS = (
     Step("env", 15, 6, what="nvidia-smi, python/numpy/cupy versions, NVRTC version, device"),
-    Step("warm", 75, 0, what="every compile the run needs, 16 processes, into the disk cache"),
-    Step("contract", 60, 35, keep=True, what="the whole kernel contract on cuda (cubins from the cache)"),
+    Step("warm", 160, 0, what="every compile the run needs, 16 processes, into the disk cache"),
+    Step("contract", 50, 35, keep=True, what="the whole kernel contract on cuda (cubins from the cache)"),
     Step("tcprobe", 15, 5, what="bench/tc_probe.py: the real mma against the tensor core's CPU model, bit for bit"),
-    Step("tokens", 75, 45, what="tiny model greedy tokens: cuda eager and CUDA graphs vs numpy"),
-    Step("invariance", 20, 8, what="GEMM row 0 bit-identical for batch sizes 1..16"),
+    Step("tokens", 60, 45, what="tiny model greedy tokens: cuda eager and CUDA graphs vs numpy"),
+    Step("invariance", 15, 8, what="GEMM row 0 bit-identical for batch sizes 1..16"),
     Step("predict", 20, 10, what="bench/sass_model.py --json, or the $PREDICTIONS file made where cuobjdump is"),
-    Step("micro", 45, 30, keep=True, what="GB/s of each GEMV form, TFLOP/s of the prompt GEMM, attention"),
-    Step("decode", 120, 80, keep=True, what="~1B random model decode tok/s, bf16 + nvfp4, batch 1/4/16, graphs off/on"),
-    Step("engine", 40, 20, what="4 concurrent mixed-sampling requests = solo = numpy"),
-    Step("sanitizer", 25, 25, fill=True, what="compute-sanitizer memcheck and racecheck on the riskiest kernels"),
+    Step("micro", 40, 30, keep=True, what="GB/s of each GEMV form, TFLOP/s of the prompt GEMM, attention"),
+    Step("decode", 95, 80, keep=True, what="~1B random model decode tok/s, bf16 + nvfp4, batch 1/4/16, graphs off/on"),
+    Step("engine", 30, 20, what="4 concurrent mixed-sampling requests = solo = numpy"),
+    Step("sanitizer", 10, 10, fill=True, what="compute-sanitizer memcheck and racecheck on the riskiest kernels"),
 )
 # Files that come back: SUMMARY, the archive of every step's log, the kept logs, the model's predictions.
 OUT_FILES = ("SUMMARY", "logs.tar.gz", *(f"{s.name}.txt" for s in STEPS if s.keep), "predictions.json")

@@ -55,10 +55,14 @@ def test_limits_output_is_what_the_script_reads():
     assert [r[0] for r in rows if r[3] == "1"] == ["sanitizer"]
 
 
-def test_launch_plan_times_one_compile_and_passes():
+def test_launch_plan_times_one_compile_and_prices_the_run():
+    """The command times a real compile and prices the run with it; whether this machine's compile fits the budget
+    is a speed, not a property (the pricing itself is tested above with the compile time injected)."""
     pytest.importorskip("cupy")
     proc = subprocess.run([str(ROOT / "launch" / "gpu-check"), "--plan"], capture_output=True, text=True,
                           timeout=300)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert re.search(r"one compile here \d+\.\d CPU-s \(gemv_q\.cu\)", proc.stdout)
-    assert "budget 540s: within" in proc.stdout and proc.stdout.rstrip().endswith("PLAN ok")
+    m = re.search(r"one compile here (\d+\.\d) CPU-s \(gemv_q\.cu\)", proc.stdout)
+    assert m, proc.stdout + proc.stderr
+    fits, lines = gpu_plan.plan(float(m.group(1)))
+    assert proc.stdout.rstrip().endswith(lines[-1]) and proc.returncode == (0 if fits else 1)
+    assert "budget 540s" in proc.stdout
