@@ -27,7 +27,8 @@ from cupyglm.server.bridge import EngineBridge, EngineDied, RequestStream, merge
 from cupyglm.server.cache_routes import cache_routes
 from cupyglm.server.errors import ApiError, bad, internal_error
 from cupyglm.server.fields import parse_json_object, short
-from cupyglm.server.guards import BODY_TIMEOUT_S, ApiKeyMiddleware, check_json_type, json_error, read_body
+from cupyglm.server.guards import (BODY_TIMEOUT_S, ApiKeyMiddleware, check_json_type, json_error, read_body,
+                                   wait_disconnect)
 from cupyglm.server.guide_prep import parse_request
 from cupyglm.server.metrics import CONTENT_TYPE, Metrics
 from cupyglm.server.prompt import PromptBuilder, WorkPool
@@ -86,13 +87,6 @@ def _not_ready(state: ServerState) -> ApiError:
     else:
         why = "the model is loading"
     return ApiError(503, f"not ready: {why}", code="service_unavailable", headers={"Retry-After": "1"})
-
-
-async def _wait_disconnect(request: Request) -> None:
-    while True:
-        msg = await request.receive()
-        if msg["type"] == "http.disconnect":
-            return
 
 
 _FIELD = re.compile(r"\b(temperature|top_p|top_k|min_p|seed|max_tokens|min_tokens|stop_token_ids|stop|"
@@ -256,7 +250,7 @@ def create_app(state: ServerState, *, lifespan: Any = None) -> Starlette:
     async def _collect(request: Request, req: GenRequest, streams: list[RequestStream],
                        replies: list[Reply]) -> Response:
         async def watch() -> None:
-            await _wait_disconnect(request)
+            await wait_disconnect(request)
             for st in streams:
                 st.abort()
                 st.queue.put_nowait(EngineDied("client disconnected"))

@@ -158,3 +158,9 @@ def too_large(n: int, limit: int, at_least: bool = False) -> ApiError:
     size = f"at least {n}" if at_least else str(n)
     return ApiError(413, f"request body of {size} bytes exceeds the limit of {limit} bytes (--max-body-bytes)",
                     code="request_too_large", headers={"Connection": "close"})
+
+
+async def wait_disconnect(request: Request) -> None:
+    """Returns when the client of a non-streamed request has gone."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass

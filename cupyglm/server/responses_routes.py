@@ -22,7 +22,7 @@ from starlette.routing import Route
 
 from cupyglm.server.bridge import EngineDied, RequestStream, merge_streams
 from cupyglm.server.errors import ApiError
-from cupyglm.server.guards import json_error
+from cupyglm.server.guards import json_error, wait_disconnect
 from cupyglm.server.requests import GenRequest
 from cupyglm.server.responses import Reply, now
 from cupyglm.server.responses_input import to_chat
@@ -120,8 +120,7 @@ def responses_routes(path: ChatPath) -> list[Route]:
 
     async def _collect(request: Request, run: _Run, stream: RequestStream) -> Response:
         async def watch() -> None:
-            while (await request.receive())["type"] != "http.disconnect":
-                pass
+            await wait_disconnect(request)
             stream.abort()
             stream.queue.put_nowait(EngineDied("client disconnected"))
 
