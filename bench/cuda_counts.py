@@ -41,7 +41,7 @@ TP_HEADS = dict(num_attention_heads=8, kda_num_heads=8, index_n_heads=8)
 
 def _model_row(ckpt, ops, tokens: int, where: bool, graphs: bool = False, comm=None):
     import cupy_double
-    from cupyglm.dist.comm import LocalComm
+    from cupyglm.distributed.comm import LocalComm
     from cupyglm.engine.runner import ModelRunner
     from cupyglm.model.glm import SeqInput
 
@@ -71,7 +71,7 @@ def _read_checked(ops, x):
 
 def _engine_row(ckpt, ops, tokens: int, where: bool, graphs: bool = False):
     import cupy_double
-    from cupyglm.dist.comm import LocalComm
+    from cupyglm.distributed.comm import LocalComm
     from cupyglm.engine.config import EngineConfig
     from cupyglm.engine.engine import Engine
     from cupyglm.engine.runner import ModelRunner
@@ -188,7 +188,7 @@ def _tp_rows(ops, a) -> int:
     from cupyglm.checkpoint import names
     from cupyglm.checkpoint.loader import Checkpoint
     from cupyglm.checkpoint.tiny import default_tiny_dir
-    from cupyglm.dist.comm import NcclComm
+    from cupyglm.distributed.comm import NcclComm
 
     world = MPI.COMM_WORLD
     if world.Get_size() != a.tp:

@@ -22,7 +22,7 @@ import numpy as np
 from cupyglm.backend.arithmetic import identity
 from cupyglm.backend.numpy_ops import NumpyOps
 from cupyglm.checkpoint.loader import open_model
-from cupyglm.dist.comm import LocalComm
+from cupyglm.distributed.comm import LocalComm
 from cupyglm.engine.config import EngineConfig
 from cupyglm.engine.disk_tier import agree_index, planner_from
 from cupyglm.engine.engine import Engine

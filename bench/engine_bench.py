@@ -19,7 +19,7 @@ import numpy as np
 
 def make_engine(ckpt, backend: str, parallel: int, context: int):
     from cupyglm.backend import make_ops
-    from cupyglm.dist.comm import LocalComm
+    from cupyglm.distributed.comm import LocalComm
     from cupyglm.engine.config import EngineConfig
     from cupyglm.engine.engine import Engine
     from cupyglm.engine.runner import ModelRunner

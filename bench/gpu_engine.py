@@ -33,7 +33,7 @@ def _params():
 
 def _engine(ckpt, backend: str):
     from cupyglm.backend import make_ops, resolve
-    from cupyglm.dist.comm import LocalComm
+    from cupyglm.distributed.comm import LocalComm
     from cupyglm.engine.config import EngineConfig
     from cupyglm.engine.engine import Engine
     from cupyglm.engine.runner import ModelRunner

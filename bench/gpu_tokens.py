@@ -27,7 +27,7 @@ from bench.big_random import RandomCheckpoint, big_config, param_count  # noqa: 
 from cupyglm.backend import make_ops, resolve  # noqa: E402
 from cupyglm.backend.lanes import bf16, gemm as lanes_gemm  # noqa: E402
 from cupyglm.checkpoint.loader import open_model  # noqa: E402
-from cupyglm.dist.comm import LocalComm  # noqa: E402
+from cupyglm.distributed.comm import LocalComm  # noqa: E402
 from cupyglm.engine.build import cuda_graphs  # noqa: E402
 from cupyglm.engine.runner import ModelRunner  # noqa: E402
 from cupyglm.model.glm import SeqInput  # noqa: E402

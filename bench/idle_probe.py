@@ -17,7 +17,7 @@ import time
 import numpy as np
 from mpi4py import MPI
 
-from cupyglm.dist.comm import MpiComm
+from cupyglm.distributed.comm import MpiComm
 
 
 class BlockingComm(MpiComm):

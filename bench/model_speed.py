@@ -11,7 +11,7 @@ import numpy as np
 
 from cupyglm.backend import make_ops, resolve
 from cupyglm.checkpoint.loader import open_model
-from cupyglm.dist.comm import LocalComm
+from cupyglm.distributed.comm import LocalComm
 from cupyglm.engine.runner import ModelRunner
 from cupyglm.model.glm import SeqInput
 

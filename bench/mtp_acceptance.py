@@ -13,7 +13,7 @@ import time
 
 from cupyglm.backend import make_ops, resolve
 from cupyglm.checkpoint.loader import open_model
-from cupyglm.dist.comm import LocalComm
+from cupyglm.distributed.comm import LocalComm
 from cupyglm.engine.config import EngineConfig
 from cupyglm.engine.engine import Engine
 from cupyglm.engine.runner import ModelRunner

@@ -145,7 +145,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
 
     from cupyglm.backend import make_ops
-    from cupyglm.dist.comm import LocalComm
+    from cupyglm.distributed.comm import LocalComm
     from cupyglm.engine.runner import ModelRunner
     from cupyglm.kv.host_rows import CACHED_ROWS, HostRows
     from cupyglm.memory import row_cache_rows

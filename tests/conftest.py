@@ -58,7 +58,7 @@ def pytest_sessionfinish(session, exitstatus):
         return
     import time
 
-    from cupyglm.dist.mpich_shm import mapped_by
+    from cupyglm.distributed.mpich_shm import mapped_by
 
     time.sleep(0.5)                      # a job torn down by the last test may still be unmapping
     mapped: set[str] = set()

@@ -1,7 +1,7 @@
 """Test support (tests/ only, never imported by the package): tensor parallelism simulated with threads in one process,
 and small model builders.
 
-ThreadComm has the communicator interface of cupyglm.dist.comm (rank, size, allreduce_sum in rank order,
+ThreadComm has the communicator interface of cupyglm.distributed.comm (rank, size, allreduce_sum in rank order,
 concat_last) so the model code runs unchanged on N simulated shards.
 """
 from __future__ import annotations

@@ -4,7 +4,7 @@ A segment is stale when the process that made it is gone (its pid and start time
 when it was left half-made (no header) longer than --min-age seconds ago. Live jobs' segments are kept. Segments
 normally vanish from /dev/shm as soon as every rank has mapped them, so only a job that died during startup leaves
 one behind. An MPICH segment (`mpich_shm_*`, in /dev/shm) is stale when no live process maps it and it is older
-than --min-age (cupyglm.dist.mpich_shm); one any process might map is kept.
+than --min-age (cupyglm.distributed.mpich_shm); one any process might map is kept.
 """
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ import os
 import sys
 from pathlib import Path
 
-from cupyglm.dist import mpich_shm
-from cupyglm.dist.shm import shm_dir, stale_segments
+from cupyglm.distributed import mpich_shm
+from cupyglm.distributed.shm import shm_dir, stale_segments
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -25,7 +25,7 @@ def generate(args: argparse.Namespace) -> None:
 
     from cupyglm.backend import resolve
     from cupyglm.checkpoint.loader import open_model
-    from cupyglm.dist import world as world_mod
+    from cupyglm.distributed import world as world_mod
     from cupyglm.engine.build import build
     from cupyglm.engine.sampling import SamplingParams
 
@@ -72,7 +72,7 @@ def generate(args: argparse.Namespace) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from cupyglm.dist.failure import run_rank_main
+    from cupyglm.distributed.failure import run_rank_main
 
     # flags are parsed inside the wrapper: a typo on one rank must bring every rank down, not hang them
     return run_rank_main(lambda: generate(build_parser().parse_args(argv)))

@@ -10,7 +10,7 @@ rank 0 prints one line `serving <model> at http://HOST:PORT/v1 (...)` (with --po
 SIGTERM/SIGINT: stop accepting, drain running requests (at most --drain-seconds), stop the engine (the stop
 broadcast reaches every rank), every rank confirms and exits 0; a rank that does not confirm within a few seconds
 aborts the job, and so does a second signal. A rank silent or a step stuck past --step-timeout ends the job
-(cupyglm.dist.watchdog).
+(cupyglm.distributed.watchdog).
 """
 from __future__ import annotations
 
@@ -151,7 +151,7 @@ def _say(line: str) -> None:
 
 def serve(args: argparse.Namespace) -> int:
     from cupyglm.backend import resolve
-    from cupyglm.dist import world as world_mod
+    from cupyglm.distributed import world as world_mod
 
     t0 = time.monotonic()
     # Every flag is checked on every rank before the handshake, so a bad one is refused by all ranks together.
@@ -173,7 +173,7 @@ def serve(args: argparse.Namespace) -> int:
     backend, note = resolve(st.backend)
     world = world_mod.start(st, backend=backend)          # the fingerprint handshake, before any weight
     world.settings.refuse_unavailable()
-    from cupyglm.dist import watchdog
+    from cupyglm.distributed import watchdog
 
     link = watchdog.open_link(world)                      # collective: every rank, before any weight
 
@@ -204,7 +204,7 @@ async def _serve_rank0(world, link, st, sock, args, port, served_id, key, max_bo
     import uvicorn
 
     from cupyglm.checkpoint.loader import open_model
-    from cupyglm.dist.watchdog import Watchdog
+    from cupyglm.distributed.watchdog import Watchdog
     from cupyglm.engine.sampling import SamplingParams
     from cupyglm.server.app import ServerState, create_app, model_info
     from cupyglm.server.bridge import EngineBridge
@@ -260,7 +260,7 @@ async def _serve_rank0(world, link, st, sock, args, port, served_id, key, max_bo
     server_box["server"] = server
     bridge.start(factory, on_ready)
 
-    from cupyglm.dist.failure import request_stop, stop_requested, stop_signal_name
+    from cupyglm.distributed.failure import request_stop, stop_requested, stop_signal_name
 
     async def watch_stop() -> int:
         # run_rank_main's handlers stay installed (the server class keeps them): the first signal sets the flag
@@ -295,7 +295,7 @@ def _stop_every_rank(bridge, wd, link) -> None:
     """Stop the engine thread (its stop message reaches every rank) and wait for every rank to confirm; a rank that
     does not within STOP_CONFIRM_S ends the job (MPI Abort), saying which. A step that is still running is
     bounded by the watchdog, unless a rank is already silent: then the job ends at once."""
-    from cupyglm.dist.watchdog import HEARTBEAT_S, STOP_CONFIRM_S
+    from cupyglm.distributed.watchdog import HEARTBEAT_S, STOP_CONFIRM_S
 
     bridge.stop(timeout=STOP_CONFIRM_S)
     if bridge.thread_alive:
@@ -328,7 +328,7 @@ def _server_class():
 
 
 def main(argv: list[str] | None = None) -> int:
-    from cupyglm.dist.failure import run_rank_main
+    from cupyglm.distributed.failure import run_rank_main
 
     # flags are parsed inside the wrapper: a typo on one rank must bring every rank down, not hang them
     return run_rank_main(lambda: serve(build_parser().parse_args(argv)))

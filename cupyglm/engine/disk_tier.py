@@ -19,7 +19,7 @@ import itertools
 
 import numpy as np
 
-from cupyglm.dist import step as stepmod
+from cupyglm.distributed import step as stepmod
 from cupyglm.engine.radix import RadixTree
 from cupyglm.kv import disk_file as df
 

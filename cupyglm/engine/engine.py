@@ -1,7 +1,7 @@
 """The engine: rank 0's scheduling loop and every rank's lockstep execution of the same step.
 
 Each `step()` on rank 0: admit and schedule (`Scheduler.schedule`, which leases the step's pages), encode the
-plan as a versioned step message (`cupyglm.dist.step`: new requests' prompts and sampling parameters once,
+plan as a versioned step message (`cupyglm.distributed.step`: new requests' prompts and sampling parameters once,
 row groups after, with the sampled token of each decode row; finished and aborted requests as `cancelled`),
 broadcast it, run it, sample on rank 0 (every row of the step in one `ops.sample` call: on the
 device on cuda, the kernel on sim), then `Scheduler.update` and detokenize (stop strings, on rank 0).
@@ -36,7 +36,7 @@ import zlib
 
 import numpy as np
 
-from cupyglm.dist import step as stepmod
+from cupyglm.distributed import step as stepmod
 from cupyglm.engine import disk_tier, prompt_logprobs
 from cupyglm.engine.config import EngineConfig
 from cupyglm.engine.draft import Pricer
@@ -107,7 +107,7 @@ class Engine:
         self._stopped = False
         self.steps = 0
         self.done_step = -1          # the last step message this rank finished (read by its heartbeat thread)
-        self.watch = None            # rank 0: step_started(step, rows) / step_done() (cupyglm.dist.watchdog)
+        self.watch = None            # rank 0: step_started(step, rows) / step_done() (cupyglm.distributed.watchdog)
 
     # ---- rank 0 API --------------------------------------------------------------------------------------------
     def _root(self, what: str) -> None:

@@ -45,7 +45,7 @@ class LLM:
         build the engine. `prefill_chunk`: prompt tokens per step (a multiple of the keep grid; 0 = default)."""
         from cupyglm.backend import resolve
         from cupyglm.checkpoint.loader import open_model
-        from cupyglm.dist import world as world_mod
+        from cupyglm.distributed import world as world_mod
         from cupyglm.engine.build import build, log_line
         from cupyglm.settings import Settings
 

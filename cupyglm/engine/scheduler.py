@@ -73,7 +73,7 @@ class StepPlan:
     drops: tuple[int, ...] = ()                        # kept entries evicted after the step runs
     keeps: tuple[tuple[int, int, int], ...] = ()      # (request, new kept entry, length) after the drops
     evicts: tuple[int, ...] = ()                       # kept entries evicted before the restores and leases
-    disk: object = None                                # the disk section (cupyglm.dist.step.DiskOps) or None
+    disk: object = None                                # the disk section (cupyglm.distributed.step.DiskOps) or None
 
     @property
     def empty(self) -> bool:

@@ -80,7 +80,7 @@ def _layer(spec: ArraySpec) -> int:
 
 def shared_latent(shared, specs, storage, poison: bool, cpu: bool):
     """CUPYGLM_KV_HOST_SHARED=1: every layer's host rows in one /dev/shm segment that the ranks of this host
-    map (`shared(nbytes)` is World.shared_segment: its name is gone once it is made, dist/shm.py). Every rank
+    map (`shared(nbytes)` is World.shared_segment: its name is gone once it is made, distributed/shm.py). Every rank
     writes the same (bit-identical) rows; the module docstring says why no rank reads a page another reused."""
     sizes = [s.nbytes(storage) for s in specs]
     seg = shared(sum(sizes))

@@ -12,7 +12,7 @@ import numpy as np
 
 from cupyglm.checkpoint.names import TEXT_PREFIX
 from cupyglm.config import ModelConfig
-from cupyglm.dist.comm import summed
+from cupyglm.distributed.comm import summed
 from cupyglm.kv.state import SeqState
 from cupyglm.kv.store import KVStore
 from cupyglm.model.batch import Weights, decode_rows, segments

@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from cupyglm.config import ModelConfig
-from cupyglm.dist.comm import summed
+from cupyglm.distributed.comm import summed
 from cupyglm.model.batch import Segment, Weights, decode_rows
 from cupyglm.model.dsa import DSALayer
 from cupyglm.model.moe import MoE

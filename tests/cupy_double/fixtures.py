@@ -36,7 +36,7 @@ def cuda_ops(cuda_double_module):
 
 def graph_runner(ckpt, ops, graphs: bool):
     """A one-rank ModelRunner (64 pages of 16 tokens, poisoned pages) replaying decode calls as graphs or eager."""
-    from cupyglm.dist.comm import LocalComm
+    from cupyglm.distributed.comm import LocalComm
     from cupyglm.engine.runner import ModelRunner
 
     return ModelRunner(ckpt, ops, LocalComm(), 64, 16, poison=True, graphs=graphs)

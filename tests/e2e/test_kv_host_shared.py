@@ -1,7 +1,7 @@
 """Shared host KV rows (CUPYGLM_KV_HOST_SHARED=1) under SIGKILL, with real `mpirun -n 2` numpy servers: a rank
 killed at startup while its host's ranks map the /dev/shm file (held there by the test-only pause
 CUPYGLM_TEST_SHM_PAUSE), or killed mid-generation, leaves no `cupyglm-<token>-*` file, and the other rank is gone
-too (the launcher ends the job; nothing hangs). During the pause the name is already gone (dist/shm.py)."""
+too (the launcher ends the job; nothing hangs). During the pause the name is already gone (distributed/shm.py)."""
 from __future__ import annotations
 
 import os
@@ -13,7 +13,7 @@ import time
 import httpx
 import pytest
 
-from cupyglm.dist.shm import shm_dir
+from cupyglm.distributed.shm import shm_dir
 
 pytestmark = pytest.mark.mpi
 

@@ -12,7 +12,7 @@ import pytest
 
 from cupy_double.fixtures import cuda_double_module  # noqa: F401
 from cupyglm.backend.numpy_ops import NumpyOps
-from cupyglm.dist.comm import LocalComm
+from cupyglm.distributed.comm import LocalComm
 from cupyglm.engine.config import EngineConfig
 from cupyglm.engine.engine import Engine
 from cupyglm.engine.runner import ModelRunner

@@ -15,7 +15,7 @@ import numpy as np
 
 import cupy_double
 from cupy_double.fixtures import cuda_double_module, cuda_ops, graph_runner as _runner  # noqa: F401
-from cupyglm.dist.comm import LocalComm
+from cupyglm.distributed.comm import LocalComm
 from cupyglm.engine.runner import ModelRunner
 from cupyglm.kv.copy_hooks import address_of
 from cupyglm.model.batch import segments

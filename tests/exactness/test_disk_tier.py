@@ -9,7 +9,7 @@ import pytest
 
 from cupyglm.backend.arithmetic import identity
 from cupyglm.backend.numpy_ops import NumpyOps
-from cupyglm.dist.comm import LocalComm
+from cupyglm.distributed.comm import LocalComm
 from cupyglm.engine.config import EngineConfig
 from cupyglm.engine.disk_tier import MISS_DISK, agree_index, planner_from
 from cupyglm.engine.engine import Engine

@@ -11,7 +11,7 @@ import pytest
 
 from cupy_double.fixtures import cuda_double_module  # noqa: F401
 import cupy_double
-from cupyglm.dist.comm import LocalComm
+from cupyglm.distributed.comm import LocalComm
 from cupyglm.engine.runner import ModelRunner
 from cupyglm.model.glm import SeqInput
 

@@ -16,7 +16,7 @@ import pytest
 
 import cupy_double
 from cupy_double.fixtures import cuda_double_module  # noqa: F401
-from cupyglm.dist.comm import LocalComm
+from cupyglm.distributed.comm import LocalComm
 from cupyglm.engine.config import EngineConfig
 from cupyglm.engine.engine import Engine
 from cupyglm.engine.runner import ModelRunner

@@ -8,7 +8,7 @@ import numpy as np
 
 from cupyglm.backend.numpy_ops import NumpyOps
 from cupyglm.backend.sim_ops import SimOps
-from cupyglm.dist.comm import LocalComm
+from cupyglm.distributed.comm import LocalComm
 from cupyglm.engine.config import EngineConfig
 from cupyglm.engine.engine import Engine
 from cupyglm.engine.runner import ModelRunner

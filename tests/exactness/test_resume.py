@@ -3,7 +3,7 @@ restores, cached_tokens and miss reasons, salts, and eviction within the budget 
 from __future__ import annotations
 
 from cupyglm.backend.numpy_ops import NumpyOps
-from cupyglm.dist.comm import LocalComm
+from cupyglm.distributed.comm import LocalComm
 from cupyglm.engine.config import EngineConfig
 from cupyglm.engine.engine import Engine
 from cupyglm.engine.prompt_cache import MISS_EVICTED, MISS_NONE, MISS_OFF, MISS_SALT

@@ -81,7 +81,7 @@ def test_refused_combinations_and_bad_grammars(tiny_ckpt):
 
 def test_sim_engine_masks_like_numpy(tiny_ckpt):
     from cupyglm.backend.sim_ops import SimOps
-    from cupyglm.dist.comm import LocalComm
+    from cupyglm.distributed.comm import LocalComm
     from cupyglm.engine.config import EngineConfig
     from cupyglm.engine.engine import Engine
     from cupyglm.engine.runner import ModelRunner

@@ -47,7 +47,7 @@ def test_sim_write_rows_mutates_the_callers_store_and_views_are_accepted():
 def test_tiny_model_on_sim_with_the_framework_kernels_equals_numpy(tiny_ckpt):
     """Only the framework's ops on the emulator (others' in-progress kernels reverted to NumPy): tokens and
     logits bit-identical to the numpy backend."""
-    from cupyglm.dist.comm import LocalComm
+    from cupyglm.distributed.comm import LocalComm
     from cupyglm.engine.runner import ModelRunner
     from cupyglm.model.glm import SeqInput
 

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from procjob import MPIRUN, Job, job_env
 
-SELFCHECK = [sys.executable, "-m", "cupyglm.dist.selfcheck", "--backend", "numpy"]
+SELFCHECK = [sys.executable, "-m", "cupyglm.distributed.selfcheck", "--backend", "numpy"]
 
 
 @pytest.fixture(scope="session")

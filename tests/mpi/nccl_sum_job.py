@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from cupyglm.backend.lanes import bf16, from_bits, to_bits
-from cupyglm.dist.comm import NcclComm, ordered_sum
+from cupyglm.distributed.comm import NcclComm, ordered_sum
 
 # rank r's planted partial: large terms that cancel, so another order of the ranks gives other bits
 PLANT = (1e8, 1.0, -1e8, 1.0, 3e-3, -7.5)

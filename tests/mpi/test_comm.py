@@ -1,4 +1,4 @@
-"""In-process checks of the dist layer (no mpirun): rank-order sums, the single-rank world, run_rank_main."""
+"""In-process checks of the distributed layer (no mpirun): rank-order sums, the single-rank world, run_rank_main."""
 from __future__ import annotations
 
 import os
@@ -9,7 +9,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from cupyglm.dist.comm import LocalComm, MpiComm, ordered_sum
+from cupyglm.distributed.comm import LocalComm, MpiComm, ordered_sum
 
 from procjob import REPO, job_env
 
@@ -69,7 +69,7 @@ def test_mpi_comm_sums_in_rank_order_and_concats():
 
 def test_single_rank_world_does_not_import_mpi4py():
     code = ("import sys\n"
-            "from cupyglm.dist.world import start\n"
+            "from cupyglm.distributed.world import start\n"
             "from cupyglm.settings import Settings\n"
             "w = start(Settings(backend='numpy'))\n"
             "assert (w.rank, w.size, w.local_rank, w.backend) == (0, 1, 0, 'numpy'), w\n"
@@ -85,7 +85,7 @@ def test_single_rank_world_does_not_import_mpi4py():
 
 def _run_main(body: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     code = ("import sys\n"
-            "from cupyglm.dist.failure import run_rank_main\n"
+            "from cupyglm.distributed.failure import run_rank_main\n"
             "from cupyglm.settings import Settings, SettingsError\n"
             f"def main():\n{body}\n"
             "sys.exit(run_rank_main(main))\n")
@@ -111,7 +111,7 @@ def test_run_rank_main_single_process():
 
 def test_run_rank_main_signal_sets_stop_flag():
     body = ("    import os, signal, time\n"
-            "    from cupyglm.dist.failure import stop_requested\n"
+            "    from cupyglm.distributed.failure import stop_requested\n"
             "    os.kill(os.getpid(), signal.SIGTERM)\n"
             "    t = time.monotonic()\n"
             "    while not stop_requested() and time.monotonic() - t < 5: time.sleep(0.01)\n"
@@ -126,7 +126,7 @@ def test_nccl_comm_single_rank():  # pragma: no cover - GPU machines only
 
     import cupy as cp
 
-    from cupyglm.dist.comm import NcclComm
+    from cupyglm.distributed.comm import NcclComm
 
     c = NcclComm(MPI.COMM_WORLD, 0)
     x = cp.arange(8, dtype=cp.float32)

@@ -8,7 +8,7 @@ import time
 
 from procjob import REPO
 
-from cupyglm.dist import idle
+from cupyglm.distributed import idle
 
 from .helpers import run_job
 

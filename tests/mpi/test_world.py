@@ -1,4 +1,4 @@
-"""Real `mpirun` jobs of the dist selfcheck: digests, the settings handshake, failure and shutdown."""
+"""Real `mpirun` jobs of the distributed selfcheck: digests, the settings handshake, failure and shutdown."""
 from __future__ import annotations
 
 import json
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from cupyglm.dist.shm import shm_dir
+from cupyglm.distributed.shm import shm_dir
 
 from .helpers import SELFCHECK, run_job
 
@@ -236,7 +236,7 @@ def test_usage_error_on_one_rank_ends_the_job(launch):
 
 # A rank of a build with another ARITHMETIC (its reduction orders or roundings changed): its bits would differ.
 OTHER_ARITHMETIC = ("import sys; from cupyglm.backend import arithmetic; arithmetic.ARITHMETIC += 1; "
-                    "from cupyglm.dist.selfcheck import main; sys.exit(main(sys.argv[1:]))")
+                    "from cupyglm.distributed.selfcheck import main; sys.exit(main(sys.argv[1:]))")
 
 
 @pytest.mark.timeout(60)

@@ -5,8 +5,8 @@ import numpy as np
 
 from cupyglm.backend.numpy_ops import NumpyOps
 from cupyglm.checkpoint.loader import open_model
-from cupyglm.dist.failure import run_rank_main
-from cupyglm.dist.world import start
+from cupyglm.distributed.failure import run_rank_main
+from cupyglm.distributed.world import start
 from cupyglm.engine.runner import ModelRunner
 from cupyglm.model.glm import SeqInput
 from cupyglm.settings import Settings

@@ -43,7 +43,7 @@ def test_the_model_reads_each_tensor_once_through_read_shard(tiny_ckpt, monkeypa
     """Building a rank's model streams its weights: one read_shard per text tensor, none of the vision tower,
     and no call to the full-tensor accessor outside read_shard."""
     from cupyglm.backend.numpy_ops import NumpyOps
-    from cupyglm.dist.comm import LocalComm
+    from cupyglm.distributed.comm import LocalComm
     from cupyglm.kv.store import KVStore
     from cupyglm.model.glm import GLMModel
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from cupyglm.backend.numpy_ops import NumpyOps
-from cupyglm.dist.comm import LocalComm
+from cupyglm.distributed.comm import LocalComm
 from cupyglm.kv.store import KVStore
 from cupyglm.model.glm import GLMModel, SeqInput
 from cupyglm.model.moe import MLP

@@ -1,10 +1,10 @@
-"""The device a rank uses (cupyglm/dist/devices.py), through the CuPy double's visible devices."""
+"""The device a rank uses (cupyglm/distributed/devices.py), through the CuPy double's visible devices."""
 from __future__ import annotations
 
 import pytest
 
 from cupy_double.fixtures import cuda_double  # noqa: F401
-from cupyglm.dist.devices import DeviceError, pick_device
+from cupyglm.distributed.devices import DeviceError, pick_device
 
 
 class FakeLocal:

@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from cupyglm.dist.step import DISK_CLEAR, DISK_SYNC, DiskOps, StepMessage, decode, encode
+from cupyglm.distributed.step import DISK_CLEAR, DISK_SYNC, DiskOps, StepMessage, decode, encode
 from cupyglm.engine.disk_tier import DiskIndex
 from cupyglm.kv import disk_file as df
 
@@ -121,7 +121,7 @@ def test_checkpoint_identity_hashes_the_quant_config(tiny_dir, tmp_path):
 
 
 def test_disk_settings_are_checked_and_the_directory_is_not_compared():
-    from cupyglm.dist.fingerprint import fingerprint
+    from cupyglm.distributed.fingerprint import fingerprint
     from cupyglm.settings import Settings, SettingsError
 
     with pytest.raises(SettingsError, match="--prompt-cache-dir needs --prompt-cache-gib > 0"):

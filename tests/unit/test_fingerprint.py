@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from cupyglm.dist import fingerprint as fp
+from cupyglm.distributed import fingerprint as fp
 from cupyglm.settings import SOURCES, Settings, SettingsError
 
 

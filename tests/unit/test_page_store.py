@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from cupyglm.dist.step import StepMessage
+from cupyglm.distributed.step import StepMessage
 from cupyglm.engine.config import EngineConfig
 from cupyglm.engine.page_evict import WHY, evict_for
 from cupyglm.engine.prompt_cache import PromptCache

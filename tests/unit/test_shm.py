@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 
 from cupyglm.cli import cleanup_shm
-from cupyglm.dist import shm
-from cupyglm.dist.shm import HEADER_SIZE, SharedSegment, ShmError, new_token, open_local, read_header
+from cupyglm.distributed import shm
+from cupyglm.distributed.shm import HEADER_SIZE, SharedSegment, ShmError, new_token, open_local, read_header
 
 
 @pytest.fixture
@@ -221,7 +221,7 @@ def test_mpich_segments_stale_only_when_no_live_process_maps_them(shm_tmp):
     import mmap
     import secrets
 
-    from cupyglm.dist import mpich_shm
+    from cupyglm.distributed import mpich_shm
 
     old = time.time() - 3600
     dead = shm_tmp / f"mpich_shm_{secrets.token_hex(4)}_0"

@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cupyglm.dist import step
-from cupyglm.dist.step import (Mirror, NewRequest, Sampling, ScheduleEntry, StepFormatError, StepMessage,
+from cupyglm.distributed import step
+from cupyglm.distributed.step import (Mirror, NewRequest, Sampling, ScheduleEntry, StepFormatError, StepMessage,
                                StepVersionError, decode, encode)
 
 u32 = st.integers(0, 2**32 - 1)

@@ -8,7 +8,7 @@ import pytest
 from cupyglm.backend.lanes import BF16, bf16
 from cupyglm.checkpoint.names import TEXT_PREFIX
 from cupyglm.backend.numpy_ops import NumpyOps
-from cupyglm.dist.comm import LocalComm
+from cupyglm.distributed.comm import LocalComm
 from cupyglm.engine.runner import ModelRunner
 from cupyglm.model.glm import SeqInput
 

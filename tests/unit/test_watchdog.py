@@ -1,9 +1,9 @@
-"""The liveness watchdog's decisions (cupyglm.dist.watchdog), on a fake clock and without MPI."""
+"""The liveness watchdog's decisions (cupyglm.distributed.watchdog), on a fake clock and without MPI."""
 from __future__ import annotations
 
 import pytest
 
-from cupyglm.dist import watchdog as wdm
+from cupyglm.distributed import watchdog as wdm
 
 
 class Clock:

@@ -1,4 +1,4 @@
-"""`python -m cupyglm.dist.selfcheck [shared flags]`: a rank program that exercises the dist layer.
+"""`python -m cupyglm.distributed.selfcheck [shared flags]`: a rank program that exercises the dist layer.
 
 It starts the world (handshake), refuses unavailable settings, maps a shared segment, checks the rank-order
 all-reduce against a local replay, broadcasts step messages, and prints a digest every rank must agree on.
@@ -15,10 +15,10 @@ import time
 import ml_dtypes
 import numpy as np
 
-from cupyglm.dist import step as stepmod
-from cupyglm.dist.comm import ordered_sum
-from cupyglm.dist.failure import run_rank_main, stop_requested
-from cupyglm.dist.world import start
+from cupyglm.distributed import step as stepmod
+from cupyglm.distributed.comm import ordered_sum
+from cupyglm.distributed.failure import run_rank_main, stop_requested
+from cupyglm.distributed.world import start
 from cupyglm.settings import Settings, add_arguments
 
 
@@ -29,7 +29,7 @@ def _partial(seed: int, rank: int, n: int) -> np.ndarray:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m cupyglm.dist.selfcheck")
+    parser = argparse.ArgumentParser(prog="python -m cupyglm.distributed.selfcheck")
     add_arguments(parser)
     parser.add_argument("--elements", type=int, default=4096)
     parser.add_argument("--shm-bytes", type=int, default=1 << 16)

@@ -17,7 +17,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from cupyglm.backend.lanes import rank_sum
-from cupyglm.dist import idle
+from cupyglm.distributed import idle
 from cupyglm.kernels import ops_rank_sum
 from cupyglm.kernels.ops import Kernels
 
@@ -97,7 +97,7 @@ class MpiComm:
         if self.rank == 0 and b is None:
             raise ValueError("bcast_bytes: rank 0 must pass the bytes")
         # the length travels by a nonblocking broadcast on every rank (nonblocking and blocking collectives do
-        # not match): a rank waiting for the next message naps instead of busy-polling (cupyglm.dist.idle)
+        # not match): a rank waiting for the next message naps instead of busy-polling (cupyglm.distributed.idle)
         req = self.mpi.Ibcast(n, root=0)
         if self.rank == 0:
             req.Wait()

@@ -11,10 +11,10 @@ import time
 from typing import Any
 
 from cupyglm import env
-from cupyglm.dist import fingerprint as fpmod
-from cupyglm.dist import mpich_shm
-from cupyglm.dist.comm import Comm, LocalComm, MpiComm
-from cupyglm.dist.shm import SharedSegment, new_token, open_local
+from cupyglm.distributed import fingerprint as fpmod
+from cupyglm.distributed import mpich_shm
+from cupyglm.distributed.comm import Comm, LocalComm, MpiComm
+from cupyglm.distributed.shm import SharedSegment, new_token, open_local
 from cupyglm.settings import Settings, SettingsError
 
 _STATE = {"handshake_done": False}
@@ -36,7 +36,7 @@ class World:
     mpi: Any = None                 # mpi4py COMM_WORLD, None in a single-rank world
     local_mpi: Any = None           # mpi4py node-local communicator, None in a single-rank world
     host_comm: Comm | None = None   # MpiComm/LocalComm for host arrays and bytes, whatever the backend
-    device: int = 0                 # this rank's CUDA device among those it sees (dist/devices.py); 0 off cuda
+    device: int = 0                 # this rank's CUDA device among those it sees (distributed/devices.py); 0 off cuda
 
     @property
     def is_root(self) -> bool:
@@ -122,7 +122,7 @@ def start(settings: Settings, *, backend: str | None = None) -> World:
     comm: Comm = host if world.Get_size() > 1 else LocalComm()
     device = 0
     if resolved == "cuda":
-        from cupyglm.dist.devices import DeviceError, pick_device
+        from cupyglm.distributed.devices import DeviceError, pick_device
 
         try:
             device, error = pick_device(local.Get_rank(), local.Get_size(), local), None
@@ -132,7 +132,7 @@ def start(settings: Settings, *, backend: str | None = None) -> World:
         if errors:
             raise SettingsError(f"REFUSE devices: {errors[0]}", agreed=True)
         if world.Get_size() > 1:
-            from cupyglm.dist.comm import NcclComm
+            from cupyglm.distributed.comm import NcclComm
 
             comm = NcclComm(world, device)
         else:

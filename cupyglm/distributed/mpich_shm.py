@@ -19,7 +19,7 @@ import re
 import time
 from pathlib import Path
 
-from cupyglm.dist.shm import Verdict
+from cupyglm.distributed.shm import Verdict
 
 NAME = re.compile(r"^mpich_shm_[0-9a-f]+_\d+$")
 _MAPPED = re.compile(r"\s(/dev/shm/mpich_shm_[0-9a-f]+_\d+)(?: \(deleted\))?$", re.M)

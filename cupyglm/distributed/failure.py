@@ -66,7 +66,7 @@ def _abort_now(signum: int) -> None:
 
 def abort(comm: Any, code: int) -> None:
     """End the whole job (MPI Abort), first unlinking MPICH's segments this rank maps: no Finalize will."""
-    from cupyglm.dist import mpich_shm
+    from cupyglm.distributed import mpich_shm
 
     mpich_shm.unlink_mapped()
     comm.Abort(code)
@@ -150,7 +150,7 @@ def run_rank_main(fn: Callable[[], Any], *, signals: bool = True) -> int:
         result = fn()
         return result if isinstance(result, int) else 0
     except SettingsError as e:
-        from cupyglm.dist import world
+        from cupyglm.distributed import world
 
         if _debug():
             traceback.print_exc()

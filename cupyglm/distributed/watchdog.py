@@ -64,7 +64,7 @@ class Link:
 
     def abort(self, code: int = 1) -> None:
         if self.comm is not None:
-            from cupyglm.dist.failure import abort
+            from cupyglm.distributed.failure import abort
 
             abort(self.comm, code)
         os._exit(code)
