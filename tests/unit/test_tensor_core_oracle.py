@@ -120,8 +120,7 @@ def test_blocks_and_tiles_equal_the_oracle(arch):
         g = model.group
         got = tc.block_fma(pa[..., :g], pb[..., :g], pc, model)
         assert _same(got, tc_oracle.block_fma(pa[..., :g], pb[..., :g], pc, model)) == 0, name
-        tile_a, tile_b, tile_c = bf16(a[:16, :16] if M >= 16 else np.resize(a, (16, 16))), bf16(b[:16, :8]), c[:1, :8]
-        tile_c = np.broadcast_to(tile_c, (16, 8))
+        tile_a, tile_b, tile_c = bf16(np.resize(a, (16, 16))), bf16(b[:16, :8]), np.resize(c, (16, 8))
         got = tc.mma_m16n8k16(tile_a, tile_b, tile_c, arch=arch)
         assert _same(got, tc_oracle.mma_m16n8k16(tile_a, tile_b, tile_c, arch=arch)) == 0, name
 
