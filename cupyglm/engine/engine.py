@@ -1,7 +1,7 @@
 """The engine: rank 0's scheduling loop and every rank's lockstep execution of the same step.
 
 Each `step()` on rank 0: admit and schedule (`Scheduler.schedule`, which leases the step's pages), encode the
-plan as a versioned step message (`cupyglm.distributed.step`: new requests' prompts and sampling parameters once,
+plan as a versioned step message (`cupyglm.engine.ops`: new requests' prompts and sampling parameters once,
 row groups after, with the sampled token of each decode row; finished and aborted requests as `cancelled`),
 broadcast it, run it, sample on rank 0 (every row of the step in one `ops.sample` call: on the
 device on cuda, the kernel on sim), then `Scheduler.update` and detokenize (stop strings, on rank 0).
