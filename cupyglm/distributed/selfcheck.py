@@ -74,13 +74,9 @@ def main(argv: list[str] | None = None) -> int:
         if gathered.ravel().tolist() != list(range(size)):
             raise RuntimeError(f"allgather gave {gathered.ravel().tolist()}")
 
-        mirror = stepmod.Mirror()
-        first = stepmod.StepMessage(step=0, new=(stepmod.NewRequest(7, tuple(range(10)), stepmod.Sampling(
-            temperature=0.7, top_k=20, seed=settings.seed, max_tokens=32, stop_token_ids=(2,))),),
-            schedule=(stepmod.ScheduleEntry(7, 0, 10),))
+        first = stepmod.Frame(step=0, records=((1, bytes(range(10))), (7, settings.seed.to_bytes(8, "little"))))
         blob = comm.bcast_bytes(stepmod.encode(first) if rank == 0 else None)
         msg = stepmod.decode(blob)
-        mirror.apply(msg)
         if msg != first:
             raise RuntimeError("step message differs after broadcast")
         h.update(blob)
@@ -96,10 +92,10 @@ def main(argv: list[str] | None = None) -> int:
                 out = None
                 if rank == 0:
                     done = stop_requested() or time.monotonic() - t0 > ns.loop_seconds
-                    out = stepmod.encode(stepmod.StepMessage(
-                        step=steps, schedule=(stepmod.ScheduleEntry(7, 10 + steps, 1),), stop=done))
+                    out = stepmod.encode(stepmod.Frame(step=steps, stop=done, records=((7, bytes(4)),)))
                 msg = stepmod.decode(comm.bcast_bytes(out))
-                mirror.apply(msg)
+                if msg.step != steps:
+                    raise RuntimeError(f"step {msg.step} after step {steps - 1}: the ranks are out of step")
                 if msg.stop:
                     break
                 if ns.fail_rank in (rank, -2) and time.monotonic() - t0 >= ns.fail_after:
