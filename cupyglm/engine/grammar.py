@@ -2,8 +2,8 @@
 worker thread while the step's model call runs, applied to the step's fp32 logits rows (op mask_tokens), and the
 sampled token consumed after the draw.
 
-Where: the sampler runs on rank 0 only (Engine._sample), so the matchers and the masks live on rank 0; the step
-message is unchanged and the other ranks never see a grammar.
+Where: the sampler runs on rank 0 only (engine/step_sample.py), so the matchers (each in its request's record,
+engine/record.py) and the masks live on rank 0; the step message is unchanged and the other ranks never see a grammar.
 
 A step: `start` (after the schedule, before the broadcast) hands the masks of the rows that will be sampled to
 the worker thread (llguidance drops the GIL while it computes); the model call runs; `apply` waits for the masks
