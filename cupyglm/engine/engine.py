@@ -22,33 +22,31 @@ MTP drafts (`cupyglm.engine.verify`): a verify group carries its one token; ever
 samples every row (`cupyglm.engine.step_sample`), and the next message settles each verified request at its next
 row group's start (before anything else of that step leases or runs).
 
+Requests on rank 0 (`cupyglm.engine.frontend`): one record a request from `add_request` to its one end, whatever
+ends it (finished, aborted, refused, failed); the engine hands each step's sampled tokens to the front end.
+
 Thread safety: `add_request`, `abort`, `has_work` and the page counts may be called from any thread; `step` from one
 thread at a time. An abort that arrives while a step runs is applied when the step's model call returns (its token
 is dropped); otherwise its pages go back at once.
 """
 from __future__ import annotations
 
-import itertools
 import threading
 
 from cupyglm.engine import disk_tier, prompt_logprobs
 from cupyglm.engine.config import EngineConfig
 from cupyglm.engine.draft import Pricer
-from cupyglm.engine.grammar import Guides
+from cupyglm.engine.frontend import Frontend
 from cupyglm.engine.ops.codec import decode, encode
-from cupyglm.engine.outputs import step_outputs
 from cupyglm.engine.prompt_cache import PromptCache
-from cupyglm.engine.request import EngineError, Request, RequestOutput
-from cupyglm.engine.sampling import FINISH_ABORT, SamplingParams
+from cupyglm.engine.request import EngineError, RequestOutput
+from cupyglm.engine.sampling import SamplingParams
 from cupyglm.engine.step_sample import plain_rows, sample_step, sampled_rows
-from cupyglm.engine.text import RequestText
 from cupyglm.engine.step_message import assemble, from_plan
 from cupyglm.engine.worker import Worker
+from cupyglm.engine.scheduler import Scheduler, StepPlan
 from cupyglm.kv.page_store import PageStore, stop_line
 from cupyglm.kv.pool import PagePool
-from cupyglm.engine.scheduler import Scheduler, StepPlan
-
-FINISH_ERROR = "error"          # rank 0 refused a running request (RequestOutput.error names why)
 
 
 class Engine:
@@ -73,16 +71,10 @@ class Engine:
         self.kv_host_stats: dict | None = None     # the row cache's totals (KV rows in host memory), rank 0
         self._lock = threading.RLock()
         self._in_step = False
-        self._pending_aborts: list[int] = []
-        self._ready: list[RequestOutput] = []          # abort outputs waiting for the next step()
-        self._texts: dict[int, RequestText] = {}
-        self._logprobs: dict[int, tuple] = {}             # this step's (logprob, top) per request that asked
-        self._prompt_lp: dict[int, list] = {}             # prompt logprobs gathered until the first token
         vocab = cfg.vocab_size or runner.cfg.vocab_size
-        self.guides = Guides(tokenizer, vocab, cfg.eos_token_ids) if self.rank == 0 else None   # structured output
+        self.front = Frontend(self.scheduler, cfg, tokenizer, vocab) if self.rank == 0 else None   # rank 0's requests
+        self.guides = self.front.guides if self.front else None    # structured output (the server prepares guides)
         self._masks = None                                # this step's grammar masks, being computed
-        self._ids = itertools.count()
-        self._seeds = itertools.count()
         self._stopped = False
         self.steps = 0
         self.done_step = -1          # the last step message this rank finished (read by its heartbeat thread)
@@ -117,56 +109,18 @@ class Engine:
         """Queue a request; returns its id. Raises QueueFull, RequestTooLong (before it takes a page) or
         ValueError (bad ids) at once. `cache_salt`: kept prompt states are shared only under the same salt."""
         self._root("add_request")
-        params = params or SamplingParams()
-        prompt = tuple(int(t) for t in prompt_ids)
-        vocab = self.cfg.vocab_size
-        if vocab and any(not 0 <= t < vocab for t in prompt):
-            bad = next(t for t in prompt if not 0 <= t < vocab)
-            raise ValueError(f"prompt token id {bad} is outside the vocabulary (0..{vocab - 1})")
-        if params.stop and self.tokenizer is None:
-            raise ValueError("stop strings need a tokenizer")
         with self._lock:
-            if request_id is None:
-                request_id = next(self._ids)
-                while request_id in self.scheduler.requests:
-                    request_id = next(self._ids)
-            elif not 0 <= int(request_id) < 2**64:
-                raise ValueError(f"request_id must be in 0..2**64-1, got {request_id}")
-            max_tokens = self.scheduler.resolve_max_tokens(len(prompt), params.max_tokens)
-            seed = params.seed if params.seed is not None else None
-            req = Request(int(request_id), prompt, params, 0, max_tokens, salt=cache_salt or "")
-            matcher = None if params.guide is None else self.guides.compile(params.guide)   # ValueError first
-            self.scheduler.add(req)                       # QueueFull / duplicate id raise before a seed is used
-            if matcher is not None:
-                self.guides.put(req.id, matcher)
-            req.seed = seed if seed is not None else (self.cfg.seed + next(self._seeds)) % 2**64
-            self._texts[req.id] = RequestText(self.tokenizer, params)
-            return req.id
+            return self.front.add(prompt_ids, params, request_id, cache_salt)
 
     def abort(self, request_id: int) -> bool:
         """Cancel a request; False when it is not waiting or running."""
         self._root("abort")
         with self._lock:
-            if request_id not in self.scheduler.requests:
-                return False
-            if self._in_step:
-                self._pending_aborts.append(request_id)
-            else:
-                self._abort_now(request_id)
-            return True
-
-    def _abort_now(self, request_id: int) -> None:
-        r = self.scheduler.abort(request_id)
-        if r is not None:
-            self._texts.pop(r.id, None)
-            self.guides.drop(r.id)
-            self._prompt_lp.pop(r.id, None)
-            self._ready.append(RequestOutput(r.id, [], "", True, FINISH_ABORT, r.prompt_len, len(r.output),
-                                             r.cached, None if r.cached else r.miss_reason))
+            return self.front.abort(request_id, later=self._in_step)
 
     def has_work(self) -> bool:
         with self._lock:
-            return bool(self.scheduler and self.scheduler.has_work()) or bool(self._ready or self._pending_aborts)
+            return bool(self.scheduler and self.scheduler.has_work()) or bool(self.front and self.front.has_ready())
 
     @property
     def _pool(self) -> PagePool:
@@ -210,11 +164,9 @@ class Engine:
         """One lockstep step; the outputs (deltas) of the requests it advanced or ended."""
         self._root("step")
         with self._lock:
-            for rid in self._pending_aborts:
-                self._abort_now(rid)
-            self._pending_aborts.clear()
+            self.front.run_aborts()
             plan = self.scheduler.schedule()
-            ready, self._ready = self._ready, []
+            ready = self.front.take_ready()
             if plan.empty:
                 return ready
             msg = from_plan(plan, self.scheduler.requests, self._verifying)
@@ -233,12 +185,13 @@ class Engine:
             outs = result.outs
             if self.scheduler.disk is not None:
                 self.scheduler.disk.resolved(result.disk)      # the ranks' agreed loads
-            for rid, got in prompt_logprobs.collect(self.ops, plan.groups, outs, reqs).items():
-                self._prompt_lp.setdefault(rid, []).extend(got)
+            with self._lock:
+                self.front.add_prompt_logprobs(prompt_logprobs.collect(self.ops, plan.groups, outs, reqs))
             masks, self._masks = self._masks, None
-            sampled, self._logprobs, failed = sample_step(self.ops, self.cfg, plan, outs, reqs, self.verifier.pending,
-                                                          self.guides, masks, plain)
-            self._pending_aborts += failed             # a failed grammar ends its request "abort"
+            sampled, logprobs, failed = sample_step(self.ops, self.cfg, plan, outs, reqs, self.verifier.pending,
+                                                    self.guides, masks, plain)
+            with self._lock:
+                self.front.fail(failed)                # a failed grammar ends its request "abort"
             refused = self._host_refused(plan)
             for rid in refused:
                 sampled.pop(rid, None)
@@ -248,23 +201,7 @@ class Engine:
             if self.watch is not None:
                 self.watch.step_done()
         with self._lock:
-            for rid in self._pending_aborts:
-                self._abort_now(rid)
-            self._pending_aborts.clear()
-            for rid, why in refused.items():
-                r = self.scheduler.finish(rid, FINISH_ERROR)
-                if r is not None:
-                    self._texts.pop(rid, None)
-                    self.guides.drop(rid)
-                    ready.append(RequestOutput(rid, [], "", True, FINISH_ERROR, r.prompt_len, len(r.output),
-                                               r.cached, error=why))
-            events = self.scheduler.update(plan, sampled)
-            drafted = {g.request_id: (g.drafts, len(sampled[g.request_id]) - 1)
-                       for g in plan.groups if g.drafts and g.request_id in sampled}
-            outputs = ready + step_outputs(events, drafted, self._texts, self._logprobs, self._prompt_lp,
-                                           self.scheduler, self.guides, self.cfg.mtp_drafts > 0)
-            self._logprobs = {}
-            outputs, self._ready = outputs + self._ready, []
+            outputs = self.front.finish_step(plan, sampled, logprobs, refused, ready)
         self.steps += 1
         return outputs
 
@@ -273,8 +210,7 @@ class Engine:
         if self.rank != 0 or self._stopped:
             return
         with self._lock:
-            for r in list(self.scheduler.requests.values()):
-                self.scheduler.abort(r.id)
+            self.front.end_all()
             plan = self.scheduler.schedule()
             drops = self.scheduler.drop_kept() if self.pages is not None else ()
             disk = self.scheduler.disk.save_ops(self.scheduler) if self.scheduler.disk is not None else None
