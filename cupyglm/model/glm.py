@@ -2,7 +2,9 @@
 attention, dense MLP / MoE, the final stream mean and norm, the vocab-split lm_head, and the MTP head.
 
 Collectives are written here, where they happen: each sublayer's partial is summed across ranks in rank
-order, and the lm_head's vocab slices are gathered in rank order.
+order, and the lm_head's vocab slices are gathered in rank order. `forward` is plain eager layer calls; its
+parts (begin, ends_enter, the layers, ends_exit, finish) are what a runner that replays some of them runs, in the
+same order; the model draws no token.
 """
 from __future__ import annotations
 
