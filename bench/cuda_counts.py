@@ -11,9 +11,9 @@ the real layer structure (45 layers: 34 KDA + 11 DSA, 3 dense MLPs) at tiny widt
 tiny checkpoint written quantised (make-tiny --quant) instead, with the gemm_* / quantised gemv launches named.
 
 Each row runs with CUDA graphs off (the `per token:` lines) and on (CUPYGLM_CUDA_GRAPHS=1: every layer whole and
-the ends replayed, model/graph_capture.py, graph_ends.py); a table puts both side by
-side: host launches (eager RawKernels, eager CuPy kernels, graph launches), the kernels run inside graphs, syncs,
-H2D copies, host time (the emulator's time in the double, kernels inside graphs included) and own host time (host
+the ends replayed, engine/graph_forward.py, graph_capture.py, graph_ends.py); a table puts both side by side:
+host launches (eager RawKernels, eager CuPy kernels, graph launches), the kernels run inside graphs, syncs, H2D
+copies, host time (the emulator's time in the double, kernels inside graphs included) and own host time (host
 time less the emulator's kernel time: the glue's Python, CuPy ops run by numpy at tiny widths, the double's
 checks). One decode step before the counted ones captures the graphs (warm-up, uncounted, in both modes).
 
@@ -49,12 +49,13 @@ def _model_row(ckpt, ops, tokens: int, where: bool, graphs: bool = False, comm=N
     st = runner.new_state()
     out = runner.forward([SeqInput(np.arange(5, 25, dtype=np.int32), st)])
     tok = int(np.argmax(_read_checked(ops, out[0].logits[-1])))
-    out = runner.model.forward([SeqInput(np.array([tok], np.int32), st, decode=True)])      # warm-up (captures)
+    out = runner.forward([SeqInput(np.array([tok], np.int32), st, decode=True)], check=False)     # warm-up (captures)
     with cupy_double.counting(trace=where) as c:
         t0 = time.perf_counter()
         for _ in range(tokens):
             tok = int(np.argmax(_read_checked(ops, out[0].logits[-1])))
-            out = runner.model.forward([SeqInput(np.array([tok], np.int32), st, decode=True)])  # checked with the read
+            feed = [SeqInput(np.array([tok], np.int32), st, decode=True)]
+            out = runner.forward(feed, check=False)                                 # checked with the read
         c.host_s = time.perf_counter() - t0
     _read_checked(ops, out[0].logits[-1])
     runner.release(st)

@@ -1,5 +1,5 @@
 // kda_step.cu -- the KDA decode step of decode/verify rows in one launch: kda_step (one segment, out of place) and
-// kda_step_slots (several sequences on state slots, in place: CUDA graphs, model/graph_capture.py).
+// kda_step_slots (several sequences on state slots, in place: CUDA graphs, engine/graph_capture.py).
 //
 // A block is (head h, 16 value rows vr0 ..): per chunk of up to 16 tokens it first computes the low-rank second
 // factors of its rows, a = bf16(fa f_b[h]^T) over all K key columns of the head (the decay of every column) and
@@ -207,7 +207,7 @@ extern "C" __global__ void __launch_bounds__(256, 1) kda_step(
 }
 
 // The decode step of several sequences in one launch, their states in slots updated in place (a CUDA graph's fixed
-// addresses; model/graph_capture.py).  Entry e of seg is (row0, n, slot): rows row0 .. row0 + n - 1 of x, fa, ga,
+// addresses; engine/graph_capture.py).  Entry e of seg is (row0, n, slot): rows row0 .. row0 + n - 1 of x, fa, ga,
 // beta, y and gate are one sequence's rows, run in order on S[slot] and window[slot]; n = 0: no work; slot < 0: a
 // padding row run on a zero state and window, nothing written back; a row of no entry: y and gate +0.0.
 // A block (value rows vr0 .., head h) steps every entry: per chunk of 16 of the call's rows it computes a and the

@@ -213,7 +213,7 @@ def prompt_cache_arena(cache_bytes: int, page_bytes: int) -> ArraySpec:
 # ---- CUDA graphs ------------------------------------------------------------------------------------------------
 
 def graph_slot_arrays(cfg: ModelConfig, tp: int, slots: int, buckets: tuple[int, ...]) -> list[ArraySpec]:
-    """The KDA seats of captured decode calls (model/kda_slots.py), exactly: per KDA layer `slots` recurrent states
+    """The KDA seats of captured decode calls (engine/kda_slots.py), exactly: per KDA layer `slots` recurrent states
     and conv windows; per bucket B the call's table, its all-padding twin and kda_step_slots' counters."""
     h, k = cfg.kda_num_heads // tp, cfg.kda_head_dim
     out = []

@@ -69,7 +69,7 @@ def shared_line(world, seg) -> str:
 
 def cuda_graphs(backend: str) -> bool:
     """CUPYGLM_CUDA_GRAPHS=1 on the cuda backend: decode calls replay captured layers and ends
-    (model/graph_capture.py, graph_ends.py).
+    (engine/graph_capture.py, graph_ends.py).
     Not fingerprinted: ranks may differ in it, since a replay computes the same bits as the eager call."""
     from cupyglm import env
 

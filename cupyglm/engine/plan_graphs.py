@@ -1,8 +1,8 @@
 """The device memory of CUDA graphs (CUPYGLM_CUDA_GRAPHS=1) as one line of the memory plan. `graph_terms` is the
 one place that lists what graphs hold (a new fixed buffer of captured work is one more entry there):
 
-    kda slots    exact: model/kda_slots.py's seats (`memory.graph_slot_arrays`), allocated at the first capture
-    graph pools  a bound, summed over the buckets B of model/graph_capture.py (1, 2, 4, 8, 16):
+    kda slots    exact: engine/kda_slots.py's seats (`memory.graph_slot_arrays`), allocated at the first capture
+    graph pools  a bound, summed over the buckets B of engine/graph_capture.py (1, 2, 4, 8, 16):
                  - every captured layer's outputs (X', h', post', comb'), kept with its graph;
                  - the static inputs of the graphs fed by eager work (after the embedding, after each DSA attention
                    half of the host-rows path; chained layers read the previous graph's outputs);
@@ -14,7 +14,7 @@ one place that lists what graphs hold (a new fixed buffer of captured work is on
                  - the DSA maps' fixed buffers (model/seg_device.CallMaps padded to B), one per layout (B, width,
                    Pw) a window's lengths reach (`dsa_layouts`), exactly;
                  - the KV store's scratch pages (kv/store.scratch_pages), where padding rows write, exactly;
-                 - the ends (model/graph_ends.py): the feed, the final-normed rows, the picked rows and the
+                 - the ends (engine/graph_ends.py): the feed, the final-normed rows, the picked rows and the
                    logits, this rank's vocab slice and the gathered rows; the sample graph's scratch and tokens.
 The plan sizes the KV pages after these bytes and refuses to start when they do not fit.
 """
@@ -25,9 +25,9 @@ from cupyglm.kv.store import scratch_pages
 from cupyglm.memory import FP32, I32, ArraySpec, Storage, graph_slot_arrays, graph_stream_arrays, kv_arrays, total_bytes
 from cupyglm.kernels import ops_pick
 from cupyglm.kernels.ops_sample import BINS as SAMPLE_BINS, THREADS as SAMPLE_THREADS
-from cupyglm.model.graph_capture import BUCKETS
-from cupyglm.model.graph_ends import FEED_ROWS
-from cupyglm.model.kda_slots import SLOTS
+from cupyglm.engine.graph_capture import BUCKETS
+from cupyglm.engine.graph_ends import FEED_ROWS
+from cupyglm.engine.kda_slots import SLOTS
 from cupyglm.model.seg_device import width_bucket
 
 POOL_UNIT = 512                  # a CuPy memory pool hands out multiples of 512 bytes
@@ -93,7 +93,7 @@ def dsa_maps_arrays(cfg: ModelConfig, b: int, page_tokens: int, window: int) -> 
 
 
 def ends_arrays(cfg: ModelConfig, tp: int, b: int) -> list[ArraySpec]:
-    """The captured ends' buffers for b rows (model/graph_ends.py), every row term at fp32 width."""
+    """The captured ends' buffers for b rows (engine/graph_ends.py), every row term at fp32 width."""
     d, v = cfg.hidden_size, cfg.vocab_size
     return [ArraySpec("graphs.ends.feed", (FEED_ROWS, b), I32),         # token ids, logits row map, sampling columns
             ArraySpec("graphs.ends.rows", (2, b, d), FP32),             # final-normed rows, picked rows

@@ -10,22 +10,23 @@ Structured output (`guides`, rank 0's grammar matchers): the masks started while
 the penalties and before the bans; a guided request never drafts, so its group is one row.
 
 min_tokens bans are logits edits before the op (a NaN stays NaN, so a NaN row is still refused); the tokens
-come back to the host for the stops and the bookkeeping. The sampling parameters travel in one upload a step.
+come back to the host for the stops and the bookkeeping. The draw is engine/draw.py's (the one sampler): the
+sampling parameters travel in one upload a step.
 
 A plain step (`plain_rows`: graphs on, every group a decode/verify group whose rows have no penalties, grammar,
-min_tokens bans or logprobs) hands its columns to the forward, whose captured exit draws the same tokens with the
-same kernel on the same rows (model/graph_ends.py); the step then only reads them back.
+min_tokens bans or logprobs) hands its columns to the runner, whose captured exit draws the same tokens with the
+same kernel on the same rows (engine/graph_ends.py, engine/draw.packed); the step then only reads them back.
 """
 from __future__ import annotations
 
 import numpy as np
 
-from cupyglm.engine import penalties
+from cupyglm.engine import draw, penalties
+from cupyglm.engine.draw import SampleRows
 from cupyglm.engine.logprobs import tokens_and_logprobs
 from cupyglm.engine.request import EngineError
 from cupyglm.engine.sampling import banned_ids
 from cupyglm.engine.verify import accept
-from cupyglm.model.graph_ends import SAMPLE_DTYPES, SampleRows, sample_columns
 
 
 def sample_step(ops, cfg, plan, outs, reqs, drafts: dict, guides=None, masks=None, plain: SampleRows | None = None):
@@ -100,7 +101,7 @@ def _sample_rows(ops, cfg, rows, reqs, guides, masks) -> tuple:
             cur = logits[i, ban]
             logits[i, ban] = xp.where(xp.isnan(cur), cur, xp.float32(-np.inf))
         params.append(_columns(r, position))
-    drawn = ops.sample(logits, *upload_params(xp, params))
+    drawn = draw.eager(ops, logits, params)
     tokens, lps = tokens_and_logprobs(ops, logits, drawn, [reqs[g.request_id].params.logprobs for g, *_ in rows])
     return tokens, lps, failed
 
@@ -129,20 +130,6 @@ def _columns(r, position: int) -> tuple:
     """A row's (temperature, top_k, top_p, min_p, seed, position): ops.sample's columns (temperature 0: greedy)."""
     p = r.params
     return (0.0 if p.greedy else p.temperature, p.top_k, p.top_p, p.min_p, r.seed, position)
-
-
-def upload_params(xp, params: list[tuple]) -> tuple:
-    """Per row (temperature, top_k, top_p, min_p, seed, position) -> ops.sample's six [R] columns, uploaded in
-    one host-to-device transfer: one byte buffer, the 8-byte seeds first (aligned), each column a view of it."""
-    cols = sample_columns(params)
-    order = (4, 0, 1, 2, 3, 5)
-    dev = xp.asarray(np.concatenate([cols[i].view(np.uint8) for i in order]))
-    views, at = [None] * len(cols), 0
-    for i in order:
-        n = cols[i].nbytes
-        views[i] = dev[at:at + n].view(SAMPLE_DTYPES[i])
-        at += n
-    return tuple(views)
 
 
 def sampled_rows(plan) -> list[int]:

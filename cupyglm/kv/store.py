@@ -4,7 +4,8 @@ A page of `page_tokens` tokens holds, per KV layer, latent rows [page_tokens, R]
 [page_tokens / kpool, I], each array with its own page stride. Position p of a sequence lives at
 row pages[p // page_tokens] * page_tokens + p % page_tokens. The arrays are those `cupyglm.memory.kv_arrays`
 describes (the plan counts the same description). With `host_slots` (CUPYGLM_KV_HOST=1) the latent rows
-live in host memory (`cupyglm.kv.host_rows`) and `host` gathers a call's picked rows into device slots. Every
+live in host memory (`cupyglm.kv.host_rows`) and `host` gathers a call's picked rows into device slots; the model
+reads latent rows only through `attend` (and notes its writes through `note_written`), wherever they live. Every
 live sequence's index tails sit in `tails`, a slot per sequence (`cupyglm.kv.index_tails`). With `scratch` (CUDA
 graphs) the device arrays hold `scratch_pages(page_tokens)` more pages past the pool's, never leased: the
 padding rows of a captured decode call write their latent rows there and read their pooled keys there
@@ -15,6 +16,7 @@ from __future__ import annotations
 import numpy as np
 
 from cupyglm.config import ModelConfig
+from cupyglm.kv.host_attend import attend_host, token_rows
 from cupyglm.kv.host_rows import HostRows
 from cupyglm.kv.index_tails import TAIL_SLOTS, IndexTails
 from cupyglm.kv.pool import PagePool
@@ -79,3 +81,23 @@ class KVStore:
         table = np.asarray(pages, dtype=np.int64)
         pools = np.asarray(pools, dtype=np.int64)
         return (table[pools // per_page] * per_page + pools % per_page).astype(np.int32)
+
+    def attend(self, ops, layer: int, segs, maps, qa, tokens, counts, scale: float, chunk: int, written, decode: int):
+        """Attention of a call's rows over their picked latent rows: qa [T, H, R] bf16, tokens [T, W] int32 picked
+        positions (-1 padded), counts [T], maps the call's CallMaps (model/seg_device.py), written per segment the
+        store rows it wrote -> [T, H, R] bf16. Host rows: per segment gathered into slots (kv/host_attend.py),
+        else positions mapped through the page tables inside the kernel; the same bits either way."""
+        xp = ops.xp
+        if self.host is not None:
+            rows = token_rows(maps, xp, tokens)                                    # [T, W] store rows
+            return attend_host(ops, self.host, layer, segs, xp.ascontiguousarray(qa), rows, counts, scale, chunk,
+                               written)
+        return ops.attention_paged(xp.ascontiguousarray(qa), self.latent[layer], tokens, maps.table, maps.seg,
+                                   maps.page_tokens, counts, scale, chunk, decode=decode)
+
+    def note_written(self, ops, layer: int, segs, written) -> None:
+        """The host rows' write-hash check mode (tests): each segment's written rows as stored; else nothing."""
+        if self.host is None or self.host.write_hash is None:
+            return
+        for seg, ids in zip(segs, written):
+            self.host.write_hash.note(layer, ids, ops.read_rows(self.latent[layer], ids), seg.state)

@@ -6,7 +6,7 @@ are split by head; the output is this rank's o_proj partial (fp32).
 from __future__ import annotations
 
 from cupyglm.config import ModelConfig
-from cupyglm.model import gather, seg_device
+from cupyglm.model import seg_device
 from cupyglm.model.batch import Segment, Weights, decode_rows
 from cupyglm.model.indexer import Indexer
 
@@ -37,15 +37,14 @@ class DSALayer:
         for seg in segs:
             kv.tails.of(seg.state, self.layer)
 
-    def captured(self, x, kv, maps):
-        """A captured decode call's layer (model/graph_capture.py): x [B, D] bf16 every row a decode/verify row,
-        maps the call's padded CallMaps (fixed buffers), the tails' views set up by the caller (tail_views);
-        device rows only."""
+    def decode_call(self, x, kv, maps):
+        """A call whose every row is a decode/verify row: x [B, D] bf16, maps the call's padded CallMaps (the
+        caller's fixed buffers), the tails' views set up by the caller (tail_views); device rows only."""
         return self._attend(x, kv, maps, x.shape[0], ())
 
     def _attend(self, x, kv, maps, d: int, segs):
-        """d: the leading decode/verify rows (the gemv); segs: the call's segments for the host-rows path and the
-        write-hash mode (empty when captured)."""
+        """d: the leading decode/verify rows (the gemv); segs: the call's segments, for the KV store's per-segment
+        reads and notes (empty in decode_call)."""
         ops, c, h = self.ops, self.cfg, self.heads
         xp = ops.xp
         t = x.shape[0]
@@ -63,19 +62,12 @@ class DSALayer:
         ik = ops.write_rows_rmsnorm_keys(store, maps.latent, kva, self.kv_a_norm, c.rms_norm_eps, ikr, *ix.key_norm,
                                          distinct_on_host=True)
         written = [maps.latent_of(seg) for seg in segs]                        # per segment [n] int32 store rows
-        if kv.host is not None and kv.host.write_hash is not None:               # a test's check mode: rows as stored
-            for seg, ids in zip(segs, written):
-                kv.host.write_hash.note(self.layer, ids, ops.read_rows(store, ids), seg.state)
+        kv.note_written(ops, self.layer, segs, written)                          # a test's check mode: rows as stored
         self.indexer.write_pools(kv, self.layer, ik, ig, maps)                   # every segment, one launch
         # every row's token list in one scores and one pick launch, on the device: no read-back
         tokens, counts = ix.pick(kv, self.layer, maps, qib, hwr)   # [T, max_pick] positions, -1 padded; [T] int32
         qa = ops.gemm_heads(q.transpose(1, 0, 2), self.w_k_t, out="bf16", decode=d).transpose(1, 0, 2)  # [T, H, R]
-        if kv.host is not None:                                                # latent rows in host memory
-            rows = seg_device.token_rows(maps, xp, tokens)                     # [T, max_pick] store rows
-            o = gather.attend_host(ops, kv.host, self.layer, segs, xp.ascontiguousarray(qa), rows, counts,
-                                   c.qk_nope_head_dim ** -0.5, c.attn_chunk, written)
-        else:                                                                  # positions mapped in the kernels
-            o = ops.attention_paged(xp.ascontiguousarray(qa), store, tokens, maps.table, maps.seg, maps.page_tokens,
-                                    counts, c.qk_nope_head_dim ** -0.5, c.attn_chunk, decode=d)  # [T, H, R]
+        o = kv.attend(ops, self.layer, segs, maps, qa, tokens, counts, c.qk_nope_head_dim ** -0.5, c.attn_chunk,
+                      written, decode=d)                                                            # [T, H, R]
         out = ops.gemm_heads(xp.ascontiguousarray(o.transpose(1, 0, 2)), self.w_v, out="bf16", decode=d)  # [H, T, V]
         return ops.gemm(xp.ascontiguousarray(out.transpose(1, 0, 2)).reshape(t, -1), self.o_proj, decode=d)

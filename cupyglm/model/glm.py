@@ -2,7 +2,9 @@
 attention, dense MLP / MoE, the final stream mean and norm, the vocab-split lm_head, and the MTP head.
 
 Collectives are written here, where they happen: each sublayer's partial is summed across ranks in rank
-order, and the lm_head's vocab slices are gathered in rank order.
+order, and the lm_head's vocab slices are gathered in rank order. `forward` is plain eager layer calls; its
+parts (begin, ends_enter, the layers, ends_exit, finish) are what a runner that replays some of them runs, in the
+same order; the model draws no token.
 """
 from __future__ import annotations
 
@@ -15,9 +17,8 @@ from cupyglm.config import ModelConfig
 from cupyglm.distributed.comm import summed
 from cupyglm.kv.state import SeqState
 from cupyglm.kv.store import KVStore
-from cupyglm.model.batch import Weights, decode_rows, segments
+from cupyglm.model.batch import Segment, Weights, decode_rows, segments
 from cupyglm.model.dsa import DSALayer
-from cupyglm.model.graph_ends import DecodeEnds, SampleRows
 from cupyglm.model.kda import KDALayer
 from cupyglm.model.moe import MLP, MoE
 from cupyglm.model.mtp import MTPLayer
@@ -29,6 +30,19 @@ class SeqInput:
     state: SeqState
     all_logits: bool = False      # logits for every row, else only the last
     decode: bool = False          # the rows' role: decode/verify rows (sampled or drafted tokens), else a prompt chunk
+
+
+@dataclasses.dataclass
+class Call:
+    """One forward call's host side (GLMModel.begin), its sequences decode first."""
+    items: list                   # the SeqInputs in the call's order
+    order: list[int]              # items[j] is the batch's order[j]
+    segs: list[Segment]
+    tokens: np.ndarray            # [T] int32 the call's token ids
+    pick: list[np.ndarray]        # per segment the call rows whose logits are wanted
+    picked: np.ndarray            # [P] their concatenation
+    decode: int                   # the leading decode/verify rows of the call
+    picked_decode: int            # the leading decode/verify rows of the picked rows
 
 
 @dataclasses.dataclass
@@ -69,7 +83,6 @@ class Block:
         attn = KDALayer if self.is_kda else DSALayer
         self.attn = attn(cfg, w.sub("self_attn"), ops, layer, tp)
         self.mlp = MoE(cfg, w.sub("mlp"), ops) if cfg.is_moe(layer) else MLP(w.sub("mlp"), ops, cfg.swiglu_limit)
-        self.graphs = None            # model/graph_capture.DecodeGraphs: decode calls' layers replayed whole
 
     def enter(self, X):
         """The first layer's attention input: (h, post, comb) of the embedded streams X."""
@@ -79,21 +92,19 @@ class Block:
         """X: [T, S, D] bf16 streams; h, post, comb: this layer's attention input and gates. Returns the next
         layer's (X, h, post, comb), each hc_post fused with the hc_pre + norm after it; after the last layer
         (nxt None) the final streams (X, None, None, None). hc_post rounds the fp32 sum to bf16."""
-        d = decode_rows(segs)
-        graphs = self.graphs if self.graphs is not None and self.graphs.takes(X.shape[0], d) else None
-        if graphs is not None and (self.is_kda or kv.host is None):     # the host-rows path's attention stays eager
-            return graphs.layer(self, (X, h, post, comb), segs, kv, nxt)
+        return self.ffn(*self.attention(X, h, post, comb, segs, kv, comm), decode_rows(segs), comm, nxt)
+
+    def attention(self, X, h, post, comb, segs, kv, comm) -> tuple:
+        """The attention half: attention, all-reduce, hc_post fused with the FFN's hc_pre + norm -> (X', h', post',
+        comb'), the FFN half's inputs."""
         partial = self.attn(h, segs) if self.is_kda else self.attn(h, segs, kv)
-        X, h, post, comb = self.hc_ffn.post_pre_norm(X, summed(comm, partial), post, comb, self.post_norm)
-        if graphs is not None:
-            return graphs.ffn(self, (X, h, post, comb), nxt)
-        return self.ffn(X, h, post, comb, d, comm, nxt)
+        return self.hc_ffn.post_pre_norm(X, summed(comm, partial), post, comb, self.post_norm)
 
     def whole(self, X, h, post, comb, attn_args: tuple, comm, nxt: "Block | None"):
-        """A layer of a captured decode call (every row a decode/verify row): attention, all-reduce, hc_post +
-        hc_pre + norm, then the FFN half. attn_args: a KDA layer's (slots,) (the sequences' states, KDALayer's
-        argument), a DSA layer's (kv, maps) (the call's padded row maps, DSALayer.captured)."""
-        partial = self.attn(h, None, *attn_args) if self.is_kda else self.attn.captured(h, *attn_args)
+        """A layer of a call whose every row is a decode/verify row, its states and row maps in the caller's fixed
+        buffers: attention, all-reduce, hc_post + hc_pre + norm, then the FFN half. attn_args: a KDA layer's
+        (slots,) (KDALayer's argument), a DSA layer's (kv, maps) (padded row maps, DSALayer.decode_call)."""
+        partial = self.attn(h, None, *attn_args) if self.is_kda else self.attn.decode_call(h, *attn_args)
         X, h, post, comb = self.hc_ffn.post_pre_norm(X, summed(comm, partial), post, comb, self.post_norm)
         return self.ffn(X, h, post, comb, X.shape[0], comm, nxt)
 
@@ -116,14 +127,6 @@ class GLMModel:
         self.lm_head = ops.weight(shard["lm_head.weight"])        # [V / tp, D]
         self.blocks = [Block(cfg, root.sub(f"layers.{i}"), ops, i, tp) for i in range(cfg.num_hidden_layers)]
         self.mtp = MTPLayer(cfg, root.sub(f"layers.{cfg.mtp_layer}"), ops, cfg.mtp_layer, tp) if mtp else None
-        self.ends = None              # model/graph_ends.DecodeEnds: decode calls' embedding and lm_head replayed
-
-    def use_graphs(self, graphs) -> None:
-        """Replay decode calls' layers from `graphs` (model/graph_capture.py: each layer whole; a DSA layer's FFN
-        half alone on the host-rows path) and their ends (model/graph_ends.py); None: eager."""
-        for b in self.blocks:
-            b.graphs = graphs
-        self.ends = None if graphs is None else DecodeEnds(graphs, self.ends_enter, self.ends_exit)
 
     def new_state(self) -> SeqState:
         st = SeqState()
@@ -155,53 +158,54 @@ class GLMModel:
         h = self.ops.rmsnorm(self.ops.stream_mean(X), self.norm, self.cfg.rms_norm_eps)
         return h, self.logits(h[rows], decode)
 
-    def forward(self, batch: list[SeqInput], sample: SampleRows | None = None) -> list[SeqOutput]:
-        """Outputs in the batch's order; inside, the decode/verify sequences' rows go first (rows are
-        batch-invariant, so the order changes no bit). `sample`: the logits rows' sampling columns (batch order),
-        drawn in the captured exit when the call replays graphs (sample.tokens set; an all-decode call keeps
-        the batch's order)."""
-        order = sorted(range(len(batch)), key=lambda i: not batch[i].decode)      # stable: decode first
-        outs = self._forward([batch[i] for i in order], sample)
-        back = [None] * len(batch)
-        for i, o in zip(order, outs):
-            back[i] = o
-        return back
+    def layers(self):
+        """(block, the block after it or None) in order: what a layer call takes as `nxt`."""
+        return zip(self.blocks, self.blocks[1:] + [None])
 
-    def _forward(self, batch: list[SeqInput], sample: SampleRows | None = None) -> list[SeqOutput]:
-        xp = self.ops.xp
-        for item in batch:
+    def forward(self, batch: list[SeqInput]) -> list[SeqOutput]:
+        """Outputs in the batch's order; inside, the decode/verify sequences' rows go first (rows are
+        batch-invariant, so the order changes no bit)."""
+        return self.forward_call(self.begin(batch))
+
+    def forward_call(self, call: Call) -> list[SeqOutput]:
+        """The layers of a begun call, eagerly, from its embedding to its outputs."""
+        X, h, post, comb = self.ends_enter(self.ops.xp.asarray(call.tokens))
+        for block, nxt in self.layers():
+            X, h, post, comb = block(X, h, post, comb, call.segs, self.kv, self.comm, nxt)
+        h, logits = self.ends_exit(X, self.ops.xp.asarray(call.picked), call.picked_decode)
+        return self.finish(call, h, logits)
+
+    def begin(self, batch: list[SeqInput]) -> Call:
+        """A call's host side before any layer runs: decode sequences first, pages leased for the new rows, the
+        segments, the token ids and the rows whose logits are wanted."""
+        order = sorted(range(len(batch)), key=lambda i: not batch[i].decode)      # stable: decode first
+        items = [batch[i] for i in order]
+        for item in items:
             if item.tokens.size == 0:
                 raise ValueError("a sequence in the batch has no new tokens")
             self.kv.ensure(item.state.pages, item.state.length + item.tokens.size)
-        segs = segments([b.state for b in batch], [b.state.length for b in batch], [b.tokens.size for b in batch],
-                        [b.decode for b in batch])
-        tokens = np.concatenate([b.tokens.astype(np.int32) for b in batch])
+        segs = segments([b.state for b in items], [b.state.length for b in items], [b.tokens.size for b in items],
+                        [b.decode for b in items])
+        tokens = np.concatenate([b.tokens.astype(np.int32) for b in items])
         pick = [np.arange(s.off, s.off + s.n) if b.all_logits else np.array([s.off + s.n - 1])
-                for s, b in zip(segs, batch)]
-        picked = np.concatenate(pick)
-        ends = self.ends if self.ends is not None and self.ends.graphs.takes(tokens.size, decode_rows(segs)) else None
-        if ends is not None:                                     # one upload: ids, row map, sampling columns
-            feed = ends.upload(tokens, picked, None if sample is None else sample.params)
-            X, h, post, comb = ends.enter(feed, tokens.size)
-        else:
-            X, h, post, comb = self.ends_enter(xp.asarray(tokens))
-        for i, block in enumerate(self.blocks):
-            nxt = self.blocks[i + 1] if i + 1 < len(self.blocks) else None
-            X, h, post, comb = block(X, h, post, comb, segs, self.kv, self.comm, nxt)
-        if ends is not None:
-            h, logits, drawn = ends.exit(feed, X, picked.size, sample is not None)     # [T, D], [P, V], [P]
-            if sample is not None:
-                sample.tokens = drawn
-        else:
-            h, logits = self.ends_exit(X, xp.asarray(picked), sum(p.size for p, s in zip(pick, segs) if s.decode))
-        mtp_logits = self._mtp(segs, tokens, h)
-        for item in batch:
+                for s, b in zip(segs, items)]
+        return Call(items, order, segs, tokens, pick, np.concatenate(pick), decode_rows(segs),
+                    sum(p.size for p, s in zip(pick, segs) if s.decode))
+
+    def finish(self, call: Call, h, logits) -> list[SeqOutput]:
+        """After the exit (h [T, D] final-normed rows, logits [P, V] of the picked rows): the MTP head, the states'
+        lengths, and the outputs in the batch's order."""
+        mtp_logits = self._mtp(call.segs, call.tokens, h)
+        for item in call.items:
             item.state.length += item.tokens.size
         out, at = [], 0
-        for i, p in enumerate(pick):
+        for i, p in enumerate(call.pick):
             out.append(SeqOutput(logits[at:at + p.size], mtp_logits[i]))
             at += p.size
-        return out
+        back = [None] * len(out)
+        for i, o in zip(call.order, out):
+            back[i] = o
+        return back
 
     def _mtp(self, segs, tokens, h) -> list:
         if self.mtp is None:

@@ -38,8 +38,8 @@ class KDALayer:
         return alloc(self.ops.xp, state, storage), alloc(self.ops.xp, conv, storage)
 
     def __call__(self, x, segs: list[Segment] | None, slots=None):
-        """x: [T, D] bf16 (normed). Returns this rank's o_proj partial [T, D] fp32. slots (a captured decode call,
-        model/graph_capture.py): (S [slots, H, K, K] fp32, window [slots, taps - 1, 3HK] bf16, seg [E, 3] int32,
+        """x: [T, D] bf16 (normed). Returns this rank's o_proj partial [T, D] fp32. slots (the states in the caller's
+        slots at fixed addresses): (S [slots, H, K, K] fp32, window [slots, taps - 1, 3HK] bf16, seg [E, 3] int32,
         done [E, H] int32): every row a decode/verify row, the sequences' states stepped in place in their slots
         (segs unused); None: per segment of segs, out of place."""
         ops, k = self.ops, self.dk

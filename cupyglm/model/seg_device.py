@@ -31,15 +31,15 @@ class CallMaps:
     Pw = width_bucket(the call's largest V). tail_seg: [S, 5] int32 (row0, n, start, tail slot, done0) per segment
     and done_rows: [D] int32 every segment's completed pools' rows (index_tail_pool's seg and done; tail_items its
     work items). All views of one device array.
-    Padded (a captured decode call, `pad_to` B): the B - T padding rows write distinct scratch latent rows (the
-    store's scratch pages, never a sequence's), sit at position 0 (a dense pick of one token: the scratch page's
-    row 0) and each is a segment of its own past the real ones, whose table and pool-table rows hold the scratch
-    pages; the tables have B rows, the B - S padding tail rows no rows (so no tail or pooled key is written for
-    them); D is B (-1 padded). A real row's entries are those of the unpadded maps, so its bits are."""
+    Padded (`pad_to` B: a decode call run in a fixed B-row shape): the B - T padding rows write distinct scratch
+    latent rows (the store's scratch pages, never a sequence's), sit at position 0 (a dense pick of one token: the
+    scratch page's row 0) and each is a segment of its own past the real ones, whose table and pool-table rows hold
+    the scratch pages; the tables have B rows, the B - S padding tail rows no rows (so no tail or pooled key is
+    written for them); D is B (-1 padded). A real row's entries are those of the unpadded maps, so its bits are."""
 
     def __init__(self, segs: list[Segment], kv, xp, pad_to: int = 0, into: dict | None = None,
                  widths: tuple[int, int] | None = None):
-        """pad_to: B >= T rows and table rows (a captured call's bucket; `padded` states what padding rows are);
+        """pad_to: B >= T rows and table rows (the call's fixed row count; `padded` states what padding rows are);
         into: the fixed device buffers by `layout`, uploaded in place (the first call of a layout allocates it);
         widths: (width, Pw) given (an all-padding twin of a layout), else the buckets of segs'."""
         t, kp = sum(s.n for s in segs), kv.cfg.index_kpool
@@ -90,7 +90,7 @@ class CallMaps:
         parts.append(tails.reshape(-1))
         tails_at, at = at, at + tails.size
         host = np.concatenate(parts).astype(np.int32, copy=False)
-        self.layout = (b, width, pw)                                   # what a captured launch's shapes follow
+        self.layout = (b, width, pw)                                   # what the padded call's shapes follow
         dev = None if into is None else into.get(self.layout)
         if dev is None:
             dev = xp.asarray(host)                                     # the one upload
@@ -122,23 +122,3 @@ def call_maps(segs: list[Segment], kv, xp) -> CallMaps:
         dev["maps"] = CallMaps(segs, kv, xp)
     return dev["maps"]
 
-
-def graph_maps(segs: list[Segment], kv, xp, b: int, into: dict) -> CallMaps:
-    """A captured decode call's maps padded to its bucket b, uploaded into `into`'s buffer of their layout (one
-    upload), built by the first layer that asks and cached on segs[0]."""
-    dev = segs[0].dev
-    if "graph_maps" not in dev:
-        dev["graph_maps"] = CallMaps(segs, kv, xp, pad_to=b, into=into)
-    return dev["graph_maps"]
-
-
-def token_rows(maps: CallMaps, xp, tokens):
-    """Latent rows of the call's token lists [T, W] int32 (positions, -1 padded) through each row's segment's page
-    table (table[seg[t]]); -1 stays -1. Only the host-rows path needs them as an array (its gather marks store
-    rows); attention on device rows maps positions inside the kernels. Integer arithmetic only, as kv.rows on the
-    host."""
-    pt = np.int32(maps.page_tokens)
-    safe = xp.maximum(tokens, np.int32(0))
-    width = np.int32(maps.table.shape[1])
-    rows = maps.table.reshape(-1)[maps.seg[:, None] * width + safe // pt] * pt + safe % pt
-    return xp.where(tokens < 0, np.int32(-1), rows).astype(xp.int32, copy=False)

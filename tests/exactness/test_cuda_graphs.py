@@ -1,4 +1,4 @@
-"""CUDA graphs of decode calls (model/graph_capture.py) through the CuPy double, whose stream capture records
+"""CUDA graphs of decode calls (engine/graph_capture.py) through the CuPy double, whose stream capture records
 work instead of running it and replays it on the same allocations (tests/cupy_double/capture.py):
 
 * replay = eager, bit for bit (logits, hence tokens), for decode steps at several context lengths (one past the
@@ -10,7 +10,7 @@ work instead of running it and replays it on the same allocations (tests/cupy_do
 * a state kept while seated and restored into a fresh sequence decodes through the graphs as the fresh run;
 * padded = unpadded: a 3-row call in the 4-row bucket gives each row's bits of the same rows eager and of each
   row alone;
-* the captured ends (model/graph_ends.py): the logits row map follows all_logits per sequence (several rows of a
+* the captured ends (engine/graph_ends.py): the logits row map follows all_logits per sequence (several rows of a
   sequence, some wanting every row's logits, some the last), a new map each call of the same graphs;
 * host launches per decode token drop, the graph launches and the kernels inside them counted apart;
 * the engine with graphs (batches shrinking as requests finish; MTP verify groups and rollback replays) gives
@@ -30,7 +30,7 @@ from cupyglm.engine.engine import Engine
 from cupyglm.engine.runner import ModelRunner
 from cupyglm.engine.sampling import SamplingParams
 from cupyglm.model.glm import SeqInput
-from cupyglm.model.kda_slots import KDASlots
+from cupyglm.engine.kda_slots import KDASlots
 from model_helpers import bits
 
 PROMPTS = [[5, 17, 300, 42], list(range(60, 100)), [7] * 13, [9, 8, 7, 6, 5, 4], [11] * 21]
@@ -61,7 +61,7 @@ def test_graph_replay_equals_eager_across_buckets_and_lengths(tiny_ckpt, cuda_op
     assert {b for _, b in graph.graphs.entries} == {1, 2, 4, 8}
     assert len(graph.graphs.entries) == 4 * layers                 # captured once per (layer, bucket)
     assert graph.graphs.replays == len(plan) * layers
-    ends = graph.model.ends
+    ends = graph.ends
     assert set(ends.buckets) == {1, 2, 4, 8} and ends.replays == 2 * len(plan)     # entry and exit each call
     for bb, e in ends.buckets.items():                              # chained: layer 0 reads the entry's outputs, the
         assert graph.graphs.entries[(0, bb)].static is e.enter[1]   # exit the last layer's X, nothing copied
@@ -238,7 +238,7 @@ def test_graph_ends_row_map_follows_all_logits(tiny_ckpt, cuda_ops):
         for i, ((n, a), w, g) in enumerate(zip(call, want, got)):
             assert g.shape == w.shape == (n if a else 1, w.shape[1])
             assert np.array_equal(bits(w), bits(g)), f"step {step} seq {i}: max diff {np.abs(w - g).max()}"
-    assert set(graph.model.ends.buckets) == {8} and graph.model.ends.replays == 2 * len(plan)
+    assert set(graph.ends.buckets) == {8} and graph.ends.replays == 2 * len(plan)
 
 
 LENGTHS = [5, 40, 12, 20]
@@ -269,7 +269,7 @@ def _run(engine, prompts) -> list[list[int]]:
 
 def test_sampling_parameters_in_one_upload(cuda_ops):
     """engine/step_sample.upload_params: the six columns ops.sample takes, from one host-to-device copy."""
-    from cupyglm.engine.step_sample import upload_params
+    from cupyglm.engine.draw import upload_params
 
     dtypes = (np.float32, np.int32, np.float32, np.float32, np.uint64, np.int32)    # ops.sample's columns
     rows = [(0.0, 0, 1.0, 0.0, 2**63 + 5, 7), (0.8, 20, 0.9, 0.1, 1, 9), (1.0, 3, 0.5, 0.25, 12345, 0)]
@@ -289,7 +289,7 @@ def test_engine_with_graphs_equals_numpy(tiny_ckpt, cuda_ops, drafts):
     prompts = [rng.integers(0, 496, n).tolist() for n in LENGTHS]
     eng = _engine(tiny_ckpt, cuda_ops, True, drafts)
     got = _run(eng, prompts)
-    assert eng.runner.graphs.replays > 0 and eng.runner.model.ends.sampled > 0      # plain steps drawn in the exit
+    assert eng.runner.graphs.replays > 0 and eng.runner.ends.sampled > 0      # plain steps drawn in the exit
     slots = eng.runner.graphs.slots                 # every finished request released its seat, none copied out
     assert all(o is None for o in slots.owner) and slots.releases > 0 and slots.evictions == 0
     assert got == _run(_engine(tiny_ckpt, NumpyOps(), False, drafts), prompts)

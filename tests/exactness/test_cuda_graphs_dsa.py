@@ -1,4 +1,4 @@
-"""DSA layers captured whole in decode calls (model/graph_capture.py), through the CuPy double:
+"""DSA layers captured whole in decode calls (engine/graph_capture.py), through the CuPy double:
 
 * replay = eager, bit for bit, as the longest sequence's context crosses a table-width bucket, a pool-table-width
   bucket and the sparse limit (tiny: position 35), with sequences joining and leaving, verify rows and padded

@@ -1,4 +1,4 @@
-"""Sampling inside the captured exit graph (model/graph_ends.py, engine/step_sample.plain_rows), through the
+"""Sampling inside the captured exit graph (engine/graph_ends.py, engine/step_sample.plain_rows), through the
 strict CuPy double:
 
 * the exit graph's draw is the eager `ops.sample` of the same rows with the same (seed, position) columns:
@@ -21,9 +21,9 @@ from cupyglm.engine.config import EngineConfig
 from cupyglm.engine.engine import Engine
 from cupyglm.engine.runner import ModelRunner
 from cupyglm.engine.sampling import SamplingParams
-from cupyglm.engine.step_sample import upload_params
+from cupyglm.engine.draw import upload_params
 from cupyglm.model.glm import SeqInput
-from cupyglm.model.graph_ends import SampleRows
+from cupyglm.engine.draw import SampleRows
 
 PROMPTS = [[5, 17, 300, 42], list(range(60, 100)), [7] * 13]
 COLUMNS = [(0.0, 0, 1.0, 0.0, 3, 0),                  # (temperature, top_k, top_p, min_p, seed; position set later)
@@ -66,7 +66,7 @@ def test_exit_graph_draws_the_eager_tokens_padded_and_alone(tiny_ckpt, cuda_ops)
         solo = [_drawn(graph, cuda_ops, [s], [t], [c])[0] for s, t, c in zip(ss, toks, cols)]      # bucket 1
         assert got == want == solo, f"step {step}: graph {got}, eager {want}, alone {solo}"
         toks = [np.array([t], np.int32) for t in want]
-    ends = graph.model.ends
+    ends = graph.ends
     assert ends.sampled == 4 * (1 + len(PROMPTS)) and set(ends.buckets) == {1, 4}
     assert all(e.exit is not None and e.sample is not None for e in ends.buckets.values())
 
@@ -93,7 +93,7 @@ def _run(engine, prompts, params) -> tuple[list[list[int]], list[tuple]]:
     work once eagerly)."""
     ids = [engine.add_request(p, sp) for p, sp in zip(prompts, params)]
     got = {i: [] for i in ids}
-    steps, ends = [], engine.runner.model.ends
+    steps, ends = [], engine.runner.ends
     while engine.has_work():
         prefilled = all(got[i] for i in ids)
         before = ends.sampled if ends is not None else 0

@@ -1,10 +1,10 @@
-"""The decode graphs' buckets (model/graph_capture.py) and their setting (CUPYGLM_CUDA_GRAPHS, engine/build.py)."""
+"""The decode graphs' buckets (engine/graph_capture.py) and their setting (CUPYGLM_CUDA_GRAPHS, engine/build.py)."""
 from __future__ import annotations
 
 import pytest
 
 from cupyglm.engine.build import cuda_graphs
-from cupyglm.model.graph_capture import BUCKETS, bucket
+from cupyglm.engine.graph_capture import BUCKETS, bucket
 
 
 def test_a_call_runs_in_the_smallest_bucket_that_holds_it():

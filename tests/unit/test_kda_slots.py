@@ -1,4 +1,4 @@
-"""KDA seats (model/kda_slots.py) on plain CPU data, numpy as xp: exact slot ids after seats, releases, keeps and
+"""KDA seats (engine/kda_slots.py) on plain CPU data, numpy as xp: exact slot ids after seats, releases, keeps and
 evictions, the copies counted, and every sequence's bits kept (a replay's in-place write is played by adding to
 the seated slot rows; the kept state is copied by the real walk, kv/kept.py)."""
 from __future__ import annotations
@@ -14,7 +14,7 @@ from cupyglm.kv.state import SeqState
 from cupyglm.kv.store import KVStore
 from cupyglm.memory import alloc, kda_state_arrays, storage_of
 from cupyglm.model.batch import Segment
-from cupyglm.model.kda_slots import KDASlots
+from cupyglm.engine.kda_slots import KDASlots
 
 CFG = preset("tiny")
 OPS = NumpyOps()

@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 
 from cupyglm.backend.numpy_ops import NumpyOps, paged_rows
+from cupyglm.kv.host_attend import token_rows
 from cupyglm.model import seg_device
 from cupyglm.model.batch import segments
 
@@ -61,7 +62,7 @@ def test_call_maps_equal_the_store_rows():
     tokens = np.full((7, 6), -1, np.int32)
     tokens[0, :3] = [0, 17, 40]
     tokens[6, :2] = [63, 49]
-    rows = seg_device.token_rows(maps, np, tokens)
+    rows = token_rows(maps, np, tokens)
     assert rows[0, :4].tolist() == kv.rows([5, 2, 9], np.array([0, 17, 40, -1])).tolist()
     assert rows[6, :2].tolist() == kv.rows([1, 3, 4, 0], np.array([63, 49])).tolist()
     assert np.array_equal(rows, paged_rows(tokens, maps.table, maps.seg, 16))

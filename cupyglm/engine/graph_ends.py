@@ -1,12 +1,13 @@
 """The ends of a captured decode call (cuda backend, CUPYGLM_CUDA_GRAPHS=1): per batch bucket one graph for the
 entry (embedding rows -> the 4 streams -> layer 0's hc_pre + norm) and one for the exit (final stream mean,
-norm, the rows whose logits are wanted, lm_head, the rank-order vocab gather), beside model/graph_capture.py's
-layer graphs. Same calls as the layers (`DecodeGraphs.takes`: every row a decode/verify row, at most 16).
+norm, the rows whose logits are wanted, lm_head, the rank-order vocab gather), beside engine/graph_capture.py's
+layer graphs; engine/graph_forward.py runs them. Same calls as the layers (`DecodeGraphs.takes`: every row a
+decode/verify row, at most 16).
 
 What stays true:
-* One host-to-device upload a call: `feed` [9, B] int32 (row 0: the token ids, row 1: the logits row map, the
-  picked rows' indices in call order; rows 2-8 the sampled rows' columns, `FEED_ROWS`) written in place into a
-  fixed buffer; padding entries hold id 0 / row 0 / zero columns (a greedy draw of a dropped row).
+* One host-to-device upload a call: `feed` [9, B] int32 (row 0: the token ids, row 1: the logits row map, the picked
+  rows' indices in call order; rows 2-8 the sampled rows' columns in engine/draw.py's packed layout) written in place
+  into a fixed buffer; padding entries hold id 0 / row 0 / zero columns (a greedy draw of a dropped row).
 * The entry graph's outputs (X [B, 4, D] bf16, h [B, D] bf16, post, comb) are in the bucket's pool and are
   registered with DecodeGraphs (`sources`), so layer 0's graph, when captured, takes them as its static inputs
   (chained: nothing copied). The exit graph's input is the last layer graph's output X itself when it is one
@@ -19,41 +20,27 @@ What stays true:
 * Captured in the first call of a bucket, after a warm-up run of the same work (kernels loaded, guard flags
   allocated), in the bucket's pool; the entry before layer 0's graph and the exit after the last layer's, so a
   bucket's graphs replay in capture order on one stream (the pool-sharing rule of graph_capture).
-* Sampling (rank 0, a step whose every logits row is plain: `SampleRows`): a sample graph per bucket, replayed
-  right after the exit graph, runs `ops.sample` on the exit's B logits rows (its output buffer, chained) with
-  the columns read from the feed (uploaded with the ids and the map), so the step's one read-back is the drawn
-  tokens [P]. The same kernel on the same fp32 rows and the same (seed, position) columns as the eager sample
-  gives the same tokens; each row's draw reads that row alone, so padding rows change none. A graph of its own
-  rather than a second "exit + sample" graph: the exit graph holds the vocab gather's collective, and every rank
-  must capture (and warm up) the same collectives at the same call; the sample graph has none, so rank 0 alone
-  captures it whenever its first plain step comes, other ranks and steps with logits edits replay the exit
-  alone, and no exit output is held twice. It replays last in the call (the pool-sharing rule holds).
-Any other step samples outside (engine/step_sample.py uploads its sampling parameters in one transfer).
+* Sampling (rank 0, a step whose every logits row is plain: `SampleRows`): a sample graph per bucket, replayed right
+  after the exit graph, runs `ops.sample` on the exit's B logits rows (its output buffer, chained) with the columns
+  read from the feed (uploaded with the ids and the map; engine/draw.packed, the one sampler's captured form), so the
+  step's one read-back is the drawn tokens [P]. The same kernel on the same fp32 rows and the same (seed, position)
+  columns as the eager sample gives the same tokens; each row's draw reads that row alone, so padding rows change
+  none. A graph of its own rather than a second "exit + sample" graph: the exit graph holds the vocab gather's
+  collective, and every rank must capture (and warm up) the same collectives at the same call; the sample graph has
+  none, so rank 0 alone captures it whenever its first plain step comes, other ranks and steps with logits edits
+  replay the exit alone, and no exit output is held twice. It replays last in the call (the pool-sharing rule holds).
+Any other step samples eagerly (engine/step_sample.py through engine/draw.eager: its columns in one transfer).
 """
 from __future__ import annotations
 
-import dataclasses
-
 import numpy as np
 
+from cupyglm.engine import draw
+from cupyglm.engine.graph_capture import bucket
 from cupyglm.kv.copy_hooks import address_of
-from cupyglm.model.graph_capture import bucket
 
-
-# the feed's rows: ids, row map, then ops.sample's columns (the u64 seeds over two rows, 8-byte aligned at 8B bytes)
-FEED_ROWS = 9
-_SEED, _TEMPERATURE, _TOP_K, _TOP_P, _MIN_P, _POSITION = 2, 4, 5, 6, 7, 8
-# ops.sample's columns per row: (temperature, top_k, top_p, min_p, seed, position)
-SAMPLE_DTYPES = (np.float32, np.int32, np.float32, np.float32, np.uint64, np.int32)
-
-
-@dataclasses.dataclass
-class SampleRows:
-    """Rank 0's sampling columns for a decode call, one (temperature, top_k, top_p, min_p, seed, position) per
-    logits row in the call's row order; `tokens` [P] int32 (device, a view the bucket's next replay rewrites) is
-    set by the forward when its exit graph drew them, else left None (the caller samples)."""
-    params: list[tuple]
-    tokens: object = None
+# the feed's rows: ids, row map, then ops.sample's columns (engine/draw.py's packed rows, 8-byte aligned at 8B bytes)
+FEED_ROWS = 2 + draw.COLUMN_ROWS
 
 
 class _Ends:
@@ -88,7 +75,7 @@ class DecodeEnds:
         host[0, :r] = tokens
         host[1, :pick.size] = pick
         if params is not None:
-            _pack_columns(host, params)
+            draw.pack(host[2:], params)
         e = self.buckets.get(b)
         if e is None:
             e = self.buckets[b] = _Ends(self.cp.zeros((FEED_ROWS, b), dtype=np.int32))
@@ -124,17 +111,10 @@ class DecodeEnds:
         if not sample:
             return hm[:r], logits[:picks], None
         if e.sample is None:
-            e.sample = self._capture(b, lambda: self._draw(logits, e.feed))
+            e.sample = self._capture(b, lambda: draw.packed(self.graphs.ops, logits, e.feed[2:]))
         self._launch(e.sample[0])
         self.sampled += 1
         return hm[:r], logits[:picks], e.sample[1][:picks]
-
-    def _draw(self, logits, feed):
-        """One token per logits row [B, V] f32 (all B: padding rows draw greedily, dropped), the feed's columns."""
-        seed = feed[_SEED:_SEED + 2].reshape(-1).view(np.uint64)                     # [B] u64
-        f32 = lambda row: feed[row].view(np.float32)                                  # noqa: E731
-        return self.graphs.ops.sample(logits, f32(_TEMPERATURE), feed[_TOP_K], f32(_TOP_P), f32(_MIN_P), seed,
-                                      feed[_POSITION])
 
     def _buffer(self, b: int, x):
         """The bucket-b layer graph output that `x` is a row view of, or None."""
@@ -152,17 +132,3 @@ class DecodeEnds:
         graph.launch()
         self.replays += 1
 
-
-def sample_columns(params: list[tuple]) -> list[np.ndarray]:
-    """Per row (temperature, top_k, top_p, min_p, seed, position) -> ops.sample's six host columns, in its dtypes."""
-    return [np.array(col, dtype=dt) for col, dt in zip(zip(*params), SAMPLE_DTYPES)]
-
-
-def _pack_columns(host: np.ndarray, params: list[tuple]) -> None:
-    """The rows' sample_columns into the host feed's rows 2-8, each a bit pattern in the int32 rows."""
-    temperature, top_k, top_p, min_p, seed, position = sample_columns(params)
-    p = len(params)
-    host[_SEED:_SEED + 2].reshape(-1).view(np.uint64)[:p] = seed
-    for row, col in ((_TEMPERATURE, temperature), (_TOP_K, top_k), (_TOP_P, top_p), (_MIN_P, min_p),
-                     (_POSITION, position)):
-        host[row, :p] = col.view(np.int32)

@@ -1,4 +1,4 @@
-"""The KDA states of captured decode calls (model/graph_capture.py): per KDA layer 16 state slots at fixed
+"""The KDA states of captured decode calls (engine/graph_capture.py): per KDA layer 16 state slots at fixed
 addresses, and which sequence sits in which slot.
 
 Ownership (what must stay true):

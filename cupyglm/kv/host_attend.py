@@ -7,6 +7,8 @@ its own positions (host_rows.py states the bound), and its flag word is its inde
 """
 from __future__ import annotations
 
+import numpy as np
+
 
 def attend_host(ops, host, layer: int, segs, qa, rows, counts, scale: float, chunk: int, written):
     """qa: [T, H, R] bf16, rows: [T, W] int32 host-store row ids (-1 padded), counts: [T] int32, written: per
@@ -19,3 +21,15 @@ def attend_host(ops, host, layer: int, segs, qa, rows, counts, scale: float, chu
         outs.append(ops.attention(qa[seg.rows], host.slots, ids, n, scale, chunk,
                                   decode=seg.n if seg.decode else 0))
     return outs[0] if len(outs) == 1 else xp.concatenate(outs)
+
+
+def token_rows(maps, xp, tokens):
+    """Latent rows of a call's token lists [T, W] int32 (positions, -1 padded) through each row's segment's page
+    table (maps.table[maps.seg[t]], model/seg_device.CallMaps); -1 stays -1. Only the host-rows path needs them as
+    an array (its gather marks store rows); attention on device rows maps positions inside the kernels. Integer
+    arithmetic only, as KVStore.rows on the host."""
+    pt = np.int32(maps.page_tokens)
+    safe = xp.maximum(tokens, np.int32(0))
+    width = np.int32(maps.table.shape[1])
+    rows = maps.table.reshape(-1)[maps.seg[:, None] * width + safe // pt] * pt + safe % pt
+    return xp.where(tokens < 0, np.int32(-1), rows).astype(xp.int32, copy=False)

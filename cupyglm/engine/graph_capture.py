@@ -12,7 +12,7 @@ What is captured and why it stays exact:
   to the KV store's scratch pages (model/seg_device.CallMaps padded: their own rows, position 0, their own pool
   table row, no index tail, no pooled key), and their outputs are dropped.
 * A KDA graph reads nothing that changes per step but its input rows and the call's slot table: its grids, shapes
-  and host branches depend on B alone. The KDA states live in slots at fixed addresses (model/kda_slots.py states
+  and host branches depend on B alone. The KDA states live in slots at fixed addresses (engine/kda_slots.py states
   the ownership rule: a seated sequence's SeqState arrays are views of its slot, written in place only by its own
   calls' replays, moved in only when the batch's composition changes), stepped by one kda_step_slots launch for
   all the call's sequences, each sequence's rows in order (MTP verify rows included).
@@ -42,13 +42,13 @@ What is captured and why it stays exact:
 Eager: prompt rows, mixed calls, calls over 16 rows, the host-rows path's DSA attention halves (kv.host: its
 gather, and the write-hash mode), MTP, the sampling of a step with logits edits. The ends (embedding -> streams
 -> layer 0's hc_pre + norm; final norm -> lm_head -> vocab gather, and a plain step's sample) are captured by
-model/graph_ends.py.
+engine/graph_ends.py; engine/graph_forward.py decides per call which runs.
 """
 from __future__ import annotations
 
+from cupyglm.engine.kda_slots import KDASlots
 from cupyglm.kv.copy_hooks import address_of
-from cupyglm.model.kda_slots import KDASlots
-from cupyglm.model.seg_device import CallMaps, graph_maps
+from cupyglm.model.seg_device import CallMaps
 
 BUCKETS = (1, 2, 4, 8, 16)
 
@@ -59,6 +59,15 @@ def bucket(rows: int) -> int | None:
         if rows <= b:
             return b
     return None
+
+
+def graph_maps(segs, kv, xp, b: int, into: dict) -> CallMaps:
+    """A captured decode call's maps padded to its bucket b, uploaded into `into`'s buffer of their layout (one
+    upload), built by the first layer that asks and cached on segs[0]."""
+    dev = segs[0].dev
+    if "graph_maps" not in dev:
+        dev["graph_maps"] = CallMaps(segs, kv, xp, pad_to=b, into=into)
+    return dev["graph_maps"]
 
 
 class _Entry:
