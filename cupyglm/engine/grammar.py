@@ -31,7 +31,7 @@ import threading
 
 import numpy as np
 
-from cupyglm.engine.token_mask import words
+from cupyglm.backend.numpy_token_mask import words
 from cupyglm.engine.tool_grammar import tool_call_lark
 from cupyglm.engine.tool_values import Unenforceable
 

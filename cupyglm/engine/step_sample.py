@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from cupyglm.engine import penalties
+from cupyglm.backend import numpy_penalties as penalties
 from cupyglm.engine.logprobs import tokens_and_logprobs
 from cupyglm.engine.request import EngineError
 from cupyglm.engine.sampling import banned_ids
