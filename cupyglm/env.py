@@ -16,8 +16,6 @@ VARIABLES: dict[str, tuple[str, str]] = {
     "CUPYGLM_KV_HOST": ("0", "1: latent KV rows live in pinned host pages mapped into every device"),
     "CUPYGLM_KV_HOST_SHARED": ("0", "1: ranks of one host map one /dev/shm file for the host KV pages (needs CUPYGLM_KV_HOST=1)"),
     "CUPYGLM_KV_HOST_GIB": ("", "size of the host KV pages in GiB (needs CUPYGLM_KV_HOST=1; default one full window)"),
-    "CUPYGLM_KV_HOST_SLOTS": ("", "tests only: fewer gather slots than the plan's (the slot guard's refusal)"),
-    "CUPYGLM_TEST_KV_HOST_HASH": ("0", "test only: 1 makes each rank print a digest of the host KV rows it wrote in each step"),
     "CUPYGLM_CUDA_GRAPHS": ("0", "1: on the cuda backend, decode calls replay each layer whole (a DSA layer's FFN half alone with --kv-host) and the step's ends (embedding, lm_head) as CUDA graphs per batch bucket (no bit changes; not fingerprinted)"),
     "CUPYGLM_MEMORY_RESERVE_GIB": ("1.0", "memory each rank keeps free after weights, scratch and KV pages"),
     "CUPYGLM_SIM_ORDER": ("forward", "thread order of the sim backend: forward, reverse or shuffled"),
@@ -26,8 +24,6 @@ VARIABLES: dict[str, tuple[str, str]] = {
     "CUPYGLM_SIM_CXX": ("g++", "C++17 compiler the emulator builds kernels with (else $CXX)"),
     "CUEMU_STACK_KB": ("64", "per-thread fiber stack of the emulator, KiB"),
     "CUPYGLM_DEBUG": ("0", "1: a failing rank prints its full traceback, not only its one error line"),
-    "CUPYGLM_TEST_DISK_WRITE_PAUSE": ("0", "test only: seconds the prompt-cache disk writer sleeps half way through each file"),
-    "CUPYGLM_TEST_SHM_PAUSE": ("0", "test only: seconds each rank of a host sleeps before mapping a shared /dev/shm segment"),
     "CUPYGLM_SHM_DIR": ("/dev/shm", "where shared host-memory segments (cupyglm-<token>-<purpose>) are made"),
 }
 

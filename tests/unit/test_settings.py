@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+from pathlib import Path
 
 import pytest
 
@@ -228,3 +229,15 @@ def test_mtp_drafts_are_built():
     s.refuse_unavailable()                       # MTP drafts are no longer refused
     with pytest.raises(SettingsError, match="--mtp-drafts"):
         Settings.from_argv(["--mtp-drafts", "16"])
+
+
+def test_readme_environment_table_is_env_variables():
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    assert env.table_markdown() in readme
+
+
+def test_product_code_reads_no_test_only_variable():
+    # a test watches a rank through observers it wires in (tests/observed_serve.py), never through the environment
+    root = Path(__file__).resolve().parents[2] / "cupyglm"
+    assert not [n for n, (_, meaning) in env.VARIABLES.items() if "TEST" in n or "test" in meaning]
+    assert not [p for p in root.rglob("*.py") if "CUPYGLM_TEST_" in p.read_text()]
