@@ -57,7 +57,8 @@ def plan_for(world, ckpt, ops, *, parallel: int | None = None, mtp: bool = False
               context=st.context, page_tokens=st.page_tokens, kv_pages=st.kv_pages, kv_host=st.kv_host,
               kv_host_bytes=None if st.kv_host_gib is None else int(st.kv_host_gib * GIB),
               reserve_gib=st.memory_reserve_gib, prompt_cache_gib=st.prompt_cache_gib, host_cache=st.host_cache,
-              chunk_rows=chunk, mtp=mtp, pool_cap=cpu, quant=layout_of(ckpt), graphs=cuda_graphs(world.backend))
+              chunk_rows=chunk, mtp=mtp, pool_cap=cpu, quant=layout_of(ckpt),
+              graphs=cuda_graphs(world.backend, st.cuda_graphs))
     try:                                   # what fits this rank; refusals wait until the ranks agree
         local_fit, local_error = plan_memory(cfg, **{**kw, "context": 0, "kv_pages": 0}).fit_pages, None
     except PlanError as e:
@@ -82,16 +83,13 @@ def shared_line(world, seg) -> str:
             f"{world.local_rank}/{world.local_size} mappings {seg.mapped()}/{seg.header.local_size}, {how}")
 
 
-def cuda_graphs(backend: str) -> bool:
-    """CUPYGLM_CUDA_GRAPHS=1 on the cuda backend: decode calls replay captured layers and ends
-    (model/graph_capture.py, graph_ends.py).
+def cuda_graphs(backend: str, asked: bool | None = None) -> bool:
+    """--cuda-graphs (Settings.cuda_graphs; `asked` None: not given, its alias CUPYGLM_CUDA_GRAPHS decides) on cuda:
+    decode calls replay captured layers and ends (model/graph_capture.py, graph_ends.py).
     Not fingerprinted: ranks may differ in it, since a replay computes the same bits as the eager call."""
-    from cupyglm import env
+    from cupyglm.settings import env_bool
 
-    raw = env.get_or("CUPYGLM_CUDA_GRAPHS")
-    if raw not in ("0", "1"):
-        raise ValueError(f"CUPYGLM_CUDA_GRAPHS must be 0 or 1, got {raw!r}")
-    return raw == "1" and backend == "cuda"
+    return (env_bool("CUPYGLM_CUDA_GRAPHS") if asked is None else asked) and backend == "cuda"
 
 
 def build(world, ckpt, *, poison: bool = False, log=log_line, observers: Observers = NO_OBSERVERS):
@@ -114,7 +112,7 @@ def build(world, ckpt, *, poison: bool = False, log=log_line, observers: Observe
                          host_slots=host_slots(plan, observers) if st.kv_host else 0,
                          host_shared=(lambda n: world.shared_segment("kv_host", n)) if st.kv_host_shared else None,
                          host_writes=WriteHash(ops.xp) if observers.kv_host_writes else None,
-                         graphs=cuda_graphs(world.backend), tail_slots=st.parallel)
+                         graphs=cuda_graphs(world.backend, st.cuda_graphs), tail_slots=st.parallel)
     seg = runner.kv.host.segment if runner.kv.host is not None else None
     if seg is not None and log is not None:
         log(shared_line(world, seg))
