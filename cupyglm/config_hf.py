@@ -83,21 +83,7 @@ def from_dict(raw: dict) -> ModelConfig:
 
 
 def _text(c: _Fields, top: _Fields) -> ModelConfig:
-    c.only("qk_rope_head_dim", 0, 0)              # NoPE MLA: no rope anywhere
-    c.only("mla_use_nope", True, True)
-    c.only("n_group", 1, 1)
-    c.only("topk_group", 1, 1)
-    c.only("scoring_func", "sigmoid", "sigmoid")
-    c.only("topk_method", "noaux_tc", "noaux_tc")
-    c.only("moe_router_dtype", "float32", "float32")
-    c.only("hidden_act", "silu", "silu")
-    c.only("attention_bias", False, False)
-    c.only("tie_word_embeddings", False, False)
-    c.only("mhc", True, True)                     # hyper-connections on
-    c.only("index_kpool_compress", True, True)
-    c.only("index_kpool_always_select_tail", True, True)
-    c.only("num_nextn_predict_layers", (0, 1), 1)
-
+    _fixed_text_fields(c)
     layers = int(c.need("num_hidden_layers"))
     lin = _Fields(c.need("linear_attn_config"), c.name("linear_attn_config"))
     types = _layer_types(c, lin, layers)
@@ -155,6 +141,24 @@ def _text(c: _Fields, top: _Fields) -> ModelConfig:
         page_tokens=int(c.get("cupyglm_page_tokens", 512)),
         max_position_embeddings=int(c.get("max_position_embeddings", 1_048_576)),   # released 1,048,576
     )
+
+
+def _fixed_text_fields(c: _Fields) -> None:
+    """The text fields the code supports at one value (the released one, taken when absent)."""
+    c.only("qk_rope_head_dim", 0, 0)              # NoPE MLA: no rope anywhere
+    c.only("mla_use_nope", True, True)
+    c.only("n_group", 1, 1)
+    c.only("topk_group", 1, 1)
+    c.only("scoring_func", "sigmoid", "sigmoid")
+    c.only("topk_method", "noaux_tc", "noaux_tc")
+    c.only("moe_router_dtype", "float32", "float32")
+    c.only("hidden_act", "silu", "silu")
+    c.only("attention_bias", False, False)
+    c.only("tie_word_embeddings", False, False)
+    c.only("mhc", True, True)                     # hyper-connections on
+    c.only("index_kpool_compress", True, True)
+    c.only("index_kpool_always_select_tail", True, True)
+    c.only("num_nextn_predict_layers", (0, 1), 1)
 
 
 def _layer_types(c: _Fields, lin: _Fields, layers: int) -> tuple[str, ...]:
@@ -278,14 +282,7 @@ def to_dict(cfg: ModelConfig) -> dict:
         "index_kpool_compress": True,
         "index_kpool_always_select_tail": True,
         "indexer_types": ["full"] * n,
-        "linear_attn_config": {
-            "num_heads": cfg.kda_num_heads,
-            "head_dim": cfg.kda_head_dim,
-            "short_conv_kernel_size": cfg.kda_conv_size,
-            "gate_lower_bound": cfg.kda_gate_lower_bound,
-            "kda_layers": list(cfg.kda_layers),
-            "full_attn_layers": list(cfg.dsa_layers),
-        },
+        "linear_attn_config": _linear_attn_dict(cfg),
         "n_routed_experts": cfg.n_routed_experts,
         "num_experts_per_tok": cfg.num_experts_per_tok,
         "n_shared_experts": cfg.n_shared_experts,
@@ -314,15 +311,29 @@ def to_dict(cfg: ModelConfig) -> dict:
         "cupyglm_page_tokens": cfg.page_tokens,
     }
     out = {"architectures": [ARCHITECTURE], "model_type": TOP_MODEL_TYPE, "text_config": text}
-    v = cfg.vision
-    if v is not None:
-        out["vision_config"] = {
-            "model_type": VISION_MODEL_TYPE, "depth": v.depth, "hidden_size": v.hidden_size,
-            "intermediate_size": v.intermediate_size, "num_heads": v.num_heads, "image_size": v.image_size,
-            "patch_size": v.patch_size, "temporal_patch_size": v.temporal_patch_size,
-            "spatial_merge_size": v.spatial_merge_size, "out_hidden_size": v.out_hidden_size,
-            "projection_intermediate_size": v.projection_intermediate_size, "in_channels": v.in_channels,
-            "attention_bias": v.attention_bias, "hidden_act": "silu",
-        }
+    if cfg.vision is not None:
+        out["vision_config"] = _vision_dict(cfg.vision)
     out.update({"tie_word_embeddings": False, "dtype": "bfloat16"})
     return out
+
+
+def _linear_attn_dict(cfg: ModelConfig) -> dict:
+    return {
+        "num_heads": cfg.kda_num_heads,
+        "head_dim": cfg.kda_head_dim,
+        "short_conv_kernel_size": cfg.kda_conv_size,
+        "gate_lower_bound": cfg.kda_gate_lower_bound,
+        "kda_layers": list(cfg.kda_layers),
+        "full_attn_layers": list(cfg.dsa_layers),
+    }
+
+
+def _vision_dict(v: VisionConfig) -> dict:
+    return {
+        "model_type": VISION_MODEL_TYPE, "depth": v.depth, "hidden_size": v.hidden_size,
+        "intermediate_size": v.intermediate_size, "num_heads": v.num_heads, "image_size": v.image_size,
+        "patch_size": v.patch_size, "temporal_patch_size": v.temporal_patch_size,
+        "spatial_merge_size": v.spatial_merge_size, "out_hidden_size": v.out_hidden_size,
+        "projection_intermediate_size": v.projection_intermediate_size, "in_channels": v.in_channels,
+        "attention_bias": v.attention_bias, "hidden_act": "silu",
+    }

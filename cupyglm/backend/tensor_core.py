@@ -24,8 +24,9 @@ alignment: its one extra bit when the largest product's significand is >= 2 is t
 X. One known difference: where every term lies below 2^-126 the published model first rounds each product to
 fp32; here products stay exact (no hardware data cover that range).
 
-Arrays: bf16 inputs as ml_dtypes.bfloat16 or their uint16 bit patterns; fp32 as float32. Integer arithmetic
-in int64 throughout (a block's terms are below 2^28 in units of the cut, 17 of them sum below 2^33).
+Arrays: bf16 inputs as ml_dtypes.bfloat16 or their uint16 bit patterns; fp32 as float32. The arithmetic runs
+over whole arrays in backend/tc_block.py (whose doc says why each step is exact); tests/tc_oracle.py states
+the same model term by term in int64, and the two agree bit for bit.
 """
 from __future__ import annotations
 
@@ -33,9 +34,12 @@ import dataclasses
 
 import numpy as np
 
+from cupyglm.backend import tc_block
 from cupyglm.backend.lanes import BF16
 
 K_STEP = 16                     # the k of one mma.m16n8k16
+TILE = 4096                     # outputs per tile of mma_chain: its [group + 1, tile] term arrays stay in cache
+TILE_ROWS = 16                  # rows of A per tile
 CANONICAL_NAN = np.uint32(0x7FFFFFFF)
 
 
@@ -69,83 +73,23 @@ def _bits16(x) -> np.ndarray:
     return x
 
 
-def _split_bf16(u: np.ndarray):
-    """(sign, exponent with subnormals at -126, 8-bit significand, special) of bf16 bit patterns."""
-    u = u.astype(np.int64)
-    e = (u >> 7) & 0xFF
-    m = u & 0x7F
-    sig = np.where(e == 0, m, m | 0x80)
-    exp = np.where(e == 0, -126, e - 127)
-    return (u >> 15) & 1, exp, sig, e == 0xFF
-
-
-def _split_f32(c: np.ndarray):
-    u = np.asarray(c, dtype=np.float32).view(np.uint32).astype(np.int64)
-    e = (u >> 23) & 0xFF
-    m = u & 0x7FFFFF
-    sig = np.where(e == 0, m, m | 0x800000)
-    exp = np.where(e == 0, -126, e - 127)
-    return (u >> 31) & 1, exp, sig, e == 0xFF
-
-
-def _shift(v: np.ndarray, s: np.ndarray) -> np.ndarray:
-    """v * 2^s for non-negative int64 v, cut toward zero when s < 0."""
-    left = np.left_shift(v, np.clip(s, 0, 62))
-    right = np.right_shift(v, np.clip(-s, 0, 63))
-    return np.where(s >= 0, left, right)
-
-
-def _round_rz_f32(total: np.ndarray, unit: np.ndarray) -> np.ndarray:
-    """float32 of total * 2^unit (int64 total), truncated toward zero; >= 2^128 in magnitude is infinity."""
-    mag = np.abs(total)
-    _, bitlen = np.frexp(mag.astype(np.float64))          # exact: mag < 2^53
-    bitlen = bitlen.astype(np.int64)
-    drop = np.maximum(np.maximum(bitlen - 24, -149 - unit), 0)
-    kept = np.right_shift(mag, np.minimum(drop, 63))
-    val = np.ldexp(kept.astype(np.float64), (unit + drop).astype(np.int64))
-    val = np.where(val >= 2.0 ** 128, np.inf, val)
-    out = np.where(total < 0, -val, val).astype(np.float32)
-    return np.where(total == 0, np.float32(0.0), out)
-
-
 def block_fma(a, b, c, model: Model) -> np.ndarray:
     """One block of the model: a, b [..., g] bf16 (g <= model.group), c [...] float32 -> [...] float32."""
-    sa, ea, ma, xa = _split_bf16(_bits16(a))
-    sb, eb, mb, xb = _split_bf16(_bits16(b))
-    sc, ec, mc, xc = _split_f32(c)
-    prod = ma * mb                                        # < 2^16, exact
-    pexp = ea + eb - 14                                   # product = prod * 2^pexp
-    live = prod != 0
-    ab = np.where(live, ea + eb, -100000)
-    top = np.maximum(ab.max(axis=-1), np.where(mc != 0, ec, -100000))
-    unit = top - 23 - model.extra_bits                    # the cut: multiples of 2^unit survive
-    pterm = _shift(prod, pexp - unit[..., None])
-    psign = sa ^ sb
-    total = np.where(psign == 1, -pterm, pterm).sum(axis=-1)
-    cterm = _shift(mc, ec - 23 - unit)
-    total = total + np.where(sc == 1, -cterm, cterm)
-    out = _round_rz_f32(total, unit)
-    return _specials(out, a, b, c, (sa, ea, ma, xa), (sb, eb, mb, xb), (sc, mc, xc))
+    a, b = _bits16(a), _bits16(b)
+    if a.shape[-1] != b.shape[-1]:
+        raise ValueError(f"tensor_core: a block takes as many a as b, got {a.shape[-1]} and {b.shape[-1]}")
+    c = np.asarray(c, dtype=np.float32)
+    shape = np.broadcast_shapes(a.shape[:-1], b.shape[:-1], c.shape)
+    acc = np.array(np.broadcast_to(c, shape))
+    if acc.size == 0:
+        return acc
+    (av, ae, a_finite), (bv, be, b_finite) = tc_block.operand(a), tc_block.operand(b)
 
+    def terms(x):                                   # [..., g] -> [g, ...] against the output's shape
+        return np.moveaxis(x.reshape((1,) * (len(shape) + 1 - x.ndim) + x.shape), -1, 0)
 
-def _specials(out, a, b, c, pa, pb, pc) -> np.ndarray:
-    """NaN / infinity per step 6 of the module doc, over the finite result `out`."""
-    sa, _, ma, xa = pa
-    sb, _, mb, xb = pb
-    sc, mc, xc = pc
-    nan_a, nan_b = xa & (ma & 0x7F != 0), xb & (mb & 0x7F != 0)
-    inf_a, inf_b = xa & ~nan_a, xb & ~nan_b
-    zero_a, zero_b = (ma == 0) & ~xa, (mb == 0) & ~xb
-    nan = (nan_a | nan_b | (inf_a & zero_b) | (inf_b & zero_a)).any(axis=-1) | (xc & ((mc & 0x7FFFFF) != 0))
-    pinf = (inf_a | inf_b) & ~(nan_a | nan_b | zero_a | zero_b)
-    sgn = sa ^ sb
-    cinf = xc & ((mc & 0x7FFFFF) == 0)
-    pos = (pinf & (sgn == 0)).any(axis=-1) | (cinf & (sc == 0))
-    neg = (pinf & (sgn == 1)).any(axis=-1) | (cinf & (sc == 1))
-    nan = nan | (pos & neg)
-    res = np.where(pos, np.float32(np.inf), np.where(neg, np.float32(-np.inf), out)).astype(np.float32)
-    bits = np.where(nan, CANONICAL_NAN, res.view(np.uint32))
-    return bits.astype(np.uint32).view(np.float32)
+    fast = a_finite and b_finite and not tc_block.has_subnormal(acc)
+    return tc_block.block(terms(av), terms(bv), terms(ae), terms(be), acc, model.extra_bits, fast)
 
 
 def dot16(a, b, c, model: Model) -> np.ndarray:
@@ -177,11 +121,40 @@ def mma_chain(a, b, c=None, arch: str = DEFAULT_ARCH) -> np.ndarray:
     rows, k = a.shape
     if b.shape[0] != k or k % K_STEP:
         raise ValueError(f"mma_chain: A {a.shape} @ B {b.shape}: K must agree and be a multiple of {K_STEP}")
-    acc = np.zeros((rows, b.shape[1]), np.float32) if c is None else np.array(c, dtype=np.float32)
-    bt = np.ascontiguousarray(b.T)
-    for k0 in range(0, k, K_STEP):
-        acc = dot16(a[:, None, k0:k0 + K_STEP], bt[None, :, k0:k0 + K_STEP], acc, m)
+    cols = b.shape[1]
+    acc = np.zeros((rows, cols), np.float32) if c is None else np.array(np.broadcast_to(
+        np.asarray(c, dtype=np.float32), (rows, cols)))
+    if acc.size == 0 or k == 0:
+        return acc
+    av, ae, finite = tc_block.operand(np.ascontiguousarray(a.T))
+    b = tc_block.rows_first(b)
+    tm = min(rows, TILE_ROWS)
+    tn = max(1, min(cols, TILE // tm))
+    for n0 in range(0, cols, tn):                   # tiles only bound the working set: each element's chain is its own
+        for m0 in range(0, rows, tm):
+            ms, ns = slice(m0, m0 + tm), slice(n0, n0 + tn)
+            acc[ms, ns] = _chain_tile(av[:, ms], ae[:, ms], b[:, ns], acc[ms, ns], m, finite)
     return acc
+
+
+def _chain_tile(av, ae, b, c, m: Model, a_finite: bool) -> np.ndarray:
+    """One tile's chain: av, ae [K, tm] (A's columns as values and exponents), b [K, tn] bits, c [tm, tn] ->
+    [tm, tn] float32. B's operands are made a block at a time: they stay in cache and no whole copy is made."""
+    g = m.group
+    c = np.ascontiguousarray(c)
+    bufs = tc_block.Buffers(g, c.shape, m.extra_bits)
+    b_out = (np.empty((g, b.shape[1]), np.uint32), np.empty((g, b.shape[1]), np.int16))
+    c_plain = not tc_block.has_subnormal(c)
+    for j0 in range(0, av.shape[0], g):
+        s = slice(j0, j0 + g)
+        bv, be, b_finite = tc_block.operand(b[s], b_out)
+        terms = (av[s, :, None], bv[:, None, :], ae[s, :, None], be[:, None, :])
+        out = tc_block.fast(*terms, c, m.extra_bits, bufs) if a_finite and b_finite and c_plain else None
+        if out is None:
+            out = tc_block.general(*terms, c, m.extra_bits)
+            c_plain = not tc_block.has_subnormal(out)
+        c = out
+    return c
 
 
 def _model(arch: str) -> Model:

@@ -206,10 +206,9 @@ async def _serve_rank0(world, link, st, sock, args, port, served_id, key, max_bo
                        observers=None) -> int:
     import uvicorn
 
-    from cupyglm.checkpoint.loader import open_model
     from cupyglm.distributed.watchdog import Watchdog
     from cupyglm.engine.sampling import SamplingParams
-    from cupyglm.server.app import ServerState, create_app, model_info
+    from cupyglm.server.app import ServerState, create_app
     from cupyglm.server.bridge import EngineBridge
     from cupyglm.server.guards import KEEP_ALIVE_S, GuardedH11Protocol
     from cupyglm.server.metrics import Metrics
@@ -222,8 +221,50 @@ async def _serve_rank0(world, link, st, sock, args, port, served_id, key, max_bo
                         api_keys=(key.encode(),) if key else (), max_body_bytes=max_body, make_params=SamplingParams,
                         allow_control_tokens=args.allow_control_tokens, body_timeout_s=args.body_timeout)
     server_box: dict = {}
-    holder: dict = {}
     wd = Watchdog(link, args.step_timeout, on_fire=bridge.fail)
+    factory, on_ready = _engine_hooks(world, st, state, wd, loop, served_id, host, port, t0)
+
+    def on_dead(exc: BaseException) -> None:     # event loop thread
+        server = server_box.get("server")
+        if server is not None:
+            server.should_exit = True
+
+    bridge.on_dead = on_dead
+    protocol = type("HeadTimedH11Protocol", (GuardedH11Protocol,), {"head_timeout_s": args.read_timeout})
+    config = uvicorn.Config(create_app(state), http=protocol, lifespan="off", log_level="warning",
+                            access_log=False, timeout_graceful_shutdown=max(drain_s, 0.1) + 5,
+                            timeout_keep_alive=KEEP_ALIVE_S)
+    server = _server_class()(config)
+    server_box["server"] = server
+    bridge.start(factory, on_ready)
+
+    from cupyglm.distributed.failure import request_stop
+
+    watcher = asyncio.ensure_future(_watch_stop(server, bridge, drain_s))
+    try:
+        await server.serve(sockets=[sock])
+    finally:
+        server.should_exit = True
+        aborted = await watcher
+        state.pool.close()
+        request_stop()
+        if bridge.dead is None:
+            _stop_every_rank(bridge, wd, link)
+        else:
+            bridge.stop(timeout=5)
+    if bridge.dead is not None:
+        raise bridge.dead
+    _say(f"stopped: {aborted} open request(s) aborted after the drain; every rank confirmed the stop")
+    return 0
+
+
+def _engine_hooks(world, st, state, wd, loop, served_id, host, port, t0):
+    """The bridge's engine factory (engine thread: open the checkpoint, build the engine under the watchdog) and
+    its on_ready (engine thread: publish the model's info and tokenizer to `state` on the event loop)."""
+    from cupyglm.checkpoint.loader import open_model
+    from cupyglm.server.app import model_info
+
+    holder: dict = {}
 
     def factory():
         ckpt = open_model(st.model)
@@ -249,49 +290,22 @@ async def _serve_rank0(world, link, st, sock, args, port, served_id, key, max_bo
 
         loop.call_soon_threadsafe(publish)
 
-    def on_dead(exc: BaseException) -> None:     # event loop thread
-        server = server_box.get("server")
-        if server is not None:
+    return factory, on_ready
+
+
+async def _watch_stop(server, bridge, drain_s: float) -> int:
+    """Until the server exits: a stop signal starts the drain; then drain, returning the requests aborted."""
+    from cupyglm.distributed.failure import stop_requested, stop_signal_name
+
+    # run_rank_main's handlers stay installed (the server class keeps them): the first signal sets the flag
+    while not server.should_exit:
+        if stop_requested():
             server.should_exit = True
-
-    bridge.on_dead = on_dead
-    protocol = type("HeadTimedH11Protocol", (GuardedH11Protocol,), {"head_timeout_s": args.read_timeout})
-    config = uvicorn.Config(create_app(state), http=protocol, lifespan="off", log_level="warning",
-                            access_log=False, timeout_graceful_shutdown=max(drain_s, 0.1) + 5,
-                            timeout_keep_alive=KEEP_ALIVE_S)
-    server = _server_class()(config)
-    server_box["server"] = server
-    bridge.start(factory, on_ready)
-
-    from cupyglm.distributed.failure import request_stop, stop_requested, stop_signal_name
-
-    async def watch_stop() -> int:
-        # run_rank_main's handlers stay installed (the server class keeps them): the first signal sets the flag
-        while not server.should_exit:
-            if stop_requested():
-                server.should_exit = True
-                _say(f"rank 0: {stop_signal_name()}: draining {bridge.open_requests} open request(s) for at most "
-                     f"{drain_s:g} s")
-            await asyncio.sleep(0.1)
-        bridge.closing = True
-        return await bridge.drain(drain_s)
-
-    watcher = asyncio.ensure_future(watch_stop())
-    try:
-        await server.serve(sockets=[sock])
-    finally:
-        server.should_exit = True
-        aborted = await watcher
-        state.pool.close()
-        request_stop()
-        if bridge.dead is None:
-            _stop_every_rank(bridge, wd, link)
-        else:
-            bridge.stop(timeout=5)
-    if bridge.dead is not None:
-        raise bridge.dead
-    _say(f"stopped: {aborted} open request(s) aborted after the drain; every rank confirmed the stop")
-    return 0
+            _say(f"rank 0: {stop_signal_name()}: draining {bridge.open_requests} open request(s) for at most "
+                 f"{drain_s:g} s")
+        await asyncio.sleep(0.1)
+    bridge.closing = True
+    return await bridge.drain(drain_s)
 
 
 def _stop_every_rank(bridge, wd, link) -> None:

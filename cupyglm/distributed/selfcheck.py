@@ -1,4 +1,4 @@
-"""`python -m cupyglm.distributed.selfcheck [shared flags]`: a rank program that exercises the dist layer.
+"""`python -m cupyglm.distributed.selfcheck [shared flags]`: a rank program that exercises the distributed layer.
 
 It starts the world (handshake), refuses unavailable settings, maps a shared segment, checks the rank-order
 all-reduce against a local replay, broadcasts step messages, and prints a digest every rank must agree on.
@@ -40,79 +40,93 @@ def main(argv: list[str] | None = None) -> int:
     def body() -> int:
         ns = parser.parse_args(argv)
         world = start(Settings.from_args(ns))
-        settings = world.settings
-        settings.refuse_unavailable()
-        rank, size, comm = world.rank, world.size, world.host_comm
-        assert comm is not None
-
-        seg = world.shared_segment("selfcheck", max(ns.shm_bytes, 8 * world.local_size))
-        slots = seg.array(np.int64, (world.local_size,))
-        slots[world.local_rank] = rank + 1000
-        comm.barrier()
-        seen = sorted(int(v) for v in slots)
-        if seen != sorted(set(seen)) or len(seen) != world.local_size or min(seen) < 1000:
-            raise RuntimeError(f"shared segment slots disagree: {seen}")
-        exists = os.path.exists(seg.path)
-        print(f"rank {rank}: pid {os.getpid()} ready size {size} local {world.local_rank}/{world.local_size} "
-              f"token {world.token} shm {seg.name} shm_name_left {int(exists)} "
-              f"handshake_ms {world.handshake_ms:.3f}", flush=True)
-
+        world.settings.refuse_unavailable()
+        assert world.host_comm is not None
+        seg = _check_segment(world, ns.shm_bytes)
         h = hashlib.sha256()
-        part = _partial(settings.seed, rank, ns.elements)
-        total = comm.allreduce_sum(part)
-        replay = ordered_sum(np.stack([_partial(settings.seed, r, ns.elements) for r in range(size)]))
-        if total.tobytes() != replay.tobytes():
-            raise RuntimeError("allreduce_sum is not the rank-order sum")
-        h.update(total.tobytes())
-        bf = comm.allreduce_sum(part.astype(ml_dtypes.bfloat16))
-        h.update(bf.tobytes())
-        cat = comm.concat_last(part[:8].reshape(2, 4))
-        if cat.shape != (2, 4 * size):
-            raise RuntimeError(f"concat_last shape {cat.shape}")
-        h.update(cat.tobytes())
-        gathered = comm.allgather(np.array([rank], dtype=np.int32))
-        if gathered.ravel().tolist() != list(range(size)):
-            raise RuntimeError(f"allgather gave {gathered.ravel().tolist()}")
-
-        mirror = stepmod.Mirror()
-        first = stepmod.StepMessage(step=0, new=(stepmod.NewRequest(7, tuple(range(10)), stepmod.Sampling(
-            temperature=0.7, top_k=20, seed=settings.seed, max_tokens=32, stop_token_ids=(2,))),),
-            schedule=(stepmod.ScheduleEntry(7, 0, 10),))
-        blob = comm.bcast_bytes(stepmod.encode(first) if rank == 0 else None)
-        msg = stepmod.decode(blob)
-        mirror.apply(msg)
-        if msg != first:
-            raise RuntimeError("step message differs after broadcast")
-        h.update(blob)
-        digest = h.hexdigest()[:16]
-        print(f"rank {rank}: DIGEST {digest}", flush=True)
-
+        part = _check_collectives(world, ns.elements, h)
+        _check_step_message(world, h)
+        print(f"rank {world.rank}: DIGEST {h.hexdigest()[:16]}", flush=True)
         steps = 0
-        t0 = time.monotonic()
         if ns.loop_seconds > 0:
-            x = part[:256].copy()
-            while True:
-                steps += 1
-                out = None
-                if rank == 0:
-                    done = stop_requested() or time.monotonic() - t0 > ns.loop_seconds
-                    out = stepmod.encode(stepmod.StepMessage(
-                        step=steps, schedule=(stepmod.ScheduleEntry(7, 10 + steps, 1),), stop=done))
-                msg = stepmod.decode(comm.bcast_bytes(out))
-                mirror.apply(msg)
-                if msg.stop:
-                    break
-                if ns.fail_rank in (rank, -2) and time.monotonic() - t0 >= ns.fail_after:
-                    raise RuntimeError(f"planted failure on rank {rank}")
-                x = comm.allreduce_sum(x) * np.float32(0.5)
-                time.sleep(0.001)
-        elif ns.fail_rank in (rank, -2):
-            raise RuntimeError(f"planted failure on rank {rank}")
+            steps = _loop(world, part, ns)
+        elif ns.fail_rank in (world.rank, -2):
+            raise RuntimeError(f"planted failure on rank {world.rank}")
         seg.close()
-        print(f"rank {rank}: done after {steps} steps", flush=True)
+        print(f"rank {world.rank}: done after {steps} steps", flush=True)
         return 0
 
     return run_rank_main(body)
+
+
+def _check_segment(world, shm_bytes: int):
+    """Map the shared segment, every local rank writes its slot, all must see all; prints the ready line."""
+    rank, comm = world.rank, world.host_comm
+    seg = world.shared_segment("selfcheck", max(shm_bytes, 8 * world.local_size))
+    slots = seg.array(np.int64, (world.local_size,))
+    slots[world.local_rank] = rank + 1000
+    comm.barrier()
+    seen = sorted(int(v) for v in slots)
+    if seen != sorted(set(seen)) or len(seen) != world.local_size or min(seen) < 1000:
+        raise RuntimeError(f"shared segment slots disagree: {seen}")
+    exists = os.path.exists(seg.path)
+    print(f"rank {rank}: pid {os.getpid()} ready size {world.size} local {world.local_rank}/{world.local_size} "
+          f"token {world.token} shm {seg.name} shm_name_left {int(exists)} "
+          f"handshake_ms {world.handshake_ms:.3f}", flush=True)
+    return seg
+
+
+def _check_collectives(world, elements: int, h) -> np.ndarray:
+    """Every collective against what it must give (the sum in rank order); their bytes go into the digest."""
+    rank, size, comm, seed = world.rank, world.size, world.host_comm, world.settings.seed
+    part = _partial(seed, rank, elements)
+    total = comm.allreduce_sum(part)
+    replay = ordered_sum(np.stack([_partial(seed, r, elements) for r in range(size)]))
+    if total.tobytes() != replay.tobytes():
+        raise RuntimeError("allreduce_sum is not the rank-order sum")
+    h.update(total.tobytes())
+    bf = comm.allreduce_sum(part.astype(ml_dtypes.bfloat16))
+    h.update(bf.tobytes())
+    cat = comm.concat_last(part[:8].reshape(2, 4))
+    if cat.shape != (2, 4 * size):
+        raise RuntimeError(f"concat_last shape {cat.shape}")
+    h.update(cat.tobytes())
+    gathered = comm.allgather(np.array([rank], dtype=np.int32))
+    if gathered.ravel().tolist() != list(range(size)):
+        raise RuntimeError(f"allgather gave {gathered.ravel().tolist()}")
+    return part
+
+
+def _check_step_message(world, h) -> None:
+    """Rank 0's first step message, broadcast: every rank must decode what rank 0 encoded."""
+    first = stepmod.Frame(step=0, records=((1, bytes(range(10))), (7, world.settings.seed.to_bytes(8, "little"))))
+    blob = world.host_comm.bcast_bytes(stepmod.encode(first) if world.rank == 0 else None)
+    if stepmod.decode(blob) != first:
+        raise RuntimeError("step message differs after broadcast")
+    h.update(blob)
+
+
+def _loop(world, part: np.ndarray, ns: argparse.Namespace) -> int:
+    """Step until rank 0's message carries the stop (a stop signal or --loop-seconds); the steps run in order."""
+    rank, comm = world.rank, world.host_comm
+    steps = 0
+    t0 = time.monotonic()
+    x = part[:256].copy()
+    while True:
+        steps += 1
+        out = None
+        if rank == 0:
+            done = stop_requested() or time.monotonic() - t0 > ns.loop_seconds
+            out = stepmod.encode(stepmod.Frame(step=steps, stop=done, records=((7, bytes(4)),)))
+        msg = stepmod.decode(comm.bcast_bytes(out))
+        if msg.step != steps:
+            raise RuntimeError(f"step {msg.step} after step {steps - 1}: the ranks are out of step")
+        if msg.stop:
+            return steps
+        if ns.fail_rank in (rank, -2) and time.monotonic() - t0 >= ns.fail_after:
+            raise RuntimeError(f"planted failure on rank {rank}")
+        x = comm.allreduce_sum(x) * np.float32(0.5)
+        time.sleep(0.001)
 
 
 if __name__ == "__main__":

@@ -8,7 +8,7 @@ kept entry (one step), then resumes from that entry through the memory cache's o
 
 Lockstep: every rank learns the same spills, loads and unlinks from the message, in the same order. A load is
 the one place a rank's disk can disagree with another's: every rank reads and checks its own file, then the
-ranks all-gather one ok flag per load (`apply_disk`) and lease kept pages only when every rank read its file;
+ranks all-gather one ok flag per load (`cupyglm.engine.ops.load`) and lease kept pages only when every rank read its file;
 otherwise every rank drops its read and rank 0 serves the request fresh (miss reason "disk state unreadable").
 At startup the ranks all-gather the keys of their valid files and keep only the keys every rank holds.
 """
@@ -19,11 +19,28 @@ import itertools
 
 import numpy as np
 
-from cupyglm.distributed import step as stepmod
 from cupyglm.engine.radix import RadixTree
+from cupyglm.engine.scheduler import StepPlan
 from cupyglm.kv import disk_file as df
 
 MISS_DISK = "disk state unreadable"
+DISK_SYNC = 1          # every rank finishes its writes and the ranks agree (ops.sync)
+DISK_CLEAR = 2         # every rank deletes its state files (ops.clear)
+
+
+@dataclasses.dataclass(frozen=True)
+class DiskOps:
+    """A step's disk work as rank 0 plans it (ops.spill, unlink, clear, load, sync carry it); salts and keys are
+    16-byte digests (cupyglm.kv.disk_file)."""
+
+    spills: tuple[tuple[int, bytes, bytes], ...] = ()   # (entry, salt, key)
+    loads: tuple[tuple[int, int, bytes], ...] = ()      # (entry, length, key)
+    unlinks: tuple[bytes, ...] = ()
+    ops: int = 0                                         # DISK_SYNC | DISK_CLEAR
+
+    @property
+    def empty(self) -> bool:
+        return not (self.spills or self.loads or self.unlinks or self.ops)
 
 
 @dataclasses.dataclass
@@ -126,22 +143,17 @@ class DiskPlanner:
         self._loads.append((eid, length, bytes.fromhex(key)))
         return True
 
-    def resume_loaded(self, sch) -> list[tuple[int, int, int]]:
+    def resume_loaded(self, sch) -> None:
         """Requests whose load every rank completed: restore them from the new kept entry now."""
-        out = []
         for rid, eid, length in self.ready:
             r = sch.requests.get(rid)
             if r is None or not r.prefilling or r.fed:
                 continue                                   # aborted while loading
-            sch._lease(r, length)
-            r.fed = r.cached = length
             r.miss_reason = None
-            sch.cache.restored(eid, length)
-            out.append((rid, eid, length))
+            sch.restore(r, eid, length)
         self.ready = []
-        return out
 
-    def step_ops(self, sch, drops: tuple[int, ...], evicted_from: int) -> tuple[tuple[int, ...], stepmod.DiskOps]:
+    def step_ops(self, sch, drops: tuple[int, ...], evicted_from: int) -> tuple[tuple[int, ...], DiskOps]:
         """This step's drops (the loads' evictions first) and disk section: spill every evicted entry that no
         longer kept state supersedes."""
         why = {eid: w for eid, _, _, w in sch.cache.evicted[evicted_from:]}
@@ -164,8 +176,8 @@ class DiskPlanner:
         self._unlinks += self.index.add(key, salt, tokens, self.state_bytes(len(tokens)))
         return eid, bytes.fromhex(salt), bytes.fromhex(key)
 
-    def _ops(self, spills, flags: int = 0) -> stepmod.DiskOps:
-        ops = stepmod.DiskOps(tuple(spills), tuple(self._loads), tuple(bytes.fromhex(k) for k in self._unlinks),
+    def _ops(self, spills, flags: int = 0) -> DiskOps:
+        ops = DiskOps(tuple(spills), tuple(self._loads), tuple(bytes.fromhex(k) for k in self._unlinks),
                               flags)
         self._loads, self._unlinks = [], []
         return ops
@@ -188,7 +200,7 @@ class DiskPlanner:
     def forgotten(self, eid: int) -> None:
         """Hook set by the scheduler: drop a memory entry no rank leased (a failed load)."""
 
-    def save_ops(self, sch, flags: int = stepmod.DISK_SYNC) -> stepmod.DiskOps:
+    def save_ops(self, sch, flags: int = DISK_SYNC) -> DiskOps:
         """Spill every memory state that no longer kept state supersedes (a save, or the stop)."""
         spills = []
         for e in sch.cache.entries.values():
@@ -201,45 +213,7 @@ class DiskPlanner:
 
 # ---- every rank -------------------------------------------------------------------------------------------------
 
-def note_keeps(disk, msg, mirror) -> None:
-    """Remember the tokens of the states this step kept (a spill writes them into the file's header)."""
-    for rid, eid, length in msg.keeps:
-        disk.tokens_of[eid] = tuple(mirror.requests[rid].prompt[:length])
-
-
-def spill_before_drops(disk, msg) -> None:
-    for eid, salt, key in msg.disk.spills:
-        if eid in disk.kept.entries:
-            disk.spill(eid, key.hex(), salt.hex())
-
-
-def apply_disk(disk, comm, msg) -> dict[int, bool]:
-    """After the drops, before the keeps: unlinks, clear, then the loads (the ranks agree on every read);
-    a sync waits for every rank's writes. Returns entry -> loaded, and -1 -> every rank's writes succeeded."""
-    d = msg.disk
-    for eid in msg.drops:
-        disk.tokens_of.pop(eid, None)
-    for key in d.unlinks:
-        disk.unlink(key.hex())
-    if d.ops & stepmod.DISK_CLEAR:
-        disk.clear()
-    results: dict[int, bool] = {}
-    if d.loads:
-        oks = np.array([disk.read(eid, key.hex(), length) for eid, length, key in d.loads], dtype=np.uint8)
-        every = _agree(comm, oks)                          # collective: every rank, every step with loads
-        for (eid, length, _), ok in zip(d.loads, every):
-            if ok:
-                disk.commit(eid, length)
-            else:
-                disk.discard(eid)
-            results[eid] = bool(ok)
-    if d.ops & stepmod.DISK_SYNC:
-        disk.flush()
-        results[-1] = bool(_agree(comm, np.array([disk.failed is None], dtype=np.uint8))[0])
-    return results
-
-
-def _agree(comm, flags: np.ndarray) -> np.ndarray:
+def agree(comm, flags: np.ndarray) -> np.ndarray:
     """The element-wise minimum of every rank's flags (an all-gather on the host communicator)."""
     if comm is None or getattr(comm, "size", 1) == 1:
         return flags
@@ -274,8 +248,8 @@ def planner_from(disk, budget_bytes: int, state_bytes) -> DiskPlanner:
 
 # ---- rank 0: the admin messages (POST /v1/cache/save and /v1/cache/clear) ---------------------------------------
 
-def admin_message(sch, op: str) -> stepmod.StepMessage:
-    """A message of its own: "save" spills every memory state not on disk yet and waits for every rank's writes;
+def admin_message(sch, op: str) -> StepPlan:
+    """A step of its own (its drops and disk work): "save" spills every memory state not on disk yet and waits for every rank's writes;
     "clear" drops every memory state and deletes every rank's state files. ValueError when this server cannot."""
     if op not in ("save", "clear"):
         raise ValueError(f"unknown cache operation {op!r} (save or clear)")
@@ -288,7 +262,7 @@ def admin_message(sch, op: str) -> stepmod.StepMessage:
         raise ValueError("a state is being loaded from disk; retry in a moment")
     sch.step += 1
     if op == "save":
-        return stepmod.StepMessage(step=sch.step, disk=planner.save_ops(sch))
+        return StepPlan(sch.step, disk=planner.save_ops(sch))
     drops = tuple(sorted(sch.cache.entries))
     for eid in drops:
         sch.cache.forget(eid)
@@ -298,14 +272,14 @@ def admin_message(sch, op: str) -> stepmod.StepMessage:
         planner._unlinks.clear()
         for key in list(planner.index.entries):
             planner.index.remove(key)
-        disk = stepmod.DiskOps(ops=stepmod.DISK_CLEAR | stepmod.DISK_SYNC)
-    return stepmod.StepMessage(step=sch.step, drops=drops, disk=disk)
+        disk = DiskOps(ops=DISK_CLEAR | DISK_SYNC)
+    return StepPlan(sch.step, drops=drops, disk=disk)
 
 
-def admin_result(msg: stepmod.StepMessage, results: dict[int, bool]) -> dict:
+def admin_result(msg: StepPlan, results: dict[int, bool]) -> dict:
     out = {"memory_states_dropped": len(msg.drops)}
     if msg.disk is not None:
         out["states_written"] = len(msg.disk.spills)
         out["disk_ok"] = results.get(-1, True)
-        out["disk_cleared"] = bool(msg.disk.ops & stepmod.DISK_CLEAR)
+        out["disk_cleared"] = bool(msg.disk.ops & DISK_CLEAR)
     return out

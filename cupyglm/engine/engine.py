@@ -1,28 +1,29 @@
 """The engine: rank 0's scheduling loop and every rank's lockstep execution of the same step.
 
 Each `step()` on rank 0: admit and schedule (`Scheduler.schedule`, which leases the step's pages), encode the
-plan as a versioned step message (`cupyglm.distributed.step`: new requests' prompts and sampling parameters once,
+plan as a versioned step message (`cupyglm.engine.ops`: new requests' prompts and sampling parameters once,
 row groups after, with the sampled token of each decode row; finished and aborted requests as `cancelled`),
 broadcast it, run it, sample on rank 0 (every row of the step in one `ops.sample` call: on the
 device on cuda, the kernel on sim), then `Scheduler.update` and detokenize (stop strings, on rank 0).
 Ranks other than 0 run `worker_loop()`: receive, run the same message on their shard, until the stop flag.
 
-Every rank runs a message the same way (`_run`), rank 0 included (it runs the decoded bytes it sent): release
-the cancelled requests' pages, create states for new requests, lease pages for each row group in order, run
-the model. Page ids stay identical on every rank because every rank's pool sees the same releases and then
-the same leases in the same order (lowest free id first); each row group's flags carry a 24-bit hash of rank
-0's page table and every rank checks its own against it.
+Every rank runs a message the same way, rank 0 included (it runs the decoded bytes it sent): its
+`cupyglm.engine.worker.Worker` applies the message's operations in order (`cupyglm.engine.ops`). Rank 0's
+scheduler is the only allocator of KV pages: its pool and page store are the plan's (pure CPU), the message
+names every page id a restore or a row group takes, and each worker, rank 0's too, holds its own pool that only
+takes those ids, so every rank's tables equal the plan's or the message is refused.
 
-Kept prompt states: rank 0's `PromptCache` decides, the message carries it, every rank applies it alike
-(`cupyglm.kv.kept`: evicts, then restores, before the rows run; after the model call the drops, then the keeps).
-With kept prompts as pool pages (CUPYGLM_KV_SHARE) rank 0's scheduler makes the page store's holds as it plans, and
-every other rank makes them as it applies the message (`cupyglm.kv.page_store`). The disk tier
-(`cupyglm.engine.disk_tier`) rides in the same message: spills before the drops, loads (agreed by every rank)
-between the drops and the keeps, and a save or a clear as a message of its own.
+Kept prompt states: rank 0's `PromptCache` decides, the message carries it (evicts and restores before the rows
+run, drops and keeps after). The disk tier (`cupyglm.engine.disk_tier`) rides in the same message: spills before
+the drops, loads (agreed by every rank) between the drops and the keeps, and a save or a clear as a message of
+its own.
 
 MTP drafts (`cupyglm.engine.verify`): a verify group carries its one token; every rank drafts the rest, rank 0
-samples every row (`cupyglm.engine.step_sample`), and the next message's row group tells every rank how far to
-roll back (`Verifier.settle`, before anything else of that step leases or runs).
+samples every row (`cupyglm.engine.step_sample`), and the next message settles each verified request at its next
+row group's start (before anything else of that step leases or runs).
+
+Requests on rank 0 (`cupyglm.engine.frontend`): one record a request from `add_request` to its one end, whatever
+ends it (finished, aborted, refused, failed); the engine hands each step's sampled tokens to the front end.
 
 Thread safety: `add_request`, `abort`, `has_work` and the page counts may be called from any thread; `step` from one
 thread at a time. An abort that arrives while a step runs is applied when the step's model call returns (its token
@@ -30,42 +31,22 @@ is dropped); otherwise its pages go back at once.
 """
 from __future__ import annotations
 
-import itertools
 import threading
-import zlib
 
-import numpy as np
-
-from cupyglm.distributed import step as stepmod
 from cupyglm.engine import disk_tier, prompt_logprobs
 from cupyglm.engine.config import EngineConfig
 from cupyglm.engine.draft import Pricer
-from cupyglm.engine.grammar import Guides
-from cupyglm.engine.outputs import step_outputs
+from cupyglm.engine.frontend import Frontend
+from cupyglm.engine.ops.codec import decode, encode
 from cupyglm.engine.prompt_cache import PromptCache
-from cupyglm.engine.request import EngineError, Request, RequestOutput
-from cupyglm.engine.sampling import FINISH_ABORT, SamplingParams
+from cupyglm.engine.request import EngineError, RequestOutput
+from cupyglm.engine.sampling import SamplingParams
 from cupyglm.engine.step_sample import plain_rows, sample_step, sampled_rows
-from cupyglm.engine.text import RequestText
-from cupyglm.engine.verify import Verifier
-from cupyglm.kv.host_rows import early_writes, log_writes
-from cupyglm.kv.kept import apply_keeps, apply_restores
-from cupyglm.kv.page_store import stop_line
+from cupyglm.engine.step_message import assemble, from_plan
+from cupyglm.engine.worker import Worker
 from cupyglm.engine.scheduler import Scheduler, StepPlan
-from cupyglm.model.glm import SeqInput
-
-FINISH_ERROR = "error"          # rank 0 refused a running request (RequestOutput.error names why)
-
-FLAG_LOGITS = 1
-FLAG_DECODE = 2
-FLAG_ALL_LOGITS = 4        # a prompt chunk whose every row's logits are needed (prompt logprobs)
-FLAG_VERIFY = 8            # a verify group: its one token, then count - 1 rows every rank drafts (engine.verify)
-HASH_SHIFT = 8
-
-
-def page_hash(pages: list[int]) -> int:
-    """24-bit hash of a page table (the check every rank makes against rank 0's)."""
-    return zlib.crc32(np.asarray(pages, dtype="<i4").tobytes()) & 0xFFFFFF
+from cupyglm.kv.page_store import PageStore, stop_line
+from cupyglm.kv.pool import PagePool
 
 
 class Engine:
@@ -80,34 +61,41 @@ class Engine:
         self.ops = runner.ops
         self.log = log
         self.kept = kept                 # this rank's KeptStore (None: no prompt cache)
-        self.pages = kept.pages if kept else None       # the kept prompts' pool pages (CUPYGLM_KV_SHARE)
+        self.pages = kept.pages if kept else None       # the worker's kept prompts' pool pages (CUPYGLM_KV_SHARE)
         cache = PromptCache(kept.pool.num_pages if kept else 0, kept.pages_for if kept else (lambda n: 0),
                             self.pages.limit if self.pages else 0)
         self.disk, self.host_comm = disk, host_comm     # this rank's DiskStore (None: no disk tier)
-        self._disk_results: dict[int, bool] = {}
-        pricer = Pricer(cfg.mtp_drafts, runner.cfg.num_hidden_layers, cfg.draft_pricing) if cfg.mtp_drafts else None
-        self.scheduler = Scheduler(cfg, runner.kv.pool, cache if kept else None, pages=self.pages, disk=planner,
-                                   pricer=pricer) if self.rank == 0 else None
-        self.verifier = Verifier(runner, trim=self.rank != 0)   # this rank's verify groups in flight
+        self.worker = Worker(runner, self.rank, kept, disk, host_comm, log)
+        self.scheduler = self._scheduler(cfg, cache if kept else None, planner) if self.rank == 0 else None
+        self._verifying: set[int] = set()      # requests whose verify group ran in the last step
         self.kv_host_stats: dict | None = None     # the row cache's totals (KV rows in host memory), rank 0
-        self._mirror = stepmod.Mirror()
-        self._states: dict = {}
         self._lock = threading.RLock()
         self._in_step = False
-        self._pending_aborts: list[int] = []
-        self._ready: list[RequestOutput] = []          # abort outputs waiting for the next step()
-        self._texts: dict[int, RequestText] = {}
-        self._logprobs: dict[int, tuple] = {}             # this step's (logprob, top) per request that asked
-        self._prompt_lp: dict[int, list] = {}             # prompt logprobs gathered until the first token
         vocab = cfg.vocab_size or runner.cfg.vocab_size
-        self.guides = Guides(tokenizer, vocab, cfg.eos_token_ids) if self.rank == 0 else None   # structured output
+        self.front = Frontend(self.scheduler, cfg, tokenizer, vocab) if self.rank == 0 else None   # rank 0's requests
+        self.guides = self.front.guides if self.front else None    # structured output (the server prepares guides)
         self._masks = None                                # this step's grammar masks, being computed
-        self._ids = itertools.count()
-        self._seeds = itertools.count()
         self._stopped = False
         self.steps = 0
         self.done_step = -1          # the last step message this rank finished (read by its heartbeat thread)
         self.watch = None            # rank 0: step_started(step, rows) / step_done() (cupyglm.distributed.watchdog)
+
+    def _scheduler(self, cfg: EngineConfig, cache, planner) -> Scheduler:
+        """Rank 0's planner: a pool and page store of its own (the only allocator; the worker takes its ids)."""
+        pool = PagePool(cfg.num_pages)
+        p = self.pages
+        pages = PageStore(pool, p.page_tokens, p.limit, bool(p.late)) if p is not None else None
+        pricer = Pricer(cfg.mtp_drafts, self.runner.cfg.num_hidden_layers, cfg.draft_pricing) \
+            if cfg.mtp_drafts else None
+        return Scheduler(cfg, pool, cache, pages=pages, disk=planner, pricer=pricer)
+
+    @property
+    def verifier(self):
+        return self.worker.verifier
+
+    @property
+    def _states(self) -> dict:
+        return self.worker.states
 
     # ---- rank 0 API --------------------------------------------------------------------------------------------
     def _root(self, what: str) -> None:
@@ -121,68 +109,36 @@ class Engine:
         """Queue a request; returns its id. Raises QueueFull, RequestTooLong (before it takes a page) or
         ValueError (bad ids) at once. `cache_salt`: kept prompt states are shared only under the same salt."""
         self._root("add_request")
-        params = params or SamplingParams()
-        prompt = tuple(int(t) for t in prompt_ids)
-        vocab = self.cfg.vocab_size
-        if vocab and any(not 0 <= t < vocab for t in prompt):
-            bad = next(t for t in prompt if not 0 <= t < vocab)
-            raise ValueError(f"prompt token id {bad} is outside the vocabulary (0..{vocab - 1})")
-        if params.stop and self.tokenizer is None:
-            raise ValueError("stop strings need a tokenizer")
         with self._lock:
-            if request_id is None:
-                request_id = next(self._ids)
-                while request_id in self.scheduler.requests:
-                    request_id = next(self._ids)
-            elif not 0 <= int(request_id) < 2**64:
-                raise ValueError(f"request_id must be in 0..2**64-1, got {request_id}")
-            max_tokens = self.scheduler.resolve_max_tokens(len(prompt), params.max_tokens)
-            seed = params.seed if params.seed is not None else None
-            req = Request(int(request_id), prompt, params, 0, max_tokens, salt=cache_salt or "")
-            matcher = None if params.guide is None else self.guides.compile(params.guide)   # ValueError first
-            self.scheduler.add(req)                       # QueueFull / duplicate id raise before a seed is used
-            if matcher is not None:
-                self.guides.put(req.id, matcher)
-            req.seed = seed if seed is not None else (self.cfg.seed + next(self._seeds)) % 2**64
-            self._texts[req.id] = RequestText(self.tokenizer, params)
-            return req.id
+            return self.front.add(prompt_ids, params, request_id, cache_salt)
 
     def abort(self, request_id: int) -> bool:
         """Cancel a request; False when it is not waiting or running."""
         self._root("abort")
         with self._lock:
-            if request_id not in self.scheduler.requests:
-                return False
-            if self._in_step:
-                self._pending_aborts.append(request_id)
-            else:
-                self._abort_now(request_id)
-            return True
-
-    def _abort_now(self, request_id: int) -> None:
-        r = self.scheduler.abort(request_id)
-        if r is not None:
-            self._texts.pop(r.id, None)
-            self.guides.drop(r.id)
-            self._prompt_lp.pop(r.id, None)
-            self._ready.append(RequestOutput(r.id, [], "", True, FINISH_ABORT, r.prompt_len, len(r.output),
-                                             r.cached, None if r.cached else r.miss_reason))
+            return self.front.abort(request_id, later=self._in_step)
 
     def has_work(self) -> bool:
         with self._lock:
-            return bool(self.scheduler and self.scheduler.has_work()) or bool(self._ready or self._pending_aborts)
+            return bool(self.scheduler and self.scheduler.has_work()) or bool(self.front and self.front.has_ready())
+
+    @property
+    def _pool(self) -> PagePool:
+        return self.scheduler.pool if self.scheduler is not None else self.runner.kv.pool
 
     @property
     def free_pages(self) -> int:
-        return self.runner.kv.pool.free_count
+        return self._pool.free_count
 
     @property
     def total_pages(self) -> int:
-        return self.runner.kv.pool.num_pages
+        return self._pool.num_pages
 
     @property
     def store_pages(self) -> int | None:
-        return None if self.pages is None else self.pages.held      # KV pages kept prompts hold
+        """KV pages kept prompts hold (the plan's count on rank 0)."""
+        pages = self.scheduler.pages if self.scheduler is not None else self.pages
+        return None if pages is None else pages.held
 
     @property
     def cache_held(self) -> tuple[int, int] | None:
@@ -208,33 +164,34 @@ class Engine:
         """One lockstep step; the outputs (deltas) of the requests it advanced or ended."""
         self._root("step")
         with self._lock:
-            for rid in self._pending_aborts:
-                self._abort_now(rid)
-            self._pending_aborts.clear()
+            self.front.run_aborts()
             plan = self.scheduler.schedule()
-            ready, self._ready = self._ready, []
+            ready = self.front.take_ready()
             if plan.empty:
                 return ready
-            msg = self._message(plan)
+            msg = from_plan(plan, self.scheduler.requests, self._verifying)
+            self._verifying = {g.request_id for g in plan.groups if g.drafts}
             reqs = {g.request_id: self.scheduler.requests[g.request_id] for g in plan.groups}
             self._masks = self.guides.start(sampled_rows(plan))   # while the step runs
             self._in_step = True
         if self.watch is not None:
             self.watch.step_started(plan.step, sum(g.count for g in plan.groups))
         try:
-            data = stepmod.encode(msg)
+            data = encode(msg)
             if self.size > 1:
                 self.comm.bcast_bytes(data)
             plain = plain_rows(self.runner, plan, reqs, self.guides, self.cfg)   # sampled in the exit graph
-            outs = self._run(stepmod.decode(data), False, plain)     # checked with the sampled tokens
+            result = self.worker.execute(decode(data), False, plain)     # checked with the sampled tokens
+            outs = result.outs
             if self.scheduler.disk is not None:
-                self.scheduler.disk.resolved(self._disk_results)      # the ranks' agreed loads
-            for rid, got in prompt_logprobs.collect(self.ops, plan.groups, outs, reqs).items():
-                self._prompt_lp.setdefault(rid, []).extend(got)
+                self.scheduler.disk.resolved(result.disk)      # the ranks' agreed loads
+            with self._lock:
+                self.front.add_prompt_logprobs(prompt_logprobs.collect(self.ops, plan.groups, outs, reqs))
             masks, self._masks = self._masks, None
-            sampled, self._logprobs, failed = sample_step(self.ops, self.cfg, plan, outs, reqs, self.verifier.pending,
-                                                          self.guides, masks, plain)
-            self._pending_aborts += failed             # a failed grammar ends its request "abort"
+            sampled, logprobs, failed = sample_step(self.ops, self.cfg, plan, outs, reqs, self.verifier.pending,
+                                                    self.guides, masks, plain)
+            with self._lock:
+                self.front.fail(failed)                # a failed grammar ends its request "abort"
             refused = self._host_refused(plan)
             for rid in refused:
                 sampled.pop(rid, None)
@@ -244,23 +201,7 @@ class Engine:
             if self.watch is not None:
                 self.watch.step_done()
         with self._lock:
-            for rid in self._pending_aborts:
-                self._abort_now(rid)
-            self._pending_aborts.clear()
-            for rid, why in refused.items():
-                r = self.scheduler.finish(rid, FINISH_ERROR)
-                if r is not None:
-                    self._texts.pop(rid, None)
-                    self.guides.drop(rid)
-                    ready.append(RequestOutput(rid, [], "", True, FINISH_ERROR, r.prompt_len, len(r.output),
-                                               r.cached, error=why))
-            events = self.scheduler.update(plan, sampled)
-            drafted = {g.request_id: (g.drafts, len(sampled[g.request_id]) - 1)
-                       for g in plan.groups if g.drafts and g.request_id in sampled}
-            outputs = ready + step_outputs(events, drafted, self._texts, self._logprobs, self._prompt_lp,
-                                           self.scheduler, self.guides, self.cfg.mtp_drafts > 0)
-            self._logprobs = {}
-            outputs, self._ready = outputs + self._ready, []
+            outputs = self.front.finish_step(plan, sampled, logprobs, refused, ready)
         self.steps += 1
         return outputs
 
@@ -269,19 +210,18 @@ class Engine:
         if self.rank != 0 or self._stopped:
             return
         with self._lock:
-            for r in list(self.scheduler.requests.values()):
-                self.scheduler.abort(r.id)
+            self.front.end_all()
             plan = self.scheduler.schedule()
             drops = self.scheduler.drop_kept() if self.pages is not None else ()
             disk = self.scheduler.disk.save_ops(self.scheduler) if self.scheduler.disk is not None else None
-            msg = stepmod.StepMessage(step=plan.step, new=(), cancelled=plan.released, schedule=(), stop=True,
-                                      drops=drops, disk=disk)       # the stop saves the memory states to disk
+            msg = assemble(plan.step, stop=True, cancelled=plan.released, drops=drops,
+                           disk=disk)       # the stop saves the memory states to disk
             self._stopped = True
             self.guides.close()
-        data = stepmod.encode(msg)
+        data = encode(msg)
         if self.size > 1:
             self.comm.bcast_bytes(data)
-        self._run(stepmod.decode(data))
+        self.worker.execute(decode(data))
         self._stop_line()
 
     def _stop_line(self) -> None:
@@ -294,99 +234,23 @@ class Engine:
         if self.rank == 0:
             raise EngineError("worker_loop runs on ranks other than 0")
         while True:
-            msg = stepmod.decode(self.comm.bcast_bytes(None))
-            self._run(msg)
+            msg = decode(self.comm.bcast_bytes(None))
+            self.worker.execute(msg)
             self.done_step = msg.step
             if msg.stop:
                 self._stopped = True
                 self._stop_line()
                 return
 
-    def _message(self, plan: StepPlan) -> stepmod.StepMessage:
-        sch = self.scheduler
-        new = []
-        for rid in plan.admitted:
-            r = sch.requests[rid]
-            p = r.params
-            new.append(stepmod.NewRequest(rid, r.prompt, stepmod.Sampling(
-                temperature=p.temperature, top_p=p.top_p, top_k=p.top_k, min_p=p.min_p, seed=r.seed,
-                max_tokens=r.max_tokens, min_tokens=p.min_tokens, ignore_eos=p.ignore_eos,
-                stop_token_ids=p.stop_token_ids)))
-        entries = []
-        for g in plan.groups:
-            r = sch.requests[g.request_id]
-            flags = (FLAG_LOGITS if g.logits else 0) | (FLAG_DECODE if g.decode else 0)
-            flags |= FLAG_VERIFY if g.drafts else 0
-            flags |= FLAG_ALL_LOGITS if not g.decode and prompt_logprobs.wants(r.params) else 0
-            flags |= page_hash(r.pages) << HASH_SHIFT
-            entries.append(stepmod.ScheduleEntry(g.request_id, g.start, g.count,
-                                                  g.tokens if g.decode else (), flags))
-        return stepmod.StepMessage(step=plan.step, new=tuple(new), cancelled=plan.released,
-                                   schedule=tuple(entries), restores=plan.restores, drops=plan.drops,
-                                   keeps=plan.keeps, evicts=plan.evicts, disk=plan.disk)
-
-    def _run(self, msg: stepmod.StepMessage, check: bool = True, sample=None):
-        """Apply a step message on this rank and run its rows (`sample`: rank 0's plain_rows); one output a group."""
-        self._mirror.apply(msg)
-        for rid in msg.cancelled:
-            state = self._states.pop(rid, None)
-            self.verifier.drop(rid)
-            if state is not None:
-                self.runner.release(state)      # on rank 0 the scheduler already released: its table is empty
-        self.verifier.settle(msg.schedule, self._states)      # before this step leases or reads anything
-        for req in msg.new:
-            state = self.runner.new_state()
-            if self.rank == 0:
-                state.pages = self.scheduler.requests[req.request_id].pages   # leased by the scheduler
-            self._states[req.request_id] = state
-        kv = self.runner.kv
-        pages = self.pages if self.rank != 0 else None      # rank 0's scheduler made the page store's holds
-        early_writes(kv.host, bool(msg.restores) or any(e.flags & FLAG_VERIFY for e in msg.schedule))
-        if msg.has_cache:
-            apply_restores(self.kept, kv, self._states, msg, self.rank, pages)
-        rows = []
-        for e in msg.schedule:
-            state = self._states[e.request_id]
-            if state.length != e.start:
-                raise EngineError(f"rank {self.rank}: request {e.request_id} is at position {state.length}, "
-                                  f"step {msg.step} feeds position {e.start}")
-            tokens = e.tokens if e.tokens else self._mirror.requests[e.request_id].prompt[e.start:e.start + e.count]
-            verify = bool(e.flags & FLAG_VERIFY)
-            if len(tokens) != (1 if verify else e.count) or (verify and not 2 <= e.count <= 16):
-                raise EngineError(f"rank {self.rank}: step {msg.step} gives request {e.request_id} "
-                                  f"{len(tokens)} tokens for {e.count} rows")
-            kv.ensure(state.pages, e.start + e.count)
-            if page_hash(state.pages) != e.flags >> HASH_SHIFT:
-                raise EngineError(f"rank {self.rank}: request {e.request_id}'s page table {state.pages} differs "
-                                  f"from rank 0's (step {msg.step})")
-            rows.append((e, state, tokens, verify))
-        drafted = self.verifier.propose([(e.request_id, st, t[0], e.count - 1) for e, st, t, v in rows if v])
-        batch = [SeqInput(np.asarray(drafted[e.request_id] if verify else tokens, dtype=np.int32), state,
-                          all_logits=verify or bool(e.flags & FLAG_ALL_LOGITS),
-                          decode=bool(e.flags & FLAG_DECODE)) for e, state, tokens, verify in rows]
-        outs = self.runner.forward(batch, check=check, sample=sample) if batch else []
-        self._disk_results = {}
-        if msg.disk is not None:         # spills before the drops; the ranks agree on the loads between
-            disk_tier.spill_before_drops(self.disk, msg)
-            apply_keeps(self.kept, self._states, msg, self.rank, pages, between=lambda: self._disk_results.update(
-                disk_tier.apply_disk(self.disk, self.host_comm, msg)))
-        elif msg.has_cache:
-            apply_keeps(self.kept, self._states, msg, self.rank, pages)
-        if self.disk is not None and msg.keeps:
-            disk_tier.note_keeps(self.disk, msg, self._mirror)
-        log_writes(kv.host, self.log, self.rank, msg.step)        # a test's check mode only
-        return outs
-
     def cache_admin(self, op: str) -> dict:
         """Rank 0, between steps: "save" (memory states to disk) or "clear" (memory and disk), as one message."""
         self._root("cache_admin")
         with self._lock:
-            msg = disk_tier.admin_message(self.scheduler, op)     # ValueError when this server cannot
-        data = stepmod.encode(msg)
+            plan = disk_tier.admin_message(self.scheduler, op)     # ValueError when this server cannot
+        data = encode(assemble(plan.step, drops=plan.drops, disk=plan.disk))
         if self.size > 1:
             self.comm.bcast_bytes(data)
-        self._run(stepmod.decode(data))
-        return disk_tier.admin_result(msg, self._disk_results)
+        return disk_tier.admin_result(plan, self.worker.execute(decode(data)).disk)
 
     # ---- rank 0: sampling and outputs --------------------------------------------------------------------------
     def _host_refused(self, plan: StepPlan) -> dict[int, str]:

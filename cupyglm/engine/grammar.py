@@ -2,8 +2,8 @@
 worker thread while the step's model call runs, applied to the step's fp32 logits rows (op mask_tokens), and the
 sampled token consumed after the draw.
 
-Where: the sampler runs on rank 0 only (Engine._sample), so the matchers and the masks live on rank 0; the step
-message is unchanged and the other ranks never see a grammar.
+Where: the sampler runs on rank 0 only (engine/step_sample.py), so the matchers (each in its request's record,
+engine/record.py) and the masks live on rank 0; the step message is unchanged and the other ranks never see a grammar.
 
 A step: `start` (after the schedule, before the broadcast) hands the masks of the rows that will be sampled to
 the worker thread (llguidance drops the GIL while it computes); the model call runs; `apply` waits for the masks
@@ -28,6 +28,7 @@ import dataclasses
 import json
 import re
 import threading
+from collections.abc import Mapping
 
 import numpy as np
 
@@ -109,12 +110,13 @@ class Guide:
 
 
 class Guides:
-    """Rank 0's matchers, one per request with a grammar (any thread may `add`; the engine's step thread the rest)."""
+    """Rank 0's matchers, one per request with a grammar (any thread may `prepare`; the engine's step thread the
+    rest). `matchers`: the request id -> matcher mapping to read (the engine's: its records'); else its own dict."""
 
-    def __init__(self, tokenizer, vocab: int, eos_ids):
+    def __init__(self, tokenizer, vocab: int, eos_ids, matchers: Mapping | None = None):
         self.tokenizer, self.vocab, self.eos_ids = tokenizer, int(vocab), [int(i) for i in eos_ids]
         self._tok = None
-        self._matchers: dict[int, object] = {}
+        self._matchers = {} if matchers is None else matchers
         self._prepared: collections.OrderedDict[Guide, object] = collections.OrderedDict()
         self._prep_lock = threading.Lock()
         self._pool: concurrent.futures.ThreadPoolExecutor | None = None
@@ -153,6 +155,7 @@ class Guides:
         return ready.deep_copy() if ready is not None else self._build(guide)
 
     def put(self, request_id: int, matcher) -> None:
+        """Hold a matcher in this object's own dict (not when the matchers are given)."""
         self._matchers[request_id] = matcher
 
     def drop(self, request_id: int) -> None:
@@ -202,4 +205,3 @@ class Guides:
         if self._pool is not None:
             self._pool.shutdown(wait=True)
             self._pool = None
-        self._matchers.clear()

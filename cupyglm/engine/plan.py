@@ -227,30 +227,10 @@ def plan_memory(cfg: ModelConfig, *, storage: Storage, tp: int = 1, rank: int = 
             raise PlanError("no memory budget: give the card size or --kv-gib")
         budget = int(budget_bytes)
         room = budget - wbytes - scratch - reserve - cache_here - graph
-        if graph and room < page_bytes <= room + graph and fit_pages is None:
-            raise PlanError(f"CUDA graphs do not fit on rank {rank}: they need {_gib(graph)} ({describe(terms)}) "
-                            f"but {_gib(room + graph)} are left after weights {_gib(wbytes)} + scratch "
-                            f"{_gib(scratch)} + reserve {_gib(reserve)}"
-                            + (f" + prompt cache {_gib(cache_here)}" if cache_here else "")
-                            + f", and a KV page needs {_size(page_bytes)} more (CUPYGLM_CUDA_GRAPHS=0 runs eagerly)")
-        if room < page_bytes and fit_pages is None:
-            raise PlanError(f"no room for KV pages on rank {rank}: weights {_gib(wbytes)} + scratch "
-                            f"{_gib(scratch)} + reserve {_gib(reserve)}"
-                            + (f" + prompt cache {_gib(cache_here)}" if cache_here else "")
-                            + (f" + cuda graphs {_gib(graph)}" if graph else "")
-                            + f" exceed the {_gib(budget)} budget (a quantised checkpoint: --quant, --model or "
-                            f"--weights-gib in cupyglm-plan)")
-    fit = max(0, room // page_bytes) if fit_pages is None else fit_pages
-    if kv_host:
-        fit = min(fit, host_pages)
-    if fit < 1:
-        raise PlanError(f"no room for KV pages on rank {rank} (a page is {_size(page_bytes)})")
-    if kv_pages:
-        if kv_pages > fit:
-            raise PlanError(f"--kv-pages {kv_pages} does not fit: at most {fit:,} pages fit")
-        pages = kv_pages
-    else:
-        pages = fit
+        if fit_pages is None:
+            _check_room(rank, budget, room, page_bytes, wbytes=wbytes, scratch=scratch, reserve=reserve,
+                        cache_here=cache_here, terms=terms)
+    pages, fit = _pages(room, page_bytes, fit_pages, host_pages if kv_host else None, kv_pages, rank)
     window, cap = _window(cfg, context, pages * page_tokens)
     if pool_cap and not kv_pages:
         pages = min(pages, parallel * -(-window // page_tokens))
@@ -262,6 +242,38 @@ def plan_memory(cfg: ModelConfig, *, storage: Storage, tp: int = 1, rank: int = 
                       num_pages=pages, context=window, window_cap=cap, free_bytes=free,
                       explicit_kv_bytes=int(kv_budget_bytes or 0), host_pages=host_pages, gather_slots=slots,
                       gather_bytes=gather, graph_terms=terms, tail_bytes=tails)
+
+
+def _check_room(rank: int, budget: int, room: int, page_bytes: int, *, wbytes: int, scratch: int, reserve: int,
+                cache_here: int, terms: tuple) -> None:
+    """Refuse a budget with no room for one KV page, naming what took it (the CUDA graphs when they tipped it)."""
+    graph = graph_bytes(terms)
+    cache = f" + prompt cache {_gib(cache_here)}" if cache_here else ""
+    if graph and room < page_bytes <= room + graph:
+        raise PlanError(f"CUDA graphs do not fit on rank {rank}: they need {_gib(graph)} ({describe(terms)}) "
+                        f"but {_gib(room + graph)} are left after weights {_gib(wbytes)} + scratch "
+                        f"{_gib(scratch)} + reserve {_gib(reserve)}" + cache
+                        + f", and a KV page needs {_size(page_bytes)} more (CUPYGLM_CUDA_GRAPHS=0 runs eagerly)")
+    if room < page_bytes:
+        raise PlanError(f"no room for KV pages on rank {rank}: weights {_gib(wbytes)} + scratch "
+                        f"{_gib(scratch)} + reserve {_gib(reserve)}" + cache
+                        + (f" + cuda graphs {_gib(graph)}" if graph else "")
+                        + f" exceed the {_gib(budget)} budget (a quantised checkpoint: --quant, --model or "
+                        f"--weights-gib in cupyglm-plan)")
+
+
+def _pages(room: int, page_bytes: int, fit_pages: int | None, host_pages: int | None, kv_pages: int,
+           rank: int) -> tuple[int, int]:
+    """(pages in the pool, pages that fit): the fit from the room (or the ranks' agreed `fit_pages`), within the
+    host pages with --kv-host; --kv-pages past the fit is refused."""
+    fit = max(0, room // page_bytes) if fit_pages is None else fit_pages
+    if host_pages is not None:
+        fit = min(fit, host_pages)
+    if fit < 1:
+        raise PlanError(f"no room for KV pages on rank {rank} (a page is {_size(page_bytes)})")
+    if kv_pages and kv_pages > fit:
+        raise PlanError(f"--kv-pages {kv_pages} does not fit: at most {fit:,} pages fit")
+    return (kv_pages or fit), fit
 
 
 def _host_rows(cfg: ModelConfig, storage: Storage, page_tokens: int, context: int, kv_host: bool,

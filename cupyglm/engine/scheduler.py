@@ -5,7 +5,9 @@ that asked for logits.
 
 - `parallel` running streams; a bounded waiting queue (`QueueFull`), admitted first come first served.
 - Pages are leased (exact ids, lowest first) in `schedule()`, in row-group order, just before the step that
-  writes them, and released the moment a request finishes or is aborted.
+  writes them, and released the moment a request finishes or is aborted. This is the only allocator of KV
+  pages: the plan names each group's new ids (`RowGroup.pages`) and each restored table (`StepPlan.tables`),
+  and every rank's worker takes exactly those (cupyglm.engine.worker).
 - Admission reserves a request's worst case: it is admitted only when the free pages, less what running
   requests may still lease, hold all it can ever write (prompt + max_tokens - 1 positions). So a running
   request never meets an empty pool, nothing is preempted, and a request that does not fit yet waits.
@@ -53,6 +55,7 @@ class RowGroup:
     logits: bool               # sample after this group (the prompt's last chunk, or a decode row)
     decode: bool               # a decode row (its token was sampled on rank 0), else a prompt chunk
     drafts: int = 0            # drafted rows after the decode row (verify rows, decode role)
+    pages: tuple[int, ...] = ()   # the page ids leased for this group's rows (every rank takes exactly these)
 
     @property
     def count(self) -> int:
@@ -73,7 +76,8 @@ class StepPlan:
     drops: tuple[int, ...] = ()                        # kept entries evicted after the step runs
     keeps: tuple[tuple[int, int, int], ...] = ()      # (request, new kept entry, length) after the drops
     evicts: tuple[int, ...] = ()                       # kept entries evicted before the restores and leases
-    disk: object = None                                # the disk section (cupyglm.distributed.step.DiskOps) or None
+    disk: object = None                                # the disk work (cupyglm.engine.disk_tier.DiskOps) or None
+    tables: tuple[tuple[int, tuple[int, ...]], ...] = ()   # (request, its page table right after its restore)
 
     @property
     def empty(self) -> bool:
@@ -97,6 +101,7 @@ class Scheduler:
         if disk is not None:
             disk.forgotten = cache.forget
         self._restores: list[tuple[int, int, int]] = []
+        self._tables: list[tuple[int, tuple[int, ...]]] = []
         self._evicts: list[int] = []
         self.waiting: collections.deque[Request] = collections.deque()
         self.running: list[Request] = []
@@ -187,10 +192,15 @@ class Scheduler:
             return
         if self.pages is not None:
             r.pages.extend(self.pages.lend(eid))
+        self.restore(r, eid, length)
+
+    def restore(self, r: Request, eid: int, length: int) -> None:
+        """`r` resumes from kept entry `eid` at `length`: the rest of its pages for those positions leased now."""
         self._lease(r, length)
         r.fed = r.cached = length
         self.cache.restored(eid, length)
         self._restores.append((r.id, eid, length))
+        self._tables.append((r.id, tuple(r.pages)))
 
     def _keeps(self, groups, restores) -> tuple[tuple[int, ...], tuple[tuple[int, int, int], ...]]:
         """The keep points this step's prompt chunks end on, and the evictions that make room for them."""
@@ -224,7 +234,7 @@ class Scheduler:
         evicted_from = len(self.cache.evicted) if self.cache is not None else 0
         admitted = self._admit()
         if self.disk is not None:
-            self._restores += self.disk.resume_loaded(self)
+            self.disk.resume_loaded(self)
         budget = cfg.chunk
         groups = []
         for r in self.running:
@@ -240,19 +250,23 @@ class Scheduler:
             else:
                 n = self.pricer.choose(r) if self.pricer is not None else 0
                 group = RowGroup(r.id, (r.output[-1],), r.fed, True, True, n)
+            held = len(r.pages)
             if not self._lease(r, group.end):
                 continue
+            group = dataclasses.replace(group, pages=tuple(r.pages[held:]))
             if not group.decode:
                 budget -= group.count
             groups.append(group)
         released, self._released = tuple(self._released), []
         restores, self._restores = tuple(self._restores), []
         evicts, self._evicts = tuple(self._evicts), []
+        tables, self._tables = tuple(self._tables), []
         drops, keeps = self._keeps(groups, restores)
         disk = None
         if self.disk is not None:
             drops, disk = self.disk.step_ops(self, drops, evicted_from)
-        return StepPlan(self.step, tuple(groups), tuple(admitted), released, restores, drops, keeps, evicts, disk)
+        return StepPlan(self.step, tuple(groups), tuple(admitted), released, restores, drops, keeps, evicts, disk,
+                        tables)
 
     def _lease(self, r: Request, positions: int) -> bool:
         need = self.cfg.pages_needed(positions) - len(r.pages)

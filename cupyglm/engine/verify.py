@@ -5,9 +5,8 @@ every row with the serial (seed, position) draw and accepts the longest prefix o
 plus the draw after it: a + 1 tokens, a + 1 positions fed. Every rank learns a from the next step's row group
 of r (its start is q + a + 1) and settles before anything else leases or reads:
 
-- Pages: the table is cut to the pages q + a + 1 positions need: on rank 0 by the scheduler when it accepts
-  (before it leases the next step's pages), elsewhere here; every rank's pool sees the same releases before
-  the same leases.
+- Pages: the table is cut to the pages q + a + 1 positions need: in rank 0's scheduler when it accepts (before
+  it leases the next step's pages), and here on every rank (the step's settle operation, before its leases).
 - State: snapshot before the proposer runs (KDA states, conv windows and index-key tails copied, since the
   model writes tails in place; the MTP pending row by reference, since the model replaces it); on a
   rejection the snapshot is put back (length q; the tails copied into the state's slot views, in place) and
@@ -86,9 +85,8 @@ def restore(state, snap: Snapshot, xp) -> None:
 class Verifier:
     """One rank's verify groups in flight (request id -> Pending) and its proposer."""
 
-    def __init__(self, runner, proposer=None, trim: bool = True):
+    def __init__(self, runner, proposer=None):
         self.runner = runner
-        self.trim = trim                 # False on rank 0: its scheduler cuts the shared table when it accepts
         self.proposer = proposer
         self.pending: dict[int, Pending] = {}
         self.replayed_rows = 0
@@ -101,20 +99,21 @@ class Verifier:
     def drop(self, request_id: int) -> None:
         self.pending.pop(request_id, None)
 
-    def settle(self, schedule, states: dict) -> None:
-        """Roll each verified request back to its next row group's start (before any lease of this step)."""
+    def settle(self, starts, states: dict) -> None:
+        """Roll each verified request back to its next row group's start (before any lease of this step);
+        starts: (request id, start) pairs (ops.settle.Start)."""
         kv, replay = self.runner.kv, []
-        for e in schedule:
-            p = self.pending.pop(e.request_id, None)
+        for rid, start in starts:
+            p = self.pending.pop(rid, None)
             if p is None:
                 continue
-            state = states[e.request_id]
-            fed = e.start - p.start
+            state = states[rid]
+            fed = start - p.start
             if not 1 <= fed <= len(p.tokens):
-                raise ValueError(f"request {e.request_id}: verify at {p.start} of {len(p.tokens)} rows, "
-                                 f"next row group at {e.start}")
-            keep = kv.pages_needed(e.start)
-            if self.trim and len(state.pages) > keep:
+                raise ValueError(f"request {rid}: verify at {p.start} of {len(p.tokens)} rows, "
+                                 f"next row group at {start}")
+            keep = kv.pages_needed(start)
+            if len(state.pages) > keep:
                 kv.pool.release(state.pages[keep:])
                 del state.pages[keep:]
             if fed < len(p.tokens):

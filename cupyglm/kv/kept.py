@@ -9,7 +9,8 @@ With a page store (CUPYGLM_KV_SHARE, `cupyglm.kv.page_store`) the paged parts st
 store holds (the walk's `from`), so a kept state copies the fixed parts and a partly filled last page only.
 
 What must stay true: every rank holds the same entries on the same kept pages, because every rank applies the
-same drops and keeps in the order rank 0's step messages give them (the kept pool leases lowest id first).
+same drops and keeps in the order rank 0's step messages give them (`cupyglm.engine.ops`; the kept pool leases
+lowest id first).
 """
 from __future__ import annotations
 
@@ -164,45 +165,3 @@ class KeptStore:
     def drop(self, entry_id: int) -> None:
         entry = self.entries.pop(entry_id)
         self.pool.release(list(entry.kept.pages))
-
-
-
-def _store(kept, rank: int, step: int):
-    if kept is None:
-        raise RuntimeError(f"rank {rank}: step {step} uses the prompt cache, this rank has none")
-    return kept
-
-
-def apply_restores(kept, kv, states: dict, msg, rank: int, pages=None) -> None:
-    """A step message's evicts, then its restores, before its rows run (on rank 0 the scheduler leased the pages
-    already). `pages`: the page store whose holds this call applies (None on rank 0: its scheduler applied them)."""
-    for eid in msg.evicts:
-        _store(kept, rank, msg.step).drop(eid)
-        if pages is not None:
-            pages.drop(eid)
-    for rid, eid, length in msg.restores:
-        state = states[rid]
-        if pages is not None:
-            state.pages.extend(pages.lend(eid))
-        kv.ensure(state.pages, length)
-        _store(kept, rank, msg.step).restore(eid, state)
-
-
-def apply_keeps(kept, states: dict, msg, rank: int, pages=None, between=None) -> None:
-    """A step message's drops, then `between()` (the disk tier's loads), then its keeps, after its rows ran
-    (`pages` as in `apply_restores`)."""
-    for eid in msg.drops:
-        _store(kept, rank, msg.step).drop(eid)
-        if pages is not None:
-            pages.drop(eid)
-    if between is not None:
-        between()
-    for rid, eid, length in msg.keeps:
-        state = states[rid]
-        if state.length != length:
-            raise RuntimeError(f"rank {rank}: request {rid} is at position {state.length}, step {msg.step} "
-                               f"keeps it at {length}")
-        store = _store(kept, rank, msg.step)
-        store.keep(eid, state)
-        if pages is not None:
-            pages.hold(eid, state.pages[:store.shared_pages(length)])

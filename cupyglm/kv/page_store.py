@@ -6,9 +6,10 @@ they are. A last, partly filled page is copied (with the fixed parts, into the p
 `from`), not copy-on-write: the live sequence writes its next position onto that very page, so sharing it would
 need a copy-on-write check in every write path for a saving of at most one page per kept state.
 
-What must stay true: every rank's PageStore holds the same pages per entry, because every rank applies a step
-message's evicts, restores, drops and keeps in its order; rank 0's scheduler applies them as it plans, before it
-leases the step's pages, and rank 0's step run applies none of them again.
+What must stay true: every rank's PageStore holds the same pages per entry, because every rank's worker applies a
+step message's evicts, restores, drops and keeps in its order (`cupyglm.engine.ops`); rank 0's scheduler keeps a
+PageStore of its own over its planning pool and makes the same holds as it plans, before it leases the step's
+pages.
 """
 from __future__ import annotations
 

@@ -40,6 +40,21 @@ class PagePool:
             self._refs[p] = 1
         return pages
 
+    def take(self, pages) -> None:
+        """Hold exactly these free pages: a lease the scheduler decided (workers apply its explicit ids)."""
+        want = [int(p) for p in pages]
+        bad = [p for p in want if not 0 <= p < self.num_pages or self._refs[p] != 0]
+        if bad or len(set(want)) != len(want):
+            raise ValueError(f"pages {bad or want} are not free to take (held, repeated or past {self.num_pages})")
+        if not want:
+            return
+        self.generation += 1
+        for p in want:
+            self._refs[p] = 1
+        taken = set(want)
+        self._free = [p for p in self._free if p not in taken]
+        heapq.heapify(self._free)
+
     def share(self, pages: list[int]) -> None:
         """One more holder for pages already held."""
         for p in pages:

@@ -144,7 +144,7 @@ def _kv_view(model, state):
 
 def _pages(engine, rid):
     r = engine.scheduler.requests.get(rid)
-    return None if r is None else (r.fed, len(r.pages), engine.runner.kv.pool.free_count)
+    return None if r is None else (r.fed, len(r.pages), engine.scheduler.pool.free_count)   # the plan's pool
 
 
 def _poison_past(model, state):

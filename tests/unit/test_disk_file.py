@@ -4,8 +4,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from cupyglm.distributed.step import DISK_CLEAR, DISK_SYNC, DiskOps, StepMessage, decode, encode
-from cupyglm.engine.disk_tier import DiskIndex
+from cupyglm.engine.disk_tier import DISK_CLEAR, DISK_SYNC, DiskIndex, DiskOps
+from cupyglm.engine.ops.codec import decode, encode
+from cupyglm.engine.step_message import assemble
 from cupyglm.kv import disk_file as df
 
 FP = df.state_fingerprint(model="m", backend="numpy", arithmetic="arithmetic 1, tensor core sm_90", tp=2, rank=1,
@@ -81,9 +82,11 @@ def test_layout_must_cover_the_body(tmp_path):
 def test_step_message_disk_section_round_trip():
     ops = DiskOps(spills=((3, b"s" * 16, b"k" * 16),), loads=((9, 460, b"q" * 16),), unlinks=(b"u" * 16, b"v" * 16),
                   ops=DISK_SYNC | DISK_CLEAR)
-    msg = StepMessage(step=4, drops=(1, 2), disk=ops)
+    msg = assemble(4, drops=(1, 2), disk=ops)
     assert decode(encode(msg)) == msg
-    assert decode(encode(StepMessage(step=5, disk=DiskOps()))).disk is None     # an empty section is left out
+    assert [type(op).__name__ for op in msg.ops] == \
+        ["Spill", "Drop", "Unlink", "Clear", "Load", "Sync"]
+    assert decode(encode(assemble(5, disk=DiskOps()))).ops == ()     # no disk work: no operation
 
 
 def test_disk_index_lru_by_bytes():

@@ -33,9 +33,11 @@ def _instrument(engine):
     rows, release, forward = kv.rows, pool.release, engine.runner.forward
 
     def checked_rows(pages, positions):
-        owner = [r for r in sched.running if r.pages is pages]
+        live = engine._states.values()                  # the worker's tables (the scheduler's plan, by id)
+        owner = [s for s in live if s.pages is pages]
         assert len(owner) == 1, "a page table that belongs to no running request was read"
-        others = {p for r in sched.running if r is not owner[0] for p in r.pages}
+        assert any(r.pages == pages for r in sched.running), "a table that differs from the plan's was read"
+        others = {p for s in live if s is not owner[0] for p in s.pages}
         assert not others & set(pages), "two live requests share a page"
         pos = np.asarray(positions)
         assert pos.max(initial=-1) < len(pages) * PAGE_TOKENS

@@ -1,18 +1,22 @@
 """Kept prompts as KV pool pages (CUPYGLM_KV_SHARE), pure CPU with exact page ids: the page store's holds, the
 scheduler's evict section (decided before any of the step's leases), and a replay of every plan through the
-apply functions other ranks run, whose page tables must equal rank 0's at every step."""
+operations other ranks' workers apply, whose page tables must equal rank 0's at every step."""
 from __future__ import annotations
+
+import dataclasses
 
 import pytest
 
-from cupyglm.distributed.step import StepMessage
 from cupyglm.engine.config import EngineConfig
 from cupyglm.engine.page_evict import WHY, evict_for
 from cupyglm.engine.prompt_cache import PromptCache
 from cupyglm.engine.request import Request
 from cupyglm.engine.sampling import SamplingParams
 from cupyglm.engine.scheduler import Scheduler
-from cupyglm.kv.kept import apply_keeps, apply_restores
+from cupyglm.engine.ops.codec import decode, encode
+from cupyglm.engine.ops.run import Run
+from cupyglm.engine.step_message import from_plan
+from cupyglm.engine.worker import Worker
 from cupyglm.kv.page_store import PageStore
 from cupyglm.kv.pool import PagePool
 from cupyglm.kv.state import SeqState
@@ -39,32 +43,44 @@ class Arena:
         del self.entries[eid]
 
 
+class _Runner:
+    """A runner reduced to states and its pool (the replay runs no model)."""
+
+    def __init__(self, pool):
+        self.kv = type("KV", (), {"pool": pool, "host": None, "pages_needed": lambda s, n: -(-n // PT)})()
+
+    def new_state(self):
+        return SeqState()
+
+    def release(self, state):
+        self.kv.pool.release(state.pages)
+
+
 class Replay:
-    """Another rank: its own pool and page store, fed only the step messages."""
+    """Another rank: its own pool and page store, fed only the step messages (every operation but the run)."""
 
     def __init__(self):
         self.pool = PagePool(PAGES)
         self.pages = PageStore(self.pool, PT, limit=4)
         self.arena = Arena(self.pages)
-        self.states: dict[int, SeqState] = {}
+        self.worker = Worker(_Runner(self.pool), 1, kept=self.arena)
+        self.states = self.worker.states
 
-    def run(self, plan):
-        msg = StepMessage(step=plan.step, restores=plan.restores, drops=plan.drops, keeps=plan.keeps,
-                          evicts=plan.evicts)
-        for rid in plan.released:
-            self.pool.release(self.states.pop(rid).pages)
-        for rid in plan.admitted:
-            self.states[rid] = SeqState()
-        apply_restores(self.arena, self, self.states, msg, 1, self.pages)
-        for g in plan.groups:
-            self.ensure(self.states[g.request_id].pages, g.end)
-            self.states[g.request_id].length = g.end
-        apply_keeps(self.arena, self.states, msg, 1, self.pages)
+    def run(self, plan, requests):
+        msg = decode(encode(from_plan(plan, requests, set())))
+        self.worker.execute(dataclasses.replace(msg, ops=tuple(_Advance(op) if isinstance(op, Run) else op
+                                                               for op in msg.ops)))
 
-    def ensure(self, pages, length):                     # KVStore.ensure on this replay's pool
-        need = -(-length // PT) - len(pages)
-        if need > 0:
-            pages.extend(self.pool.lease(need))
+
+class _Advance:
+    """In the run's place: each group's state simply reaches its end."""
+
+    def __init__(self, run: Run):
+        self.run = run
+
+    def apply(self, w, result):
+        for g in self.run.groups:
+            w.states[g.request_id].length = g.start + g.count
 
 
 def make(limit=4):
@@ -83,7 +99,7 @@ def req(rid, prompt, max_tokens):
 def step(s, replay):
     """One step on 'rank 0' and on the replay; rank 0's page tables must equal the replay's."""
     plan = s.schedule()
-    replay.run(plan)
+    replay.run(plan, s.requests)
     for r in s.running:
         assert replay.states[r.id].pages == r.pages, (plan.step, r.id)
     assert replay.pool.free_ids() == s.pool.free_ids()

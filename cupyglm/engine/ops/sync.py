@@ -1,0 +1,36 @@
+"""Sync: every rank finishes its queued writes and the ranks agree that all succeeded (a save, or the stop).
+No payload.
+
+Apply: the agreed flag goes into the step's result under -1.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from cupyglm.engine.disk_tier import agree
+
+from cupyglm.distributed.step import Reader
+
+TAG = 13
+NAME = "sync"
+LAYOUT = ("(no payload)",)
+
+
+@dataclasses.dataclass(frozen=True)
+class Sync:
+    def encode(self) -> bytes:
+        return b""
+
+    @classmethod
+    def decode(cls, payload) -> Sync:
+        Reader(payload, NAME).done()
+        return cls()
+
+    def apply(self, w, result) -> None:
+        w.disk.flush()
+        result.disk[-1] = bool(agree(w.host_comm, np.array([w.disk.failed is None], dtype=np.uint8))[0])
+
+
+OP = Sync
