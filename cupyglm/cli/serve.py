@@ -222,7 +222,7 @@ async def _serve_rank0(world, link, st, sock, args, port, served_id, key, max_bo
                         allow_control_tokens=args.allow_control_tokens, body_timeout_s=args.body_timeout)
     server_box: dict = {}
     wd = Watchdog(link, args.step_timeout, on_fire=bridge.fail)
-    factory, on_ready = _engine_hooks(world, st, state, wd, loop, served_id, host, port, t0)
+    factory, on_ready = _engine_hooks(world, st, state, wd, loop, served_id, host, port, t0, observers)
 
     def on_dead(exc: BaseException) -> None:     # event loop thread
         server = server_box.get("server")
@@ -258,7 +258,7 @@ async def _serve_rank0(world, link, st, sock, args, port, served_id, key, max_bo
     return 0
 
 
-def _engine_hooks(world, st, state, wd, loop, served_id, host, port, t0):
+def _engine_hooks(world, st, state, wd, loop, served_id, host, port, t0, observers=None):
     """The bridge's engine factory (engine thread: open the checkpoint, build the engine under the watchdog) and
     its on_ready (engine thread: publish the model's info and tokenizer to `state` on the event loop)."""
     from cupyglm.checkpoint.loader import open_model

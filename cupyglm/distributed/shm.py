@@ -30,7 +30,6 @@ from typing import Any
 
 import numpy as np
 
-from cupyglm import env
 from cupyglm.distributed.shm_header import (  # noqa: F401  (re-exported: the segment's public names)
     FIELDS, HEADER_SIZE, MAGIC, MAPPED_OFFSET, PREFIX, VERSION, Header, ShmError, new_token, process_alive,
     process_start, read_header, segment_name, shm_dir)
