@@ -25,7 +25,7 @@ import time
 import numpy as np
 
 from cupyglm.backend.numpy_ops import NumpyOps
-from cupyglm.engine import sampling
+from cupyglm.backend import numpy_sample as sampling
 from cupyglm.kernels import ops_sample
 from cupyglm.kernels.ops import Kernels
 

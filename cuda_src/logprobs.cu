@@ -1,6 +1,6 @@
 // logprobs.cu -- log-probabilities of each row's sampled token and of its K most likely ids, from the same fp32
 // logits the sampler sees (after the min_tokens bans, before temperature: the model's distribution, as vLLM's
-// default raw logprobs).  Reference: cupyglm.engine.logprobs.logprobs_rows (NumpyOps.logprobs), step for step:
+// default raw logprobs).  Reference: cupyglm.backend.numpy_logprobs.logprobs_rows (NumpyOps.logprobs), step for step:
 //
 //  * m = max(x) (-0 made +0); e[i] = exp_f32(x[i] - m);
 //  * S: thread t of LP_THREADS sums e[t], e[t + LP_THREADS], ... left to right, then thread 0 sums the

@@ -1,5 +1,5 @@
 // penalties.cu -- presence / frequency / repetition penalties and logit_bias as edits of the logits in place.
-// Reference: cupyglm.engine.penalties.penalize_rows (NumpyOps.penalize), the same float32 steps:
+// Reference: cupyglm.backend.numpy_penalties.penalize_rows (NumpyOps.penalize), the same float32 steps:
 //
 //  for each edit j (a distinct (row, id) pair; the host lists only the ids a request has seen or biased):
 //    x = logits[row, id]; a NaN stays NaN

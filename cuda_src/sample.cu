@@ -1,5 +1,5 @@
-// sample.cu -- sampling one token per row of logits.  Reference: cupyglm.engine.sampling.draw (NumpyOps.sample,
-// the algorithm in the docstring of cupyglm/engine/sampling.py), followed step for step so the token ids are
+// sample.cu -- sampling one token per row of logits.  Reference: cupyglm.backend.numpy_sample.draw (NumpyOps.sample,
+// the algorithm in the docstring of cupyglm/backend/numpy_sample.py), followed step for step so the token ids are
 // identical on GPU, emulator and NumPy:
 //
 //  * NaN anywhere in the row: token -1 (the engine reports it).

@@ -1,5 +1,5 @@
 // token_mask.cu -- structured output: a grammar's allowed-token bitmask applied to logits rows in place.
-// Reference: cupyglm.engine.token_mask.mask_rows (NumpyOps.mask_tokens), the same steps:
+// Reference: cupyglm.backend.numpy_token_mask.mask_rows (NumpyOps.mask_tokens), the same steps:
 //
 //  for each masked row m (logits row row[m]) and id v < V:
 //    allowed = (bits[m, v / 32] >> (v % 32)) & 1      (llguidance's layout: bit v % 32 of int32 word v / 32)

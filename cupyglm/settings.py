@@ -1,7 +1,8 @@
 """Settings: every serve/generate setting, from flags and the environment, in one frozen dataclass.
 
-Flags come from `add_arguments`; environment variables are read through `cupyglm.env.get` only. Every invalid
-value raises `SettingsError` naming the flag or variable that set it. Features that are validated but not built
+Flags come from `add_arguments`; environment variables are read through `cupyglm.env.get` only. The settings that
+change the memory plan have a flag and an environment alias (MEMORY_FLAGS); the flag wins. Every invalid value
+raises `SettingsError` naming the flag or variable that set it. Features that are validated but not built
 yet, and combinations that cannot work, are refused by name in `Settings.refuse_unavailable()`, called after the
 rank handshake; nothing is accepted and ignored.
 """
@@ -30,19 +31,31 @@ SOURCES: dict[str, str] = {
     "kv_pages": "--kv-pages",
     "kv_gib": "--kv-gib",
     "prompt_cache_gib": "--prompt-cache-gib",
-    "host_cache": "CUPYGLM_HOST_CACHE",
+    "host_cache": "--host-cache or CUPYGLM_HOST_CACHE",
     "prompt_cache_disk": "--prompt-cache-dir",
     "prompt_cache_dir": "--prompt-cache-dir (not compared: the directory may differ per host)",
     "prompt_cache_disk_gib": "--prompt-cache-disk-gib",
-    "kv_share": "CUPYGLM_KV_SHARE",
-    "kv_host": "CUPYGLM_KV_HOST or CUPYGLM_KV_HOST_SHARED",
-    "kv_host_shared": "CUPYGLM_KV_HOST_SHARED",
-    "kv_host_gib": "CUPYGLM_KV_HOST_GIB",
+    "kv_share": "--kv-share or CUPYGLM_KV_SHARE",
+    "kv_host": "--kv-host or CUPYGLM_KV_HOST or --kv-host-shared or CUPYGLM_KV_HOST_SHARED",
+    "kv_host_shared": "--kv-host-shared or CUPYGLM_KV_HOST_SHARED",
+    "kv_host_gib": "--kv-host-gib or CUPYGLM_KV_HOST_GIB",
     "mtp_drafts": "--mtp-drafts",
-    "memory_reserve_gib": "CUPYGLM_MEMORY_RESERVE_GIB",
+    "memory_reserve_gib": "--memory-reserve-gib or CUPYGLM_MEMORY_RESERVE_GIB",
     "max_queue": "--max-queue",
     "seed": "--seed",
     "prefill_chunk": "--prefill-chunk",
+    "cuda_graphs": "CUPYGLM_CUDA_GRAPHS or --cuda-graphs (not compared: a replay computes the eager call's bits)",
+}
+
+# The settings that change the memory plan: field -> (flag, environment alias). The flag wins over the alias.
+MEMORY_FLAGS: dict[str, tuple[str, str]] = {
+    "host_cache": ("--host-cache", "CUPYGLM_HOST_CACHE"),
+    "kv_share": ("--kv-share", "CUPYGLM_KV_SHARE"),
+    "kv_host": ("--kv-host", "CUPYGLM_KV_HOST"),
+    "kv_host_shared": ("--kv-host-shared", "CUPYGLM_KV_HOST_SHARED"),
+    "kv_host_gib": ("--kv-host-gib", "CUPYGLM_KV_HOST_GIB"),
+    "memory_reserve_gib": ("--memory-reserve-gib", "CUPYGLM_MEMORY_RESERVE_GIB"),
+    "cuda_graphs": ("--cuda-graphs", "CUPYGLM_CUDA_GRAPHS"),
 }
 
 # Features validated and fingerprinted but not built yet: name -> why it is refused.
@@ -99,7 +112,8 @@ def _float(label: str, raw: Any, *, positive: bool) -> float:
     return value
 
 
-def _bool01(name: str) -> bool:
+def env_bool(name: str) -> bool:
+    """A 0/1 environment variable (unset or empty: False)."""
     raw = env.get(name)
     if raw is None or raw == "":
         return False
@@ -141,6 +155,7 @@ class Settings:
     max_queue: int = 256                  # waiting requests before 429
     seed: int = 0                         # default sampling seed
     prefill_chunk: int = 0                # prompt tokens per step (a multiple of the keep grid); 0 = default
+    cuda_graphs: bool | None = None       # --cuda-graphs (cuda only; not compared); None: CUPYGLM_CUDA_GRAPHS decides
 
     def __post_init__(self) -> None:
         # Direct construction gets the same checks as from_args, named by flag or variable.
@@ -213,30 +228,11 @@ class Settings:
         seed = _int("--seed", flag("seed", 0), 0, 2**64 - 1)
         prefill_chunk = _int("--prefill-chunk", flag("prefill_chunk", 0), 0)
 
-        host_cache = _bool01("CUPYGLM_HOST_CACHE")
-        kv_share = _int("CUPYGLM_KV_SHARE", env.get("CUPYGLM_KV_SHARE") or 0, 0)
-        kv_host = _bool01("CUPYGLM_KV_HOST")
-        kv_host_shared = _bool01("CUPYGLM_KV_HOST_SHARED")
-        if kv_host_shared and not kv_host:
-            raise SettingsError("CUPYGLM_KV_HOST_SHARED=1 needs CUPYGLM_KV_HOST=1")
-        gib_raw = env.get("CUPYGLM_KV_HOST_GIB")
-        kv_host_gib = None
-        if gib_raw not in (None, ""):
-            kv_host_gib = _float("CUPYGLM_KV_HOST_GIB", gib_raw, positive=True)
-            if not kv_host:
-                raise SettingsError("CUPYGLM_KV_HOST_GIB needs CUPYGLM_KV_HOST=1")
-        reserve_raw = env.get("CUPYGLM_MEMORY_RESERVE_GIB")
-        if reserve_raw in (None, ""):
-            reserve_raw = env.VARIABLES["CUPYGLM_MEMORY_RESERVE_GIB"][0]
-        memory_reserve_gib = _float("CUPYGLM_MEMORY_RESERVE_GIB", reserve_raw, positive=False)
-
         return cls(model=model, backend=backend, context=context, parallel=parallel, page_tokens=page_tokens,
                    kv_cache=kv_cache, kv_pages=kv_pages, kv_gib=kv_gib, prompt_cache_gib=prompt_cache_gib,
                    prompt_cache_dir=None if prompt_cache_dir is None else str(prompt_cache_dir),
-                   prompt_cache_disk_gib=prompt_cache_disk_gib,
-                   host_cache=host_cache, kv_share=kv_share, kv_host=kv_host, kv_host_shared=kv_host_shared,
-                   kv_host_gib=kv_host_gib, mtp_drafts=mtp_drafts, memory_reserve_gib=memory_reserve_gib,
-                   max_queue=max_queue, seed=seed, prefill_chunk=prefill_chunk)
+                   prompt_cache_disk_gib=prompt_cache_disk_gib, mtp_drafts=mtp_drafts, max_queue=max_queue,
+                   seed=seed, prefill_chunk=prefill_chunk, **_memory_settings(ns))
 
     @classmethod
     def from_argv(cls, argv: list[str]) -> "Settings":
@@ -285,6 +281,41 @@ class Settings:
                                 f"the KV pool, not in the kept state", agreed=True)
 
 
+def _memory_settings(ns: argparse.Namespace) -> dict[str, Any]:
+    """The MEMORY_FLAGS settings from their flags, else their environment aliases; an error names the one used."""
+    def given(field: str) -> tuple[Any, str]:
+        flag, var = MEMORY_FLAGS[field]
+        value = getattr(ns, field, None)
+        if value is not None:
+            return value, flag
+        raw = env.get(var)
+        return (None if raw in (None, "") else raw), var
+
+    def boolean(field: str) -> tuple[bool, str]:
+        raw, label = given(field)
+        return (bool(raw), label) if label.startswith("--") else (env_bool(label), f"{label}=1")
+
+    def needs_kv_host(label: str) -> None:
+        raise SettingsError(f"{label} needs {'--kv-host' if label.startswith('--') else 'CUPYGLM_KV_HOST=1'}")
+
+    # cuda_graphs stays None without its flag: engine.build.cuda_graphs reads the alias, as for direct Settings
+    out: dict[str, Any] = {"host_cache": boolean("host_cache")[0], "kv_host": boolean("kv_host")[0],
+                           "cuda_graphs": getattr(ns, "cuda_graphs", None)}
+    raw, label = given("kv_share")
+    out["kv_share"] = _int(label, 0 if raw is None else raw, 0)
+    out["kv_host_shared"], label = boolean("kv_host_shared")
+    if out["kv_host_shared"] and not out["kv_host"]:
+        needs_kv_host(label)
+    raw, label = given("kv_host_gib")
+    out["kv_host_gib"] = None if raw is None else _float(label, raw, positive=True)
+    if raw is not None and not out["kv_host"]:
+        needs_kv_host(label)
+    raw, label = given("memory_reserve_gib")
+    default = env.VARIABLES["CUPYGLM_MEMORY_RESERVE_GIB"][0]
+    out["memory_reserve_gib"] = _float(label, default if raw is None else raw, positive=False)
+    return out
+
+
 def _check_page_tokens(label: str, raw: Any) -> int:
     value = _int(label, raw, 0)
     if value % 4:
@@ -319,3 +350,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--seed", default=None, metavar="N", help="default sampling seed (default 0)")
     g.add_argument("--prefill-chunk", default=None, metavar="N",
                    help="prompt tokens per step, a multiple of the keep grid (default 0: 512 or the grid above)")
+    m = parser.add_argument_group("memory plan (each flag wins over its environment alias)")
+    onoff = argparse.BooleanOptionalAction
+    m.add_argument("--host-cache", action=onoff, default=None,
+                   help="the prompt-cache arena lives in pinned host memory mapped into the device "
+                        "($CUPYGLM_HOST_CACHE)")
+    m.add_argument("--kv-share", default=None, metavar="N",
+                   help="up to N kept prompts stay in the KV pool as ref-counted pages, needs --prompt-cache-gib > 0 "
+                        "(default 0: off; $CUPYGLM_KV_SHARE)")
+    m.add_argument("--kv-host", action=onoff, default=None,
+                   help="latent KV rows live in pinned host pages mapped into every device ($CUPYGLM_KV_HOST)")
+    m.add_argument("--kv-host-shared", action=onoff, default=None,
+                   help="ranks of one host map one /dev/shm file for the host KV pages, needs --kv-host "
+                        "($CUPYGLM_KV_HOST_SHARED)")
+    m.add_argument("--kv-host-gib", default=None, metavar="GIB",
+                   help="size of the host KV pages in GiB, needs --kv-host (default one full window; "
+                        "$CUPYGLM_KV_HOST_GIB)")
+    m.add_argument("--memory-reserve-gib", default=None, metavar="GIB",
+                   help="memory each rank keeps free after weights, scratch and KV pages (default 1.0; "
+                        "$CUPYGLM_MEMORY_RESERVE_GIB)")
+    m.add_argument("--cuda-graphs", action=onoff, default=None,
+                   help="on the cuda backend, decode calls replay CUDA graphs (no bit changes; $CUPYGLM_CUDA_GRAPHS)")

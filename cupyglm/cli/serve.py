@@ -137,11 +137,11 @@ def bind(host: str, port: int) -> socket.socket:
 
 # ---- the engine ------------------------------------------------------------------------------------------------
 
-def make_engine(world, ckpt):
+def make_engine(world, ckpt, observers=None):
     """This rank's engine (a collective: every rank builds its own in the same order; each prints its plan line)."""
-    from cupyglm.engine.build import build
+    from cupyglm.engine.build import NO_OBSERVERS, build
 
-    engine, _plan = build(world, ckpt)
+    engine, _plan = build(world, ckpt, observers=observers or NO_OBSERVERS)
     return engine
 
 
@@ -149,7 +149,8 @@ def _say(line: str) -> None:
     print(line, flush=True)
 
 
-def serve(args: argparse.Namespace) -> int:
+def serve(args: argparse.Namespace, observers=None) -> int:
+    """`observers` (engine.build.Observers): what a test watches in this rank (tests/observed_serve.py)."""
     from cupyglm.backend import resolve
     from cupyglm.distributed import world as world_mod
 
@@ -171,7 +172,8 @@ def serve(args: argparse.Namespace) -> int:
         raise SettingsError("--served-model-name must not be empty")
 
     backend, note = resolve(st.backend)
-    world = world_mod.start(st, backend=backend)          # the fingerprint handshake, before any weight
+    world = world_mod.start(st, backend=backend,          # the fingerprint handshake, before any weight
+                            before_map=observers.shm_before_map if observers is not None else None)
     world.settings.refuse_unavailable()
     from cupyglm.distributed import watchdog
 
@@ -183,7 +185,7 @@ def serve(args: argparse.Namespace) -> int:
         box: dict = {}
         beater = watchdog.Beater(link, lambda: box["engine"].done_step if "engine" in box else -1)
         ckpt = open_model(st.model)
-        engine = box["engine"] = make_engine(world, ckpt)
+        engine = box["engine"] = make_engine(world, ckpt, observers)
         _say(f"rank {world.rank}: pid {os.getpid()} ready")
         engine.worker_loop()
         beater.bye()
@@ -197,10 +199,11 @@ def serve(args: argparse.Namespace) -> int:
     _say(f"# {note}; tp {world.size}; rank 0: pid {os.getpid()}")
     served_id = args.served_model_name or (st.model if st.model is not None else "cupyglm-tiny")
     return asyncio.run(_serve_rank0(world, link, st, sock, args, bound_port, served_id, key, max_body, drain_s,
-                                    t0))
+                                    t0, observers))
 
 
-async def _serve_rank0(world, link, st, sock, args, port, served_id, key, max_body, drain_s, t0) -> int:
+async def _serve_rank0(world, link, st, sock, args, port, served_id, key, max_body, drain_s, t0,
+                       observers=None) -> int:
     import uvicorn
 
     from cupyglm.distributed.watchdog import Watchdog
@@ -219,7 +222,7 @@ async def _serve_rank0(world, link, st, sock, args, port, served_id, key, max_bo
                         allow_control_tokens=args.allow_control_tokens, body_timeout_s=args.body_timeout)
     server_box: dict = {}
     wd = Watchdog(link, args.step_timeout, on_fire=bridge.fail)
-    factory, on_ready = _engine_hooks(world, st, state, wd, loop, served_id, host, port, t0)
+    factory, on_ready = _engine_hooks(world, st, state, wd, loop, served_id, host, port, t0, observers)
 
     def on_dead(exc: BaseException) -> None:     # event loop thread
         server = server_box.get("server")
@@ -255,7 +258,7 @@ async def _serve_rank0(world, link, st, sock, args, port, served_id, key, max_bo
     return 0
 
 
-def _engine_hooks(world, st, state, wd, loop, served_id, host, port, t0):
+def _engine_hooks(world, st, state, wd, loop, served_id, host, port, t0, observers=None):
     """The bridge's engine factory (engine thread: open the checkpoint, build the engine under the watchdog) and
     its on_ready (engine thread: publish the model's info and tokenizer to `state` on the event loop)."""
     from cupyglm.checkpoint.loader import open_model
@@ -266,7 +269,7 @@ def _engine_hooks(world, st, state, wd, loop, served_id, host, port, t0):
     def factory():
         ckpt = open_model(st.model)
         holder["ckpt"] = ckpt
-        engine = make_engine(world, ckpt)
+        engine = make_engine(world, ckpt, observers)
         engine.watch = wd
         return engine
 
@@ -341,11 +344,11 @@ def _server_class():
     return Server
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, observers=None) -> int:
     from cupyglm.distributed.failure import run_rank_main
 
     # flags are parsed inside the wrapper: a typo on one rank must bring every rank down, not hang them
-    return run_rank_main(lambda: serve(build_parser().parse_args(argv)))
+    return run_rank_main(lambda: serve(build_parser().parse_args(argv), observers))
 
 
 if __name__ == "__main__":

@@ -1,5 +1,5 @@
 """Contract cases of cuda_src/logprobs.cu (op logprobs: the sampled token's logprob and the top K; reference
-NumpyOps.logprobs, i.e. cupyglm.engine.logprobs.logprobs_rows). Integer output (ids and float bits): 0 ULPs.
+NumpyOps.logprobs, i.e. cupyglm.backend.numpy_logprobs.logprobs_rows). Integer output (ids and float bits): 0 ULPs.
 
 Inputs plant ties at the top (three ids share the maximum: the lowest must come first), -inf entries (what the
 min_tokens bans leave), -0.0 next to +0.0, and a maximum of -0.0 in one row; vocabularies of 512 (the tiny

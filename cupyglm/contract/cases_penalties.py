@@ -1,5 +1,5 @@
 """Contract cases of cuda_src/penalties.cu (op penalize: presence / frequency / repetition penalties and
-logit_bias edited into the logits in place; reference NumpyOps.penalize, cupyglm.engine.penalties). 0 ULPs.
+logit_bias edited into the logits in place; reference NumpyOps.penalize, cupyglm.backend.numpy_penalties). 0 ULPs.
 
 Inputs: rows whose requests mix every penalty, a repetition penalty below and above 1 (both signs of x), ids
 generated several times, biases of +-100, NaN and -inf entries (a NaN stays NaN), rows with no edit; decode
@@ -10,16 +10,26 @@ frequency penalty applied once per id).
 """
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 
+from cupyglm.backend import numpy_penalties as penalties
 from cupyglm.backend.numpy_ops import NumpyOps
 from cupyglm.contract.registry import Case, case
-from cupyglm.engine import penalties
-from cupyglm.engine.sampling import SamplingParams
 from cupyglm.kernels import ops_penalties
 
 REF = NumpyOps()
 KEYS = ("row", "id", "count", "seen", "bias", "repetition", "frequency", "presence")
+
+
+@dataclasses.dataclass(frozen=True)
+class _Params:
+    """The fields of a request's sampling parameters that `penalties.edits` reads."""
+    presence_penalty: float
+    frequency_penalty: float
+    repetition_penalty: float
+    logit_bias: dict
 
 
 def _make(r: int, v: int):
@@ -32,8 +42,8 @@ def _make(r: int, v: int):
             output += [output[2]] * 3                                   # an id generated four times
             biased = [output[1], prompt[1], *rng.integers(0, v, 2)]        # biased ids that are also seen
             bias = {int(t): float(b) for t, b in zip(biased, (2.5, -0.75, 100.0, -100.0))}
-            p = SamplingParams(presence_penalty=float(rng.uniform(-2, 2)), frequency_penalty=float(rng.uniform(-2, 2)),
-                               repetition_penalty=(0.8, 1.3, 1.0, 2.0)[i % 4], logit_bias=bias)
+            p = _Params(presence_penalty=float(rng.uniform(-2, 2)), frequency_penalty=float(rng.uniform(-2, 2)),
+                        repetition_penalty=(0.8, 1.3, 1.0, 2.0)[i % 4], logit_bias=bias)
             rows.append((i, p, prompt, output))
             x[i, output[0]] = np.nan
             x[i, prompt[0]] = -np.inf

@@ -1,5 +1,5 @@
 """Contract cases of cuda_src/sample.cu (op sample: one token per row; reference NumpyOps.sample, i.e.
-cupyglm.engine.sampling.draw on every row). Token ids must be identical (integer output: 0 ULPs).
+cupyglm.backend.numpy_sample.draw on every row). Token ids must be identical (integer output: 0 ULPs).
 
 Inputs plant exact ties: greedy rows share their maximum among three ids (the lowest must win); sampled rows
 hold tie groups across the top-k cut and at the top, -0.0 next to +0.0, and some -inf entries (what the

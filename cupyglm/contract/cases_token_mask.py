@@ -1,5 +1,5 @@
 """Contract cases of cuda_src/token_mask.cu (op mask_tokens: a grammar's allowed-token bitmask applied to logits
-rows in place; reference NumpyOps.mask_tokens, cupyglm.engine.token_mask). 0 ULPs.
+rows in place; reference NumpyOps.mask_tokens, cupyglm.backend.numpy_token_mask). 0 ULPs.
 
 Inputs: masks that allow a few ids, nearly every id, only the last id of a partial word, bit 31 of a word (the
 sign bit of int32), NaN and -inf entries (a NaN stays NaN); masked rows out of order with unmasked rows between
@@ -14,8 +14,8 @@ from __future__ import annotations
 import numpy as np
 
 from cupyglm.backend.numpy_ops import NumpyOps
+from cupyglm.backend.numpy_token_mask import words
 from cupyglm.contract.registry import Case, case
-from cupyglm.engine.token_mask import words
 from cupyglm.kernels import ops_token_mask
 
 REF = NumpyOps()

@@ -23,14 +23,13 @@ import mmap
 import os
 import socket
 import struct
-import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from cupyglm import env
 from cupyglm.distributed.shm_header import (  # noqa: F401  (re-exported: the segment's public names)
     FIELDS, HEADER_SIZE, MAGIC, MAPPED_OFFSET, PREFIX, VERSION, Header, ShmError, new_token, process_alive,
     process_start, read_header, segment_name, shm_dir)
@@ -181,12 +180,14 @@ class SharedSegment:
 
 
 def open_local(token: str, purpose: str, nbytes: int, *, local_rank: int, local_size: int,
-               local_comm: Any = None, fingerprint_hash: str = "") -> SharedSegment:
+               local_comm: Any = None, fingerprint_hash: str = "",
+               before_map: Callable[[int, str], None] | None = None) -> SharedSegment:
     """The collective protocol on one host (module docstring): local rank 0 creates, holds and unlinks; every
     other local rank maps the held file through /proc and counts; all check the count after the barrier.
 
     `local_comm` is the node-local mpi4py communicator (None when local_size is 1). Every local rank calls this;
-    all raise ShmError if any fails. The name is gone before any rank waits on another.
+    all raise ShmError if any fails. The name is gone before any rank waits on another. `before_map(local rank,
+    segment name)`, an observer (tests), runs on every rank once the file is made and before the rank maps it.
     """
     seg = None
     error, via = "", ""
@@ -207,7 +208,8 @@ def open_local(token: str, purpose: str, nbytes: int, *, local_rank: int, local_
         error, via = local_comm.bcast((error, via), root=0)
     if error:
         raise ShmError(error)
-    _test_pause(local_rank, segment_name(token, purpose))
+    if before_map is not None:
+        before_map(local_rank, segment_name(token, purpose))
     try:
         if seg is None:
             seg = SharedSegment.attach(token, purpose, fingerprint_hash=fingerprint_hash, via=via)
@@ -230,16 +232,6 @@ def open_local(token: str, purpose: str, nbytes: int, *, local_rank: int, local_
         os.close(seg.fd)
         seg.fd = -1
     return seg
-
-
-def _test_pause(local_rank: int, name: str) -> None:
-    """Test only (CUPYGLM_TEST_SHM_PAUSE seconds): each local rank says so and sleeps before mapping the file."""
-    pause = float(env.get("CUPYGLM_TEST_SHM_PAUSE") or 0)
-    if pause > 0:
-        sys.stderr.write(f"shm: local rank {local_rank} (pid {os.getpid()}) pauses {pause:g} s before mapping "
-                         f"{name}\n")         # one write: the ranks' lines share the launcher's output
-        sys.stderr.flush()
-        time.sleep(pause)
 
 
 def sweep_stale() -> None:

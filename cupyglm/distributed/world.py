@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from collections.abc import Callable
 from typing import Any
 
 from cupyglm import env
@@ -37,6 +38,7 @@ class World:
     local_mpi: Any = None           # mpi4py node-local communicator, None in a single-rank world
     host_comm: Comm | None = None   # MpiComm/LocalComm for host arrays and bytes, whatever the backend
     device: int = 0                 # this rank's CUDA device among those it sees (distributed/devices.py); 0 off cuda
+    before_map: Callable[[int, str], None] | None = None   # an observer of shared segments (shm.open_local; tests)
 
     @property
     def is_root(self) -> bool:
@@ -51,7 +53,8 @@ class World:
         carries the world rank of the host's first rank, so two hosts that share one /dev/shm never meet."""
         first = self.local_mpi.bcast(self.rank, root=0) if self.local_mpi is not None else self.rank
         return open_local(self.token, f"{purpose}_n{first}", nbytes, local_rank=self.local_rank,
-                          local_size=self.local_size, local_comm=self.local_mpi, fingerprint_hash=self.fingerprint_hash)
+                          local_size=self.local_size, local_comm=self.local_mpi, fingerprint_hash=self.fingerprint_hash,
+                          before_map=self.before_map)
 
 
 def resolve_backend(name: str) -> str:
@@ -88,10 +91,12 @@ def join_handshake_with_error(error: SettingsError) -> str:
     return line or error.line
 
 
-def start(settings: Settings, *, backend: str | None = None) -> World:
+def start(settings: Settings, *, backend: str | None = None,
+          before_map: Callable[[int, str], None] | None = None) -> World:
     """The world this process runs in; raises SettingsError (agreed by all ranks) on a fingerprint refusal.
 
     `backend` is the resolved backend when the caller knows it; else settings.backend, auto resolved here.
+    `before_map` observes this world's shared segments (World.shared_segment).
     """
     launched = env.launcher_world()
     resolved = backend or resolve_backend(settings.backend)
@@ -101,7 +106,7 @@ def start(settings: Settings, *, backend: str | None = None) -> World:
         _STATE["handshake_done"] = True
         local = LocalComm()
         return World(0, 1, 0, 1, local, settings, resolved, new_token(), fp, fpmod.fingerprint_hash(fp), 0.0,
-                     host_comm=local)
+                     host_comm=local, before_map=before_map)
 
     from mpi4py import MPI
 
@@ -140,7 +145,8 @@ def start(settings: Settings, *, backend: str | None = None) -> World:
 
             cupy.cuda.Device(device).use()
     return World(world.Get_rank(), world.Get_size(), local.Get_rank(), local.Get_size(), comm, settings, resolved,
-                 token, fp, fpmod.fingerprint_hash(fp), ms, mpi=world, local_mpi=local, host_comm=host, device=device)
+                 token, fp, fpmod.fingerprint_hash(fp), ms, mpi=world, local_mpi=local, host_comm=host, device=device,
+                 before_map=before_map)
 
 
 def _with_model_id(settings: Settings) -> Settings:

@@ -2,10 +2,30 @@
 store and the engine (engine.py is the lockstep loop they run)."""
 from __future__ import annotations
 
+import dataclasses
 import sys
+from collections.abc import Callable
 
 from cupyglm.engine.config import EngineConfig
 from cupyglm.engine.engine import Engine
+
+
+@dataclasses.dataclass(frozen=True)
+class Observers:
+    """What a test watches or provokes in a serving rank (tests/observed_serve.py wires them in); the default
+    watches nothing and changes nothing."""
+
+    kv_host_writes: bool = False          # each rank logs a digest of the host KV rows it wrote in each step
+    kv_host_slots: int | None = None      # fewer gather slots than the plan's (to provoke the slot guard's refusal)
+    disk_write_pause_s: float = 0.0       # the disk tier's writer sleeps half way through each state file
+    shm_before_map: Callable[[int, str], None] | None = None   # (local rank, name) before a rank maps a shared file
+
+    def __post_init__(self) -> None:
+        if self.kv_host_slots is not None and self.kv_host_slots < 1:
+            raise ValueError(f"kv_host_slots must be a positive integer, got {self.kv_host_slots}")
+
+
+NO_OBSERVERS = Observers()
 
 
 def log_line(line: str) -> None:
@@ -37,7 +57,8 @@ def plan_for(world, ckpt, ops, *, parallel: int | None = None, mtp: bool = False
               context=st.context, page_tokens=st.page_tokens, kv_pages=st.kv_pages, kv_host=st.kv_host,
               kv_host_bytes=None if st.kv_host_gib is None else int(st.kv_host_gib * GIB),
               reserve_gib=st.memory_reserve_gib, prompt_cache_gib=st.prompt_cache_gib, host_cache=st.host_cache,
-              chunk_rows=chunk, mtp=mtp, pool_cap=cpu, quant=layout_of(ckpt), graphs=cuda_graphs(world.backend))
+              chunk_rows=chunk, mtp=mtp, pool_cap=cpu, quant=layout_of(ckpt),
+              graphs=cuda_graphs(world.backend, st.cuda_graphs))
     try:                                   # what fits this rank; refusals wait until the ranks agree
         local_fit, local_error = plan_memory(cfg, **{**kw, "context": 0, "kv_pages": 0}).fit_pages, None
     except PlanError as e:
@@ -48,16 +69,11 @@ def plan_for(world, ckpt, ops, *, parallel: int | None = None, mtp: bool = False
     return plan_memory(cfg, **kw, fit_pages=fit)
 
 
-def host_slots(plan) -> int:
-    """The gather's slots: the plan's (the window), or fewer for a test (CUPYGLM_KV_HOST_SLOTS)."""
-    from cupyglm import env
-
-    raw = env.get("CUPYGLM_KV_HOST_SLOTS")
-    if raw in (None, ""):
+def host_slots(plan, observers: Observers = NO_OBSERVERS) -> int:
+    """The gather's slots: the plan's (the window), or fewer for a test (Observers.kv_host_slots)."""
+    if observers.kv_host_slots is None:
         return plan.gather_slots
-    if not raw.isdigit() or int(raw) < 1:
-        raise ValueError(f"CUPYGLM_KV_HOST_SLOTS must be a positive integer, got {raw!r}")
-    return min(int(raw), plan.gather_slots)
+    return min(observers.kv_host_slots, plan.gather_slots)
 
 
 def shared_line(world, seg) -> str:
@@ -67,23 +83,21 @@ def shared_line(world, seg) -> str:
             f"{world.local_rank}/{world.local_size} mappings {seg.mapped()}/{seg.header.local_size}, {how}")
 
 
-def cuda_graphs(backend: str) -> bool:
-    """CUPYGLM_CUDA_GRAPHS=1 on the cuda backend: decode calls replay captured layers and ends
-    (engine/graph_capture.py, graph_ends.py).
+def cuda_graphs(backend: str, asked: bool | None = None) -> bool:
+    """--cuda-graphs (Settings.cuda_graphs; `asked` None: not given, its alias CUPYGLM_CUDA_GRAPHS decides) on cuda:
+    decode calls replay captured layers and ends (engine/graph_capture.py, graph_ends.py).
     Not fingerprinted: ranks may differ in it, since a replay computes the same bits as the eager call."""
-    from cupyglm import env
+    from cupyglm.settings import env_bool
 
-    raw = env.get_or("CUPYGLM_CUDA_GRAPHS")
-    if raw not in ("0", "1"):
-        raise ValueError(f"CUPYGLM_CUDA_GRAPHS must be 0 or 1, got {raw!r}")
-    return raw == "1" and backend == "cuda"
+    return (env_bool("CUPYGLM_CUDA_GRAPHS") if asked is None else asked) and backend == "cuda"
 
 
-def build(world, ckpt, *, poison: bool = False, log=log_line):
+def build(world, ckpt, *, poison: bool = False, log=log_line, observers: Observers = NO_OBSERVERS):
     """The engine of this rank (plan, runner, engine); prints this rank's plan line. Returns (engine, plan)."""
     from cupyglm.backend import make_ops
     from cupyglm.backend.arithmetic import unconfirmed_note
     from cupyglm.engine.runner import ModelRunner
+    from cupyglm.kv.host_rows import WriteHash
 
     st, cfg = world.settings, ckpt.config
     ops = make_ops(world.backend)
@@ -95,9 +109,10 @@ def build(world, ckpt, *, poison: bool = False, log=log_line):
         if note is not None:
             log(note)
     runner = ModelRunner(ckpt, ops, world.comm, plan.num_pages, plan.page_tokens, mtp=mtp, poison=poison,
-                         host_slots=host_slots(plan) if st.kv_host else 0,
+                         host_slots=host_slots(plan, observers) if st.kv_host else 0,
                          host_shared=(lambda n: world.shared_segment("kv_host", n)) if st.kv_host_shared else None,
-                         graphs=cuda_graphs(world.backend), tail_slots=st.parallel)
+                         host_writes=WriteHash(ops.xp) if observers.kv_host_writes else None,
+                         graphs=cuda_graphs(world.backend, st.cuda_graphs), tail_slots=st.parallel)
     seg = runner.kv.host.segment if runner.kv.host is not None else None
     if seg is not None and log is not None:
         log(shared_line(world, seg))
@@ -108,7 +123,8 @@ def build(world, ckpt, *, poison: bool = False, log=log_line):
         kept = KeptStore(cfg, ops, runner.kv, world.size, plan.prompt_cache_bytes, host=st.host_cache,
                          mtp=mtp, share=st.kv_share)
     if kept is not None and st.prompt_cache_dir is not None:
-        disk, planner = build_disk(world, ckpt, kept, plan.page_tokens, log or (lambda line: None))
+        disk, planner = build_disk(world, ckpt, kept, plan.page_tokens, log or (lambda line: None),
+                                   pause_s=observers.disk_write_pause_s)
     ecfg = EngineConfig(context=plan.context, num_pages=plan.num_pages, page_tokens=plan.page_tokens,
                         keep_grid=cfg.keep_grid, parallel=st.parallel, max_queue=st.max_queue,
                         prefill_chunk=st.prefill_chunk, seed=st.seed, eos_token_ids=cfg.eos_token_ids,
@@ -117,10 +133,9 @@ def build(world, ckpt, *, poison: bool = False, log=log_line):
                   disk=disk, planner=planner, host_comm=world.host_comm), plan
 
 
-def build_disk(world, ckpt, kept, page_tokens: int, log):
+def build_disk(world, ckpt, kept, page_tokens: int, log, pause_s: float = 0.0):
     """This rank's disk tier: index its files (headers only), agree with the other ranks on the usable ones
     (a collective), and on rank 0 the planner over them. Returns (DiskStore, DiskPlanner or None)."""
-    from cupyglm import env
     from cupyglm.engine.disk_tier import agree_index, planner_from
     from cupyglm.engine.plan import GIB
     from cupyglm.kv.disk_file import checkpoint_identity, state_fingerprint
@@ -128,13 +143,12 @@ def build_disk(world, ckpt, kept, page_tokens: int, log):
     from cupyglm.memory import BF16
 
     st = world.settings
-    pause = float(env.get_or("CUPYGLM_TEST_DISK_WRITE_PAUSE") or 0)
     model = checkpoint_identity(ckpt.path, builtin=st.model is None)
     fp = state_fingerprint(model=model, backend=world.backend, arithmetic=world.fingerprint["arithmetic"],
                            tp=world.size, rank=world.rank,
                            page_tokens=page_tokens, kv_cache=st.kv_cache,
                            storage=f"bf16 in {kept.storage.itemsize(BF16)} bytes", mtp=kept.mtp)
-    disk = DiskStore(st.prompt_cache_dir, fp, kept, world.rank, world.size, log, pause_s=pause)
+    disk = DiskStore(st.prompt_cache_dir, fp, kept, world.rank, world.size, log, pause_s=pause_s)
     found = len(disk.index())
     usable = agree_index(disk, world.host_comm)
     planner = None

@@ -32,7 +32,7 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from cupyglm.engine.token_mask import words
+from cupyglm.backend.numpy_token_mask import words
 from cupyglm.engine.tool_grammar import tool_call_lark
 from cupyglm.engine.tool_values import Unenforceable
 

@@ -12,7 +12,7 @@ from cupyglm.model.glm import GLMModel, SeqInput, SeqOutput
 class ModelRunner:
     def __init__(self, ckpt: Checkpoint, ops, comm, num_pages: int, page_tokens: int, mtp: bool = False,
                  poison: bool = False, host_slots: int = 0, host_shared=None, graphs: bool = False,
-                 tail_slots: int = TAIL_SLOTS):
+                 tail_slots: int = TAIL_SLOTS, host_writes=None):
         """graphs: decode calls replay CUDA graphs (cuda backend; engine/graph_forward.py chooses per call, the
         model's forward stays eager): every layer whole (a DSA layer's FFN half alone on the host-rows path) and
         the call's ends (embedding in, final norm + lm_head + vocab gather out, and a plain step's sample:
@@ -22,11 +22,13 @@ class ModelRunner:
         addresses, the DSA maps in a fixed buffer per layout, consecutive captured layers chain their buffers, and
         padding rows are dropped (rows are batch-invariant): engine/graph_capture.py states why a replay is exact
         and what stays eager, engine/kda_slots.py who owns a slot. tail_slots: the sequences alive at once whose
-        index tails the KV store holds (kv/index_tails.py; the engine: its running streams)."""
+        index tails the KV store holds (kv/index_tails.py; the engine: its running streams). host_writes: an
+        observer of the host KV rows each step writes (kv.host_rows.WriteHash; tests)."""
         self.cfg = ckpt.config
         self.ops, self.comm = ops, comm
         self.kv = KVStore(self.cfg, ops, num_pages, page_tokens, poison, host_slots=host_slots,
-                          host_shared=host_shared, tail_slots=tail_slots, mtp=mtp, scratch=graphs)
+                          host_shared=host_shared, tail_slots=tail_slots, mtp=mtp, scratch=graphs,
+                          host_writes=host_writes)
         self.model = GLMModel(self.cfg, ckpt.shard(comm.rank, comm.size), ops, comm, self.kv, mtp=mtp)
         self.graphs = self.ends = self._graph = None
         if graphs:

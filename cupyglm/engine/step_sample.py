@@ -21,7 +21,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from cupyglm.engine import draw, penalties
+from cupyglm.backend import numpy_penalties as penalties
+from cupyglm.engine import draw
 from cupyglm.engine.draw import SampleRows
 from cupyglm.engine.logprobs import tokens_and_logprobs
 from cupyglm.engine.request import EngineError

@@ -1,9 +1,9 @@
-"""Logprobs launcher (cuda_src/logprobs.cu): NumpyOps.logprobs's signature (cupyglm.engine.logprobs)."""
+"""Logprobs launcher (cuda_src/logprobs.cu): NumpyOps.logprobs's signature (cupyglm.backend.numpy_logprobs)."""
 from __future__ import annotations
 
 import numpy as np
 
-from cupyglm.engine.logprobs import MAX_TOP, THREADS
+from cupyglm.backend.numpy_logprobs import MAX_TOP, THREADS
 from cupyglm.kernels.ops import Kernels, check, i32, op
 
 SRC = "logprobs.cu"

@@ -1,9 +1,9 @@
-"""Penalties launcher (cuda_src/penalties.cu): NumpyOps.penalize's signature (cupyglm.engine.penalties)."""
+"""Penalties launcher (cuda_src/penalties.cu): NumpyOps.penalize's signature (cupyglm.backend.numpy_penalties)."""
 from __future__ import annotations
 
 import numpy as np
 
-from cupyglm.engine.penalties import THREADS
+from cupyglm.backend.numpy_penalties import THREADS
 from cupyglm.kernels.ops import Kernels, check, i32, op
 
 SRC = "penalties.cu"

@@ -1,9 +1,9 @@
-"""Token-mask launcher (cuda_src/token_mask.cu): NumpyOps.mask_tokens's signature (cupyglm.engine.token_mask)."""
+"""Token-mask launcher (cuda_src/token_mask.cu): NumpyOps.mask_tokens's signature (cupyglm.backend.numpy_token_mask)."""
 from __future__ import annotations
 
 import numpy as np
 
-from cupyglm.engine.token_mask import THREADS, words
+from cupyglm.backend.numpy_token_mask import THREADS, words
 from cupyglm.kernels.ops import Kernels, check, i32, op
 
 SRC = "token_mask.cu"

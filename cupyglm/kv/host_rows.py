@@ -16,8 +16,8 @@ cache before its gather (a rejected draft's rows, rewritten by the next call, ne
 What bounds a gather's distinct rows (checked: a gather past its slots raises its flag word, and the engine
 refuses the request by name after the step): a gather covers one call segment, i.e. one sequence's rows
 start..start+n-1; every id it lists is a position below start + n, one host row each, so it needs at most
-start + n <= the window (`context`) slots, and the plan sizes the slots to the window. A test-only knob
-(CUPYGLM_KV_HOST_SLOTS) makes the slots fewer.
+start + n <= the window (`context`) slots, and the plan sizes the slots to the window. A test's observer
+(engine.build.Observers.kv_host_slots) makes the slots fewer.
 
 Shared rows (CUPYGLM_KV_HOST_SHARED=1, one /dev/shm copy per host): every rank of the host writes every row, and
 the bytes are identical (kv_a and its norm are replicated, dsa.py), so a row written twice holds one value. Why
@@ -30,8 +30,8 @@ passes that all-reduce before every rank has finished step N - 1, its kept-state
 all-reduce runs in stream order after step N - 1's kernels. The only writes before that all-reduce are kept
 states restored into pages and MTP drafts proposed for verify groups: a step with either first passes
 `fence()`, a barrier of the host's ranks after each has synchronized its device. Every rank decides the fence
-from the step message alone, so all of them take it or none. CUPYGLM_TEST_KV_HOST_HASH=1 (tests) makes each rank
-print a digest of the rows it wrote in each step, so the ranks' rows can be compared.
+from the step message alone, so all of them take it or none. A WriteHash observer (a test's, through the
+constructor) makes each rank print a digest of the rows it wrote in each step, so the ranks' rows can be compared.
 """
 from __future__ import annotations
 
@@ -41,7 +41,6 @@ import os
 
 import numpy as np
 
-from cupyglm import env
 from cupyglm.config import ModelConfig
 from cupyglm.kv.copy_hooks import PinnedArena
 from cupyglm.memory import ArraySpec, gather_arrays, host_latent_arrays, row_cache_rows, storage_of
@@ -114,7 +113,7 @@ def early_writes(host, writes: bool) -> None:
 
 
 def log_writes(host, log, rank: int, step: int) -> None:
-    """Check mode (CUPYGLM_TEST_KV_HOST_HASH=1), after a step: this rank's line for the rows it wrote in `step`."""
+    """With a WriteHash observer, after a step: this rank's line for the rows it wrote in `step`."""
     if host is not None and host.write_hash is not None and log is not None:
         rows, sha, reused = host.write_hash.take(step)
         log(f"rank {rank}: kv host step {step} wrote {rows} rows sha {sha}; {reused} pages another request "
@@ -122,9 +121,9 @@ def log_writes(host, log, rank: int, step: int) -> None:
 
 
 class WriteHash:
-    """Test only (CUPYGLM_TEST_KV_HOST_HASH=1): a digest of the (layer, row ids, row bytes) this rank writes, and
-    how many pages a request wrote in the step right after another request last wrote them (released and leased
-    again within one step)."""
+    """An observer (tests): a digest of the (layer, row ids, row bytes) this rank writes, and how many pages a
+    request wrote in the step right after another request last wrote them (released and leased again within one
+    step)."""
 
     def __init__(self, xp):
         self.xp, self.sha, self.rows = xp, hashlib.sha256(), 0
@@ -152,7 +151,7 @@ class HostRows:
     """One rank's host latent rows (per KV layer [rows, R] bf16), the gather's device buffers and flag words."""
 
     def __init__(self, cfg: ModelConfig, ops, rows: int, slots: int, poison: bool = False, pool=None,
-                 shared=None):
+                 shared=None, writes: WriteHash | None = None):
         if slots < 1:
             raise ValueError(f"kv host: the gather needs at least one slot, got {slots}")
         self.ops, self.rows, self.num_slots, self.pool = ops, rows, slots, pool
@@ -178,7 +177,7 @@ class HostRows:
         self.stats = {l: xp.zeros((2,), dtype=np.int32) for l in cfg.kv_layers}                # [2] hits, misses
         self._generation = {l: -1 for l in cfg.kv_layers}        # the pool's generation the cache was filled at
         self.hits = self.misses = self.decode_rows = 0           # since startup (take_stats)
-        self.write_hash = WriteHash(xp) if env.get("CUPYGLM_TEST_KV_HOST_HASH") == "1" else None
+        self.write_hash = writes                                  # None: nothing observes the writes
         if cpu:
             self.flags = np.zeros((FLAG_WORDS,), dtype=np.int32)    # [F] i32 a word per call segment
             self._flags_host = self.flags

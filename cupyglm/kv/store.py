@@ -33,9 +33,10 @@ def scratch_pages(page_tokens: int) -> int:
 class KVStore:
     def __init__(self, cfg: ModelConfig, ops, num_pages: int, page_tokens: int, poison: bool = False,
                  host_slots: int = 0, host_shared=None, tail_slots: int = TAIL_SLOTS, mtp: bool = True,
-                 scratch: bool = False):
+                 scratch: bool = False, host_writes=None):
         """tail_slots: the sequences whose index tails the store holds at once (kv/index_tails.py); mtp: the MTP
-        layer writes tails (its head is built); scratch: the padding rows' pages past the pool's (device rows)."""
+        layer writes tails (its head is built); scratch: the padding rows' pages past the pool's (device rows);
+        host_writes: the host rows' write observer (HostRows)."""
         if page_tokens <= 0 or page_tokens % cfg.index_kpool:
             raise ValueError(f"page_tokens must be a positive multiple of {cfg.index_kpool}, got {page_tokens}")
         self.cfg = cfg
@@ -49,8 +50,8 @@ class KVStore:
         drows = rows + len(self.scratch) * page_tokens
         pools = drows // cfg.index_kpool
         # latent[layer]: [pages * page_tokens, R] bf16; pooled[layer]: [pages * page_tokens / 4, I] bf16
-        self.host = HostRows(cfg, ops, rows, host_slots, poison, pool=self.pool, shared=host_shared) \
-            if host_slots else None
+        self.host = HostRows(cfg, ops, rows, host_slots, poison, pool=self.pool, shared=host_shared,
+                             writes=host_writes) if host_slots else None
         if self.host is not None:
             self.latent = self.host.latent
         else:

@@ -3,7 +3,7 @@
 Candidate i of a prompt is the same request with seed choice_seed(seed, i) (cupyglm.server.requests), so a
 returned choice's tokens equal a single request with its seed. A candidate's score is the sum of its sampled
 tokens' logprobs as `logprobs` reports them (the model's distribution from the fp32 logits the sampler draws
-from, before temperature: cupyglm.engine.logprobs), summed left to right in float64; the n best are returned best
+from, before temperature: cupyglm.backend.numpy_logprobs), summed left to right in float64; the n best are returned best
 first (ties to the lower candidate), indexed prompt * n + rank. The engine computes the logprobs for the ranking
 even when the request did not ask for them; they are then left out of the reply. Usage counts every candidate's
 completion tokens (they were generated). Not streamed: a stream cannot take back the choices it has sent.

@@ -2,13 +2,15 @@
 
 `start_server(args)` launches the real `mpirun -n 2 python -m cupyglm.cli.serve --port 0 ...` in its own process
 group, waits for the `serving ... at http://HOST:PORT/v1` line and returns a `Server` (url, port, pids, output);
-teardown kills the group. `server` is one such server shared by a test module.
+teardown kills the group. With `observe` (tests/observed_serve.py's flags) the ranks run the same server with a
+test's observers wired in. `server` is one such server shared by a test module.
 """
 from __future__ import annotations
 
 import re
 import sys
 import time
+from pathlib import Path
 
 import httpx
 import openai
@@ -18,7 +20,9 @@ from procjob import MPIRUN, Job, job_env
 SERVING = re.compile(r"serving (\S+) at (http://[^\s/]+:(\d+)/v1) \(")
 RANK_PID = re.compile(r"rank (\d+): pid (\d+)")
 START_TIMEOUT_S = 120.0
-SERVE = [sys.executable, "-m", "cupyglm.cli.serve", "--backend", "numpy", "--host", "127.0.0.1", "--port", "0"]
+SERVE_FLAGS = ["--backend", "numpy", "--host", "127.0.0.1", "--port", "0"]
+SERVE = [sys.executable, "-m", "cupyglm.cli.serve", *SERVE_FLAGS]
+OBSERVED = [sys.executable, str(Path(__file__).resolve().parents[1] / "observed_serve.py")]
 
 
 class Server(Job):
@@ -53,9 +57,11 @@ def start_server(tiny_dir, _session_cache_dir):
     servers: list[Server] = []
 
     def start(args: list[str] = (), ranks: int = 2, env: dict[str, str] | None = None, wait: bool = True,
-              argv: list[str] | None = None) -> Server:
-        """`argv` replaces the whole command line (a launch of its own); `args` are the server's flags."""
-        argv = argv or [str(MPIRUN), "-n", str(ranks), *SERVE, *args]
+              argv: list[str] | None = None, observe: list[str] = ()) -> Server:
+        """`argv` replaces the whole command line (a launch of its own); `args` are the server's flags; `observe`
+        the observers' (tests/observed_serve.py)."""
+        serve = [*OBSERVED, *observe, "--", *SERVE_FLAGS] if observe else SERVE
+        argv = argv or [str(MPIRUN), "-n", str(ranks), *serve, *args]
         s = Server(argv, job_env({"CUPYGLM_CACHE_DIR": str(_session_cache_dir), **(env or {})}))
         servers.append(s)
         return s.wait_serving() if wait else s

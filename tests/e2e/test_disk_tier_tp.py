@@ -195,7 +195,7 @@ def _save_until_killed(base: str) -> None:
 
 def test_sigkill_while_writing_leaves_nothing_restorable(start_server, tmp_path):
     d = tmp_path / "killed"
-    s = start_server(_warm(d), env={"CUPYGLM_TEST_DISK_WRITE_PAUSE": "60"})
+    s = start_server(_warm(d), observe=["--disk-write-pause", "60"])
     (p,) = _convs(1, 90)
     with httpx.Client(base_url=s.base, timeout=120, headers=AUTH) as c:
         _complete(c, p)

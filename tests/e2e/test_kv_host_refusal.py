@@ -1,6 +1,6 @@
 """The slot guard over HTTP (a real `mpirun -n 2` numpy server with host KV rows and 40 gather slots,
-CUPYGLM_KV_HOST_SLOTS; the real openai client on 127.0.0.1): a 100-token prompt needs more distinct rows than
-the slots, so the reply is a 400 invalid_request_error naming the guard (non-streaming) or an SSE error event
+tests/observed_serve.py --kv-host-slots; the real openai client on 127.0.0.1): a 100-token prompt needs more
+distinct rows than the slots, so the reply is a 400 invalid_request_error naming the guard (non-streaming) or an SSE error event
 (streaming); the next request is served, and every KV page is free at idle."""
 from __future__ import annotations
 
@@ -16,12 +16,12 @@ pytestmark = pytest.mark.mpi
 
 SLOTS = 40
 MESSAGE = f"kv host: a call picked more distinct rows than the gather's {SLOTS} slots"
-HOST = {"CUPYGLM_KV_HOST": "1", "CUPYGLM_KV_HOST_GIB": "0.005", "CUPYGLM_KV_HOST_SLOTS": str(SLOTS)}
+HOST = {"CUPYGLM_KV_HOST": "1", "CUPYGLM_KV_HOST_GIB": "0.005"}
 
 
 @pytest.fixture(scope="module")
 def guarded(start_server):
-    s = start_server(["--context", "1024", "--parallel", "2"], env=HOST)
+    s = start_server(["--context", "1024", "--parallel", "2"], env=HOST, observe=["--kv-host-slots", str(SLOTS)])
     with openai.OpenAI(base_url=s.url, api_key="unused", max_retries=0, timeout=120) as c:
         yield s, c
     s.kill()

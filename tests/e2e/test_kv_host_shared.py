@@ -1,6 +1,6 @@
 """Shared host KV rows (CUPYGLM_KV_HOST_SHARED=1) under SIGKILL, with real `mpirun -n 2` numpy servers: a rank
-killed at startup while its host's ranks map the /dev/shm file (held there by the test-only pause
-CUPYGLM_TEST_SHM_PAUSE), or killed mid-generation, leaves no `cupyglm-<token>-*` file, and the other rank is gone
+killed at startup while its host's ranks map the /dev/shm file (held there by the pause of
+tests/observed_serve.py --shm-pause), or killed mid-generation, leaves no `cupyglm-<token>-*` file, and the other rank is gone
 too (the launcher ends the job; nothing hangs). During the pause the name is already gone (distributed/shm.py)."""
 from __future__ import annotations
 
@@ -48,7 +48,7 @@ def ended(s, pids: list[int], timeout: float = 60.0) -> int:
 
 @pytest.mark.parametrize("victim", [0, 1])
 def test_sigkill_while_the_host_maps_leaves_no_file(start_server, victim):
-    s = start_server(BASE, env={**SHARED, "CUPYGLM_TEST_SHM_PAUSE": "60"}, wait=False)
+    s = start_server(BASE, env=SHARED, wait=False, observe=["--shm-pause", "60"])
     found = s.wait_for(PAUSE.pattern, count=2, timeout=180)
     pids = {int(m.group(1)): int(m.group(2)) for m in found}
     token = found[0].group(3)

@@ -1,5 +1,5 @@
 """Shared host KV rows, both ranks writing (real `mpirun -n 2` numpy servers, CUPYGLM_KV_HOST_SHARED=1 with the
-check mode CUPYGLM_TEST_KV_HOST_HASH=1): in every step both ranks wrote bit-identical rows (the same digest of
+write observer of tests/observed_serve.py --kv-host-writes): in every step both ranks wrote bit-identical rows (the same digest of
 layer, row ids and bytes), and with `--parallel 2` a third request leases the pages of a finishing one in the
 step right after that one last wrote them (released and leased again within one step message) while the other
 request decodes on; every reply equals the device-resident server's, each request alone. The shared server also
@@ -19,8 +19,7 @@ import pytest
 pytestmark = pytest.mark.mpi
 
 BASE = ["--context", "1024", "--parallel", "2"]
-SHARED = {"CUPYGLM_KV_HOST": "1", "CUPYGLM_KV_HOST_GIB": "0.005", "CUPYGLM_KV_HOST_SHARED": "1",
-          "CUPYGLM_TEST_KV_HOST_HASH": "1"}
+SHARED = {"CUPYGLM_KV_HOST": "1", "CUPYGLM_KV_HOST_GIB": "0.005", "CUPYGLM_KV_HOST_SHARED": "1"}
 LINE = re.compile(r"rank (\d): kv host step (\d+) wrote (\d+) rows sha ([0-9a-f]+); (\d+) pages another request "
                   r"wrote in step \d+")
 
@@ -28,7 +27,8 @@ LINE = re.compile(r"rank (\d): kv host step (\d+) wrote (\d+) rows sha ([0-9a-f]
 @pytest.fixture(scope="module")
 def servers(start_server):
     dev = start_server(BASE, wait=False)
-    shared = start_server(BASE + ["--prompt-cache-gib", "0.02", "--mtp-drafts", "2"], env=SHARED, wait=False)
+    shared = start_server(BASE + ["--prompt-cache-gib", "0.02", "--mtp-drafts", "2"], env=SHARED, wait=False,
+                          observe=["--kv-host-writes"])
     dev.wait_serving(timeout=300)
     shared.wait_serving(timeout=300)
     yield dev, shared

@@ -1,7 +1,7 @@
 """The sampling kernel (cuda_src/sample.cu: sample_rows, op `sample`) on the CPU emulator.
 
 * mixed batches (greedy rows and sampled rows with every filter) equal NumpyOps.sample (the one NumPy
-  definition, cupyglm.engine.sampling.draw) token for token, under forward, reverse and shuffled thread orders,
+  definition, cupyglm.backend.numpy_sample.draw) token for token, under forward, reverse and shuffled thread orders,
   at vocabularies inside one sort tile, across tiles (global passes) and at the full model's 154,880;
 * a row's token depends on that row alone: not on the other rows of the batch, nor on its index in it;
 * greedy ties go to the lower id; a NaN row gives -1 (the engine refuses it) and leaves the others alone;

@@ -109,7 +109,7 @@ def _rows(rng, v, sigma, specs):
 
 
 def _ref_s_q(x, t, k, tp, mp):
-    """S and q[n' - 1] of cupyglm.engine.sampling.draw, step for step."""
+    """S and q[n' - 1] of cupyglm.backend.numpy_sample.draw, step for step."""
     xs = (x / F(t)).astype(F)
     order = np.lexsort((np.arange(x.shape[0]), -xs))
     if 0 < k < x.shape[0]:

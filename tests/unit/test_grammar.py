@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from cupyglm.engine.grammar import Guide, Guides, one_line
-from cupyglm.engine.token_mask import allowed, mask_rows, words
+from cupyglm.backend.numpy_token_mask import allowed, mask_rows, words
 
 
 def _byte_decoder() -> dict[str, int]:

@@ -2,9 +2,8 @@
 import numpy as np
 import pytest
 
-from cupyglm.engine.sampling import (
-    SamplingParams, banned_ids, find_stop, holdback, rng_bits, sample, splitmix64, token_finish, uniform,
-)
+from cupyglm.backend.numpy_sample import rng_bits, splitmix64, uniform
+from cupyglm.engine.sampling import SamplingParams, banned_ids, find_stop, holdback, sample, token_finish
 
 EOS = (10, 11)
 

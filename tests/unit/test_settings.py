@@ -3,11 +3,12 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+from pathlib import Path
 
 import pytest
 
 from cupyglm import env
-from cupyglm.settings import SOURCES, UNAVAILABLE, Settings, SettingsError, add_arguments
+from cupyglm.settings import MEMORY_FLAGS, SOURCES, UNAVAILABLE, Settings, SettingsError, add_arguments
 
 
 @pytest.fixture(autouse=True)
@@ -160,7 +161,7 @@ def test_add_arguments_does_not_validate_itself():
 def test_every_field_says_how_it_is_set():
     fields = {f.name for f in dataclasses.fields(Settings)} - {"model_id"}
     assert fields <= set(SOURCES)
-    assert Settings.how_set("kv_host") == "CUPYGLM_KV_HOST or CUPYGLM_KV_HOST_SHARED"
+    assert Settings.how_set("kv_host") == "--kv-host or CUPYGLM_KV_HOST or --kv-host-shared or CUPYGLM_KV_HOST_SHARED"
     assert Settings.how_set("context") == "--context"
     for name, how in SOURCES.items():
         for part in how.split(" or "):
@@ -228,3 +229,47 @@ def test_mtp_drafts_are_built():
     s.refuse_unavailable()                       # MTP drafts are no longer refused
     with pytest.raises(SettingsError, match="--mtp-drafts"):
         Settings.from_argv(["--mtp-drafts", "16"])
+
+
+def test_readme_environment_table_is_env_variables():
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    assert env.table_markdown() in readme
+
+
+def test_product_code_reads_no_test_only_variable():
+    # a test watches a rank through observers it wires in (tests/observed_serve.py), never through the environment
+    root = Path(__file__).resolve().parents[2] / "cupyglm"
+    assert not [n for n, (_, meaning) in env.VARIABLES.items() if "TEST" in n or "test" in meaning]
+    assert not [p for p in root.rglob("*.py") if "CUPYGLM_TEST_" in p.read_text()]
+
+
+def test_memory_plan_flags_and_their_aliases():
+    flags = settings("--host-cache", "--kv-share", "3", "--kv-host", "--kv-host-shared", "--kv-host-gib", "2.5",
+                     "--memory-reserve-gib", "0.5", "--cuda-graphs")
+    aliases = settings(CUPYGLM_HOST_CACHE="1", CUPYGLM_KV_SHARE="3", CUPYGLM_KV_HOST="1", CUPYGLM_KV_HOST_SHARED="1",
+                       CUPYGLM_KV_HOST_GIB="2.5", CUPYGLM_MEMORY_RESERVE_GIB="0.5")
+    assert dataclasses.replace(flags, cuda_graphs=None) == aliases
+    assert flags.cuda_graphs is True and aliases.cuda_graphs is None        # None: the alias decides at build time
+    assert set(MEMORY_FLAGS) == {"host_cache", "kv_share", "kv_host", "kv_host_shared", "kv_host_gib",
+                                 "memory_reserve_gib", "cuda_graphs"}
+
+
+def test_a_flag_wins_over_its_alias_and_errors_name_the_flag():
+    s = settings("--no-kv-host", "--kv-share", "0", "--memory-reserve-gib", "2", CUPYGLM_KV_HOST="1",
+                 CUPYGLM_KV_SHARE="4", CUPYGLM_MEMORY_RESERVE_GIB="0")
+    assert (s.kv_host, s.kv_share, s.memory_reserve_gib) == (False, 0, 2.0)
+    assert settings("--no-cuda-graphs", CUPYGLM_CUDA_GRAPHS="1").cuda_graphs is False
+    assert refused("--kv-share", "x") == "--kv-share must be an integer, got 'x'"
+    assert refused("--memory-reserve-gib", "-1") == "--memory-reserve-gib must be a number >= 0, got '-1'"
+    assert refused("--kv-host-gib", "0") == "--kv-host-gib must be a positive number, got '0'"
+    assert refused("--kv-host-shared") == "--kv-host-shared needs --kv-host"
+    assert refused("--kv-host-gib", "1") == "--kv-host-gib needs --kv-host"
+    assert settings("--kv-host-shared", CUPYGLM_KV_HOST="1").kv_host_mode == 2
+
+
+def test_flags_and_aliases_give_the_same_fingerprint():
+    from cupyglm.distributed import fingerprint as fp
+
+    by_flag = settings("--kv-host", "--kv-host-gib", "2", "--memory-reserve-gib", "0", "--cuda-graphs")
+    by_env = settings(CUPYGLM_KV_HOST="1", CUPYGLM_KV_HOST_GIB="2", CUPYGLM_MEMORY_RESERVE_GIB="0")
+    assert fp.fingerprint(by_flag, backend="numpy") == fp.fingerprint(by_env, backend="numpy")

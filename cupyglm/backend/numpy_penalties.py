@@ -19,6 +19,8 @@ THREADS = 256            # cuda_src/penalties.cu PN_THREADS
 
 
 def wants(params) -> bool:
+    """Whether sampling parameters (fields presence_penalty, frequency_penalty, repetition_penalty, logit_bias)
+    edit any logit."""
     return bool(params.presence_penalty or params.frequency_penalty or params.repetition_penalty != 1.0
                 or params.logit_bias)
 
