@@ -154,7 +154,6 @@ def build_disk(world, ckpt, kept, page_tokens: int, log, pause_s: float = 0.0):
     planner = None
     if world.rank == 0:
         planner = planner_from(disk, int(st.prompt_cache_disk_gib * GIB), kept.state_bytes)
-        planner.can_spill = lambda: disk.failed is None
         log(f"prompt cache on disk: {st.prompt_cache_dir}, {len(usable)} state(s) usable by every rank "
             f"({found} valid here), budget {st.prompt_cache_disk_gib:g} GiB per rank")
     return disk, planner

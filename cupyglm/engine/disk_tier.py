@@ -20,7 +20,6 @@ import itertools
 import numpy as np
 
 from cupyglm.engine.radix import RadixTree
-from cupyglm.engine.scheduler import StepPlan
 from cupyglm.kv import disk_file as df
 
 MISS_DISK = "disk state unreadable"
@@ -107,33 +106,42 @@ class DiskIndex:
 
 
 class DiskPlanner:
-    """Rank 0's decisions for the disk tier; the scheduler calls it while it plans a step."""
+    """Rank 0's decisions for the disk tier, asked through `cupyglm.engine.prefix_store` while a step is planned;
+    `cache` is the memory tier (`PromptCache`) a load keeps into and a spill reads from."""
 
-    def __init__(self, index: DiskIndex, state_bytes):
+    def __init__(self, index: DiskIndex, state_bytes, can_spill=lambda: True):
         self.index = index
         self.state_bytes = state_bytes          # length -> bytes of this rank's kept state
+        self.can_spill = can_spill              # rank 0's own writer still works
         self.meta: dict[int, tuple[str, tuple[int, ...]]] = {}   # memory entry -> (salt digest, tokens)
         self.pending: dict[int, tuple[int, int, str, object]] = {}   # request -> (entry, length, key, request)
         self.ready: list[tuple[int, int, int]] = []              # (request, entry, length) loaded, to restore
         self._loads: list[tuple[int, int, bytes]] = []
         self._drops: list[int] = []
         self._unlinks: list[str] = []
-        self.can_spill = lambda: True          # rank 0's own writer still works (set by build)
 
     @property
     def protected(self) -> set[int]:
         return {p[0] for p in self.pending.values()} | {e for _, e, _ in self.ready}
 
+    @property
+    def busy(self) -> bool:
+        """A load is in flight or not yet resumed."""
+        return bool(self.pending or self.ready)
+
+    def loading(self, request_id: int) -> bool:
+        return request_id in self.pending
+
     def note_keep(self, eid: int, salt: str, tokens) -> None:
         self.meta[eid] = (df.salt_digest(salt), tuple(tokens))
 
-    def plan_load(self, sch, r, memory_len: int, protect: set[int]) -> bool:
+    def plan_load(self, cache, r, memory_len: int, protect: set[int]) -> bool:
         """Load r's longest prefix from disk when it is longer than the memory cache's; True when planned."""
         salt = df.salt_digest(r.salt)
         key, length = self.index.longest(salt, r.prompt, len(r.prompt) - 1)
         if key is None or length <= memory_len:
             return False
-        eid, drops = sch.cache.plan_keep(r.salt, r.prompt[:length], protect | self.protected)
+        eid, drops = cache.plan_keep(r.salt, r.prompt[:length], protect | self.protected)
         if eid is None:
             return False
         self.index.touch(key)
@@ -143,20 +151,15 @@ class DiskPlanner:
         self._loads.append((eid, length, bytes.fromhex(key)))
         return True
 
-    def resume_loaded(self, sch) -> None:
-        """Requests whose load every rank completed: restore them from the new kept entry now."""
-        for rid, eid, length in self.ready:
-            r = sch.requests.get(rid)
-            if r is None or not r.prefilling or r.fed:
-                continue                                   # aborted while loading
-            r.miss_reason = None
-            sch.restore(r, eid, length)
-        self.ready = []
+    def take_ready(self) -> list[tuple[int, int, int]]:
+        """(request, entry, length) of the loads every rank completed, to restore now; taken once."""
+        ready, self.ready = self.ready, []
+        return ready
 
-    def step_ops(self, sch, drops: tuple[int, ...], evicted_from: int) -> tuple[tuple[int, ...], DiskOps]:
+    def step_ops(self, cache, drops: tuple[int, ...], evicted_from: int) -> tuple[tuple[int, ...], DiskOps]:
         """This step's drops (the loads' evictions first) and disk section: spill every evicted entry that no
         longer kept state supersedes."""
-        why = {eid: w for eid, _, _, w in sch.cache.evicted[evicted_from:]}
+        why = {eid: w for eid, _, _, w in cache.evicted[evicted_from:]}
         drops = tuple(self._drops) + drops
         spills = [self._spill(eid) for eid in drops if why.get(eid) != "superseded" and eid in self.meta]
         for eid in drops:
@@ -182,8 +185,10 @@ class DiskPlanner:
         self._loads, self._unlinks = [], []
         return ops
 
-    def resolved(self, results: dict[int, bool]) -> None:
-        """The ranks' agreed outcome of this step's loads (entry -> every rank read its file)."""
+    def resolved(self, results: dict[int, bool]) -> list[int]:
+        """The ranks' agreed outcome of this step's loads (entry -> every rank read its file); returns the
+        entries of the failed loads, which no rank holds (the memory tier forgets them)."""
+        failed = []
         for rid, (eid, length, key, r) in list(self.pending.items()):
             if eid not in results:
                 continue
@@ -195,20 +200,26 @@ class DiskPlanner:
             self.index.remove(key)
             self._unlinks.append(key)
             self.meta.pop(eid, None)
-            self.forgotten(eid)
+            failed.append(eid)
+        return failed
 
-    def forgotten(self, eid: int) -> None:
-        """Hook set by the scheduler: drop a memory entry no rank leased (a failed load)."""
-
-    def save_ops(self, sch, flags: int = DISK_SYNC) -> DiskOps:
+    def save_ops(self, cache, flags: int = DISK_SYNC) -> DiskOps:
         """Spill every memory state that no longer kept state supersedes (a save, or the stop)."""
         spills = []
-        for e in sch.cache.entries.values():
-            if e.entry_id in self.meta and not sch.cache.trees[e.salt].has_longer(e.tokens):
+        for e in cache.entries.values():
+            if e.entry_id in self.meta and not cache.trees[e.salt].has_longer(e.tokens):
                 s = self._spill(e.entry_id)
                 if s is not None:
                     spills.append(s)
         return self._ops(spills, flags)
+
+    def clear_ops(self) -> DiskOps:
+        """Forget every state on disk; the section that has every rank delete its files."""
+        self.meta.clear()
+        self._unlinks.clear()
+        for key in list(self.index.entries):
+            self.index.remove(key)
+        return DiskOps(ops=DISK_CLEAR | DISK_SYNC)
 
 
 # ---- every rank -------------------------------------------------------------------------------------------------
@@ -240,7 +251,7 @@ def agree_index(disk, comm) -> set[str]:
 def planner_from(disk, budget_bytes: int, state_bytes) -> DiskPlanner:
     """Rank 0: the index of the agreed states, oldest file first (LRU); over-budget ones are unlinked first."""
     index = DiskIndex(budget_bytes)
-    planner = DiskPlanner(index, state_bytes)
+    planner = DiskPlanner(index, state_bytes, can_spill=lambda: disk.failed is None)
     for s in sorted(disk.states.values(), key=lambda s: s.path.stat().st_mtime_ns):
         planner._unlinks += index.add(s.key, s.header.salt, s.header.tokens, s.header.body_len)
     return planner
@@ -248,35 +259,8 @@ def planner_from(disk, budget_bytes: int, state_bytes) -> DiskPlanner:
 
 # ---- rank 0: the admin messages (POST /v1/cache/save and /v1/cache/clear) ---------------------------------------
 
-def admin_message(sch, op: str) -> StepPlan:
-    """A step of its own (its drops and disk work): "save" spills every memory state not on disk yet and waits for every rank's writes;
-    "clear" drops every memory state and deletes every rank's state files. ValueError when this server cannot."""
-    if op not in ("save", "clear"):
-        raise ValueError(f"unknown cache operation {op!r} (save or clear)")
-    if sch.cache is None:
-        raise ValueError("this server has no prompt cache (--prompt-cache-gib 0)")
-    planner = sch.disk
-    if op == "save" and planner is None:
-        raise ValueError("this server keeps no states on disk (no --prompt-cache-dir)")
-    if planner is not None and (planner.pending or planner.ready):
-        raise ValueError("a state is being loaded from disk; retry in a moment")
-    sch.step += 1
-    if op == "save":
-        return StepPlan(sch.step, disk=planner.save_ops(sch))
-    drops = tuple(sorted(sch.cache.entries))
-    for eid in drops:
-        sch.cache.forget(eid)
-    disk = None
-    if planner is not None:
-        planner.meta.clear()
-        planner._unlinks.clear()
-        for key in list(planner.index.entries):
-            planner.index.remove(key)
-        disk = DiskOps(ops=DISK_CLEAR | DISK_SYNC)
-    return StepPlan(sch.step, drops=drops, disk=disk)
-
-
-def admin_result(msg: StepPlan, results: dict[int, bool]) -> dict:
+def admin_result(msg, results: dict[int, bool]) -> dict:
+    """The reply of an admin message (`msg`: its StepPlan) from the ranks' agreed disk results."""
     out = {"memory_states_dropped": len(msg.drops)}
     if msg.disk is not None:
         out["states_written"] = len(msg.disk.spills)

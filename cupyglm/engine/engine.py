@@ -13,10 +13,10 @@ scheduler is the only allocator of KV pages: its pool and page store are the pla
 names every page id a restore or a row group takes, and each worker, rank 0's too, holds its own pool that only
 takes those ids, so every rank's tables equal the plan's or the message is refused.
 
-Kept prompt states: rank 0's `PromptCache` decides, the message carries it (evicts and restores before the rows
-run, drops and keeps after). The disk tier (`cupyglm.engine.disk_tier`) rides in the same message: spills before
-the drops, loads (agreed by every rank) between the drops and the keeps, and a save or a clear as a message of
-its own.
+Kept prompt states: rank 0's prefix store (`cupyglm.engine.prefix_store`: memory, pool pages and disk as tiers)
+decides through the scheduler, the message carries it (evicts and restores before the rows run, drops and keeps
+after; the disk tier's spills before the drops, loads, agreed by every rank, between the drops and the keeps),
+and a save or a clear is a message of its own.
 
 MTP drafts (`cupyglm.engine.verify`): a verify group carries its one token; every rank drafts the rest, rank 0
 samples every row (`cupyglm.engine.step_sample`), and the next message settles each verified request at its next
@@ -38,14 +38,14 @@ from cupyglm.engine.config import EngineConfig
 from cupyglm.engine.draft import Pricer
 from cupyglm.engine.frontend import Frontend
 from cupyglm.engine.ops.codec import decode, encode
-from cupyglm.engine.prompt_cache import PromptCache
+from cupyglm.engine.prefix_store import store_for
 from cupyglm.engine.request import EngineError, RequestOutput
 from cupyglm.engine.sampling import SamplingParams
 from cupyglm.engine.step_sample import plain_rows, sample_step, sampled_rows
 from cupyglm.engine.step_message import assemble, from_plan
 from cupyglm.engine.worker import Worker
 from cupyglm.engine.scheduler import Scheduler, StepPlan
-from cupyglm.kv.page_store import PageStore, stop_line
+from cupyglm.kv.page_store import stop_line
 from cupyglm.kv.pool import PagePool
 
 
@@ -62,11 +62,9 @@ class Engine:
         self.log = log
         self.kept = kept                 # this rank's KeptStore (None: no prompt cache)
         self.pages = kept.pages if kept else None       # the worker's kept prompts' pool pages (CUPYGLM_KV_SHARE)
-        cache = PromptCache(kept.pool.num_pages if kept else 0, kept.pages_for if kept else (lambda n: 0),
-                            self.pages.limit if self.pages else 0)
         self.disk, self.host_comm = disk, host_comm     # this rank's DiskStore (None: no disk tier)
         self.worker = Worker(runner, self.rank, kept, disk, host_comm, log)
-        self.scheduler = self._scheduler(cfg, cache if kept else None, planner) if self.rank == 0 else None
+        self.scheduler = self._scheduler(cfg, planner) if self.rank == 0 else None
         self._verifying: set[int] = set()      # requests whose verify group ran in the last step
         self.kv_host_stats: dict | None = None     # the row cache's totals (KV rows in host memory), rank 0
         self._lock = threading.RLock()
@@ -80,14 +78,12 @@ class Engine:
         self.done_step = -1          # the last step message this rank finished (read by its heartbeat thread)
         self.watch = None            # rank 0: step_started(step, rows) / step_done() (cupyglm.distributed.watchdog)
 
-    def _scheduler(self, cfg: EngineConfig, cache, planner) -> Scheduler:
-        """Rank 0's planner: a pool and page store of its own (the only allocator; the worker takes its ids)."""
+    def _scheduler(self, cfg: EngineConfig, planner) -> Scheduler:
+        """Rank 0's planner: a pool and prefix store of its own (the only allocator; the worker takes its ids)."""
         pool = PagePool(cfg.num_pages)
-        p = self.pages
-        pages = PageStore(pool, p.page_tokens, p.limit, bool(p.late)) if p is not None else None
         pricer = Pricer(cfg.mtp_drafts, self.runner.cfg.num_hidden_layers, cfg.draft_pricing) \
             if cfg.mtp_drafts else None
-        return Scheduler(cfg, pool, cache, pages=pages, disk=planner, pricer=pricer)
+        return Scheduler(cfg, pool, store=store_for(self.kept, pool, planner), pricer=pricer)
 
     @property
     def verifier(self):
@@ -145,7 +141,8 @@ class Engine:
         """(bytes of kept states held on this rank, evictions so far); None without a prompt cache."""
         if self.kept is None or self.scheduler is None:
             return None
-        return self.scheduler.cache.held_pages * self.kept.page_bytes, self.scheduler.cache.stats.evictions
+        cache = self.scheduler.store.cache
+        return cache.held_pages * self.kept.page_bytes, cache.stats.evictions
 
     @property
     def context(self) -> int:
@@ -183,8 +180,7 @@ class Engine:
             plain = plain_rows(self.runner, plan, reqs, self.guides, self.cfg)   # sampled in the exit graph
             result = self.worker.execute(decode(data), False, plain)     # checked with the sampled tokens
             outs = result.outs
-            if self.scheduler.disk is not None:
-                self.scheduler.disk.resolved(result.disk)      # the ranks' agreed loads
+            self.scheduler.store.resolved(result.disk)        # the ranks' agreed loads
             with self._lock:
                 self.front.add_prompt_logprobs(prompt_logprobs.collect(self.ops, plan.groups, outs, reqs))
             masks, self._masks = self._masks, None
@@ -211,11 +207,8 @@ class Engine:
             return
         with self._lock:
             self.front.end_all()
-            plan = self.scheduler.schedule()
-            drops = self.scheduler.drop_kept() if self.pages is not None else ()
-            disk = self.scheduler.disk.save_ops(self.scheduler) if self.scheduler.disk is not None else None
-            msg = assemble(plan.step, stop=True, cancelled=plan.released, drops=drops,
-                           disk=disk)       # the stop saves the memory states to disk
+            plan = self.scheduler.stop_plan()       # the stop saves the memory states to disk
+            msg = assemble(plan.step, stop=True, cancelled=plan.released, drops=plan.drops, disk=plan.disk)
             self._stopped = True
             self.guides.close()
         data = encode(msg)
@@ -246,7 +239,7 @@ class Engine:
         """Rank 0, between steps: "save" (memory states to disk) or "clear" (memory and disk), as one message."""
         self._root("cache_admin")
         with self._lock:
-            plan = disk_tier.admin_message(self.scheduler, op)     # ValueError when this server cannot
+            plan = self.scheduler.admin(op)     # ValueError when this server cannot
         data = encode(assemble(plan.step, drops=plan.drops, disk=plan.disk))
         if self.size > 1:
             self.comm.bcast_bytes(data)

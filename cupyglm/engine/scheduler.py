@@ -18,16 +18,17 @@ that asked for logits.
 - MTP drafts (`pricer`, cupyglm.engine.draft): a drafting request's decode row is a verify group of 1 + n rows,
   n never past the tokens it may still generate, so its pages stay within what admission reserved; `update`
   takes the accepted tokens and cuts the table to the positions fed (before the next step leases).
-- With a prompt cache (`cupyglm.engine.prompt_cache`): an admitted request whose prompt starts with a kept
-  state resumes there (its pages for those positions leased at once, the restore in the plan); a prompt chunk
-  that ends on the keep grid or at the prompt's end is a keep point (the keep and any evictions in the plan).
-- With kept prompts as pool pages (`cupyglm.kv.page_store`): a resumed request shares the entry's whole pages
-  and leases only the rest, and pages only the store holds count as free for admission: an admission short of
+- Kept prompt states come from one store (`cupyglm.engine.prefix_store`; a null one without a prompt cache):
+  an admitted request whose prompt starts with a kept state resumes there (its pages for those positions
+  leased at once, the restore in the plan); a prompt chunk that ends on the keep grid or at the prompt's end
+  is a keep point (the keep and any evictions in the plan).
+- With kept prompts as pool pages (a tier of the store): a resumed request shares the entry's whole pages and
+  leases only the rest, and pages only the store holds count as free for admission: an admission short of
   pages evicts such entries first (the plan's `evicts`, applied on every rank before any of the step's leases;
   so here every admission is decided, and its evictions made, before the first restore leases a page).
-- With a disk tier (`cupyglm.engine.disk_tier.DiskPlanner`): a request whose longest prefix is on disk (and
-  longer than any in memory) waits one step while the ranks load it into a kept entry, then resumes from it;
-  evicted states spill (the plan's disk section).
+- With a disk tier (a tier of the store): a request whose longest prefix is on disk (and longer than any in
+  memory) waits one step while the ranks load it into a kept entry, then resumes from it; evicted states
+  spill (the plan's disk section).
 """
 from __future__ import annotations
 
@@ -35,8 +36,8 @@ import collections
 import dataclasses
 
 from cupyglm.engine.config import EngineConfig
-from cupyglm.engine.page_evict import evict_for
-from cupyglm.engine.prompt_cache import MISS_OFF, MISS_PROMPT_LOGPROBS, PromptCache
+from cupyglm.engine.prefix_store import MEMORY, NullStore, PrefixStore, prefix_store
+from cupyglm.engine.prompt_cache import PromptCache
 from cupyglm.engine.request import QueueFull, Request, RequestTooLong, Status
 from cupyglm.engine.sampling import FINISH_ABORT, token_finish
 from cupyglm.kv.pool import OutOfPages, PagePool
@@ -90,16 +91,15 @@ class StepPlan:
 
 
 class Scheduler:
+    """`store`: the kept prefixes (`cupyglm.engine.prefix_store`); or `cache` (a PromptCache) and `pages` (its
+    PageStore over `pool`) composed into one; neither: a NullStore."""
+
     def __init__(self, cfg: EngineConfig, pool: PagePool | None = None, cache: PromptCache | None = None,
-                 pages=None, disk=None, pricer=None):
+                 pages=None, store: PrefixStore | NullStore | None = None, pricer=None):
         self.cfg = cfg
         self.pricer = pricer                            # cupyglm.engine.draft.Pricer: drafts per decode step
         self.pool = pool if pool is not None else PagePool(cfg.num_pages)
-        self.cache = cache
-        self.pages = pages                              # the kept prompts' pool pages (PageStore), or None
-        self.disk = disk                                # rank 0's DiskPlanner (None: no disk tier)
-        if disk is not None:
-            disk.forgotten = cache.forget
+        self.store = store if store is not None else prefix_store(cache, pages)
         self._restores: list[tuple[int, int, int]] = []
         self._tables: list[tuple[int, tuple[int, ...]]] = []
         self._evicts: list[int] = []
@@ -108,6 +108,16 @@ class Scheduler:
         self.requests: dict[int, Request] = {}          # waiting and running
         self._released: list[int] = []
         self.step = 0
+
+    @property
+    def cache(self) -> PromptCache | None:
+        """The store's memory tier (for observers)."""
+        return self.store.cache
+
+    @property
+    def pages(self):
+        """The store's pool-pages tier, a PageStore or None (for observers)."""
+        return self.store.pages
 
     # ---- admission ---------------------------------------------------------------------------------------------
     def resolve_max_tokens(self, prompt_len: int, max_tokens: int | None) -> int:
@@ -150,10 +160,10 @@ class Scheduler:
         protect = {eid for _, eid, _ in self._restores}
         while self.waiting and len(self.running) < self.cfg.parallel:
             head = self.waiting[0]
-            need = self.cfg.pages_needed(head.max_positions) - self._shares(head, protect)
+            need = self.cfg.pages_needed(head.max_positions) - self.store.shares(head, protect)
             short = need - (self.pool.free_count - taken)
             if short > 0:
-                drops = evict_for(self.cache, self.pages, short, protect) if self.pages is not None else None
+                drops = self.store.evict(short, protect)
                 if drops is None:
                     break                                  # first come first served: the head waits for pages
                 self._evicts += drops
@@ -167,62 +177,46 @@ class Scheduler:
             self._resume(self.requests[rid])
         return admitted
 
-    def _shares(self, r: Request, protect: set[int]) -> int:
-        """Pages `r` will share from the kept entry it resumes from (that entry is protected from now on)."""
-        if self.cache is None or r.params.prompt_logprobs is not None:
-            return 0
-        eid, length = self.cache.peek(r.salt, r.prompt)
-        if eid is None:
-            return 0
-        protect.add(eid)
-        return self.pages.shared_pages(length) if self.pages is not None else 0
-
     def _resume(self, r: Request) -> None:
-        """Start an admitted request at its longest kept prefix (its pages leased now), or note the miss."""
-        if self.cache is None:
-            r.miss_reason = MISS_OFF
-            return
-        if r.params.prompt_logprobs is not None:     # every prompt row's logits are needed: restore nothing
-            r.miss_reason = MISS_PROMPT_LOGPROBS
-            return
-        eid, length, r.miss_reason = self.cache.lookup(r.salt, r.prompt)
-        if self.disk is not None and self.disk.plan_load(self, r, length, {e for _, e, _ in self._restores}):
-            return                                     # restored once the ranks have read it (next step)
-        if eid is None:
-            return
-        if self.pages is not None:
-            r.pages.extend(self.pages.lend(eid))
-        self.restore(r, eid, length)
+        """Start an admitted request at its longest kept prefix (its pages leased now), or note the miss; one
+        whose prefix is being loaded from disk is restored once the ranks have read it (`_resume_loaded`)."""
+        found = self.store.lookup(r, {e for _, e, _ in self._restores})
+        r.miss_reason = found.miss
+        if found.tier == MEMORY:
+            self._restore(r, found.entry, found.length)
 
-    def restore(self, r: Request, eid: int, length: int) -> None:
-        """`r` resumes from kept entry `eid` at `length`: the rest of its pages for those positions leased now."""
+    def _resume_loaded(self) -> None:
+        """Requests whose disk load every rank completed resume from the new kept entry now."""
+        for rid, eid, length in self.store.loaded():
+            r = self.requests.get(rid)
+            if r is None or not r.prefilling or r.fed:
+                continue                                   # aborted while loading
+            r.miss_reason = None
+            self._restore(r, eid, length)
+
+    def _restore(self, r: Request, eid: int, length: int) -> None:
+        """`r` resumes from kept entry `eid` at `length`: the pages it shares first, the rest for those
+        positions leased now."""
+        r.pages.extend(self.store.restore(eid, length))
         self._lease(r, length)
         r.fed = r.cached = length
-        self.cache.restored(eid, length)
         self._restores.append((r.id, eid, length))
         self._tables.append((r.id, tuple(r.pages)))
 
     def _keeps(self, groups, restores) -> tuple[tuple[int, ...], tuple[tuple[int, int, int], ...]]:
         """The keep points this step's prompt chunks end on, and the evictions that make room for them."""
-        if self.cache is None or not self.cache.on:
+        if not self.store.keeps:
             return (), ()
-        protect = {eid for _, eid, _ in restores} | (self.disk.protected if self.disk is not None else set())
+        protect = {eid for _, eid, _ in restores}
         drops, keeps = [], []
         for g in groups:
             r = self.requests[g.request_id]
             if g.decode or not (g.end == r.prompt_len or g.end % self.cfg.keep_grid == 0):
                 continue
-            eid, evict = self.cache.plan_keep(r.salt, r.prompt[:g.end], protect)
+            eid, evict = self.store.keep(r, g.end, protect)   # after this step's leases, as on every rank
             drops += evict
             if eid is not None:
                 keeps.append((r.id, eid, g.end))
-            if self.pages is not None:                     # after this step's leases, as on every rank
-                for d in evict:
-                    self.pages.drop(d)
-                if eid is not None:
-                    self.pages.hold(eid, r.pages[:self.pages.shared_pages(g.end)])
-            if self.disk is not None and eid is not None:
-                self.disk.note_keep(eid, r.salt, r.prompt[:g.end])
         return tuple(drops), tuple(keeps)
 
     # ---- the two calls -----------------------------------------------------------------------------------------
@@ -231,14 +225,13 @@ class Scheduler:
         leasing its pages."""
         cfg = self.cfg
         self.step += 1
-        evicted_from = len(self.cache.evicted) if self.cache is not None else 0
+        self.store.begin_step()
         admitted = self._admit()
-        if self.disk is not None:
-            self.disk.resume_loaded(self)
+        self._resume_loaded()
         budget = cfg.chunk
         groups = []
         for r in self.running:
-            if self.disk is not None and r.id in self.disk.pending:
+            if self.store.loading(r.id):
                 continue
             if r.prefilling:
                 end = min(r.prompt_len, r.fed + budget)
@@ -262,9 +255,7 @@ class Scheduler:
         evicts, self._evicts = tuple(self._evicts), []
         tables, self._tables = tuple(self._tables), []
         drops, keeps = self._keeps(groups, restores)
-        disk = None
-        if self.disk is not None:
-            drops, disk = self.disk.step_ops(self, drops, evicted_from)
+        drops, disk = self.store.end_step(drops)
         return StepPlan(self.step, tuple(groups), tuple(admitted), released, restores, drops, keeps, evicts, disk,
                         tables)
 
@@ -338,11 +329,22 @@ class Scheduler:
             self._released.append(r.id)
 
     def drop_kept(self) -> tuple[int, ...]:
-        """Forget every kept entry and let go of its pages (at stop); their ids, for every rank to drop."""
-        ids = tuple(self.cache.clear()) if self.cache is not None else ()
-        for eid in ids:
-            self.pages.drop(eid)
-        return ids
+        """Forget every kept entry and let go of its pages; their ids, for every rank to drop."""
+        return self.store.drop_all()
+
+    def stop_plan(self) -> StepPlan:
+        """The last step: every request ended (released), the store's stop work (pool pages let go, memory
+        states saved to disk)."""
+        plan = self.schedule()
+        drops, disk = self.store.stop()
+        return dataclasses.replace(plan, drops=drops, disk=disk)
+
+    def admin(self, op: str) -> StepPlan:
+        """A step of its own for POST /v1/cache/save or clear (its drops and disk work); ValueError when this
+        server cannot."""
+        drops, disk = self.store.admin(op)
+        self.step += 1
+        return StepPlan(self.step, drops=drops, disk=disk)
 
     def has_work(self) -> bool:
         return bool(self.waiting or self.running or self._released)
