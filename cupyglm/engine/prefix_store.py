@@ -21,7 +21,7 @@ import dataclasses
 
 from cupyglm.engine.page_evict import evict_for
 from cupyglm.engine.prompt_cache import MISS_OFF, MISS_PROMPT_LOGPROBS, PromptCache
-from cupyglm.kv.page_store import PageStore
+from cupyglm.kv.page_store import NoPages, PageStore
 
 MEMORY = "memory"                   # restore from a memory entry now
 DISK = "disk"                       # a load is planned: the request waits one step, then restores
@@ -41,28 +41,6 @@ class Found:
 def _check_op(op: str) -> None:
     if op not in ADMIN_OPS:
         raise ValueError(f"unknown cache operation {op!r} (save or clear)")
-
-
-class _NoPages:
-    """The pool-pages tier when kept prompts live in the arena only: shares nothing, frees nothing."""
-
-    entries: dict = {}
-    held = 0
-
-    def shared_pages(self, length: int) -> int:
-        return 0
-
-    def lend(self, entry_id: int) -> list[int]:
-        return []
-
-    def hold(self, entry_id: int, pages) -> None:
-        pass
-
-    def drop(self, entry_id: int) -> int:
-        return 0
-
-    def freeable(self, protect: set[int]) -> set[int]:
-        return set()
 
 
 class _NoDisk:
@@ -102,7 +80,7 @@ class PrefixStore:
 
     def __init__(self, cache: PromptCache, pages=None, disk=None):
         self.cache, self.pages, self.disk = cache, pages, disk
-        self._pages = pages if pages is not None else _NoPages()
+        self._pages = pages if pages is not None else NoPages()
         self._disk = disk if disk is not None else _NoDisk()
         self._evicted_from = 0
 

@@ -3,7 +3,8 @@ with the bytes it broadcast; other ranks' Engine.worker_loop with the bytes they
 
 `execute` applies the message's operations in order (`cupyglm.engine.ops`); what they change is this rank's
 own: the requests it knows (prompts), the sequences' states and page tables, its KV pool (taking the ids rank 0's
-scheduler leased: no rank allocates KV pages of its own), its kept store and page store, its disk store.
+scheduler leased: no rank allocates KV pages of its own), and its kept states (`cupyglm.engine.rank_store`: the
+arena, the kept prompts' pool pages, the state files).
 
 What must stay true: two ranks that applied the same messages hold the same page tables, kept entries and pool
 pages, so a message that names a page not free here, or a table that does not hold a row group's rows, is refused.
@@ -16,6 +17,7 @@ from cupyglm.distributed.step import StepFormatError
 from cupyglm.engine.ops.codec import StepMessage
 from cupyglm.engine.ops.restore import Restore
 from cupyglm.engine.ops.run import Run
+from cupyglm.engine.rank_store import RankStore
 from cupyglm.engine.verify import Verifier
 from cupyglm.kv.host_rows import early_writes, log_writes
 
@@ -31,9 +33,7 @@ class Worker:
     def __init__(self, runner, rank: int, kept=None, disk=None, host_comm=None, log=None):
         self.runner, self.rank, self.log = runner, rank, log
         self.kv = runner.kv
-        self.kept = kept                       # this rank's KeptStore (None: no prompt cache)
-        self.pages = kept.pages if kept is not None else None     # its page store (CUPYGLM_KV_SHARE)
-        self.disk, self.host_comm = disk, host_comm
+        self.store = RankStore(rank, kept, disk, host_comm)   # this rank's kept states, every tier
         self.verifier = Verifier(runner)
         self.requests: dict = {}               # request id -> admit.NewRequest
         self.states: dict = {}                 # request id -> SeqState
@@ -46,6 +46,7 @@ class Worker:
         if msg.step <= self.step:
             raise StepFormatError(f"step {msg.step} after step {self.step}: the ranks are out of step")
         self.step, self.check, self.sample = msg.step, check, sample
+        self.store.begin(msg.step)
         run = msg.get(Run)
         early_writes(self.kv.host, msg.get(Restore) is not None or (run is not None and run.verifies))
         result = StepResult(msg.step)
@@ -66,15 +67,3 @@ class Worker:
             raise StepFormatError(f"rank {self.rank}: step {self.step} leases pages this rank does not hold free "
                                   f"({err})") from None
         state.pages.extend(int(p) for p in pages)
-
-    def store(self):
-        if self.kept is None:
-            raise StepFormatError(f"rank {self.rank}: step {self.step} uses the prompt cache, this rank has none")
-        return self.kept
-
-    def drop_kept(self, entry_id: int) -> None:
-        self.store().drop(entry_id)
-        if self.pages is not None:
-            self.pages.drop(entry_id)
-        if self.disk is not None:
-            self.disk.tokens_of.pop(entry_id, None)

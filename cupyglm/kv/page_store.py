@@ -68,6 +68,30 @@ class PageStore:
         return {p for p, n in self._holders.items() if p not in kept and self.pool.refcount(p) == n}
 
 
+class NoPages:
+    """The page store where kept prompts live in the arena only (no CUPYGLM_KV_SHARE): shares, holds and frees
+    nothing."""
+
+    entries: dict = {}
+    held = 0
+    limit = 0
+
+    def shared_pages(self, length: int) -> int:
+        return 0
+
+    def hold(self, entry_id: int, pages) -> None:
+        pass
+
+    def lend(self, entry_id: int) -> list[int]:
+        return []
+
+    def drop(self, entry_id: int) -> int:
+        return 0
+
+    def freeable(self, protect: set[int]) -> set[int]:
+        return set()
+
+
 def stop_line(rank: int, pages: PageStore) -> str:
     """The line a rank prints at stop (every kept prompt dropped by then, so every page should be free)."""
     pool = pages.pool

@@ -24,7 +24,7 @@ class Clear:
         return cls()
 
     def apply(self, w, result) -> None:
-        w.disk.clear()
+        w.store.clear()
 
 
 OP = Clear

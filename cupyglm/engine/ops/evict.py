@@ -27,7 +27,7 @@ class Evict:
 
     def apply(self, w, result) -> None:
         for eid in self.entry_ids:
-            w.drop_kept(eid)
+            w.store.drop(eid)
 
 
 OP = Evict

@@ -35,12 +35,7 @@ class Keep:
             if state.length != length:
                 raise StepFormatError(f"rank {w.rank}: request {rid} is at position {state.length}, step {w.step} "
                                       f"keeps it at {length}")
-            store = w.store()
-            store.keep(eid, state)
-            if w.pages is not None:
-                w.pages.hold(eid, state.pages[:store.shared_pages(length)])
-            if w.disk is not None:
-                w.disk.tokens_of[eid] = tuple(w.requests[rid].prompt[:length])
+            w.store.keep(eid, state, tuple(w.requests[rid].prompt[:length]))
 
 
 OP = Keep

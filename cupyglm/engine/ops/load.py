@@ -9,10 +9,6 @@ from __future__ import annotations
 import dataclasses
 import struct
 
-import numpy as np
-
-from cupyglm.engine.disk_tier import agree
-
 from cupyglm.engine.ops.fields import entries, read_entries
 
 TAG = 12
@@ -33,15 +29,7 @@ class Load:
         return cls(read_entries(payload, _ENTRY, NAME))
 
     def apply(self, w, result) -> None:
-        disk = w.disk
-        oks = np.array([disk.read(eid, key.hex(), length) for eid, length, key in self.entries], dtype=np.uint8)
-        every = agree(w.host_comm, oks)                   # collective: every rank, every step with loads
-        for (eid, length, _), ok in zip(self.entries, every):
-            if ok:
-                disk.commit(eid, length)
-            else:
-                disk.discard(eid)
-            result.disk[eid] = bool(ok)
+        result.disk.update(w.store.load(self.entries))    # collective: every rank, every step with loads
 
 
 OP = Load

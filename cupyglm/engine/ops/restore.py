@@ -41,14 +41,13 @@ class Restore:
     def apply(self, w, result) -> None:
         for rid, eid, length, pages in self.entries:
             state = w.states[rid]
-            if w.pages is not None:
-                state.pages.extend(w.pages.lend(eid))
+            state.pages.extend(w.store.lend(eid))
             held = len(state.pages)
             if tuple(state.pages) != tuple(pages[:held]):
                 raise StepFormatError(f"rank {w.rank}: request {rid}'s shared pages {state.pages} differ from "
                                       f"rank 0's table {list(pages)} (step {w.step})")
             w.take(state, pages[held:])
-            w.store().restore(eid, state)
+            w.store.restore(eid, state)
 
 
 OP = Restore

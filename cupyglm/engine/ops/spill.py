@@ -29,8 +29,7 @@ class Spill:
 
     def apply(self, w, result) -> None:
         for eid, salt, key in self.entries:
-            if eid in w.disk.kept.entries:
-                w.disk.spill(eid, key.hex(), salt.hex())
+            w.store.spill(eid, key, salt)
 
 
 OP = Spill

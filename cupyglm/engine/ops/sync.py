@@ -7,10 +7,6 @@ from __future__ import annotations
 
 import dataclasses
 
-import numpy as np
-
-from cupyglm.engine.disk_tier import agree
-
 from cupyglm.distributed.step import Reader
 
 TAG = 13
@@ -29,8 +25,7 @@ class Sync:
         return cls()
 
     def apply(self, w, result) -> None:
-        w.disk.flush()
-        result.disk[-1] = bool(agree(w.host_comm, np.array([w.disk.failed is None], dtype=np.uint8))[0])
+        result.disk[-1] = w.store.sync()
 
 
 OP = Sync

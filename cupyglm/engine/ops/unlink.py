@@ -28,7 +28,7 @@ class Unlink:
 
     def apply(self, w, result) -> None:
         for key in self.keys:
-            w.disk.unlink(key.hex())
+            w.store.unlink(key)
 
 
 OP = Unlink
