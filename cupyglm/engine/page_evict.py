@@ -1,5 +1,5 @@
 """Rank 0's evictions for KV pages (CUPYGLM_KV_SHARE): an admission short of free pages drops kept entries whose
-pages only the store holds, before the step leases anything.
+pages only the store holds, before the step leases anything (asked through `cupyglm.engine.prefix_store`).
 
 The chosen entries travel in the step message's evict section, which every rank applies before the step's
 restores and leases; rank 0 lets go of their pages here, at once, so its leases see the same free pages.

@@ -1,7 +1,7 @@
 """Rank 0's index of kept prompt states: which prefixes are kept, under which salt, and what to evict.
 
-Pure CPU data. Every rank's `KeptStore` holds the bytes; this index decides, and the step message carries its
-decisions (restore, drop, keep) to every rank.
+Pure CPU data: the memory tier of `cupyglm.engine.prefix_store`. Every rank's `KeptStore` holds the bytes; this
+index decides, and the step message carries its decisions (restore, drop, keep) to every rank.
 
 - Lookup: per salt a radix tree over token ids; the longest kept prefix shorter than the prompt (at least one
   prompt token must run to give the first logits). A request only sees the states kept under its own salt.
