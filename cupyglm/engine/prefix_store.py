@@ -179,6 +179,7 @@ class PrefixStore:
         drops = tuple(sorted(self.cache.entries))
         for eid in drops:
             self.cache.forget(eid)
+            self._pages.drop(eid)              # rank 0's planning pool lets go as every worker's does
         return drops, self._disk.clear_ops()
 
 

@@ -240,3 +240,11 @@ def test_the_count_limit_never_drops_a_protected_entry():
     assert cache.plan_keep("", (3, 4), {a}) == (None, [])
     b, drops = cache.plan_keep("", (3, 4), set())
     assert drops == [a] and list(cache.entries) == [b]
+
+
+def test_a_cache_clear_lets_go_of_the_kept_pages_on_the_planning_pool():
+    s, rp = make()
+    s.add(req(1, A, 1))
+    drain(s, rp)
+    assert s.pages.held == 2 and s.pool.free_count == PAGES - 2
+    assert s.admin("clear").drops == (0, 1) and s.pages.entries == {} and s.pool.free_count == PAGES
