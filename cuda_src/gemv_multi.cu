@@ -12,15 +12,15 @@
 // belongs to the first part whose blocks cover it (parts in order).  Unused parts have n_p = 0 (no blocks).
 #include "common.cuh"
 #include "exp_f32.cuh"
-#include "gemv_tile.cuh"
+#include "gemv_tc.cuh"
 #include "gemv_part.cuh"
 #include "gemv_grouped.cuh"
 #include "swiglu.cuh"
 
 #define GEMV_MULTI_PARTS 6
 
-// 3 blocks an SM (<= 85 registers), as gemv_lane16.
-extern "C" __global__ void __launch_bounds__(256, 3) gemv_multi_lane16(
+// 2 blocks an SM (<= 128 registers), as gemv_lane16.
+extern "C" __global__ void __launch_bounds__(256, 2) gemv_multi_lane16(
     const __nv_bfloat16* __restrict__ x0,   // [M, k0] bf16
     const __nv_bfloat16* __restrict__ w0,   // [n0, k0] bf16
     void* __restrict__ y0,                  // [M, n0] fp32 (kind0 0) or bf16 (1, 2): rows [0, rows)
@@ -57,13 +57,13 @@ extern "C" __global__ void __launch_bounds__(256, 3) gemv_multi_lane16(
     b -= nb;
   }
   if (p == GEMV_MULTI_PARTS) return;
-  __shared__ __align__(16) GemvShared<1> sh;
+  __shared__ __align__(16) GemvTcShared<1> sh;
   gemv_multi_one(sh, parts[p], b, blockIdx.y, rows);
 }
 
 union GemvSharedBoth {           // a block of either form (one weight, or gate and up)
-  GemvShared<1> one;
-  GemvShared<2> two;
+  GemvTcShared<1> one;
+  GemvTcShared<2> two;
 };
 
 // One plain part (kind as above) and one SwiGLU part (gemv_swiglu.cu's gemv_swiglu_lane16: gate and up summed in
@@ -97,10 +97,11 @@ extern "C" __global__ void __launch_bounds__(256) gemv_multi_swiglu_lane16(
   src.nrows = min(GEMV_ROWS, rows - m0);
   src.K = K;
   src.vec = gemv_aligned(x, wg, K) && gemv_aligned(wu, wu, K);
-  gemv_rows(sh.two, src);
+  float v[2];
+  gemv_tc_rows(sh.two, src, v);
   if (n < n_s && lane < src.nrows) {
-    const float g = bf16_round(gemm_fold16(sh.two.part[0][o][lane]));
-    const float u = bf16_round(gemm_fold16(sh.two.part[1][o][lane]));
+    const float g = bf16_round(v[0]);
+    const float u = bf16_round(v[1]);
     ys[(long long)(m0 + lane) * n_s + n] = to_bf16(swiglu_f32(g, u, has_limit, limit));
   }
 }
@@ -121,7 +122,7 @@ extern "C" __global__ void __launch_bounds__(256) gemv_grouped_dense_lane16(
     const __nv_bfloat16* __restrict__ w2,    // [N, K2] bf16
     float* __restrict__ y2,                  // [M2, N] f32
     int M2, int K2) {
-  __shared__ __align__(16) GemvShared<1> sh;
+  __shared__ __align__(16) GemvTcShared<1> sh;
   if ((int)blockIdx.y < M) {
     gemv_grouped_run(x, w, group, y, M, N, K, E, flags, slot, sh);
     return;
