@@ -69,6 +69,7 @@ extern "C" __global__ void __launch_bounds__(256) gemv_grouped_swiglu_lane16(
     src.nrows = valid ? nrows : 0;
     float v[2];
     gemv_tc_rows(sh, src, v);
-    if (n < N && lane < nrows) y[(long long)(m0 + lane) * N + n] = to_bf16(valid ? gemv_swiglu_out(v, has_limit, limit) : NAN);
+    if (n < N && lane < nrows)
+      y[(long long)(m0 + lane) * N + n] = to_bf16(valid ? gemv_swiglu_out(v, has_limit, limit) : NAN);
   }
 }
