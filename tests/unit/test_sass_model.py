@@ -56,7 +56,7 @@ def test_planted_loop_with_twice_the_instructions_doubles_the_issue_bound(tmp_pa
 def test_gemv_lane16_counts_the_tensor_core_loop_of_its_row_tiles():
     """The bf16 decode GEMV runs on the tensor core (gemv_tc.cuh): up to 8 rows one mma tile, 9..16 two; the model
     counts the HMMA loop (256 weights an HMMA a tile), so 1, 3 and 4 rows issue alike, 16 more, and the issue bound
-    sits under the memory bound."""
+    sits under the memory bound (well under it up to 8 rows)."""
     n = k = 4096
     c = {r: calls.gemv("dense", "bf16", n, k, r, 2 * n * k) for r in (1, 3, 4, 16)}
     a = {r: c[r].analysis for r in c}
@@ -66,7 +66,7 @@ def test_gemv_lane16_counts_the_tensor_core_loop_of_its_row_tiles():
     assert a[1].instr_per_unit < a[16].instr_per_unit
     for r in c:
         b = model.bounds(c[r])
-        assert b["issue_bound_us"] <= 0.6 * b["memory_bound_us"], (r, b)
+        assert b["issue_bound_us"] <= (0.6 if r <= 8 else 1.0) * b["memory_bound_us"], (r, b)
 
 
 def test_roofline_prints_predictions_without_fixed_fractions(capsys):
