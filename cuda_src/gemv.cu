@@ -1,8 +1,9 @@
 // gemv.cu -- the decode/verify GEMM (DESIGN §3b): y[h, m, n] = sum_k x[h, m, k] * w[h, n, k] for the leading
 // `rows` rows of a call, the rows whose role is decode or verify, streaming each bf16 weight from memory once per
-// call for every GEMV_ROWS of them (gemv_tile.cuh: 16-byte loads staged through shared memory, lane-16 order
-// kept, bit for bit gemm.cu).  gemv_grouped_lane16 is the MoE form: y[m, n] = sum_k x[m, k] * w[group[m], n, k],
-// an expert's slice read once per run of rows of that expert.  Outputs fp32, or (_bf16) rounded once to bf16.
+// call for every GEMV_ROWS of them (gemv_tc.cuh: 16-byte loads straight into mma fragments, the tensor core's
+// decode order of backend/tc_order.py, not gemm.cu's lane-16 order).  gemv_grouped_lane16 is the MoE form:
+// y[m, n] = sum_k x[m, k] * w[group[m], n, k], an expert's slice read once per run of rows of that expert.
+// Outputs fp32, or (_bf16) rounded once to bf16.
 //
 // Launch: block (16, GEMV_OUTS); grid (ceil(N / GEMV_OUTS), ceil(rows / GEMV_ROWS), H).
 // Grouped: grid (ceil(N / GEMV_OUTS), M): block y = m works only if row m starts a run of equal expert ids

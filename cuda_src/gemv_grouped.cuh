@@ -1,8 +1,9 @@
 // gemv_grouped.cuh -- the grouped (MoE) decode GEMV's block, shared by gemv.cu's gemv_grouped_lane16(_bf16),
 // gemv_multi.cu's gemv_grouped_dense_lane16 and moe_decode.cu's moe_down_combine_lane16: y[m, n] = sum_k x[m, k] *
-// w[group[m], n, k] in lane-16 order for block y = m when row m starts a run of equal expert ids (the run taken
-// GEMV_ROWS rows at a time; an expert's slice read once per run); an id outside [0, E) reads nothing, gets NaN
-// and is counted into guard slot `slot`.  gemv_dense_group: one row group of a plain GEMV (fp32) by the same body.
+// w[group[m], n, k] in the decode order (gemv_tc.cuh) for block y = m when row m starts a run of equal expert ids
+// (the run taken GEMV_ROWS rows at a time; an expert's slice read once per run); an id outside [0, E) reads
+// nothing, gets NaN and is counted into guard slot `slot`.  gemv_dense_group: one row group of a plain GEMV (fp32)
+// by the same body.
 #pragma once
 #include "common.cuh"
 #include "gemv_tc.cuh"

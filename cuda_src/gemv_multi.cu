@@ -1,6 +1,6 @@
 // gemv_multi.cu -- several decode/verify GEMVs in one launch (DESIGN §3b): part p computes
 // y_p[m, n] = sum_k x_p[m, k] * w_p[n, k] for the leading `rows` rows, exactly as its own gemv_lane16(_bf16)
-// launch would (the same gemv_tile.cuh body per block: lane-16 order, fold, one rounding).  The parts of a
+// launch would (the same gemv_tc.cuh body per block: the tensor core's decode order, one rounding).  The parts of a
 // layer that read the same row (KDA q/k/v, f_a, g_a, b; DSA q_a, kv_a, the indexer's wk, gate, weights) or
 // follow each other (f_b, g_b) cost one launch instead of one each; gemv_multi_swiglu_lane16 pairs one such part
 // with a SwiGLU part (the MoE router and the shared expert's gate/up), gemv_grouped_dense_lane16 the experts'
@@ -67,7 +67,7 @@ union GemvSharedBoth {           // a block of either form (one weight, or gate 
 };
 
 // One plain part (kind as above) and one SwiGLU part (gemv_swiglu.cu's gemv_swiglu_lane16: gate and up summed in
-// lane-16 order, each rounded to bf16, swiglu.cuh) of the same rows x in one launch: the MoE's router and its
+// the decode order, each rounded to bf16, swiglu.cuh) of the same rows x in one launch: the MoE's router and its
 // shared expert's gate/up.  Blocks [0, ceil(n_a / GEMV_OUTS)) take part a, the rest the SwiGLU part.
 // Launch: block (16, GEMV_OUTS); grid (ceil(n_a / GEMV_OUTS) + ceil(n_s / GEMV_OUTS), ceil(rows / GEMV_ROWS)).
 extern "C" __global__ void __launch_bounds__(256) gemv_multi_swiglu_lane16(

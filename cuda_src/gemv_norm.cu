@@ -1,7 +1,7 @@
 // gemv_norm.cu -- decode/verify GEMVs whose input rows are a norm of the rows given, computed in the prologue
 // (DESIGN §3b): the rows never go to memory, the norm launch is gone.  Each block recomputes its rows' norm
 // scalars into shared memory (lane-16 sums, the norm kernel's code through its header), then streams its columns'
-// weights through the gemv_tile.cuh body unchanged, a reader building each x chunk from the raw row, the norm
+// weights through the gemv_tc.cuh body unchanged, a reader building each x chunk from the raw row, the norm
 // weight and the scalar with the norm kernel's own element expression: the bits of the norm launch followed by
 // the plain GEMV (gemv_lane16 / gemv_multi_lane16), only the launch and the round trip of the rows saved.
 //
@@ -11,7 +11,7 @@
 //
 // Launch: block (16, GEMV_OUTS); grid (column blocks (over all parts), ceil(rows / GEMV_ROWS)).
 // Controls (contract): CONTROL_NORM_HEAD (a KDA row's element normed by the next head's scalar), CONTROL_NORM_EPS
-// (the RMSNorm's eps left out of its scalar), CONTROL_CHUNK_ORDER (gemv_tile.cuh).
+// (the RMSNorm's eps left out of its scalar), CONTROL_TC_REVERSED (gemv_tc.cuh).
 #include "common.cuh"
 #include "exp_f32.cuh"
 #include "gemv_tc.cuh"

@@ -1,6 +1,6 @@
 // gemv_part.cuh -- one part of a multi-part decode/verify GEMV (gemv_multi.cu, gemv_norm.cu): column block b and
-// row group g of y[m, n] = epilogue(sum_k x[m, k] * w[n, k]), the gemv_tile.cuh body (lane-16 order, fold, one
-// rounding), x read through any reader of gemv_tile.cuh (GemvXMem, or a prologue's).
+// row group g of y[m, n] = epilogue(sum_k x[m, k] * w[n, k]), the gemv_tc.cuh body (the tensor core's decode
+// order, one rounding), x read through any row reader (gemv_tile.cuh's GemvXMem, or a prologue's).
 //
 // Epilogue (kind): 0 fp32 as summed; 1 bf16 rounded once; 2 bf16(sigmoid(fp32 sum)), the sum and sigmoid_bf16 of
 // moe.cu fused (exp_f32.cuh's sigmoid_f32, the same bits as the two launches).

@@ -1,8 +1,8 @@
 // gemv_swiglu.cu -- the decode/verify form of gemm_swiglu.cu: out[m, n] = bf16(swiglu(bf16(g), bf16(u))) with
-// g = sum_k x[m, k] * wg[e, n, k], u = sum_k x[m, k] * wu[e, n, k] in lane-16 order, e = group[m] (the MoE's
+// g = sum_k x[m, k] * wg[e, n, k], u = sum_k x[m, k] * wu[e, n, k] in the decode order, e = group[m] (the MoE's
 // experts, gemv_grouped_swiglu_lane16) or 0 (a dense MLP, gemv_swiglu_lane16), for a call's decode/verify rows.
-// Both weights stream once per call for every GEMV_ROWS rows (gemv_tile.cuh with NW = 2); the bits are
-// gemm_swiglu.cu's (the same sums, folds, roundings and swiglu.cuh epilogue).
+// Both weights stream once per call for every GEMV_ROWS rows (gemv_tc.cuh with NW = 2: the tensor core's order of
+// backend/tc_order.py); the roundings and the swiglu.cuh epilogue are gemm_swiglu.cu's.
 //
 // Launch: block (16, GEMV_OUTS); dense grid (ceil(N / GEMV_OUTS), ceil(rows / GEMV_ROWS)); grouped grid
 // (ceil(N / GEMV_OUTS), M), one block per run of equal expert ids as in gemv.cu; an id outside [0, E) gets NaN

@@ -27,7 +27,7 @@
 #include "moe_route.cuh"
 #include "swiglu.cuh"
 
-#define MOE_ROUTE_FLOATS ((int)(sizeof(GemvShared<2>) / 4))   // the routing capacity (E) kept as before
+#define MOE_ROUTE_FLOATS ((int)(sizeof(GemvShared<2>) / 4))   // ops_moe_decode.GEMV2_SHARED: fixes MOE_ROUTE_MAX_E
 #define MOE_ROUTE_WARPS 8                 // warps of a (16, GEMV_OUTS) block, each routing rows in turn
 #define MOE_ROUTE_MAX_E ((MOE_ROUTE_FLOATS - 1 - SORT_THREADS) / (2 * MOE_ROUTE_WARPS + 1))
 

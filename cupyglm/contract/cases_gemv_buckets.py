@@ -1,8 +1,8 @@
-"""Contract cases of the decode GEMVs' row buckets (gemv_tile.cuh / gemv_q_tile.cuh: a block's rows run in the
-smallest of 1, 2, 4, 8, 16 row slots holding them): the same 16 rows called alone at 1, 2, 3, 5, 8, 9 and 16 rows
-(buckets 1, 2, 4, 8, 8, 16, 16), every output replayed from the one 16-row reference, so a row's bits are shown
-equal whichever bucket computes it.  The grouped forms take runs of 1, 2, 3, 5, 8, 9 and 16 rows of one expert in
-one call (the bucket follows the run).  bf16, FP8 and NVFP4 weights; dense, grouped and SwiGLU forms.
+"""Contract cases of the decode GEMVs' row buckets (gemv_q_tile.cuh: a block's rows run in the smallest of 1, 2, 4,
+8, 16 row slots holding them; gemv_tc.cuh: one or two 8-row tiles): the same 16 rows called alone at 1, 2, 3, 5, 8,
+9 and 16 rows (buckets 1, 2, 4, 8, 8, 16, 16), every output replayed from the one 16-row reference, so a row's bits
+are shown equal whichever bucket computes it. The grouped forms take runs of 1, 2, 3, 5, 8, 9 and 16 rows of one
+expert in one call (the bucket follows the run). bf16, FP8 and NVFP4 weights; dense, grouped and SwiGLU forms.
 
 Controls for fp32 outputs: the order's planted mutant, CONTROL_TC_REVERSED for bf16 weights (a 32-block's two mma
 steps in the other order, gemv_tc.cuh), CONTROL_CHUNK_ORDER for FP8 / NVFP4 (gemv_q_tile.cuh); gate and up
