@@ -1,6 +1,6 @@
 // gemv_multi.cu -- several decode/verify GEMVs in one launch (DESIGN §3b): part p computes
 // y_p[m, n] = sum_k x_p[m, k] * w_p[n, k] for the leading `rows` rows, exactly as its own gemv_lane16(_bf16)
-// launch would (the same gemv_tile.cuh body per block: lane-16 order, fold, one rounding).  The parts of a
+// launch would (the same gemv_tc.cuh body per block: the tensor core's decode order, one rounding).  The parts of a
 // layer that read the same row (KDA q/k/v, f_a, g_a, b; DSA q_a, kv_a, the indexer's wk, gate, weights) or
 // follow each other (f_b, g_b) cost one launch instead of one each; gemv_multi_swiglu_lane16 pairs one such part
 // with a SwiGLU part (the MoE router and the shared expert's gate/up), gemv_grouped_dense_lane16 the experts'
@@ -12,15 +12,15 @@
 // belongs to the first part whose blocks cover it (parts in order).  Unused parts have n_p = 0 (no blocks).
 #include "common.cuh"
 #include "exp_f32.cuh"
-#include "gemv_tile.cuh"
+#include "gemv_tc.cuh"
 #include "gemv_part.cuh"
 #include "gemv_grouped.cuh"
 #include "swiglu.cuh"
 
 #define GEMV_MULTI_PARTS 6
 
-// 3 blocks an SM (<= 85 registers), as gemv_lane16.
-extern "C" __global__ void __launch_bounds__(256, 3) gemv_multi_lane16(
+// 2 blocks an SM (<= 128 registers), as gemv_lane16.
+extern "C" __global__ void __launch_bounds__(256, 2) gemv_multi_lane16(
     const __nv_bfloat16* __restrict__ x0,   // [M, k0] bf16
     const __nv_bfloat16* __restrict__ w0,   // [n0, k0] bf16
     void* __restrict__ y0,                  // [M, n0] fp32 (kind0 0) or bf16 (1, 2): rows [0, rows)
@@ -57,17 +57,17 @@ extern "C" __global__ void __launch_bounds__(256, 3) gemv_multi_lane16(
     b -= nb;
   }
   if (p == GEMV_MULTI_PARTS) return;
-  __shared__ __align__(16) GemvShared<1> sh;
+  __shared__ __align__(16) GemvTcShared<1> sh;
   gemv_multi_one(sh, parts[p], b, blockIdx.y, rows);
 }
 
 union GemvSharedBoth {           // a block of either form (one weight, or gate and up)
-  GemvShared<1> one;
-  GemvShared<2> two;
+  GemvTcShared<1> one;
+  GemvTcShared<2> two;
 };
 
 // One plain part (kind as above) and one SwiGLU part (gemv_swiglu.cu's gemv_swiglu_lane16: gate and up summed in
-// lane-16 order, each rounded to bf16, swiglu.cuh) of the same rows x in one launch: the MoE's router and its
+// the decode order, each rounded to bf16, swiglu.cuh) of the same rows x in one launch: the MoE's router and its
 // shared expert's gate/up.  Blocks [0, ceil(n_a / GEMV_OUTS)) take part a, the rest the SwiGLU part.
 // Launch: block (16, GEMV_OUTS); grid (ceil(n_a / GEMV_OUTS) + ceil(n_s / GEMV_OUTS), ceil(rows / GEMV_ROWS)).
 extern "C" __global__ void __launch_bounds__(256) gemv_multi_swiglu_lane16(
@@ -97,10 +97,11 @@ extern "C" __global__ void __launch_bounds__(256) gemv_multi_swiglu_lane16(
   src.nrows = min(GEMV_ROWS, rows - m0);
   src.K = K;
   src.vec = gemv_aligned(x, wg, K) && gemv_aligned(wu, wu, K);
-  gemv_rows(sh.two, src);
+  float v[2];
+  gemv_tc_rows(sh.two, src, v);
   if (n < n_s && lane < src.nrows) {
-    const float g = bf16_round(gemm_fold16(sh.two.part[0][o][lane]));
-    const float u = bf16_round(gemm_fold16(sh.two.part[1][o][lane]));
+    const float g = bf16_round(v[0]);
+    const float u = bf16_round(v[1]);
     ys[(long long)(m0 + lane) * n_s + n] = to_bf16(swiglu_f32(g, u, has_limit, limit));
   }
 }
@@ -121,7 +122,7 @@ extern "C" __global__ void __launch_bounds__(256) gemv_grouped_dense_lane16(
     const __nv_bfloat16* __restrict__ w2,    // [N, K2] bf16
     float* __restrict__ y2,                  // [M2, N] f32
     int M2, int K2) {
-  __shared__ __align__(16) GemvShared<1> sh;
+  __shared__ __align__(16) GemvTcShared<1> sh;
   if ((int)blockIdx.y < M) {
     gemv_grouped_run(x, w, group, y, M, N, K, E, flags, slot, sh);
     return;

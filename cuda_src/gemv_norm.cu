@@ -1,7 +1,7 @@
 // gemv_norm.cu -- decode/verify GEMVs whose input rows are a norm of the rows given, computed in the prologue
 // (DESIGN §3b): the rows never go to memory, the norm launch is gone.  Each block recomputes its rows' norm
 // scalars into shared memory (lane-16 sums, the norm kernel's code through its header), then streams its columns'
-// weights through the gemv_tile.cuh body unchanged, a reader building each x chunk from the raw row, the norm
+// weights through the gemv_tc.cuh body unchanged, a reader building each x chunk from the raw row, the norm
 // weight and the scalar with the norm kernel's own element expression: the bits of the norm launch followed by
 // the plain GEMV (gemv_lane16 / gemv_multi_lane16), only the launch and the round trip of the rows saved.
 //
@@ -11,10 +11,10 @@
 //
 // Launch: block (16, GEMV_OUTS); grid (column blocks (over all parts), ceil(rows / GEMV_ROWS)).
 // Controls (contract): CONTROL_NORM_HEAD (a KDA row's element normed by the next head's scalar), CONTROL_NORM_EPS
-// (the RMSNorm's eps left out of its scalar), CONTROL_CHUNK_ORDER (gemv_tile.cuh).
+// (the RMSNorm's eps left out of its scalar), CONTROL_TC_REVERSED (gemv_tc.cuh).
 #include "common.cuh"
 #include "exp_f32.cuh"
-#include "gemv_tile.cuh"
+#include "gemv_tc.cuh"
 #include "gemv_part.cuh"
 #include "kda_out.cuh"
 #include "norm_row.cuh"
@@ -83,7 +83,7 @@ extern "C" __global__ void __launch_bounds__(256) gemv_kda_out_lane16(
     float* __restrict__ out,                    // [M, N] f32: rows [0, rows)
     int N, int H, int V, int rows, float eps) { // H <= GEMV_NORM_HEADS; rows: the call's leading decode rows
   __shared__ float scale[GEMV_ROWS * GEMV_NORM_HEADS];   // [row of the block, head] the rows' r
-  __shared__ __align__(16) GemvShared<1> sh;
+  __shared__ __align__(16) GemvTcShared<1> sh;
   const int K = H * V, m0 = blockIdx.y * GEMV_ROWS, nrows = min(GEMV_ROWS, rows - m0);
   const long long base = (long long)m0 * K;
   const int pairs = nrows * H;
@@ -123,7 +123,7 @@ extern "C" __global__ void __launch_bounds__(256) gemv_multi_rmsnorm_lane16(
   const int p = gemv_part_of(parts, GEMV_NORM_PARTS, &b);
   if (p == GEMV_NORM_PARTS) return;
   __shared__ float scale[GEMV_ROWS];          // the block's rows' 1 / sqrt(mean(x^2) + eps)
-  __shared__ __align__(16) GemvShared<1> sh;
+  __shared__ __align__(16) GemvTcShared<1> sh;
   const int m0 = blockIdx.y * GEMV_ROWS, c = threadIdx.y;
   const bool active = c < min(GEMV_ROWS, rows - m0);
   const NormRowAt rd = {x + (long long)(m0 + (active ? c : 0)) * K};

@@ -1,13 +1,13 @@
 // gemv_part.cuh -- one part of a multi-part decode/verify GEMV (gemv_multi.cu, gemv_norm.cu): column block b and
-// row group g of y[m, n] = epilogue(sum_k x[m, k] * w[n, k]), the gemv_tile.cuh body (lane-16 order, fold, one
-// rounding), x read through any reader of gemv_tile.cuh (GemvXMem, or a prologue's).
+// row group g of y[m, n] = epilogue(sum_k x[m, k] * w[n, k]), the gemv_tc.cuh body (the tensor core's decode
+// order, one rounding), x read through any row reader (gemv_tile.cuh's GemvXMem, or a prologue's).
 //
 // Epilogue (kind): 0 fp32 as summed; 1 bf16 rounded once; 2 bf16(sigmoid(fp32 sum)), the sum and sigmoid_bf16 of
 // moe.cu fused (exp_f32.cuh's sigmoid_f32, the same bits as the two launches).
 #pragma once
 #include "common.cuh"
 #include "exp_f32.cuh"
-#include "gemv_tile.cuh"
+#include "gemv_tc.cuh"
 
 struct GemvPart {
   const __nv_bfloat16* x;   // [M, k] bf16 (unused when a prologue reader computes the rows)
@@ -25,7 +25,7 @@ static __device__ __forceinline__ void gemv_part_store(const GemvPart& p, long l
 }
 
 // Column block b and row group g of part p, x read from memory (p.x).
-static __device__ __forceinline__ void gemv_multi_one(GemvShared<1>& sh, const GemvPart& p, int b, int g, int rows) {
+static __device__ __forceinline__ void gemv_multi_one(GemvTcShared<1>& sh, const GemvPart& p, int b, int g, int rows) {
   const int n0 = b * GEMV_OUTS, m0 = g * GEMV_ROWS;
   GemvSrc<1> src;
   src.w[0] = p.w + (long long)n0 * p.k;
@@ -34,16 +34,16 @@ static __device__ __forceinline__ void gemv_multi_one(GemvShared<1>& sh, const G
   src.nrows = min(GEMV_ROWS, rows - m0);
   src.K = p.k;
   src.vec = gemv_aligned(p.x, p.w, p.k);
-  gemv_rows(sh, src);
+  float v[1];
+  gemv_tc_rows(sh, src, v);
   const int lane = threadIdx.x, o = threadIdx.y, n = n0 + o;
-  if (n < p.n && lane < src.nrows)
-    gemv_part_store(p, (long long)(m0 + lane) * p.n + n, gemm_fold16(sh.part[0][o][lane]));
+  if (n < p.n && lane < src.nrows) gemv_part_store(p, (long long)(m0 + lane) * p.n + n, v[0]);
 }
 
 // As gemv_multi_one, the block's rows read by xr (row c of the block at xr.load8(c, ...)) instead of p.x, e.g. a
 // prologue's reader; wvec: the weights' 16-byte loads are aligned.
 template <typename XR>
-static __device__ __forceinline__ void gemv_part_block(GemvShared<1>& sh, const GemvPart& p, int b, int g, int rows,
+static __device__ __forceinline__ void gemv_part_block(GemvTcShared<1>& sh, const GemvPart& p, int b, int g, int rows,
                                                        const XR& xr, bool wvec) {
   const int n0 = b * GEMV_OUTS, m0 = g * GEMV_ROWS;
   GemvSrc<1> src;
@@ -53,10 +53,10 @@ static __device__ __forceinline__ void gemv_part_block(GemvShared<1>& sh, const 
   src.nrows = min(GEMV_ROWS, rows - m0);
   src.K = p.k;
   src.vec = wvec;
-  gemv_rows(sh, src, xr);
+  float v[1];
+  gemv_tc_rows(sh, src, xr, v);
   const int lane = threadIdx.x, o = threadIdx.y, n = n0 + o;
-  if (n < p.n && lane < src.nrows)
-    gemv_part_store(p, (long long)(m0 + lane) * p.n + n, gemm_fold16(sh.part[0][o][lane]));
+  if (n < p.n && lane < src.nrows) gemv_part_store(p, (long long)(m0 + lane) * p.n + n, v[0]);
 }
 
 // The part whose column blocks cover grid column *b (parts in order; *b becomes the block within it), or nparts.

@@ -1,20 +1,18 @@
 // gemv_swiglu.cu -- the decode/verify form of gemm_swiglu.cu: out[m, n] = bf16(swiglu(bf16(g), bf16(u))) with
-// g = sum_k x[m, k] * wg[e, n, k], u = sum_k x[m, k] * wu[e, n, k] in lane-16 order, e = group[m] (the MoE's
+// g = sum_k x[m, k] * wg[e, n, k], u = sum_k x[m, k] * wu[e, n, k] in the decode order, e = group[m] (the MoE's
 // experts, gemv_grouped_swiglu_lane16) or 0 (a dense MLP, gemv_swiglu_lane16), for a call's decode/verify rows.
-// Both weights stream once per call for every GEMV_ROWS rows (gemv_tile.cuh with NW = 2); the bits are
-// gemm_swiglu.cu's (the same sums, folds, roundings and swiglu.cuh epilogue).
+// Both weights stream once per call for every GEMV_ROWS rows (gemv_tc.cuh with NW = 2: the tensor core's order of
+// backend/tc_order.py); the roundings and the swiglu.cuh epilogue are gemm_swiglu.cu's.
 //
 // Launch: block (16, GEMV_OUTS); dense grid (ceil(N / GEMV_OUTS), ceil(rows / GEMV_ROWS)); grouped grid
 // (ceil(N / GEMV_OUTS), M), one block per run of equal expert ids as in gemv.cu; an id outside [0, E) gets NaN
 // and is counted into the guard slot, as in gemv.cu.
 #include "common.cuh"
-#include "gemv_tile.cuh"
+#include "gemv_tc.cuh"
 #include "swiglu.cuh"
 
-static __device__ __forceinline__ float gemv_swiglu_out(const GemvShared<2>& sh, int o, int r, int has_limit,
-                                                        float limit) {
-  return swiglu_f32(bf16_round(gemm_fold16(sh.part[0][o][r])), bf16_round(gemm_fold16(sh.part[1][o][r])),
-                    has_limit, limit);
+static __device__ __forceinline__ float gemv_swiglu_out(const float v[2], int has_limit, float limit) {
+  return swiglu_f32(bf16_round(v[0]), bf16_round(v[1]), has_limit, limit);
 }
 
 extern "C" __global__ void __launch_bounds__(256) gemv_swiglu_lane16(
@@ -23,7 +21,7 @@ extern "C" __global__ void __launch_bounds__(256) gemv_swiglu_lane16(
     const __nv_bfloat16* __restrict__ wu,   // [N, K] bf16 up_proj
     __nv_bfloat16* __restrict__ y,          // [M, N] bf16: rows [0, rows) written
     int M, int N, int K, int rows, int has_limit, float limit) {
-  __shared__ __align__(16) GemvShared<2> sh;
+  __shared__ __align__(16) GemvTcShared<2> sh;
   const int n0 = blockIdx.x * GEMV_OUTS, m0 = blockIdx.y * GEMV_ROWS;
   GemvSrc<2> src;
   src.w[0] = wg + (long long)n0 * K;
@@ -33,10 +31,10 @@ extern "C" __global__ void __launch_bounds__(256) gemv_swiglu_lane16(
   src.nrows = min(GEMV_ROWS, rows - m0);
   src.K = K;
   src.vec = gemv_aligned(x, wg, K) && gemv_aligned(wu, wu, K);
-  gemv_rows(sh, src);
+  float v[2];
+  gemv_tc_rows(sh, src, v);
   const int lane = threadIdx.x, o = threadIdx.y, n = n0 + o;
-  if (n < N && lane < src.nrows)
-    y[(long long)(m0 + lane) * N + n] = to_bf16(gemv_swiglu_out(sh, o, lane, has_limit, limit));
+  if (n < N && lane < src.nrows) y[(long long)(m0 + lane) * N + n] = to_bf16(gemv_swiglu_out(v, has_limit, limit));
 }
 
 extern "C" __global__ void __launch_bounds__(256) gemv_grouped_swiglu_lane16(
@@ -48,7 +46,7 @@ extern "C" __global__ void __launch_bounds__(256) gemv_grouped_swiglu_lane16(
     int M, int N, int K, int E, int has_limit, float limit,
     unsigned int* __restrict__ flags,       // [slots, 2] u32 guard flags
     int slot) {                             // the slot of "group holds expert ids outside [0, E)", or -1
-  __shared__ __align__(16) GemvShared<2> sh;
+  __shared__ __align__(16) GemvTcShared<2> sh;
   const int m = blockIdx.y;
   const int g = group[m];
   if (m > 0 && group[m - 1] == g) return;          // not the start of a run: the whole block leaves together
@@ -69,8 +67,9 @@ extern "C" __global__ void __launch_bounds__(256) gemv_grouped_swiglu_lane16(
     const int nrows = min(GEMV_ROWS, end - m0);
     src.x = x + (long long)m0 * K;
     src.nrows = valid ? nrows : 0;
-    gemv_rows(sh, src);
+    float v[2];
+    gemv_tc_rows(sh, src, v);
     if (n < N && lane < nrows)
-      y[(long long)(m0 + lane) * N + n] = to_bf16(valid ? gemv_swiglu_out(sh, o, lane, has_limit, limit) : NAN);
+      y[(long long)(m0 + lane) * N + n] = to_bf16(valid ? gemv_swiglu_out(v, has_limit, limit) : NAN);
   }
 }

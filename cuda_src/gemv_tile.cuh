@@ -1,5 +1,7 @@
-// gemv_tile.cuh -- the weight-streaming machinery of the decode/verify GEMMs (gemv.cu, gemv_swiglu.cu): one block
-// sums up to GEMV_ROWS rows against GEMV_OUTS columns of NW weights (1, or 2 for gate and up) over all of K.
+// gemv_tile.cuh -- the lane-16 weight-streaming GEMV (kda_step.cu's low-rank factors; gemv_q_tile.cuh builds the
+// quantised decode GEMVs on its stage layout) and the pieces every decode GEMV shares (GemvSrc, gemv_load8, the x
+// readers, GEMV_ROWS / GEMV_OUTS; the bf16 decode GEMVs sum in gemv_tc.cuh): one block sums up to GEMV_ROWS rows
+// against GEMV_OUTS columns of NW weights (1, or 2 for gate and up) over all of K.
 //
 // Same bits as gemm.cu (lane-16 order, cupyglm/backend/lanes.py): term k goes to lane k % 16, each lane adds its
 // terms in increasing k from +0.0, the lanes fold i += i+8, +4, +2, +1 (gemm_tile.cuh).  Only the way the values

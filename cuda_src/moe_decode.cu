@@ -10,7 +10,8 @@
 //   weights, group and pos for the down kernel and zeroes its tickets.  Routing always picks ids in [0, E): no guard.
 // * Block y of moe_route_swiglu_lane16 takes the y-th run of equal experts in sorted order (grid.y = min(T * k, E)
 //   runs at most); its rows read x through src (GemvXRows), the same values as the gathered copy x[src].
-// * The GEMV bodies are gemv_tile.cuh's / gemv_grouped.cuh's (lane-16 order, each expert slice read once per run).
+// * The GEMV bodies are gemv_tc.cuh's / gemv_grouped.cuh's (the tensor core's decode order, each expert slice read
+//   once per run).
 // * The combine of column tile b runs in the block that finishes tile b last (a ticket counter per tile,
 //   __threadfence before the ticket and volatile reads after it); it reads only finished outputs and sums in slot
 //   order (moe_combine.cuh), so the bits do not depend on which block is last.
@@ -20,19 +21,19 @@
 // T * k + ceil(T / GEMV_ROWS)): block y < T * k is pair y's run (gemv_grouped_run), the rest the shared expert's
 // row groups; tickets [ceil(N / GEMV_OUTS)] zero at launch.
 #include "common.cuh"
-#include "gemv_tile.cuh"
+#include "gemv_tc.cuh"
 #include "gemv_grouped.cuh"
 #include "moe_combine.cuh"
 #include "moe_route.cuh"
 #include "swiglu.cuh"
 
-#define MOE_ROUTE_FLOATS ((int)(sizeof(GemvShared<2>) / 4))
+#define MOE_ROUTE_FLOATS ((int)(sizeof(GemvShared<2>) / 4))   // ops_moe_decode.GEMV2_SHARED: fixes MOE_ROUTE_MAX_E
 #define MOE_ROUTE_WARPS 8                 // warps of a (16, GEMV_OUTS) block, each routing rows in turn
 #define MOE_ROUTE_MAX_E ((MOE_ROUTE_FLOATS - 1 - SORT_THREADS) / (2 * MOE_ROUTE_WARPS + 1))
 
 // The routing scratch (the warps' scores, then the sort's counts) lives where the GEMV's tiles later do.
 union MoeUpShared {
-  GemvShared<2> gemv;
+  GemvTcShared<2> gemv;
   float route[MOE_ROUTE_FLOATS];          // [MOE_ROUTE_WARPS, 2, E] f32 scores, then (E + 1 + SORT_THREADS) i32
 };
 
@@ -117,10 +118,11 @@ extern "C" __global__ void __launch_bounds__(256) moe_route_swiglu_lane16(
   for (int m0 = lo; m0 < hi; m0 += GEMV_ROWS) {
     xr.rows = p_src + m0;
     src.nrows = min(GEMV_ROWS, hi - m0);
-    gemv_rows(sh.gemv, src, xr);
+    float v[2];
+    gemv_tc_rows(sh.gemv, src, xr, v);
     if (n < N && lane < src.nrows) {
-      const float gv = bf16_round(gemm_fold16(sh.gemv.part[0][o][lane]));
-      const float uv = bf16_round(gemm_fold16(sh.gemv.part[1][o][lane]));
+      const float gv = bf16_round(v[0]);
+      const float uv = bf16_round(v[1]);
       y[(long long)(m0 + lane) * N + n] = to_bf16(swiglu_f32(gv, uv, has_limit, limit));
     }
   }
@@ -141,7 +143,7 @@ extern "C" __global__ void __launch_bounds__(256) moe_down_combine_lane16(
     int k,
     unsigned int* __restrict__ tickets,    // [ceil(N / GEMV_OUTS)] u32, zero at launch
     float* __restrict__ out) {             // [T, N] f32 the combine
-  __shared__ __align__(16) GemvShared<1> sh;
+  __shared__ __align__(16) GemvTcShared<1> sh;
   __shared__ int last;
   if ((int)blockIdx.y < P)
     gemv_grouped_run(a, w, group, ys, P, N, K, E, nullptr, -1, sh);

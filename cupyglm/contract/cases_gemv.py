@@ -2,9 +2,10 @@
 leading `decode` rows), at the shapes the tiny and full models decode at; the prompt rows of mixed calls go to
 gemm.cu, so a mixed case checks both paths in one output.
 
-Controls: -DCONTROL_CHUNK_ORDER, a lane summing its terms in 16-byte-chunk arrival order (the reordering the
-shared-memory staging exists to prevent), where K spans several 32-element blocks; -DCONTROL_WRONG_ORDER (the
-fold of gemm_tile.cuh) for the heads; a misrouted row for the grouped form (absent experts' weights are NaN).
+Controls (gemv_tc.cuh, the decode order of backend/tc_order.py): -DCONTROL_TC_REVERSED (a 32-block's two mma
+steps taken in the other order: the k-chain reversed), -DCONTROL_TC_IEEE (IEEE fp32 multiply-adds in place of the
+tensor core's model), -DCONTROL_TC_TRANSPOSED (an A fragment's two k halves swapped); a misrouted row for the
+grouped form (absent experts' weights are NaN).
 bf16 outputs (the epilogue rounds) use a dropped last K term, as a reordering rarely survives the rounding.
 """
 from __future__ import annotations
@@ -28,7 +29,8 @@ def _tail(kn, x):
     return kn.xp.asarray(x)
 
 
-def _gemv_case(label: str, m: int, d: int, n: int, k: int, out: str = "f32") -> Case:
+def _gemv_case(label: str, m: int, d: int, n: int, k: int, out: str = "f32",
+               control: str = "CONTROL_TC_REVERSED") -> Case:
     def make(rng):
         return {"x": _bf(rng, (m, k)), "w": _bf(rng, (n, k), k ** -0.5)}
 
@@ -40,7 +42,7 @@ def _gemv_case(label: str, m: int, d: int, n: int, k: int, out: str = "f32") -> 
 
     if out == "f32":
         def ctl(kn, dd):
-            return {"y": ops_gemm.gemm(kn.variant("CONTROL_CHUNK_ORDER"), dd["x"], dd["w"], out=out, decode=d)}
+            return {"y": ops_gemm.gemm(kn.variant(control), dd["x"], dd["w"], out=out, decode=d)}
     else:
         def ctl(kn, dd):
             return {"y": ops_gemm.gemm(kn, _tail(kn, dd["x"]), dd["w"], out=out, decode=d)}
@@ -63,7 +65,7 @@ def _heads_case(label: str, h: int, m: int, d: int, n: int, k: int, out: str = "
 
     if out == "f32":
         def ctl(kn, dd):
-            return {"y": ops_gemm.gemm_heads(kn.variant("CONTROL_WRONG_ORDER"), dd["x"], dd["w"], decode=d)}
+            return {"y": ops_gemm.gemm_heads(kn.variant("CONTROL_TC_IEEE"), dd["x"], dd["w"], decode=d)}
     else:
         def ctl(kn, dd):                        # the heads' weights shifted by one head
             w = kn.xp.ascontiguousarray(kn.xp.roll(dd["w"], 1, axis=0))
@@ -93,7 +95,7 @@ def _grouped_case(label: str, m: int, d: int, e: int, used: int, n: int, k: int,
 
     if control == "order":
         def ctl(kn, dd):
-            return {"y": ops_gemm.gemm_grouped(kn.variant("CONTROL_CHUNK_ORDER"), dd["x"], dd["w"], dd["group"],
+            return {"y": ops_gemm.gemm_grouped(kn.variant("CONTROL_TC_TRANSPOSED"), dd["x"], dd["w"], dd["group"],
                                                out=out, decode=d)}
     else:
         def ctl(kn, dd):
@@ -109,10 +111,11 @@ def _grouped_case(label: str, m: int, d: int, e: int, used: int, n: int, k: int,
 
 #            label              M    d    N     K
 _gemv_case("decode",             1,   1, 256,  256)          # one token, hidden 256
-_gemv_case("verify",            16,  16,  96,  256)          # MTP verify: 16 rows, one weight read
-_gemv_case("rows17",            17,  17,  40,  320)          # two row groups
-_gemv_case("long-k",             3,   3,  20, 1100)          # three stages, K % 512 = 76, K % 8 = 4 (scalar loads)
-_gemv_case("stages",             2,   2,  33, 1536)          # three full stages, 16-byte loads, N % 16 = 1
+_gemv_case("verify",            16,  16,  96,  256, "f32", "CONTROL_TC_IEEE")   # MTP verify: 16 rows, one read
+_gemv_case("rows17",            17,  17,  40,  320, "f32", "CONTROL_TC_TRANSPOSED")   # two row groups
+_gemv_case("long-k",             3,   3,  20, 1100)          # three slices, K % 512 = 76, K % 8 = 4 (scalar loads)
+_gemv_case("slices",             2,   2,  33, 1536, "f32", "CONTROL_TC_IEEE")   # three full slices, N % 16 = 1
+_gemv_case("rounds",             9,   9,  17, 4640)          # ten slices: two rounds of the block's 8 warps
 _gemv_case("mixed",             20,   4,  24,  256)          # 4 decode rows + 16 prompt rows in one call
 _gemv_case("decode",             1,   1, 256,  256, "bf16")
 _gemv_case("verify",            16,  16,  96,  256, "bf16")
@@ -123,7 +126,7 @@ _heads_case("mixed",             3,   9,   2,  20, 100)       # 2 decode rows of
 _heads_case("decode",            4,   1,   1,  32,  64, "bf16")
 _heads_case("mixed",             3,   9,   2,  20, 100, "bf16")
 #               label              M    d    E  used   N    K   control
-_grouped_case("decode",             8,   8,   8,   5,  64, 1040, "order")   # one token's 8 slots, 3 stages
+_grouped_case("decode",             8,   8,   8,   5,  64, 1040, "order")   # one token's 8 slots, 3 slices
 _grouped_case("verify-runs",       48,  48,   6,   2,  40,  256, "route")   # runs longer than 16 rows
 _grouped_case("mixed",             30,  10,   6,   4,  33,  100, "route")   # decode pairs, then prompt pairs
 _grouped_case("decode",             8,   8,   8,   5,  64,  256, "route", "bf16")
@@ -148,7 +151,7 @@ def _flags_case(label: str, m: int, e: int, n: int, k: int, bad: int) -> Case:
     def replay(dd):
         y = np.full((m, n), np.nan, np.float32)
         for r in range(m - bad):
-            y[r] = REF.gemm(dd["x"][r:r + 1], dd["w"][dd["group"][r]])[0]
+            y[r] = REF.gemm(dd["x"][r:r + 1], dd["w"][dd["group"][r]], decode=1)[0]
         first = m - bad
         return {"y": y, "flags": np.array([[bad, ~np.uint32(first)]], dtype=np.uint32)}
 

@@ -1,11 +1,15 @@
-"""Contract cases of the decode GEMVs' row buckets (gemv_tile.cuh / gemv_q_tile.cuh: a block's rows run in the
-smallest of 1, 2, 4, 8, 16 row slots holding them): the same 16 rows called alone at 1, 2, 3, 5, 8, 9 and 16 rows
-(buckets 1, 2, 4, 8, 8, 16, 16), every output replayed from the one 16-row reference, so a row's bits are shown
-equal whichever bucket computes it.  The grouped forms take runs of 1, 2, 3, 5, 8, 9 and 16 rows of one expert in
-one call (the bucket follows the run).  bf16, FP8 and NVFP4 weights; dense, grouped and SwiGLU forms.
+"""Contract cases of the decode GEMVs' row buckets (gemv_q_tile.cuh: a block's rows run in the smallest of 1, 2, 4,
+8, 16 row slots holding them; gemv_tc.cuh: one or two 8-row tiles): the same 16 rows called alone at 1, 2, 3, 5, 8,
+9 and 16 rows (buckets 1, 2, 4, 8, 8, 16, 16), every output replayed from the one 16-row reference, so a row's bits
+are shown equal whichever bucket computes it. The grouped forms take runs of 1, 2, 3, 5, 8, 9 and 16 rows of one
+expert in one call (the bucket follows the run). bf16, FP8 and NVFP4 weights; dense, grouped and SwiGLU forms.
 
-Controls: CONTROL_CHUNK_ORDER (a lane summing in 16-byte-chunk arrival order) for fp32 outputs; gate and up
+Controls for fp32 outputs: the order's planted mutant, CONTROL_TC_REVERSED for bf16 weights (a 32-block's two mma
+steps in the other order, gemv_tc.cuh), CONTROL_CHUNK_ORDER for FP8 / NVFP4 (gemv_q_tile.cuh); gate and up
 exchanged for the SwiGLU forms (bf16 outputs, where a reordering rarely survives the rounding).
+
+The bf16 forms run gemv_tc.cuh (no row buckets: one or two 8-row mma tiles), so their cases show the same
+invariance over the tile count.
 """
 from __future__ import annotations
 
@@ -66,10 +70,14 @@ def _alone(label: str, fmt: str, n: int, k: int, swiglu: bool = False) -> None:
             return run(kn, dd, swap=True)
     else:
         def ctl(kn, dd):
-            return run(kn.variant("CONTROL_CHUNK_ORDER"), dd)
+            return run(kn.variant(_order_control(fmt)), dd)
 
     name = "gemv_swiglu" if swiglu else "gemv"
     case(Case(f"{name}{q.replace('_', '.')}.buckets[{label}]", (kernel,), make, run, replay, ctl))
+
+
+def _order_control(fmt: str) -> str:
+    return "CONTROL_TC_REVERSED" if fmt == "bf16" else "CONTROL_CHUNK_ORDER"
 
 
 def _runs(label: str, fmt: str, n: int, k: int) -> None:
@@ -93,7 +101,7 @@ def _runs(label: str, fmt: str, n: int, k: int) -> None:
         return {"y": REF.gemm_grouped(dd["x"], dd["w"], dd["group"], out="f32", decode=m)}
 
     def ctl(kn, dd):
-        return run(kn.variant("CONTROL_CHUNK_ORDER"), dd)
+        return run(kn.variant(_order_control(fmt)), dd)
 
     case(Case(f"gemv_grouped{q.replace('_', '.')}.buckets[{label}]", (kernel,), make, run, replay, ctl))
 

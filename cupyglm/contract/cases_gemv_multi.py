@@ -2,8 +2,9 @@
 (the KDA layer's q/k/v, f_a, g_a and b with its sigmoid; its f_b and g_b; the DSA layer's q_a, kv_a and the
 indexer's wk, gate and weights; q_b and wq_b), each part against its own reference gemm (and sigmoid).
 
-Controls: -DCONTROL_CHUNK_ORDER (a lane summing in 16-byte-chunk arrival order) where a part keeps fp32; the
-parts' inputs swapped where two parts read different rows; otherwise the last K term dropped (bf16 outputs).
+Controls: -DCONTROL_TC_REVERSED (a 32-block's two mma steps in the other order, gemv_tc.cuh) where a part keeps
+fp32; the parts' inputs swapped where two parts read different rows; otherwise the last K term dropped (bf16
+outputs).
 """
 from __future__ import annotations
 
@@ -50,7 +51,7 @@ def _multi_case(label: str, m: int, d: int, parts, shared: bool, control: str) -
 
     if control == "order":
         def ctl(kn, dd):
-            return pack(ops_gemm_multi.gemm_multi(kn.variant("CONTROL_CHUNK_ORDER"), xs_of(dd), ws_of(dd), outs,
+            return pack(ops_gemm_multi.gemm_multi(kn.variant("CONTROL_TC_REVERSED"), xs_of(dd), ws_of(dd), outs,
                                                   decode=d))
     elif control == "swap":
         def ctl(kn, dd):                        # part 0 reads part 1's rows and back (K_0 = K_1)
@@ -99,7 +100,7 @@ def _swiglu_case(label: str, m: int, d: int, na: int, ns: int, k: int, out: str,
 
     if control == "order":
         def ctl(kn, dd):
-            return pack(ops_gemm_multi.gemm_and_swiglu(kn.variant("CONTROL_CHUNK_ORDER"), dd["x"], dd["w"], out,
+            return pack(ops_gemm_multi.gemm_and_swiglu(kn.variant("CONTROL_TC_REVERSED"), dd["x"], dd["w"], out,
                                                        dd["wg"], dd["wu"], limit, decode=d))
     else:
         def ctl(kn, dd):                        # gate and up exchanged
@@ -142,7 +143,7 @@ def _grouped_dense_case(label: str, m: int, e: int, used: int, n: int, k: int, m
 
     if control == "order":
         def ctl(kn, dd):
-            return pack(ops_gemm_multi.gemm_grouped_dense(kn.variant("CONTROL_CHUNK_ORDER"), dd["x"], dd["w"],
+            return pack(ops_gemm_multi.gemm_grouped_dense(kn.variant("CONTROL_TC_REVERSED"), dd["x"], dd["w"],
                                                           dd["group"], dd["x2"], dd["w2"], decode=m, decode2=m2))
     else:
         def ctl(kn, dd):                        # one pair routed to the next expert

@@ -4,7 +4,7 @@ norm followed by its gemm (the numpy twins). Mixed calls send their prompt rows 
 gemm.cu, so one output checks both paths.
 
 Controls: -DCONTROL_NORM_HEAD (a KDA element normed by the next head's scalar), -DCONTROL_NORM_EPS (the RMSNorm's
-eps left out; its rows are small, so eps matters), -DCONTROL_CHUNK_ORDER (a lane summing in 16-byte-chunk arrival
+eps left out; its rows are small, so eps matters), -DCONTROL_TC_REVERSED (a 32-block's two mma steps in the other
 order), or the gates of two heads swapped.
 """
 from __future__ import annotations
@@ -18,7 +18,7 @@ from cupyglm.kernels import ops_gemv_norm
 
 REF = NumpyOps()
 EPS = 1e-5
-VARIANT = {"head": "CONTROL_NORM_HEAD", "eps": "CONTROL_NORM_EPS", "order": "CONTROL_CHUNK_ORDER"}
+VARIANT = {"head": "CONTROL_NORM_HEAD", "eps": "CONTROL_NORM_EPS", "order": "CONTROL_TC_REVERSED"}
 
 
 def _bf(rng, shape, std=1.0, mean=0.0):

@@ -3,7 +3,8 @@
 the kernel's epilogue with out="bf16" (the `_bf16` kernels).
 
 A row's role picks its kernel: the call's leading `decode` rows (decode/verify rows, cupyglm/backend/roles.py) go
-to the weight-streaming gemv.cu (ops_gemv), the rest to gemm.cu; never the number of rows."""
+to the weight-streaming gemv.cu (ops_gemv, the tensor core's decode order: backend/tc_order.py), the rest to
+gemm.cu; never the number of rows."""
 from __future__ import annotations
 
 import numpy as np
@@ -62,8 +63,8 @@ def _by_role(k: Kernels, x, w, y, d: int, suffix: str) -> None:
 
 @op("gemm")
 def gemm(k: Kernels, x, w, out: str = "f32", decode: int = 0):
-    """[M, K] bf16 x [N, K] bf16 -> [M, N] fp32 (out="bf16": rounded once to bf16), lane-16 order over K; the
-    leading `decode` rows are decode/verify rows (the gemv), the rest prompt rows (the gemm)."""
+    """[M, K] bf16 x [N, K] bf16 -> [M, N] fp32 (out="bf16": rounded once to bf16), the leading
+    `decode` rows are decode/verify rows (the gemv, decode order), the rest prompt rows (the gemm, lane-16 order)."""
     if isinstance(w, QWeight):                      # FP8 / NVFP4 weights, dequantised in registers (by role)
         from cupyglm.kernels import ops_gemm_q
         return ops_gemm_q.gemm(k, x, w, out, decode)
@@ -84,8 +85,8 @@ def gemm(k: Kernels, x, w, out: str = "f32", decode: int = 0):
 
 @op("gemm_heads")
 def gemm_heads(k: Kernels, x, w, out: str = "f32", decode: int = 0):
-    """Per-head GEMM: [H, M, K] bf16 x [H, N, K] bf16 -> [H, M, N] fp32 (or bf16), lane-16 order over K; rows
-    [0, decode) of every head are decode/verify rows (the gemv)."""
+    """Per-head GEMM: [H, M, K] bf16 x [H, N, K] bf16 -> [H, M, N] fp32 (or bf16); rows [0, decode) of
+    every head are decode/verify rows (the gemv, decode order), the rest lane-16 order over K."""
     dt, suffix = _out(k, "gemm_heads", out)
     check("gemm_heads", "x", x, (None, None, None), k.bf16)
     check("gemm_heads", "w", w, (x.shape[0], None, x.shape[2]), k.bf16)
@@ -104,7 +105,7 @@ def gemm_heads(k: Kernels, x, w, out: str = "f32", decode: int = 0):
 @op("gemm_grouped")
 def gemm_grouped(k: Kernels, x, w, group, out: str = "f32", decode: int = 0):
     """Grouped expert GEMM: x [M, K] bf16, w [E, N, K] bf16, group [M] int32 -> [M, N] fp32 (or bf16); row m
-    is gemm(x[m:m+1], w[group[m]]) bit for bit (lane-16 order over K), whatever else shares the call. Rows
+    is gemm(x[m:m+1], w[group[m]], decode=int(m < decode)) bit for bit, whatever else shares the call. Rows
     [0, decode) are decode/verify rows (the grouped gemv: each expert's slice read once per run of its rows)."""
     if isinstance(w, QWeight):
         from cupyglm.kernels import ops_gemm_q

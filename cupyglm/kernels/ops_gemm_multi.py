@@ -25,8 +25,8 @@ def _separate(k: Kernels, x, w, o: str, d: int):
 
 
 def gemv_multi(k: Kernels, xs, ws, ys, kinds, rows: int) -> None:
-    """ys[p][:rows] = epilogue_p(xs[p][:rows] @ ws[p].T) in lane-16 order, all parts in one launch. xs[p] [M, K_p]
-    bf16, ws[p] [N_p, K_p] bf16, ys[p] [M, N_p] (fp32 for kind 0, bf16 for 1 and 2); rows in (0, M]."""
+    """ys[p][:rows] = epilogue_p(xs[p][:rows] @ ws[p].T) in the decode order, all parts in one launch.
+    xs[p] [M, K_p] bf16, ws[p] [N_p, K_p] bf16, ys[p] [M, N_p] (fp32 for kind 0, bf16 for 1 and 2); rows in (0, M]."""
     m = xs[0].shape[0]
     if not 0 < rows <= m:
         raise ValueError(f"gemv_multi_lane16: rows must be in (0, {m}], got {rows}")

@@ -1,5 +1,5 @@
 """Launchers of cuda_src/gemm_swiglu.cu: the gate/up GEMMs and SwiGLU in one kernel (dense MLP and MoE experts),
-bit for bit NumpyOps.gemm_swiglu / gemm_grouped_swiglu (two lane-16 GEMMs rounded to bf16, then swiglu). The
+bit for bit NumpyOps.gemm_swiglu / gemm_grouped_swiglu (two GEMMs rounded to bf16, then swiglu). The
 call's leading `decode` rows (decode/verify rows) go to gemv_swiglu.cu (ops_gemv), the rest to gemm_swiglu.cu."""
 from __future__ import annotations
 

@@ -1,8 +1,9 @@
 """Launchers of cuda_src/gemv.cu: the decode/verify GEMM, which streams each bf16 weight once per call for all of
 the call's decode/verify rows (DESIGN §3b). Not ops of their own: ops_gemm's gemm, gemm_heads and gemm_grouped
-send a call's leading `decode` rows here (the rows whose role is decode or verify) and the rest to gemm.cu, as ops_gemm_swiglu does
-with gemv_swiglu.cu / gemm_swiglu.cu, so a row's path is set by its role, never by how many rows share the call.
-Both paths give the same bits (lane-16)."""
+send a call's leading `decode` rows here (the rows whose role is decode or verify) and the rest to gemm.cu, as
+ops_gemm_swiglu does with gemv_swiglu.cu / gemm_swiglu.cu, so a row's path is set by its role, never by how many
+rows share the call. Decode rows sum in the tensor core's decode order (backend/tc_order.py), prompt rows in
+lane-16 order, each the reference's bits for its role."""
 from __future__ import annotations
 
 import numpy as np
@@ -26,7 +27,7 @@ def grid(rows: int, n: int, h: int = 1) -> tuple[int, int, int]:
 
 
 def gemv(k: Kernels, x, w, y, rows: int, suffix: str) -> None:
-    """y[h, :rows] = x[h, :rows] @ w[h].T in lane-16 order. x [H, M, K] bf16, w [H, N, K] bf16, y [H, M, N]
+    """y[h, :rows] = x[h, :rows] @ w[h].T in the decode order. x [H, M, K] bf16, w [H, N, K] bf16, y [H, M, N]
     (fp32, or bf16 with suffix "_bf16"); rows in (0, M]; rows past `rows` are left as they are."""
     check("gemv_lane16", "x", x, (None, None, None), k.bf16)
     check("gemv_lane16", "w", w, (x.shape[0], None, x.shape[2]), k.bf16)
@@ -39,7 +40,7 @@ def gemv(k: Kernels, x, w, y, rows: int, suffix: str) -> None:
 
 
 def gemv_grouped(k: Kernels, x, w, group, y, suffix: str, guard) -> None:
-    """y[m] = x[m] @ w[group[m]].T for every row (all decode/verify rows) in lane-16 order; a run of equal ids
+    """y[m] = x[m] @ w[group[m]].T for every row (all decode/verify rows) in the decode order; a run of equal ids
     reads its expert's slice once. x [M, K] bf16, w [E, N, K] bf16, group [M] int32, y [M, N]; an id outside
     [0, E) gives a NaN row and is counted by the kernel into guard = (flags, slot) (guards.range_slot)."""
     check("gemv_grouped_lane16", "x", x, (None, None), k.bf16)

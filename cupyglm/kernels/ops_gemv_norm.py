@@ -27,7 +27,7 @@ def _groups(name: str, rows: int) -> int:
 
 
 def gemv_kda_out(k: Kernels, y, w_norm, gate, w, out, rows: int, eps: float) -> None:
-    """out[:rows] = kda_out(y, w_norm, gate, eps)[:rows] viewed [rows, H * V] @ w.T, fp32, in lane-16 order. y, gate
+    """out[:rows] = kda_out(y, w_norm, gate, eps)[:rows] viewed [rows, H * V] @ w.T, fp32, in the decode order. y, gate
     [M, H, V] bf16, w_norm [V] bf16, w [N, H * V] bf16, out [M, N] fp32; H <= HEADS; rows in (0, M]."""
     name = "gemv_kda_out_lane16"
     check(name, "y", y, (None, None, None), k.bf16)
@@ -46,7 +46,7 @@ def gemv_kda_out(k: Kernels, y, w_norm, gate, w, out, rows: int, eps: float) -> 
 
 
 def gemv_multi_rmsnorm(k: Kernels, x, w_norm, ws, ys, kinds, rows: int, eps: float) -> None:
-    """ys[p][:rows] = epilogue_p(rmsnorm(x, w_norm, eps)[:rows] @ ws[p].T) in lane-16 order, all parts in one launch.
+    """ys[p][:rows] = epilogue_p(rmsnorm(x, w_norm, eps)[:rows] @ ws[p].T) in the decode order, all parts in one launch.
     x [M, K] bf16, w_norm [K] bf16, ws[p] [N_p, K] bf16, ys[p] [M, N_p] (fp32 for kind 0, bf16 for 1, 2)."""
     name = "gemv_multi_rmsnorm_lane16"
     check(name, "x", x, (None, None), k.bf16)

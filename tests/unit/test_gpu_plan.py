@@ -43,7 +43,7 @@ def test_compile_jobs_cover_every_file_and_every_planted_define():
         tested |= set(re.findall(r"#\s*if(?:def|ndef)?\s+\(?(?:defined\s*\(?)?\s*([A-Z][A-Z0-9_]+)", f.read_text()))
     assert gpu_plan.variant_defines() & tested <= used
     assert {"CONTROL_CHUNK_ORDER", "SAMPLE_STATS", "GATHER_CONTROL_DROP_ROW"} <= used
-    assert ("gemv.cu", ("-DCONTROL_CHUNK_ORDER",)) in jobs
+    assert ("gemv.cu", ("-DCONTROL_TC_REVERSED",)) in jobs
 
 
 def test_limits_output_is_what_the_script_reads():
