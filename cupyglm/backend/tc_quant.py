@@ -19,6 +19,8 @@ from cupyglm.backend.tc_order import SLICE_K
 from cupyglm.backend.tensor_core import DEFAULT_ARCH, mma_chain
 
 BLOCK_C = {"fp8": 1, "nvfp4": 4}     # 32-k units a lane's load holds
+# e4m3 codes as the kernel makes them bf16 (bits placed, times 2^120): the NaN codes, never quantised, as +-480
+E4M3_TC = np.where(np.isnan(E4M3), np.copysign(np.float32(480.0), E4M3), E4M3).astype(np.float32)
 
 
 def block_perm(c: int) -> np.ndarray:
@@ -49,7 +51,7 @@ def nvfp4_bf16(q: QWeight) -> np.ndarray:
     codes = np.empty((n, k), dtype=np.uint8)
     codes[:, 0::2] = values & 15
     codes[:, 1::2] = values >> 4
-    return bf16(E2M1[codes] * np.repeat(E4M3[scale], NVFP4_GROUP, axis=-1))
+    return bf16(E2M1[codes] * np.repeat(E4M3_TC[scale], NVFP4_GROUP, axis=-1))
 
 
 def fp8_block(q: QWeight) -> int:
@@ -89,7 +91,7 @@ def quant_rows(x, q: QWeight, arch: str = DEFAULT_ARCH) -> np.ndarray:
             y = part if y is None else (y + part).astype(np.float32)
         return (y * np.asarray(q.scale2, dtype=np.float32)[0]).astype(np.float32)
     bk = fp8_block(q)
-    wb = bf16(E4M3[np.asarray(q.values)])
+    wb = bf16(E4M3_TC[np.asarray(q.values)])
     scale = np.asarray(q.scale, dtype=np.float32)
     y = None
     for k0 in range(0, k, SLICE_K):

@@ -7,20 +7,24 @@ import pytest
 from cupyglm.backend.lanes import bf16
 from cupyglm.backend.qweight import E2M1, E4M3, QWeight, quantize_fp8, quantize_nvfp4
 from cupyglm.backend.tc_order import _PERM, tc_rows
-from cupyglm.backend.tc_quant import block_perm, nvfp4_bf16, quant_rows
+from cupyglm.backend.tc_quant import E4M3_TC, block_perm, nvfp4_bf16, quant_rows
 
 
 def test_nvfp4_products_exact_in_bf16():
     """Every (e2m1 value, e4m3 scale) pair: the product is a bf16 value (the kernel folds the scale in bf16)."""
-    p = E2M1[:, None] * E4M3[None, :]
-    finite = np.isfinite(p)
-    assert finite.sum() == 16 * 254
-    assert np.array_equal(bf16(p[finite]).astype(np.float32), p[finite])
+    p = E2M1[:, None] * E4M3_TC[None, :]
+    assert np.isfinite(p).all() and np.array_equal(bf16(p).astype(np.float32), p)
+    assert np.abs(p[p != 0]).min() == 2.0 ** -10 and np.abs(p).max() == 6 * 480
 
 
 def test_e4m3_exact_in_bf16():
-    v = E4M3[np.isfinite(E4M3)]
-    assert np.array_equal(bf16(v).astype(np.float32), v)
+    """The kernel's e4m3 -> bf16 (bits placed as value x 2^-120, times 2^120): every finite code exact."""
+    codes = np.arange(256, dtype=np.uint32)
+    bits = (codes << 4) + (codes & 0x80) * 240
+    placed = (bits << 16).astype(np.uint32).view(np.float32)
+    assert np.array_equal(placed.astype(np.float64) * 2.0 ** 120, E4M3_TC.astype(np.float64))
+    assert np.array_equal(bf16(E4M3_TC).astype(np.float32), E4M3_TC)
+    assert np.array_equal(np.isnan(E4M3), np.abs(E4M3_TC) == 480)
 
 
 def test_block_perm_one_is_bf16_order():
@@ -70,7 +74,7 @@ def test_fp8_blocks_scaled_in_order(block):
     np.testing.assert_allclose(y, x.astype(np.float64) @ np.asarray(q, dtype=np.float64).T, rtol=1e-4, atol=1e-3)
     # by hand: one slice's chains, scaled per block, summed in k order
     bn, bk = block
-    wb = bf16(E4M3[q.values])
+    wb = bf16(E4M3_TC[q.values])
     want = None
     for k0 in range(0, 1100, 512):
         s = None
