@@ -33,6 +33,7 @@ struct GemvQSrc {
   long long e;
   int n0, ncols, nrows, N, K;
   bool xvec, wvec;          // 16-byte x loads; whole weight loads (row bytes and base aligned)
+  bool svec;                // NVFP4: 2-byte group scale loads (K / 16 even, base aligned)
 };
 
 template <int F>
@@ -92,13 +93,21 @@ static __device__ __forceinline__ void gq_e2m1x8(unsigned w, unsigned r[4]) {
   }
 }
 
+// The speed model's compile (GEMV_BUCKET_ONLY) keeps whole vector loads only (its shapes are aligned), so its
+// disassembly holds the loop a block runs; every other compile reads partial chunks byte by byte.
+#ifdef GEMV_BUCKET_ONLY
+#define GQ_WHOLE_ONLY 1
+#else
+#define GQ_WHOLE_ONLY 0
+#endif
+
 // A lane's BYTES packed bytes of a row at byte b (rb bytes a row), those past the row zero.
 template <int F>
 static __device__ __forceinline__ uint4 gq_load(const unsigned char* row, int b, int rb, bool vec) {
   constexpr int n = GqFmt<F>::BYTES;
   const int valid = min(n, rb - b);
   if (valid <= 0) return make_uint4(0u, 0u, 0u, 0u);
-  if (vec && valid == n) {
+  if (GQ_WHOLE_ONLY || (vec && valid == n)) {
     if (n == 16) return *reinterpret_cast<const uint4*>(row + b);
     const uint2 v = *reinterpret_cast<const uint2*>(row + b);
     return make_uint4(v.x, v.y, 0u, 0u);
@@ -110,28 +119,41 @@ static __device__ __forceinline__ uint4 gq_load(const unsigned char* row, int b,
   return make_uint4(q[0], q[1], q[2], q[3]);
 }
 
-// NVFP4: the bf16 pairs (s, s) of the two group scales of a lane's 32 k at k of column c (0 past K or ncols).
+// x row c's 8 bf16 at kk through the reader (the speed model's compile: whole loads, as gq_load).
+template <typename XR>
+static __device__ __forceinline__ uint4 gq_x8(const XR& xr, int c, int kk, int valid) {
+  if (GQ_WHOLE_ONLY) return valid > 0 ? *reinterpret_cast<const uint4*>(xr.x + (long long)c * xr.K + kk)
+                                      : make_uint4(0u, 0u, 0u, 0u);
+  return xr.load8(c, kk, valid);
+}
+
+// NVFP4: the e4m3 codes of the two groups of a lane's 32 k at k of column c (its scale row at row), in bytes 0
+// and 2 (0 past K or ncols).  The controls' builds index each code through dequant.cuh.
 template <int NW>
-static __device__ __forceinline__ void gq_group_scales(unsigned s[2], const GemvQSrc<NW>& src, int i, int c, int k) {
+static __device__ __forceinline__ unsigned gq_scale_codes(const GemvQSrc<NW>& src, const unsigned char* row, int i,
+                                                          int c, int k) {
   const int gk = src.K / 16, gr = k / 16;
-  unsigned v = 0u;
-  if (c < src.ncols) {
-    if (gr < gk) v = src.w[i].ns[dq_nvfp4_scale_at(src.e, src.n0 + c, gr, src.N, src.K)];
-    if (gr + 1 < gk) v |= (unsigned)src.w[i].ns[dq_nvfp4_scale_at(src.e, src.n0 + c, gr + 1, src.N, src.K)] << 16;
-  }
-  const unsigned p = gq_e4m3x2(v);
-  s[0] = gq_prmt(p, p, 0x1010u);
-  s[1] = gq_prmt(p, p, 0x3232u);
+  if (c >= src.ncols || gr >= gk) return 0u;
+#if defined(CONTROL_SCALE_NEXT_BLOCK) || defined(CONTROL_SCALE_TRANSPOSED)
+  unsigned v = src.w[i].ns[dq_nvfp4_scale_at(src.e, src.n0 + c, gr, src.N, src.K)];
+  if (gr + 1 < gk) v |= (unsigned)src.w[i].ns[dq_nvfp4_scale_at(src.e, src.n0 + c, gr + 1, src.N, src.K)] << 16;
+  return v;
+#else
+  (void)i;
+  if (GQ_WHOLE_ONLY || (src.svec && gr + 1 < gk))          // gr is even: a 2-byte load
+    return gq_prmt(*reinterpret_cast<const unsigned short*>(row + gr), 0u, 0x4140u);
+  return row[gr] | (gr + 1 < gk ? (unsigned)row[gr + 1] << 16 : 0u);
+#endif
 }
 
 // A lane's A halves of one block for weight column c: a[s][0] = k 8ct + 4s + 0, 1 and a[s][1] = + 2, 3.
-template <int NW, int F>
-static __device__ __forceinline__ void gq_decode(unsigned (*a)[2], uint4 v, const GemvQSrc<NW>& src, int i, int c,
-                                                 int k) {
+// sc: NVFP4's group scale codes (gq_scale_codes).
+template <int F>
+static __device__ __forceinline__ void gq_decode(unsigned (*a)[2], uint4 v, unsigned sc) {
   const unsigned wd[4] = {v.x, v.y, v.z, v.w};
   if (F == GEMV_NVFP4) {
-    unsigned s[2];
-    gq_group_scales(s, src, i, c, k);
+    const unsigned p = gq_e4m3x2(sc);
+    const unsigned s[2] = {gq_prmt(p, p, 0x1010u), gq_prmt(p, p, 0x3232u)};
 #pragma unroll
     for (int q = 0; q < 4; ++q) {
       unsigned r[4];
@@ -197,60 +219,71 @@ static __device__ __forceinline__ void gq_close(float (*acc)[NT][4], float (*d)[
   }
 }
 
+// The 32c-blocks [a, b) of a slice ending at k1 into the chains d (weight i, row tile j).
+template <int NW, int NT, int F, typename XR>
+static __device__ __forceinline__ void gq_blocks(float (*d)[NT][4], const GemvQSrc<NW>& src, const XR& xr,
+                                                 const unsigned char* const* rg, const unsigned char* const* sr,
+                                                 int a, int b, int k1, int g, int t) {
+  constexpr int C = GqFmt<F>::C;
+  const int rb = gq_row_bytes<F>(src.K);
+#pragma unroll 2
+  for (int kb = a; kb < b; kb += 32 * C) {
+    const int kk = kb + 8 * C * t, bt = gq_row_bytes<F>(kk);
+    uint4 w[NW][2], xc[NT][C];
+    unsigned sc[NW][2];
+#pragma unroll
+    for (int i = 0; i < NW; ++i)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        w[i][h] = g + 8 * h < src.ncols ? gq_load<F>(rg[2 * i + h], bt, rb, src.wvec) : make_uint4(0u, 0u, 0u, 0u);
+        sc[i][h] = F == GEMV_NVFP4 ? gq_scale_codes(src, sr[2 * i + h], i, g + 8 * h, kk) : 0u;
+      }
+#pragma unroll
+    for (int j = 0; j < NT; ++j)
+#pragma unroll
+      for (int q = 0; q < C; ++q)
+        xc[j][q] = g + 8 * j < src.nrows ? gq_x8(xr, g + 8 * j, kk + 8 * q, min(8, k1 - kk - 8 * q))
+                                         : make_uint4(0u, 0u, 0u, 0u);
+#pragma unroll
+    for (int i = 0; i < NW; ++i) {
+      unsigned ag[2 * C][2], ah[2 * C][2];
+      gq_decode<F>(ag, w[i][0], sc[i][0]);
+      gq_decode<F>(ah, w[i][1], sc[i][1]);
+      gq_steps<NT, C>(d[i], ag, ah, xc);
+    }
+  }
+}
+
 // One warp's slice [k0, k1): acc[i][j] the D fragments (weight i, row tile j), FP8's scaled.  Warp-uniform bounds.
 template <int NW, int NT, int F, typename XR>
 static __device__ __forceinline__ void gq_slice(float (*acc)[NT][4], const GemvQSrc<NW>& src, const XR& xr, int k0,
                                                 int k1, int lane) {
-  constexpr int C = GqFmt<F>::C;
-  const int g = lane >> 2, t = lane & 3, rb = gq_row_bytes<F>(src.K), bk = src.w[0].bk;
+  const int g = lane >> 2, t = lane & 3, rb = gq_row_bytes<F>(src.K), bk = src.w[0].bk, gk = src.K / 16;
   float d[NW][NT][4];
-  const unsigned char* rg[NW];
-  const unsigned char* rh[NW];
+  const unsigned char* rg[2 * NW];
+  const unsigned char* sr[2 * NW];
 #pragma unroll
   for (int i = 0; i < NW; ++i) {
-    rg[i] = src.w[i].v + (src.e * src.N + src.n0 + g) * (long long)rb;
-    rh[i] = rg[i] + 8LL * rb;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const long long row = src.e * src.N + src.n0 + g + 8 * h;
+      rg[2 * i + h] = src.w[i].v + row * rb;
+      sr[2 * i + h] = F == GEMV_NVFP4 ? src.w[i].ns + row * gk : nullptr;
+    }
 #pragma unroll
     for (int j = 0; j < NT; ++j)
 #pragma unroll
       for (int e = 0; e < 4; ++e) d[i][j][e] = acc[i][j][e] = 0.0f;
   }
-  bool first = true;
-  for (int kb = k0; kb < k1; kb += 32 * C) {
-    if (F == GEMV_FP8 && kb > k0 && kb % bk == 0) {      // a new bk-block: the chain so far is closed
-      gq_close<NW, NT>(acc, d, src, (kb - 1) / bk, g, first);
-      first = false;
-    }
-    const int kk = kb + 8 * C * t, b = gq_row_bytes<F>(kk);
-    uint4 wg[NW], wh[NW], xc[NT][C];
-#pragma unroll
-    for (int i = 0; i < NW; ++i) {
-      wg[i] = g < src.ncols ? gq_load<F>(rg[i], b, rb, src.wvec) : make_uint4(0u, 0u, 0u, 0u);
-      wh[i] = g + 8 < src.ncols ? gq_load<F>(rh[i], b, rb, src.wvec) : make_uint4(0u, 0u, 0u, 0u);
-    }
-#pragma unroll
-    for (int j = 0; j < NT; ++j)
-#pragma unroll
-      for (int q = 0; q < C; ++q)
-        xc[j][q] = g + 8 * j < src.nrows ? xr.load8(g + 8 * j, kk + 8 * q, min(8, k1 - kk - 8 * q))
-                                         : make_uint4(0u, 0u, 0u, 0u);
-#pragma unroll
-    for (int i = 0; i < NW; ++i) {
-      unsigned ag[2 * C][2], ah[2 * C][2];
-      gq_decode<NW, F>(ag, wg[i], src, i, g, kk);
-      gq_decode<NW, F>(ah, wh[i], src, i, g + 8, kk);
-      gq_steps<NT, C>(d[i], ag, ah, xc);
-    }
+  if (F == GEMV_NVFP4) {
+    gq_blocks<NW, NT, F>(acc, src, xr, rg, sr, k0, k1, k1, g, t);
+    return;
   }
-  if (F == GEMV_FP8) {
-    gq_close<NW, NT>(acc, d, src, (k1 - 1) / bk, g, first);
-  } else {
-#pragma unroll
-    for (int i = 0; i < NW; ++i)
-#pragma unroll
-      for (int j = 0; j < NT; ++j)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) acc[i][j][e] = d[i][j][e];
+  for (int a = k0; a < k1;) {                // FP8: a chain per bk-block, closed into acc in k order
+    const int b = min(k1, (a / bk + 1) * bk);
+    gq_blocks<NW, NT, F>(d, src, xr, rg, sr, a, b, k1, g, t);
+    gq_close<NW, NT>(acc, d, src, a / bk, g, a == k0);
+    a = b;
   }
 }
 
@@ -302,12 +335,13 @@ template <int NW, int F>
 static __device__ __forceinline__ void gemv_q_src(GemvQSrc<NW>& src, const GemvQw (&w)[NW], long long e, int n0,
                                                   int ncols, int N, int K, const __nv_bfloat16* x) {
   const int rb = gq_row_bytes<F>(K), n = GqFmt<F>::BYTES;
-  bool wvec = rb % n == 0;
+  bool wvec = rb % n == 0, svec = F == GEMV_NVFP4 && (K / 16) % 2 == 0;
 #pragma unroll
   for (int i = 0; i < NW; ++i) {
     src.w[i] = w[i];
     src.s2[i] = F == GEMV_NVFP4 && ncols > 0 ? w[i].s2[e] : 0.0f;
     wvec = wvec && (((unsigned long long)w[i].v) % n == 0);
+    svec = svec && (F != GEMV_NVFP4 || ((unsigned long long)w[i].ns) % 2 == 0);
   }
   src.e = e;
   src.n0 = n0;
@@ -317,6 +351,7 @@ static __device__ __forceinline__ void gemv_q_src(GemvQSrc<NW>& src, const GemvQ
   src.x = x;
   src.xvec = gemv_aligned(x, x, K);
   src.wvec = wvec;
+  src.svec = svec;
 }
 
 // out[i] times NVFP4's tensor scale (once per output); FP8's as summed.
