@@ -106,7 +106,7 @@ template <int F>
 static __device__ __forceinline__ uint4 gq_load(const unsigned char* row, int b, int rb, bool vec) {
   constexpr int n = GqFmt<F>::BYTES;
   const int valid = min(n, rb - b);
-  if (valid <= 0) return make_uint4(0u, 0u, 0u, 0u);
+  if (!GQ_WHOLE_ONLY && valid <= 0) return make_uint4(0u, 0u, 0u, 0u);
   if (GQ_WHOLE_ONLY || (vec && valid == n)) {
     if (n == 16) return *reinterpret_cast<const uint4*>(row + b);
     const uint2 v = *reinterpret_cast<const uint2*>(row + b);
@@ -122,18 +122,17 @@ static __device__ __forceinline__ uint4 gq_load(const unsigned char* row, int b,
 // x row c's 8 bf16 at kk through the reader (the speed model's compile: whole loads, as gq_load).
 template <typename XR>
 static __device__ __forceinline__ uint4 gq_x8(const XR& xr, int c, int kk, int valid) {
-  if (GQ_WHOLE_ONLY) return valid > 0 ? *reinterpret_cast<const uint4*>(xr.x + (long long)c * xr.K + kk)
-                                      : make_uint4(0u, 0u, 0u, 0u);
+  if (GQ_WHOLE_ONLY) return *reinterpret_cast<const uint4*>(xr.x + (long long)c * xr.K + kk);
   return xr.load8(c, kk, valid);
 }
 
 // NVFP4: the e4m3 codes of the two groups of a lane's 32 k at k of column c (its scale row at row), in bytes 0
-// and 2 (0 past K or ncols).  The controls' builds index each code through dequant.cuh.
+// and 2 (0 past K; c below ncols).  The controls' builds index each code through dequant.cuh.
 template <int NW>
 static __device__ __forceinline__ unsigned gq_scale_codes(const GemvQSrc<NW>& src, const unsigned char* row, int i,
                                                           int c, int k) {
   const int gk = src.K / 16, gr = k / 16;
-  if (c >= src.ncols || gr >= gk) return 0u;
+  if (!GQ_WHOLE_ONLY && gr >= gk) return 0u;
 #if defined(CONTROL_SCALE_NEXT_BLOCK) || defined(CONTROL_SCALE_TRANSPOSED)
   unsigned v = src.w[i].ns[dq_nvfp4_scale_at(src.e, src.n0 + c, gr, src.N, src.K)];
   if (gr + 1 < gk) v |= (unsigned)src.w[i].ns[dq_nvfp4_scale_at(src.e, src.n0 + c, gr + 1, src.N, src.K)] << 16;
@@ -219,7 +218,9 @@ static __device__ __forceinline__ void gq_close(float (*acc)[NT][4], float (*d)[
   }
 }
 
-// The 32c-blocks [a, b) of a slice ending at k1 into the chains d (weight i, row tile j).
+// The 32c-blocks [a, b) of a slice ending at k1 into the chains d (weight i, row tile j).  A column past ncols
+// reads column ncols - 1 and a row past nrows row nrows - 1 (an output takes only its own column and row, and
+// those are never stored), so no load waits on a predicate.
 template <int NW, int NT, int F, typename XR>
 static __device__ __forceinline__ void gq_blocks(float (*d)[NT][4], const GemvQSrc<NW>& src, const XR& xr,
                                                  const unsigned char* const* rg, const unsigned char* const* sr,
@@ -235,15 +236,14 @@ static __device__ __forceinline__ void gq_blocks(float (*d)[NT][4], const GemvQS
     for (int i = 0; i < NW; ++i)
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
-        w[i][h] = g + 8 * h < src.ncols ? gq_load<F>(rg[2 * i + h], bt, rb, src.wvec) : make_uint4(0u, 0u, 0u, 0u);
-        sc[i][h] = F == GEMV_NVFP4 ? gq_scale_codes(src, sr[2 * i + h], i, g + 8 * h, kk) : 0u;
+        w[i][h] = gq_load<F>(rg[2 * i + h], bt, rb, src.wvec);
+        sc[i][h] = F == GEMV_NVFP4 ? gq_scale_codes(src, sr[2 * i + h], i, min(g + 8 * h, src.ncols - 1), kk) : 0u;
       }
 #pragma unroll
     for (int j = 0; j < NT; ++j)
 #pragma unroll
       for (int q = 0; q < C; ++q)
-        xc[j][q] = g + 8 * j < src.nrows ? gq_x8(xr, g + 8 * j, kk + 8 * q, min(8, k1 - kk - 8 * q))
-                                         : make_uint4(0u, 0u, 0u, 0u);
+        xc[j][q] = gq_x8(xr, min(g + 8 * j, src.nrows - 1), kk + 8 * q, min(8, k1 - kk - 8 * q));
 #pragma unroll
     for (int i = 0; i < NW; ++i) {
       unsigned ag[2 * C][2], ah[2 * C][2];
@@ -266,7 +266,7 @@ static __device__ __forceinline__ void gq_slice(float (*acc)[NT][4], const GemvQ
   for (int i = 0; i < NW; ++i) {
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      const long long row = src.e * src.N + src.n0 + g + 8 * h;
+      const long long row = src.e * src.N + src.n0 + min(g + 8 * h, src.ncols - 1);
       rg[2 * i + h] = src.w[i].v + row * rb;
       sr[2 * i + h] = F == GEMV_NVFP4 ? src.w[i].ns + row * gk : nullptr;
     }
