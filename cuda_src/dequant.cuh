@@ -30,7 +30,7 @@ static __device__ __forceinline__ float dq_e2m1(unsigned int c) {
   return __uint_as_float(__float_as_uint(mag) | sign);
 }
 
-// Where the scales and codes are found (the GEMM readers below and the decode GEMV, gemv_q_tile.cuh, both index
+// Where the scales and codes are found (the GEMM readers below and the decode GEMV, gemv_q_tc.cuh, both index
 // through these, so a planted control changes every kernel that reads the format the same way).
 // FP8: the fp32 scale of block (nb, kb) of expert e in the [E, sn, sk] grid.
 static __device__ __forceinline__ long long dq_fp8_scale_at(long long e, int nb, int kb, int sn, int sk) {

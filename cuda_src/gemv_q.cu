@@ -1,7 +1,7 @@
-// gemv_q.cu -- the decode/verify GEMV for quantised weights (gemv_q_tile.cuh over dequant.cuh): every form of
-// gemv.cu and gemv_swiglu.cu for FP8 block-scaled and NVFP4 weights read as stored, dequantised in registers.  A
-// row's bits are those of the dequantising gemm.cu / gemm_swiglu.cu kernels and of the reference's
-// gemm(x, dequant(w)) (the same lane-16 sums, fold, roundings and swiglu.cuh epilogue).
+// gemv_q.cu -- the decode/verify GEMV for quantised weights on the tensor core (gemv_q_tc.cuh): every form of
+// gemv.cu and gemv_swiglu.cu for FP8 block-scaled and NVFP4 weights read as stored, made exact bf16 in registers.
+// A row's bits are the reference's decode rows (cupyglm/backend/tc_quant.py quant_rows, then the same roundings
+// and swiglu.cuh epilogue); prompt rows go to the dequantising gemm.cu kernels (lane-16).
 //
 // Layouts (cupyglm/backend/qweight.py): FP8 values [E, N, K] e4m3, scale [E, ceil(N / bn), ceil(K / bk)] fp32;
 // NVFP4 values [E, N, K / 2] (element 2i in the low nibble), scale [E, N, K / 16] e4m3, scale2 [E] fp32; E = 1
@@ -11,7 +11,7 @@
 // `rows` decode/verify rows; grouped grid (ceil(N / GEMV_OUTS), M), one block per run of equal expert ids as in
 // gemv.cu (an id outside [0, E) reads nothing, gets NaN and is counted into the guard slot `slot` of `flags`).
 #include "common.cuh"
-#include "gemv_q_tile.cuh"
+#include "gemv_q_tc.cuh"
 #include "swiglu.cuh"
 
 static __device__ __forceinline__ void gemv_q_store(float* y, long long i, float v) { y[i] = v; }
@@ -31,16 +31,17 @@ static __device__ __forceinline__ GemvQw gemv_qw_nvfp4(const unsigned char* v, c
 template <int F, typename Out>
 static __device__ __forceinline__ void gemv_q_body(const __nv_bfloat16* __restrict__ x, const GemvQw& wq,
                                                    Out* __restrict__ y, int M, int N, int K, int rows) {
-  __shared__ __align__(16) GemvQShared<1, F> sh;
+  __shared__ __align__(16) GemvTcShared<1> sh;
   const int n0 = blockIdx.x * GEMV_OUTS, m0 = blockIdx.y * GEMV_ROWS;
   const GemvQw w[1] = {wq};
   GemvQSrc<1> src;
   gemv_q_src<1, F>(src, w, 0, n0, min(GEMV_OUTS, N - n0), N, K, x);
   src.x = x + (long long)m0 * K;
   src.nrows = min(GEMV_ROWS, rows - m0);
-  gemv_q_rows(sh, src);
+  float v[1];
+  gemv_q_rows<1, F>(sh, src, v);
   const int lane = threadIdx.x, o = threadIdx.y, n = n0 + o;
-  if (n < N && lane < src.nrows) gemv_q_store(y, (long long)(m0 + lane) * N + n, gemm_fold16(sh.part[0][o][lane]));
+  if (n < N && lane < src.nrows) gemv_q_store(y, (long long)(m0 + lane) * N + n, gemv_q_out<1, F>(src, v, 0));
   (void)M;
 }
 
@@ -61,7 +62,7 @@ static __device__ __forceinline__ void gemv_q_grouped_body(const __nv_bfloat16* 
                                                            const int* __restrict__ group, Out* __restrict__ y,
                                                            int M, int N, int K, int E, unsigned int* flags,
                                                            int slot) {
-  __shared__ __align__(16) GemvQShared<1, F> sh;
+  __shared__ __align__(16) GemvTcShared<1> sh;
   int g, end;
   if (!gemv_q_run(group, M, E, flags, slot, g, end)) return;
   const bool valid = g >= 0 && g < E;
@@ -74,34 +75,36 @@ static __device__ __forceinline__ void gemv_q_grouped_body(const __nv_bfloat16* 
     const int nrows = min(GEMV_ROWS, end - m0);
     src.x = x + (long long)m0 * K;
     src.nrows = valid ? nrows : 0;
-    gemv_q_rows(sh, src);
+    float v[1];
+    gemv_q_rows<1, F>(sh, src, v);
     if (n < N && lane < nrows)
-      gemv_q_store(y, (long long)(m0 + lane) * N + n, valid ? gemm_fold16(sh.part[0][o][lane]) : NAN);
+      gemv_q_store(y, (long long)(m0 + lane) * N + n, valid ? gemv_q_out<1, F>(src, v, 0) : NAN);
   }
 }
 
 template <int F>
-static __device__ __forceinline__ float gemv_q_swiglu_out(const GemvQShared<2, F>& sh, int o, int r, int has_limit,
+static __device__ __forceinline__ float gemv_q_swiglu_out(const GemvQSrc<2>& src, const float v[2], int has_limit,
                                                           float limit) {
-  return swiglu_f32(bf16_round(gemm_fold16(sh.part[0][o][r])), bf16_round(gemm_fold16(sh.part[1][o][r])),
-                    has_limit, limit);
+  return swiglu_f32(bf16_round(gemv_q_out<2, F>(src, v, 0)), bf16_round(gemv_q_out<2, F>(src, v, 1)), has_limit,
+                    limit);
 }
 
 template <int F>
 static __device__ __forceinline__ void gemv_q_swiglu_body(const __nv_bfloat16* __restrict__ x, const GemvQw& wg,
                                                           const GemvQw& wu, __nv_bfloat16* __restrict__ y, int N,
                                                           int K, int rows, int has_limit, float limit) {
-  __shared__ __align__(16) GemvQShared<2, F> sh;
+  __shared__ __align__(16) GemvTcShared<2> sh;
   const int n0 = blockIdx.x * GEMV_OUTS, m0 = blockIdx.y * GEMV_ROWS;
   const GemvQw w[2] = {wg, wu};
   GemvQSrc<2> src;
   gemv_q_src<2, F>(src, w, 0, n0, min(GEMV_OUTS, N - n0), N, K, x);
   src.x = x + (long long)m0 * K;
   src.nrows = min(GEMV_ROWS, rows - m0);
-  gemv_q_rows(sh, src);
+  float v[2];
+  gemv_q_rows<2, F>(sh, src, v);
   const int lane = threadIdx.x, o = threadIdx.y, n = n0 + o;
   if (n < N && lane < src.nrows)
-    y[(long long)(m0 + lane) * N + n] = to_bf16(gemv_q_swiglu_out(sh, o, lane, has_limit, limit));
+    y[(long long)(m0 + lane) * N + n] = to_bf16(gemv_q_swiglu_out<F>(src, v, has_limit, limit));
 }
 
 template <int F>
@@ -109,7 +112,7 @@ static __device__ __forceinline__ void gemv_q_grouped_swiglu_body(
     const __nv_bfloat16* __restrict__ x, const GemvQw& wg, const GemvQw& wu, const int* __restrict__ group,
     __nv_bfloat16* __restrict__ y, int M, int N, int K, int E, int has_limit, float limit, unsigned int* flags,
     int slot) {
-  __shared__ __align__(16) GemvQShared<2, F> sh;
+  __shared__ __align__(16) GemvTcShared<2> sh;
   int g, end;
   if (!gemv_q_run(group, M, E, flags, slot, g, end)) return;
   const bool valid = g >= 0 && g < E;
@@ -122,13 +125,15 @@ static __device__ __forceinline__ void gemv_q_grouped_swiglu_body(
     const int nrows = min(GEMV_ROWS, end - m0);
     src.x = x + (long long)m0 * K;
     src.nrows = valid ? nrows : 0;
-    gemv_q_rows(sh, src);
+    float v[2];
+    gemv_q_rows<2, F>(sh, src, v);
     if (n < N && lane < nrows)
-      y[(long long)(m0 + lane) * N + n] = to_bf16(valid ? gemv_q_swiglu_out(sh, o, lane, has_limit, limit) : NAN);
+      y[(long long)(m0 + lane) * N + n] = to_bf16(valid ? gemv_q_swiglu_out<F>(src, v, has_limit, limit) : NAN);
   }
 }
 
-extern "C" __global__ void __launch_bounds__(256) gemv_fp8_lane16(
+// Every form: 2 blocks an SM (<= 128 registers): a lane's loads and decoded fragments in registers, no spills.
+extern "C" __global__ void __launch_bounds__(256, 2) gemv_fp8_lane16(
     const __nv_bfloat16* __restrict__ x,    // [M, K] bf16
     const unsigned char* __restrict__ wv,   // [N, K] e4m3 codes
     const float* __restrict__ ws,           // [ceil(N / bn), ceil(K / bk)] fp32 weight_scale_inv
@@ -137,7 +142,7 @@ extern "C" __global__ void __launch_bounds__(256) gemv_fp8_lane16(
   gemv_q_body<GEMV_FP8>(x, gemv_qw_fp8(wv, ws, bn, bk), y, M, N, K, rows);
 }
 
-extern "C" __global__ void __launch_bounds__(256) gemv_fp8_lane16_bf16(
+extern "C" __global__ void __launch_bounds__(256, 2) gemv_fp8_lane16_bf16(
     const __nv_bfloat16* __restrict__ x,    // [M, K] bf16
     const unsigned char* __restrict__ wv,   // [N, K] e4m3 codes
     const float* __restrict__ ws,           // [ceil(N / bn), ceil(K / bk)] fp32 weight_scale_inv
@@ -146,7 +151,7 @@ extern "C" __global__ void __launch_bounds__(256) gemv_fp8_lane16_bf16(
   gemv_q_body<GEMV_FP8>(x, gemv_qw_fp8(wv, ws, bn, bk), y, M, N, K, rows);
 }
 
-extern "C" __global__ void __launch_bounds__(256) gemv_grouped_fp8_lane16(
+extern "C" __global__ void __launch_bounds__(256, 2) gemv_grouped_fp8_lane16(
     const __nv_bfloat16* __restrict__ x,    // [M, K] bf16
     const unsigned char* __restrict__ wv,   // [E, N, K] e4m3 codes
     const float* __restrict__ ws,           // [E, ceil(N / bn), ceil(K / bk)] fp32 weight_scale_inv
@@ -158,7 +163,7 @@ extern "C" __global__ void __launch_bounds__(256) gemv_grouped_fp8_lane16(
   gemv_q_grouped_body<GEMV_FP8>(x, gemv_qw_fp8(wv, ws, bn, bk), group, y, M, N, K, E, flags, slot);
 }
 
-extern "C" __global__ void __launch_bounds__(256) gemv_grouped_fp8_lane16_bf16(
+extern "C" __global__ void __launch_bounds__(256, 2) gemv_grouped_fp8_lane16_bf16(
     const __nv_bfloat16* __restrict__ x,    // [M, K] bf16
     const unsigned char* __restrict__ wv,   // [E, N, K] e4m3 codes
     const float* __restrict__ ws,           // [E, ceil(N / bn), ceil(K / bk)] fp32 weight_scale_inv
@@ -170,7 +175,7 @@ extern "C" __global__ void __launch_bounds__(256) gemv_grouped_fp8_lane16_bf16(
   gemv_q_grouped_body<GEMV_FP8>(x, gemv_qw_fp8(wv, ws, bn, bk), group, y, M, N, K, E, flags, slot);
 }
 
-extern "C" __global__ void __launch_bounds__(256) gemv_swiglu_fp8_lane16(
+extern "C" __global__ void __launch_bounds__(256, 2) gemv_swiglu_fp8_lane16(
     const __nv_bfloat16* __restrict__ x,    // [M, K] bf16
     const unsigned char* __restrict__ wgv,  // gate [N, K] e4m3 codes
     const float* __restrict__ wgs,          // gate [ceil(N / bn), ceil(K / bk)] fp32 weight_scale_inv
@@ -183,7 +188,7 @@ extern "C" __global__ void __launch_bounds__(256) gemv_swiglu_fp8_lane16(
   (void)M;
 }
 
-extern "C" __global__ void __launch_bounds__(256) gemv_grouped_swiglu_fp8_lane16(
+extern "C" __global__ void __launch_bounds__(256, 2) gemv_grouped_swiglu_fp8_lane16(
     const __nv_bfloat16* __restrict__ x,    // [M, K] bf16
     const unsigned char* __restrict__ wgv,  // gate [E, N, K] e4m3 codes
     const float* __restrict__ wgs,          // gate [E, ceil(N / bn), ceil(K / bk)] fp32 weight_scale_inv
@@ -198,9 +203,7 @@ extern "C" __global__ void __launch_bounds__(256) gemv_grouped_swiglu_fp8_lane16
                                        M, N, K, E, has_limit, limit, flags, slot);
 }
 
-// NVFP4 dense: 3 blocks an SM (<= 85 registers), as the bf16 and FP8 dense forms fit, so as many weight bytes stay
-// in flight an SM.
-extern "C" __global__ void __launch_bounds__(256, 3) gemv_nvfp4_lane16(
+extern "C" __global__ void __launch_bounds__(256, 2) gemv_nvfp4_lane16(
     const __nv_bfloat16* __restrict__ x,    // [M, K] bf16
     const unsigned char* __restrict__ wv,   // [N, K / 2] packed e2m1 (element 2i low nibble)
     const unsigned char* __restrict__ ws,   // [N, K / 16] e4m3 weight_scale
@@ -210,7 +213,7 @@ extern "C" __global__ void __launch_bounds__(256, 3) gemv_nvfp4_lane16(
   gemv_q_body<GEMV_NVFP4>(x, gemv_qw_nvfp4(wv, ws, ws2), y, M, N, K, rows);
 }
 
-extern "C" __global__ void __launch_bounds__(256, 3) gemv_nvfp4_lane16_bf16(
+extern "C" __global__ void __launch_bounds__(256, 2) gemv_nvfp4_lane16_bf16(
     const __nv_bfloat16* __restrict__ x,    // [M, K] bf16
     const unsigned char* __restrict__ wv,   // [N, K / 2] packed e2m1 (element 2i low nibble)
     const unsigned char* __restrict__ ws,   // [N, K / 16] e4m3 weight_scale
@@ -220,7 +223,6 @@ extern "C" __global__ void __launch_bounds__(256, 3) gemv_nvfp4_lane16_bf16(
   gemv_q_body<GEMV_NVFP4>(x, gemv_qw_nvfp4(wv, ws, ws2), y, M, N, K, rows);
 }
 
-// Grouped NVFP4: 2 blocks an SM (<= 128 registers) with every row bucket compiled in.
 extern "C" __global__ void __launch_bounds__(256, 2) gemv_grouped_nvfp4_lane16(
     const __nv_bfloat16* __restrict__ x,    // [M, K] bf16
     const unsigned char* __restrict__ wv,   // [E, N, K / 2] packed e2m1 (element 2i low nibble)
@@ -247,7 +249,7 @@ extern "C" __global__ void __launch_bounds__(256, 2) gemv_grouped_nvfp4_lane16_b
   gemv_q_grouped_body<GEMV_NVFP4>(x, gemv_qw_nvfp4(wv, ws, ws2), group, y, M, N, K, E, flags, slot);
 }
 
-extern "C" __global__ void __launch_bounds__(256) gemv_swiglu_nvfp4_lane16(
+extern "C" __global__ void __launch_bounds__(256, 2) gemv_swiglu_nvfp4_lane16(
     const __nv_bfloat16* __restrict__ x,    // [M, K] bf16
     const unsigned char* __restrict__ wgv,  // gate [N, K / 2] packed e2m1 (element 2i low nibble)
     const unsigned char* __restrict__ wgs,  // gate [N, K / 16] e4m3 weight_scale
@@ -262,7 +264,7 @@ extern "C" __global__ void __launch_bounds__(256) gemv_swiglu_nvfp4_lane16(
   (void)M;
 }
 
-extern "C" __global__ void __launch_bounds__(256) gemv_grouped_swiglu_nvfp4_lane16(
+extern "C" __global__ void __launch_bounds__(256, 2) gemv_grouped_swiglu_nvfp4_lane16(
     const __nv_bfloat16* __restrict__ x,    // [M, K] bf16
     const unsigned char* __restrict__ wgv,  // gate [E, N, K / 2] packed e2m1 (element 2i low nibble)
     const unsigned char* __restrict__ wgs,  // gate [E, N, K / 16] e4m3 weight_scale

@@ -7,17 +7,15 @@ A call's time is the largest of three bounds, plus its launch (and a collective 
 A unit is a weight for the decode GEMVs and a FLOP for the rest. The units of one hot-loop iteration of a warp:
   weight  32 x FADD / bucket      (each weight is added into the bucket's row accumulators of its lane's
                                    thread: a block runs its rows in the smallest of 1, 2, 4, 8, 16 row slots
-                                   holding them, every slot of that bucket issued); a tensor-core GEMV
-                                   (gemv_tc.cuh) 256 x HMMA / tiles, each m16n8k16 taking 16 x 16 weights
-                                   against one tile of 8 rows (two tiles above 8 rows)
+                                   holding them, every slot of that bucket issued); on the tensor core
+          256 x HMMA / tiles      (16 weights x 16 k a step, once per 8-row tile: 1 up to 8 rows, else 2)
   mac     64 x FADD               (a lane-16 GEMM: each FADD accumulates one product, 2 FLOPs a thread)
   flop    the loop's FLOPs        (FP instructions by their width; tensor instructions by their shape)
   state   32 x per_thread         (KDA: the recurrent-state elements a thread updates an iteration)
 Instructions outside the hot loop (staging, folds, stores) are not counted: the hot loop is most of the work.
 A decode GEMV's loop is counted in a compile that keeps only its bucket's instantiation (-DGEMV_BUCKET_ONLY, every
 block dispatched to it), so the loop counted is the one a block of that many rows runs; its hot loop is the
-innermost loop with shared loads and FADDs (the lane sums) or with HMMAs (the tensor-core form), not a
-prologue's. Registers and shared memory are the
+innermost loop with tensor instructions, or with shared loads and FADDs (the lane sums), not a prologue's. Registers and shared memory are the
 shipped kernel's (every bucket compiled in).
 
 Issue rate (occupancy rule): the grid's blocks spread over min(SMs, blocks) SMs; an SM holds
@@ -40,11 +38,6 @@ BUCKETS = (1, 2, 4, 8, 16)   # gemv_tile.cuh's gemv_bucket: the row slots a bloc
 def bucket(rows: int) -> int:
     """The row bucket of a block of `rows` rows (at most GEMV_ROWS)."""
     return next(b for b in BUCKETS if b >= min(max(rows, 1), GEMV_ROWS))
-
-
-def tc_tiles(bucket: int) -> int:
-    """gemv_tc.cuh's 8-row mma tiles for a block of `bucket` rows (gtc_tiles)."""
-    return 1 if bucket <= 8 else 2
 
 
 @dataclass(frozen=True)
@@ -88,9 +81,9 @@ def units_per_iter(k: Kernel, c: parse.Counts) -> float:
     unit = k.unit
     if unit == "state":
         return 32 * k.per_thread
+    if unit == "weight" and c.tensor:      # an mma.m16n8k16 takes 16 x 16 weights for each 8-row tile
+        return 256 * c.tensor / (1 if k.bucket <= 8 else 2)
     if unit == "weight":
-        if c.tensor:
-            return 256 * c.tensor / tc_tiles(k.bucket)
         if c.fadd % k.bucket:
             raise ValueError(f"{k.name}: {c.fadd} FADDs a loop, not whole weights of bucket {k.bucket}")
         return 32 * c.fadd / k.bucket

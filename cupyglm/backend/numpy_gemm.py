@@ -1,9 +1,9 @@
 """The GEMMs of the numpy reference (NumpyOps inherits them): gemm, gemm_heads, gemm_grouped and the gate/up +
 SwiGLU forms, each output row from its own input row.
 
-`decode` (backend/roles.py) says how many leading rows are decode/verify rows. Their bf16 GEMVs sum in the
-tensor core's decode order (backend/tc_order.py, cuda_src/gemv_tc.cuh); prompt rows and quantised weights keep the
-lane-16 order (backend/lanes.py, gemm.cu and gemv_q.cu). A row's role never depends on the rows beside it.
+`decode` (backend/roles.py) says how many leading rows are decode/verify rows. Their GEMVs sum in the tensor
+core's decode order (bf16: backend/tc_order.py, cuda_src/gemv_tc.cuh; quantised: backend/tc_quant.py,
+cuda_src/gemv_q_tc.cuh); prompt rows keep the lane-16 order (backend/lanes.py, gemm.cu). A row's role never depends on the rows beside it.
 """
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from cupyglm.backend.lanes import bf16, gemm, out_kind
 from cupyglm.backend.qweight import QWeight
 from cupyglm.backend.roles import decode_rows
 from cupyglm.backend.tc_order import tc_rows
+from cupyglm.backend.tc_quant import quant_rows
 
 
 def round_out(y: np.ndarray, out: str) -> np.ndarray:
@@ -21,12 +22,13 @@ def round_out(y: np.ndarray, out: str) -> np.ndarray:
 
 
 def role_gemm(x, w, d: int) -> np.ndarray:
-    """x [M, K] @ w [N, K]^T fp32: rows [0, d) in the decode order (bf16 w), the rest (and quantised w) lane-16."""
-    if d == 0 or isinstance(w, QWeight):
+    """x [M, K] @ w [N, K]^T fp32: rows [0, d) in the decode order, the rest lane-16."""
+    if d == 0:
         return gemm(x, w)
+    rows = quant_rows if isinstance(w, QWeight) else tc_rows
     if d == x.shape[0]:
-        return tc_rows(x, w)
-    return np.concatenate([tc_rows(x[:d], w), gemm(x[d:], w)])
+        return rows(x, w)
+    return np.concatenate([rows(x[:d], w), gemm(x[d:], w)])
 
 
 MULTI_OUTS = ("f32", "bf16", "sigmoid_bf16")    # gemm_multi's epilogues (kinds 0, 1, 2 of gemv_multi.cu)

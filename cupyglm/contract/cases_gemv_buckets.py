@@ -1,15 +1,12 @@
-"""Contract cases of the decode GEMVs' row buckets (gemv_q_tile.cuh: a block's rows run in the smallest of 1, 2, 4,
-8, 16 row slots holding them; gemv_tc.cuh: one or two 8-row tiles): the same 16 rows called alone at 1, 2, 3, 5, 8,
-9 and 16 rows (buckets 1, 2, 4, 8, 8, 16, 16), every output replayed from the one 16-row reference, so a row's bits
-are shown equal whichever bucket computes it. The grouped forms take runs of 1, 2, 3, 5, 8, 9 and 16 rows of one
-expert in one call (the bucket follows the run). bf16, FP8 and NVFP4 weights; dense, grouped and SwiGLU forms.
+"""Contract cases of the decode GEMVs' row tiles (gemv_tc.cuh / gemv_q_tc.cuh: a block's rows run in one or two
+8-row mma tiles): the same 16 rows called alone at 1, 2, 3, 5, 8, 9 and 16 rows
+(buckets 1, 2, 4, 8, 8, 16, 16), every output replayed from the one 16-row reference, so a row's bits are shown
+equal whichever bucket computes it.  The grouped forms take runs of 1, 2, 3, 5, 8, 9 and 16 rows of one expert in
+one call (the bucket follows the run).  bf16, FP8 and NVFP4 weights; dense, grouped and SwiGLU forms.
 
-Controls for fp32 outputs: the order's planted mutant, CONTROL_TC_REVERSED for bf16 weights (a 32-block's two mma
-steps in the other order, gemv_tc.cuh), CONTROL_CHUNK_ORDER for FP8 / NVFP4 (gemv_q_tile.cuh); gate and up
-exchanged for the SwiGLU forms (bf16 outputs, where a reordering rarely survives the rounding).
-
-The bf16 forms run gemv_tc.cuh (no row buckets: one or two 8-row mma tiles), so their cases show the same
-invariance over the tile count.
+Controls for fp32 outputs: the order's planted mutant, CONTROL_TC_REVERSED (a block's mma steps in the other
+order, gemv_tc.cuh / gemv_q_tc.cuh); gate and up exchanged for the SwiGLU forms (bf16 outputs, where a reordering
+rarely survives the rounding).
 """
 from __future__ import annotations
 
@@ -77,7 +74,7 @@ def _alone(label: str, fmt: str, n: int, k: int, swiglu: bool = False) -> None:
 
 
 def _order_control(fmt: str) -> str:
-    return "CONTROL_TC_REVERSED" if fmt == "bf16" else "CONTROL_CHUNK_ORDER"
+    return "CONTROL_TC_REVERSED"
 
 
 def _runs(label: str, fmt: str, n: int, k: int) -> None:

@@ -1,15 +1,15 @@
 """Contract cases of cuda_src/gemv_q.cu: the decode/verify rows (the leading `decode` rows) of ops gemm,
 gemm_grouped, gemm_swiglu and gemm_grouped_swiglu with FP8 block-scaled and NVFP4 weights, replayed by the NumPy
-reference over the twin dequantisation (cupyglm.backend.qweight), 0 ULPs; mixed calls also run the dequantising
-gemm.cu / gemm_swiglu.cu kernels for their prompt rows, so one output checks both paths.
+reference (decode rows: backend/tc_quant.py's tensor-core order over exact bf16 weights), 0 ULPs; mixed calls
+also run the dequantising gemm.cu / gemm_swiglu.cu kernels for their prompt rows, so one output checks both.
 
 Inputs as cases_gemm_q: real quantised weights whose block and group scales differ, N and K past whole FP8
 blocks, K not a multiple of 16 bytes of packed values (scalar loads) as well as 16-byte loads, several stages.
 Planted controls, each a kernel variant, in turn per format: the scale of the next block along K
 (CONTROL_SCALE_NEXT_BLOCK), the scale grid read transposed (CONTROL_SCALE_TRANSPOSED), NVFP4's two nibbles of a
-byte swapped (CONTROL_NIBBLE_SWAP), and for fp32 outputs a lane summing in 16-byte-chunk arrival order
-(CONTROL_CHUNK_ORDER, what the staging must prevent); grouped cases also route one decode row to an expert no row
-uses (its scales are NaN).
+byte swapped (CONTROL_NIBBLE_SWAP), a block's mma steps reversed (CONTROL_TC_REVERSED), IEEE fp32 multiply-adds
+in place of the tensor core's model (CONTROL_TC_IEEE), an A fragment's two k halves swapped
+(CONTROL_TC_TRANSPOSED); grouped cases also route one decode row to an expert no row uses (its scales are NaN).
 """
 from __future__ import annotations
 
@@ -23,16 +23,16 @@ from cupyglm.contract.registry import Case, case
 from cupyglm.kernels import ops_gemm, ops_gemm_swiglu, ops_gemv_q
 
 REF = NumpyOps()
-CONTROLS = {"fp8": ("CONTROL_SCALE_NEXT_BLOCK", "CONTROL_SCALE_TRANSPOSED", "CONTROL_CHUNK_ORDER"),
-            "nvfp4": ("CONTROL_SCALE_NEXT_BLOCK", "CONTROL_SCALE_TRANSPOSED", "CONTROL_NIBBLE_SWAP",
-                      "CONTROL_CHUNK_ORDER")}
+_TC = ("CONTROL_TC_TRANSPOSED", "CONTROL_TC_REVERSED", "CONTROL_TC_IEEE")
+CONTROLS = {"fp8": ("CONTROL_SCALE_NEXT_BLOCK", "CONTROL_SCALE_TRANSPOSED") + _TC,
+            "nvfp4": ("CONTROL_SCALE_NEXT_BLOCK", "CONTROL_SCALE_TRANSPOSED", "CONTROL_NIBBLE_SWAP") + _TC}
 _USED: dict[str, list[str]] = {}
 
 
 def _pool(fmt: str, f32_out: bool) -> tuple[str, ...]:
-    """The format's planted variants (the chunk order only where the output is fp32: a reordered fp32 sum rarely
-    survives the bf16 rounding)."""
-    return CONTROLS[fmt] if f32_out else CONTROLS[fmt][:-1]
+    """The format's planted variants (the summation-order ones only where the output is fp32: a reordered fp32
+    sum rarely survives the bf16 rounding)."""
+    return CONTROLS[fmt] if f32_out else CONTROLS[fmt][:-2]
 
 
 def _define(kernel: str, fmt: str, f32_out: bool) -> str:
@@ -187,7 +187,7 @@ def _flags(fmt: str, m: int, e: int, n: int, k: int, bad: int) -> None:
     def replay(dd):
         y = np.full((m, n), np.nan, np.float32)
         for r in range(m - bad):
-            y[r] = REF.gemm(dd["x"][r:r + 1], dd["w"][dd["group"][r]])[0]
+            y[r] = REF.gemm(dd["x"][r:r + 1], dd["w"][dd["group"][r]], decode=1)[0]
         return {"y": y, "flags": np.array([[bad, ~np.uint32(m - bad)]], dtype=np.uint32)}
 
     case(Case(f"gemv_grouped_{fmt}.flags", (f"gemv_grouped_{fmt}_lane16",), make,

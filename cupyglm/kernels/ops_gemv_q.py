@@ -2,12 +2,14 @@
 cupyglm.backend.qweight.QWeight), which streams the packed bytes and scales once per call for every 16 of the
 call's decode/verify rows and dequantises them in registers (dequant.cuh). Not ops of their own: ops_gemm_q sends
 a call's leading `decode` rows here (their role, cupyglm/backend/roles.py) and the rest to the dequantising
-gemm.cu / gemm_swiglu.cu kernels; both give the reference's gemm(x, dequant(w)) bit for bit (lane-16)."""
+gemm.cu / gemm_swiglu.cu kernels. The decode rows have the bits of the reference's tc_quant.quant_rows (the
+tensor core's order over exact bf16 weights), the prompt rows those of gemm(x, dequant(w)) (lane-16)."""
 from __future__ import annotations
 
 import numpy as np
 
 from cupyglm.backend.qweight import QWeight
+from cupyglm.backend.tc_quant import fp8_block
 from cupyglm.kernels.ops import Kernels, check, i32
 from cupyglm.kernels.ops_gemv import MAX_GRID, OUTS, THREADS, grid
 
@@ -34,6 +36,13 @@ def block_args(w: QWeight) -> tuple:
     return (i32(w.block[0]), i32(w.block[1])) if w.fmt == "fp8" else ()
 
 
+def tc_block_args(w: QWeight) -> tuple:
+    """block_args of a decode GEMV: FP8's bk whole 32-k units (tc_quant.fp8_block refuses others)."""
+    if w.fmt == "fp8":
+        fp8_block(w)
+    return block_args(w)
+
+
 def same(op: str, a: QWeight, b: QWeight) -> None:
     if not isinstance(a, QWeight) or not isinstance(b, QWeight):
         raise ValueError(f"{op}: gate and up weights must both be QWeights")
@@ -47,7 +56,7 @@ def _rows(op: str, rows: int, m: int) -> None:
 
 
 def gemv(k: Kernels, x, w: QWeight, y, rows: int, suffix: str) -> None:
-    """y[:rows] = x[:rows] @ dequant(w).T in lane-16 order. x [M, K] bf16, w quantised [N, K], y [M, N] (fp32,
+    """y[:rows] = x[:rows] @ dequant(w).T in the quantised decode order (tc_quant). x [M, K] bf16, w quantised [N, K], y [M, N] (fp32,
     or bf16 with suffix "_bf16"); rows past `rows` are left as they are."""
     name = f"gemv_{w.fmt}_lane16"
     check(name, "x", x, (None, None), k.bf16)
@@ -57,7 +66,7 @@ def gemv(k: Kernels, x, w: QWeight, y, rows: int, suffix: str) -> None:
     check(name, "y", y, (m, n), k.bf16 if suffix else np.float32)
     _rows(name, rows, m)
     k.launch(SRC, name + suffix, grid(rows, n)[:2], THREADS,
-             (x, *args, y, i32(m), i32(n), i32(kk), *block_args(w), i32(rows)))
+             (x, *args, y, i32(m), i32(n), i32(kk), *tc_block_args(w), i32(rows)))
 
 
 def gemv_grouped(k: Kernels, x, w: QWeight, group, y, suffix: str, guard) -> None:
@@ -74,7 +83,7 @@ def gemv_grouped(k: Kernels, x, w: QWeight, group, y, suffix: str, guard) -> Non
     if m > MAX_GRID:
         raise ValueError(f"{name}: {m} decode rows exceed the grid's 65,535 limit")
     k.launch(SRC, name + suffix, (-(-n // OUTS), m, 1), THREADS,
-             (x, *args, group, y, i32(m), i32(n), i32(kk), i32(e), *block_args(w), guard[0], i32(guard[1])))
+             (x, *args, group, y, i32(m), i32(n), i32(kk), i32(e), *tc_block_args(w), guard[0], i32(guard[1])))
 
 
 def gemv_swiglu(k: Kernels, x, w_gate: QWeight, w_up: QWeight, y, rows: int, limit_args) -> None:
@@ -88,7 +97,7 @@ def gemv_swiglu(k: Kernels, x, w_gate: QWeight, w_up: QWeight, y, rows: int, lim
     check(name, "y", y, (m, n), k.bf16)
     _rows(name, rows, m)
     k.launch(SRC, name, grid(rows, n)[:2], THREADS,
-             (x, *ga, *ua, y, i32(m), i32(n), i32(kk), *block_args(w_gate), i32(rows), *limit_args))
+             (x, *ga, *ua, y, i32(m), i32(n), i32(kk), *tc_block_args(w_gate), i32(rows), *limit_args))
 
 
 def gemv_grouped_swiglu(k: Kernels, x, w_gate: QWeight, w_up: QWeight, group, y, limit_args, guard) -> None:
@@ -105,5 +114,5 @@ def gemv_grouped_swiglu(k: Kernels, x, w_gate: QWeight, w_up: QWeight, group, y,
     if m > MAX_GRID:
         raise ValueError(f"{name}: {m} decode rows exceed the grid's 65,535 limit")
     k.launch(SRC, name, (-(-n // OUTS), m, 1), THREADS,
-             (x, *ga, *ua, group, y, i32(m), i32(n), i32(kk), i32(e), *block_args(w_gate), *limit_args,
+             (x, *ga, *ua, group, y, i32(m), i32(n), i32(kk), i32(e), *tc_block_args(w_gate), *limit_args,
               guard[0], i32(guard[1])))

@@ -42,8 +42,8 @@ def test_compile_jobs_cover_every_file_and_every_planted_define():
     for f in [*CUDA_SRC.glob("*.cu"), *CUDA_SRC.glob("*.cuh")]:
         tested |= set(re.findall(r"#\s*if(?:def|ndef)?\s+\(?(?:defined\s*\(?)?\s*([A-Z][A-Z0-9_]+)", f.read_text()))
     assert gpu_plan.variant_defines() & tested <= used
-    assert {"CONTROL_CHUNK_ORDER", "SAMPLE_STATS", "GATHER_CONTROL_DROP_ROW"} <= used
-    assert ("gemv.cu", ("-DCONTROL_TC_REVERSED",)) in jobs
+    assert {"CONTROL_NIBBLE_SWAP", "SAMPLE_STATS", "GATHER_CONTROL_DROP_ROW"} <= used
+    assert ("gemv.cu", ("-DCONTROL_TC_REVERSED",)) in jobs and ("gemv_q.cu", ("-DCONTROL_TC_IEEE",)) in jobs
 
 
 def test_limits_output_is_what_the_script_reads():

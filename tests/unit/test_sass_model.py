@@ -69,6 +69,23 @@ def test_gemv_lane16_counts_the_tensor_core_loop_of_its_row_tiles():
         assert b["issue_bound_us"] <= (0.6 if r <= 8 else 1.0) * b["memory_bound_us"], (r, b)
 
 
+def test_gemv_lane16_counts_the_loop_of_its_row_tiles():
+    """The decode GEMVs run on the tensor core (gemv_tc.cuh, gemv_q_tc.cuh): the model counts the mma loop of the
+    rows' tile count, 256 weights a HMMA for each 8-row tile, so up to 8 rows issue one tile's loop, 16 two."""
+    n = k = 4096
+    for fmt, stored in (("bf16", 2 * n * k), ("nvfp4", n * k // 2 + n * k // 16)):
+        c = {r: calls.gemv("dense", fmt, n, k, r, stored) for r in (1, 3, 4, 16)}
+        a = {r: c[r].analysis for r in c}
+        assert [a[r].kernel.bucket for r in (1, 3, 4, 16)] == [1, 4, 4, 16]
+        assert a[1].counts.tensor > 0 and a[1].counts.shared_loads == 0
+        assert a[1].counts == a[3].counts == a[4].counts
+        assert a[16].counts.tensor > a[1].counts.tensor
+        assert a[1].units_per_iter == 256 * a[1].counts.tensor
+        assert a[16].units_per_iter == 128 * a[16].counts.tensor
+        issue = {r: model.bounds(c[r])["issue_bound_us"] for r in c}
+        assert issue[1] == issue[4] < issue[16]
+
+
 def test_roofline_prints_predictions_without_fixed_fractions(capsys):
     import bench.roofline as roofline
 

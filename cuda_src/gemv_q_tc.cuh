@@ -1,0 +1,361 @@
+// gemv_q_tc.cuh -- the decode/verify GEMV for quantised weights on the tensor core (DESIGN §3b; the order of
+// cupyglm/backend/tc_quant.py, its numpy reference): gemv_tc.cuh's warp slices, mma chains and slice sums over
+// weights made exact bf16 in registers from the bytes as stored (dequant.cuh's layouts and scale indexing):
+//   NVFP4  e2m1 x its group's e4m3 scale (exact in bf16): byte lookups (prmt) and one paired bf16 multiply; the
+//          tensor scale_2 multiplies each output once.
+//   FP8    e4m3 (exact in bf16): bits placed and one paired multiply by 2^120; a chain restarts at every bk-block
+//          and its fp32 result, times the block's scale_inv, is added in k order.
+// Lane (g, t) of a warp loads 8c consecutive k (c = 4 NVFP4: 16 bytes; c = 1 FP8: 8 bytes) of weight columns g and
+// g + 8 and of its rows at each 32c-block of the slice; step s of the block takes k 8ct + 4s + 0..3.  Weights go
+// from global memory straight into the A fragments, x rows into the B fragments (no staging).
+#pragma once
+#include "gemv_tc.cuh"
+#include "dequant.cuh"
+
+#define GEMV_FP8 0
+#define GEMV_NVFP4 1
+
+// One quantised weight as stored (the fields of the other format are unused).
+struct GemvQw {
+  const unsigned char* v;   // FP8 [E, N, K] e4m3 codes; NVFP4 [E, N, K / 2] packed e2m1 (element 2i low nibble)
+  const float* fs;          // FP8 [E, ceil(N / bn), ceil(K / bk)] fp32 weight_scale_inv
+  const unsigned char* ns;  // NVFP4 [E, N, K / 16] e4m3 weight_scale
+  const float* s2;          // NVFP4 [E] fp32 weight_scale_2
+  int bn, bk;               // FP8 block (bk a multiple of 32: the launcher checks)
+};
+
+// What one block reads: columns [n0, n0 + ncols) of expert e of each weight, rows [0, nrows) of x.
+template <int NW>
+struct GemvQSrc {
+  GemvQw w[NW];
+  float s2[NW];             // NVFP4: the expert's tensor scale of each weight
+  const __nv_bfloat16* x;   // the block's first row (rows at stride K)
+  long long e;
+  int n0, ncols, nrows, N, K;
+  bool xvec, wvec;          // 16-byte x loads; whole weight loads (row bytes and base aligned)
+  bool svec;                // NVFP4: 2-byte group scale loads (K / 16 even, base aligned)
+};
+
+template <int F>
+struct GqFmt {
+  static constexpr int C = F == GEMV_NVFP4 ? 4 : 1;          // 32-k units of a lane's load
+  static constexpr int BYTES = F == GEMV_NVFP4 ? 16 : 8;     // bytes of a lane's load
+};
+
+template <int F>
+static __device__ __forceinline__ int gq_row_bytes(int K) { return F == GEMV_FP8 ? K : K / 2; }
+
+static __device__ __forceinline__ unsigned gq_prmt(unsigned a, unsigned b, unsigned s) {   // selector nibbles < 8
+#ifdef __CUEMU__
+  const unsigned long long v = ((unsigned long long)b << 32) | a;
+  unsigned r = 0u;
+  for (int i = 0; i < 4; ++i) r |= (unsigned)((v >> (8 * ((s >> (4 * i)) & 7u))) & 0xffu) << (8 * i);
+  return r;
+#else
+  return __byte_perm(a, b, s);
+#endif
+}
+
+// Two bf16 products that are exact (every use here), so any rounding gives the same bits.
+static __device__ __forceinline__ unsigned gq_bmul2(unsigned a, unsigned b) {
+#ifdef __CUEMU__
+  const unsigned lo = __float_as_uint(__uint_as_float(a << 16) * __uint_as_float(b << 16)) >> 16;
+  const unsigned hi = __float_as_uint(__uint_as_float(a & 0xffff0000u) * __uint_as_float(b & 0xffff0000u)) >> 16;
+  return lo | (hi << 16);
+#else
+  unsigned d;
+  asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(0x80008000u));
+  return d;
+#endif
+}
+
+// e4m3 codes in bytes 0 and 2 of v (bytes 1, 3 zero) -> their bf16 pair, exact: the bits as a bf16 are the value
+// x 2^-120 (bf16 subnormals for e4m3's), times 2^120.  The NaN codes read as +-480 (tc_quant.E4M3_TC).
+static __device__ __forceinline__ unsigned gq_e4m3x2(unsigned v) {
+  return gq_bmul2((v << 4) + (v & 0x00800080u) * 240u, 0x7b807b80u);
+}
+
+// 8 e2m1 codes (element j in bits 4j) -> r[j] = the bf16 pair of elements 2j, 2j + 1, exact, unscaled.  The
+// magnitude's low and high bf16 bytes by lookup (index code & 7), the sign bit ORed into the high byte.
+// CONTROL_NIBBLE_SWAP (planted): a byte's two codes read high-first.
+static __device__ __forceinline__ void gq_e2m1x8(unsigned w, unsigned r[4]) {
+#ifdef CONTROL_NIBBLE_SWAP
+  w = ((w >> 4) & 0x0f0f0f0fu) | ((w & 0x0f0f0f0fu) << 4);
+#endif
+  const unsigned sel = w & 0x77777777u, w4 = w << 4;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {               // 0, .5, 1, 1.5, 2, 3, 4, 6: low bytes C0 80 00 00 | C0 80 40 00
+    const unsigned s = h ? sel >> 16 : sel;   // high bytes 3F 3F 3F 00 | 40 40 40 40
+    const unsigned lo = gq_prmt(0xc0800000u, 0xc0804000u, s);
+    const unsigned hi = gq_prmt(0x3f3f3f00u, 0x40404040u, s) | (gq_prmt(w4, w, h ? 0x7362u : 0x5140u) & 0x80808080u);
+    r[2 * h] = gq_prmt(lo, hi, 0x5140u);
+    r[2 * h + 1] = gq_prmt(lo, hi, 0x7362u);
+  }
+}
+
+// The speed model's compile (GEMV_BUCKET_ONLY) keeps whole vector loads only (its shapes are aligned), so its
+// disassembly holds the loop a block runs; every other compile reads partial chunks byte by byte.
+#ifdef GEMV_BUCKET_ONLY
+#define GQ_WHOLE_ONLY 1
+#else
+#define GQ_WHOLE_ONLY 0
+#endif
+
+// A lane's BYTES packed bytes of a row at byte b (rb bytes a row), those past the row zero.
+template <int F>
+static __device__ __forceinline__ uint4 gq_load(const unsigned char* row, int b, int rb, bool vec) {
+  constexpr int n = GqFmt<F>::BYTES;
+  const int valid = min(n, rb - b);
+  if (!GQ_WHOLE_ONLY && valid <= 0) return make_uint4(0u, 0u, 0u, 0u);
+  if (GQ_WHOLE_ONLY || (vec && valid == n)) {
+    if (n == 16) return *reinterpret_cast<const uint4*>(row + b);
+    const uint2 v = *reinterpret_cast<const uint2*>(row + b);
+    return make_uint4(v.x, v.y, 0u, 0u);
+  }
+  unsigned q[4] = {0u, 0u, 0u, 0u};
+#pragma unroll
+  for (int i = 0; i < n; ++i)
+    if (i < valid) q[i >> 2] |= (unsigned)row[b + i] << (8 * (i & 3));
+  return make_uint4(q[0], q[1], q[2], q[3]);
+}
+
+// x row c's 8 bf16 at kk through the reader (the speed model's compile: whole loads, as gq_load).
+template <typename XR>
+static __device__ __forceinline__ uint4 gq_x8(const XR& xr, int c, int kk, int valid) {
+  if (GQ_WHOLE_ONLY) return *reinterpret_cast<const uint4*>(xr.x + (long long)c * xr.K + kk);
+  return xr.load8(c, kk, valid);
+}
+
+// NVFP4: the e4m3 codes of the two groups of a lane's 32 k at k of column c (its scale row at row), in bytes 0
+// and 2 (0 past K; c below ncols).  The controls' builds index each code through dequant.cuh.
+template <int NW>
+static __device__ __forceinline__ unsigned gq_scale_codes(const GemvQSrc<NW>& src, const unsigned char* row, int i,
+                                                          int c, int k) {
+  const int gk = src.K / 16, gr = k / 16;
+  if (!GQ_WHOLE_ONLY && gr >= gk) return 0u;
+#if defined(CONTROL_SCALE_NEXT_BLOCK) || defined(CONTROL_SCALE_TRANSPOSED)
+  unsigned v = src.w[i].ns[dq_nvfp4_scale_at(src.e, src.n0 + c, gr, src.N, src.K)];
+  if (gr + 1 < gk) v |= (unsigned)src.w[i].ns[dq_nvfp4_scale_at(src.e, src.n0 + c, gr + 1, src.N, src.K)] << 16;
+  return v;
+#else
+  (void)i;
+  if (GQ_WHOLE_ONLY || (src.svec && gr + 1 < gk))          // gr is even: a 2-byte load
+    return gq_prmt(*reinterpret_cast<const unsigned short*>(row + gr), 0u, 0x4140u);
+  return row[gr] | (gr + 1 < gk ? (unsigned)row[gr + 1] << 16 : 0u);
+#endif
+}
+
+// A lane's A halves of one block for weight column c: a[s][0] = k 8ct + 4s + 0, 1 and a[s][1] = + 2, 3.
+// sc: NVFP4's group scale codes (gq_scale_codes).
+template <int F>
+static __device__ __forceinline__ void gq_decode(unsigned (*a)[2], uint4 v, unsigned sc) {
+  const unsigned wd[4] = {v.x, v.y, v.z, v.w};
+  if (F == GEMV_NVFP4) {
+    const unsigned p = gq_e4m3x2(sc);
+    const unsigned s[2] = {gq_prmt(p, p, 0x1010u), gq_prmt(p, p, 0x3232u)};
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {
+      unsigned r[4];
+      gq_e2m1x8(wd[q], r);
+#pragma unroll
+      for (int j = 0; j < 4; ++j) a[2 * q + (j >> 1)][j & 1] = gq_bmul2(r[j], s[q >> 1]);
+    }
+  } else {
+#pragma unroll
+    for (int q = 0; q < 2; ++q) {
+      a[q][0] = gq_e4m3x2(gq_prmt(wd[q], 0u, 0x4140u));
+      a[q][1] = gq_e4m3x2(gq_prmt(wd[q], 0u, 0x4342u));
+    }
+  }
+}
+
+// The steps of one block for weight i: ag / ah the A halves of columns g / g + 8, xc the rows' chunks.
+// CONTROL_TC_REVERSED / CONTROL_TC_TRANSPOSED (planted) as gemv_tc.cuh's gtc_block.
+template <int NT, int C>
+static __device__ __forceinline__ void gq_steps(float (*d)[4], const unsigned (*ag)[2], const unsigned (*ah)[2],
+                                                const uint4 (*xc)[C]) {
+#pragma unroll
+  for (int q = 0; q < 2 * C; ++q) {
+#ifdef CONTROL_TC_REVERSED
+    const int s = 2 * C - 1 - q;
+#else
+    const int s = q;
+#endif
+#pragma unroll
+    for (int j = 0; j < NT; ++j) {
+      const uint4 xv = xc[j][s >> 1];
+      const unsigned b0 = (s & 1) ? xv.z : xv.x, b1 = (s & 1) ? xv.w : xv.y;
+#ifdef CONTROL_TC_TRANSPOSED
+      gtc_mma(d[j], ag[s][1], ah[s][1], ag[s][0], ah[s][0], b0, b1);
+#else
+      gtc_mma(d[j], ag[s][0], ah[s][0], ag[s][1], ah[s][1], b0, b1);
+#endif
+    }
+  }
+}
+
+// FP8: the chain's fp32 results d times their block's scale (columns g, g + 8) added into acc (the slice's first
+// chain: acc = its part); d back to +0.0.
+template <int NW, int NT>
+static __device__ __forceinline__ void gq_close(float (*acc)[NT][4], float (*d)[NT][4], const GemvQSrc<NW>& src,
+                                                int kbk, int g, bool first) {
+#pragma unroll
+  for (int i = 0; i < NW; ++i) {
+    const int bn = src.w[i].bn, bk = src.w[i].bk, sn = (src.N + bn - 1) / bn, sk = (src.K + bk - 1) / bk;
+    float s[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h)
+      s[h] = g + 8 * h < src.ncols ? src.w[i].fs[dq_fp8_scale_at(src.e, (src.n0 + g + 8 * h) / bn, kbk, sn, sk)]
+                                   : 0.0f;
+#pragma unroll
+    for (int j = 0; j < NT; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const float p = d[i][j][e] * s[e >> 1];
+        acc[i][j][e] = first ? p : acc[i][j][e] + p;
+        d[i][j][e] = 0.0f;
+      }
+  }
+}
+
+// The 32c-blocks [a, b) of a slice ending at k1 into the chains d (weight i, row tile j).  A column past ncols
+// reads column ncols - 1 and a row past nrows row nrows - 1 (an output takes only its own column and row, and
+// those are never stored), so no load waits on a predicate.
+template <int NW, int NT, int F, typename XR>
+static __device__ __forceinline__ void gq_blocks(float (*d)[NT][4], const GemvQSrc<NW>& src, const XR& xr,
+                                                 const unsigned char* const* rg, const unsigned char* const* sr,
+                                                 int a, int b, int k1, int g, int t) {
+  constexpr int C = GqFmt<F>::C;
+  const int rb = gq_row_bytes<F>(src.K);
+#pragma unroll 2
+  for (int kb = a; kb < b; kb += 32 * C) {
+    const int kk = kb + 8 * C * t, bt = gq_row_bytes<F>(kk);
+    uint4 w[NW][2], xc[NT][C];
+    unsigned sc[NW][2];
+#pragma unroll
+    for (int i = 0; i < NW; ++i)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        w[i][h] = gq_load<F>(rg[2 * i + h], bt, rb, src.wvec);
+        sc[i][h] = F == GEMV_NVFP4 ? gq_scale_codes(src, sr[2 * i + h], i, min(g + 8 * h, src.ncols - 1), kk) : 0u;
+      }
+#pragma unroll
+    for (int j = 0; j < NT; ++j)
+#pragma unroll
+      for (int q = 0; q < C; ++q)
+        xc[j][q] = gq_x8(xr, min(g + 8 * j, src.nrows - 1), kk + 8 * q, min(8, k1 - kk - 8 * q));
+#pragma unroll
+    for (int i = 0; i < NW; ++i) {
+      unsigned ag[2 * C][2], ah[2 * C][2];
+      gq_decode<F>(ag, w[i][0], sc[i][0]);
+      gq_decode<F>(ah, w[i][1], sc[i][1]);
+      gq_steps<NT, C>(d[i], ag, ah, xc);
+    }
+  }
+}
+
+// One warp's slice [k0, k1): acc[i][j] the D fragments (weight i, row tile j), FP8's scaled.  Warp-uniform bounds.
+template <int NW, int NT, int F, typename XR>
+static __device__ __forceinline__ void gq_slice(float (*acc)[NT][4], const GemvQSrc<NW>& src, const XR& xr, int k0,
+                                                int k1, int lane) {
+  const int g = lane >> 2, t = lane & 3, rb = gq_row_bytes<F>(src.K), bk = src.w[0].bk, gk = src.K / 16;
+  float d[NW][NT][4];
+  const unsigned char* rg[2 * NW];
+  const unsigned char* sr[2 * NW];
+#pragma unroll
+  for (int i = 0; i < NW; ++i) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const long long row = src.e * src.N + src.n0 + min(g + 8 * h, src.ncols - 1);
+      rg[2 * i + h] = src.w[i].v + row * rb;
+      sr[2 * i + h] = F == GEMV_NVFP4 ? src.w[i].ns + row * gk : nullptr;
+    }
+#pragma unroll
+    for (int j = 0; j < NT; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) d[i][j][e] = acc[i][j][e] = 0.0f;
+  }
+  if (F == GEMV_NVFP4) {
+    gq_blocks<NW, NT, F>(acc, src, xr, rg, sr, k0, k1, k1, g, t);
+    return;
+  }
+  for (int a = k0; a < k1;) {                // FP8: a chain per bk-block, closed into acc in k order
+    const int b = min(k1, (a / bk + 1) * bk);
+    gq_blocks<NW, NT, F>(d, src, xr, rg, sr, a, b, k1, g, t);
+    gq_close<NW, NT>(acc, d, src, a / bk, g, a == k0);
+    a = b;
+  }
+}
+
+// As gemv_tc.cuh's gtc_rows_nt: out[i] = thread (row threadIdx.x, column threadIdx.y)'s slices of weight i added
+// in slice order (NVFP4's scale_2 not applied); 0 slices when the block has no column.  Every thread takes part.
+template <int NW, int NT, int F, typename XR>
+static __device__ __forceinline__ void gq_rows_nt(GemvTcShared<NW>& sh, const GemvQSrc<NW>& src, const XR& xr,
+                                                  float out[NW]) {
+  const int tid = threadIdx.y * 16 + threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  const int g = lane >> 2, t = lane & 3, r = threadIdx.x, o = threadIdx.y;
+  const int slices = src.ncols > 0 ? (src.K + GTC_SLICE - 1) / GTC_SLICE : 0;
+#pragma unroll
+  for (int i = 0; i < NW; ++i) out[i] = 0.0f;
+  for (int s0 = 0; s0 < slices; s0 += GTC_WARPS) {
+    const int sl = s0 + warp;
+    if (sl < slices) {
+      float d[NW][NT][4];
+      gq_slice<NW, NT, F>(d, src, xr, sl * GTC_SLICE, min(src.K, (sl + 1) * GTC_SLICE), lane);
+#pragma unroll
+      for (int i = 0; i < NW; ++i)
+#pragma unroll
+        for (int j = 0; j < NT; ++j)
+#pragma unroll
+          for (int e = 0; e < 4; ++e)        // d[e] = D[column g + 8 (e / 2)][row 2t + e % 2]
+            sh.part[i][warp][8 * j + 2 * t + (e & 1)][g + 8 * (e >> 1)] = d[i][j][e];
+    }
+    __syncthreads();
+    const int n = min(GTC_WARPS, slices - s0);
+    if (r < 8 * NT)
+      for (int w = 0; w < n; ++w)
+#pragma unroll
+        for (int i = 0; i < NW; ++i) out[i] = s0 + w == 0 ? sh.part[i][w][r][o] : out[i] + sh.part[i][w][r][o];
+    __syncthreads();                         // the round is read before the next one is written
+  }
+}
+
+// The block's rows (src.nrows <= GEMV_ROWS) in 1 or 2 row tiles (gtc_tiles): out[i] as gq_rows_nt's.
+template <int NW, int F>
+static __device__ __forceinline__ void gemv_q_rows(GemvTcShared<NW>& sh, const GemvQSrc<NW>& src, float out[NW]) {
+  const GemvXMem xr = {src.x, src.K, src.xvec};
+  if (gtc_tiles(src.nrows) == 1)
+    gq_rows_nt<NW, 1, F>(sh, src, xr, out);
+  else
+    gq_rows_nt<NW, 2, F>(sh, src, xr, out);
+}
+
+// A block's source: columns from n0 of expert e of each weight (ncols = 0: nothing read).
+template <int NW, int F>
+static __device__ __forceinline__ void gemv_q_src(GemvQSrc<NW>& src, const GemvQw (&w)[NW], long long e, int n0,
+                                                  int ncols, int N, int K, const __nv_bfloat16* x) {
+  const int rb = gq_row_bytes<F>(K), n = GqFmt<F>::BYTES;
+  bool wvec = rb % n == 0, svec = F == GEMV_NVFP4 && (K / 16) % 2 == 0;
+#pragma unroll
+  for (int i = 0; i < NW; ++i) {
+    src.w[i] = w[i];
+    src.s2[i] = F == GEMV_NVFP4 && ncols > 0 ? w[i].s2[e] : 0.0f;
+    wvec = wvec && (((unsigned long long)w[i].v) % n == 0);
+    svec = svec && (F != GEMV_NVFP4 || ((unsigned long long)w[i].ns) % 2 == 0);
+  }
+  src.e = e;
+  src.n0 = n0;
+  src.ncols = ncols;
+  src.N = N;
+  src.K = K;
+  src.x = x;
+  src.xvec = gemv_aligned(x, x, K);
+  src.wvec = wvec;
+  src.svec = svec;
+}
+
+// out[i] times NVFP4's tensor scale (once per output); FP8's as summed.
+template <int NW, int F>
+static __device__ __forceinline__ float gemv_q_out(const GemvQSrc<NW>& src, const float out[NW], int i) {
+  return F == GEMV_NVFP4 ? out[i] * src.s2[i] : out[i];
+}
