@@ -46,7 +46,7 @@ def test_mpmd_refusal_comes_before_any_weight_is_read(launch, tiny_dir, tmp_path
                             _cache(), timeout=30)
     assert rc != 0
     assert ("REFUSE rank settings: rank 1's kv_host differs from rank 0's "
-            "(CUPYGLM_KV_HOST or CUPYGLM_KV_HOST_SHARED)") in out
+            "(--kv-host or CUPYGLM_KV_HOST or --kv-host-shared or CUPYGLM_KV_HOST_SHARED)") in out
     assert "safetensors" not in out
     assert took < 20
 

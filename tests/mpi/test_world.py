@@ -19,7 +19,7 @@ pytestmark = pytest.mark.mpi
 READY = r"rank (\d+): pid (\d+) ready size (\d+) local \d+/\d+ token ([0-9a-f]+) shm (\S+) shm_name_left (\d) " \
         r"handshake_ms ([0-9.]+)"
 KV_HOST_LINE = ("REFUSE rank settings: rank 1's kv_host differs from rank 0's "
-                "(CUPYGLM_KV_HOST or CUPYGLM_KV_HOST_SHARED)")
+                "(--kv-host or CUPYGLM_KV_HOST or --kv-host-shared or CUPYGLM_KV_HOST_SHARED)")
 
 
 def digests(out: str) -> list[str]:
@@ -98,7 +98,7 @@ def test_refuses_flag_mismatch(launch):
 def test_refuses_other_env_mismatch(launch):
     rc, out, took = run_job(launch, mpmd([], [], env1={"CUPYGLM_MEMORY_RESERVE_GIB": "2"}), timeout=30)
     _assert_refused(rc, out, took, "REFUSE rank settings: rank 1's memory_reserve_gib differs from rank 0's "
-                                   "(CUPYGLM_MEMORY_RESERVE_GIB)")
+                                   "(--memory-reserve-gib or CUPYGLM_MEMORY_RESERVE_GIB)")
 
 
 def _config(dir_: Path, layers: int) -> str:
