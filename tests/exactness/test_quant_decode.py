@@ -68,8 +68,9 @@ def _reference(ckpt, tp):
     states = [[m.new_state() for _ in PROMPTS] for m in models]
     feed = [np.asarray(p, np.int32) for p in PROMPTS]
     out = []
-    for _ in range(STEPS):
-        res = run_ranks(models, lambda r, m: m.forward([SeqInput(x, s) for x, s in zip(feed, states[r])]))
+    for i in range(STEPS):      # the steps' roles as _steps gives them: a decode row's bf16 GEMVs take its order
+        res = run_ranks(models, lambda r, m: m.forward([SeqInput(x, s, decode=i > 0)
+                                                        for x, s in zip(feed, states[r])]))
         out.append(np.stack([o.logits[-1] for o in res[0]]))
         feed = [np.array([int(t)], np.int32) for t in out[-1].argmax(-1)]
     return np.stack(out), [o.argmax(-1) for o in out]
