@@ -42,7 +42,7 @@ def teacher_forced(ckpt, ops, steps):
     feed = [np.asarray(p, np.int32) for p in PROMPTS]
     out = []
     for step in range(steps):                  # the prompts, then decode rows (the gemv on the device)
-        lr = np.stack([o.logits[-1] for o in ref.forward([SeqInput(f, s) for f, s in zip(feed, rs)])])
+        lr = np.stack([o.logits[-1] for o in ref.forward([SeqInput(f, s, decode=step > 0) for f, s in zip(feed, rs)])])
         got = dev.forward([SeqInput(f, s, decode=step > 0) for f, s in zip(feed, ds)])
         ld = np.stack([ops.asnumpy(o.logits[-1]) for o in got])
         out.append((lr, ld))

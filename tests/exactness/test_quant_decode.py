@@ -68,7 +68,7 @@ def _reference(ckpt, tp):
     states = [[m.new_state() for _ in PROMPTS] for m in models]
     feed = [np.asarray(p, np.int32) for p in PROMPTS]
     out = []
-    for i in range(STEPS):                   # the same roles as the kernels' run: decode rows sum in tc_quant's order
+    for i in range(STEPS):                   # the kernels' roles: a decode row sums in the tensor core's order
         res = run_ranks(models, lambda r, m: m.forward([SeqInput(x, s, decode=i > 0)
                                                         for x, s in zip(feed, states[r])]))
         out.append(np.stack([o.logits[-1] for o in res[0]]))

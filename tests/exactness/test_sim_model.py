@@ -1,7 +1,7 @@
 """The tiny model on the `sim` backend (every op a cuda_src kernel on the CPU emulator) against `numpy`.
 
 * greedy generation: 3 prompts x 32 tokens, decoded together; at every step both backends are fed the same
-  (numpy's) tokens and their logits compared: bit-identical (the kernels and the reference share the lane-16
+  (numpy's) tokens and their logits compared: bit-identical (the kernels and the reference share each row role's
   order and exp_f32), so free-running greedy gives identical tokens;
 * the output contract on sim: a row's logits never depend on its batch; prefill = decode (smaller than
   tests/exactness/test_model_exactness.py to stay fast).
@@ -36,7 +36,7 @@ def _teacher_forced(ref, sim, prompts, steps):
     feed = [np.asarray(p, np.int32) for p in prompts]
     out = []
     for step in range(steps):                  # the prompts, then decode rows (the gemv kernels on sim)
-        lr = np.stack([o.logits[-1] for o in ref.forward([SeqInput(f, s) for f, s in zip(feed, rs)])])
+        lr = np.stack([o.logits[-1] for o in ref.forward([SeqInput(f, s, decode=step > 0) for f, s in zip(feed, rs)])])
         ls = np.stack([o.logits[-1] for o in sim.forward([SeqInput(f, s, decode=step > 0) for f, s in zip(feed, ss)])])
         out.append((lr, ls))
         feed = [np.array([int(np.argmax(r))], np.int32) for r in lr]
