@@ -1,6 +1,6 @@
-// gemv_tile.cuh -- the lane-16 weight-streaming GEMV (kda_step.cu's low-rank factors; gemv_q_tile.cuh builds the
-// quantised decode GEMVs on its stage layout) and the pieces every decode GEMV shares (GemvSrc, gemv_load8, the x
-// readers, GEMV_ROWS / GEMV_OUTS; the bf16 decode GEMVs sum in gemv_tc.cuh): one block sums up to GEMV_ROWS rows
+// gemv_tile.cuh -- the lane-16 weight-streaming GEMV (kda_step.cu's low-rank factors) and the pieces every decode
+// GEMV shares (GemvSrc, gemv_load8, the x readers, GEMV_ROWS / GEMV_OUTS; the decode GEMVs sum in gemv_tc.cuh and
+// gemv_q_tc.cuh): one block sums up to GEMV_ROWS rows
 // against GEMV_OUTS columns of NW weights (1, or 2 for gate and up) over all of K.
 //
 // Same bits as gemm.cu (lane-16 order, cupyglm/backend/lanes.py): term k goes to lane k % 16, each lane adds its
@@ -175,19 +175,13 @@ static __device__ __forceinline__ float gemv_bf(unsigned short b) { return __bfl
 
 // Lane `lane` of column o: terms k0 + lane, k0 + lane + 16, ... (< K) of the stage, in increasing k, per row of
 // the NR slots (rows >= nrows skipped).  x is read from shared memory once per (term, row), the weight once per term.
-// CONTROL_CHUNK_ORDER (the contract's planted control): a lane adds its terms in the order the 16-byte chunks
-// arrive (the two 16-element halves of each 32-element span swapped), the reordering the staging must prevent.
 template <int NW, int NR>
 static __device__ __forceinline__ void gemv_sum(const GemvShared<NW>& sh, float (*acc)[NR], int nrows, int K,
                                                 int k0) {
   const int lane = threadIdx.x, o = threadIdx.y;
   const int kend = min(Gemv<NW>::TK, K - k0);
   for (int j = lane; j < kend; j += GEMM_LANES) {
-#ifdef CONTROL_CHUNK_ORDER
-    const int kk = (j ^ 16) < kend ? (j ^ 16) : j;
-#else
     const int kk = j;
-#endif
     float wv[NW];
 #pragma unroll
     for (int i = 0; i < NW; ++i) wv[i] = gemv_bf(sh.tile.w[i][o][kk]);
