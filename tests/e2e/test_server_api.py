@@ -151,7 +151,8 @@ def test_echo_and_prompt_logprobs(client, http):
     # the prompt's last token's logprob = the sampled one at the same position (same logits row)
     assert lp["token_logprobs"][len(prompt)] == gen["logprobs"]["token_logprobs"][0]
     assert lp["top_logprobs"][len(prompt)] == gen["logprobs"]["top_logprobs"][0]
-    assert lp["token_logprobs"][-1] == gen["logprobs"]["token_logprobs"][1]
+    # t2's row: a decode row when generated (the tensor core's order), a prompt row when echoed (lane-16)
+    assert abs(lp["token_logprobs"][-1] - gen["logprobs"]["token_logprobs"][1]) < 0.05
     assert echo["text"].startswith(http.post("/detokenize", json={"tokens": prompt + [t1]}).json()["prompt"])
     assert echo["prompt_logprobs"][0] is None and len(echo["prompt_logprobs"]) == len(prompt) + 1
     r = client.completions.create(model="cupyglm-tiny", prompt="The quick brown fox", max_tokens=1, temperature=0,
