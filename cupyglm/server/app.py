@@ -6,7 +6,7 @@ Responses API and /version (`responses_routes`).
 `create_app(state)` builds the ASGI app around a `ServerState` (`cupyglm.server.state`) whose bridge drives the
 engine. Every error is the OpenAI error JSON; errors found before a stream opens get their HTTP status
 (400/401/404/413/429/503), an error after a stream opened is one SSE `data: {"error": ...}` event followed by
-`data: [DONE]`.
+`data: [DONE]`. Routes raise `ApiError` and let it go: the app's handler answers it.
 """
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from typing import Any
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 
 from cupyglm.server.cache_routes import cache_routes
@@ -42,9 +42,19 @@ def create_app(state: ServerState, *, lifespan: Any = None) -> Starlette:
               *cache_routes(state, not_ready), *responses_routes(chat_path)]
     middleware = [Middleware(ApiKeyMiddleware, keys=state.api_keys)] if state.api_keys else []
     app = Starlette(routes=routes, middleware=middleware, lifespan=lifespan,
-                    exception_handlers={HTTPException: _http_error, Exception: _server_error})
+                    exception_handlers={ApiError: _api_error, ClientDisconnect: _client_gone,
+                                        HTTPException: _http_error, Exception: _server_error})
     app.router.redirect_slashes = False          # a redirect would be built from the client's Host header
     return app
+
+
+async def _api_error(request: Request, exc: ApiError) -> Response:
+    """A route's refusal raised before its response began (a stream's later errors are SSE events)."""
+    return json_error(exc)
+
+
+async def _client_gone(request: Request, exc: ClientDisconnect) -> Response:
+    return Response(status_code=499)
 
 
 async def _http_error(request: Request, exc: HTTPException) -> Response:

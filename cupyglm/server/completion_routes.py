@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 
-from starlette.requests import ClientDisconnect, Request
+from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
@@ -23,16 +23,11 @@ from cupyglm.server.sse import SSE_DONE, sse, sse_error
 
 def completion_routes(path: GenPath) -> list[Route]:
     async def generate(request: Request, kind: str) -> Response:
-        try:
-            body = await path.body_json(request)
-            info = path.need_ready()
-            req = await path.parse(kind, body, info)
-            prompts = await path.prompts_of(req)
-            streams = path.submit_all(req, prompts, info)
-        except ApiError as e:
-            return json_error(e)
-        except ClientDisconnect:
-            return Response(status_code=499)
+        body = await path.body_json(request)
+        info = path.need_ready()
+        req = await path.parse(kind, body, info)
+        prompts = await path.prompts_of(req)
+        streams = path.submit_all(req, prompts, info)
         replies = _replies(path, req, prompts, len(streams))
         if req.stream:
             return StreamingResponse(_stream(path, req, streams, replies), media_type="text/event-stream",

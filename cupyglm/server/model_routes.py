@@ -9,7 +9,6 @@ from starlette.routing import Route
 from cupyglm.server.errors import ApiError
 from cupyglm.server.fields import short
 from cupyglm.server.gen_path import GenPath
-from cupyglm.server.guards import json_error
 from cupyglm.server.responses import model_card, models_response, tokenizer_info_of
 
 
@@ -17,28 +16,19 @@ def model_routes(path: GenPath) -> list[Route]:
     state = path.state
 
     async def models(request: Request) -> Response:
-        try:
-            info = path.need_ready()
-        except ApiError as e:
-            return json_error(e)
+        info = path.need_ready()
         return JSONResponse(models_response(info, state.root, state.created))
 
     async def model(request: Request) -> Response:
-        try:
-            info = path.need_ready()
-            name = request.path_params["model_id"]
-            if name != info.served_id and name not in info.aliases:
-                raise ApiError(404, f"The model '{short(name)}' does not exist; this server serves "
-                               f"'{info.served_id}'", param="model", code="model_not_found")
-        except ApiError as e:
-            return json_error(e)
+        info = path.need_ready()
+        name = request.path_params["model_id"]
+        if name != info.served_id and name not in info.aliases:
+            raise ApiError(404, f"The model '{short(name)}' does not exist; this server serves "
+                           f"'{info.served_id}'", param="model", code="model_not_found")
         return JSONResponse(model_card(info, state.root, state.created))
 
     async def tokenizer_info(request: Request) -> Response:
-        try:
-            info = path.need_ready()
-        except ApiError as e:
-            return json_error(e)
+        info = path.need_ready()
         return JSONResponse(tokenizer_info_of(state.tokenizer, info))
 
     return [Route("/v1/models", models, methods=["GET"]),

@@ -16,7 +16,7 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
-from starlette.requests import ClientDisconnect, Request
+from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
@@ -76,16 +76,11 @@ def _error_event(e: ApiError) -> dict:
 
 def responses_routes(path: ChatPath) -> list[Route]:
     async def create(request: Request) -> Response:
-        try:
-            body = await path.body_json(request)
-            info = path.need_ready()
-            req = await path.parse(to_chat(body), info)
-            prompts = await path.prompts_of(req)
-            streams = path.submit_all(req, prompts, info)
-        except ApiError as e:
-            return json_error(e)
-        except ClientDisconnect:
-            return Response(status_code=499)
+        body = await path.body_json(request)
+        info = path.need_ready()
+        req = await path.parse(to_chat(body), info)
+        prompts = await path.prompts_of(req)
+        streams = path.submit_all(req, prompts, info)
         reply = Reply(id=f"resp_{uuid.uuid4().hex}", model=req.model, created=now(), prompt_ids=prompts[0])
         reply.glm = req.glm_output()
         run = _Run(body, reply)
