@@ -4,7 +4,8 @@ Positions: patch (row, column) in the processor's merge-block order, so rows m*m
 merged token's neighbours. Frequencies: with head width D, D/4 of them, inv_freq[i] = theta^(-4i/D) (i < D/4),
 the same table for the row and the column. Angles of a patch: [row * inv_freq | col * inv_freq], written twice
 to cover the whole head (no partial rotation). A head vector x rotates as x * cos + rotate_half(x) * sin with
-rotate_half(x) = [-x[D/2:], x[:D/2]], in fp32. Computed on the host once per image grid.
+rotate_half(x) = [-x[D/2:], x[:D/2]], in fp32. Computed on the host once per image grid. (The same table
+the Qwen2-VL family's towers build, GLM-4.1V's and GLM-OCR's among them.)
 """
 from __future__ import annotations
 

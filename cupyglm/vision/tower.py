@@ -17,6 +17,9 @@ Numerics: bf16 weights and activations; every sum over a model dimension in the 
 (backend/lanes.py), fp32 products, a bf16 rounding after each linear, norm, activation and residual add; exp
 is exp_f32; the rotary angles' cos/sin are NumPy's float32 and GELU's erf is float64 rounded to float32, both
 host-side until a kernel defines them. Each image is encoded alone, so a row depends only on its own image.
+Use (Hugging Face's Glm5NextModel): pixel_values enter in bf16; the merger's rows replace the <|image|>
+placeholders one for one (the processor's n_tokens), between <|begin_of_image|> and <|end_of_image|>, which
+stay text tokens; positions stay the ordinary sequential ones (the text model has no rotary).
 """
 from __future__ import annotations
 
