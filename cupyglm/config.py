@@ -22,7 +22,8 @@ DSA = "deepseek_sparse_attention"         # layer_types value of a DSA layer
 
 @dataclasses.dataclass(frozen=True)
 class VisionConfig:
-    """The vision tower's shape (vision_config): its tensors are stored and checked, not yet run."""
+    """The vision tower's shape (vision_config) and the image token ids (the top level's): read by
+    `cupyglm.config_vision`, run by `cupyglm.vision`."""
     depth: int                            # pre-norm blocks
     hidden_size: int
     intermediate_size: int                # block SwiGLU width
@@ -34,7 +35,29 @@ class VisionConfig:
     projection_intermediate_size: int     # the merger's SwiGLU width
     image_size: int = 448
     in_channels: int = 3
-    attention_bias: bool = True           # qkv and proj carry biases
+    attention_bias: bool = True           # qkv, proj and the block MLP carry biases
+    rms_norm_eps: float = 1e-5            # norm1, norm2, q/k norms, post_layernorm
+    swiglu_limit: float = 10.0            # the block MLP's and the merger's clamp
+    rope_theta: float = 10000.0           # the 2-D (axial) rotary base
+    image_token_id: int = 154854          # the placeholder each merged image row replaces
+    video_token_id: int = 154855
+    image_start_token_id: int = 154830    # <|begin_of_image|>
+    image_end_token_id: int = 154831      # <|end_of_image|>
+    video_start_token_id: int = 154832
+    video_end_token_id: int = 154833
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_heads
+
+    @property
+    def token_ids(self) -> dict[str, int]:
+        """The image and video token ids by their config.json field names."""
+        return {f: getattr(self, f) for f in TOKEN_ID_FIELDS}
+
+
+TOKEN_ID_FIELDS = ("image_token_id", "video_token_id", "image_start_token_id", "image_end_token_id",
+                   "video_start_token_id", "video_end_token_id")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -75,6 +98,7 @@ class ModelConfig:
     keep_grid: int = 2048                 # prompt-cache keep points (cupyglm_keep_grid)
     page_tokens: int = 512                # default KV page size (cupyglm_page_tokens)
     max_position_embeddings: int = 1048576  # the model's own maximum context (tokens); no window exceeds it
+    pad_token_id: int | None = None       # text_config.pad_token_id (inside the vocabulary; None: not declared)
     vision: VisionConfig | None = None    # the vision tower beside the text model (None: a text-only checkpoint)
 
     # ---- derived facts the model code uses -------------------------------------------------------
@@ -155,7 +179,7 @@ PRESETS: dict[str, ModelConfig] = {
         n_routed_experts=288, num_experts_per_tok=8, n_shared_experts=1, moe_intermediate_size=2048,
         intermediate_size=12288, routed_scaling_factor=2.5, norm_topk_prob=True, swiglu_limit=10.0,
         hc_mult=4, hc_sinkhorn_iters=20, hc_eps=1e-6, num_nextn_predict_layers=1, rms_norm_eps=1e-5,
-        eos_token_ids=(154820, 154827, 154829),
+        eos_token_ids=(154820, 154827, 154829), pad_token_id=154820,
         vision=VisionConfig(depth=24, hidden_size=1024, intermediate_size=4096, num_heads=16, patch_size=14,
                             temporal_patch_size=2, spatial_merge_size=2, out_hidden_size=4096,
                             projection_intermediate_size=10240)),
@@ -170,10 +194,13 @@ PRESETS: dict[str, ModelConfig] = {
         intermediate_size=256, routed_scaling_factor=2.5, norm_topk_prob=True, swiglu_limit=10.0,
         hc_mult=4, hc_sinkhorn_iters=20, hc_eps=1e-6, num_nextn_predict_layers=1, rms_norm_eps=1e-5,
         eos_token_ids=(496, 503, 505), attn_chunk=32, keep_grid=64, page_tokens=16,
-        max_position_embeddings=131072,
+        max_position_embeddings=131072, pad_token_id=496,
+        # The image and video ids are the tiny tokenizer's (checkpoint/tiny_tokenizer.py VISION_TOKEN_IDS).
         vision=VisionConfig(depth=2, hidden_size=64, intermediate_size=128, num_heads=4, patch_size=14,
                             temporal_patch_size=2, spatial_merge_size=2, out_hidden_size=256,
-                            projection_intermediate_size=320, image_size=112)),
+                            projection_intermediate_size=320, image_size=112,
+                            image_token_id=492, video_token_id=494, image_start_token_id=506,
+                            image_end_token_id=507, video_start_token_id=452, video_end_token_id=487)),
 }
 
 

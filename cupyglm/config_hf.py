@@ -8,11 +8,11 @@ guess silently changes the numbers. Every refusal names the field (ConfigError).
 """
 from __future__ import annotations
 
-from cupyglm.config import DSA, KDA, ConfigError, ModelConfig, VisionConfig
+from cupyglm.config import DSA, KDA, ConfigError, ModelConfig
+from cupyglm.config_vision import read_vision, vision_dict
 
 TOP_MODEL_TYPE = "glm5_next"
 TEXT_MODEL_TYPE = "glm5_next_text"
-VISION_MODEL_TYPE = "glm5_next_vision"
 ARCHITECTURE = "Glm5NextForConditionalGeneration"
 LAYER_TYPE_ALIASES = {"full_attention": DSA}      # the legacy name Hugging Face reads as a DSA layer
 MLP_DENSE, MLP_SPARSE = "dense", "sparse"         # mlp_layer_types values
@@ -77,7 +77,7 @@ def from_dict(raw: dict) -> ModelConfig:
         vision = None
     cfg = _text(text, top)
     if vision is not None:
-        cfg = _with_vision(cfg, _Fields(vision, "vision_config"))
+        cfg = read_vision(cfg, _Fields(vision, "vision_config"), top)
     check(cfg)
     return cfg
 
@@ -102,6 +102,7 @@ def _text(c: _Fields, top: _Fields) -> ModelConfig:
         lower = lin.get("gate_lower_bound", -5.0)                 # released -5.0
     eos = c.get("eos_token_id", top.get("eos_token_id", []))     # text_config first, then the top level
     eos = tuple(eos) if isinstance(eos, list) else (eos,)
+    pad = c.get("pad_token_id", top.get("pad_token_id", None))   # text_config first, then the top level
 
     return ModelConfig(
         hidden_size=int(c.need("hidden_size")),
@@ -140,6 +141,7 @@ def _text(c: _Fields, top: _Fields) -> ModelConfig:
         keep_grid=int(c.get("cupyglm_keep_grid", 2048)),
         page_tokens=int(c.get("cupyglm_page_tokens", 512)),
         max_position_embeddings=int(c.get("max_position_embeddings", 1_048_576)),   # released 1,048,576
+        pad_token_id=None if pad is None else int(pad),
     )
 
 
@@ -202,32 +204,6 @@ def _first_dense(c: _Fields, layers: int) -> int:
     return int(c.disputed("first_k_dense_replace"))
 
 
-def _with_vision(cfg: ModelConfig, v: _Fields) -> ModelConfig:
-    import dataclasses
-
-    v.only("model_type", (VISION_MODEL_TYPE, None))
-    vision = VisionConfig(
-        depth=int(v.need("depth")),
-        hidden_size=int(v.need("hidden_size")),
-        intermediate_size=int(v.need("intermediate_size")),
-        num_heads=int(v.need("num_heads")),
-        patch_size=int(v.need("patch_size")),
-        temporal_patch_size=int(v.need("temporal_patch_size")),
-        spatial_merge_size=int(v.need("spatial_merge_size")),
-        out_hidden_size=int(v.need("out_hidden_size")),           # Hugging Face assumes 1536; released 4096
-        projection_intermediate_size=int(v.need("projection_intermediate_size")),
-        image_size=int(v.get("image_size", 448)),                 # released 448
-        in_channels=int(v.get("in_channels", 3)),                 # released 3
-        attention_bias=bool(v.get("attention_bias", True)),       # released true
-    )
-    if vision.hidden_size % vision.num_heads:
-        raise ConfigError("config.json: vision_config.hidden_size must be a multiple of vision_config.num_heads")
-    if vision.out_hidden_size != cfg.hidden_size:
-        raise ConfigError(f"config.json: vision_config.out_hidden_size={vision.out_hidden_size} must equal the "
-                          f"text hidden_size {cfg.hidden_size}")
-    return dataclasses.replace(cfg, vision=vision)
-
-
 def check(cfg: ModelConfig) -> None:
     checks = [
         ("hc_mult", cfg.hc_mult == 4, "only 4 hyper-connection streams are supported"),
@@ -243,6 +219,9 @@ def check(cfg: ModelConfig) -> None:
         ("swiglu_limit", cfg.swiglu_limit > 0, "must be positive (the clamp is part of the model)"),
         ("max_position_embeddings", cfg.max_position_embeddings > 0, "must be positive"),
     ]
+    if cfg.pad_token_id is not None:
+        checks.append(("text_config.pad_token_id", 0 <= cfg.pad_token_id < cfg.vocab_size,
+                       f"{cfg.pad_token_id} lies outside the vocabulary (vocab_size {cfg.vocab_size})"))
     for field, ok, why in checks:
         if not ok:
             raise ConfigError(f"config.json: unsupported {field}: {why}")
@@ -303,6 +282,7 @@ def to_dict(cfg: ModelConfig) -> dict:
         "num_nextn_predict_layers": cfg.num_nextn_predict_layers,
         "rms_norm_eps": cfg.rms_norm_eps,
         "eos_token_id": list(cfg.eos_token_ids),
+        **({} if cfg.pad_token_id is None else {"pad_token_id": cfg.pad_token_id}),
         "hidden_act": "silu",
         "tie_word_embeddings": False,
         "dtype": "bfloat16",
@@ -312,7 +292,8 @@ def to_dict(cfg: ModelConfig) -> dict:
     }
     out = {"architectures": [ARCHITECTURE], "model_type": TOP_MODEL_TYPE, "text_config": text}
     if cfg.vision is not None:
-        out["vision_config"] = _vision_dict(cfg.vision)
+        out["vision_config"] = vision_dict(cfg.vision)
+        out.update(cfg.vision.token_ids)
     out.update({"tie_word_embeddings": False, "dtype": "bfloat16"})
     return out
 
@@ -325,15 +306,4 @@ def _linear_attn_dict(cfg: ModelConfig) -> dict:
         "gate_lower_bound": cfg.kda_gate_lower_bound,
         "kda_layers": list(cfg.kda_layers),
         "full_attn_layers": list(cfg.dsa_layers),
-    }
-
-
-def _vision_dict(v: VisionConfig) -> dict:
-    return {
-        "model_type": VISION_MODEL_TYPE, "depth": v.depth, "hidden_size": v.hidden_size,
-        "intermediate_size": v.intermediate_size, "num_heads": v.num_heads, "image_size": v.image_size,
-        "patch_size": v.patch_size, "temporal_patch_size": v.temporal_patch_size,
-        "spatial_merge_size": v.spatial_merge_size, "out_hidden_size": v.out_hidden_size,
-        "projection_intermediate_size": v.projection_intermediate_size, "in_channels": v.in_channels,
-        "attention_bias": v.attention_bias, "hidden_act": "silu",
     }

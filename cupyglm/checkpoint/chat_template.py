@@ -17,7 +17,9 @@ class ChatTemplateError(ValueError):
 #   [gMASK]<sop>, then per message <|system|>\n{text} | <|user|>\n{text}[/nothink] |
 #   <|assistant|>\n<think>{reasoning}</think>\n{text} | <|observation|>\n<tool_response>...;
 #   reasoning is kept only for assistant turns after the last user turn; the generation prompt is
-#   <|assistant|>, plus \n<think></think> when thinking is off.
+#   <|assistant|>, plus \n<think></think> when thinking is off. An image part renders as
+#   <|begin_of_image|><|image|><|end_of_image|> (a video part likewise): the processor repeats the placeholder once
+#   per merged image row. check_messages still refuses image parts until the engine runs the tower.
 GLM_CHAT_TEMPLATE = r"""[gMASK]<sop>
 {%- macro text_of(content) -%}
     {%- if content is none -%}
@@ -31,6 +33,10 @@ GLM_CHAT_TEMPLATE = r"""[gMASK]<sop>
                 {{- part -}}
             {%- elif part is mapping and part.type == 'text' -%}
                 {{- part.text -}}
+            {%- elif part is mapping and part.type in ('image', 'image_url') -%}
+                {{- '<|begin_of_image|><|image|><|end_of_image|>' -}}
+            {%- elif part is mapping and part.type in ('video', 'video_url') -%}
+                {{- '<|begin_of_video|><|video|><|end_of_video|>' -}}
             {%- else -%}
                 {{- raise_exception('unsupported content part type: ' ~ (part.type if part is mapping else part)) -}}
             {%- endif -%}

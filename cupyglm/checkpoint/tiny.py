@@ -2,7 +2,8 @@
 
 `write_tiny(dir, seed)` writes a Hugging Face directory laid out as the published checkpoint (config.json with
 text_config and vision_config; two safetensors shards + index holding every tensor of the split table, the tiny
-vision tower's too, under the real names and in the real dtypes; tokenizer.json, tokenizer_config.json). Each tensor draws from its own generator seeded by (seed, a hash of
+vision tower's too, under the real names and in the real dtypes; tokenizer.json, tokenizer_config.json with the
+image tokens; preprocessor_config.json). Each tensor draws from its own generator seeded by (seed, a hash of
 its name), so adding a tensor shifts no other. Same seed -> byte-identical files.
 
 `default_tiny_dir()` builds it once into the cache (`env.cache_dir()`) and returns the directory; several
@@ -27,11 +28,13 @@ import numpy as np
 from cupyglm import env
 from cupyglm.checkpoint import names, tiny_quant
 from cupyglm.checkpoint.loader import DTYPES, INDEX_FILE, write_safetensors
-from cupyglm.checkpoint.tiny_tokenizer import build_tiny_tokenizer, tiny_eos_token_ids, tiny_tokenizer_config
+from cupyglm.checkpoint.tiny_tokenizer import (build_tiny_tokenizer, tiny_eos_token_ids, tiny_tokenizer_config,
+                                                vision_token_ids)
 from cupyglm.config import ModelConfig, preset
+from cupyglm.vision.processor import PREPROCESSOR_FILE, ProcessorConfig
 
 # Bump when the generator (init rules, tokenizer, file layout) changes: cached tiny dirs are keyed by it.
-TINY_FORMAT_VERSION = 2
+TINY_FORMAT_VERSION = 3
 MARKER = ".cupyglm-complete"
 N_SHARDS = 2
 
@@ -46,6 +49,9 @@ HC_FN_GAIN = 0.5
 DENSE_MLP_GAIN = 4.0
 DENSE_UP = re.compile(r"\.layers\.\d+\.mlp\.(gate|up)_proj\.weight$")
 DENSE_DOWN = re.compile(r"\.layers\.\d+\.mlp\.down_proj\.weight$")
+
+# The tiny image processor's budget: 16..64 image tokens, so a 112x112 image is 16 tokens and larger ones shrink.
+TINY_PREPROCESSOR = {"min_image_tokens": 16, "max_image_tokens": 64}
 
 BUILD_COUNT = 0          # times this process built a default tiny dir (tests read it)
 
@@ -140,6 +146,8 @@ def write_tiny(out_dir: str | Path, seed: int = 0, config: ModelConfig | None = 
     eos = tiny_eos_token_ids(tok)
     if tuple(cfg.eos_token_ids) != eos:
         cfg = dataclasses.replace(cfg, eos_token_ids=eos)
+    if cfg.vision is not None and cfg.vision.token_ids != vision_token_ids(tok):
+        cfg = dataclasses.replace(cfg, vision=dataclasses.replace(cfg.vision, **vision_token_ids(tok)))
 
     # Tensors: split-table order, cut into N_SHARDS files of about equal bytes.
     specs = names.checkpoint_specs(cfg)
@@ -176,7 +184,15 @@ def write_tiny(out_dir: str | Path, seed: int = 0, config: ModelConfig | None = 
     if modelopt is not None:
         _write_text(out / tiny_quant.quant.HF_QUANT_FILE, json.dumps(modelopt, indent=2) + "\n")
     _write_text(out / "config.json", json.dumps(hf, indent=2) + "\n")
+    if cfg.vision is not None:
+        _write_text(out / PREPROCESSOR_FILE, json.dumps(_preprocessor(cfg), indent=2) + "\n")
     return out
+
+
+def _preprocessor(cfg: ModelConfig) -> dict:
+    v = cfg.vision
+    return ProcessorConfig(patch_size=v.patch_size, temporal_patch_size=v.temporal_patch_size,
+                           merge_size=v.spatial_merge_size, **TINY_PREPROCESSOR).to_dict()
 
 
 def _write_text(path: Path, text: str) -> None:

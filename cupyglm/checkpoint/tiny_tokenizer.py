@@ -1,6 +1,9 @@
-"""The tiny checkpoint's tokenizer: the 256-byte alphabet, BPE merges learned from a fixed built-in text, and the
-GLM special tokens at the top ids; plus its tokenizer_config.json (with the GLM chat template) and eos ids."""
+"""The tiny checkpoint's tokenizer: the 256-byte alphabet, BPE merges learned from a fixed built-in text, the
+GLM special tokens at the top ids and the image/video tokens in place of four learned merges; plus its
+tokenizer_config.json (with the GLM chat template) and eos ids."""
 from __future__ import annotations
+
+import json
 
 import tokenizers
 from tokenizers import AddedToken, decoders, models, pre_tokenizers, processors, trainers
@@ -18,6 +21,11 @@ SPECIAL_TOKENS: tuple[str, ...] = (
 PLAIN_ADDED_TOKENS: tuple[str, ...] = ("<think>", "</think>", "<tool_call>", "</tool_call>")
 ADDED_TOKENS: tuple[str, ...] = SPECIAL_TOKENS + PLAIN_ADDED_TOKENS
 EOS_TOKENS: tuple[str, ...] = ("<|endoftext|>", "<|user|>", "<|observation|>")   # as GLM-4.5
+# The image and video tokens (special), each taking the id of a learned merge that no later merge builds on and
+# that no test or bench prompt spells: every other id, and the tokens of any text without these words, stay put.
+VISION_TOKENS: dict[str, str] = {
+    "<|begin_of_video|>": "ĠBY", "<|end_of_video|>": "Ġargc", "<|image|>": "Ġbegin", "<|video|>": "Ġlived",
+}
 TINY_VOCAB_SIZE = 512
 TINY_MODEL_MAX_LENGTH = 131072
 
@@ -101,20 +109,49 @@ def build_tiny_tokenizer(vocab_size: int = TINY_VOCAB_SIZE) -> tokenizers.Tokeni
         raise RuntimeError(f"tiny tokenizer has {tok.get_vocab_size(with_added_tokens=True)} ids, wanted {vocab_size}")
     for i, t in enumerate(ADDED_TOKENS):
         assert tok.token_to_id(t) == n_base + i, t
-    return tok
+    return _with_vision_tokens(tok, vocab_size)
+
+
+def _with_vision_tokens(tok: tokenizers.Tokenizer, vocab_size: int) -> tokenizers.Tokenizer:
+    """`tok` with each VISION_TOKENS merge dropped and its vocabulary entry renamed to the image/video token, which
+    is then added (an added token already in the model's vocabulary keeps that id)."""
+    body = json.loads(tok.to_str())
+    vocab, merges = body["model"]["vocab"], body["model"]["merges"]
+    pair = (lambda m: "".join(m)) if merges and isinstance(merges[0], list) else (lambda m: m.replace(" ", ""))
+    for token, word in VISION_TOKENS.items():
+        if word not in vocab or any(word in pair(m) and pair(m) != word for m in merges):
+            raise RuntimeError(f"tiny tokenizer: {word!r} is not a leaf merge; pick another id for {token}")
+        tid = vocab[token] = vocab.pop(word)
+        merges[:] = [m for m in merges if pair(m) != word]
+        body["added_tokens"].append({"id": tid, "content": token, "single_word": False, "lstrip": False,
+                                     "rstrip": False, "normalized": False, "special": True})
+    body["added_tokens"].sort(key=lambda a: a["id"])
+    out = tokenizers.Tokenizer.from_str(json.dumps(body))
+    if out.get_vocab_size(with_added_tokens=True) != vocab_size or any(
+            out.token_to_id(a["content"]) != a["id"] for a in body["added_tokens"]):
+        raise RuntimeError(f"tiny tokenizer: the added tokens did not keep their ids (vocab {vocab_size})")
+    return out
+
+
+def vision_token_ids(tok: tokenizers.Tokenizer) -> dict[str, int]:
+    """The image and video token ids by their config.json field names."""
+    names = {"image_token_id": "<|image|>", "video_token_id": "<|video|>",
+             "image_start_token_id": "<|begin_of_image|>", "image_end_token_id": "<|end_of_image|>",
+             "video_start_token_id": "<|begin_of_video|>", "video_end_token_id": "<|end_of_video|>"}
+    return {field: tok.token_to_id(t) for field, t in names.items()}
 
 
 def tiny_tokenizer_config(tok: tokenizers.Tokenizer, model_max_length: int = TINY_MODEL_MAX_LENGTH) -> dict:
     """tokenizer_config.json for the tiny tokenizer (Hugging Face layout)."""
     decoder = {}
-    for t in ADDED_TOKENS:
+    for t in sorted(ADDED_TOKENS + tuple(VISION_TOKENS), key=tok.token_to_id):
         decoder[str(tok.token_to_id(t))] = {
             "content": t, "lstrip": False, "normalized": False, "rstrip": False, "single_word": False,
-            "special": t in SPECIAL_TOKENS,
+            "special": t in SPECIAL_TOKENS or t in VISION_TOKENS,
         }
     return {
         "added_tokens_decoder": decoder,
-        "additional_special_tokens": list(SPECIAL_TOKENS[1:]),
+        "additional_special_tokens": list(SPECIAL_TOKENS[1:]) + list(VISION_TOKENS),
         "bos_token": None,
         "eos_token": "<|endoftext|>",
         "pad_token": "<|endoftext|>",

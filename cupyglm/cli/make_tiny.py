@@ -11,7 +11,8 @@ def main(argv: list[str] | None = None) -> int:
         description="Write a deterministic random checkpoint of the GLM-5.3-Flash architecture at tiny sizes, "
                     "laid out as the published checkpoint (config.json with text_config and vision_config, "
                     "safetensors shards under the real tensor names and dtypes, a tiny vision tower's tensors, "
-                    "byte-level BPE tokenizer, GLM chat template).")
+                    "byte-level BPE tokenizer with the image tokens, GLM chat template, "
+                    "preprocessor_config.json).")
     parser.add_argument("dir", help="output directory (created if missing; its checkpoint files are overwritten)")
     parser.add_argument("--seed", type=int, default=0, help="random seed (default 0); same seed, same bytes")
     parser.add_argument("--quant", choices=("fp8", "nvfp4"), default=None,
