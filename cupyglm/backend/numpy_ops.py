@@ -18,6 +18,7 @@ from cupyglm.backend.numpy_gather import GatherOps
 from cupyglm.backend.numpy_gemm import NumpyGemm, round_out as _round
 from cupyglm.backend.numpy_kda import KDAOps
 from cupyglm.backend.numpy_moe import MoEOps
+from cupyglm.backend.numpy_vision import VisionOps
 from cupyglm.backend.roles import decode_rows
 
 NEG_INF = np.float32(-np.inf)
@@ -46,11 +47,12 @@ def paged_rows(tokens: np.ndarray, table: np.ndarray, seg: np.ndarray, page_toke
     return np.where(tokens < 0, np.int32(-1), rows).astype(np.int32)
 
 
-class NumpyOps(NumpyGemm, KDAOps, MoEOps, LogitsOps, GatherOps):
+class NumpyOps(NumpyGemm, KDAOps, MoEOps, LogitsOps, GatherOps, VisionOps):
     """The ops interface (DESIGN §2). Backends subclass it and replace ops with kernels. The reference GEMMs live in
     cupyglm.backend.numpy_gemm, the ops on a step's fp32 logits rows (sample, logprobs, penalize, mask_tokens) in
     cupyglm.backend.logits_ops, the KV host-row gathers in cupyglm.backend.numpy_gather, the KDA recurrence's ops in
-    cupyglm.backend.numpy_kda, the MoE routing and combine in cupyglm.backend.numpy_moe."""
+    cupyglm.backend.numpy_kda, the MoE routing and combine in cupyglm.backend.numpy_moe, the vision tower's own ops
+    (bias_add, gelu, vision_attention) in cupyglm.backend.numpy_vision."""
 
     name = "numpy"
     xp = np

@@ -13,39 +13,42 @@ As the published checkpoint defines it (Hugging Face's Glm5NextVisionModel; tens
   out_hidden_size, the text model's width.
 - merger: proj (no bias) -> LayerNorm (post_projection_norm, weight and bias, eps 1e-5) -> exact (erf) GELU ->
   clipped SwiGLU without biases (gate, up [projection_intermediate_size, out], down back to out).
-Numerics: bf16 weights and activations; every sum over a model dimension in the lane-16 order
-(backend/lanes.py), fp32 products, a bf16 rounding after each linear, norm, activation and residual add; exp
-is exp_f32; the rotary angles' cos/sin are NumPy's float32 and GELU's erf is float64 rounded to float32, both
-host-side until a kernel defines them. Each image is encoded alone, so a row depends only on its own image.
+Numerics (every op through the backend's ops object, the text model's interface, so numpy, sim and cuda give
+the same bits): bf16 weights and activations; every linear a prompt-role gemm (lane-16 sums over K, fp32
+products) whose fp32 sums take the bias in fp32 (bias_add) and round once to bf16; a residual is residual_add
+(bf16(x + bf16(sublayer))); norms are the rmsnorm / layernorm ops; attention is vision_attention (q/k RMSNorm,
+the rotary, exp_f32 softmax, P rounded to bf16 before P.V); the merger's GELU is the gelu op (erf_f32); SwiGLU
+is the swiglu op (gate clamped above at L, up clipped to [-L, L]). The rotary's cos/sin are NumPy's float32,
+computed on the host once per grid. Each image is encoded alone, so a row depends only on its own image.
 Use (Hugging Face's Glm5NextModel): pixel_values enter in bf16; the merger's rows replace the <|image|>
 placeholders one for one (the processor's n_tokens), between <|begin_of_image|> and <|end_of_image|>, which
 stay text tokens; positions stay the ordinary sequential ones (the text model has no rotary).
 """
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 
 import numpy as np
 
-from cupyglm.backend.lanes import bf16, exp_f32, f32, gemm, gemm_batched, lane_sum, rsqrt_f32, sigmoid_f32
+from cupyglm.backend.lanes import BF16
+from cupyglm.backend.numpy_ops import NumpyOps
 from cupyglm.config import VisionConfig
 from cupyglm.vision import rotary
 
 MERGER_LN_EPS = 1e-5                    # the merger's LayerNorm: torch's default eps (the config sets none)
-_erf = np.vectorize(math.erf, otypes=[np.float64])
 
 
 class VisionTower:
-    """The tower of `cfg` over `weights`: name (relative to model.visual.) -> stored bf16 array."""
+    """The tower of `cfg` over `weights`: name (relative to model.visual.) -> stored bf16 array, run by `ops`
+    (a backend's ops object; the numpy reference when None). Conv weights are kept as [out, in * kernel] GEMM
+    weights."""
 
-    def __init__(self, cfg: VisionConfig, weights: Mapping[str, np.ndarray]):
-        self.cfg = cfg
-        self.w = weights
+    def __init__(self, cfg: VisionConfig, weights: Mapping[str, np.ndarray], ops=None):
+        self.cfg, self.ops = cfg, ops if ops is not None else NumpyOps()
         missing = [n for n in self.tensor_names() if n not in weights]
         if missing:
             raise ValueError(f"vision tower: missing tensor model.visual.{missing[0]} ({len(missing)} missing)")
-
+        self.w = {n: self.ops.weight(_as_gemm(n, np.asarray(weights[n]))) for n in self.tensor_names()}
     def tensor_names(self) -> list[str]:
         names = ["patch_embed.proj.weight", "patch_embed.proj.bias", "post_layernorm.weight",
                  "downsample.weight", "downsample.bias", "merger.proj.weight", "merger.post_projection_norm.weight",
@@ -61,84 +64,69 @@ class VisionTower:
                 names += [f"{b}.mlp.{p}_proj.bias" for p in ("gate", "up", "down")]
         return names
 
-    def encode(self, pixel_values: np.ndarray, grid: tuple[int, int, int]) -> np.ndarray:
+    def encode(self, pixel_values: np.ndarray, grid: tuple[int, int, int]):
         """pixel_values float32 [t * h * w, 3 * t * p * p] and grid (t, h, w) of ONE image -> bf16
-        [t * h * w / m^2, out_hidden_size]: the rows that replace the image's placeholder tokens."""
-        c, (t, gh, gw) = self.cfg, grid
+        [t * h * w / m^2, out_hidden_size] on the backend (ops.asnumpy brings it to the host): the rows that
+        replace the image's placeholder tokens."""
+        c, ops, (t, gh, gw) = self.cfg, self.ops, grid
         n, width = pixel_values.shape
         if t != 1 or n != gh * gw or width != c.in_channels * c.temporal_patch_size * c.patch_size ** 2:
             raise ValueError(f"vision tower: pixel_values {pixel_values.shape} do not match grid {grid} "
                              f"(one frame, rows of {c.in_channels * c.temporal_patch_size * c.patch_size ** 2})")
-        x = self._linear(bf16(pixel_values), "patch_embed.proj")
+        pixels = ops.weight(np.asarray(pixel_values, np.float32).astype(BF16))   # pixel rows enter in bf16
+        x = self._linear(pixels, "patch_embed.proj")
         cos, sin = rotary.cos_sin(rotary.patch_positions(gh, gw, c.spatial_merge_size), c.head_dim, c.rope_theta)
         for i in range(c.depth):
             x = self._block(x, f"blocks.{i}", cos, sin)
-        x = rmsnorm(x, self.w["post_layernorm.weight"], c.rms_norm_eps)
-        return self._merge(x)
+        return self._merge(ops.rmsnorm(x, self.w["post_layernorm.weight"], c.rms_norm_eps))
+
+    def encode_images(self, images) -> list:
+        """encode of each (pixel_values, grid) in `images`, one image at a time: an image's rows never depend on
+        the images beside it in the call."""
+        return [self.encode(pixel_values, grid) for pixel_values, grid in images]
 
     # ---- parts -------------------------------------------------------------------------------------------
-    def _linear(self, x: np.ndarray, name: str, bias: bool = True) -> np.ndarray:
-        w = self.w[f"{name}.weight"]
-        y = gemm(x, w.reshape(w.shape[0], -1))
-        if bias:
-            y = y + f32(self.w[f"{name}.bias"])
-        return bf16(y)
+    def _linear(self, x, name: str, bias: bool = True, out: str = "bf16"):
+        """x @ W^T (+ b) as a prompt-role gemm; out "bf16" rounds once, "f32" keeps the sums (a residual's)."""
+        if not bias:
+            return self.ops.gemm(x, self.w[f"{name}.weight"], out=out)
+        return self.ops.bias_add(self.ops.gemm(x, self.w[f"{name}.weight"]), self.w[f"{name}.bias"], out)
 
-    def _block(self, x: np.ndarray, b: str, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
-        c = self.cfg
-        h = self._attention(rmsnorm(x, self.w[f"{b}.norm1.weight"], c.rms_norm_eps), b, cos, sin)
-        x = bf16(f32(x) + f32(h))
-        h = self._swiglu(rmsnorm(x, self.w[f"{b}.norm2.weight"], c.rms_norm_eps), f"{b}.mlp", c.attention_bias)
-        return bf16(f32(x) + f32(h))
+    def _block(self, x, b: str, cos: np.ndarray, sin: np.ndarray):
+        c, ops = self.cfg, self.ops
+        h = self._attention(ops.rmsnorm(x, self.w[f"{b}.norm1.weight"], c.rms_norm_eps), b, cos, sin)
+        x = ops.residual_add(x, h)
+        h = self._mlp(ops.rmsnorm(x, self.w[f"{b}.norm2.weight"], c.rms_norm_eps), f"{b}.mlp", c.attention_bias)
+        return ops.residual_add(x, h)
 
-    def _attention(self, x: np.ndarray, b: str, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
+    def _attention(self, x, b: str, cos: np.ndarray, sin: np.ndarray):
+        """The attention sublayer's fp32 output (proj's sums and bias, unrounded: residual_add rounds it)."""
         c, n = self.cfg, x.shape[0]
         qkv = self._linear(x, f"{b}.attn.qkv", c.attention_bias).reshape(n, 3, c.num_heads, c.head_dim)
-        q = rmsnorm(qkv[:, 0], self.w[f"{b}.attn.q_norm.weight"], c.rms_norm_eps)
-        k = rmsnorm(qkv[:, 1], self.w[f"{b}.attn.k_norm.weight"], c.rms_norm_eps)
-        q, k = bf16(rotary.rotate(q, cos, sin)), bf16(rotary.rotate(k, cos, sin))
-        v = qkv[:, 2]
-        scores = gemm_batched(q.transpose(1, 0, 2), k.transpose(1, 0, 2)) * np.float32(c.head_dim ** -0.5)
-        e = exp_f32(scores - scores.max(axis=-1, keepdims=True))
-        p = e / lane_sum(e)[..., None]                                           # [heads, n, n] fp32
-        o = gemm_batched(bf16(p), v.transpose(1, 2, 0))                          # P rounded to bf16 before P.V
-        return self._linear(bf16(o).transpose(1, 0, 2).reshape(n, -1), f"{b}.attn.proj", c.attention_bias)
+        o = self.ops.vision_attention(qkv, self.w[f"{b}.attn.q_norm.weight"], self.w[f"{b}.attn.k_norm.weight"],
+                                      c.rms_norm_eps, cos, sin, c.head_dim ** -0.5)
+        return self._linear(o, f"{b}.attn.proj", c.attention_bias, out="f32")
 
-    def _swiglu(self, x: np.ndarray, name: str, bias: bool) -> np.ndarray:
-        lim = np.float32(self.cfg.swiglu_limit)
-        gate = np.minimum(f32(self._linear(x, f"{name}.gate_proj", bias)), lim)
-        up = np.clip(f32(self._linear(x, f"{name}.up_proj", bias)), -lim, lim)
-        act = bf16(gate * sigmoid_f32(gate))
-        return self._linear(bf16(f32(act) * up), f"{name}.down_proj", bias)
+    def _mlp(self, x, name: str, bias: bool, out: str = "f32"):
+        """down(swiglu(gate(x), up(x), L)): the block's fp32 sublayer output, or the merger's bf16 rows."""
+        lim = self.cfg.swiglu_limit
+        if bias:
+            act = self.ops.swiglu(self._linear(x, f"{name}.gate_proj"), self._linear(x, f"{name}.up_proj"), lim)
+        else:
+            act = self.ops.gemm_swiglu(x, self.w[f"{name}.gate_proj.weight"], self.w[f"{name}.up_proj.weight"], lim)
+        return self._linear(act, f"{name}.down_proj", bias, out=out)
 
-    def _merge(self, x: np.ndarray) -> np.ndarray:
-        c, m = self.cfg, self.cfg.spatial_merge_size
+    def _merge(self, x):
+        c, m, ops = self.cfg, self.cfg.spatial_merge_size, self.ops
         blocks = x.reshape(-1, m, m, c.hidden_size).transpose(0, 3, 1, 2).reshape(-1, c.hidden_size * m * m)
         y = self._linear(blocks, "downsample")                                  # [tokens, out] (D, m, m) flattened
         y = self._linear(y, "merger.proj", bias=False)
-        y = layernorm(y, self.w["merger.post_projection_norm.weight"], self.w["merger.post_projection_norm.bias"],
-                      MERGER_LN_EPS)
-        y = bf16(gelu(f32(y)))
-        return self._swiglu(y, "merger", bias=False)
+        y = ops.layernorm(y, self.w["merger.post_projection_norm.weight"], self.w["merger.post_projection_norm.bias"],
+                          MERGER_LN_EPS)
+        return self._mlp(ops.gelu(y), "merger", bias=False, out="bf16")
 
 
-def rmsnorm(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
-    """bf16(w * bf16(x * rsqrt(mean(x^2) + eps))) over the last axis (the text model's RMSNorm form)."""
-    x = f32(x)
-    r = rsqrt_f32(lane_sum(x * x) / np.float32(x.shape[-1]) + np.float32(eps))
-    return bf16(f32(w) * f32(bf16(x * r[..., None])))
-
-
-def layernorm(x: np.ndarray, w: np.ndarray, b: np.ndarray, eps: float) -> np.ndarray:
-    """bf16((x - mean) * rsqrt(var + eps) * w + b), population variance, over the last axis."""
-    x = f32(x)
-    d = x - (lane_sum(x) / np.float32(x.shape[-1]))[..., None]
-    r = rsqrt_f32(lane_sum(d * d) / np.float32(x.shape[-1]) + np.float32(eps))
-    return bf16(d * r[..., None] * f32(w) + f32(b))
-
-
-def gelu(x: np.ndarray) -> np.ndarray:
-    """Exact GELU x * (1 + erf(x / sqrt 2)) / 2, float32."""
-    x = f32(x)
-    return (x * np.float32(0.5) * (np.float32(1.0) + _erf(x / np.float32(math.sqrt(2.0))).astype(np.float32))
-            ).astype(np.float32)
+def _as_gemm(name: str, w: np.ndarray) -> np.ndarray:
+    """A conv's kernel (equal to its stride) as the GEMM weight [out, in * kernel]: its flattened C order is the
+    pixel row's (channel, time, y, x) and the merge block's (D, m, m). Other tensors as stored."""
+    return w.reshape(w.shape[0], -1) if name.endswith(".weight") and w.ndim > 2 else w

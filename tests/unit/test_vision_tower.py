@@ -10,11 +10,12 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from cupyglm.backend.erf_f32 import gelu_f32
 from cupyglm.checkpoint.vision_weights import vision_weights
 from cupyglm.config import ConfigError, ModelConfig, preset
 from cupyglm.vision import rotary
 from cupyglm.vision.processor import ProcessorConfig, process_bytes
-from cupyglm.vision.tower import VisionTower, gelu
+from cupyglm.vision.tower import VisionTower
 
 
 def _png(h: int, w: int, seed: int) -> bytes:
@@ -84,7 +85,7 @@ def test_rotary_tables_rotate_h_then_w_over_the_whole_head():
 
 def test_gelu_is_the_exact_erf_form():
     x = np.array([-3.0, -1.0, 0.0, 0.5, 2.0], np.float32)
-    assert np.allclose(gelu(x), [-0.0040497, -0.1586553, 0.0, 0.3457312, 1.9544997], atol=1e-6)
+    assert np.allclose(gelu_f32(x), [-0.0040497, -0.1586553, 0.0, 0.3457312, 1.9544997], atol=1e-6)
 
 
 # ---- vision_config and the tiny checkpoint ----------------------------------------------------------------
