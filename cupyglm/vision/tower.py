@@ -1,4 +1,4 @@
-"""The vision tower in NumPy (the reference): one image's pixel rows -> rows of the text model's width.
+"""The vision tower on any backend (numpy, sim, cuda): one image's pixel rows -> rows of the text model's width.
 
 As the published checkpoint defines it (Hugging Face's Glm5NextVisionModel; tensors under model.visual.):
 - patch_embed: a Conv3d whose kernel equals its stride (temporal_patch_size x patch x patch), i.e. one linear
@@ -49,6 +49,7 @@ class VisionTower:
         if missing:
             raise ValueError(f"vision tower: missing tensor model.visual.{missing[0]} ({len(missing)} missing)")
         self.w = {n: self.ops.weight(_as_gemm(n, np.asarray(weights[n]))) for n in self.tensor_names()}
+
     def tensor_names(self) -> list[str]:
         names = ["patch_embed.proj.weight", "patch_embed.proj.bias", "post_layernorm.weight",
                  "downsample.weight", "downsample.bias", "merger.proj.weight", "merger.post_projection_norm.weight",

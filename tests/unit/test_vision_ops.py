@@ -68,3 +68,25 @@ def test_erf_f32_twin_has_the_cuh_constants():
     consts = [np.float32(float.fromhex(h.rstrip("f"))) for h in re.findall(r"-?0x[0-9a-f.]+p[-+]\d+f", block)]
     assert consts == list(TAYLOR)
     assert f"#define ERF_TAYLOR_TERMS {len(TAYLOR)}" in src and f"#define ERF_CF_DEPTH {CF_DEPTH}" in src
+
+
+def test_vision_launchers_refuse_wrong_calls_naming_the_parameter():
+    from cupyglm.kernels import ops_vision
+    from cupyglm.kernels.ops import Kernels
+
+    k = Kernels("sim", np)
+    bf = np.dtype("bfloat16")
+    qkv, w = np.zeros((4, 3, 2, 8), bf), np.ones(8, bf)
+    table = np.zeros((4, 8), np.float32)
+    with pytest.raises(ValueError, match="cos must have shape"):
+        ops_vision.vision_attention(k, qkv, w, w, 1e-5, table[:3], table, 0.5)
+    with pytest.raises(ValueError, match="head_dim must be even"):
+        ops_vision.vision_attention(k, np.zeros((4, 3, 2, 7), bf), w[:7], w[:7], 1e-5, table[:, :7], table[:, :7], 1.0)
+    n = ops_vision.MAX_PATCHES + 1
+    with pytest.raises(ValueError, match=f"at most {n - 1} patches"):
+        ops_vision.vision_attention(k, np.zeros((n, 3, 1, 2), bf), w[:2], w[:2], 1e-5, np.zeros((n, 2), np.float32),
+                                    np.zeros((n, 2), np.float32), 1.0)
+    with pytest.raises(ValueError, match="parameter b must be bfloat16"):
+        ops_vision.bias_add(k, np.zeros((2, 8), np.float32), np.zeros(8, np.float32))
+    with pytest.raises(ValueError, match="out must be one of"):
+        ops_vision.bias_add(k, np.zeros((2, 8), np.float32), w, "f16")
