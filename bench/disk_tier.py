@@ -67,7 +67,7 @@ def restore_ratio(ckpt, tokens: int, reps: int) -> None:
             crc.append(time.perf_counter() - t0)
             t0 = time.perf_counter()
             assert disk.read(i, key, tokens)
-            disk.commit(i, tokens)
+            disk.commit(i, tokens, range(-(-body.size // kept.page_bytes)))
             load.append(time.perf_counter() - t0)
             got = np.empty(body.size, dtype=np.uint8)
             from cupyglm.kv.copy_hooks import address_of

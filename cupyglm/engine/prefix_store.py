@@ -9,7 +9,8 @@ An absent tier is a null one here, and a server without a prompt cache gets `Nul
 scheduler asks one object and checks for none.
 
 Operations, each returning what the plan and the step message carry: `lookup` (the longest kept prefix and its
-tier), `restore`, `keep`, `evict` (for KV pages), the step's `end_step` (drops and the disk section: spills,
+tier), `restore`, `keep` (with the kept pages the memory tier leased: it alone allocates the arena), `evict`
+(for KV pages), the step's `end_step` (drops and the disk section: spills,
 loads, unlinks), `resolved` (the ranks' agreed loads), `stop` and `admin` (save / clear).
 
 What must stay true: the calls come in the order the scheduler plans a step (evictions before any lease, keeps
@@ -132,17 +133,18 @@ class PrefixStore:
         """(request, entry, length) whose loads every rank completed: restore them now; taken once."""
         return self._disk.take_ready()
 
-    def keep(self, r, length: int, protect: set[int]) -> tuple[int | None, list[int]]:
-        """(new entry or None, entries dropped for it) for keeping r's state at `length`, after the step's
-        leases: the new entry holds r's whole pages before the keep point."""
+    def keep(self, r, length: int, protect: set[int]) -> tuple[int | None, tuple[int, ...], list[int]]:
+        """(new entry or None, the kept pages it was leased, entries dropped for it) for keeping r's state at
+        `length`, after the step's leases: the new entry holds r's whole pages before the keep point."""
         tokens = r.prompt[:length]
         eid, evict = self.cache.plan_keep(r.salt, tokens, protect | self._disk.protected)
         for d in evict:
             self._pages.drop(d)
-        if eid is not None:
-            self._pages.hold(eid, r.pages[:self._pages.shared_pages(length)])
-            self._disk.note_keep(eid, r.salt, tokens)
-        return eid, evict
+        if eid is None:
+            return None, (), evict
+        self._pages.hold(eid, r.pages[:self._pages.shared_pages(length)])
+        self._disk.note_keep(eid, r.salt, tokens)
+        return eid, self.cache.ids_of(eid), evict
 
     def end_step(self, drops: tuple[int, ...]):
         """(the step's drops, its disk section or None): the loads' evictions first, spills of what the step

@@ -46,11 +46,15 @@ class RankStore:
         """The kept bytes into `state` (its whole table already held)."""
         self._arena().restore(entry_id, state)
 
-    def keep(self, entry_id: int, state, tokens: tuple[int, ...]) -> None:
-        """`state` kept under a new entry: its bytes copied, its whole pages before the keep point held, and with a
-        disk tier its tokens noted (a later spill writes them into the file's header)."""
+    def keep(self, entry_id: int, state, tokens: tuple[int, ...], kept_pages) -> None:
+        """`state` kept under a new entry: its bytes copied into the kept pages rank 0 named, its whole pages
+        before the keep point held, and with a disk tier its tokens noted (a later spill writes them into the
+        file's header)."""
         arena = self._arena()
-        arena.keep(entry_id, state)
+        try:
+            arena.keep(entry_id, state, kept_pages)
+        except ValueError as err:
+            raise StepFormatError(f"rank {self.rank}: step {self.step} keeps entry {entry_id}: {err}") from None
         self._pages.hold(entry_id, state.pages[:arena.shared_pages(state.length)])
         if self.disk is not None:
             self.disk.tokens_of[entry_id] = tokens
@@ -69,15 +73,19 @@ class RankStore:
             disk.spill(entry_id, key.hex(), salt.hex())
 
     def load(self, entries) -> dict[int, bool]:
-        """Read each (entry, length, key) into a new kept entry; entry -> every rank read it (a collective: the
-        entries are committed only where every rank's read succeeded, else discarded)."""
+        """Read each (entry, length, key, kept pages) into a new kept entry on those pages; entry -> every rank
+        read it (a collective: the entries are committed only where every rank's read succeeded, else
+        discarded)."""
         disk = self._files()
-        oks = np.array([disk.read(eid, key.hex(), length) for eid, length, key in entries], dtype=np.uint8)
+        oks = np.array([disk.read(eid, key.hex(), length) for eid, length, key, _ in entries], dtype=np.uint8)
         every = agree(self.host_comm, oks)
         out = {}
-        for (eid, length, _), ok in zip(entries, every):
+        for (eid, length, _, pages), ok in zip(entries, every):
             if ok:
-                disk.commit(eid, length)
+                try:
+                    disk.commit(eid, length, pages)
+                except ValueError as err:
+                    raise StepFormatError(f"rank {self.rank}: step {self.step} loads entry {eid}: {err}") from None
             else:
                 disk.discard(eid)
             out[eid] = bool(ok)

@@ -83,7 +83,7 @@ def test_rollback_and_kept_restore_write_the_slot_in_place():
     _kda(st)
     for layer in CFG.dsa_layers:
         t.of(st, layer)[0][...] = layer + 1
-    kept.keep(1, st)
+    kept.keep(1, st, range(kept.pages_for(st.length)))
     fresh = _kda(SeqState(pages=kv.pool.lease(1)))
     kept.restore(1, fresh)
     assert fresh.tail_slot == 1

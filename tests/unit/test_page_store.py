@@ -33,7 +33,7 @@ class Arena:
     def shared_pages(self, length):
         return self.pages.shared_pages(length)
 
-    def keep(self, eid, state):
+    def keep(self, eid, state, kept_pages):
         self.entries[eid] = state.length
 
     def restore(self, eid, state):
