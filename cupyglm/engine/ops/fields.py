@@ -1,7 +1,8 @@
-"""Payload helpers the operations share: a count, then fixed-size entries; or a count, then entries that each end
-in a list of ids."""
+"""Payload helpers the operations share: a count, then fixed-size entries; a count, then entries that each end in
+a list of ids; and `IdList`, the codec of an operation that is a list of u64 ids (cancel, evict, drop)."""
 from __future__ import annotations
 
+import dataclasses
 import struct
 
 from cupyglm.distributed.step import Reader, ids, pack
@@ -42,3 +43,16 @@ def read_id_entries(payload, st: struct.Struct, what: str) -> tuple:
         out.append((*head, r.ids(count, f"{what} {head[0]}'s page ids")))
     r.done()
     return tuple(out)
+
+
+class IdList:
+    """An operation whose payload is n u32 | n x u64 (its one field: the ids); `WHAT` names it in refusals."""
+
+    WHAT = ""
+
+    def encode(self) -> bytes:
+        return entries(U64, getattr(self, dataclasses.fields(self)[0].name))
+
+    @classmethod
+    def decode(cls, payload):
+        return cls(read_entries(payload, U64, cls.WHAT, bare=True))
