@@ -79,11 +79,21 @@ class PrefixStore:
     """Kept prefixes in memory, optionally as pool pages and on disk; `cache`, `pages`, `disk` are the tiers
     (None where absent) for observers."""
 
-    def __init__(self, cache: PromptCache, pages=None, disk=None):
+    def __init__(self, cache: PromptCache, pages=None, disk=None, page_bytes: int = 0):
         self.cache, self.pages, self.disk = cache, pages, disk
+        self.page_bytes = page_bytes                # one kept page's bytes (for `held`)
         self._pages = pages if pages is not None else NoPages()
         self._disk = disk if disk is not None else _NoDisk()
         self._evicted_from = 0
+
+    @property
+    def pages_held(self) -> int | None:
+        """KV pages kept prompts hold in the plan; None without a pool-pages tier."""
+        return None if self.pages is None else self.pages.held
+
+    def held(self) -> tuple[int, int]:
+        """(bytes of kept states in the memory tier, evictions so far)."""
+        return self.cache.held_pages * self.page_bytes, self.cache.stats.evictions
 
     @property
     def keeps(self) -> bool:
@@ -188,8 +198,11 @@ class PrefixStore:
 class NullStore:
     """No prompt cache: the same interface, never a hit, nothing kept."""
 
-    cache = pages = disk = None
+    cache = pages = disk = pages_held = None
     keeps = False
+
+    def held(self) -> None:
+        return None
 
     def shares(self, r, protect: set[int]) -> int:
         return 0
@@ -239,4 +252,4 @@ def store_for(kept, pool, disk=None) -> PrefixStore | NullStore:
     p = kept.pages
     pages = PageStore(pool, p.page_tokens, p.limit, bool(p.late)) if p is not None else None
     cache = PromptCache(kept.pool.num_pages, kept.pages_for, p.limit if p is not None else 0)
-    return PrefixStore(cache, pages, disk)
+    return PrefixStore(cache, pages, disk, kept.page_bytes)

@@ -12,7 +12,7 @@ import numpy as np
 
 from cupyglm.distributed.step import StepFormatError
 from cupyglm.engine.disk_tier import agree
-from cupyglm.kv.page_store import NoPages
+from cupyglm.kv.page_store import NoPages, stop_line
 
 
 class RankStore:
@@ -21,6 +21,15 @@ class RankStore:
         self.pages = kept.pages if kept is not None else None      # its page store (CUPYGLM_KV_SHARE), or None
         self._pages = self.pages if self.pages is not None else NoPages()
         self.step = -1
+
+    @property
+    def pages_held(self) -> int | None:
+        """KV pages this rank's kept prompts hold; None without a page store."""
+        return None if self.pages is None else self.pages.held
+
+    def stop_line(self) -> str | None:
+        """The page store's line at the stop (what it still holds); None without one."""
+        return None if self.pages is None else stop_line(self.rank, self.pages)
 
     def begin(self, step: int) -> None:
         """A new step message (named in refusals)."""
