@@ -47,15 +47,15 @@ def assemble(step: int, stop: bool = False, new=(), cancelled=(), settles=(), ev
     return StepMessage(step, tuple(ops), stop)
 
 
-def from_plan(plan, requests: dict, verifying: set[int]) -> StepMessage:
+def from_plan(plan, requests: dict, verifying: set[int], seeds: dict[int, int]) -> StepMessage:
     """rank 0's StepPlan as a message; `requests`: the scheduler's; `verifying`: requests whose verify group
-    ran last step (settled before this step leases)."""
+    ran last step (settled before this step leases); `seeds`: each admitted request's (from its record)."""
     new = []
     for rid in plan.admitted:
         r = requests[rid]
         p = r.params
         new.append(NewRequest(rid, r.prompt, Sampling(
-            temperature=p.temperature, top_p=p.top_p, top_k=p.top_k, min_p=p.min_p, seed=r.seed,
+            temperature=p.temperature, top_p=p.top_p, top_k=p.top_k, min_p=p.min_p, seed=seeds[rid],
             max_tokens=r.max_tokens, min_tokens=p.min_tokens, ignore_eos=p.ignore_eos,
             stop_token_ids=p.stop_token_ids)))
     groups = []
