@@ -139,6 +139,16 @@ class Engine:
         return self.scheduler.store.held() if self.scheduler is not None else None
 
     @property
+    def keeps_prompts(self) -> bool:
+        """A prompt cache is on: kept prompt states are restored."""
+        return self.worker.store.kept is not None
+
+    @property
+    def disk_stats(self):
+        """This rank's disk tier totals (`cupyglm.kv.disk_store`); None without a disk tier."""
+        return self.worker.store.disk_stats
+
+    @property
     def context(self) -> int:
         """The context window (max_model_len)."""
         return self.cfg.context

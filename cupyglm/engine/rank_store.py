@@ -1,10 +1,11 @@
 """One rank's kept states: the arena (`cupyglm.kv.kept.KeptStore`), the kept prompts' pool pages
 (`cupyglm.kv.page_store`, CUPYGLM_KV_SHARE) and the state files (`cupyglm.kv.disk_store.DiskStore`) behind one
 object the step message's operations apply against (`cupyglm.engine.ops`); rank 0's decisions about them come
-from `cupyglm.engine.prefix_store`.
+from `cupyglm.engine.prefix_store`, and a keep or a load names the kept pages it takes (no rank allocates them).
 
-What must stay true: two ranks that applied the same messages hold the same kept entries and pool pages, so an
-operation naming a tier this rank lacks is refused (StepFormatError), never skipped.
+What must stay true: two ranks that applied the same messages hold the same kept entries, kept pages and pool
+pages, so an operation naming a tier this rank lacks, or kept pages it holds, is refused (StepFormatError), never
+skipped.
 """
 from __future__ import annotations
 
@@ -26,6 +27,11 @@ class RankStore:
     def pages_held(self) -> int | None:
         """KV pages this rank's kept prompts hold; None without a page store."""
         return None if self.pages is None else self.pages.held
+
+    @property
+    def disk_stats(self):
+        """The state files' totals; None without a disk tier."""
+        return None if self.disk is None else self.disk.stats
 
     def stop_line(self) -> str | None:
         """The page store's line at the stop (what it still holds); None without one."""
