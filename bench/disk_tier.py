@@ -67,7 +67,7 @@ def restore_ratio(ckpt, tokens: int, reps: int) -> None:
             crc.append(time.perf_counter() - t0)
             t0 = time.perf_counter()
             assert disk.read(i, key, tokens)
-            disk.commit(i, tokens)
+            disk.commit(i, tokens, range(-(-body.size // kept.page_bytes)))
             load.append(time.perf_counter() - t0)
             got = np.empty(body.size, dtype=np.uint8)
             from cupyglm.kv.copy_hooks import address_of
@@ -128,9 +128,9 @@ def decode_run(ckpt, directory, requests: int, kept_states: int):
         tokens.append((decode_only, plan.rows if plan is not None else 0,
                        sum(g.logits for g in plan.groups) if plan is not None else 0))
     spilled = 0
-    if eng.disk is not None:
-        eng.disk.flush()
-        spilled = eng.disk.stats.files_written
+    if eng.worker.store.disk is not None:
+        eng.worker.store.disk.flush()
+        spilled = eng.worker.store.disk.stats.files_written
     dec_t = sum(t for t, (d, _, _) in zip(times, tokens) if d)
     dec_n = sum(n for d, _, n in tokens if d)
     all_n = sum(n for _, _, n in tokens)

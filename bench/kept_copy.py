@@ -37,7 +37,7 @@ def measure(tokens: int, tp: int, reps: int, host: bool) -> dict:
                                       for _ in range(2))
     page = total_bytes(kv_arrays(cfg, 1, cfg.page_tokens), st)
     kept = KeptStore(cfg, ops, kv, tp, kept_state_bytes(cfg, tp, st, cfg.page_tokens, tokens) + page, host=host)
-    entry = kept.keep(0, src)
+    entry = kept.keep(0, src, range(kept.pages_for(src.length)))
     pieces = []
     each(kept.parts(src, tokens), entry.kept, lambda d, s, n: pieces.append(n))
 

@@ -277,7 +277,7 @@ def _engine_hooks(world, st, state, wd, loop, served_id, host, port, t0, observe
         ckpt = holder["ckpt"]
         context = engine.context
         root = str(ckpt.path)
-        info = model_info(served_id, root, context, ckpt.config.vocab_size, getattr(engine, "kept", None) is not None,
+        info = model_info(served_id, root, context, ckpt.config.vocab_size, getattr(engine, "keeps_prompts", False),
                           world.settings.mtp_drafts)
 
         def publish() -> None:

@@ -8,7 +8,8 @@ kept entry (one step), then resumes from that entry through the memory cache's o
 
 Lockstep: every rank learns the same spills, loads and unlinks from the message, in the same order. A load is
 the one place a rank's disk can disagree with another's: every rank reads and checks its own file, then the
-ranks all-gather one ok flag per load (`cupyglm.engine.ops.load`) and lease kept pages only when every rank read its file;
+ranks all-gather one ok flag per load (`cupyglm.engine.ops.load`) and take the kept pages rank 0's memory tier
+leased for it only when every rank read its file;
 otherwise every rank drops its read and rank 0 serves the request fresh (miss reason "disk state unreadable").
 At startup the ranks all-gather the keys of their valid files and keep only the keys every rank holds.
 """
@@ -36,6 +37,7 @@ class DiskOps:
     loads: tuple[tuple[int, int, bytes], ...] = ()      # (entry, length, key)
     unlinks: tuple[bytes, ...] = ()
     ops: int = 0                                         # DISK_SYNC | DISK_CLEAR
+    kept_pages: tuple[tuple[int, tuple[int, ...]], ...] = ()   # (entry, the kept pages it was leased) per load
 
     @property
     def empty(self) -> bool:
@@ -117,6 +119,7 @@ class DiskPlanner:
         self.pending: dict[int, tuple[int, int, str, object]] = {}   # request -> (entry, length, key, request)
         self.ready: list[tuple[int, int, int]] = []              # (request, entry, length) loaded, to restore
         self._loads: list[tuple[int, int, bytes]] = []
+        self._load_pages: list[tuple[int, tuple[int, ...]]] = []
         self._drops: list[int] = []
         self._unlinks: list[str] = []
 
@@ -149,6 +152,7 @@ class DiskPlanner:
         self.pending[r.id] = (eid, length, key, r)
         self._drops += drops
         self._loads.append((eid, length, bytes.fromhex(key)))
+        self._load_pages.append((eid, cache.ids_of(eid)))
         return True
 
     def take_ready(self) -> list[tuple[int, int, int]]:
@@ -180,9 +184,9 @@ class DiskPlanner:
         return eid, bytes.fromhex(salt), bytes.fromhex(key)
 
     def _ops(self, spills, flags: int = 0) -> DiskOps:
-        ops = DiskOps(tuple(spills), tuple(self._loads), tuple(bytes.fromhex(k) for k in self._unlinks),
-                              flags)
-        self._loads, self._unlinks = [], []
+        ops = DiskOps(tuple(spills), tuple(self._loads), tuple(bytes.fromhex(k) for k in self._unlinks), flags,
+                      tuple(self._load_pages))
+        self._loads, self._unlinks, self._load_pages = [], [], []
         return ops
 
     def resolved(self, results: dict[int, bool]) -> list[int]:

@@ -45,7 +45,6 @@ from cupyglm.engine.step_sample import plain_rows, sample_step, sampled_rows
 from cupyglm.engine.step_message import assemble, from_plan
 from cupyglm.engine.worker import Worker
 from cupyglm.engine.scheduler import Scheduler, StepPlan
-from cupyglm.kv.page_store import stop_line
 from cupyglm.kv.pool import PagePool
 
 
@@ -60,11 +59,9 @@ class Engine:
         self.rank, self.size = comm.rank, comm.size
         self.ops = runner.ops
         self.log = log
-        self.kept = kept                 # this rank's KeptStore (None: no prompt cache)
-        self.pages = kept.pages if kept else None       # the worker's kept prompts' pool pages (CUPYGLM_KV_SHARE)
-        self.disk, self.host_comm = disk, host_comm     # this rank's DiskStore (None: no disk tier)
+        # kept / disk: this rank's KeptStore and DiskStore (None: no prompt cache, no disk tier), the worker's own
         self.worker = Worker(runner, self.rank, kept, disk, host_comm, log)
-        self.scheduler = self._scheduler(cfg, planner) if self.rank == 0 else None
+        self.scheduler = self._scheduler(cfg, kept, planner) if self.rank == 0 else None
         self._verifying: set[int] = set()      # requests whose verify group ran in the last step
         self.kv_host_stats: dict | None = None     # the row cache's totals (KV rows in host memory), rank 0
         self._lock = threading.RLock()
@@ -78,12 +75,13 @@ class Engine:
         self.done_step = -1          # the last step message this rank finished (read by its heartbeat thread)
         self.watch = None            # rank 0: step_started(step, rows) / step_done() (cupyglm.distributed.watchdog)
 
-    def _scheduler(self, cfg: EngineConfig, planner) -> Scheduler:
-        """Rank 0's planner: a pool and prefix store of its own (the only allocator; the worker takes its ids)."""
+    def _scheduler(self, cfg: EngineConfig, kept, planner) -> Scheduler:
+        """Rank 0's planner: a pool and prefix store of its own (the only allocators; the worker takes their
+        ids)."""
         pool = PagePool(cfg.num_pages)
         pricer = Pricer(cfg.mtp_drafts, self.runner.cfg.num_hidden_layers, cfg.draft_pricing) \
             if cfg.mtp_drafts else None
-        return Scheduler(cfg, pool, store=store_for(self.kept, pool, planner), pricer=pricer)
+        return Scheduler(cfg, pool, store=store_for(kept, pool, planner), pricer=pricer)
 
     @property
     def verifier(self):
@@ -133,16 +131,22 @@ class Engine:
     @property
     def store_pages(self) -> int | None:
         """KV pages kept prompts hold (the plan's count on rank 0)."""
-        pages = self.scheduler.pages if self.scheduler is not None else self.pages
-        return None if pages is None else pages.held
+        return (self.scheduler.store if self.scheduler is not None else self.worker.store).pages_held
 
     @property
     def cache_held(self) -> tuple[int, int] | None:
         """(bytes of kept states held on this rank, evictions so far); None without a prompt cache."""
-        if self.kept is None or self.scheduler is None:
-            return None
-        cache = self.scheduler.store.cache
-        return cache.held_pages * self.kept.page_bytes, cache.stats.evictions
+        return self.scheduler.store.held() if self.scheduler is not None else None
+
+    @property
+    def keeps_prompts(self) -> bool:
+        """A prompt cache is on: kept prompt states are restored."""
+        return self.worker.store.kept is not None
+
+    @property
+    def disk_stats(self):
+        """This rank's disk tier totals (`cupyglm.kv.disk_store`); None without a disk tier."""
+        return self.worker.store.disk_stats
 
     @property
     def context(self) -> int:
@@ -166,40 +170,55 @@ class Engine:
             ready = self.front.take_ready()
             if plan.empty:
                 return ready
-            msg = from_plan(plan, self.scheduler.requests, self._verifying)
-            self._verifying = {g.request_id for g in plan.groups if g.drafts}
-            reqs = {g.request_id: self.scheduler.requests[g.request_id] for g in plan.groups}
-            self._masks = self.guides.start(sampled_rows(plan))   # while the step runs
-            self._in_step = True
+            msg, reqs, seeds = self._message(plan)
         if self.watch is not None:
             self.watch.step_started(plan.step, sum(g.count for g in plan.groups))
         try:
-            data = encode(msg)
-            if self.size > 1:
-                self.comm.bcast_bytes(data)
-            plain = plain_rows(self.runner, plan, reqs, self.guides, self.cfg)   # sampled in the exit graph
-            result = self.worker.execute(decode(data), False, plain)     # checked with the sampled tokens
-            outs = result.outs
-            self.scheduler.store.resolved(result.disk)        # the ranks' agreed loads
-            with self._lock:
-                self.front.add_prompt_logprobs(prompt_logprobs.collect(self.ops, plan.groups, outs, reqs))
-            masks, self._masks = self._masks, None
-            sampled, logprobs, failed = sample_step(self.ops, self.cfg, plan, outs, reqs, self.verifier.pending,
-                                                    self.guides, masks, plain)
-            with self._lock:
-                self.front.fail(failed)                # a failed grammar ends its request "abort"
-            refused = self._host_refused(plan)
-            for rid in refused:
-                sampled.pop(rid, None)
+            sampled, logprobs, refused = self._run(plan, msg, reqs, seeds)
         finally:
-            with self._lock:
-                self._in_step = False
-            if self.watch is not None:
-                self.watch.step_done()
+            self._step_done()
         with self._lock:
             outputs = self.front.finish_step(plan, sampled, logprobs, refused, ready)
         self.steps += 1
         return outputs
+
+    def _message(self, plan: StepPlan):
+        """(the plan's step message, its groups' requests, the seeds of those and the admitted ones); under the
+        lock: the step is in flight from here."""
+        reqs = {g.request_id: self.scheduler.requests[g.request_id] for g in plan.groups}
+        seeds = self.front.seeds(set(reqs) | set(plan.admitted))
+        msg = from_plan(plan, self.scheduler.requests, self._verifying, seeds)
+        self._verifying = {g.request_id for g in plan.groups if g.drafts}
+        self._masks = self.guides.start(sampled_rows(plan))   # while the step runs
+        self._in_step = True
+        return msg, reqs, seeds
+
+    def _run(self, plan: StepPlan, msg, reqs: dict, seeds: dict):
+        """Broadcast and run the message, then sample on rank 0: (sampled, logprobs, refused by the host rows)."""
+        data = encode(msg)
+        if self.size > 1:
+            self.comm.bcast_bytes(data)
+        plain = plain_rows(self.runner, plan, reqs, seeds, self.guides, self.cfg)   # sampled in the exit graph
+        result = self.worker.execute(decode(data), False, plain)     # checked with the sampled tokens
+        outs = result.outs
+        self.scheduler.store.resolved(result.disk)        # the ranks' agreed loads
+        with self._lock:
+            self.front.add_prompt_logprobs(prompt_logprobs.collect(self.ops, plan.groups, outs, reqs))
+        masks, self._masks = self._masks, None
+        sampled, logprobs, failed = sample_step(self.ops, self.cfg, plan, outs, reqs, seeds, self.verifier.pending,
+                                                self.guides, masks, plain)
+        with self._lock:
+            self.front.fail(failed)                # a failed grammar ends its request "abort"
+        refused = self._host_refused(plan)
+        for rid in refused:
+            sampled.pop(rid, None)
+        return sampled, logprobs, refused
+
+    def _step_done(self) -> None:
+        with self._lock:
+            self._in_step = False
+        if self.watch is not None:
+            self.watch.step_done()
 
     def shutdown(self) -> None:
         """Rank 0: abort what is left and broadcast the stop flag (other ranks leave worker_loop). Idempotent."""
@@ -218,8 +237,9 @@ class Engine:
         self._stop_line()
 
     def _stop_line(self) -> None:
-        if self.pages is not None and self.log is not None:
-            self.log(stop_line(self.rank, self.pages))
+        line = self.worker.store.stop_line()
+        if line is not None and self.log is not None:
+            self.log(line)
 
     # ---- every rank --------------------------------------------------------------------------------------------
     def worker_loop(self) -> None:

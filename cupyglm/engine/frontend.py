@@ -57,12 +57,16 @@ class Frontend:
         elif not 0 <= int(request_id) < 2**64:
             raise ValueError(f"request_id must be in 0..2**64-1, got {request_id}")
         max_tokens = self.scheduler.resolve_max_tokens(len(prompt), params.max_tokens)
-        req = Request(int(request_id), prompt, params, 0, max_tokens, salt=cache_salt or "")
+        req = Request(int(request_id), prompt, params, max_tokens, salt=cache_salt or "")
         matcher = None if params.guide is None else self.guides.compile(params.guide)   # ValueError first
         self.scheduler.add(req)                       # QueueFull / duplicate id raise before a seed is used
-        req.seed = params.seed if params.seed is not None else (self.cfg.seed + next(self._seeds)) % 2**64
-        self.records[req.id] = Record(req, RequestText(self.tokenizer, params), matcher)
+        seed = params.seed if params.seed is not None else (self.cfg.seed + next(self._seeds)) % 2**64
+        self.records[req.id] = Record(req, seed, RequestText(self.tokenizer, params), matcher)
         return req.id
+
+    def seeds(self, request_ids) -> dict[int, int]:
+        """The seeds of these live requests (the step message admits them with it; rank 0 samples with it)."""
+        return {rid: self.records[rid].seed for rid in request_ids}
 
     def abort(self, request_id: int, later: bool) -> bool:
         """Cancel a live request (`later`: a step is running, so after it); False when it is not live."""

@@ -9,7 +9,8 @@ An absent tier is a null one here, and a server without a prompt cache gets `Nul
 scheduler asks one object and checks for none.
 
 Operations, each returning what the plan and the step message carry: `lookup` (the longest kept prefix and its
-tier), `restore`, `keep`, `evict` (for KV pages), the step's `end_step` (drops and the disk section: spills,
+tier), `restore`, `keep` (with the kept pages the memory tier leased: it alone allocates the arena), `evict`
+(for KV pages), the step's `end_step` (drops and the disk section: spills,
 loads, unlinks), `resolved` (the ranks' agreed loads), `stop` and `admin` (save / clear).
 
 What must stay true: the calls come in the order the scheduler plans a step (evictions before any lease, keeps
@@ -78,11 +79,21 @@ class PrefixStore:
     """Kept prefixes in memory, optionally as pool pages and on disk; `cache`, `pages`, `disk` are the tiers
     (None where absent) for observers."""
 
-    def __init__(self, cache: PromptCache, pages=None, disk=None):
+    def __init__(self, cache: PromptCache, pages=None, disk=None, page_bytes: int = 0):
         self.cache, self.pages, self.disk = cache, pages, disk
+        self.page_bytes = page_bytes                # one kept page's bytes (for `held`)
         self._pages = pages if pages is not None else NoPages()
         self._disk = disk if disk is not None else _NoDisk()
         self._evicted_from = 0
+
+    @property
+    def pages_held(self) -> int | None:
+        """KV pages kept prompts hold in the plan; None without a pool-pages tier."""
+        return None if self.pages is None else self.pages.held
+
+    def held(self) -> tuple[int, int]:
+        """(bytes of kept states in the memory tier, evictions so far)."""
+        return self.cache.held_pages * self.page_bytes, self.cache.stats.evictions
 
     @property
     def keeps(self) -> bool:
@@ -132,17 +143,18 @@ class PrefixStore:
         """(request, entry, length) whose loads every rank completed: restore them now; taken once."""
         return self._disk.take_ready()
 
-    def keep(self, r, length: int, protect: set[int]) -> tuple[int | None, list[int]]:
-        """(new entry or None, entries dropped for it) for keeping r's state at `length`, after the step's
-        leases: the new entry holds r's whole pages before the keep point."""
+    def keep(self, r, length: int, protect: set[int]) -> tuple[int | None, tuple[int, ...], list[int]]:
+        """(new entry or None, the kept pages it was leased, entries dropped for it) for keeping r's state at
+        `length`, after the step's leases: the new entry holds r's whole pages before the keep point."""
         tokens = r.prompt[:length]
         eid, evict = self.cache.plan_keep(r.salt, tokens, protect | self._disk.protected)
         for d in evict:
             self._pages.drop(d)
-        if eid is not None:
-            self._pages.hold(eid, r.pages[:self._pages.shared_pages(length)])
-            self._disk.note_keep(eid, r.salt, tokens)
-        return eid, evict
+        if eid is None:
+            return None, (), evict
+        self._pages.hold(eid, r.pages[:self._pages.shared_pages(length)])
+        self._disk.note_keep(eid, r.salt, tokens)
+        return eid, self.cache.ids_of(eid), evict
 
     def end_step(self, drops: tuple[int, ...]):
         """(the step's drops, its disk section or None): the loads' evictions first, spills of what the step
@@ -186,8 +198,11 @@ class PrefixStore:
 class NullStore:
     """No prompt cache: the same interface, never a hit, nothing kept."""
 
-    cache = pages = disk = None
+    cache = pages = disk = pages_held = None
     keeps = False
+
+    def held(self) -> None:
+        return None
 
     def shares(self, r, protect: set[int]) -> int:
         return 0
@@ -237,4 +252,4 @@ def store_for(kept, pool, disk=None) -> PrefixStore | NullStore:
     p = kept.pages
     pages = PageStore(pool, p.page_tokens, p.limit, bool(p.late)) if p is not None else None
     cache = PromptCache(kept.pool.num_pages, kept.pages_for, p.limit if p is not None else 0)
-    return PrefixStore(cache, pages, disk)
+    return PrefixStore(cache, pages, disk, kept.page_bytes)

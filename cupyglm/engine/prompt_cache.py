@@ -5,9 +5,11 @@ index decides, and the step message carries its decisions (restore, drop, keep) 
 
 - Lookup: per salt a radix tree over token ids; the longest kept prefix shorter than the prompt (at least one
   prompt token must run to give the first logits). A request only sees the states kept under its own salt.
-- Budget: kept pages of the arena. To keep a state, entries are evicted until its pages fit: first a
-  conversation's superseded keep points (an entry a longer kept entry extends), least recently used first,
-  then the least recently used of the rest; never an entry `protect` names (the states being resumed).
+- Budget: kept pages of the arena, which this index alone allocates (lowest id first): a keep or a load names
+  the arena page ids every rank copies into (`cupyglm.engine.ops.keep`, `.load`). To keep a state, entries are
+  evicted until its pages fit: first a conversation's superseded keep points (an entry a longer kept entry
+  extends), least recently used first, then the least recently used of the rest; never an entry `protect`
+  names (the states being resumed).
 - With CUPYGLM_KV_SHARE=N at most N entries are kept (an entry's whole KV pages stay in the pool); the oldest go
   first the same way, and an admission short of KV pages evicts entries too (`cupyglm.engine.page_evict`).
 - Miss reasons when nothing is restored: "cache off", "different cache_salt" (another salt holds a prefix),
@@ -20,6 +22,7 @@ import dataclasses
 from collections.abc import Callable, Sequence
 
 from cupyglm.engine.radix import RadixTree
+from cupyglm.kv.pool import PagePool
 
 MISS_OFF = "cache off"
 MISS_SALT = "different cache_salt"
@@ -34,8 +37,12 @@ class Entry:
     entry_id: int
     salt: str
     tokens: tuple[int, ...]
-    pages: int
+    ids: tuple[int, ...]              # its arena pages
     used: int                         # LRU clock of the last keep or restore
+
+    @property
+    def pages(self) -> int:
+        return len(self.ids)
 
 
 @dataclasses.dataclass
@@ -51,7 +58,7 @@ class PromptCache:
         self.total_pages = total_pages
         self.pages_for = pages_for
         self.max_entries = max_entries            # 0: no bound on the count (CUPYGLM_KV_SHARE sets one)
-        self.free_pages = total_pages
+        self.arena = PagePool(total_pages) if total_pages > 0 else None   # the arena's pages: this index leases them
         self.trees: dict[str, RadixTree] = {}
         self.ghosts: dict[str, collections.OrderedDict] = {}
         self.entries: dict[int, Entry] = {}
@@ -65,8 +72,16 @@ class PromptCache:
         return self.total_pages > 0
 
     @property
+    def free_pages(self) -> int:
+        return self.arena.free_count if self.arena is not None else 0
+
+    @property
     def held_pages(self) -> int:
         return self.total_pages - self.free_pages
+
+    def ids_of(self, eid: int) -> tuple[int, ...]:
+        """The arena pages entry `eid` holds."""
+        return self.entries[eid].ids
 
     def _tick(self) -> int:
         self._clock += 1
@@ -100,7 +115,7 @@ class PromptCache:
         e = self.entries.pop(eid, None)
         if e is not None:
             self.trees[e.salt].remove(e.tokens)
-            self.free_pages += e.pages
+            self.arena.release(list(e.ids))
 
     def restored(self, eid: int, length: int) -> None:
         self.entries[eid].used = self._tick()
@@ -129,9 +144,8 @@ class PromptCache:
             self._evict(victim, self._superseded(victim, salt, tokens))
         eid = self._next_id
         self._next_id += 1
-        self.entries[eid] = Entry(eid, salt, tokens, need, self._tick())
+        self.entries[eid] = Entry(eid, salt, tokens, tuple(self.arena.lease(need)), self._tick())
         tree.insert(tokens, eid)
-        self.free_pages -= need
         self.stats.kept += 1
         self.ghosts.get(salt, {}).pop(tokens, None)
         return eid, drops
@@ -162,14 +176,14 @@ class PromptCache:
         for e in list(self.entries.values()):
             self.trees[e.salt].remove(e.tokens)
         self.entries.clear()
-        self.free_pages = self.total_pages
+        self.arena = PagePool(self.total_pages) if self.total_pages > 0 else None
         return ids
 
     def _evict(self, e: Entry, superseded: bool, why: str = "") -> None:
         why = why or ("superseded" if superseded else "least recently used")
         self.trees[e.salt].remove(e.tokens)
         del self.entries[e.entry_id]
-        self.free_pages += e.pages
+        self.arena.release(list(e.ids))
         self.stats.evictions += 1
         self.evicted.append((e.entry_id, e.salt, len(e.tokens), why))
         ghosts = self.ghosts.setdefault(e.salt, collections.OrderedDict())

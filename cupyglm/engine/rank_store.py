@@ -1,10 +1,11 @@
 """One rank's kept states: the arena (`cupyglm.kv.kept.KeptStore`), the kept prompts' pool pages
 (`cupyglm.kv.page_store`, CUPYGLM_KV_SHARE) and the state files (`cupyglm.kv.disk_store.DiskStore`) behind one
 object the step message's operations apply against (`cupyglm.engine.ops`); rank 0's decisions about them come
-from `cupyglm.engine.prefix_store`.
+from `cupyglm.engine.prefix_store`, and a keep or a load names the kept pages it takes (no rank allocates them).
 
-What must stay true: two ranks that applied the same messages hold the same kept entries and pool pages, so an
-operation naming a tier this rank lacks is refused (StepFormatError), never skipped.
+What must stay true: two ranks that applied the same messages hold the same kept entries, kept pages and pool
+pages, so an operation naming a tier this rank lacks, or kept pages it holds, is refused (StepFormatError), never
+skipped.
 """
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import numpy as np
 
 from cupyglm.distributed.step import StepFormatError
 from cupyglm.engine.disk_tier import agree
-from cupyglm.kv.page_store import NoPages
+from cupyglm.kv.page_store import NoPages, stop_line
 
 
 class RankStore:
@@ -21,6 +22,20 @@ class RankStore:
         self.pages = kept.pages if kept is not None else None      # its page store (CUPYGLM_KV_SHARE), or None
         self._pages = self.pages if self.pages is not None else NoPages()
         self.step = -1
+
+    @property
+    def pages_held(self) -> int | None:
+        """KV pages this rank's kept prompts hold; None without a page store."""
+        return None if self.pages is None else self.pages.held
+
+    @property
+    def disk_stats(self):
+        """The state files' totals; None without a disk tier."""
+        return None if self.disk is None else self.disk.stats
+
+    def stop_line(self) -> str | None:
+        """The page store's line at the stop (what it still holds); None without one."""
+        return None if self.pages is None else stop_line(self.rank, self.pages)
 
     def begin(self, step: int) -> None:
         """A new step message (named in refusals)."""
@@ -46,11 +61,15 @@ class RankStore:
         """The kept bytes into `state` (its whole table already held)."""
         self._arena().restore(entry_id, state)
 
-    def keep(self, entry_id: int, state, tokens: tuple[int, ...]) -> None:
-        """`state` kept under a new entry: its bytes copied, its whole pages before the keep point held, and with a
-        disk tier its tokens noted (a later spill writes them into the file's header)."""
+    def keep(self, entry_id: int, state, tokens: tuple[int, ...], kept_pages) -> None:
+        """`state` kept under a new entry: its bytes copied into the kept pages rank 0 named, its whole pages
+        before the keep point held, and with a disk tier its tokens noted (a later spill writes them into the
+        file's header)."""
         arena = self._arena()
-        arena.keep(entry_id, state)
+        try:
+            arena.keep(entry_id, state, kept_pages)
+        except ValueError as err:
+            raise StepFormatError(f"rank {self.rank}: step {self.step} keeps entry {entry_id}: {err}") from None
         self._pages.hold(entry_id, state.pages[:arena.shared_pages(state.length)])
         if self.disk is not None:
             self.disk.tokens_of[entry_id] = tokens
@@ -69,15 +88,19 @@ class RankStore:
             disk.spill(entry_id, key.hex(), salt.hex())
 
     def load(self, entries) -> dict[int, bool]:
-        """Read each (entry, length, key) into a new kept entry; entry -> every rank read it (a collective: the
-        entries are committed only where every rank's read succeeded, else discarded)."""
+        """Read each (entry, length, key, kept pages) into a new kept entry on those pages; entry -> every rank
+        read it (a collective: the entries are committed only where every rank's read succeeded, else
+        discarded)."""
         disk = self._files()
-        oks = np.array([disk.read(eid, key.hex(), length) for eid, length, key in entries], dtype=np.uint8)
+        oks = np.array([disk.read(eid, key.hex(), length) for eid, length, key, _ in entries], dtype=np.uint8)
         every = agree(self.host_comm, oks)
         out = {}
-        for (eid, length, _), ok in zip(entries, every):
+        for (eid, length, _, pages), ok in zip(entries, every):
             if ok:
-                disk.commit(eid, length)
+                try:
+                    disk.commit(eid, length, pages)
+                except ValueError as err:
+                    raise StepFormatError(f"rank {self.rank}: step {self.step} loads entry {eid}: {err}") from None
             else:
                 disk.discard(eid)
             out[eid] = bool(ok)

@@ -30,7 +30,6 @@ class Request:
     id: int
     prompt: tuple[int, ...]
     params: SamplingParams
-    seed: int                               # the RNG seed (params.seed, or one from the engine's sequence)
     max_tokens: int                         # resolved (params.max_tokens, or what the window leaves)
     status: Status = Status.WAITING
     pages: list[int] = dataclasses.field(default_factory=list)   # page table (exact pool ids)

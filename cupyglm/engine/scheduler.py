@@ -79,6 +79,7 @@ class StepPlan:
     evicts: tuple[int, ...] = ()                       # kept entries evicted before the restores and leases
     disk: object = None                                # the disk work (cupyglm.engine.disk_tier.DiskOps) or None
     tables: tuple[tuple[int, tuple[int, ...]], ...] = ()   # (request, its page table right after its restore)
+    kept_pages: tuple[tuple[int, tuple[int, ...]], ...] = ()   # (kept entry, the kept pages it was leased) per keep
 
     @property
     def empty(self) -> bool:
@@ -203,21 +204,23 @@ class Scheduler:
         self._restores.append((r.id, eid, length))
         self._tables.append((r.id, tuple(r.pages)))
 
-    def _keeps(self, groups, restores) -> tuple[tuple[int, ...], tuple[tuple[int, int, int], ...]]:
-        """The keep points this step's prompt chunks end on, and the evictions that make room for them."""
+    def _keeps(self, groups, restores) -> tuple[tuple[int, ...], tuple, tuple]:
+        """The keep points this step's prompt chunks end on: (the evictions that make room for them, the keeps,
+        (entry, kept pages) of each keep)."""
         if not self.store.keeps:
-            return (), ()
+            return (), (), ()
         protect = {eid for _, eid, _ in restores}
-        drops, keeps = [], []
+        drops, keeps, kept_pages = [], [], []
         for g in groups:
             r = self.requests[g.request_id]
             if g.decode or not (g.end == r.prompt_len or g.end % self.cfg.keep_grid == 0):
                 continue
-            eid, evict = self.store.keep(r, g.end, protect)   # after this step's leases, as on every rank
+            eid, pages, evict = self.store.keep(r, g.end, protect)   # after this step's leases, as on every rank
             drops += evict
             if eid is not None:
                 keeps.append((r.id, eid, g.end))
-        return tuple(drops), tuple(keeps)
+                kept_pages.append((eid, pages))
+        return tuple(drops), tuple(keeps), tuple(kept_pages)
 
     # ---- the two calls -----------------------------------------------------------------------------------------
     def schedule(self) -> StepPlan:
@@ -254,10 +257,10 @@ class Scheduler:
         restores, self._restores = tuple(self._restores), []
         evicts, self._evicts = tuple(self._evicts), []
         tables, self._tables = tuple(self._tables), []
-        drops, keeps = self._keeps(groups, restores)
+        drops, keeps, kept_pages = self._keeps(groups, restores)
         drops, disk = self.store.end_step(drops)
         return StepPlan(self.step, tuple(groups), tuple(admitted), released, restores, drops, keeps, evicts, disk,
-                        tables)
+                        tables, kept_pages)
 
     def _lease(self, r: Request, positions: int) -> bool:
         need = self.cfg.pages_needed(positions) - len(r.pages)

@@ -30,9 +30,10 @@ from cupyglm.engine.sampling import banned_ids
 from cupyglm.engine.verify import accept
 
 
-def sample_step(ops, cfg, plan, outs, reqs, drafts: dict, guides=None, masks=None, plain: SampleRows | None = None):
+def sample_step(ops, cfg, plan, outs, reqs, seeds: dict, drafts: dict, guides=None, masks=None,
+                plain: SampleRows | None = None):
     """-> ({request id: token, or the list of tokens of a verify group}, {request id: [(logprob, top)] per
-    token} for requests that asked, [requests whose grammar failed]). `drafts`: rank 0's engine.verify Pending
+    token} for requests that asked, [requests whose grammar failed]). `seeds`: request id -> its seed; `drafts`: rank 0's engine.verify Pending
     per verify group (its `tokens`: T, d1..dn); `masks`: the handle of `guides.start(sampled_rows(plan))`;
     `plain`: the step's `plain_rows`, whose tokens the forward drew when it set them."""
     rows = []                                   # (group, logits row, output before it, position)
@@ -51,7 +52,7 @@ def sample_step(ops, cfg, plan, outs, reqs, drafts: dict, guides=None, masks=Non
     if plain is not None and plain.tokens is not None:
         tokens, lps, failed = ops.asnumpy_checked(plain.tokens), {}, []
     else:
-        tokens, lps, failed = _sample_rows(ops, cfg, rows, reqs, guides, masks)
+        tokens, lps, failed = _sample_rows(ops, cfg, rows, reqs, seeds, guides, masks)
     per_group: dict[int, list[int]] = {}
     lp_of: dict[int, list] = {}
     at: dict[int, int] = {}
@@ -80,7 +81,7 @@ def sample_step(ops, cfg, plan, outs, reqs, drafts: dict, guides=None, masks=Non
     return sampled, logprobs, failed
 
 
-def _sample_rows(ops, cfg, rows, reqs, guides, masks) -> tuple:
+def _sample_rows(ops, cfg, rows, reqs, seeds, guides, masks) -> tuple:
     """Eager: the rows' logits stacked, penalties, grammar masks and min_tokens bans applied, then ops.sample
     (and logprobs where asked) -> (tokens [R] on the host, {row: (logprob, top)}, [requests whose grammar failed])."""
     xp = ops.xp
@@ -101,13 +102,13 @@ def _sample_rows(ops, cfg, rows, reqs, guides, masks) -> tuple:
             ban = xp.asarray(ban, dtype=xp.int64)
             cur = logits[i, ban]
             logits[i, ban] = xp.where(xp.isnan(cur), cur, xp.float32(-np.inf))
-        params.append(_columns(r, position))
+        params.append(_columns(r, seeds[g.request_id], position))
     drawn = draw.eager(ops, logits, params)
     tokens, lps = tokens_and_logprobs(ops, logits, drawn, [reqs[g.request_id].params.logprobs for g, *_ in rows])
     return tokens, lps, failed
 
 
-def plain_rows(runner, plan, reqs, guides, cfg) -> SampleRows | None:
+def plain_rows(runner, plan, reqs, seeds, guides, cfg) -> SampleRows | None:
     """Rank 0: the step's sampling columns in the call's row order (each group's logits rows: a decode row, or
     a verify group's 1 + drafts rows at start + j + 1) when the runner replays graphs and no sampled row needs
     a logits edit or logprobs; else None (sample_step samples them)."""
@@ -123,14 +124,14 @@ def plain_rows(runner, plan, reqs, guides, cfg) -> SampleRows | None:
         for j in range(g.drafts + 1):
             if banned_ids(p, len(r.output) + j, cfg.eos_token_ids):
                 return None
-            params.append(_columns(r, g.start + j + 1))
+            params.append(_columns(r, seeds[g.request_id], g.start + j + 1))
     return SampleRows(params)
 
 
-def _columns(r, position: int) -> tuple:
+def _columns(r, seed: int, position: int) -> tuple:
     """A row's (temperature, top_k, top_p, min_p, seed, position): ops.sample's columns (temperature 0: greedy)."""
     p = r.params
-    return (0.0 if p.greedy else p.temperature, p.top_k, p.top_p, p.min_p, r.seed, position)
+    return (0.0 if p.greedy else p.temperature, p.top_k, p.top_p, p.min_p, seed, position)
 
 
 def sampled_rows(plan) -> list[int]:

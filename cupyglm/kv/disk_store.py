@@ -2,10 +2,10 @@
 
 Every copy goes through `cupyglm.kv.walk.each`: a spill walks a kept entry's arena pages into a host buffer
 (a disk `Kept`: one buffer) that the writer thread then writes; a load reads a file into a host buffer and walks
-it into freshly leased arena pages, after which the state is an ordinary kept entry (restored by the memory
+it into the arena pages rank 0's step message names, after which the state is an ordinary kept entry (restored by the memory
 cache's own walk). The arena side of both is the entry's kept pages, one fixed part per run of consecutive pages.
 
-What must stay true: this rank leases or releases arena pages only where rank 0's step message says so and
+What must stay true: this rank takes or releases arena pages only where rank 0's step message says so and
 every rank agreed (`cupyglm.engine.disk_tier`), so the kept pools stay identical on every rank; a failed write
 or read changes nothing but this rank's files and the log.
 """
@@ -126,7 +126,7 @@ class DiskStore:
 
     # ---- spill: arena -> host buffer (walk) -> writer thread ----------------------------------------------------
     def _arena_parts(self, entry: KeptEntry) -> list[Part]:
-        """The entry's kept bytes in the arena: one fixed part per run of consecutive kept pages (the pool leases
+        """The entry's kept bytes in the arena: one fixed part per run of consecutive kept pages (rank 0 leases
         lowest id first, so a state is mostly one run: few pieces for the walk)."""
         pb, pages, out = self.kept.page_bytes, entry.kept.pages, []
         start = 0
@@ -219,15 +219,14 @@ class DiskStore:
             self.states.pop(s.key, None)
         self.refuse(s.path, e)
 
-    def commit(self, entry_id: int, length: int) -> None:
-        """Every rank read its file: lease kept pages and walk the body into them (a kept entry from now on)."""
+    def commit(self, entry_id: int, length: int, pages) -> None:
+        """Every rank read its file: walk the body into the kept pages rank 0 named (a kept entry from now on);
+        ValueError when they do not fit the body or are not free."""
         body = self._loaded.pop(entry_id)
         kept = self.kept
-        ids = kept.pool.lease(-(-body.size // kept.page_bytes))
-        entry = KeptEntry(entry_id, length, Kept(kept.base, page_bytes=kept.page_bytes, pages=tuple(ids)), body.size)
+        entry = kept.take(entry_id, length, body.size, pages)
         each(self._arena_parts(entry), Kept(address_of(body), size=body.size), kept.hook, restore=True)
         _sync(kept.ops)                                       # the host buffer is freed after this
-        kept.entries[entry_id] = entry
         self.stats.hits += 1
         self.stats.hit_tokens += length
         self.stats.bytes_read += body.size

@@ -8,9 +8,9 @@ through `cupyglm.kv.walk.each`; the backend gives only the hook.
 With a page store (CUPYGLM_KV_SHARE, `cupyglm.kv.page_store`) the paged parts start after the whole pages the
 store holds (the walk's `from`), so a kept state copies the fixed parts and a partly filled last page only.
 
-What must stay true: every rank holds the same entries on the same kept pages, because every rank applies the
-same drops and keeps in the order rank 0's step messages give them (`cupyglm.engine.ops`; the kept pool leases
-lowest id first).
+What must stay true: no rank allocates kept pages: a keep (or a disk load) copies into the page ids rank 0's
+prompt cache chose (`cupyglm.engine.prompt_cache`, carried by `cupyglm.engine.ops`); this rank's pool only
+takes them, refusing an id it holds, so every rank holds the same entries on the same kept pages.
 """
 from __future__ import annotations
 
@@ -80,7 +80,7 @@ class KeptStore:
         self.arena, self.base = host_arena(ops, spec) if host else (alloc(ops.xp, spec, self.storage), None)
         if self.base is None:
             self.base = address_of(self.arena)
-        self.pool = PagePool(spec.shape[0])
+        self.pool = PagePool(spec.shape[0])     # which kept pages are held: it takes rank 0's ids, leases none
         self.hook = hook_for(ops)
         self.entries: dict[int, KeptEntry] = {}
 
@@ -131,20 +131,29 @@ class KeptStore:
         return out
 
     # ---- keep, restore, drop -------------------------------------------------------------------------------------
-    def keep(self, entry_id: int, state: SeqState) -> KeptEntry:
-        """Copy `state` (at its length) into fresh kept pages under `entry_id`."""
+    def take(self, entry_id: int, length: int, nbytes: int, pages) -> KeptEntry:
+        """Hold the kept pages `pages` (free here, as many as `nbytes` needs) for a new entry; its bytes are the
+        caller's to copy. ValueError when they do not fit or are not free."""
         if entry_id in self.entries:
             raise ValueError(f"kept entry {entry_id} exists")
+        ids = tuple(int(p) for p in pages)
+        if len(ids) != -(-nbytes // self.page_bytes):
+            raise ValueError(f"kept entry {entry_id} of {nbytes} bytes needs {-(-nbytes // self.page_bytes)} kept "
+                             f"pages, it was given {len(ids)}")
+        self.pool.take(ids)
+        entry = KeptEntry(entry_id, length, Kept(self.base, page_bytes=self.page_bytes, pages=ids), nbytes)
+        self.entries[entry_id] = entry
+        return entry
+
+    def keep(self, entry_id: int, state: SeqState, pages) -> KeptEntry:
+        """Copy `state` (at its length) into the kept pages `pages` (rank 0's ids) under `entry_id`."""
         parts = self.parts(state, state.length)
         nbytes = sum(p.kept_len for p in parts)
         if nbytes != self.state_bytes(state.length):
             raise ValueError(f"a kept state at {state.length} covers {nbytes} bytes, its layout says "
                              f"{self.state_bytes(state.length)}")
-        ids = self.pool.lease(-(-nbytes // self.page_bytes))
-        kept = Kept(self.base, page_bytes=self.page_bytes, pages=tuple(ids))
-        each(parts, kept, self.hook)
-        entry = KeptEntry(entry_id, state.length, kept, nbytes)
-        self.entries[entry_id] = entry
+        entry = self.take(entry_id, state.length, nbytes, pages)
+        each(parts, entry.kept, self.hook)
         return entry
 
     def restore(self, entry_id: int, state: SeqState) -> None:

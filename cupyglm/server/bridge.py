@@ -165,9 +165,9 @@ class EngineBridge:
         held = getattr(self.engine, "store_pages", None)
         if held is not None:
             self.metrics.store_pages.set(held)
-        disk = getattr(self.engine, "disk", None)
+        disk = getattr(self.engine, "disk_stats", None)
         if disk is not None:
-            self.metrics.set_disk(disk.stats)
+            self.metrics.set_disk(disk)
         host = getattr(self.engine, "kv_host_stats", None)
         if host:
             self.metrics.set_kv_host(host)

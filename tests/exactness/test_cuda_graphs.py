@@ -160,7 +160,7 @@ def test_kept_state_resumed_through_graphs_equals_fresh(tiny_ckpt, cuda_ops):
     for f in feeds[:2]:
         _call(eager, cuda_ops, [(e, f, True)])
         _call(graph, cuda_ops, [(a, f, True), (other, f[:1], True)])
-    kept.keep(1, a)
+    kept.keep(1, a, range(kept.pages_for(a.length)))
     for f in feeds[2:]:                                              # a runs on: its slot changes after the keep
         _call(graph, cuda_ops, [(other, f[:1], True), (a, f, True)])
     b = graph.new_state()

@@ -71,23 +71,24 @@ def test_stop_saves_and_a_restart_restores_equal_to_cold(tiny_ckpt, tmp_path):
     got, info = _run(again, [follow])
     cold, _ = _run(_engine(tiny_ckpt, None, kept_pages=0), [follow])
     assert got == cold and info == [(grid + 7, None)]
-    assert again.disk.stats.hits == 1 and again.disk.stats.bytes_read == again.kept.state_bytes(grid + 7)
+    store = again.worker.store
+    assert store.disk.stats.hits == 1 and store.disk.stats.bytes_read == store.kept.state_bytes(grid + 7)
     assert again.free_pages == PAGES
 
 
 def test_evicted_states_spill_and_come_back(tiny_ckpt, tmp_path):
     grid = tiny_ckpt.config.keep_grid
     probe = _engine(tiny_ckpt, None, kept_pages=1)
-    one = probe.kept.pages_for(grid + 3)
+    one = probe.worker.store.kept.pages_for(grid + 3)
     eng = _engine(tiny_ckpt, tmp_path, kept_pages=one + 1)
     a, b = _prompt(grid + 3, seed=3), _prompt(grid + 3, seed=4)
     _run(eng, [a])
     _run(eng, [b])                                          # a is evicted and spills
-    eng.disk.flush()
+    eng.worker.store.disk.flush()
     assert len(_files(tmp_path)) == 1
     got, info = _run(eng, [a + [7, 8]])                     # loaded from disk (b spills to make room)
     cold, _ = _run(_engine(tiny_ckpt, None, kept_pages=0), [a + [7, 8]])
-    assert got == cold and info == [(grid + 3, None)] and eng.disk.stats.hits == 1
+    assert got == cold and info == [(grid + 3, None)] and eng.worker.store.disk.stats.hits == 1
     assert eng.free_pages == PAGES
 
 
@@ -129,7 +130,7 @@ def test_corrupt_files_are_refused_by_name_and_served_fresh(tiny_ckpt, tmp_path)
     assert "truncated" in text and "newer header version" in text and "checksum" in text, text
     assert not _by_prompt(tmp_path, flip).exists() and not _by_prompt(tmp_path, trunc).exists()
     assert _by_prompt(tmp_path, newer).exists()            # another build's file is left alone
-    assert dict(eng.disk.stats.refused) == {"truncated": 1, "newer header version": 1, "checksum": 1}
+    assert dict(eng.worker.store.disk.stats.refused) == {"truncated": 1, "newer header version": 1, "checksum": 1}
 
 
 @pytest.mark.parametrize("field,value", [("tp", 2), ("page_tokens", 32), ("model", "0" * 64),
@@ -139,7 +140,7 @@ def test_other_settings_are_refused(tiny_ckpt, tmp_path, field, value):
     lines = []
     eng = _engine(tiny_ckpt, tmp_path, fp=_fp(**{field: value}), log=lines.append)
     # the file's name carries its own settings' tag, so only the index's header check sees it
-    assert eng.disk.states == {} and eng.disk.stats.refused["fingerprint"] == 1
+    assert eng.worker.store.disk.states == {} and eng.worker.store.disk.stats.refused["fingerprint"] == 1
     assert any(f"fingerprint: {field}" in line for line in lines), lines
     assert _run(eng, [prompt + [1]])[1] == [(0, "no prefix")]
     assert len(_files(tmp_path)) == 1                       # not corrupt: kept for the server it belongs to

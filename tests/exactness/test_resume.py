@@ -54,8 +54,8 @@ def test_salts_and_miss_reasons(tiny_ckpt):
 def test_eviction_keeps_budget_and_pages(tiny_ckpt):
     grid = tiny_ckpt.config.keep_grid
     eng = _engine(tiny_ckpt, kept_pages=1)
-    one = eng.kept.pages_for(grid + 3)
-    eng = _engine(tiny_ckpt, kept_pages=one + eng.kept.pages_for(grid) // 2)
+    one = eng.worker.store.kept.pages_for(grid + 3)
+    eng = _engine(tiny_ckpt, kept_pages=one + eng.worker.store.kept.pages_for(grid) // 2)
     a, b = _prompt(grid + 3, seed=1), _prompt(grid + 3, seed=2)
     _run(eng, [a])
     _run(eng, [b])                                            # a's states go to make room
@@ -64,6 +64,7 @@ def test_eviction_keeps_budget_and_pages(tiny_ckpt):
     assert _run(eng, [a + [7]])[1] == [(0, MISS_EVICTED)]
     got, info = _run(eng, [b + [11]])
     assert got == _run(_engine(tiny_ckpt), [b + [11]])[0]
-    held = sum(len(e.kept.pages) for e in eng.kept.entries.values())
-    assert held == eng.kept.pool.num_pages - eng.kept.pool.free_count == eng.scheduler.cache.held_pages
+    held = sum(len(e.kept.pages) for e in eng.worker.store.kept.entries.values())
+    kept = eng.worker.store.kept
+    assert held == kept.pool.num_pages - kept.pool.free_count == eng.scheduler.cache.held_pages
     assert eng.free_pages == PAGES

@@ -47,9 +47,10 @@ def _prompt(n, seed=0):
 
 def _idle(eng):
     """Free pages + the store's pages = every page, and the store's pages are exactly its entries' pages."""
-    held = {p for pages in eng.pages.entries.values() for p in pages}
+    held = {p for pages in eng.worker.store.pages.entries.values() for p in pages}
     assert eng.free_pages + eng.store_pages == eng.total_pages and len(held) == eng.store_pages
-    assert all(eng.runner.kv.pool.refcount(p) == sum(p in t for t in eng.pages.entries.values()) for p in held)
+    tables = eng.worker.store.pages.entries.values()
+    assert all(eng.runner.kv.pool.refcount(p) == sum(p in t for t in tables) for p in held)
 
 
 @pytest.mark.parametrize("host", [False, True])
@@ -78,7 +79,7 @@ def test_shared_pages_resume_equal_to_cold(tiny_ckpt, host):
 def test_kept_bytes_skip_the_shared_pages(tiny_ckpt):
     grid = tiny_ckpt.config.keep_grid
     eng = _engine(tiny_ckpt, share=16)
-    shared, full = eng.kept, KeptStore(tiny_ckpt.config, eng.ops, eng.runner.kv, 1, 64 << 20)
+    shared, full = eng.worker.store.kept, KeptStore(tiny_ckpt.config, eng.ops, eng.runner.kv, 1, 64 << 20)
     assert shared.state_bytes(grid) < full.state_bytes(grid)
     assert shared.state_bytes(grid) == shared.state_bytes(0)          # whole pages only: the fixed parts alone
     assert shared.state_bytes(grid + 3) > shared.state_bytes(grid)    # + the partly filled page's rows

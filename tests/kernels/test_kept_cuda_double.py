@@ -46,7 +46,7 @@ def test_keep_restore_on_cuda_double(cuda_double, host):
     pieces = []
     each(kept.parts(src, length), kept_probe(kept, length), lambda d, s, n: pieces.append(n))
     with cuda_double.counting() as c:
-        entry = kept.keep(7, src)
+        entry = kept.keep(7, src, range(kept.pages_for(src.length)))
     assert c.memcpys == len(pieces) and c.memcpy_bytes == entry.nbytes == sum(pieces)
     assert c.syncs == 0 and c.h2d == 0
     import cupy
@@ -104,7 +104,7 @@ def test_shared_pages_are_not_copied_on_cuda_double(cuda_double):
     kept, full = KeptStore(cfg, ops, kv, 1, 1 << 22, share=4), KeptStore(cfg, ops, kv, 1, 1 << 22)
     assert kept.shared_pages(length) == 2
     with cuda_double.counting() as c:
-        entry = kept.keep(7, src)
+        entry = kept.keep(7, src, range(kept.pages_for(src.length)))
     kept.pages.hold(7, src.pages[:2])
     assert c.memcpy_bytes == entry.nbytes == kept.state_bytes(length) < full.state_bytes(length)
     pos = np.arange(length)

@@ -7,7 +7,7 @@ from cupyglm.engine.verify import accept
 
 
 def req(max_tokens=100, out=0, draft=None, guide=None):
-    r = Request(1, (1, 2, 3), SamplingParams(max_tokens=max_tokens, draft=draft, guide=guide), 0, max_tokens)
+    r = Request(1, (1, 2, 3), SamplingParams(max_tokens=max_tokens, draft=draft, guide=guide), max_tokens)
     r.output = [5] * out
     return r
 

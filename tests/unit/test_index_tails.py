@@ -83,7 +83,7 @@ def test_rollback_and_kept_restore_write_the_slot_in_place():
     _kda(st)
     for layer in CFG.dsa_layers:
         t.of(st, layer)[0][...] = layer + 1
-    kept.keep(1, st)
+    kept.keep(1, st, range(kept.pages_for(st.length)))
     fresh = _kda(SeqState(pages=kv.pool.lease(1)))
     kept.restore(1, fresh)
     assert fresh.tail_slot == 1
@@ -91,3 +91,19 @@ def test_rollback_and_kept_restore_write_the_slot_in_place():
         ik = t.ik[layer][1]
         assert address_of(fresh.index_tail[layer][0]) == address_of(ik)
         assert (ik[:3] == layer + 1).all() and not ik[3:].any()              # 7 % 4 rows restored, the rest 0
+
+
+def test_a_keep_takes_only_the_kept_pages_it_is_given():
+    """No rank leases kept pages: a keep copies into rank 0's ids and refuses ids already held or too few."""
+    kv = _store(2)
+    kept = KeptStore(CFG, OPS, kv, 1, 1 << 22)
+    st = _kda(SeqState(length=8, pages=kv.pool.lease(1)))             # 8 % 4 = 0: no tail rows written
+    n = kept.pages_for(st.length)
+    entry = kept.keep(1, st, range(3, 3 + n))
+    assert entry.kept.pages == tuple(range(3, 3 + n)) and kept.pool.free_count == kept.pool.num_pages - n
+    with pytest.raises(ValueError, match="not free"):
+        kept.keep(2, st, range(3, 3 + n))
+    with pytest.raises(ValueError, match="needs"):
+        kept.keep(2, st, range(3 + n, 3 + 2 * n + 1))
+    kept.drop(1)
+    assert kept.pool.free_count == kept.pool.num_pages

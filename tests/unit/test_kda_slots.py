@@ -100,7 +100,7 @@ def test_a_kept_state_is_copied_by_the_walk_and_keeps_its_seat(released):
         st.index_tail = {layer: new_index_tail(np, CFG, storage_of(OPS).bf16) for layer in CFG.dsa_layers}
     _replay(slots, [a, b])
     want = _bits(a)
-    kept.keep(7, a)                      # a is seated: the walk reads its slot's addresses
+    kept.keep(7, a, range(kept.pages_for(a.length)))   # a is seated: the walk reads its slot's addresses
     assert slots._seated(a) == 0 and (slots.moves, slots.evictions) == (4 * len(CFG.kda_layers), 0)
     if released:
         slots.release(a)

@@ -33,7 +33,7 @@ class Arena:
     def shared_pages(self, length):
         return self.pages.shared_pages(length)
 
-    def keep(self, eid, state):
+    def keep(self, eid, state, kept_pages):
         self.entries[eid] = state.length
 
     def restore(self, eid, state):
@@ -67,7 +67,7 @@ class Replay:
         self.states = self.worker.states
 
     def run(self, plan, requests):
-        msg = decode(encode(from_plan(plan, requests, set())))
+        msg = decode(encode(from_plan(plan, requests, set(), dict.fromkeys(plan.admitted, 0))))
         self.worker.execute(dataclasses.replace(msg, ops=tuple(_Advance(op) if isinstance(op, Run) else op
                                                                for op in msg.ops)))
 
@@ -93,7 +93,7 @@ def make(limit=4):
 
 def req(rid, prompt, max_tokens):
     return Request(rid, tuple(prompt), SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True),
-                   seed=0, max_tokens=max_tokens)
+                   max_tokens=max_tokens)
 
 
 def step(s, replay):

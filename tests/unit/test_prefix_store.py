@@ -24,7 +24,7 @@ def cfg() -> EngineConfig:
 
 def req(rid, prompt, max_tokens=1):
     return Request(rid, tuple(prompt), SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True),
-                   seed=0, max_tokens=max_tokens)
+                   max_tokens=max_tokens)
 
 
 def test_the_null_store_never_hits_and_refuses_admin():

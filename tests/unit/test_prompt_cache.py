@@ -51,6 +51,20 @@ def test_index_rules():
         ["superseded", "superseded", "least recently used"]
 
 
+def test_the_index_alone_leases_kept_pages_lowest_first():
+    """The ids a keep carries to every rank: lowest free first, an evicted entry's pages reused, a forgotten one's
+    back in the pool."""
+    pc = PromptCache(6, lambda n: n // 10)
+    a, b = tuple(range(100)), tuple(range(200, 300))
+    e1, _ = pc.plan_keep("", a[:20], set())
+    e2, _ = pc.plan_keep("", b[:30], set())
+    assert pc.ids_of(e1) == (0, 1) and pc.ids_of(e2) == (2, 3, 4)
+    e3, drops = pc.plan_keep("", a[:30], set())                           # supersedes e1: its pages reused
+    assert drops == [e1] and pc.ids_of(e3) == (0, 1, 5)
+    pc.forget(e2)
+    assert pc.free_pages == 3 and pc.arena.free_ids() == [2, 3, 4]
+
+
 def test_kept_copy_bench_runs():
     """bench/kept_copy.py: a restore moves exactly the state's bytes (a smoke run at one grid point)."""
     import importlib.util

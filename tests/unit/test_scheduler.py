@@ -18,7 +18,7 @@ def cfg(**kw):
 
 def req(rid, n, max_tokens=4, **params):
     return Request(rid, tuple(range(1, n + 1)), SamplingParams(temperature=0, max_tokens=max_tokens, **params),
-                   seed=0, max_tokens=max_tokens)
+                   max_tokens=max_tokens)
 
 
 def groups(plan):

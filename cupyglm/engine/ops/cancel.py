@@ -8,7 +8,7 @@ from __future__ import annotations
 import dataclasses
 
 from cupyglm.distributed.step import StepFormatError
-from cupyglm.engine.ops.fields import U64, entries, read_entries
+from cupyglm.engine.ops.fields import IdList
 
 TAG = 2
 NAME = "cancel"
@@ -16,15 +16,10 @@ LAYOUT = ("n u32 | n x request_id u64",)
 
 
 @dataclasses.dataclass(frozen=True)
-class Cancel:
+class Cancel(IdList):
+    WHAT = NAME
+
     request_ids: tuple[int, ...]
-
-    def encode(self) -> bytes:
-        return entries(U64, self.request_ids)
-
-    @classmethod
-    def decode(cls, payload) -> Cancel:
-        return cls(read_entries(payload, U64, NAME, bare=True))
 
     def apply(self, w, result) -> None:
         for rid in self.request_ids:

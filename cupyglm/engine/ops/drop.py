@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from cupyglm.engine.ops.fields import U64, entries, read_entries
+from cupyglm.engine.ops.fields import IdList
 
 TAG = 9
 NAME = "drop"
@@ -15,15 +15,10 @@ LAYOUT = ("n u32 | n x entry u64",)
 
 
 @dataclasses.dataclass(frozen=True)
-class Drop:
+class Drop(IdList):
+    WHAT = NAME
+
     entry_ids: tuple[int, ...]
-
-    def encode(self) -> bytes:
-        return entries(U64, self.entry_ids)
-
-    @classmethod
-    def decode(cls, payload) -> Drop:
-        return cls(read_entries(payload, U64, NAME, bare=True))
 
     def apply(self, w, result) -> None:
         for eid in self.entry_ids:

@@ -7,8 +7,7 @@ from __future__ import annotations
 import dataclasses
 import struct
 
-from cupyglm.distributed.step import Reader, ids, pack
-from cupyglm.engine.ops.fields import COUNT
+from cupyglm.engine.ops.fields import id_entries, read_id_entries
 
 TAG = 6
 NAME = "lease"
@@ -21,21 +20,11 @@ class Lease:
     entries: tuple[tuple[int, tuple[int, ...]], ...]        # (request, page ids appended to its table)
 
     def encode(self) -> bytes:
-        out = bytearray(pack(COUNT, len(self.entries)))
-        for rid, pages in self.entries:
-            out += pack(_ENTRY, rid, len(pages)) + ids(pages, f"request {rid}'s leased pages")
-        return bytes(out)
+        return id_entries(_ENTRY, self.entries, "request")
 
     @classmethod
     def decode(cls, payload) -> Lease:
-        r = Reader(payload, NAME)
-        (n,) = r.take(COUNT, "the lease count")
-        out = []
-        for _ in range(n):
-            rid, n_pages = r.take(_ENTRY, "a lease")
-            out.append((rid, r.ids(n_pages, f"request {rid}'s leased pages")))
-        r.done()
-        return cls(tuple(out))
+        return cls(read_id_entries(payload, _ENTRY, NAME))
 
     def apply(self, w, result) -> None:
         for rid, pages in self.entries:

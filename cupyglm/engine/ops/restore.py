@@ -8,8 +8,8 @@ from __future__ import annotations
 import dataclasses
 import struct
 
-from cupyglm.distributed.step import Reader, StepFormatError, ids, pack
-from cupyglm.engine.ops.fields import COUNT
+from cupyglm.distributed.step import StepFormatError
+from cupyglm.engine.ops.fields import id_entries, read_id_entries
 
 TAG = 5
 NAME = "restore"
@@ -22,21 +22,11 @@ class Restore:
     entries: tuple[tuple[int, int, int, tuple[int, ...]], ...]     # (request, entry, length, page table)
 
     def encode(self) -> bytes:
-        out = bytearray(pack(COUNT, len(self.entries)))
-        for rid, eid, length, pages in self.entries:
-            out += pack(_ENTRY, rid, eid, length, len(pages)) + ids(pages, f"request {rid}'s restored pages")
-        return bytes(out)
+        return id_entries(_ENTRY, self.entries, "request")
 
     @classmethod
     def decode(cls, payload) -> Restore:
-        r = Reader(payload, NAME)
-        (n,) = r.take(COUNT, "the restore count")
-        out = []
-        for _ in range(n):
-            rid, eid, length, n_pages = r.take(_ENTRY, "a restore")
-            out.append((rid, eid, length, r.ids(n_pages, f"request {rid}'s restored pages")))
-        r.done()
-        return cls(tuple(out))
+        return cls(read_id_entries(payload, _ENTRY, NAME))
 
     def apply(self, w, result) -> None:
         for rid, eid, length, pages in self.entries:
