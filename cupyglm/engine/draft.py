@@ -75,8 +75,6 @@ class Pricer:
         return min(n, room)
 
     def observe(self, r, proposed: int, accepted: int) -> None:
-        r.draft_proposed += proposed
-        r.draft_accepted += accepted
         r.draft_rate += RATE_WEIGHT * (accepted / proposed - r.draft_rate)
 
 

@@ -1,9 +1,9 @@
 """Rank 0's one record of a request: everything the front end keeps about it beside its scheduling.
 
-The scheduler's `Request` (prompt, parameters, pages, positions fed, tokens generated, the draft price's rate and
-totals, which the scheduler's pricer reads as it plans) is the record's `req`; the rest lives here and nowhere
-else: the seed it samples with, the text (incremental detokenization and stop-string state), the grammar matcher, the prompt logprobs gathered until the first token,
-and this step's sampled logprobs and draft counts. What must stay true: a record exists exactly while its request
+The scheduler's `Request` (prompt, parameters, pages, positions fed, tokens generated, the draft price's rate,
+which the scheduler's pricer reads as it plans) is the record's `req`; the rest lives here and nowhere else: the
+seed it samples with, the text (incremental detokenization and stop-string state), the grammar matcher, the prompt
+logprobs gathered until the first token, and this step's sampled logprobs and draft counts. What must stay true: a record exists exactly while its request
 is live (from `Frontend.add` to `Frontend.end`), so ending it leaves nothing of the request behind on rank 0.
 """
 from __future__ import annotations

@@ -41,8 +41,6 @@ class Request:
     salt: str = ""                          # cache_salt: kept states are found only under the same salt
     cached: int = 0                         # prompt positions restored from a kept state
     miss_reason: str | None = None          # why nothing was restored (None when something was)
-    draft_proposed: int = 0                 # MTP drafts verified so far (cupyglm.engine.draft)
-    draft_accepted: int = 0                 # of them accepted
     draft_rate: float = 1.0                 # the price's acceptance average (draft.Pricer; starts optimistic)
     draft_skipped: int = 0                  # steps the price skipped drafting
 
