@@ -97,6 +97,16 @@ def prefill_all(model: GLMModel, seqs: list[list[int]]):
     return [o.logits for o in outs], [o.mtp_logits for o in outs]
 
 
+def check_batch_invariant(model: GLMModel, target: list[int], others: list[list[int]], where: int) -> None:
+    """target's logits (and MTP logits) alone equal, bit for bit, its row at `where` among others; no page kept."""
+    alone, mtp_alone = prefill_all(model, [target])
+    together, mtp_together = prefill_all(model, others[:where] + [target] + others[where:])
+    assert np.array_equal(bits(alone[0]), bits(together[where]))
+    if mtp_alone[0] is not None:
+        assert np.array_equal(bits(mtp_alone[0]), bits(mtp_together[where]))
+    assert model.kv.pool.free_count == model.kv.pool.num_pages
+
+
 def tail_fill(cfg, layer: int, length: int) -> int:
     """Leading slots of a layer's index tail in use at `length` (the rest are stale rows, never read)."""
     from cupyglm.kv.kept import written

@@ -85,3 +85,23 @@ class Job:
             self.proc.wait(timeout=10)
         except subprocess.TimeoutExpired:
             pass
+
+
+def together(servers: dict, timeout: float):
+    """A module's servers, started with wait=False so they boot side by side: yields them serving, kills them after
+    (a generator for a fixture's `yield from`)."""
+    for s in servers.values():
+        s.wait_serving(timeout=timeout)
+    yield servers
+    for s in servers.values():
+        s.kill()
+
+
+def clients(servers: dict, timeout: float, **kw):
+    """One httpx client a server, closed after (a generator for a fixture's `yield from`)."""
+    import httpx
+
+    out = {k: httpx.Client(base_url=s.base, timeout=timeout, **kw) for k, s in servers.items()}
+    yield out
+    for c in out.values():
+        c.close()

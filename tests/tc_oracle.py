@@ -6,17 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from cupyglm.backend.lanes import BF16
-from cupyglm.backend.tensor_core import CANONICAL_NAN, DEFAULT_ARCH, K_STEP, Model, _model
-
-
-def _bits16(x) -> np.ndarray:
-    x = np.asarray(x)
-    if x.dtype == BF16:
-        return x.view(np.uint16)
-    if x.dtype != np.uint16:
-        raise ValueError(f"tensor_core: bf16 operands must be bfloat16 or uint16 bit patterns, got {x.dtype}")
-    return x
+from cupyglm.backend.tensor_core import CANONICAL_NAN, DEFAULT_ARCH, K_STEP, Model, _bits16, _model
 
 
 def _split_bf16(u: np.ndarray):
@@ -99,36 +89,38 @@ def _specials(out, a, b, c, pa, pb, pc) -> np.ndarray:
 
 
 def dot16(a, b, c, model: Model) -> np.ndarray:
-    """One mma element: a, b [..., 16] bf16, c [...] float32 -> [...] float32 (blocks of model.group in order)."""
+    """One mma element per broadcast pair of a, b [..., 16] rows and c: the groups of model.group in k order."""
     a, b = _bits16(a), _bits16(b)
     if a.shape[-1] != K_STEP or b.shape[-1] != K_STEP:
         raise ValueError(f"tensor_core: one mma takes k = {K_STEP}, got {a.shape[-1]} and {b.shape[-1]}")
     acc = np.asarray(c, dtype=np.float32)
-    for k0 in range(0, K_STEP, model.group):
-        acc = block_fma(a[..., k0:k0 + model.group], b[..., k0:k0 + model.group], acc, model)
+    groups = [(a[..., g:g + model.group], b[..., g:g + model.group]) for g in range(0, K_STEP, model.group)]
+    for ga, gb in groups:
+        acc = block_fma(ga, gb, acc, model)
     return acc
 
 
 def mma_m16n8k16(a, b, c, arch: str = DEFAULT_ARCH) -> np.ndarray:
-    """D[16x8] = A[16x16] @ B[16x8] + C[16x8] as one mma.m16n8k16 on `arch` (also batched: [..., 16, 16])."""
-    m = _model(arch)
-    a, b = _bits16(a), _bits16(b)
-    c = np.asarray(c, dtype=np.float32)
-    if a.shape[-2:] != (16, 16) or b.shape[-2:] != (16, 8) or c.shape[-2:] != (16, 8):
-        raise ValueError(f"mma_m16n8k16: shapes A {a.shape}, B {b.shape}, C {c.shape}; need [16,16], [16,8], [16,8]")
-    return dot16(a[..., :, None, :], np.swapaxes(b, -1, -2)[..., None, :, :], c, m)
+    """D = A @ B + C, one output element at a time: D[i, j] from row i of A and column j of B alone."""
+    model = _model(arch)
+    a, b, c = _bits16(a), _bits16(b), np.asarray(c, dtype=np.float32)
+    out = np.empty(c.shape, np.float32)
+    for i in range(16):
+        for j in range(8):
+            out[..., i, j] = dot16(a[..., i, :], b[..., :, j], c[..., i, j], model)
+    return out
 
 
 def mma_chain(a, b, c=None, arch: str = DEFAULT_ARCH) -> np.ndarray:
-    """D[M,N] = A[M,K] @ B[K,N] (+ C) as a chain of m16n8k16 steps over ascending k blocks of 16, each step's D
-    the next step's C (K a multiple of 16; M and N any: every element is its own row and column's chain)."""
-    m = _model(arch)
+    """D[M,N] = A[M,K] @ B[K,N] (+ C): each element's chain of 16-wide steps in ascending k, element by element."""
+    model = _model(arch)
     a, b = _bits16(a), _bits16(b)
-    rows, k = a.shape
+    (rows, k), cols = a.shape, b.shape[1]
     if b.shape[0] != k or k % K_STEP:
         raise ValueError(f"mma_chain: A {a.shape} @ B {b.shape}: K must agree and be a multiple of {K_STEP}")
-    acc = np.zeros((rows, b.shape[1]), np.float32) if c is None else np.array(c, dtype=np.float32)
-    bt = np.ascontiguousarray(b.T)
-    for k0 in range(0, k, K_STEP):
-        acc = dot16(a[:, None, k0:k0 + K_STEP], bt[None, :, k0:k0 + K_STEP], acc, m)
-    return acc
+    out = np.zeros((rows, cols), np.float32) if c is None else np.array(c, dtype=np.float32)
+    for i in range(rows):
+        for j in range(cols):
+            for k0 in range(0, k, K_STEP):
+                out[i, j] = dot16(a[i, k0:k0 + K_STEP], b[k0:k0 + K_STEP, j], out[i, j], model)
+    return out

@@ -111,13 +111,7 @@ class RadixTree:
             if n < len(child.edge):                            # the key ends inside this edge
                 return self._holds(child)
             node, at = child, at + n
-        stack = list(node.children.values())
-        while stack:
-            n = stack.pop()
-            if n.value is not None:
-                return True
-            stack += n.children.values()
-        return False
+        return any(self._holds(c) for c in node.children.values())      # strictly below: not node's own value
 
     @staticmethod
     def _holds(node: _Node) -> bool:

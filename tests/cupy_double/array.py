@@ -77,6 +77,17 @@ def buffers_of(args) -> list:
     return out
 
 
+def view_of(res, sources):
+    """res with numpy scalars as 0-d arrays, or a view of the source allocation it shares when it shares one."""
+    if isinstance(res, np.generic):
+        res = np.asarray(res)
+    if isinstance(res, np.ndarray):
+        for b in sources:
+            if np.may_share_memory(res, b.array):
+                return ndarray._view(res, b)
+    return res
+
+
 def wrap(res, sources=(), what: str = "op"):
     """A numpy result as a double array: a view when it shares one of `sources`' allocations, else a new
     allocation made by one CuPy kernel."""
@@ -84,13 +95,9 @@ def wrap(res, sources=(), what: str = "op"):
         return tuple(wrap(r, sources, what) for r in res)
     if isinstance(res, list):
         return [wrap(r, sources, what) for r in res]
-    if isinstance(res, np.generic):
-        res = np.asarray(res)
+    res = view_of(res, sources)
     if not isinstance(res, np.ndarray):
         return res
-    for b in sources:
-        if np.may_share_memory(res, b.array):
-            return ndarray._view(res, b)
     STATE.count("kernels", what=what)
     return ndarray._own(np.ascontiguousarray(res) if res.ndim else res.copy())
 

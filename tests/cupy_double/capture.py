@@ -165,19 +165,13 @@ def compute(fn, sources=(), what: str = "op", inputs=()):
 
 
 def _captured(res, fn, sources, what, bufs):
-    from .array import ndarray
+    from .array import view_of
 
     if isinstance(res, (tuple, list)):
         out = [_captured(r, (lambda i=i: fn()[i]), sources, what, bufs) for i, r in enumerate(res)]
         return tuple(out) if isinstance(res, tuple) else out
-    if isinstance(res, np.generic):
-        res = np.asarray(res)
-    if not isinstance(res, np.ndarray):
-        return res
-    for b in sources:
-        if np.may_share_memory(res, b.array):
-            return ndarray._view(res, b)
-    return deferred_result(res, fn, what, bufs)
+    res = view_of(res, sources)
+    return deferred_result(res, fn, what, bufs) if isinstance(res, np.ndarray) else res
 
 
 def _keys(key) -> list:

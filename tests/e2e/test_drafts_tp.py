@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import re
 
-import httpx
 import pytest
+from procjob import clients, together
 
 from cupyglm_bench.cli import main
 
@@ -19,19 +19,12 @@ BASE = ["--context", "512", "--parallel", "4"]
 def servers(start_server):
     out = {"draft": start_server(BASE + ["--mtp-drafts", "3", "--prompt-cache-gib", "0.05"], wait=False),
            "plain": start_server(BASE, wait=False)}
-    for s in out.values():
-        s.wait_serving()
-    yield out
-    for s in out.values():
-        s.kill()
+    yield from together(out, timeout=120)
 
 
 @pytest.fixture(scope="module")
 def http(servers):
-    clients = {k: httpx.Client(base_url=s.base, timeout=180) for k, s in servers.items()}
-    yield clients
-    for c in clients.values():
-        c.close()
+    yield from clients(servers, timeout=180)
 
 
 def ask(c, kind, text, temperature, **kw):

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import concurrent.futures
 
-import httpx
 import numpy as np
 import pytest
+from procjob import clients, together
 
 pytestmark = pytest.mark.mpi
 
@@ -26,19 +26,12 @@ def servers(start_server):
            "host": start_server(BASE + ["--prompt-cache-gib", "0.02"], env={**HOST, "CUPYGLM_HOST_CACHE": "1"},
                                 wait=False),
            "shared": start_server(BASE, env={**HOST, "CUPYGLM_KV_HOST_SHARED": "1"}, wait=False)}
-    for s in out.values():
-        s.wait_serving(timeout=300)
-    yield out
-    for s in out.values():
-        s.kill()
+    yield from together(out, timeout=300)
 
 
 @pytest.fixture(scope="module")
 def http(servers):
-    clients = {k: httpx.Client(base_url=s.base, timeout=600) for k, s in servers.items()}
-    yield clients
-    for c in clients.values():
-        c.close()
+    yield from clients(servers, timeout=600)
 
 
 def ids(n: int, seed: int) -> list[int]:
@@ -80,9 +73,9 @@ def test_two_long_prompts_at_once_reply_as_alone(http):
     a, b = ids(700, 11), ids(600, 12)
     alone = [complete(http["dev"], p)[0] for p in (a, b)]
     with concurrent.futures.ThreadPoolExecutor(2) as ex:
-        together = list(ex.map(lambda p: complete(http["host"], p)[0], (a, b)))
+        batched = list(ex.map(lambda p: complete(http["host"], p)[0], (a, b)))
         shared = list(ex.map(lambda p: complete(http["shared"], p)[0], (a, b)))
-    assert together == alone and shared == alone
+    assert batched == alone and shared == alone
 
 
 def test_resumed_equals_fresh_on_host_rows(http):

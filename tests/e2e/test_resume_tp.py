@@ -13,6 +13,7 @@ import signal
 import httpx
 import numpy as np
 import pytest
+from procjob import clients, together
 
 pytestmark = pytest.mark.mpi
 
@@ -28,19 +29,12 @@ def servers(start_server):
            "share": start_server(BASE + ["--prompt-cache-gib", "0.05"], env={"CUPYGLM_KV_SHARE": "16"},
                                  wait=False),
            "cold": start_server(BASE + ["--prompt-cache-gib", "0"], wait=False)}
-    for s in out.values():
-        s.wait_serving()
-    yield out
-    for s in out.values():
-        s.kill()
+    yield from together(out, timeout=120)
 
 
 @pytest.fixture(scope="module")
 def http(servers):
-    clients = {k: httpx.Client(base_url=s.base, timeout=120) for k, s in servers.items()}
-    yield clients
-    for c in clients.values():
-        c.close()
+    yield from clients(servers, timeout=120)
 
 
 def ids(n: int, seed: int) -> list[int]:

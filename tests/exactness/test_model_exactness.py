@@ -4,8 +4,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from cupyglm.model.glm import SeqInput
-from model_helpers import (bits, build_models, check_prefill_equals_decode, prefill_all,
-                             prefill_and_decode)
+from model_helpers import bits, build_models, check_batch_invariant, check_prefill_equals_decode, prefill_and_decode
 
 
 @pytest.fixture(scope="module")
@@ -19,14 +18,7 @@ prompt = st.lists(st.integers(0, 495), min_size=1, max_size=48)
 @settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(target=prompt, others=st.lists(prompt, max_size=3), where=st.integers(0, 3))
 def test_row_logits_do_not_depend_on_the_batch(model, target, others, where):
-    alone, mtp_alone = prefill_all(model, [target])
-    where = where % (len(others) + 1)
-    batch = others[:where] + [target] + others[where:]
-    together, mtp_together = prefill_all(model, batch)
-    assert np.array_equal(bits(alone[0]), bits(together[where]))
-    if mtp_alone[0] is not None:
-        assert np.array_equal(bits(mtp_alone[0]), bits(mtp_together[where]))
-    assert model.kv.pool.free_count == model.kv.pool.num_pages
+    check_batch_invariant(model, target, others, where % (len(others) + 1))
 
 
 def test_greedy_batched_equals_alone(model):

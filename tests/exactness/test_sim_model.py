@@ -13,7 +13,7 @@ import pytest
 
 from cupyglm.backend.sim_ops import SimOps
 from cupyglm.model.glm import SeqInput
-from model_helpers import bits, build_models, check_prefill_equals_decode, prefill_all
+from model_helpers import bits, build_models, check_batch_invariant, check_prefill_equals_decode
 
 PROMPTS = [[5, 17, 300, 42], list(range(60, 100)), [7] * 13]
 STEPS = 32
@@ -70,13 +70,7 @@ def test_greedy_tokens_identical(greedy_run):
     (list(range(100, 140)), [[42]], 0),                 # 40 tokens: past the sparse limit (35)
 ])
 def test_row_logits_do_not_depend_on_the_batch(sim_model, target, others, where):
-    alone, mtp_alone = prefill_all(sim_model, [target])
-    batch = others[:where] + [target] + others[where:]
-    together, mtp_together = prefill_all(sim_model, batch)
-    assert np.array_equal(bits(alone[0]), bits(together[where]))
-    if mtp_alone[0] is not None:
-        assert np.array_equal(bits(mtp_alone[0]), bits(mtp_together[where]))
-    assert sim_model.kv.pool.free_count == sim_model.kv.pool.num_pages
+    check_batch_invariant(sim_model, target, others, where)
 
 
 @pytest.mark.parametrize("splits", [[38], [1] * 38, [3, 33, 2]])
