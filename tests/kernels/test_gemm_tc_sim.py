@@ -44,9 +44,10 @@ def test_prompt_row_equals_decode_row_bits(m, n, k, out):
 
 
 @pytest.mark.parametrize("out", ["f32", "bf16"])
-def test_per_head_prompt_rows_equal_decode_rows_and_tc_rows_batched(out):
+@pytest.mark.parametrize("k", [100, 640])
+def test_per_head_prompt_rows_equal_decode_rows_and_tc_rows_batched(out, k):
     rng = np.random.default_rng(5)
-    h, m, n, k = 3, 9, 20, 100
+    h, m, n = 3, 9, 20
     x, w = _bf(rng, (h, m, k)), _bf(rng, (h, n, k), k ** -0.5)
     y = ops_gemm_tc.gemm_tc(K, x, w, out=out)
     want = tc_rows_batched(x, w)
@@ -66,6 +67,20 @@ def test_row_bits_do_not_depend_on_the_rows_beside_it():
         batch[at] = row[0]
         y = ops_gemm_tc.gemm_tc(K, batch, w)
         assert np.array_equal(_bits(y[at]), _bits(solo[0])), f"row {at} of {m}"
+
+
+def test_unaligned_x_takes_element_loads_with_the_same_bits():
+    """K % 8 == 0 but x 2 bytes off a 16-byte boundary: the kernel's element loads, the aligned call's bits."""
+    rng = np.random.default_rng(13)
+    m, n, k = 9, 70, 640
+    x, w = _bf(rng, (m, k)), _bf(rng, (n, k), k ** -0.5)
+    buf = np.empty(m * k + 8, dtype=x.dtype)
+    off = next(i for i in range(8) if (buf[i:].ctypes.data % 16) == 2)
+    xu = buf[off:off + m * k].reshape(m, k)
+    xu[...] = x
+    assert xu.ctypes.data % 16 and xu.flags.c_contiguous
+    assert np.array_equal(_bits(ops_gemm_tc.gemm_tc(K, xu, w)), _bits(ops_gemm_tc.gemm_tc(K, x, w)))
+    assert np.array_equal(_bits(ops_gemm_tc.gemm_tc(K, xu, w)), _bits(tc_rows(x, w)))
 
 
 def test_empty_k_is_zero_and_empty_rows_are_empty():
