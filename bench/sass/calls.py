@@ -2,6 +2,8 @@
 FLOPs and blocks the launcher's grid gives (cupyglm/kernels/ops_*.py)."""
 from __future__ import annotations
 
+from cupyglm.kernels import ops_gemm_tc
+
 from bench.sass import kernels as K
 from bench.sass.model import Call, analyse
 
@@ -32,6 +34,14 @@ def gemm(form: str, fmt: str, m: int, n: int, k: int, stored: float, nw: int = 1
     nbytes = slices * stored * nw + m * k * 2 + m * n * 2
     blocks = -(-m // 16) * -(-n // OUTS)
     return Call(analyse(K.gemm(form, fmt), arch), flops, nbytes, flops, blocks)
+
+
+def gemm_tc(m: int, n: int, k: int, stored: float, arch: str = "sm_90") -> Call:
+    """gemm_tc_bf16 over M prompt rows: 2 M N K FLOPs; each weight read from HBM once (the row blocks' re-reads
+    assumed to hit L2), x and y once; one block per 32 x 64 output tile."""
+    flops = 2.0 * m * n * k
+    blocks = -(-m // ops_gemm_tc.TILE_M) * -(-n // ops_gemm_tc.TILE_N)
+    return Call(analyse(K.GEMM_TC, arch), flops, stored + m * k * 2 + m * n * 2, flops, blocks)
 
 
 def attention_decode(cfg, tp: int, rows: int, context: int, arch: str = "sm_90") -> list[Call]:

@@ -41,6 +41,10 @@ def gemm(form: str, fmt: str = "bf16") -> Kernel:
     return Kernel(_q(name, fmt), file, "prompt", "mac", 256, fmt)
 
 
+# the prompt GEMM on the tensor core (gemm_tc.cu): 128 threads, 32 x 64 output tiles
+GEMM_TC = Kernel("gemm_tc_bf16", "gemm_tc.cu", "prompt", "flop", 128)
+
+
 def attention_decode(r: int, chunk: int) -> tuple[Kernel, Kernel]:
     """attention_split.cu's two kernels (scores, then P.V), with the launcher's dynamic shared memory."""
     return (Kernel("attention_chunk_scores", "attention_split.cu", "decode", "flop", 256,

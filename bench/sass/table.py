@@ -1,8 +1,8 @@
 """One row per modelled kernel and shape at the model's shapes: every decode GEMV form at each row count, the
-prompt GEMMs at M rows, attention / indexer / KDA / norm on both paths (bench/sass_model.py prints them)."""
+prompt GEMMs at M rows (the dense bf16 one also on the tensor core, gemm_tc), attention / indexer / KDA / norm on both paths (bench/sass_model.py prints them)."""
 from __future__ import annotations
 
-from bench.sass import calls, kernels as K
+from bench.sass import calls, hw, kernels as K
 from bench.sass.model import Call, bounds
 from bench.sass.step import _experts, _tables
 
@@ -19,13 +19,15 @@ def _shape(plain, stored, storage, suffix: str):
 def row(kernel_call: Call, rows: int, form: str, shape: str) -> dict:
     a = kernel_call.analysis
     c = a.counts
+    b = bounds(kernel_call)
+    peak = 100.0 * kernel_call.flops / (b["predicted_us"] * 1e-6) / hw.TENSOR_BF16_FLOPS
     return {"kernel": a.kernel.name, "role": a.kernel.role, "rows": rows, "dtype": a.kernel.dtype, "form": form,
             "shape": shape, "unit": a.kernel.unit, "instr_per_unit": a.instr_per_unit,
             "tensor_instr_per_unit": a.per_unit(c.tensor), "fp_per_unit": a.per_unit(c.fp),
             "shared_loads_per_unit": a.per_unit(c.shared_loads),
             "global_loads_per_unit": a.per_unit(c.global_loads), "loop_instr": c.instr,
             "loop_predicated": c.predicated, "registers": a.registers, "shared_bytes": a.shared + a.kernel.dyn_shared,
-            "blocks_per_sm": a.blocks_per_sm, "blocks": kernel_call.blocks, **bounds(kernel_call)}
+            "blocks_per_sm": a.blocks_per_sm, "blocks": kernel_call.blocks, **b, "tensor_peak_pct": peak}
 
 
 def _gemv_rows(cfg, tp, fmt, rows, arch):
@@ -74,7 +76,17 @@ def _gemm_rows(cfg, tp, fmt, m, arch):
         if fmt != "bf16" and not q:
             continue
         out.append(row(calls.gemm(form, fmt, m, n, k, st, arch=arch, **kw), m, form, f"M {m} N {n} K {k}"))
+    if fmt == "bf16":
+        n, k, st, _ = _shape(plain, stored, storage, "self_attn.o_proj.weight")
+        out.append(row(calls.gemm_tc(m, n, k, st, arch), m, "dense tc", f"M {m} N {n} K {k}"))
     return out
+
+
+def gemm_compare(m: int, n: int, k: int, arch: str = "sm_90") -> list[dict]:
+    """The dense bf16 prompt GEMM at one shape: the lane-16 kernel (gemm.cu) beside the tensor-core one (gemm_tc.cu)."""
+    shape, st = f"M {m} N {n} K {k}", 2.0 * n * k
+    return [row(calls.gemm("dense", "bf16", m, n, k, st, arch=arch), m, "dense", shape),
+            row(calls.gemm_tc(m, n, k, st, arch), m, "dense tc", shape)]
 
 
 def kernel_rows(cfg, tp: int, rows=(1, 16), m: int = 2048, context: int = 4096, arch: str = "sm_90") -> list[dict]:

@@ -120,3 +120,35 @@ def test_loops_found_with_either_branch_guard():
     assert [(lp.start, lp.end) for lp in parse.loops(code)] == [(1, 2), (3, 5)]
     loop, counts = parse.hot_loop(code)
     assert (loop.start, counts.instr, counts.fp, counts.fmul) == (3, 3, 2, 1)
+
+
+def test_gemm_tc_counts_its_hmma_loop_and_predicts_over_half_the_tensor_peak():
+    """The prompt GEMM on the tensor core (gemm_tc.cu): the model counts its unpredicated 16-byte-load mma loop (not
+    the checked tail), every FLOP of it an HMMA's; at M 1024 N 4096 K 4096 it predicts >= 50% of the dense bf16
+    tensor peak, where the lane-16 gemm.cu predicts under 2%."""
+    from bench.sass import table
+
+    m, n, k = 1024, 4096, 4096
+    c = calls.gemm_tc(m, n, k, 2.0 * n * k)
+    a = c.analysis
+    assert a.kernel.name == "gemm_tc_bf16" and a.counts.tensor >= 16
+    assert a.counts.fadd == a.counts.shared_loads == 0 and a.counts.predicated <= 1
+    assert a.units_per_iter == 2 * 16 * 8 * 16 * a.counts.tensor
+    b = model.bounds(c)
+    assert b["tensor_bound_us"] == pytest.approx(2.0 * m * n * k / hw.TENSOR_BF16_FLOPS * 1e6)
+    assert b["tensor_bound_us"] / b["predicted_us"] >= 0.5
+    old, tc = table.gemm_compare(m, n, k)
+    assert (old["kernel"], tc["kernel"]) == ("gemm_lane16", "gemm_tc_bf16")
+    assert old["tensor_peak_pct"] < 2.0 <= 50.0 <= tc["tensor_peak_pct"]
+    assert tc["predicted_us"] == pytest.approx(b["predicted_us"])
+
+
+def test_kernel_rows_hold_the_tensor_core_prompt_gemm_beside_the_lane16_one():
+    from bench.sass import table
+    from cupyglm.config import preset
+
+    rows = [r for r in table.kernel_rows(preset("glm-5.3-flash"), 2, (1,), 1024) if r["role"] == "prompt"]
+    dense = {r["form"]: r for r in rows if r["dtype"] == "bf16" and r["form"] in ("dense", "dense tc")}
+    assert dense["dense tc"]["kernel"] == "gemm_tc_bf16" and dense["dense tc"]["shape"] == dense["dense"]["shape"]
+    assert dense["dense tc"]["tensor_instr_per_unit"] > 0 and dense["dense"]["tensor_instr_per_unit"] == 0
+    assert dense["dense tc"]["predicted_us"] < dense["dense"]["predicted_us"]

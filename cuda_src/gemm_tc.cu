@@ -1,0 +1,138 @@
+// gemm_tc.cu -- the prompt-row GEMM on the tensor core (DESIGN §3b): y[h, m, n] = sum_k x[h, m, k] * w[h, n, k]
+// by mma.m16n8k16 (mma.cuh), fp32 out (gemm_tc) or rounded once to bf16 in the epilogue (gemm_tc_bf16).
+//
+// Order: the decode GEMV's (cupyglm/backend/tc_order.py, gemv_tc.cuh), fixed by K alone.  K is cut into slices of
+// GTC_SLICE; a slice is one chain of mma steps from +0.0 over its 32-blocks in ascending k, a block's two steps the
+// decode GEMV's (gtc_block, so the same planted controls reach both); the slices' fp32 results are added in slice
+// order.  An mma output element depends on its own row of A (x) and column of B (w) only, so a prompt row's bits
+// are the decode row's: x and w swap the A / B roles of the GEMV, not the products or their k positions.
+//
+// Launch: 128 threads (4 warps); grid (ceil(N / GTC_TILE_N), ceil(M / GTC_TILE_M), H).  A block holds a 32-row by
+// 64-column tile: warp w takes rows 16 (w % 2) .. + 16 and columns 32 (w / 2) .. + 32 (GTC_NT tiles of 8).  Lane
+// (g, t) loads 8 consecutive k (16 bytes) of rows g, g + 8 and of column g of each 8-column tile straight into its
+// fragments; rows past M and columns past N are zeros and are not stored.  Blocks split M, N and H, never K.
+#include "common.cuh"
+#include "mma.cuh"
+#include "gemv_tc.cuh"
+
+#define GTC_TILE_M 32                  // rows a block
+#define GTC_TILE_N 64                  // columns a block
+#define GTC_NT 4                       // 8-column mma tiles a warp
+#define GTC_U 4                        // 32-blocks of loads issued before their mma steps
+
+// A lane's rows and weight columns (their first k).  A row past M (column past N) reads row M - 1 (column N - 1):
+// an output element depends on its own row and column only, and those outputs are not stored.
+struct GemmTcTile {
+  const __nv_bfloat16* xg;             // row g of the warp
+  const __nv_bfloat16* xh;             // row g + 8
+  const __nv_bfloat16* w[GTC_NT];      // column g of each 8-column tile
+};
+
+// The epilogue: fp32 as summed, or rounded once to bf16.
+static __device__ __forceinline__ void gemm_tc_store(float* y, long long i, float v) { y[i] = v; }
+static __device__ __forceinline__ void gemm_tc_store(__nv_bfloat16* y, long long i, float v) { y[i] = to_bf16(v); }
+
+// The 32-block at kk - 8t: this lane's 16-byte loads, zeros past the slice end (valid k of the chunk).
+template <bool VEC>
+static __device__ __forceinline__ void gtc_block_at(float (*d)[4], const GemmTcTile& tl, int kk, int valid) {
+  uint4 wc[GTC_NT];
+#pragma unroll
+  for (int j = 0; j < GTC_NT; ++j) wc[j] = gemv_load8(tl.w[j] + kk, valid, VEC);
+  gtc_block<GTC_NT>(d, gemv_load8(tl.xg + kk, valid, VEC), gemv_load8(tl.xh + kk, valid, VEC), wc);
+}
+
+// The slice [k0, k1) from +0.0 into d (one warp; warp-uniform bounds).  With 16-byte loads (VEC), GTC_U whole
+// 32-blocks a trip, every load in flight before the first mma; the blocks left (and every block without VEC) one
+// at a time with their bounds checked.  Both take the blocks in ascending k.
+template <bool VEC>
+static __device__ __forceinline__ void gemm_tc_slice(float (*d)[4], const GemmTcTile& tl, int k0, int k1, int t) {
+#pragma unroll
+  for (int j = 0; j < GTC_NT; ++j) d[j][0] = d[j][1] = d[j][2] = d[j][3] = 0.0f;
+  int kb = k0;
+  if (VEC) {
+    const uint4* px = reinterpret_cast<const uint4*>(tl.xg + k0 + 8 * t);     // 16-byte chunks, 4 a 32-block
+    const uint4* ph = reinterpret_cast<const uint4*>(tl.xh + k0 + 8 * t);
+    const uint4* pw[GTC_NT];
+#pragma unroll
+    for (int j = 0; j < GTC_NT; ++j) pw[j] = reinterpret_cast<const uint4*>(tl.w[j] + k0 + 8 * t);
+    for (; kb + 32 * GTC_U <= k1; kb += 32 * GTC_U) {
+      uint4 xa[GTC_U], xb[GTC_U], wc[GTC_U][GTC_NT];
+#pragma unroll
+      for (int u = 0; u < GTC_U; ++u) {
+        xa[u] = px[4 * u];
+        xb[u] = ph[4 * u];
+#pragma unroll
+        for (int j = 0; j < GTC_NT; ++j) wc[u][j] = pw[j][4 * u];
+      }
+      px += 4 * GTC_U;
+      ph += 4 * GTC_U;
+#pragma unroll
+      for (int j = 0; j < GTC_NT; ++j) pw[j] += 4 * GTC_U;
+#pragma unroll
+      for (int u = 0; u < GTC_U; ++u) gtc_block<GTC_NT>(d, xa[u], xb[u], wc[u]);
+    }
+  }
+#pragma unroll 1
+  for (; kb < k1; kb += 32) gtc_block_at<VEC>(d, tl, kb + 8 * t, min(8, k1 - kb - 8 * t));
+}
+
+template <bool VEC, typename Out>
+static __device__ __forceinline__ void gemm_tc_rows(
+    const __nv_bfloat16* __restrict__ x,   // [H, M, K] bf16
+    const __nv_bfloat16* __restrict__ w,   // [H, N, K] bf16
+    Out* __restrict__ y,                   // [H, M, N] fp32 or bf16
+    int M, int N, int K) {
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+  const long long h = blockIdx.z;
+  const int m0 = blockIdx.y * GTC_TILE_M + 16 * (warp & 1), n0 = blockIdx.x * GTC_TILE_N + 32 * (warp >> 1);
+  const __nv_bfloat16* xh = x + h * M * (long long)K;
+  const __nv_bfloat16* wh = w + h * N * (long long)K;
+  GemmTcTile tl;
+  tl.xg = xh + (long long)min(m0 + g, M - 1) * K;
+  tl.xh = xh + (long long)min(m0 + g + 8, M - 1) * K;
+#pragma unroll
+  for (int j = 0; j < GTC_NT; ++j) tl.w[j] = wh + (long long)min(n0 + 8 * j + g, N - 1) * K;
+  float acc[GTC_NT][4], d[GTC_NT][4];
+  for (int k0 = 0; k0 < K; k0 += GTC_SLICE) {
+    gemm_tc_slice<VEC>(d, tl, k0, min(K, k0 + GTC_SLICE), t);
+#pragma unroll
+    for (int j = 0; j < GTC_NT; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc[j][e] = k0 == 0 ? d[j][e] : acc[j][e] + d[j][e];
+  }
+  Out* yh = y + h * M * (long long)N;
+#pragma unroll
+  for (int j = 0; j < GTC_NT; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {        // d[e] = D[row g + 8 (e / 2)][column 2t + e % 2] of tile j
+      const int m = m0 + g + 8 * (e >> 1), n = n0 + 8 * j + 2 * t + (e & 1);
+      if (m < M && n < N) gemm_tc_store(yh, (long long)m * N + n, acc[j][e]);
+    }
+}
+
+// 16-byte loads where x, w and K allow them (block-uniform), else element loads: the same values either way.
+template <typename Out>
+static __device__ __forceinline__ void gemm_tc_body(const __nv_bfloat16* __restrict__ x,
+                                                    const __nv_bfloat16* __restrict__ w, Out* __restrict__ y, int M,
+                                                    int N, int K) {
+  if (gemv_aligned(x, w, K))
+    gemm_tc_rows<true>(x, w, y, M, N, K);
+  else
+    gemm_tc_rows<false>(x, w, y, M, N, K);
+}
+
+extern "C" __global__ void __launch_bounds__(128) gemm_tc(
+    const __nv_bfloat16* __restrict__ x,   // [H, M, K] bf16
+    const __nv_bfloat16* __restrict__ w,   // [H, N, K] bf16
+    float* __restrict__ y,                 // [H, M, N] f32
+    int M, int N, int K) {
+  gemm_tc_body(x, w, y, M, N, K);
+}
+
+extern "C" __global__ void __launch_bounds__(128) gemm_tc_bf16(
+    const __nv_bfloat16* __restrict__ x,   // [H, M, K] bf16
+    const __nv_bfloat16* __restrict__ w,   // [H, N, K] bf16
+    __nv_bfloat16* __restrict__ y,         // [H, M, N] bf16 (the fp32 sum rounded once)
+    int M, int N, int K) {
+  gemm_tc_body(x, w, y, M, N, K);
+}

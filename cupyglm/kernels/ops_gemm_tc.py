@@ -1,0 +1,49 @@
+"""Launcher of cuda_src/gemm_tc.cu: the prompt-row GEMM on the tensor core (mma.m16n8k16), summing in the decode
+GEMV's order (backend/tc_order.py's tc_rows), so a row's bits equal the decode row's for the same x and w.
+
+Not an op of its own: the ops interface's prompt rows still sum in lane-16 order (gemm.cu) on every backend; this
+kernel is what a backend would route them to once the reference sums prompt rows in the tensor core's order too."""
+from __future__ import annotations
+
+import numpy as np
+
+from cupyglm.kernels.ops import Kernels, check, i32
+
+SRC = "gemm_tc.cu"
+TILE_M = 32        # GTC_TILE_M: rows a block
+TILE_N = 64        # GTC_TILE_N: columns a block
+THREADS = (128, 1)
+MAX_GRID = 65535
+OUTS = ("f32", "bf16")
+
+
+def grid(m: int, n: int, h: int = 1) -> tuple[int, int, int]:
+    """(column blocks, row blocks, heads): N on grid.x (2^31 - 1), the rows' 32-row blocks and H on y and z."""
+    rows = -(-m // TILE_M)
+    if rows > MAX_GRID or h > MAX_GRID:
+        raise ValueError(f"gemm_tc: M={m} ({rows} row blocks of {TILE_M}) or H={h} exceeds the grid's 65,535 "
+                         f"limit; split the rows into calls of at most {MAX_GRID * TILE_M}")
+    return -(-n // TILE_N), rows, h
+
+
+def gemm_tc(k: Kernels, x, w, out: str = "f32"):
+    """x [M, K] bf16 @ w [N, K] bf16 -> [M, N] fp32 (out="bf16": rounded once to bf16), in the tensor core's
+    decode order; per head with x [H, M, K] and w [H, N, K] -> [H, M, N]."""
+    if out not in OUTS:
+        raise ValueError(f"gemm_tc: out must be one of {OUTS}, got {out!r}")
+    if getattr(x, "ndim", None) not in (2, 3):
+        raise ValueError(f"gemm_tc: parameter x must be [M, K] or [H, M, K], got shape {np.shape(x)}")
+    heads = x.ndim == 3
+    check("gemm_tc", "x", x, (None,) * x.ndim, k.bf16)
+    check("gemm_tc", "w", w, ((x.shape[0], None, x.shape[2]) if heads else (None, x.shape[1])), k.bf16)
+    x3, w3 = (x, w) if heads else (x[None], w[None])
+    h, m, kk = x3.shape
+    n = w3.shape[1]
+    y = k.empty((h, m, n), k.bf16 if out == "bf16" else np.float32)
+    if h and m and n:
+        if kk == 0:
+            y[...] = 0                           # an empty sum is +0.0 (bf16 +0.0 is bit pattern 0)
+        else:
+            suffix = "_bf16" if out == "bf16" else ""
+            k.launch(SRC, "gemm_tc" + suffix, grid(m, n, h), THREADS, (x3, w3, y, i32(m), i32(n), i32(kk)))
+    return y if heads else y[0]
