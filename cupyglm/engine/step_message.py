@@ -14,6 +14,7 @@ from cupyglm.engine.ops.clear import Clear
 from cupyglm.engine.ops.codec import StepMessage
 from cupyglm.engine.ops.drop import Drop
 from cupyglm.engine.ops.evict import Evict
+from cupyglm.engine.ops.image import Image
 from cupyglm.engine.ops.keep import Keep
 from cupyglm.engine.ops.lease import Lease
 from cupyglm.engine.ops.load import Load
@@ -25,14 +26,14 @@ from cupyglm.engine.ops.sync import Sync
 from cupyglm.engine.ops.unlink import Unlink
 
 
-def assemble(step: int, stop: bool = False, new=(), cancelled=(), settles=(), evicts=(), restores=(), leases=(),
+def assemble(step: int, stop: bool = False, new=(), images=(), cancelled=(), settles=(), evicts=(), restores=(), leases=(),
              groups=(), drops=(), keeps=(), disk=None, kept_pages=()) -> StepMessage:
     """The message of these parts, in the order every rank applies them (`disk`: a disk_tier.DiskOps;
     `kept_pages` and the disk's: (entry, the kept pages rank 0 leased it) per keep and load, which a worker
     refuses when they do not fit the state)."""
     d = disk if disk is not None and not disk.empty else None
     arena = dict(kept_pages) | (dict(d.kept_pages) if d is not None else {})
-    parts = [(Admit, new), (Cancel, cancelled), (Settle, settles), (Evict, evicts), (Restore, restores),
+    parts = [(Admit, new), (Image, images), (Cancel, cancelled), (Settle, settles), (Evict, evicts), (Restore, restores),
              (Lease, leases), (Run, groups), (Spill, d.spills if d else ()), (Drop, drops),
              (Unlink, d.unlinks if d else ())]
     ops = [cls(tuple(items)) for cls, items in parts if items]
@@ -47,9 +48,10 @@ def assemble(step: int, stop: bool = False, new=(), cancelled=(), settles=(), ev
     return StepMessage(step, tuple(ops), stop)
 
 
-def from_plan(plan, requests: dict, verifying: set[int], seeds: dict[int, int]) -> StepMessage:
+def from_plan(plan, requests: dict, verifying: set[int], seeds: dict[int, int], images=None) -> StepMessage:
     """rank 0's StepPlan as a message; `requests`: the scheduler's; `verifying`: requests whose verify group
-    ran last step (settled before this step leases); `seeds`: each admitted request's (from its record)."""
+    ran last step (settled before this step leases); `seeds`: each admitted request's (from its record);
+    `images`: admitted request -> ((first placeholder position, bf16 rows), ...) the tower gave."""
     new = []
     for rid in plan.admitted:
         r = requests[rid]
@@ -64,7 +66,8 @@ def from_plan(plan, requests: dict, verifying: set[int], seeds: dict[int, int]) 
         flags |= ALL_LOGITS if not g.decode and prompt_logprobs.wants(requests[g.request_id].params) else 0
         groups.append(Group(g.request_id, g.start, g.count, g.tokens if g.decode else (), flags))
     tables = dict(plan.tables)
-    return assemble(plan.step, new=new, cancelled=plan.released,
+    rows = [(rid, start, r) for rid in plan.admitted for start, r in (images or {}).get(rid, ())]
+    return assemble(plan.step, new=new, images=rows, cancelled=plan.released,
                     settles=[Start(g.request_id, g.start) for g in plan.groups if g.request_id in verifying],
                     evicts=plan.evicts, restores=[(rid, eid, n, tables[rid]) for rid, eid, n in plan.restores],
                     leases=[(g.request_id, g.pages) for g in plan.groups if g.pages], groups=groups,
