@@ -42,7 +42,7 @@ from cupyglm.engine.prefix_store import store_for
 from cupyglm.engine.request import EngineError, RequestOutput
 from cupyglm.engine.sampling import SamplingParams
 from cupyglm.engine.step_sample import plain_rows, sample_step, sampled_rows
-from cupyglm.engine.step_message import assemble, from_plan
+from cupyglm.engine.step_message import assemble, from_plan, with_images
 from cupyglm.engine.worker import Worker
 from cupyglm.engine.scheduler import Scheduler, StepPlan
 from cupyglm.kv.pool import PagePool
@@ -173,10 +173,12 @@ class Engine:
             ready = self.front.take_ready()
             if plan.empty:
                 return ready
-            msg, reqs, seeds = self._message(plan)
+            msg, reqs, seeds, images = self._message(plan)
         if self.watch is not None:
             self.watch.step_started(plan.step, sum(g.count for g in plan.groups))
         try:
+            if images:                 # outside the lock: the tower's time blocks no add_request
+                msg = with_images(msg, {rid: self.encoder.rows(ims) for rid, ims in images.items()})
             sampled, logprobs, refused = self._run(plan, msg, reqs, seeds)
         finally:
             self._step_done()
@@ -186,17 +188,17 @@ class Engine:
         return outputs
 
     def _message(self, plan: StepPlan):
-        """(the plan's step message, its groups' requests, the seeds of those and the admitted ones); under the
-        lock: the step is in flight from here."""
+        """(the plan's step message, its groups' requests, the seeds of those and the admitted ones, the admitted
+        ones' images to encode); under the lock: the step is in flight from here."""
         reqs = {g.request_id: self.scheduler.requests[g.request_id] for g in plan.groups}
         seeds = self.front.seeds(set(reqs) | set(plan.admitted))
-        images = {rid: self.encoder.rows(self.scheduler.requests[rid].images) for rid in plan.admitted
+        images = {rid: self.scheduler.requests[rid].images for rid in plan.admitted
                   if self.scheduler.requests[rid].images}
-        msg = from_plan(plan, self.scheduler.requests, self._verifying, seeds, images)
+        msg = from_plan(plan, self.scheduler.requests, self._verifying, seeds)
         self._verifying = {g.request_id for g in plan.groups if g.drafts}
         self._masks = self.guides.start(sampled_rows(plan))   # while the step runs
         self._in_step = True
-        return msg, reqs, seeds
+        return msg, reqs, seeds, images
 
     def _run(self, plan: StepPlan, msg, reqs: dict, seeds: dict):
         """Broadcast and run the message, then sample on rank 0: (sampled, logprobs, refused by the host rows)."""

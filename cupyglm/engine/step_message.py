@@ -6,6 +6,8 @@ travel as settles, so a worker decides nothing its plan does not name.
 """
 from __future__ import annotations
 
+import dataclasses
+
 from cupyglm.engine import prompt_logprobs
 from cupyglm.engine.disk_tier import DISK_CLEAR, DISK_SYNC
 from cupyglm.engine.ops.admit import Admit, NewRequest, Sampling
@@ -48,10 +50,19 @@ def assemble(step: int, stop: bool = False, new=(), images=(), cancelled=(), set
     return StepMessage(step, tuple(ops), stop)
 
 
-def from_plan(plan, requests: dict, verifying: set[int], seeds: dict[int, int], images=None) -> StepMessage:
+def with_images(msg: StepMessage, images: dict) -> StepMessage:
+    """`msg` with the image operation after its admit; `images`: admitted request -> ((first placeholder
+    position, bf16 rows), ...) the tower gave."""
+    rows = tuple((rid, start, r) for rid, got in images.items() for start, r in got)
+    if not rows:
+        return msg
+    at = 1 if msg.ops and isinstance(msg.ops[0], Admit) else 0
+    return dataclasses.replace(msg, ops=msg.ops[:at] + (Image(rows),) + msg.ops[at:])
+
+
+def from_plan(plan, requests: dict, verifying: set[int], seeds: dict[int, int]) -> StepMessage:
     """rank 0's StepPlan as a message; `requests`: the scheduler's; `verifying`: requests whose verify group
-    ran last step (settled before this step leases); `seeds`: each admitted request's (from its record);
-    `images`: admitted request -> ((first placeholder position, bf16 rows), ...) the tower gave."""
+    ran last step (settled before this step leases); `seeds`: each admitted request's (from its record)."""
     new = []
     for rid in plan.admitted:
         r = requests[rid]
@@ -66,8 +77,7 @@ def from_plan(plan, requests: dict, verifying: set[int], seeds: dict[int, int], 
         flags |= ALL_LOGITS if not g.decode and prompt_logprobs.wants(requests[g.request_id].params) else 0
         groups.append(Group(g.request_id, g.start, g.count, g.tokens if g.decode else (), flags))
     tables = dict(plan.tables)
-    rows = [(rid, start, r) for rid in plan.admitted for start, r in (images or {}).get(rid, ())]
-    return assemble(plan.step, new=new, images=rows, cancelled=plan.released,
+    return assemble(plan.step, new=new, cancelled=plan.released,
                     settles=[Start(g.request_id, g.start) for g in plan.groups if g.request_id in verifying],
                     evicts=plan.evicts, restores=[(rid, eid, n, tables[rid]) for rid, eid, n in plan.restores],
                     leases=[(g.request_id, g.pages) for g in plan.groups if g.pages], groups=groups,
