@@ -37,8 +37,9 @@ def _check_message(i: int, m: Any, images: bool) -> dict:
                 parts.append(image_part(pp, part))
                 continue
             if part.get("type") in IMAGE_TYPES:
-                raise bad(pp, f"'{pp}.type' = {shown(part.get('type'))} is not supported: this server serves no "
-                          "images (the checkpoint has no vision tower, or --no-vision)", "unsupported_parameter")
+                raise bad(pp, f"'{pp}.type' = {shown(part.get('type'))} is not supported here (images are taken by "
+                          "/v1/chat/completions when the checkpoint has a vision tower and --vision is on)",
+                          "unsupported_parameter")
             if part.get("type") != "text":
                 raise bad(pp, f"'{pp}.type' = {shown(part.get('type'))} is not supported (only 'text')",
                           "unsupported_parameter")
