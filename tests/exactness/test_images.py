@@ -22,15 +22,16 @@ from cupyglm.vision.processor import ProcessorConfig, process_bytes
 from cupyglm.vision.tower import VisionTower
 
 
-def make_engine(ckpt, parallel=4, prefill_chunk=0, cache_gib=0.0):
+def make_engine(ckpt, parallel=4, prefill_chunk=0, cache_gib=0.0, drafts=0):
     c, ops = ckpt.config, NumpyOps()
-    runner = ModelRunner(ckpt, ops, LocalComm(), 96, 16)
+    runner = ModelRunner(ckpt, ops, LocalComm(), 96, 16, mtp=drafts > 0)
     kept = None
     if cache_gib:
         from cupyglm.kv.kept import KeptStore
         kept = KeptStore(c, ops, runner.kv, 1, int(cache_gib * 2**30))
     cfg = EngineConfig(context=256, num_pages=96, page_tokens=16, keep_grid=c.keep_grid, parallel=parallel,
-                       prefill_chunk=prefill_chunk, seed=0, eos_token_ids=c.eos_token_ids, vocab_size=c.vocab_size)
+                       prefill_chunk=prefill_chunk, seed=0, eos_token_ids=c.eos_token_ids, vocab_size=c.vocab_size,
+                       mtp_drafts=drafts, draft_pricing=False)
     enc = ImageEncoder(VisionTower(c.vision, vision_weights(ckpt), ops), ops)
     return Engine(runner, LocalComm(), cfg, ckpt.tokenizer, kept=kept, encoder=enc)
 
@@ -80,6 +81,14 @@ def test_image_alone_equals_batched_and_chunked(tiny_ckpt, reqs):
     assert run(eng, reqs) == alone
     assert run(make_engine(tiny_ckpt, prefill_chunk=64), reqs) == alone        # images split across chunks
     assert run(eng, reqs) == alone                                             # deterministic
+
+
+def test_image_drafted_equals_serial(tiny_ckpt, reqs):
+    import dataclasses
+
+    eng = make_engine(tiny_ckpt, drafts=3)
+    serial = [(p, dataclasses.replace(sp, draft=False), im) for p, sp, im in reqs[:2]]
+    assert run(eng, reqs[:2]) == run(eng, serial)
 
 
 def test_the_image_rows_are_used(tiny_ckpt, tiny_dir, reqs):
