@@ -45,6 +45,8 @@ SOURCES: dict[str, str] = {
     "seed": "--seed",
     "prefill_chunk": "--prefill-chunk",
     "cuda_graphs": "CUPYGLM_CUDA_GRAPHS or --cuda-graphs (not compared: a replay computes the eager call's bits)",
+    "vision": "--vision or --no-vision",
+    "vision_max_images": "--vision-max-images",
 }
 
 # The settings that change the memory plan: field -> (flag, environment alias). The flag wins over the alias.
@@ -156,6 +158,8 @@ class Settings:
     seed: int = 0                         # default sampling seed
     prefill_chunk: int = 0                # prompt tokens per step (a multiple of the keep grid); 0 = default
     cuda_graphs: bool | None = None       # --cuda-graphs (cuda only; not compared); None: CUPYGLM_CUDA_GRAPHS decides
+    vision: bool | None = None            # image parts served; None: on when the checkpoint has a vision tower
+    vision_max_images: int = 4            # images one request may hold
 
     def __post_init__(self) -> None:
         # Direct construction gets the same checks as from_args, named by flag or variable.
@@ -180,6 +184,7 @@ class Settings:
         _int("--max-queue", self.max_queue, 0)
         _int("--seed", self.seed, 0, 2**64 - 1)
         _int("--prefill-chunk", self.prefill_chunk, 0)
+        _int("--vision-max-images", self.vision_max_images, 1)
         _int("CUPYGLM_KV_SHARE", self.kv_share, 0)
         if self.kv_host_shared and not self.kv_host:
             raise SettingsError("CUPYGLM_KV_HOST_SHARED=1 needs CUPYGLM_KV_HOST=1")
@@ -232,7 +237,9 @@ class Settings:
                    kv_cache=kv_cache, kv_pages=kv_pages, kv_gib=kv_gib, prompt_cache_gib=prompt_cache_gib,
                    prompt_cache_dir=None if prompt_cache_dir is None else str(prompt_cache_dir),
                    prompt_cache_disk_gib=prompt_cache_disk_gib, mtp_drafts=mtp_drafts, max_queue=max_queue,
-                   seed=seed, prefill_chunk=prefill_chunk, **_memory_settings(ns))
+                   seed=seed, prefill_chunk=prefill_chunk, vision=getattr(ns, "vision", None),
+                   vision_max_images=_int("--vision-max-images", flag("vision_max_images", 4), 1),
+                   **_memory_settings(ns))
 
     @classmethod
     def from_argv(cls, argv: list[str]) -> "Settings":
@@ -350,8 +357,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--seed", default=None, metavar="N", help="default sampling seed (default 0)")
     g.add_argument("--prefill-chunk", default=None, metavar="N",
                    help="prompt tokens per step, a multiple of the keep grid (default 0: 512 or the grid above)")
-    m = parser.add_argument_group("memory plan (each flag wins over its environment alias)")
     onoff = argparse.BooleanOptionalAction
+    g.add_argument("--vision", action=onoff, default=None,
+                   help="serve image parts (default: on when the checkpoint has a vision tower)")
+    g.add_argument("--vision-max-images", default=None, metavar="N", help="images one request may hold (default 4)")
+    m = parser.add_argument_group("memory plan (each flag wins over its environment alias)")
     m.add_argument("--host-cache", action=onoff, default=None,
                    help="the prompt-cache arena lives in pinned host memory mapped into the device "
                         "($CUPYGLM_HOST_CACHE)")

@@ -19,7 +19,7 @@ class ChatTemplateError(ValueError):
 #   reasoning is kept only for assistant turns after the last user turn; the generation prompt is
 #   <|assistant|>, plus \n<think></think> when thinking is off. An image part renders as
 #   <|begin_of_image|><|image|><|end_of_image|> (a video part likewise): the processor repeats the placeholder once
-#   per merged image row. check_messages still refuses image parts until the engine runs the tower.
+#   per merged image row (cupyglm.server.images).
 GLM_CHAT_TEMPLATE = r"""[gMASK]<sop>
 {%- macro text_of(content) -%}
     {%- if content is none -%}
@@ -152,7 +152,7 @@ def compile_chat_template(source: str):
 
 
 def check_messages(messages: Sequence[dict]) -> list[dict]:
-    """`messages` as the template renders them: known roles, content a string or a list of text parts."""
+    """`messages` as the template renders them: known roles, content a string or a list of text and image parts."""
     out = []
     for i, m in enumerate(messages):
         if not isinstance(m, dict):
@@ -163,7 +163,7 @@ def check_messages(messages: Sequence[dict]) -> list[dict]:
         content = m.get("content")
         if isinstance(content, list):
             for j, part in enumerate(content):
-                if isinstance(part, str):
+                if isinstance(part, str) or (isinstance(part, dict) and part.get("type") in ("image", "image_url")):
                     continue
                 if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
                     kind = part.get("type") if isinstance(part, dict) else type(part).__name__

@@ -271,18 +271,21 @@ def _engine_hooks(world, st, state, wd, loop, served_id, host, port, t0, observe
         holder["ckpt"] = ckpt
         engine = make_engine(world, ckpt, observers)
         engine.watch = wd
+        holder["vision"] = image_prep(ckpt) if engine.encoder is not None else None
         return engine
 
     def on_ready(engine) -> None:        # engine thread
         ckpt = holder["ckpt"]
         context = engine.context
         root = str(ckpt.path)
+        vision = holder["vision"]
         info = model_info(served_id, root, context, ckpt.config.vocab_size, getattr(engine, "keeps_prompts", False),
-                          world.settings.mtp_drafts)
+                          world.settings.mtp_drafts, world.settings.vision_max_images if vision else 0)
 
         def publish() -> None:
             state.root = root
             state.tokenizer = ckpt.tokenizer
+            state.vision = vision
             state.info = info
             shown = f"[{host}]" if ":" in host else host
             _say(f"serving {served_id} at http://{shown}:{port}/v1 (backend {world.backend}; tp {world.size}; "
@@ -291,6 +294,17 @@ def _engine_hooks(world, st, state, wd, loop, served_id, host, port, t0, observe
         loop.call_soon_threadsafe(publish)
 
     return factory, on_ready
+
+
+def image_prep(ckpt):
+    """The server's image side of a checkpoint with a tower: its preprocessor_config.json, checked against the
+    tower's geometry."""
+    from cupyglm.server.images import ImagePrep
+    from cupyglm.vision.processor import ProcessorConfig
+
+    proc = ProcessorConfig.from_dir(ckpt.path)
+    proc.check_tower(ckpt.config.vision)
+    return ImagePrep(proc, ckpt.config.vision.image_token_id)
 
 
 async def _watch_stop(server, bridge, drain_s: float) -> int:

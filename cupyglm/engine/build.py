@@ -102,6 +102,7 @@ def build(world, ckpt, *, poison: bool = False, log=log_line, observers: Observe
     st, cfg = world.settings, ckpt.config
     ops = make_ops(world.backend)
     mtp = st.mtp_drafts > 0                # the MTP head (weights, KV rows, pending row) only when drafting
+    encoder = image_encoder(world, ckpt, ops)     # before the plan: the tower's weights are not the KV pool's
     plan = plan_for(world, ckpt, ops, mtp=mtp)
     if log is not None:
         log(plan.line())
@@ -130,7 +131,28 @@ def build(world, ckpt, *, poison: bool = False, log=log_line, observers: Observe
                         prefill_chunk=st.prefill_chunk, seed=st.seed, eos_token_ids=cfg.eos_token_ids,
                         vocab_size=cfg.vocab_size, poison=poison, mtp_drafts=st.mtp_drafts)
     return Engine(runner, world.comm, ecfg, ckpt.tokenizer if world.rank == 0 else None, log=log, kept=kept,
-                  disk=disk, planner=planner, host_comm=world.host_comm), plan
+                  disk=disk, planner=planner, host_comm=world.host_comm, encoder=encoder), plan
+
+
+def vision_on(settings, cfg) -> bool:
+    """--vision / --no-vision, default on when the checkpoint has a tower; asked for without one: refused."""
+    if settings.vision and cfg.vision is None:
+        from cupyglm.settings import SettingsError
+        raise SettingsError("--vision: the checkpoint has no vision tower (no vision_config)", agreed=True)
+    return cfg.vision is not None and settings.vision is not False
+
+
+def image_encoder(world, ckpt, ops):
+    """Rank 0's tower (every tensor whole, on this backend) when vision is on; the other ranks take its rows from
+    the step message."""
+    on = vision_on(world.settings, ckpt.config)      # every rank refuses a --vision without a tower
+    if world.rank != 0 or not on:
+        return None
+    from cupyglm.checkpoint.vision_weights import vision_weights
+    from cupyglm.engine.images import ImageEncoder
+    from cupyglm.vision.tower import VisionTower
+
+    return ImageEncoder(VisionTower(ckpt.config.vision, vision_weights(ckpt), ops), ops)
 
 
 def build_disk(world, ckpt, kept, page_tokens: int, log, pause_s: float = 0.0):

@@ -42,7 +42,7 @@ from cupyglm.engine.prefix_store import store_for
 from cupyglm.engine.request import EngineError, RequestOutput
 from cupyglm.engine.sampling import SamplingParams
 from cupyglm.engine.step_sample import plain_rows, sample_step, sampled_rows
-from cupyglm.engine.step_message import assemble, from_plan
+from cupyglm.engine.step_message import assemble, from_plan, with_images
 from cupyglm.engine.worker import Worker
 from cupyglm.engine.scheduler import Scheduler, StepPlan
 from cupyglm.kv.pool import PagePool
@@ -52,13 +52,14 @@ class Engine:
     """Rank 0: the API below. Other ranks: `worker_loop()`."""
 
     def __init__(self, runner, comm, cfg: EngineConfig, tokenizer=None, log=None, kept=None, disk=None,
-                 planner=None, host_comm=None):
+                 planner=None, host_comm=None, encoder=None):
         if runner.kv.pool.num_pages != cfg.num_pages or runner.kv.page_tokens != cfg.page_tokens:
             raise ValueError("the runner's KV store does not match the EngineConfig's pages")
         self.runner, self.comm, self.cfg, self.tokenizer = runner, comm, cfg, tokenizer
         self.rank, self.size = comm.rank, comm.size
         self.ops = runner.ops
         self.log = log
+        self.encoder = encoder if self.rank == 0 else None   # rank 0's images.ImageEncoder (None: no images)
         # kept / disk: this rank's KeptStore and DiskStore (None: no prompt cache, no disk tier), the worker's own
         self.worker = Worker(runner, self.rank, kept, disk, host_comm, log)
         self.scheduler = self._scheduler(cfg, kept, planner) if self.rank == 0 else None
@@ -99,12 +100,14 @@ class Engine:
             raise EngineError("the engine is shut down")
 
     def add_request(self, prompt_ids, params: SamplingParams | None = None, request_id: int | None = None,
-                    cache_salt: str | None = None) -> int:
+                    cache_salt: str | None = None, images=()) -> int:
         """Queue a request; returns its id. Raises QueueFull, RequestTooLong (before it takes a page) or
-        ValueError (bad ids) at once. `cache_salt`: kept prompt states are shared only under the same salt."""
+        ValueError (bad ids) at once. `cache_salt`: kept prompt states are shared only under the same salt.
+        `images`: images.ImageInput over the prompt's placeholder tokens (needs the engine's encoder)."""
         self._root("add_request")
+        token = self.runner.cfg.vision.image_token_id if self.encoder is not None else None
         with self._lock:
-            return self.front.add(prompt_ids, params, request_id, cache_salt)
+            return self.front.add(prompt_ids, params, request_id, cache_salt, images, token)
 
     def abort(self, request_id: int) -> bool:
         """Cancel a request; False when it is not waiting or running."""
@@ -170,10 +173,12 @@ class Engine:
             ready = self.front.take_ready()
             if plan.empty:
                 return ready
-            msg, reqs, seeds = self._message(plan)
+            msg, reqs, seeds, images = self._message(plan)
         if self.watch is not None:
             self.watch.step_started(plan.step, sum(g.count for g in plan.groups))
         try:
+            if images:                 # outside the lock: the tower's time blocks no add_request
+                msg = with_images(msg, {rid: self.encoder.rows(ims) for rid, ims in images.items()})
             sampled, logprobs, refused = self._run(plan, msg, reqs, seeds)
         finally:
             self._step_done()
@@ -183,15 +188,17 @@ class Engine:
         return outputs
 
     def _message(self, plan: StepPlan):
-        """(the plan's step message, its groups' requests, the seeds of those and the admitted ones); under the
-        lock: the step is in flight from here."""
+        """(the plan's step message, its groups' requests, the seeds of those and the admitted ones, the admitted
+        ones' images to encode); under the lock: the step is in flight from here."""
         reqs = {g.request_id: self.scheduler.requests[g.request_id] for g in plan.groups}
         seeds = self.front.seeds(set(reqs) | set(plan.admitted))
+        images = {rid: self.scheduler.requests[rid].images for rid in plan.admitted
+                  if self.scheduler.requests[rid].images}
         msg = from_plan(plan, self.scheduler.requests, self._verifying, seeds)
         self._verifying = {g.request_id for g in plan.groups if g.drafts}
         self._masks = self.guides.start(sampled_rows(plan))   # while the step runs
         self._in_step = True
-        return msg, reqs, seeds
+        return msg, reqs, seeds, images
 
     def _run(self, plan: StepPlan, msg, reqs: dict, seeds: dict):
         """Broadcast and run the message, then sample on rank 0: (sampled, logprobs, refused by the host rows)."""

@@ -18,6 +18,7 @@ from __future__ import annotations
 import itertools
 
 from cupyglm.engine.grammar import Guides
+from cupyglm.engine.images import check_images
 from cupyglm.engine.outputs import step_outputs
 from cupyglm.engine.record import Matchers, Record
 from cupyglm.engine.request import Request, RequestOutput
@@ -40,7 +41,8 @@ class Frontend:
         self._seeds = itertools.count()
 
     # ---- requests in -------------------------------------------------------------------------------------------
-    def add(self, prompt_ids, params: SamplingParams | None, request_id: int | None, cache_salt: str | None) -> int:
+    def add(self, prompt_ids, params: SamplingParams | None, request_id: int | None, cache_salt: str | None,
+            images=(), image_token_id: int | None = None) -> int:
         """Queue a request; its id. QueueFull, RequestTooLong or ValueError before anything is kept or a seed used."""
         params = params or SamplingParams()
         prompt = tuple(int(t) for t in prompt_ids)
@@ -48,6 +50,7 @@ class Frontend:
         if vocab and any(not 0 <= t < vocab for t in prompt):
             bad = next(t for t in prompt if not 0 <= t < vocab)
             raise ValueError(f"prompt token id {bad} is outside the vocabulary (0..{vocab - 1})")
+        images = check_images(prompt, images, image_token_id)
         if params.stop and self.tokenizer is None:
             raise ValueError("stop strings need a tokenizer")
         if request_id is None:
@@ -57,7 +60,7 @@ class Frontend:
         elif not 0 <= int(request_id) < 2**64:
             raise ValueError(f"request_id must be in 0..2**64-1, got {request_id}")
         max_tokens = self.scheduler.resolve_max_tokens(len(prompt), params.max_tokens)
-        req = Request(int(request_id), prompt, params, max_tokens, salt=cache_salt or "")
+        req = Request(int(request_id), prompt, params, max_tokens, salt=cache_salt or "", images=images)
         matcher = None if params.guide is None else self.guides.compile(params.guide)   # ValueError first
         self.scheduler.add(req)                       # QueueFull / duplicate id raise before a seed is used
         seed = params.seed if params.seed is not None else (self.cfg.seed + next(self._seeds)) % 2**64

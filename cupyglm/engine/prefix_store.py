@@ -21,7 +21,7 @@ from __future__ import annotations
 import dataclasses
 
 from cupyglm.engine.page_evict import evict_for
-from cupyglm.engine.prompt_cache import MISS_OFF, MISS_PROMPT_LOGPROBS, PromptCache
+from cupyglm.engine.prompt_cache import MISS_IMAGES, MISS_OFF, MISS_PROMPT_LOGPROBS, PromptCache
 from cupyglm.kv.page_store import NoPages, PageStore
 
 MEMORY = "memory"                   # restore from a memory entry now
@@ -103,7 +103,7 @@ class PrefixStore:
     # ---- admission ---------------------------------------------------------------------------------------------
     def shares(self, r, protect: set[int]) -> int:
         """Pool pages `r` will share from the entry it resumes from (that entry joins `protect`)."""
-        if r.params.prompt_logprobs is not None:
+        if r.params.prompt_logprobs is not None or r.images:
             return 0
         eid, length = self.cache.peek(r.salt, r.prompt)
         if eid is None:
@@ -121,6 +121,8 @@ class PrefixStore:
         planned (into a new memory entry, outside `protect`)."""
         if r.params.prompt_logprobs is not None:     # every prompt row's logits are needed: restore nothing
             return Found(None, 0, MISS_PROMPT_LOGPROBS)
+        if r.images:                                  # the placeholders' ids do not name the image rows
+            return Found(None, 0, MISS_IMAGES)
         eid, length, miss = self.cache.lookup(r.salt, r.prompt)
         if self._disk.plan_load(self.cache, r, length, protect):
             return Found(None, length, miss, DISK)
@@ -146,6 +148,8 @@ class PrefixStore:
     def keep(self, r, length: int, protect: set[int]) -> tuple[int | None, tuple[int, ...], list[int]]:
         """(new entry or None, the kept pages it was leased, entries dropped for it) for keeping r's state at
         `length`, after the step's leases: the new entry holds r's whole pages before the keep point."""
+        if r.images:                                  # never kept: the token ids would not name the image
+            return None, (), []
         tokens = r.prompt[:length]
         eid, evict = self.cache.plan_keep(r.salt, tokens, protect | self._disk.protected)
         for d in evict:

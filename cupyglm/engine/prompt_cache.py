@@ -29,6 +29,7 @@ MISS_SALT = "different cache_salt"
 MISS_EVICTED = "evicted"
 MISS_NONE = "no prefix"
 MISS_PROMPT_LOGPROBS = "prompt logprobs need the whole prompt prefilled"
+MISS_IMAGES = "prompts with images are not kept or restored"
 _GHOSTS = 4096                        # evicted keys remembered per salt, for the "evicted" reason
 
 

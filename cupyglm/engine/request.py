@@ -43,6 +43,7 @@ class Request:
     miss_reason: str | None = None          # why nothing was restored (None when something was)
     draft_rate: float = 1.0                 # the price's acceptance average (draft.Pricer; starts optimistic)
     draft_skipped: int = 0                  # steps the price skipped drafting
+    images: tuple = ()                      # images.ImageInput in prompt order (encoded when admitted)
 
     @property
     def prompt_len(self) -> int:

@@ -6,6 +6,8 @@ travel as settles, so a worker decides nothing its plan does not name.
 """
 from __future__ import annotations
 
+import dataclasses
+
 from cupyglm.engine import prompt_logprobs
 from cupyglm.engine.disk_tier import DISK_CLEAR, DISK_SYNC
 from cupyglm.engine.ops.admit import Admit, NewRequest, Sampling
@@ -14,6 +16,7 @@ from cupyglm.engine.ops.clear import Clear
 from cupyglm.engine.ops.codec import StepMessage
 from cupyglm.engine.ops.drop import Drop
 from cupyglm.engine.ops.evict import Evict
+from cupyglm.engine.ops.image import Image
 from cupyglm.engine.ops.keep import Keep
 from cupyglm.engine.ops.lease import Lease
 from cupyglm.engine.ops.load import Load
@@ -25,14 +28,14 @@ from cupyglm.engine.ops.sync import Sync
 from cupyglm.engine.ops.unlink import Unlink
 
 
-def assemble(step: int, stop: bool = False, new=(), cancelled=(), settles=(), evicts=(), restores=(), leases=(),
+def assemble(step: int, stop: bool = False, new=(), images=(), cancelled=(), settles=(), evicts=(), restores=(), leases=(),
              groups=(), drops=(), keeps=(), disk=None, kept_pages=()) -> StepMessage:
     """The message of these parts, in the order every rank applies them (`disk`: a disk_tier.DiskOps;
     `kept_pages` and the disk's: (entry, the kept pages rank 0 leased it) per keep and load, which a worker
     refuses when they do not fit the state)."""
     d = disk if disk is not None and not disk.empty else None
     arena = dict(kept_pages) | (dict(d.kept_pages) if d is not None else {})
-    parts = [(Admit, new), (Cancel, cancelled), (Settle, settles), (Evict, evicts), (Restore, restores),
+    parts = [(Admit, new), (Image, images), (Cancel, cancelled), (Settle, settles), (Evict, evicts), (Restore, restores),
              (Lease, leases), (Run, groups), (Spill, d.spills if d else ()), (Drop, drops),
              (Unlink, d.unlinks if d else ())]
     ops = [cls(tuple(items)) for cls, items in parts if items]
@@ -45,6 +48,16 @@ def assemble(step: int, stop: bool = False, new=(), cancelled=(), settles=(), ev
     if keeps:
         ops.append(Keep(tuple((rid, eid, n, arena.get(eid, ())) for rid, eid, n in keeps)))
     return StepMessage(step, tuple(ops), stop)
+
+
+def with_images(msg: StepMessage, images: dict) -> StepMessage:
+    """`msg` with the image operation after its admit; `images`: admitted request -> ((first placeholder
+    position, bf16 rows), ...) the tower gave."""
+    rows = tuple((rid, start, r) for rid, got in images.items() for start, r in got)
+    if not rows:
+        return msg
+    at = 1 if msg.ops and isinstance(msg.ops[0], Admit) else 0
+    return dataclasses.replace(msg, ops=msg.ops[:at] + (Image(rows),) + msg.ops[at:])
 
 
 def from_plan(plan, requests: dict, verifying: set[int], seeds: dict[int, int]) -> StepMessage:

@@ -30,6 +30,7 @@ class SeqInput:
     state: SeqState
     all_logits: bool = False      # logits for every row, else only the last
     decode: bool = False          # the rows' role: decode/verify rows (sampled or drafted tokens), else a prompt chunk
+    embeds: tuple = ()            # ((offset in tokens, bf16 rows [n, D]), ...): image rows replacing those embeddings
 
 
 @dataclasses.dataclass
@@ -43,6 +44,7 @@ class Call:
     picked: np.ndarray            # [P] their concatenation
     decode: int                   # the leading decode/verify rows of the call
     picked_decode: int            # the leading decode/verify rows of the picked rows
+    embeds: list = dataclasses.field(default_factory=list)   # (call row, bf16 rows) replacing embeddings there
 
 
 @dataclasses.dataclass
@@ -146,9 +148,12 @@ class GLMModel:
         leading `decode` rows are decode/verify rows."""
         return self.comm.concat_last(self.ops.gemm(h, self.lm_head, decode=decode))
 
-    def ends_enter(self, ids) -> tuple:
-        """Token ids [T] int32 (device) -> layer 0's inputs (X [T, 4, D] bf16 streams, h, post, comb)."""
+    def ends_enter(self, ids, embeds=()) -> tuple:
+        """Token ids [T] int32 (device) -> layer 0's inputs (X [T, 4, D] bf16 streams, h, post, comb); `embeds`:
+        (row, bf16 rows [n, D]) written over the token embeddings from that row (an image's placeholders)."""
         x = self.ops.read_rows(self.embed, ids)                                  # [T, D] bf16
+        for at, rows in embeds:
+            x[at:at + rows.shape[0]] = self.ops.weight(rows)
         X = self.ops.xp.repeat(x[:, None, :], self.cfg.hc_mult, axis=1)         # [T, 4, D] streams
         return (X, *self.blocks[0].enter(X))
 
@@ -169,7 +174,7 @@ class GLMModel:
 
     def forward_call(self, call: Call) -> list[SeqOutput]:
         """The layers of a begun call, eagerly, from its embedding to its outputs."""
-        X, h, post, comb = self.ends_enter(self.ops.xp.asarray(call.tokens))
+        X, h, post, comb = self.ends_enter(self.ops.xp.asarray(call.tokens), call.embeds)
         for block, nxt in self.layers():
             X, h, post, comb = block(X, h, post, comb, call.segs, self.kv, self.comm, nxt)
         h, logits = self.ends_exit(X, self.ops.xp.asarray(call.picked), call.picked_decode)
@@ -189,8 +194,9 @@ class GLMModel:
         tokens = np.concatenate([b.tokens.astype(np.int32) for b in items])
         pick = [np.arange(s.off, s.off + s.n) if b.all_logits else np.array([s.off + s.n - 1])
                 for s, b in zip(segs, items)]
+        embeds = [(s.off + at, rows) for s, b in zip(segs, items) for at, rows in b.embeds]
         return Call(items, order, segs, tokens, pick, np.concatenate(pick), decode_rows(segs),
-                    sum(p.size for p, s in zip(pick, segs) if s.decode))
+                    sum(p.size for p, s in zip(pick, segs) if s.decode), embeds)
 
     def finish(self, call: Call, h, logits) -> list[SeqOutput]:
         """After the exit (h [T, D] final-normed rows, logits [P, V] of the picked rows): the MTP head, the states'

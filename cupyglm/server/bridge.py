@@ -196,7 +196,7 @@ class EngineBridge:
         return fut
 
     # ---- the event loop side ------------------------------------------------------------------------------------
-    def submit(self, prompt_ids: list[int], params: Any, cache_salt: str | None = None) -> RequestStream:
+    def submit(self, prompt_ids: list[int], params: Any, cache_salt: str | None = None, images=()) -> RequestStream:
         """Enqueue a request (event loop thread); the engine's QueueFull / RequestTooLong / ValueError propagate."""
         if self.dead is not None:
             raise EngineDied(f"the engine stopped: {self.dead}")
@@ -204,8 +204,9 @@ class EngineBridge:
         stream = RequestStream(self, rid, len(prompt_ids), time.monotonic())
         self._streams[rid] = stream
         try:
-            salt = {"cache_salt": cache_salt} if cache_salt is not None else {}
-            self.engine.add_request(list(prompt_ids), params, request_id=rid, **salt)
+            extra = {"cache_salt": cache_salt} if cache_salt is not None else {}
+            extra |= {"images": tuple(images)} if images else {}
+            self.engine.add_request(list(prompt_ids), params, request_id=rid, **extra)
         except BaseException:
             self._streams.pop(rid, None)
             raise

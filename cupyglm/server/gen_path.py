@@ -13,6 +13,7 @@ from cupyglm.server.errors import ApiError, bad, internal_error
 from cupyglm.server.fields import parse_json_object
 from cupyglm.server.guards import check_json_type, read_body
 from cupyglm.server.guide_prep import parse_request
+from cupyglm.server.images import image_parts
 from cupyglm.server.requests import GenRequest, ModelInfo, choice_seed, fit_context
 from cupyglm.server.state import ServerState, not_ready
 
@@ -82,6 +83,10 @@ class GenPath:
         pool, pb = self.state.pool, self.state.prompts()
         if req.kind == "chat":
             pb.check_messages(req.messages)
+            parts = image_parts(req.messages)
+            if parts:                  # decoded, preprocessed and expanded in the pool too
+                ids, req.images = await pool.run(self._image_prompt, pb, req, parts)
+                return [ids]
             return [await pool.run(pb.chat_ids, req.messages, req.add_generation_prompt, req.chat_kwargs,
                                    pb.max_model_len - 1)]
         out = []
@@ -92,6 +97,13 @@ class GenPath:
                 pb.check_chars("prompt", len(p))
                 out.append(await pool.run(pb.text_ids, p, pb.max_model_len - 1))
         return out
+
+    def _image_prompt(self, pb, req: GenRequest, parts: list[dict]):
+        """(prompt ids, images) of a chat request with image parts (a worker thread)."""
+        if self.state.vision is None:
+            raise bad("messages", "this server serves no images")
+        ids = pb.chat_ids(req.messages, req.add_generation_prompt, req.chat_kwargs, pb.max_model_len - 1)
+        return self.state.vision.prompt(ids, parts)
 
     def submit_all(self, req: GenRequest, prompts: list[list[int]], info: ModelInfo) -> list[RequestStream]:
         """One engine request per choice (prompt j, choice i: index j * n + i, seed choice_seed(seed, i)); all or
@@ -111,7 +123,7 @@ class GenPath:
         streams: list[RequestStream] = []
         try:
             for ids, params in plans:
-                streams.append(self.state.bridge.submit(ids, params, cache_salt=req.cache_salt))
+                streams.append(self.state.bridge.submit(ids, params, cache_salt=req.cache_salt, images=req.images))
         except Exception as e:  # noqa: BLE001 - QueueFull, RequestTooLong, ValueError, EngineDied
             for st in streams:
                 st.abort()

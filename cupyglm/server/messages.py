@@ -1,4 +1,5 @@
-"""Validation of a chat request's `messages`: roles, text-only content parts, string names; parts joined to text."""
+"""Validation of a chat request's `messages`: roles, text and image content parts, string names; text parts joined
+(a message with images keeps its parts in order: text runs and image parts, cupyglm.server.images)."""
 from __future__ import annotations
 
 from typing import Any
@@ -6,9 +7,10 @@ from typing import Any
 from cupyglm.checkpoint.chat_template import CHAT_ROLES
 from cupyglm.server.errors import bad
 from cupyglm.server.fields import json_kind, shown
+from cupyglm.server.images import IMAGE_TYPES, count_images, image_part
 
 
-def _check_message(i: int, m: Any) -> dict:
+def _check_message(i: int, m: Any, images: bool) -> dict:
     p = f"messages[{i}]"
     if not isinstance(m, dict):
         raise bad(p, f"'{p}' must be an object, got {json_kind(m)}", "invalid_type")
@@ -26,15 +28,25 @@ def _check_message(i: int, m: Any) -> dict:
         if role != "assistant":
             raise bad(f"{p}.content", f"'{p}.content' is required for role {role!r}", "missing_required_parameter")
     elif isinstance(content, list):
+        parts = []
         for j, part in enumerate(content):
             pp = f"{p}.content[{j}]"
             if not isinstance(part, dict):
                 raise bad(pp, f"'{pp}' must be an object, got {json_kind(part)}", "invalid_type")
+            if part.get("type") in IMAGE_TYPES and images:
+                parts.append(image_part(pp, part))
+                continue
+            if part.get("type") in IMAGE_TYPES:
+                raise bad(pp, f"'{pp}.type' = {shown(part.get('type'))} is not supported here (images are taken by "
+                          "/v1/chat/completions when the checkpoint has a vision tower and --vision is on)",
+                          "unsupported_parameter")
             if part.get("type") != "text":
                 raise bad(pp, f"'{pp}.type' = {shown(part.get('type'))} is not supported (only 'text')",
                           "unsupported_parameter")
             if not isinstance(part.get("text"), str):
                 raise bad(pp, f"'{pp}.text' must be a string", "invalid_type")
+            parts.append(part)
+        m = {**m, "content": parts}
     elif not isinstance(content, str):
         raise bad(f"{p}.content",
                   f"'{p}.content' must be a string or an array of text parts, got {json_kind(content)}",
@@ -46,21 +58,35 @@ def _check_message(i: int, m: Any) -> dict:
 
 
 def _flatten(m: dict) -> dict:
-    """A message with list-of-text-parts content joined into one string (what the chat template expects)."""
+    """A message with list-of-text-parts content joined into one string (what the chat template expects); with
+    image parts, a list of its text runs (strings) and image parts."""
     c = m.get("content")
-    if isinstance(c, list):
+    if isinstance(c, list) and all(part["type"] == "text" for part in c):
         m = {**m, "content": "".join(part["text"] for part in c)}
+    elif isinstance(c, list):
+        runs: list = []
+        for part in c:
+            if part["type"] != "text":
+                runs.append(part)
+            elif runs and isinstance(runs[-1], str):
+                runs[-1] += part["text"]
+            else:
+                runs.append(part["text"])
+        m = {**m, "content": runs}
     return m
 
 
-def check_messages(v: Any) -> list[dict]:
+def check_messages(v: Any, max_images: int = 0) -> list[dict]:
+    """`messages` checked and flattened; image parts only while `max_images` > 0 (at most that many)."""
     if v is None:
         raise bad("messages", "'messages' is required", "missing_required_parameter")
     if not isinstance(v, list):
         raise bad("messages", f"'messages' must be an array, got {json_kind(v)}", "invalid_type")
     if not v:
         raise bad("messages", "'messages' must not be empty")
-    return [_flatten(_check_message(i, m)) for i, m in enumerate(v)]
+    out = [_flatten(_check_message(i, m, max_images > 0)) for i, m in enumerate(v)]
+    count_images(out, max_images)
+    return out
 
 
 def check_tools(body: dict) -> list[dict] | None:

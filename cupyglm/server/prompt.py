@@ -129,23 +129,38 @@ class PromptBuilder:
             raise
 
     def _chat_ids(self, messages: list[dict], add_generation_prompt: bool, kwargs: dict, cap: int | None):
-        forged = [] if self.allow_control_tokens or self._special_re is None else [
-            i for i, m in enumerate(messages)
-            if isinstance(m.get("content"), str) and self._special_re.search(m["content"])]
+        forged = [] if self.allow_control_tokens or self._special_re is None else self._forged(messages)
         if not forged:
             return self._encode(self._render(messages, add_generation_prompt, kwargs), cap)
-        # content holding control-token text goes through the template as a marker, then is tokenized as text
+        # text holding control-token text goes through the template as a marker, then is tokenized as text
         mark = f"\x00cupyglm-{secrets.token_hex(8)}-"
-        swapped = [dict(m, content=f"{mark}{i}\x00") if i in forged else m for i, m in enumerate(messages)]
-        text = self._render(swapped, add_generation_prompt, kwargs)
-        pieces = re.split(re.escape(mark) + r"(\d+)\x00", text)
-        ids: list[int] = []
-        for j, piece in enumerate(pieces):
-            if j % 2 == 0:
-                ids += self._encode(piece, cap) if piece else []
+        swapped = [dict(m) for m in messages]
+        for i, j in forged:
+            key = f"{mark}{i}.{j}\x00"
+            if j < 0:
+                swapped[i]["content"] = key
             else:
-                ids += self._plain_encode(messages[int(piece)]["content"], cap)
+                swapped[i]["content"] = [key if k == j else p for k, p in enumerate(swapped[i]["content"])]
+        text = self._render(swapped, add_generation_prompt, kwargs)
+        pieces = re.split(re.escape(mark) + r"(\d+)\.(-?\d+)\x00", text)
+        ids: list[int] = []
+        for n in range(0, len(pieces), 3):
+            ids += self._encode(pieces[n], cap) if pieces[n] else []
+            if n + 2 < len(pieces):
+                i, j = int(pieces[n + 1]), int(pieces[n + 2])
+                ids += self._plain_encode(messages[i]["content"] if j < 0 else messages[i]["content"][j], cap)
         return ids
+
+    def _forged(self, messages: list[dict]) -> list[tuple[int, int]]:
+        """(message, part or -1 for string content) of each text holding a special token's text."""
+        out = []
+        for i, m in enumerate(messages):
+            c = m.get("content")
+            if isinstance(c, str) and self._special_re.search(c):
+                out.append((i, -1))
+            elif isinstance(c, list):
+                out += [(i, j) for j, p in enumerate(c) if isinstance(p, str) and self._special_re.search(p)]
+        return out
 
     def _render(self, messages: list[dict], add_generation_prompt: bool, kwargs: dict) -> str:
         try:

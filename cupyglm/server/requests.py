@@ -38,6 +38,7 @@ class ModelInfo:
     vocab_size: int
     prompt_cache: bool = False       # the engine keeps prompt states (cache_salt isolates them per tenant)
     mtp_drafts: int = 0              # --mtp-drafts: 0 refuses "draft": true (nothing would draft)
+    vision_max_images: int = 0       # --vision-max-images while images are served; 0 refuses image parts
 
 
 @dataclasses.dataclass
@@ -62,6 +63,7 @@ class GenRequest:
     parallel_tool_calls: bool = True            # chat: False = at most one call (the grammar or the parser)
     cache_salt: str | None = None               # kept prompt states are shared only under the same salt
     prompt_only: bool = False                   # completion echo with max_tokens 0: the prompt (and its logprobs)
+    images: tuple = ()                          # chat: engine.images.ImageInput of the built prompt (gen_path)
 
     def glm_output(self) -> GlmOutput:
         """The parser of one chat reply: thinking as the template renders it, at most one call when not parallel."""
@@ -258,7 +260,7 @@ def _bad_prompt_type(prompt: object) -> ApiError:
 
 
 def parse_chat(body: Mapping, info: ModelInfo) -> GenRequest:
-    messages = check_messages(body.get("messages"))
+    messages = check_messages(body.get("messages"), info.vision_max_images)
     c = _common(body, "chat", info)
     kwargs = _chat_template_kwargs(body, reserved=("messages", "tools", "add_generation_prompt"))
     apply_thinking(body, kwargs)

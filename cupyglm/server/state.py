@@ -33,6 +33,7 @@ class ServerState:
     make_params: Callable[..., Any] | None = None
     allow_control_tokens: bool = False
     body_timeout_s: float = BODY_TIMEOUT_S
+    vision: Any = None                    # images.ImagePrep while images are served (set with info)
     created: int = dataclasses.field(default_factory=now)
     pool: WorkPool = dataclasses.field(default_factory=WorkPool)
     _prompts: PromptBuilder | None = None
@@ -63,7 +64,8 @@ def not_ready(state: ServerState) -> ApiError:
 
 
 def model_info(served_id: str, root: str, max_model_len: int, vocab_size: int, prompt_cache: bool = False,
-               mtp_drafts: int = 0) -> ModelInfo:
+               mtp_drafts: int = 0, vision_max_images: int = 0) -> ModelInfo:
     aliases = {root, os.path.basename(root.rstrip("/"))} - {""}
     return ModelInfo(served_id=served_id, aliases=frozenset(aliases), max_model_len=max_model_len,
-                     vocab_size=vocab_size, prompt_cache=prompt_cache, mtp_drafts=mtp_drafts)
+                     vocab_size=vocab_size, prompt_cache=prompt_cache, mtp_drafts=mtp_drafts,
+                     vision_max_images=vision_max_images)

@@ -273,3 +273,21 @@ def test_flags_and_aliases_give_the_same_fingerprint():
     by_flag = settings("--kv-host", "--kv-host-gib", "2", "--memory-reserve-gib", "0", "--cuda-graphs")
     by_env = settings(CUPYGLM_KV_HOST="1", CUPYGLM_KV_HOST_GIB="2", CUPYGLM_MEMORY_RESERVE_GIB="0")
     assert fp.fingerprint(by_flag, backend="numpy") == fp.fingerprint(by_env, backend="numpy")
+
+
+def test_vision_flags():
+    import dataclasses as dc
+
+    from cupyglm.config import preset
+    from cupyglm.engine.build import vision_on
+
+    s = Settings.from_argv(["--no-vision", "--vision-max-images", "2"])
+    assert s.vision is False and s.vision_max_images == 2
+    assert Settings.from_argv([]).vision is None and Settings.from_argv([]).vision_max_images == 4
+    with pytest.raises(SettingsError, match="--vision-max-images"):
+        Settings.from_argv(["--vision-max-images", "0"])
+    tiny, text_only = preset("tiny"), dc.replace(preset("tiny"), vision=None)
+    assert vision_on(Settings(), tiny) and not vision_on(Settings(vision=False), tiny)
+    assert not vision_on(Settings(), text_only)
+    with pytest.raises(SettingsError, match="--vision: the checkpoint has no vision tower"):
+        vision_on(Settings(vision=True), text_only)

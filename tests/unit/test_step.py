@@ -184,3 +184,17 @@ def test_worker_checks_the_deltas_and_the_page_ids():
         w.execute(assemble(5, groups=[Group(1, 0, 5, (1, 2, 3, 4, 5))]))
     w.execute(assemble(6, cancelled=(1,)))
     assert w.requests == {} and w.runner.kv.pool.free_count == 8
+
+
+def test_image_rows_round_trip_in_bf16_bits():
+    from cupyglm.backend.lanes import BF16
+    from cupyglm.engine.ops.image import Image
+
+    rows = (np.arange(12, dtype=np.float32) - 5.5).reshape(3, 4).astype(BF16)
+    msg = assemble(3, new=[NewRequest(7, (1, 2, 3, 4, 5))], images=[(7, 1, rows)])
+    out = decode(encode(msg))
+    assert [type(op).__name__ for op in out.ops] == ["Admit", "Image"]
+    (rid, start, got), = out.get(Image).entries
+    assert (rid, start) == (7, 1) and got.dtype == BF16 and got.tobytes() == rows.tobytes()
+    with pytest.raises(ValueError, match="2-D bf16"):
+        encode(assemble(3, images=[(7, 1, rows.astype(np.float32))]))

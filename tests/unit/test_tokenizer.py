@@ -159,8 +159,13 @@ def test_template_raise_exception_reaches_the_caller():
 
 
 def test_non_text_content_part_is_refused(tok):
-    with pytest.raises(ValueError, match="image_url"):
-        tok.apply_chat_template([{"role": "user", "content": [{"type": "image_url", "image_url": "x"}]}])
+    with pytest.raises(ValueError, match="video_url"):
+        tok.apply_chat_template([{"role": "user", "content": [{"type": "video_url", "video_url": "x"}]}])
+
+
+def test_image_part_renders_one_placeholder_between_begin_and_end(tok):
+    text = tok.apply_chat_template([{"role": "user", "content": ["Look: ", {"type": "image_url", "url": "x"}, "!"]}])
+    assert "<|user|>\nLook: <|begin_of_image|><|image|><|end_of_image|>!" in text
 
 
 def test_chat_prompt_tokenizes_to_special_ids(tok):

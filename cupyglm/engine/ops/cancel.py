@@ -1,7 +1,7 @@
 """Cancel: requests every rank releases this step (finished, aborted or refused on rank 0).
 
 Apply: the request's state goes (its pages back to this rank's pool, its KDA seat vacated) with any verify
-group of it in flight.
+group of it in flight and its image rows.
 """
 from __future__ import annotations
 
@@ -26,6 +26,7 @@ class Cancel(IdList):
             if w.requests.pop(rid, None) is None:
                 raise StepFormatError(f"step {w.step}: cancels unknown request {rid}")
             state = w.states.pop(rid, None)
+            w.images.pop(rid, None)
             w.verifier.drop(rid)
             if state is not None:
                 w.runner.release(state)

@@ -9,10 +9,10 @@ import dataclasses
 
 from cupyglm.distributed import step as frame
 from cupyglm.distributed.step import StepFormatError
-from cupyglm.engine.ops import (admit, cancel, clear, drop, evict, keep, lease, load, restore, run, settle, spill,
-                                sync, unlink)
+from cupyglm.engine.ops import (admit, cancel, clear, drop, evict, image, keep, lease, load, restore, run, settle,
+                                spill, sync, unlink)
 
-MODULES = (admit, cancel, settle, evict, restore, lease, run, spill, drop, unlink, clear, load, sync, keep)
+MODULES = (admit, image, cancel, settle, evict, restore, lease, run, spill, drop, unlink, clear, load, sync, keep)
 ORDER = tuple(m.NAME for m in MODULES)
 _BY_TAG = {m.TAG: m for m in MODULES}
 _CLASS = {m: m.OP for m in MODULES}

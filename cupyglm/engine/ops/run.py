@@ -3,7 +3,8 @@ position `start`. A prompt chunk's tokens come from the admitted prompt; a decod
 sampled it); a verify group carries its one token and every rank drafts the other count - 1 rows.
 
 Apply: every group's state must be at `start` and its table must already hold the pages its rows write (the
-restore and lease before it named them); then the verify groups draft and the model runs every row at once.
+restore and lease before it named them); then the verify groups draft and the model runs every row at once, a
+prompt chunk's image placeholders taking their image's rows (ops.image) in place of their embeddings.
 """
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import struct
 import numpy as np
 
 from cupyglm.distributed.step import Reader, StepFormatError, ids, pack
+from cupyglm.engine.images import chunk_rows
 from cupyglm.engine.ops.fields import COUNT
 from cupyglm.model.glm import SeqInput
 
@@ -72,7 +74,8 @@ class Run:
         drafted = w.verifier.propose([(g.request_id, st, t[0], g.count - 1) for g, st, t in rows
                                       if g.flags & VERIFY])
         batch = [SeqInput(np.asarray(drafted[g.request_id] if g.flags & VERIFY else tokens, dtype=np.int32), state,
-                          all_logits=bool(g.flags & (VERIFY | ALL_LOGITS)), decode=bool(g.flags & DECODE))
+                          all_logits=bool(g.flags & (VERIFY | ALL_LOGITS)), decode=bool(g.flags & DECODE),
+                          embeds=() if g.tokens else chunk_rows(w.images.get(g.request_id, ()), g.start, g.count))
                  for g, state, tokens in rows]
         result.outs = w.runner.forward(batch, check=w.check, sample=w.sample) if batch else []
 
