@@ -90,7 +90,8 @@ static __device__ void atc_scores(const AtcShared& sh, int R, float scale) {
       mma_ldmatrix_x4(qa[h], qrow);
 #endif
     }
-    for (int n = 0; n < 2; ++n) mma_ldmatrix_x4(kb[n], sh.kv + (16 * w + 8 * n + (lane & 7)) * ld + k0 + 8 * (lane >> 3));
+    for (int n = 0; n < 2; ++n)
+      mma_ldmatrix_x4(kb[n], sh.kv + (16 * w + 8 * n + (lane & 7)) * ld + k0 + 8 * (lane >> 3));
     for (int h = 0; h < 2; ++h) {
       const int hh = ATC_STEP(h, 2);
       for (int n = 0; n < 2; ++n) mma_m16n8k16_bf16(acc[n], qa[hh], &kb[n][2 * hh], acc[n]);
