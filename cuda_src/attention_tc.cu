@@ -4,7 +4,8 @@
 // 64 positions aligned to absolute positions; each block is staged as a 64-slot tile in shared memory (absent
 // slots zero) and merged into the online softmax in position order:
 //   S = Q K^T   warp w the keys 16w..16w+15, a chain over R in ascending k steps of 16 from +0.0;
-//   s = S * scale (absent -inf), m' = max(m, max s), P = bf16(exp_f32(s - m')) (absent 0), alpha = exp_f32(m - m');
+//   s = S * scale (absent -inf), m' = max(m, max s), P = bf16(exp_f32(s - m')) (absent 0; warp w its own keys',
+//   staged in shared memory for every warp's P V), alpha = exp_f32(m - m');
 //   l = chain(P, ones, C = l alpha) and o = chain(P, V, C = o alpha), warp w the columns [wR/4, (w+1)R/4).
 // out = bf16(o / l). Positions map to store rows through the row's segment's page table (attention_rows.cuh).
 // R % 64 == 0, R <= ATC_MAX_R, H % 16 == 0 (the launcher checks). Storage: qa, store, out bf16; m, l, o fp32.
@@ -31,7 +32,8 @@
 struct AtcShared {
   __nv_bfloat16* kv;   // [ATC_BLOCK, R + ATC_PAD] the block's latent rows, absent slots zero
   __nv_bfloat16* q;    // [16, R + ATC_PAD] the row's 16 heads
-  float* s;            // [16, ATC_BLOCK + 4] scaled scores
+  __nv_bfloat16* p;    // [16, ATC_BLOCK + ATC_PAD] the block's P
+  float* pmax;         // [ATC_WARPS, 16] each warp's row maxima of its keys' scores
   int* slot;           // [ATC_BLOCK] store row of each slot, -1 absent
   int* next;           // [1] the first list entry past the block
 };
@@ -72,10 +74,10 @@ static __device__ void atc_stage(const AtcShared& sh, const __nv_bfloat16* store
   __syncthreads();
 }
 
-// Warp w's scores S[16, keys 16w..16w+15] = Q K^T, scaled, absent -inf, into sh.s.
-static __device__ void atc_scores(const AtcShared& sh, int R, float scale) {
+// Warp w's scores S[16, keys 16w..16w+15] = Q K^T, scaled, absent -inf (this lane's: rows g, g + 8); the warp's
+// row maxima into sh.pmax[w].
+static __device__ void atc_scores(const AtcShared& sh, int R, float scale, float acc[2][4]) {
   const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, g = lane >> 2, t = lane & 3, ld = R + ATC_PAD;
-  float acc[2][4];
   for (int n = 0; n < 2; ++n)
     for (int i = 0; i < 4; ++i) acc[n][i] = 0.0f;
   const int steps = R / 32;
@@ -97,60 +99,58 @@ static __device__ void atc_scores(const AtcShared& sh, int R, float scale) {
       for (int n = 0; n < 2; ++n) mma_m16n8k16_bf16(acc[n], qa[hh], &kb[n][2 * hh], acc[n]);
     }
   }
+  float mx[2] = {-INFINITY, -INFINITY};
   for (int n = 0; n < 2; ++n)
     for (int i = 0; i < 4; ++i) {
-      const int r = g + 8 * (i >> 1), key = 16 * w + 8 * n + 2 * t + (i & 1);
-      sh.s[r * (ATC_BLOCK + 4) + key] = sh.slot[key] >= 0 ? acc[n][i] * scale : -INFINITY;
+      const int key = 16 * w + 8 * n + 2 * t + (i & 1);
+      acc[n][i] = sh.slot[key] >= 0 ? acc[n][i] * scale : -INFINITY;
+      mx[i >> 1] = fmaxf(mx[i >> 1], acc[n][i]);
+    }
+  for (int hr = 0; hr < 2; ++hr) {
+    mx[hr] = fmaxf(mx[hr], __shfl_xor_sync(FULL_MASK, mx[hr], 1));
+    mx[hr] = fmaxf(mx[hr], __shfl_xor_sync(FULL_MASK, mx[hr], 2));
+    if (t == 0) sh.pmax[w * 16 + g + 8 * hr] = mx[hr];
+  }
+}
+
+// m' from every warp's maxima (exact in any order), alpha = exp(m - m'); warp w's P = bf16(exp(s - m')) (absent 0)
+// into sh.p. m becomes m'.
+static __device__ void atc_softmax(const AtcShared& sh, const float acc[2][4], float m[2], float alpha[2]) {
+  const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+  for (int hr = 0; hr < 2; ++hr) {
+    float mx = m[hr];
+    for (int v = 0; v < ATC_WARPS; ++v) mx = fmaxf(mx, sh.pmax[v * 16 + g + 8 * hr]);
+    alpha[hr] = exp_f32(m[hr] - mx);
+    m[hr] = mx;
+  }
+  for (int n = 0; n < 2; ++n)
+    for (int i = 0; i < 4; ++i) {
+      const int key = 16 * w + 8 * n + 2 * t + (i & 1);
+      const float p = sh.slot[key] >= 0 ? exp_f32(acc[n][i] - m[i >> 1]) : 0.0f;
+      sh.p[(g + 8 * (i >> 1)) * (ATC_BLOCK + ATC_PAD) + key] = to_bf16(p);
     }
 }
 
 #ifdef IEEE_SUM
 // d += P[rows, keys 16ks..16ks+15] V[keys, columns n0..n0+7] as fp32 IEEE sums in key order (this lane's four).
-static __device__ void atc_ieee(float d[4], const AtcShared& sh, int ld, int ks, int n0, const float mn[2]) {
+static __device__ void atc_ieee(float d[4], const AtcShared& sh, int ld, int ks, int n0) {
   const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
   for (int i = 0; i < 4; ++i) {
     const int r = g + 8 * (i >> 1), col = n0 + 2 * t + (i & 1);
     for (int kk = 0; kk < 16; ++kk) {
       const int key = 16 * ks + kk;
-      const float p = sh.slot[key] >= 0 ? bf16_round(exp_f32(sh.s[r * (ATC_BLOCK + 4) + key] - mn[i >> 1])) : 0.0f;
-      d[i] += p * __bfloat162float(sh.kv[key * ld + col]);
+      d[i] += __bfloat162float(sh.p[r * (ATC_BLOCK + ATC_PAD) + key]) * __bfloat162float(sh.kv[key * ld + col]);
     }
   }
 }
 #endif
 
-// This lane's P fragments (rows g and g + 8, four k steps of 16 keys) from sh.s; m becomes m', alpha returned.
-static __device__ void atc_softmax(unsigned pa[4][4], const AtcShared& sh, float m[2], float alpha[2]) {
-  const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-  float mx[2] = {m[0], m[1]};
-  for (int ks = 0; ks < 4; ++ks)
-    for (int r = 0; r < 4; ++r)
-      for (int e = 0; e < 2; ++e)
-        mx[r & 1] = fmaxf(mx[r & 1], sh.s[(g + 8 * (r & 1)) * (ATC_BLOCK + 4) + 16 * ks + 2 * t + 8 * (r >> 1) + e]);
-  for (int hr = 0; hr < 2; ++hr) {
-    mx[hr] = fmaxf(mx[hr], __shfl_xor_sync(FULL_MASK, mx[hr], 1));
-    mx[hr] = fmaxf(mx[hr], __shfl_xor_sync(FULL_MASK, mx[hr], 2));
-    alpha[hr] = exp_f32(m[hr] - mx[hr]);
-    m[hr] = mx[hr];
-  }
-  for (int ks = 0; ks < 4; ++ks)
-    for (int r = 0; r < 4; ++r) {
-      __nv_bfloat16 p[2];
-      for (int e = 0; e < 2; ++e) {
-        const int key = 16 * ks + 2 * t + 8 * (r >> 1) + e;
-        const float s = sh.s[(g + 8 * (r & 1)) * (ATC_BLOCK + 4) + key];
-        p[e] = to_bf16(sh.slot[key] >= 0 ? exp_f32(s - m[r & 1]) : 0.0f);
-      }
-      pa[ks][r] = mma_pack(p[0], p[1]);
-    }
-}
-
-// The block merged into l and warp w's o: l = chain(P, ones, l alpha), o = chain(P, V, o alpha).
-static __device__ void atc_merge(const AtcShared& sh, int R, float m[2], float l[2], float o[][2][4]) {
+// The block merged into l and warp w's o from sh.p: l = chain(P, ones, l alpha), o = chain(P, V, o alpha).
+static __device__ void atc_merge(const AtcShared& sh, int R, const float alpha[2], float l[2], float o[][2][4]) {
   const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, ld = R + ATC_PAD, pairs = R / 64;
   unsigned pa[4][4];
-  float alpha[2];
-  atc_softmax(pa, sh, m, alpha);
+  for (int ks = 0; ks < 4; ++ks)
+    mma_ldmatrix_x4(pa[ks], sh.p + (lane & 15) * (ATC_BLOCK + ATC_PAD) + 16 * ks + 8 * (lane >> 4));
   float lc[4] = {l[0] * alpha[0], l[0] * alpha[0], l[1] * alpha[1], l[1] * alpha[1]};
   const unsigned ones[2] = {0x3F803F80u, 0x3F803F80u};
   for (int i = 0; i < 4; ++i) mma_m16n8k16_bf16(lc, pa[ATC_STEP(i, 4)], ones, lc);
@@ -167,8 +167,8 @@ static __device__ void atc_merge(const AtcShared& sh, int R, float m[2], float l
       if (p >= pairs) break;
       const int n0 = w * (R / 4) + 16 * p;
 #ifdef IEEE_SUM
-      atc_ieee(o[p][0], sh, ld, ks, n0, m);
-      atc_ieee(o[p][1], sh, ld, ks, n0 + 8, m);
+      atc_ieee(o[p][0], sh, ld, ks, n0);
+      atc_ieee(o[p][1], sh, ld, ks, n0 + 8);
 #else
       unsigned vb[4];
       mma_ldmatrix_x4_trans(vb, sh.kv + (16 * ks + (lane & 7) + 8 * ((lane >> 3) & 1)) * ld + n0 + 8 * (lane >> 4));
@@ -194,8 +194,9 @@ extern "C" __global__ void __launch_bounds__(128) attention_tc(
   AtcShared sh;
   sh.kv = reinterpret_cast<__nv_bfloat16*>(atc_sh);
   sh.q = sh.kv + ATC_BLOCK * ld;
-  sh.s = reinterpret_cast<float*>(sh.q + 16 * ld);
-  sh.slot = reinterpret_cast<int*>(sh.s + 16 * (ATC_BLOCK + 4));
+  sh.p = sh.q + 16 * ld;
+  sh.pmax = reinterpret_cast<float*>(sh.p + 16 * (ATC_BLOCK + ATC_PAD));
+  sh.slot = reinterpret_cast<int*>(sh.pmax + ATC_WARPS * 16);
   sh.next = sh.slot + ATC_BLOCK;
   for (int i = threadIdx.x; i < 16 * per; i += blockDim.x)
     *reinterpret_cast<uint4*>(sh.q + (i / per) * ld + 8 * (i % per)) =
@@ -210,9 +211,12 @@ extern "C" __global__ void __launch_bounds__(128) attention_tc(
   for (int j = 0; j < count;) {
     atc_slots(sh, tokens, table, seg, T, t, W, j, count, width, pt);
     atc_stage(sh, store, R);
-    atc_scores(sh, R, scale);
+    float acc[2][4], alpha[2];
+    atc_scores(sh, R, scale, acc);
     __syncthreads();
-    atc_merge(sh, R, m, l, o);
+    atc_softmax(sh, acc, m, alpha);
+    __syncthreads();
+    atc_merge(sh, R, alpha, l, o);
     j = *sh.next;
     __syncthreads();  // the next block rewrites the slots, rows and scores
   }

@@ -8,7 +8,8 @@ from cupyglm.kernels.ops import Kernels, check, f32, i32
 
 SRC = "attention_tc.cu"
 KERNEL = "attention_tc"
-THREADS = 128          # ATC_WARPS warps
+WARPS = 4              # ATC_WARPS
+THREADS = 32 * WARPS
 HEADS = 16             # heads a block (the mma tile's M)
 BLOCK = 64             # ATC_BLOCK: key positions a block, on the absolute grid
 MAX_R = 512            # ATC_MAX_R
@@ -16,9 +17,9 @@ PAD = 8                # ATC_PAD
 
 
 def shared_bytes(r: int) -> int:
-    """A block's dynamic shared memory: the block's latent rows and the row's queries (bf16, padded rows), the
-    scores (fp32), the slot map and the next entry (int32)."""
-    return (BLOCK + HEADS) * (r + PAD) * 2 + HEADS * (BLOCK + 4) * 4 + (BLOCK + 1) * 4
+    """A block's dynamic shared memory: the block's latent rows, the row's queries and the block's P (bf16, padded
+    rows), each warp's row maxima (fp32), the slot map and the next entry (int32)."""
+    return (BLOCK + HEADS) * (r + PAD) * 2 + HEADS * (BLOCK + PAD) * 2 + WARPS * HEADS * 4 + (BLOCK + 1) * 4
 
 
 def attention_tc(k: Kernels, qa, store, tokens, table, seg, page_tokens, counts, scale):
