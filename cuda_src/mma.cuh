@@ -66,6 +66,25 @@ static __device__ __forceinline__ void mma_ldmatrix_x4(unsigned r[4], const __nv
 #endif
 }
 
+// ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16: as mma_ldmatrix_x4 with each 8x8 matrix transposed, r[j] = matrix
+// j's (2 (lane % 4) .. +1, lane / 4). Matrices (rows k0..k0+7 | k0+8..k0+15) x (columns n0 | n0+8) of a row-major
+// B[k][n] give r[0], r[1] = the B fragment of columns n0 and r[2], r[3] = that of columns n0 + 8.
+static __device__ __forceinline__ void mma_ldmatrix_x4_trans(unsigned r[4], const __nv_bfloat16* row) {
+#ifdef __CUEMU__
+  const int lane = threadIdx.x & 31;
+  for (int j = 0; j < 4; ++j) {
+    const __nv_bfloat16* q0 = __shfl_sync(FULL_MASK, row, 8 * j + 2 * (lane & 3));
+    const __nv_bfloat16* q1 = __shfl_sync(FULL_MASK, row, 8 * j + 2 * (lane & 3) + 1);
+    r[j] = mma_pack(q0[lane >> 2], q1[lane >> 2]);
+  }
+#else
+  const unsigned addr = (unsigned)__cvta_generic_to_shared(row);
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+#endif
+}
+
 // This lane's B fragment of the 16x8 tile at p (B[k][n] row-major, row stride ldb elements).
 static __device__ __forceinline__ void mma_load_b(unsigned b[2], const __nv_bfloat16* p, long long ldb) {
   const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;

@@ -68,6 +68,19 @@ def attention_prompt(cfg, tp: int, tokens: int, arch: str = "sm_90") -> Call:
     return Call(analyse(K.attention_prompt(r, cfg.attn_chunk), arch), flops, nbytes, flops, tokens * h)
 
 
+def attention_tc_prompt(cfg, tp: int, tokens: int, arch: str = "sm_90") -> Call:
+    """attention_tc.cu over a cold prompt: the FLOPs its tensor core issues, every 64-position block a row touches
+    whole (QK^T and PV, 2 x 2 x 16 x 64 x R a block and 16 heads, plus the sum of P, 2 x 16 x 64 x 8). Query p
+    touches p // 64 + 1 blocks below index_topk; past it, at most one block a picked pool (an upper bound).
+    Latent rows read once, queries and outputs once (attention_prompt's bytes)."""
+    h, r, topk = cfg.num_attention_heads // tp, cfg.kv_lora_rank, cfg.index_topk
+    per_block = 2 * 2 * 16 * 64 * r + 2 * 16 * 64 * 8
+    blocks = sum(p // 64 + 1 if p < topk else min(p // 64 + 1, topk // cfg.index_kpool + 1) for p in range(tokens))
+    flops = float(blocks * (h // 16) * per_block)
+    nbytes = tokens * r * 2.0 + 2 * tokens * h * r * 2.0
+    return Call(analyse(K.attention_tc_prompt(r), arch), flops, nbytes, flops, tokens * -(-h // 16))
+
+
 def index_decode(cfg, rows: int, context: int, arch: str = "sm_90") -> Call:
     """index_scores_rows: each row scores its visible pooled keys (context / index_kpool of index_head_dim bf16)
     with its index heads (2 Hi I FLOPs a key)."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from cupyglm.kernels import ops_attention as att
+from cupyglm.kernels import ops_attention_tc as att_tc
 
 from bench.sass.model import Kernel, bucket
 
@@ -56,6 +57,12 @@ def attention_decode(r: int, chunk: int) -> tuple[Kernel, Kernel]:
 def attention_prompt(r: int, chunk: int) -> Kernel:
     return Kernel("attention", "attention.cu", "prompt", "flop", 128 if r <= 1024 else 256,
                   dyn_shared=(2 * chunk + 1) * 4)
+
+
+def attention_tc_prompt(r: int) -> Kernel:
+    """attention_tc.cu (not yet routed): a block of 4 warps per row and 16 heads, the launcher's shared memory."""
+    return Kernel("attention_tc", "attention_tc.cu", "prompt", "flop", att_tc.THREADS,
+                  dyn_shared=att_tc.shared_bytes(r))
 
 
 INDEX_DECODE = Kernel("index_scores_rows", "indexer.cu", "decode", "flop", 256)

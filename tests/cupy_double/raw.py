@@ -184,6 +184,7 @@ class RawKernel:
                 raise TypeError(f"{where}: a Python {type(a).__name__} (CuPy passes it as a 64-bit value "
                                 "whatever the parameter's type); pass a numpy scalar (np.int32, np.float32)")
         fn, host, shared = self._fn, tuple(host), int(shared_mem)
+        fn.max_dynamic_shared_size_bytes = limit         # the opt-in checked above reaches the emulator's kernel
         if capture.record("graph_kernels", self.name, lambda: _run(fn, g, b, host, shared), bufs):
             return                                       # recorded into the capturing stream's graph
         STATE.count("launches", what=self.name)

@@ -1,0 +1,58 @@
+"""Launcher of cuda_src/attention_tc.cu: prefill attention on the tensor core (backend/tc_attention.py is its exact
+model). Not a model op yet: the DSA layers still call attention_paged; the contract and the speed model call this."""
+from __future__ import annotations
+
+import numpy as np
+
+from cupyglm.kernels.ops import Kernels, check, f32, i32
+
+SRC = "attention_tc.cu"
+KERNEL = "attention_tc"
+WARPS = 4              # ATC_WARPS
+THREADS = 32 * WARPS
+HEADS = 16             # heads a block (the mma tile's M)
+BLOCK = 64             # ATC_BLOCK: key positions a block, on the absolute grid
+MAX_R = 512            # ATC_MAX_R
+PAD = 8                # ATC_PAD
+
+
+def shared_bytes(r: int) -> int:
+    """A block's dynamic shared memory: the block's latent rows, the row's queries and the block's P (bf16, padded
+    rows), each warp's row maxima (fp32), the slot map and the next entry (int32)."""
+    return (BLOCK + HEADS) * (r + PAD) * 2 + HEADS * (BLOCK + PAD) * 2 + WARPS * HEADS * 4 + (BLOCK + 1) * 4
+
+
+def attention_tc(k: Kernels, qa, store, tokens, table, seg, page_tokens, counts, scale):
+    """qa [T, H, R] bf16, store [N, R] bf16, tokens [T, W] int32 positions (strictly ascending, -1 padded) mapped
+    through table [S, width] int32 row seg[t] (seg [T] int32) with page_tokens tokens a page, counts [T] int32
+    -> [T, H, R] bf16. H a multiple of 16, R a multiple of 64 up to 512; the positions' order and seg's range
+    are the caller's contract (checking them on the device would cost a sync)."""
+    xp = k.xp
+    qa = check(KERNEL, "qa", xp.ascontiguousarray(qa), (None, None, None), k.bf16)
+    t, h, r = qa.shape
+    store = check(KERNEL, "store", store, (None, r), k.bf16)
+    tokens = check(KERNEL, "tokens", xp.ascontiguousarray(tokens), (t, None), np.int32)
+    table = check(KERNEL, "table", xp.ascontiguousarray(table), (None, None), np.int32)
+    seg = check(KERNEL, "seg", xp.ascontiguousarray(seg), (t,), np.int32)
+    counts = check(KERNEL, "counts", xp.ascontiguousarray(counts), (t,), np.int32)
+    pt = int(page_tokens)
+    if pt < 1:
+        raise ValueError(f"{KERNEL}: page_tokens must be positive, got {pt}")
+    if h % HEADS:
+        raise ValueError(f"{KERNEL}: the heads ({h}) must be a multiple of {HEADS} (a block's mma tile)")
+    if r % 64 or not 0 < r <= MAX_R:
+        raise ValueError(f"{KERNEL}: R must be a multiple of 64 up to {MAX_R} (4 warps of 16-column pairs), got {r}")
+    if h // HEADS > 65535:
+        raise ValueError(f"{KERNEL}: at most {65535 * HEADS} heads (grid.y), got {h}")
+    if t and 0 in table.shape:
+        raise ValueError(f"{KERNEL}: an empty page table {table.shape} for {t} rows")
+    out = k.empty((t, h, r), k.bf16)
+    if t and h:
+        smem = shared_bytes(r)
+        fn = k.fn(SRC, KERNEL)
+        if fn.max_dynamic_shared_size_bytes < smem:
+            fn.max_dynamic_shared_size_bytes = smem
+        k.launch(SRC, KERNEL, (t, h // HEADS), (THREADS,),
+                 (qa, store, tokens, table, seg, counts, out, i32(t), i32(h), i32(r), i32(tokens.shape[1]),
+                  f32(scale), i32(table.shape[1]), i32(pt)), shared_mem=smem)
+    return out
