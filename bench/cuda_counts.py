@@ -19,8 +19,8 @@ checks). One decode step before the counted ones captures the graphs (warm-up, u
 
 --tp N (under `mpirun -n N`): the same model rows with the weights split N ways, every rank on its own device of
 the double and the collectives over its NCCL (carried over MPI); rank 0 prints. `collectives` counts the NCCL
-calls a decode token makes (inside graph replays too), and the raw/cupy kernel columns hold what each
-collective's rank-order sum adds. The tiny checkpoint splits 2 ways (4 heads); `model-45` runs its 45 layers
+calls a decode token makes (inside graph replays too); a sublayer's rank-order sum runs inside its hc_post launch,
+so only the MTP layer's residual sums add launches of their own. The tiny checkpoint splits 2 ways (4 heads); `model-45` runs its 45 layers
 with 8 heads of each kind (TP_HEADS) so that it splits 2 and 8 ways.
 """
 from __future__ import annotations

@@ -13,12 +13,28 @@
 
 // The fp32 sublayer output read as bf16 (hc_post's branch, residual_add's partial), or, in the planted control
 // variant of the contract (-DCONTROL_UNROUNDED), read unrounded.
-static __device__ __forceinline__ float ld_rounded(const float* p, long long i) {
+static __device__ __forceinline__ float rounded(float v) {
 #ifdef CONTROL_UNROUNDED
-  return p[i];
+  return v;
 #else
-  return bf16_round(p[i]);
+  return bf16_round(v);
 #endif
+}
+
+static __device__ __forceinline__ float ld_rounded(const float* p, long long i) { return rounded(p[i]); }
+
+// hc_post's branch at element i of its [T, D] block: the ranks' fp32 partials (branch [ranks, T, D] as gathered,
+// rank r at row r, n = T * D) added left to right in fp32, ((p0 + p1) + p2) + ..., the bits of the rank-order sum
+// (cuda_src/rank_sum.cu) before the bf16 read.  Planted control HC_PLANT_RANKS_REVERSED adds from the last rank.
+static __device__ __forceinline__ float ld_branch(const float* p, long long i, long long n, int ranks) {
+#ifdef HC_PLANT_RANKS_REVERSED
+  float acc = p[(long long)(ranks - 1) * n + i];
+  for (int r = ranks - 2; r >= 0; --r) acc = acc + p[(long long)r * n + i];
+#else
+  float acc = p[i];
+  for (int r = 1; r < ranks; ++r) acc = acc + p[(long long)r * n + i];
+#endif
+  return rounded(acc);
 }
 
 // One block per token row; blockDim.x a multiple of 32 (launcher: 128).  Groups of 16 threads each
@@ -169,8 +185,9 @@ extern "C" __global__ void hc_pre_norm(const __nv_bfloat16* __restrict__ X,     
 // One element d of token t's updated streams (hc_post).
 static __device__ __forceinline__ void hc_post_at(const __nv_bfloat16* __restrict__ X, const float* __restrict__ branch,
                                                   const float* __restrict__ post, const float* __restrict__ comb,
-                                                  __nv_bfloat16* out, int t, int S, int D, int d) {
-  const float b = ld_rounded(branch, (long long)t * D + d);
+                                                  __nv_bfloat16* out, int t, int T, int S, int D, int d,
+                                                  int ranks) {
+  const float b = ld_branch(branch, (long long)t * D + d, (long long)T * D, ranks);
   const __nv_bfloat16* xr = X + (long long)t * S * D + d;
   for (int s = 0; s < S; ++s) {
     float acc = post[(long long)t * S + s] * b;
@@ -180,23 +197,24 @@ static __device__ __forceinline__ void hc_post_at(const __nv_bfloat16* __restric
 }
 
 // X'[t, s, d] = bf16(post[t, s] * b + sum_j comb[t, j, s] * X[t, j, d]), j left to right, where
-// b = bf16(branch[t, d]): the sublayer's fp32 output (summed across ranks) is rounded to bf16 as it is read,
-// the same bits as rounding it in a pass of its own.  grid (T, ceil(D / blockDim.x)): tokens on grid.x.
+// b = bf16(branch[t, d]): the sublayer's fp32 output, its ranks' partials summed here in rank order (ld_branch), is
+// rounded to bf16 as it is read, the same bits as summing and rounding in passes of their own.
+// grid (T, ceil(D / blockDim.x)): tokens on grid.x.
 extern "C" __global__ void hc_post(const __nv_bfloat16* __restrict__ X,   // [T, S, D] bf16
-                                   const float* __restrict__ branch,      // [T, D] f32 (rounded to bf16 on load)
+                                   const float* __restrict__ branch,      // [ranks, T, D] f32 (summed, bf16 on load)
                                    const float* __restrict__ post,        // [T, S] f32
                                    const float* __restrict__ comb,        // [T, S, S] f32
                                    __nv_bfloat16* __restrict__ out,       // [T, S, D] bf16
-                                   int T, int S, int D) {
+                                   int T, int S, int D, int ranks) {
   const int d = blockIdx.y * blockDim.x + threadIdx.x;
-  if (d < D) hc_post_at(X, branch, post, comb, out, blockIdx.x, S, D, d);
+  if (d < D) hc_post_at(X, branch, post, comb, out, blockIdx.x, T, S, D, d, ranks);
 }
 
 // hc_post of one sublayer, then hc_pre_norm of the next on the updated streams, one block per token (the
 // streams X' stay in this block: it writes them, then reads them back after a barrier): the bits of hc_post
 // followed by hc_pre_norm.  Dynamic shared memory: (NM + 1 + S + D) floats.
 extern "C" __global__ void hc_post_pre_norm(const __nv_bfloat16* __restrict__ X,      // [T, S, D] bf16
-                                            const float* __restrict__ branch,         // [T, D] f32 (bf16 on load)
+                                            const float* __restrict__ branch,         // [ranks, T, D] f32 (summed)
                                             const float* __restrict__ post,           // [T, S] f32
                                             const float* __restrict__ comb,           // [T, S, S] f32
                                             const __nv_bfloat16* __restrict__ fn,     // [NM, S*D] bf16
@@ -208,9 +226,11 @@ extern "C" __global__ void hc_post_pre_norm(const __nv_bfloat16* __restrict__ X,
                                             __nv_bfloat16* __restrict__ h_out,        // [T, D] bf16
                                             float* __restrict__ post_out,             // [T, S] f32
                                             float* __restrict__ comb_out,             // [T, S, S] f32
-                                            int T, int S, int D, float norm_eps, float hc_eps, int iters) {
+                                            int T, int S, int D, float norm_eps, float hc_eps, int iters,
+                                            int ranks) {
   extern __shared__ float hc_sh[];  // [NM] mix dots, [1] sum of squares, [S] pre, [D] the collapsed row
-  for (int d = threadIdx.x; d < D; d += blockDim.x) hc_post_at(X, branch, post, comb, X_out, blockIdx.x, S, D, d);
+  for (int d = threadIdx.x; d < D; d += blockDim.x)
+    hc_post_at(X, branch, post, comb, X_out, blockIdx.x, T, S, D, d, ranks);
   __syncthreads();                  // the token's updated streams are written
   float* xs = hc_sh + S * (S + 2) + 1 + S;
   hc_pre_row(X_out, fn, base, scale, x_out, post_out, comb_out, S, D, norm_eps, hc_eps, iters, hc_sh, xs);

@@ -2,7 +2,7 @@
 and small model builders.
 
 ThreadComm has the communicator interface of cupyglm.distributed.comm (rank, size, allreduce_sum in rank order,
-concat_last) so the model code runs unchanged on N simulated shards.
+allgather, concat_last) so the model code runs unchanged on N simulated shards.
 """
 from __future__ import annotations
 
@@ -40,6 +40,9 @@ class ThreadComm:
         for p in parts[1:]:
             acc = acc + p
         return acc
+
+    def allgather(self, x: np.ndarray) -> np.ndarray:
+        return np.stack(self.group.exchange(self.rank, x))
 
     def concat_last(self, x: np.ndarray) -> np.ndarray:
         return np.concatenate(self.group.exchange(self.rank, x), axis=-1)

@@ -183,7 +183,10 @@ class NumpyOps(NumpyGemm, KDAOps, MoEOps, LogitsOps, GatherOps, VisionOps):
     def hc_post(self, X: np.ndarray, branch: np.ndarray, post: np.ndarray, comb: np.ndarray) -> np.ndarray:
         """X'[s] = bf16(post_s * b + sum_j comb[j, s] * X[j]), j left to right, b = bf16(branch): X [T, 4, D]
         bf16, branch [T, D] fp32 (the sublayer's output summed across ranks, rounded to bf16 as it is read),
-        post [T, 4], comb [T, 4, 4] fp32 -> [T, 4, D] bf16."""
+        post [T, 4], comb [T, 4, 4] fp32 -> [T, 4, D] bf16. A branch [R, T, D] is the ranks' partials as gathered,
+        added in rank order first (rank_sum)."""
+        if branch.ndim == 3:
+            branch = rank_sum(branch)
         X, branch = f32(X), f32(bf16(branch))
         s = X.shape[1]
         out = np.empty(X.shape, dtype=BF16)

@@ -6,6 +6,9 @@ Controls: hc_pre and hc_pre.x with two streams swapped (one Sinkhorn step droppe
 converged, measured within 3 ULPs), hc_post with two streams swapped, stream_mean with the last stream dropped.
 hc_post_pre_norm's control is hc_post's (the branch read unrounded); hc_pre_norm's control is a variant whose
 fused norm reads the collapse unrounded (-DCONTROL_NORM_UNROUNDED).
+hc_post.ranks and hc_post_pre_norm.ranks take the ranks' gathered partials [R, T, D] and add them in rank order
+as they read them: their control is a kernel variant adding from the last rank (-DHC_PLANT_RANKS_REVERSED); the
+partials carry large cancelling terms so that the order shows after the bf16 read (two ranks commute, so R >= 3).
 hc_post.round and residual_add take an fp32 sublayer output that they round to bf16 as they read it: their
 control is a kernel variant reading it unrounded (-DCONTROL_UNROUNDED).
 """
@@ -163,6 +166,44 @@ def _hc_post(label: str, t: int, d: int, s: int = 4) -> None:
     case(Case(f"hc_post.round[{label}]", ("hc_post",), make, run, replay, ctl_round))
 
 
+def _partials(rng, r: int, t: int, d: int) -> np.ndarray:
+    """[r, T, D] fp32 partials whose first two ranks carry cancelling terms of ~2^12, so that adding from the last
+    rank loses bits the bf16 read of the sum still shows."""
+    parts = (rng.standard_normal((r, t, d)) * 2.0).astype(np.float32)
+    big = (rng.standard_normal((t, d)) * 4096.0).astype(np.float32)
+    parts[0] += big
+    parts[1] -= big
+    return parts
+
+
+def _hc_post_ranks(r: int, t: int, d: int, s: int = 4) -> None:
+    """hc_post and hc_post_pre_norm reading R ranks' partials: the reference sums them first (rank_sum)."""
+    def make(rng):
+        inp = _inputs(rng, t, s, d)
+        _, post, comb = REF.hc_pre(inp["X"], inp["fn"], inp["base"], inp["scale"], NORM_EPS, HC_EPS, ITERS)
+        nxt = _inputs(rng, t, s, d)
+        return {"X": inp["X"], "branch": _partials(rng, r, t, d), "post": post, "comb": comb, "fn": nxt["fn"],
+                "base": nxt["base"], "scale": nxt["scale"], "w": _bf(rng, (d,), 0.2, 1.0)}
+
+    def post_args(d_):
+        return d_["X"], d_["branch"], d_["post"], d_["comb"]
+
+    def fused_args(d_):
+        return (*post_args(d_), d_["fn"], d_["base"], d_["scale"], d_["w"], NORM_EPS, HC_EPS, ITERS)
+
+    def pack(out):
+        return dict(zip(("X", "h", "post", "comb"), out))
+
+    reversed_ = "HC_PLANT_RANKS_REVERSED"
+    case(Case(f"hc_post.ranks[r{r}]", ("hc_post",), make, lambda k, d_: {"X": ops_hc.hc_post(k, *post_args(d_))},
+              lambda d_: {"X": REF.hc_post(*post_args(d_))},
+              lambda k, d_: {"X": ops_hc.hc_post(k.variant(reversed_), *post_args(d_))}))
+    case(Case(f"hc_post_pre_norm.ranks[r{r}]", ("hc_post_pre_norm",), make,
+              lambda k, d_: pack(ops_hc.hc_post_pre_norm(k, *fused_args(d_))),
+              lambda d_: pack(REF.hc_post_pre_norm(*fused_args(d_))),
+              lambda k, d_: pack(ops_hc.hc_post_pre_norm(k.variant(reversed_), *fused_args(d_))), GATE_ULPS, GATE_WHY))
+
+
 def _residual(label: str, t: int, d: int) -> None:
     def make(rng):
         return {"x": _bf(rng, (t, d), 2.0), "partial": (rng.standard_normal((t, d)) * 2.0).astype(np.float32)}
@@ -215,6 +256,8 @@ _hc_post("decode",     1,  256)
 _hc_post("verify",    16,  256)
 _hc_post("prompt37",  37,  256)
 _hc_post("odd",        3,  300)      # D not a multiple of the block
+_hc_post_ranks(3,      2,  256)      # TP=3: three ranks' partials summed as hc_post reads them
+_hc_post_ranks(4,     16,  300)      # TP=4, verify rows, D not a multiple of the block
 _residual("decode",    1,  256)      # the MTP layer's residuals, one token
 _residual("prompt37", 37,  256)
 _residual("odd",       3,  300)

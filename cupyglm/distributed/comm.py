@@ -3,7 +3,8 @@
 Every communicator has `rank`, `size`, `allreduce_sum`, `allgather`, `concat_last`, `bcast_bytes`, `barrier`.
 `allreduce_sum` gathers every rank's partial and adds them left to right, ((p0 + p1) + p2) + p3, in the array's
 dtype, so the sum is bit-identical on every rank and run to run (a library allreduce may pick its order by
-message size or topology).
+message size or topology). A sublayer takes `gathered(comm, partial)` instead: the parts alone, which hc_post adds
+in the same order as it reads them (no sum kernel).
 
 - LocalComm: one rank, no MPI.
 - MpiComm: mpi4py on numpy arrays (the CPU backends); arrays travel as raw bytes, so bf16 (ml_dtypes) works.
@@ -37,6 +38,13 @@ def summed(comm: "Comm", partial: Any) -> Any:
     """The all-reduced sum of a sublayer's fresh partial: on a single rank the partial is the sum itself (no copy
     kernel); the caller only reads the result."""
     return partial if comm.size == 1 else comm.allreduce_sum(partial)
+
+
+def gathered(comm: "Comm", partial: Any) -> Any:
+    """A sublayer's fresh partial [T, D] as hc_post takes it: every rank's, gathered in rank order into [R, T, D]
+    (one collective, no sum kernel: hc_post adds them in rank order as it reads them, the bits of ordered_sum);
+    on a single rank the partial itself."""
+    return partial if comm.size == 1 else comm.allgather(partial)
 
 
 def ordered_sum(parts: Any) -> Any:

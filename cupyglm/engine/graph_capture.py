@@ -1,6 +1,6 @@
 """Decode calls as CUDA graphs (cuda backend, CUPYGLM_CUDA_GRAPHS=1): per (layer, batch bucket) one graph,
 captured once and replayed; a DSA layer's per maps layout (below). Every layer is captured whole (its attention
-half from the normed row, the all-reduce, hc_post fused with hc_pre + norm, the FFN half, the all-reduce, hc_post
+half from the normed row, the allgather, hc_post fused with hc_pre + norm, the FFN half, the allgather, hc_post
 fused with the next layer's hc_pre + norm); on the host-rows path (`kv.host`) a DSA layer's FFN half alone.
 
 What is captured and why it stays exact:

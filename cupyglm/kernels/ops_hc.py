@@ -38,6 +38,17 @@ def hc_pre(k: Kernels, X, fn, base, scale, norm_eps, hc_eps, iters):
     return x, post, comb
 
 
+def _branch(k: Kernels, kernel: str, branch, t: int, d: int):
+    """The sublayer's fp32 output as hc_post reads it: [T, D] (already summed) or [R, T, D] (each rank's partial as
+    gathered, summed in rank order by the kernel) -> (branch, R)."""
+    if branch.ndim == 2:
+        return _arg(k, kernel, "branch", branch, (t, d)), 1
+    if branch.ndim != 3 or branch.shape[0] < 1:
+        raise ValueError(f"{kernel}: parameter branch must be [T, D] or [ranks, T, D] with ranks >= 1, got "
+                         f"{tuple(branch.shape)}")
+    return _arg(k, kernel, "branch", branch, (None, t, d)), int(branch.shape[0])
+
+
 def _pre_norm_args(k: Kernels, name: str, X, fn, base, scale, norm_w):
     """The hc_pre + norm parameters checked; (t, s, d, dynamic shared bytes, fn, base, scale, norm_w)."""
     t, s, d = X.shape
@@ -74,10 +85,10 @@ def hc_pre_norm(k: Kernels, X, fn, base, scale, norm_w, norm_eps, hc_eps, iters)
 @op("hc_post_pre_norm")
 def hc_post_pre_norm(k: Kernels, X, branch, post, comb, fn, base, scale, norm_w, norm_eps, hc_eps, iters):
     """hc_post(X, branch, post, comb), then hc_pre_norm of the result, in one launch -> (X' [T, S, D] bf16, h
-    [T, D] bf16, post' [T, S] fp32, comb' [T, S, S] fp32)."""
+    [T, D] bf16, post' [T, S] fp32, comb' [T, S, S] fp32). branch: [T, D] or [R, T, D] fp32 (see hc_post)."""
     X = _arg(k, "hc_post_pre_norm", "X", X, (None, None, None), k.bf16)
     t, s, d, shared, fn, base, scale, norm_w = _pre_norm_args(k, "hc_post_pre_norm", X, fn, base, scale, norm_w)
-    branch = _arg(k, "hc_post_pre_norm", "branch", branch, (t, d))
+    branch, ranks = _branch(k, "hc_post_pre_norm", branch, t, d)
     post = _arg(k, "hc_post_pre_norm", "post", post, (t, s))
     comb = _arg(k, "hc_post_pre_norm", "comb", comb, (t, s, s))
     X2 = k.empty(X.shape, k.bf16)
@@ -88,23 +99,23 @@ def hc_post_pre_norm(k: Kernels, X, branch, post, comb, fn, base, scale, norm_w,
     if t:
         k.launch(SRC, "hc_post_pre_norm", (t,), (128,),
                  (X, branch, post, comb, fn, base, scale, norm_w, X2, x, h, post2, comb2, i32(t), i32(s), i32(d),
-                  f32(norm_eps), f32(hc_eps), i32(iters)), shared_mem=shared)
+                  f32(norm_eps), f32(hc_eps), i32(iters), i32(ranks)), shared_mem=shared)
     return X2, h, post2, comb2
 
 
 @op("hc_post")
 def hc_post(k: Kernels, X, branch, post, comb):
-    """X'[s] = bf16(post_s * bf16(branch) + sum_j comb[j, s] * X[j]). X: [T, S, D] bf16, branch: [T, D] fp32
-    -> [T, S, D] bf16."""
+    """X'[s] = bf16(post_s * bf16(branch) + sum_j comb[j, s] * X[j]). X: [T, S, D] bf16, branch: [T, D] fp32, or
+    [R, T, D] fp32 the ranks' partials, added in rank order as they are read -> [T, S, D] bf16."""
     X = _arg(k, "hc_post", "X", X, (None, None, None), k.bf16)
     t, s, d = X.shape
-    branch = _arg(k, "hc_post", "branch", branch, (t, d))
+    branch, ranks = _branch(k, "hc_post", branch, t, d)
     post = _arg(k, "hc_post", "post", post, (t, s))
     comb = _arg(k, "hc_post", "comb", comb, (t, s, s))
     out = k.empty(X.shape, k.bf16)
     if t and d:
         k.launch(SRC, "hc_post", (t, (d + 255) // 256), (256,),
-                 (X, branch, post, comb, out, i32(t), i32(s), i32(d)))
+                 (X, branch, post, comb, out, i32(t), i32(s), i32(d), i32(ranks)))
     return out
 
 

@@ -1,10 +1,10 @@
 """The GLM-5.3-Flash forward on one rank's shard: embeddings, 4 hyper-connection streams, KDA / DSA
 attention, dense MLP / MoE, the final stream mean and norm, the vocab-split lm_head, and the MTP head.
 
-Collectives are written here, where they happen: each sublayer's partial is summed across ranks in rank
-order, and the lm_head's vocab slices are gathered in rank order. `forward` is plain eager layer calls; its
-parts (begin, ends_enter, the layers, ends_exit, finish) are what a runner that replays some of them runs, in the
-same order; the model draws no token.
+Collectives are written here, where they happen: each sublayer's partial is gathered from every rank (one
+allgather; hc_post adds the ranks' parts in rank order as it reads them), and the lm_head's vocab slices are
+gathered in rank order. `forward` is plain eager layer calls; its parts (begin, ends_enter, the layers, ends_exit,
+finish) are what a runner that replays some of them runs, in the same order; the model draws no token.
 """
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import numpy as np
 
 from cupyglm.checkpoint.names import TEXT_PREFIX
 from cupyglm.config import ModelConfig
-from cupyglm.distributed.comm import summed
+from cupyglm.distributed.comm import gathered
 from cupyglm.kv.state import SeqState
 from cupyglm.kv.store import KVStore
 from cupyglm.model.batch import Segment, Weights, decode_rows, segments
@@ -66,7 +66,8 @@ class HyperConnection:
                                     c.hc_sinkhorn_iters)
 
     def post_pre_norm(self, X, branch, post, comb, norm_w):
-        """The previous sublayer's hc_post (branch: its all-reduced fp32 partial, post/comb: its gates), then
+        """The previous sublayer's hc_post (branch: its fp32 partial, or every rank's [R, T, D] as gathered, summed in
+        rank order by the op; post/comb: its gates), then
         this connection's pre_norm, one op -> (X', h, post', comb')."""
         c = self.cfg
         return self.ops.hc_post_pre_norm(X, branch, post, comb, self.fn, self.base, self.scale, norm_w,
@@ -74,8 +75,8 @@ class HyperConnection:
 
 
 class Block:
-    """One main layer: hc_pre -> norm -> attention -> all-reduce -> hc_post, then the same for the FFN (each
-    hc_post and the hc_pre + norm after it run as one op)."""
+    """One main layer: hc_pre -> norm -> attention -> allgather -> hc_post (the rank-order sum), then the same for
+    the FFN (each hc_post and the hc_pre + norm after it run as one op)."""
 
     def __init__(self, cfg: ModelConfig, w: Weights, ops, layer: int, tp: int):
         self.cfg, self.ops, self.layer = cfg, ops, layer
@@ -93,27 +94,28 @@ class Block:
     def __call__(self, X, h, post, comb, segs, kv, comm, nxt: "Block | None"):
         """X: [T, S, D] bf16 streams; h, post, comb: this layer's attention input and gates. Returns the next
         layer's (X, h, post, comb), each hc_post fused with the hc_pre + norm after it; after the last layer
-        (nxt None) the final streams (X, None, None, None). hc_post rounds the fp32 sum to bf16."""
+        (nxt None) the final streams (X, None, None, None). hc_post sums the ranks' fp32 partials in rank order and
+        rounds the sum to bf16."""
         return self.ffn(*self.attention(X, h, post, comb, segs, kv, comm), decode_rows(segs), comm, nxt)
 
     def attention(self, X, h, post, comb, segs, kv, comm) -> tuple:
-        """The attention half: attention, all-reduce, hc_post fused with the FFN's hc_pre + norm -> (X', h', post',
+        """The attention half: attention, allgather, hc_post (the rank-order sum) fused with the FFN's hc_pre + norm -> (X', h', post',
         comb'), the FFN half's inputs."""
         partial = self.attn(h, segs) if self.is_kda else self.attn(h, segs, kv)
-        return self.hc_ffn.post_pre_norm(X, summed(comm, partial), post, comb, self.post_norm)
+        return self.hc_ffn.post_pre_norm(X, gathered(comm, partial), post, comb, self.post_norm)
 
     def whole(self, X, h, post, comb, attn_args: tuple, comm, nxt: "Block | None"):
         """A layer of a call whose every row is a decode/verify row, its states and row maps in the caller's fixed
-        buffers: attention, all-reduce, hc_post + hc_pre + norm, then the FFN half. attn_args: a KDA layer's
+        buffers: attention, allgather, hc_post + hc_pre + norm, then the FFN half. attn_args: a KDA layer's
         (slots,) (KDALayer's argument), a DSA layer's (kv, maps) (padded row maps, DSALayer.decode_call)."""
         partial = self.attn(h, None, *attn_args) if self.is_kda else self.attn.decode_call(h, *attn_args)
-        X, h, post, comb = self.hc_ffn.post_pre_norm(X, summed(comm, partial), post, comb, self.post_norm)
+        X, h, post, comb = self.hc_ffn.post_pre_norm(X, gathered(comm, partial), post, comb, self.post_norm)
         return self.ffn(X, h, post, comb, X.shape[0], comm, nxt)
 
     def ffn(self, X, h, post, comb, decode: int, comm, nxt: "Block | None"):
         """The FFN half from its normed input h [T, D] bf16 (the leading `decode` rows decode/verify rows): the
-        MLP or MoE, the all-reduce, hc_post fused with the next layer's hc_pre + norm -> (X', h', post', comb')."""
-        partial = summed(comm, self.mlp(h, decode))
+        MLP or MoE, the allgather, hc_post (the rank-order sum) fused with the next layer's hc_pre + norm -> (X', h', post', comb')."""
+        partial = gathered(comm, self.mlp(h, decode))
         if nxt is None:
             return self.ops.hc_post(X, partial, post, comb), None, None, None
         return nxt.hc_attn.post_pre_norm(X, partial, post, comb, nxt.in_norm)
