@@ -1,0 +1,173 @@
+"""cupyglm (numpy backend) against Hugging Face transformers' glm5_next (fp32, the reference) on one checkpoint.
+
+    /work/hfvenv/bin/python bench/fidelity_hf.py [--model DIR] [--steps 16] [--image FILE ...] [--no-images]
+
+Run by hand in a Python that has torch and transformers (with models/glm5_next) beside cupyglm; never part of
+launch/test. The default checkpoint is the built-in tiny one. Both sides get the same prompt token ids (text
+prompts, and with a tower, image prompts whose placeholder ids each side fills with its own processor and tower's
+rows; cupyglm does so at the model level, since its engine takes no image yet). Per prompt it prints the max
+|logit difference| over every prompt row, argmax agreement per position, the first split of N greedy steps
+(each side feeding its own tokens), and each tap where the two differ (tower rows, embeddings, every layer's
+4 streams, final norm, logits); then one SUMMARY line.
+"""
+from __future__ import annotations
+
+import argparse
+import io
+import sys
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from bench import fidelity_stats as fs  # noqa: E402
+from bench.fidelity_ours import Ours  # noqa: E402
+from bench.token_sha import PROMPTS  # noqa: E402
+from cupyglm.checkpoint.loader import open_model  # noqa: E402
+from cupyglm.vision.processor import ProcessorConfig  # noqa: E402
+
+CHAT = "def fib(n):"
+IMAGE_TEXT = "What is in the picture?"
+IMAGE_PART = "<|begin_of_image|><|image|><|end_of_image|>"     # the chat template's image part, as text
+SYNTHETIC_IMAGES = {"image112": (112, 112, "PNG"), "image_wide": (150, 260, "JPEG")}   # 16 and 60 image tokens
+
+
+def need_hf():
+    """(torch, Glm5NextForConditionalGeneration, Glm5NextImageProcessorPil), or exit with what is missing."""
+    try:
+        import torch
+        from transformers.models.glm5_next import modeling_glm5_next
+        from transformers.models.glm5_next.image_processing_pil_glm5_next import Glm5NextImageProcessorPil
+    except ImportError as e:
+        sys.exit(f"fidelity_hf: needs torch and transformers with models/glm5_next ({e}); install them into a "
+                 "separate venv (see README, 'Fidelity against transformers') and run it with that venv's python")
+    return torch, modeling_glm5_next.Glm5NextForConditionalGeneration, Glm5NextImageProcessorPil
+
+
+class Theirs:
+    """transformers' Glm5NextForConditionalGeneration in fp32 on the CPU, with hooks that record the taps."""
+
+    def __init__(self, path: Path):
+        self.torch, model_cls, proc_cls = need_hf()
+        self.model = model_cls.from_pretrained(path, dtype=self.torch.float32).eval()
+        self.processor = proc_cls.from_pretrained(path) if (path / "preprocessor_config.json").is_file() else None
+        self.taps: dict | None = None
+        lm = self.model.model.language_model
+        lm.register_forward_pre_hook(self._embed_hook, with_kwargs=True)
+        for i, layer in enumerate(lm.layers):
+            layer.register_forward_hook(self._tap(f"layer{i}", lambda out: out[0][0]))
+        lm.norm.register_forward_hook(self._tap("norm", lambda out: out[0]))
+        self.model.model.visual.register_forward_hook(self._tap("tower", lambda out: out.pooler_output))
+
+    def _tap(self, name: str, pick):
+        def hook(_module, _args, out):
+            if self.taps is not None:
+                self.taps[name] = pick(out).detach().float().numpy()
+        return hook
+
+    def _embed_hook(self, _module, _args, kwargs):
+        if self.taps is not None:
+            self.taps["embed"] = kwargs["inputs_embeds"][0].detach().float().numpy()
+
+    def image(self, data: bytes):
+        """Encoded bytes -> transformers' processor output (pixel_values, image_grid_thw) as numpy."""
+        from PIL import Image
+
+        out = self.processor(Image.open(io.BytesIO(data)), return_tensors="np")
+        return np.asarray(out["pixel_values"]), np.asarray(out["image_grid_thw"])
+
+    def run(self, ids: list[int], steps: int, image=None):
+        """The prompt's every-row logits, the taps, and `steps` greedy tokens (each step a full forward, no cache)."""
+        torch = self.torch
+        extra = {}
+        if image is not None:
+            extra = {"pixel_values": torch.from_numpy(image[0]), "image_grid_thw": torch.from_numpy(image[1])}
+        seq, out_ids, logits, taps = list(ids), [], None, None
+        with torch.no_grad():
+            for step in range(steps):
+                self.taps = {} if step == 0 else None
+                lg = self.model(input_ids=torch.tensor([seq]), **extra).logits[0].float().numpy()
+                if step == 0:
+                    logits, taps = lg, self.taps
+                    taps["logits"] = lg
+                out_ids.append(int(np.argmax(lg[-1])))
+                seq.append(out_ids[-1])
+        self.taps = None
+        return logits, taps, out_ids
+
+
+def synthetic_image(h: int, w: int, fmt: str) -> bytes:
+    """A deterministic picture (a colour gradient under noise) encoded as `fmt`."""
+    from PIL import Image
+
+    y, x = np.mgrid[0:h, 0:w]
+    rgb = np.stack([x * 255 // max(w - 1, 1), y * 255 // max(h - 1, 1), (x + y) % 256], -1)
+    noise = np.random.default_rng(h * 1000 + w).integers(0, 48, (h, w, 3))
+    buf = io.BytesIO()
+    Image.fromarray(np.clip(rgb + noise, 0, 255).astype(np.uint8)).save(buf, fmt)
+    return buf.getvalue()
+
+
+def prompts(ckpt, images: dict[str, bytes]) -> list[tuple[str, list[int], bytes | None]]:
+    """(name, token ids with one placeholder an image, image bytes or None)."""
+    tok = ckpt.tokenizer
+    chat = lambda text: tok.encode(tok.apply_chat_template([{"role": "user", "content": text}]))  # noqa: E731
+    out = [("mid", PROMPTS["mid"], None), ("long", PROMPTS["long"], None), ("chat", chat(CHAT), None)]
+    return out + [(name, chat(IMAGE_PART + IMAGE_TEXT), data) for name, data in images.items()]
+
+
+def compare(name: str, ids, data, ours, theirs, steps: int) -> fs.PromptResult:
+    """One prompt through both sides -> its result (each side its own processor and tower for an image)."""
+    rows = hf_image = None
+    if data is not None:
+        pixels, grid, n_tokens, rows = ours.image(data)
+        hf_image = theirs.image(data)
+        print(f"{name}: grid {grid}, {n_tokens} image tokens; processor max|d| "
+              f"{fs.max_abs_diff(hf_image[0], pixels):.3e}, grid equal {hf_image[1].tolist() == [list(grid)]}")
+        ids = fs.expand_image(ids, ours.cfg.vision.image_token_id, [n_tokens])
+    ref_logits, ref_taps, ref_ids = theirs.run(ids, steps, hf_image)
+    logits, taps, got_ids = ours.run(ids, steps, rows)
+    if rows is not None:
+        taps = {"tower": rows, **taps}
+    return fs.PromptResult(name, "text" if data is None else "image", fs.max_abs_diff(ref_logits, logits),
+                           fs.argmax_agreement(ref_logits, logits), ref_ids, got_ids,
+                           fs.sublayer_diffs(ref_taps, taps))
+
+
+def show(r: fs.PromptResult, tol: float) -> None:
+    marks = "".join("+" if a else "x" for a in r.agree)
+    split = "none" if r.split is None else f"step {r.split} (hf {r.ref_ids[r.split:r.split + 4]} vs cupyglm " \
+                                           f"{r.ids[r.split:r.split + 4]})"
+    print(f"{r.name} [{r.kind}, {len(r.agree)} rows]: max|logit d| {r.max_logit_diff:.3e}; argmax agree "
+          f"{sum(r.agree)}/{len(r.agree)} {marks}; first greedy split over {len(r.ref_ids)} steps: {split}")
+    for line in fs.sublayer_lines(r.sublayers, tol):
+        print(line)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--model", default=None, help="checkpoint directory (default: the built-in tiny checkpoint)")
+    p.add_argument("--steps", type=int, default=16, help="greedy steps per prompt")
+    p.add_argument("--image", action="append", default=[], help="an image file for an image prompt (repeatable)")
+    p.add_argument("--no-images", action="store_true", help="text prompts only")
+    p.add_argument("--tol", type=float, default=0.0, help="print the taps whose max |difference| exceeds this")
+    a = p.parse_args()
+    if a.steps < 1:
+        p.error("--steps must be at least 1")
+    need_hf()
+    ckpt = open_model(a.model)
+    images = {} if a.no_images or ckpt.config.vision is None else \
+        {Path(f).name: Path(f).read_bytes() for f in a.image} or \
+        {n: synthetic_image(*spec) for n, spec in SYNTHETIC_IMAGES.items()}
+    theirs = Theirs(Path(ckpt.path))
+    todo = prompts(ckpt, images)
+    image_room = ProcessorConfig.from_dir(ckpt.path).max_image_tokens if images else 0
+    ours = Ours(ckpt, max(len(ids) for _, ids, _ in todo) + image_room + a.steps)
+    results = [compare(name, ids, data, ours, theirs, a.steps) for name, ids, data in todo]
+    for r in results:
+        show(r, a.tol)
+    print(fs.summary(results, a.steps))
+
+
+if __name__ == "__main__":
+    main()

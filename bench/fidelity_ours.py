@@ -1,0 +1,79 @@
+"""bench/fidelity_hf.py's cupyglm side: one checkpoint on the numpy backend at TP=1, a prompt's every-row logits with
+the intermediate values the Hugging Face hooks also record, an image's tower rows put in place of its placeholders
+at the model level (the engine takes no image yet), and greedy decoding after the prompt."""
+from __future__ import annotations
+
+import numpy as np
+
+from cupyglm.backend.numpy_ops import NumpyOps
+from cupyglm.checkpoint.vision_weights import vision_weights
+from cupyglm.distributed.comm import LocalComm
+from cupyglm.kv.store import KVStore
+from cupyglm.model.glm import GLMModel, SeqInput
+from cupyglm.vision.processor import ProcessorConfig, process_bytes
+from cupyglm.vision.tower import VisionTower
+
+
+class Ours:
+    """cupyglm's model (and tower, when the checkpoint has one) over an open checkpoint, numpy backend, TP=1."""
+
+    def __init__(self, ckpt, max_tokens: int):
+        cfg = self.cfg = ckpt.config
+        self.ops = NumpyOps()
+        pages = -(-max_tokens // cfg.page_tokens) + 1
+        self.model = GLMModel(cfg, ckpt.shard(0, 1), self.ops, LocalComm(),
+                              KVStore(cfg, self.ops, pages, cfg.page_tokens))
+        self.tower = VisionTower(cfg.vision, vision_weights(ckpt), self.ops) if cfg.vision else None
+        self.processor = ProcessorConfig.from_dir(ckpt.path) if cfg.vision else None
+        if self.processor is not None:
+            self.processor.check_tower(cfg.vision)
+
+    def image(self, data: bytes):
+        """Encoded image bytes -> (pixel_values, grid, n_tokens, tower rows as float32 on the host)."""
+        if self.tower is None:
+            raise ValueError("the checkpoint has no vision tower")
+        img = process_bytes(data, self.processor)
+        rows = self.ops.asnumpy(self.tower.encode(img.pixel_values, img.grid)).astype(np.float32)
+        return img.pixel_values, img.grid, img.n_tokens, rows
+
+    def run(self, ids: list[int], steps: int, image_rows: np.ndarray | None = None):
+        """The prompt in one call with every row's logits, then `steps` greedy tokens (the first from the prompt's
+        last row) -> (prompt logits [n, V] fp32, {tap: float32 array}, greedy ids)."""
+        model, ops = self.model, self.ops
+        state = model.new_state()
+        try:
+            logits, taps = self._prefill(np.asarray(ids, np.int32), state, image_rows)
+            out = [int(np.argmax(logits[-1]))]
+            while len(out) < steps:
+                o = model.forward([SeqInput(np.array([out[-1]], np.int32), state, decode=True)])[0]
+                out.append(int(np.argmax(ops.asnumpy(o.logits[-1]))))
+        finally:
+            model.release(state)
+        return logits, taps, out
+
+    def _prefill(self, ids: np.ndarray, state, image_rows):
+        """GLMModel.forward_call's steps, with the embedded rows of the image placeholders replaced by the tower's
+        rows before the streams are made, and each step's value kept."""
+        model, ops, f32 = self.model, self.ops, self._f32
+        call = model.begin([SeqInput(ids, state, all_logits=True)])
+        x = ops.read_rows(model.embed, ops.xp.asarray(call.tokens))
+        if image_rows is not None:
+            mask = call.tokens == self.cfg.vision.image_token_id
+            if int(mask.sum()) != image_rows.shape[0]:
+                raise ValueError(f"{int(mask.sum())} image placeholders for {image_rows.shape[0]} tower rows")
+            x = x.copy()
+            x[mask] = np.asarray(image_rows).astype(x.dtype)
+        taps = {"embed": f32(x)}
+        X = ops.xp.repeat(x[:, None, :], self.cfg.hc_mult, axis=1)
+        h, post, comb = model.blocks[0].enter(X)
+        for i, (block, nxt) in enumerate(model.layers()):
+            X, h, post, comb = block(X, h, post, comb, call.segs, model.kv, model.comm, nxt)
+            taps[f"layer{i}"] = f32(X)
+        h, logits = model.ends_exit(X, ops.xp.asarray(call.picked), call.picked_decode)
+        taps["norm"] = f32(h)
+        model.finish(call, h, logits)
+        taps["logits"] = f32(logits)
+        return taps["logits"], taps
+
+    def _f32(self, x) -> np.ndarray:
+        return np.asarray(self.ops.asnumpy(x), np.float32)
