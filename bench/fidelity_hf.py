@@ -7,8 +7,8 @@ launch/test. The default checkpoint is the built-in tiny one. Both sides get the
 prompts, and with a tower, image prompts whose placeholder ids each side fills with its own processor and tower's
 rows; cupyglm does so at the model level, since its engine takes no image yet). Per prompt it prints the max
 |logit difference| over every prompt row, argmax agreement per position, the first split of N greedy steps
-(each side feeding its own tokens), and each tap where the two differ (tower rows, embeddings, every layer's
-4 streams, final norm, logits); then one SUMMARY line.
+(each side feeding its own tokens), each tap where the two differ (tower rows, embeddings, every layer's
+4 streams, final norm, logits) and the rows each MoE layer routes to other experts; then one SUMMARY line.
 """
 from __future__ import annotations
 
@@ -47,15 +47,18 @@ def need_hf():
 class Theirs:
     """transformers' Glm5NextForConditionalGeneration in fp32 on the CPU, with hooks that record the taps."""
 
-    def __init__(self, path: Path):
+    def __init__(self, path: Path, dtype: str):
         self.torch, model_cls, proc_cls = need_hf()
-        self.model = model_cls.from_pretrained(path, dtype=self.torch.float32).eval()
+        self.model = model_cls.from_pretrained(path, dtype=getattr(self.torch, dtype)).eval()
         self.processor = proc_cls.from_pretrained(path) if (path / "preprocessor_config.json").is_file() else None
         self.taps: dict | None = None
+        self.routes: dict = {}
         lm = self.model.model.language_model
         lm.register_forward_pre_hook(self._embed_hook, with_kwargs=True)
         for i, layer in enumerate(lm.layers):
             layer.register_forward_hook(self._tap(f"layer{i}", lambda out: out[0][0]))
+            if hasattr(layer.mlp, "gate"):
+                layer.mlp.gate.register_forward_hook(self._route(f"layer{i}"))
         lm.norm.register_forward_hook(self._tap("norm", lambda out: out[0]))
         self.model.model.visual.register_forward_hook(self._tap("tower", lambda out: out.pooler_output))
 
@@ -63,6 +66,12 @@ class Theirs:
         def hook(_module, _args, out):
             if self.taps is not None:
                 self.taps[name] = pick(out).detach().float().numpy()
+        return hook
+
+    def _route(self, name: str):
+        def hook(_module, _args, out):
+            if self.taps is not None:
+                self.routes[name] = out[2].detach().numpy()
         return hook
 
     def _embed_hook(self, _module, _args, kwargs):
@@ -77,7 +86,8 @@ class Theirs:
         return np.asarray(out["pixel_values"]), np.asarray(out["image_grid_thw"])
 
     def run(self, ids: list[int], steps: int, image=None):
-        """The prompt's every-row logits, the taps, and `steps` greedy tokens (each step a full forward, no cache)."""
+        """The prompt's every-row logits, the taps, the MoE layers' expert ids and `steps` greedy tokens (each step a
+        full forward, no cache)."""
         torch = self.torch
         extra = {}
         if image is not None:
@@ -85,7 +95,7 @@ class Theirs:
         seq, out_ids, logits, taps = list(ids), [], None, None
         with torch.no_grad():
             for step in range(steps):
-                self.taps = {} if step == 0 else None
+                self.taps, self.routes = ({}, {}) if step == 0 else (None, self.routes)
                 lg = self.model(input_ids=torch.tensor([seq]), **extra).logits[0].float().numpy()
                 if step == 0:
                     logits, taps = lg, self.taps
@@ -93,7 +103,7 @@ class Theirs:
                 out_ids.append(int(np.argmax(lg[-1])))
                 seq.append(out_ids[-1])
         self.taps = None
-        return logits, taps, out_ids
+        return logits, taps, self.routes, out_ids
 
 
 def synthetic_image(h: int, w: int, fmt: str) -> bytes:
@@ -125,13 +135,13 @@ def compare(name: str, ids, data, ours, theirs, steps: int) -> fs.PromptResult:
         print(f"{name}: grid {grid}, {n_tokens} image tokens; processor max|d| "
               f"{fs.max_abs_diff(hf_image[0], pixels):.3e}, grid equal {hf_image[1].tolist() == [list(grid)]}")
         ids = fs.expand_image(ids, ours.cfg.vision.image_token_id, [n_tokens])
-    ref_logits, ref_taps, ref_ids = theirs.run(ids, steps, hf_image)
-    logits, taps, got_ids = ours.run(ids, steps, rows)
+    ref_logits, ref_taps, ref_routes, ref_ids = theirs.run(ids, steps, hf_image)
+    logits, taps, routes, got_ids = ours.run(ids, steps, rows)
     if rows is not None:
         taps = {"tower": rows, **taps}
     return fs.PromptResult(name, "text" if data is None else "image", fs.max_abs_diff(ref_logits, logits),
                            fs.argmax_agreement(ref_logits, logits), ref_ids, got_ids,
-                           fs.sublayer_diffs(ref_taps, taps))
+                           fs.sublayer_diffs(ref_taps, taps), fs.route_splits(ref_routes, routes))
 
 
 def show(r: fs.PromptResult, tol: float) -> None:
@@ -142,6 +152,9 @@ def show(r: fs.PromptResult, tol: float) -> None:
           f"{sum(r.agree)}/{len(r.agree)} {marks}; first greedy split over {len(r.ref_ids)} steps: {split}")
     for line in fs.sublayer_lines(r.sublayers, tol):
         print(line)
+    for name, rows in r.routes:
+        if rows:
+            print(f"  {name:<12} experts chosen apart in {len(rows)}/{len(r.agree)} rows: {rows}")
 
 
 def main() -> None:
@@ -150,6 +163,8 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=16, help="greedy steps per prompt")
     p.add_argument("--image", action="append", default=[], help="an image file for an image prompt (repeatable)")
     p.add_argument("--no-images", action="store_true", help="text prompts only")
+    p.add_argument("--hf-dtype", default="float32", choices=("float32", "bfloat16"),
+                   help="transformers' weights and activations (float32: the reference)")
     p.add_argument("--tol", type=float, default=0.0, help="print the taps whose max |difference| exceeds this")
     a = p.parse_args()
     if a.steps < 1:
@@ -159,7 +174,7 @@ def main() -> None:
     images = {} if a.no_images or ckpt.config.vision is None else \
         {Path(f).name: Path(f).read_bytes() for f in a.image} or \
         {n: synthetic_image(*spec) for n, spec in SYNTHETIC_IMAGES.items()}
-    theirs = Theirs(Path(ckpt.path))
+    theirs = Theirs(Path(ckpt.path), a.hf_dtype)
     todo = prompts(ckpt, images)
     image_room = ProcessorConfig.from_dir(ckpt.path).max_image_tokens if images else 0
     ours = Ours(ckpt, max(len(ids) for _, ids, _ in todo) + image_room + a.steps)

@@ -3,6 +3,8 @@ the intermediate values the Hugging Face hooks also record, an image's tower row
 at the model level (the engine takes no image yet), and greedy decoding after the prompt."""
 from __future__ import annotations
 
+import contextlib
+
 import numpy as np
 
 from cupyglm.backend.numpy_ops import NumpyOps
@@ -10,6 +12,7 @@ from cupyglm.checkpoint.vision_weights import vision_weights
 from cupyglm.distributed.comm import LocalComm
 from cupyglm.kv.store import KVStore
 from cupyglm.model.glm import GLMModel, SeqInput
+from cupyglm.model.moe import MoE
 from cupyglm.vision.processor import ProcessorConfig, process_bytes
 from cupyglm.vision.tower import VisionTower
 
@@ -38,18 +41,20 @@ class Ours:
 
     def run(self, ids: list[int], steps: int, image_rows: np.ndarray | None = None):
         """The prompt in one call with every row's logits, then `steps` greedy tokens (the first from the prompt's
-        last row) -> (prompt logits [n, V] fp32, {tap: float32 array}, greedy ids)."""
+        last row) -> (prompt logits [n, V] fp32, {tap: float32 array}, {MoE layer: [n, k] expert ids}, greedy ids)."""
         model, ops = self.model, self.ops
         state = model.new_state()
         try:
-            logits, taps = self._prefill(np.asarray(ids, np.int32), state, image_rows)
+            with _recording_routes(ops) as routes:
+                logits, taps = self._prefill(np.asarray(ids, np.int32), state, image_rows)
             out = [int(np.argmax(logits[-1]))]
             while len(out) < steps:
                 o = model.forward([SeqInput(np.array([out[-1]], np.int32), state, decode=True)])[0]
                 out.append(int(np.argmax(ops.asnumpy(o.logits[-1]))))
         finally:
             model.release(state)
-        return logits, taps, out
+        moe = [f"layer{b.layer}" for b in model.blocks if isinstance(b.mlp, MoE)]
+        return logits, taps, dict(zip(moe, routes)), out
 
     def _prefill(self, ids: np.ndarray, state, image_rows):
         """GLMModel.forward_call's steps, with the embedded rows of the image placeholders replaced by the tower's
@@ -77,3 +82,21 @@ class Ours:
 
     def _f32(self, x) -> np.ndarray:
         return np.asarray(self.ops.asnumpy(x), np.float32)
+
+
+@contextlib.contextmanager
+def _recording_routes(ops):
+    """Each moe_route call's expert ids [rows, k] on the host, in call order (a prompt call routes each MoE layer
+    once, in layer order), while the block runs; the ops object is as before after it."""
+    routes, route = [], ops.moe_route
+
+    def recording(logits, *args):
+        ids, weights = route(logits, *args)
+        routes.append(np.asarray(ops.asnumpy(ids)))
+        return ids, weights
+
+    ops.moe_route = recording
+    try:
+        yield routes
+    finally:
+        del ops.moe_route

@@ -16,6 +16,7 @@ class PromptResult:
     ref_ids: list[int]             # the reference's greedy tokens
     ids: list[int]                 # cupyglm's greedy tokens
     sublayers: list[tuple[str, float]]   # (tap, max |difference|) in forward order
+    routes: list[tuple[str, list[int]]] = dataclasses.field(default_factory=list)   # (MoE layer, rows routed apart)
 
     @property
     def split(self) -> int | None:
@@ -55,6 +56,16 @@ def sublayer_diffs(ref_taps: dict, taps: dict) -> list[tuple[str, float]]:
     return [(name, max_abs_diff(ref, taps[name])) for name, ref in ref_taps.items() if name in taps]
 
 
+def route_splits(ref_routes: dict, routes: dict) -> list[tuple[str, list[int]]]:
+    """Per MoE layer both sides recorded ([rows, k] expert ids each): the rows whose chosen expert sets differ."""
+    out = []
+    for name, ref in ref_routes.items():
+        if name in routes:
+            a, b = np.sort(np.asarray(ref), -1), np.sort(np.asarray(routes[name]), -1)
+            out.append((name, [int(r) for r in np.nonzero((a != b).any(-1))[0]]))
+    return out
+
+
 def expand_image(ids, image_id: int, n_tokens: list[int]) -> list[int]:
     """Each single image placeholder (as the chat template writes it) repeated to its image's token count, in
     order; the count of placeholders must equal the number of images."""
@@ -83,8 +94,10 @@ def summary(results: list[PromptResult], steps: int) -> str:
     agree = sum(sum(r.agree) for r in results)
     rows = sum(len(r.agree) for r in results)
     worst = max((r.max_logit_diff for r in results), default=0.0)
+    routed = sum(len(rows) for r in results for _, rows in r.routes)
     splits = [(r.name, r.split) for r in results if r.split is not None]
     split = ("no greedy split" if not splits else
              f"greedy split in {len(splits)} ({', '.join(f'{n} at step {s}' for n, s in splits)})")
     return (f"SUMMARY {len(results)} prompts ({kinds['text']} text, {kinds['image']} image): max |logit diff| "
-            f"{worst:.3e}, argmax agree {agree}/{rows} positions, {split} over {steps} greedy steps")
+            f"{worst:.3e}, argmax agree {agree}/{rows} positions, {routed} (MoE layer, row) pairs routed apart, "
+            f"{split} over {steps} greedy steps")

@@ -50,10 +50,16 @@ def test_sublayer_diffs_in_the_references_order_and_lines_only_where_they_differ
     assert fs.sublayer_lines(diffs, 0.5) == []
 
 
+def test_route_splits_compare_expert_sets_per_row():
+    ref = {"layer3": np.array([[3, 6], [1, 2], [0, 7]]), "layer4": np.array([[1, 2]])}
+    got = {"layer3": np.array([[3, 5], [2, 1], [0, 7]]), "layer4": np.array([[2, 1]])}
+    assert fs.route_splits(ref, got) == [("layer3", [0]), ("layer4", [])]
+
+
 def test_summary_counts_prompts_positions_and_splits():
     a = fs.PromptResult("mid", "text", 0.01, [True, True, False], [1, 2, 3], [1, 2, 3], [])
-    b = fs.PromptResult("img", "image", 0.03, [True], [1, 2, 3], [1, 5, 3], [])
+    b = fs.PromptResult("img", "image", 0.03, [True], [1, 2, 3], [1, 5, 3], [], [("layer3", [0]), ("layer4", [])])
     line = fs.summary([a, b], 3)
     assert line == ("SUMMARY 2 prompts (1 text, 1 image): max |logit diff| 3.000e-02, argmax agree 3/4 positions, "
-                    "greedy split in 1 (img at step 1) over 3 greedy steps")
+                    "1 (MoE layer, row) pairs routed apart, greedy split in 1 (img at step 1) over 3 greedy steps")
     assert "no greedy split" in fs.summary([a], 3)
