@@ -171,9 +171,12 @@ def main() -> None:
         p.error("--steps must be at least 1")
     need_hf()
     ckpt = open_model(a.model)
-    images = {} if a.no_images or ckpt.config.vision is None else \
-        {Path(f).name: Path(f).read_bytes() for f in a.image} or \
-        {n: synthetic_image(*spec) for n, spec in SYNTHETIC_IMAGES.items()}
+    if a.image and ckpt.config.vision is None:
+        p.error(f"{ckpt.path} has no vision tower: --image needs one")
+    images = {}
+    if not a.no_images and ckpt.config.vision is not None:
+        images = {Path(f).name: Path(f).read_bytes() for f in a.image} or \
+            {name: synthetic_image(*spec) for name, spec in SYNTHETIC_IMAGES.items()}
     theirs = Theirs(Path(ckpt.path), a.hf_dtype)
     todo = prompts(ckpt, images)
     image_room = ProcessorConfig.from_dir(ckpt.path).max_image_tokens if images else 0

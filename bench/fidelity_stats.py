@@ -15,7 +15,7 @@ class PromptResult:
     agree: list[bool]              # per prompt row: argmax equal
     ref_ids: list[int]             # the reference's greedy tokens
     ids: list[int]                 # cupyglm's greedy tokens
-    sublayers: list[tuple[str, float]]   # (tap, max |difference|) in forward order
+    sublayers: list[tuple[str, float, float]]   # (tap, max |difference|, max |reference|) in forward order
     routes: list[tuple[str, list[int]]] = dataclasses.field(default_factory=list)   # (MoE layer, rows routed apart)
 
     @property
@@ -51,9 +51,11 @@ def first_divergence(ref_ids, ids) -> int | None:
     return None if len(ref_ids) == len(ids) else min(len(ref_ids), len(ids))
 
 
-def sublayer_diffs(ref_taps: dict, taps: dict) -> list[tuple[str, float]]:
-    """(name, max |difference|) for each tap both sides recorded, in the reference's order."""
-    return [(name, max_abs_diff(ref, taps[name])) for name, ref in ref_taps.items() if name in taps]
+def sublayer_diffs(ref_taps: dict, taps: dict) -> list[tuple[str, float, float]]:
+    """(name, max |difference|, max |reference|: the scale bf16 rounds at) for each tap both sides recorded, in the
+    reference's order."""
+    return [(name, max_abs_diff(ref, taps[name]), max_abs_diff(np.zeros_like(ref), ref))
+            for name, ref in ref_taps.items() if name in taps]
 
 
 def route_splits(ref_routes: dict, routes: dict) -> list[tuple[str, list[int]]]:
@@ -83,9 +85,9 @@ def expand_image(ids, image_id: int, n_tokens: list[int]) -> list[int]:
     return out
 
 
-def sublayer_lines(sublayers: list[tuple[str, float]], tol: float) -> list[str]:
-    """One "name max|d|" line for each tap whose difference exceeds `tol` (where the two sides differ)."""
-    return [f"  {name:<12} max|d| {d:.3e}" for name, d in sublayers if d > tol]
+def sublayer_lines(sublayers: list[tuple[str, float, float]], tol: float) -> list[str]:
+    """One line for each tap whose difference exceeds `tol` (where the two sides differ)."""
+    return [f"  {name:<12} max|d| {d:.3e}  (max|ref| {scale:.3e})" for name, d, scale in sublayers if d > tol]
 
 
 def summary(results: list[PromptResult], steps: int) -> str:

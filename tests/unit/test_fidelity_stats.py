@@ -42,10 +42,10 @@ def test_expand_image_repeats_each_placeholder_to_its_images_count():
 
 
 def test_sublayer_diffs_in_the_references_order_and_lines_only_where_they_differ():
-    ref = {"embed": np.zeros(2), "layer0": np.ones(2), "norm": np.ones(2)}
-    got = {"norm": np.ones(2), "layer0": np.array([1.0, 1.5]), "embed": np.zeros(2), "extra": np.zeros(1)}
+    ref = {"embed": np.zeros(2), "layer0": np.array([1.0, -3.0]), "norm": np.ones(2)}
+    got = {"norm": np.ones(2), "layer0": np.array([1.0, -2.5]), "embed": np.zeros(2), "extra": np.zeros(1)}
     diffs = fs.sublayer_diffs(ref, got)
-    assert diffs == [("embed", 0.0), ("layer0", 0.5), ("norm", 0.0)]
+    assert diffs == [("embed", 0.0, 0.0), ("layer0", 0.5, 3.0), ("norm", 0.0, 1.0)]
     assert [line.split()[0] for line in fs.sublayer_lines(diffs, 0.0)] == ["layer0"]
     assert fs.sublayer_lines(diffs, 0.5) == []
 
