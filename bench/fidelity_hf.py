@@ -8,7 +8,9 @@ prompts, and with a tower, image prompts whose placeholder ids each side fills w
 rows; cupyglm does so at the model level, since its engine takes no image yet). Per prompt it prints the max
 |logit difference| over every prompt row, argmax agreement per position, the first split of N greedy steps
 (each side feeding its own tokens), each tap where the two differ (tower rows, embeddings, every layer's
-4 streams, final norm, logits) and the rows each MoE layer routes to other experts; then one SUMMARY line.
+4 streams, final norm, logits) and the rows each MoE layer routes to other experts; beside each figure the
+floor: transformers' own bfloat16 run against the same fp32 reference (what bf16 arithmetic alone moves on this
+checkpoint). Then one SUMMARY line.
 """
 from __future__ import annotations
 
@@ -29,6 +31,7 @@ from cupyglm.vision.processor import ProcessorConfig  # noqa: E402
 CHAT = "def fib(n):"
 IMAGE_TEXT = "What is in the picture?"
 IMAGE_PART = "<|begin_of_image|><|image|><|end_of_image|>"     # the chat template's image part, as text
+FLOOR = "floor (transformers bf16)"                               # the same reference's distance to its own bf16 run
 SYNTHETIC_IMAGES = {"image112": (112, 112, "PNG"), "image_wide": (150, 260, "JPEG")}   # 16 and 60 image tokens
 
 
@@ -126,8 +129,9 @@ def prompts(ckpt, images: dict[str, bytes]) -> list[tuple[str, list[int], bytes 
     return out + [(name, chat(IMAGE_PART + IMAGE_TEXT), data) for name, data in images.items()]
 
 
-def compare(name: str, ids, data, ours, theirs, steps: int) -> fs.PromptResult:
-    """One prompt through both sides -> its result (each side its own processor and tower for an image)."""
+def compare(name: str, ids, data, ours, theirs, floor, steps: int):
+    """One prompt through each side -> (cupyglm's result, the floor's result or None) against `theirs`; for an
+    image each side runs its own processor and tower."""
     rows = hf_image = None
     if data is not None:
         pixels, grid, n_tokens, rows = ours.image(data)
@@ -135,26 +139,33 @@ def compare(name: str, ids, data, ours, theirs, steps: int) -> fs.PromptResult:
         print(f"{name}: grid {grid}, {n_tokens} image tokens; processor max|d| "
               f"{fs.max_abs_diff(hf_image[0], pixels):.3e}, grid equal {hf_image[1].tolist() == [list(grid)]}")
         ids = fs.expand_image(ids, ours.cfg.vision.image_token_id, [n_tokens])
-    ref_logits, ref_taps, ref_routes, ref_ids = theirs.run(ids, steps, hf_image)
+    kind = "text" if data is None else "image"
+    ref = theirs.run(ids, steps, hf_image)
     logits, taps, routes, got_ids = ours.run(ids, steps, rows)
-    if rows is not None:
-        taps = {"tower": rows, **taps}
-    return fs.PromptResult(name, "text" if data is None else "image", fs.max_abs_diff(ref_logits, logits),
-                           fs.argmax_agreement(ref_logits, logits), ref_ids, got_ids,
-                           fs.sublayer_diffs(ref_taps, taps), fs.route_splits(ref_routes, routes))
+    taps = taps if rows is None else {"tower": rows, **taps}
+    base = None if floor is None else fs.result(name, kind, ref, floor.run(ids, steps, hf_image))
+    return fs.result(name, kind, ref, (logits, taps, routes, got_ids)), base
 
 
-def show(r: fs.PromptResult, tol: float) -> None:
-    marks = "".join("+" if a else "x" for a in r.agree)
-    split = "none" if r.split is None else f"step {r.split} (hf {r.ref_ids[r.split:r.split + 4]} vs cupyglm " \
-                                           f"{r.ids[r.split:r.split + 4]})"
-    print(f"{r.name} [{r.kind}, {len(r.agree)} rows]: max|logit d| {r.max_logit_diff:.3e}; argmax agree "
-          f"{sum(r.agree)}/{len(r.agree)} {marks}; first greedy split over {len(r.ref_ids)} steps: {split}")
-    for line in fs.sublayer_lines(r.sublayers, tol):
+def show(r: fs.PromptResult, floor: fs.PromptResult | None, tol: float) -> None:
+    print(f"{r.name} [{r.kind}, {len(r.agree)} rows]: {verdict(r)}")
+    if floor is not None:
+        print(f"  {FLOOR}: {verdict(floor)}")
+    for line in fs.sublayer_lines(r, tol, floor):
         print(line)
+    routed = dict(floor.routes) if floor else {}
     for name, rows in r.routes:
-        if rows:
-            print(f"  {name:<12} experts chosen apart in {len(rows)}/{len(r.agree)} rows: {rows}")
+        if rows or routed.get(name):
+            apart = f"; floor {len(routed[name])} rows" if name in routed else ""
+            print(f"  {name:<12} experts chosen apart in {len(rows)}/{len(r.agree)} rows: {rows}{apart}")
+
+
+def verdict(r: fs.PromptResult) -> str:
+    marks = "".join("+" if a else "x" for a in r.agree)
+    split = "none" if r.split is None else f"step {r.split} (reference {r.ref_ids[r.split:r.split + 4]} vs " \
+                                           f"{r.ids[r.split:r.split + 4]})"
+    return (f"max|logit d| {r.max_logit_diff:.3e}; argmax agree {sum(r.agree)}/{len(r.agree)} {marks}; first greedy "
+            f"split over {len(r.ref_ids)} steps: {split}")
 
 
 def main() -> None:
@@ -165,6 +176,8 @@ def main() -> None:
     p.add_argument("--no-images", action="store_true", help="text prompts only")
     p.add_argument("--hf-dtype", default="float32", choices=("float32", "bfloat16"),
                    help="transformers' weights and activations (float32: the reference)")
+    p.add_argument("--no-floor", action="store_true",
+                   help="skip the floor: transformers in bfloat16 against the same fp32 reference")
     p.add_argument("--tol", type=float, default=0.0, help="print the taps whose max |difference| exceeds this")
     a = p.parse_args()
     if a.steps < 1:
@@ -178,13 +191,15 @@ def main() -> None:
         images = {Path(f).name: Path(f).read_bytes() for f in a.image} or \
             {name: synthetic_image(*spec) for name, spec in SYNTHETIC_IMAGES.items()}
     theirs = Theirs(Path(ckpt.path), a.hf_dtype)
+    floor = None if a.no_floor or a.hf_dtype != "float32" else Theirs(Path(ckpt.path), "bfloat16")
     todo = prompts(ckpt, images)
     image_room = ProcessorConfig.from_dir(ckpt.path).max_image_tokens if images else 0
     ours = Ours(ckpt, max(len(ids) for _, ids, _ in todo) + image_room + a.steps)
-    results = [compare(name, ids, data, ours, theirs, a.steps) for name, ids, data in todo]
-    for r in results:
-        show(r, a.tol)
-    print(fs.summary(results, a.steps))
+    pairs = [compare(name, ids, data, ours, theirs, floor, a.steps) for name, ids, data in todo]
+    for r, f in pairs:
+        show(r, f, a.tol)
+    floors = [f for _, f in pairs if f is not None]
+    print(fs.summary([r for r, _ in pairs], a.steps, floors, FLOOR))
 
 
 if __name__ == "__main__":

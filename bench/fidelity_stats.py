@@ -23,6 +23,14 @@ class PromptResult:
         return first_divergence(self.ref_ids, self.ids)
 
 
+def result(name: str, kind: str, ref: tuple, got: tuple) -> PromptResult:
+    """ref, got: one side's run of a prompt each, (prompt logits [n, V], {tap: array}, {MoE layer: [n, k] expert
+    ids}, greedy ids) -> how far `got` is from `ref`."""
+    (ref_logits, ref_taps, ref_routes, ref_ids), (logits, taps, routes, ids) = ref, got
+    return PromptResult(name, kind, max_abs_diff(ref_logits, logits), argmax_agreement(ref_logits, logits),
+                        list(ref_ids), list(ids), sublayer_diffs(ref_taps, taps), route_splits(ref_routes, routes))
+
+
 def max_abs_diff(ref, got) -> float:
     """max |got - ref| in float64 (shapes must agree); NaN anywhere gives inf, so it never reads as close."""
     a, b = np.asarray(ref, np.float64), np.asarray(got, np.float64)
@@ -85,14 +93,26 @@ def expand_image(ids, image_id: int, n_tokens: list[int]) -> list[int]:
     return out
 
 
-def sublayer_lines(sublayers: list[tuple[str, float, float]], tol: float) -> list[str]:
-    """One line for each tap whose difference exceeds `tol` (where the two sides differ)."""
-    return [f"  {name:<12} max|d| {d:.3e}  (max|ref| {scale:.3e})" for name, d, scale in sublayers if d > tol]
+def sublayer_lines(r: PromptResult, tol: float, floor: PromptResult | None = None) -> list[str]:
+    """One line for each tap whose difference exceeds `tol` (where the two sides differ), beside the floor's
+    difference at that tap when there is a floor (another run measured against the same reference)."""
+    theirs = {name: d for name, d, _ in floor.sublayers} if floor else {}
+    return [f"  {name:<12} max|d| {d:.3e}" + (f"  floor {theirs[name]:.3e}" if name in theirs else "") +
+            f"  (max|ref| {scale:.3e})" for name, d, scale in r.sublayers if d > tol]
 
 
-def summary(results: list[PromptResult], steps: int) -> str:
-    """One line over every prompt: worst logit difference, argmax agreement, greedy splits."""
+def summary(results: list[PromptResult], steps: int, floors: list[PromptResult] | None = None,
+            floor_label: str = "floor") -> str:
+    """One line over every prompt: worst logit difference, argmax agreement, routing, greedy splits; then the same
+    figures of the floor runs when there are some."""
     kinds = {k: sum(r.kind == k for r in results) for k in ("text", "image")}
+    line = (f"SUMMARY {len(results)} prompts ({kinds['text']} text, {kinds['image']} image) over {steps} greedy "
+            f"steps: {figures(results)}")
+    return line + (f"; {floor_label}: {figures(floors)}" if floors else "")
+
+
+def figures(results: list[PromptResult]) -> str:
+    """Worst logit difference, argmax agreement, (MoE layer, row) pairs routed apart, greedy splits."""
     agree = sum(sum(r.agree) for r in results)
     rows = sum(len(r.agree) for r in results)
     worst = max((r.max_logit_diff for r in results), default=0.0)
@@ -100,6 +120,5 @@ def summary(results: list[PromptResult], steps: int) -> str:
     splits = [(r.name, r.split) for r in results if r.split is not None]
     split = ("no greedy split" if not splits else
              f"greedy split in {len(splits)} ({', '.join(f'{n} at step {s}' for n, s in splits)})")
-    return (f"SUMMARY {len(results)} prompts ({kinds['text']} text, {kinds['image']} image): max |logit diff| "
-            f"{worst:.3e}, argmax agree {agree}/{rows} positions, {routed} (MoE layer, row) pairs routed apart, "
-            f"{split} over {steps} greedy steps")
+    return (f"max |logit diff| {worst:.3e}, argmax agree {agree}/{rows} positions, {routed} (MoE layer, row) pairs "
+            f"routed apart, {split}")

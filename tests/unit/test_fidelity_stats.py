@@ -46,8 +46,11 @@ def test_sublayer_diffs_in_the_references_order_and_lines_only_where_they_differ
     got = {"norm": np.ones(2), "layer0": np.array([1.0, -2.5]), "embed": np.zeros(2), "extra": np.zeros(1)}
     diffs = fs.sublayer_diffs(ref, got)
     assert diffs == [("embed", 0.0, 0.0), ("layer0", 0.5, 3.0), ("norm", 0.0, 1.0)]
-    assert [line.split()[0] for line in fs.sublayer_lines(diffs, 0.0)] == ["layer0"]
-    assert fs.sublayer_lines(diffs, 0.5) == []
+    r = fs.PromptResult("p", "text", 0.0, [], [], [], diffs)
+    assert [line.split()[0] for line in fs.sublayer_lines(r, 0.0)] == ["layer0"]
+    assert fs.sublayer_lines(r, 0.5) == []
+    floor = fs.PromptResult("p", "text", 0.0, [], [], [], [("layer0", 0.25, 3.0)])
+    assert fs.sublayer_lines(r, 0.0, floor) == ["  layer0       max|d| 5.000e-01  floor 2.500e-01  (max|ref| 3.000e+00)"]
 
 
 def test_route_splits_compare_expert_sets_per_row():
@@ -56,10 +59,20 @@ def test_route_splits_compare_expert_sets_per_row():
     assert fs.route_splits(ref, got) == [("layer3", [0]), ("layer4", [])]
 
 
+def test_result_measures_got_against_ref():
+    ref = (np.array([[0.0, 1.0], [2.0, 0.0]]), {"embed": np.ones(2)}, {"layer3": np.array([[0, 1], [1, 2]])}, [1, 2])
+    got = (np.array([[0.0, 1.5], [0.0, 2.0]]), {"embed": np.ones(2)}, {"layer3": np.array([[1, 0], [1, 3]])}, [1, 3])
+    r = fs.result("p", "text", ref, got)
+    assert (r.max_logit_diff, r.agree, r.split, r.routes) == (2.0, [True, False], 1, [("layer3", [1])])
+    assert r.sublayers == [("embed", 0.0, 1.0)]
+
+
 def test_summary_counts_prompts_positions_and_splits():
     a = fs.PromptResult("mid", "text", 0.01, [True, True, False], [1, 2, 3], [1, 2, 3], [])
     b = fs.PromptResult("img", "image", 0.03, [True], [1, 2, 3], [1, 5, 3], [], [("layer3", [0]), ("layer4", [])])
     line = fs.summary([a, b], 3)
-    assert line == ("SUMMARY 2 prompts (1 text, 1 image): max |logit diff| 3.000e-02, argmax agree 3/4 positions, "
-                    "1 (MoE layer, row) pairs routed apart, greedy split in 1 (img at step 1) over 3 greedy steps")
+    assert line == ("SUMMARY 2 prompts (1 text, 1 image) over 3 greedy steps: max |logit diff| 3.000e-02, argmax "
+                    "agree 3/4 positions, 1 (MoE layer, row) pairs routed apart, greedy split in 1 (img at step 1)")
     assert "no greedy split" in fs.summary([a], 3)
+    assert fs.summary([a], 3, [a], "bf16").endswith("; bf16: max |logit diff| 1.000e-02, argmax agree 2/3 positions, "
+                                                    "0 (MoE layer, row) pairs routed apart, no greedy split")
