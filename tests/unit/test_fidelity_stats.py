@@ -50,7 +50,8 @@ def test_sublayer_diffs_in_the_references_order_and_lines_only_where_they_differ
     assert [line.split()[0] for line in fs.sublayer_lines(r, 0.0)] == ["layer0"]
     assert fs.sublayer_lines(r, 0.5) == []
     floor = fs.PromptResult("p", "text", 0.0, [], [], [], [("layer0", 0.25, 3.0)])
-    assert fs.sublayer_lines(r, 0.0, floor) == ["  layer0       max|d| 5.000e-01  floor 2.500e-01  (max|ref| 3.000e+00)"]
+    assert fs.sublayer_lines(r, 0.0, floor) == [
+        "  layer0       max|d| 5.000e-01  floor 2.500e-01  (max|ref| 3.000e+00)"]
 
 
 def test_route_splits_compare_expert_sets_per_row():
