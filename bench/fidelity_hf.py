@@ -5,7 +5,7 @@
 Run by hand in a Python that has torch and transformers (with models/glm5_next) beside cupyglm; never part of
 launch/test. The default checkpoint is the built-in tiny one. Both sides get the same prompt token ids (text
 prompts, and with a tower, image prompts whose placeholder ids each side fills with its own processor and tower's
-rows; cupyglm does so at the model level, since its engine takes no image yet). Per prompt it prints the max
+rows; cupyglm through its model's image input, SeqInput.embeds, as its engine passes them). Per prompt it prints the max
 |logit difference| over every prompt row, argmax agreement per position, the first split of N greedy steps
 (each side feeding its own tokens), each tap where the two differ (tower rows, embeddings, every layer's
 4 streams, final norm, logits) and the rows each MoE layer routes to other experts; beside each figure the
@@ -142,7 +142,7 @@ def compare(name: str, ids, data, ours, theirs, floor, steps: int):
     kind = "text" if data is None else "image"
     ref = theirs.run(ids, steps, hf_image)
     logits, taps, routes, got_ids = ours.run(ids, steps, rows)
-    taps = taps if rows is None else {"tower": rows, **taps}
+    taps = taps if rows is None else {"tower": np.asarray(rows, np.float32), **taps}
     base = None if floor is None else fs.result(name, kind, ref, floor.run(ids, steps, hf_image))
     return fs.result(name, kind, ref, (logits, taps, routes, got_ids)), base
 

@@ -1,6 +1,6 @@
 """bench/fidelity_hf.py's cupyglm side: one checkpoint on the numpy backend at TP=1, a prompt's every-row logits with
 the intermediate values the Hugging Face hooks also record, an image's tower rows put in place of its placeholders
-at the model level (the engine takes no image yet), and greedy decoding after the prompt."""
+through the model's own image input (SeqInput.embeds, as the engine passes them), and greedy decoding after it."""
 from __future__ import annotations
 
 import contextlib
@@ -32,11 +32,11 @@ class Ours:
             self.processor.check_tower(cfg.vision)
 
     def image(self, data: bytes):
-        """Encoded image bytes -> (pixel_values, grid, n_tokens, tower rows as float32 on the host)."""
+        """Encoded image bytes -> (pixel_values, grid, n_tokens, the tower's bf16 rows on the host)."""
         if self.tower is None:
             raise ValueError("the checkpoint has no vision tower")
         img = process_bytes(data, self.processor)
-        rows = self.ops.asnumpy(self.tower.encode(img.pixel_values, img.grid)).astype(np.float32)
+        rows = self.ops.asnumpy(self.tower.encode(img.pixel_values, img.grid))
         return img.pixel_values, img.grid, img.n_tokens, rows
 
     def run(self, ids: list[int], steps: int, image_rows: np.ndarray | None = None):
@@ -57,20 +57,18 @@ class Ours:
         return logits, taps, dict(zip(moe, routes)), out
 
     def _prefill(self, ids: np.ndarray, state, image_rows):
-        """GLMModel.forward_call's steps, with the embedded rows of the image placeholders replaced by the tower's
-        rows before the streams are made, and each step's value kept."""
+        """GLMModel.forward_call's steps, the image's rows over its placeholders' embeddings as the engine passes
+        them (SeqInput.embeds), and each step's value kept."""
         model, ops, f32 = self.model, self.ops, self._f32
-        call = model.begin([SeqInput(ids, state, all_logits=True)])
-        x = ops.read_rows(model.embed, ops.xp.asarray(call.tokens))
+        embeds = ()
         if image_rows is not None:
-            mask = call.tokens == self.cfg.vision.image_token_id
-            if int(mask.sum()) != image_rows.shape[0]:
-                raise ValueError(f"{int(mask.sum())} image placeholders for {image_rows.shape[0]} tower rows")
-            x = x.copy()
-            x[mask] = np.asarray(image_rows).astype(x.dtype)
-        taps = {"embed": f32(x)}
-        X = ops.xp.repeat(x[:, None, :], self.cfg.hc_mult, axis=1)
-        h, post, comb = model.blocks[0].enter(X)
+            at = np.flatnonzero(ids == self.cfg.vision.image_token_id)
+            if at.size != image_rows.shape[0] or (at.size and at[-1] - at[0] + 1 != at.size):
+                raise ValueError(f"{at.size} image placeholders (one run expected) for {image_rows.shape[0]} rows")
+            embeds = ((int(at[0]), image_rows),)
+        call = model.begin([SeqInput(ids, state, all_logits=True, embeds=embeds)])
+        X, h, post, comb = model.ends_enter(ops.xp.asarray(call.tokens), call.embeds)
+        taps = {"embed": f32(X[:, 0])}
         for i, (block, nxt) in enumerate(model.layers()):
             X, h, post, comb = block(X, h, post, comb, call.segs, model.kv, model.comm, nxt)
             taps[f"layer{i}"] = f32(X)
