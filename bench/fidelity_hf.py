@@ -5,9 +5,9 @@
 Run by hand in a Python that has torch and transformers (with models/glm5_next) beside cupyglm; never part of
 launch/test. The default checkpoint is the built-in tiny one. Both sides get the same prompt token ids (text
 prompts, and with a tower, image prompts whose placeholder ids each side fills with its own processor and tower's
-rows; cupyglm through its model's image input, SeqInput.embeds, as its engine passes them). Per prompt it prints the max
-|logit difference| over every prompt row, argmax agreement per position, the first split of N greedy steps
-(each side feeding its own tokens), each tap where the two differ (tower rows, embeddings, every layer's
+rows; cupyglm through its model's image input, SeqInput.embeds, as its engine passes them). Per prompt it prints
+the max |logit difference| over every prompt row, argmax agreement per position, the first split of N greedy
+steps (each side feeding its own tokens), each tap where the two differ (tower rows, embeddings, every layer's
 4 streams, final norm, logits) and the rows each MoE layer routes to other experts; beside each figure the
 floor: transformers' own bfloat16 run against the same fp32 reference (what bf16 arithmetic alone moves on this
 checkpoint). Then one SUMMARY line.
@@ -48,7 +48,7 @@ def need_hf():
 
 
 class Theirs:
-    """transformers' Glm5NextForConditionalGeneration in fp32 on the CPU, with hooks that record the taps."""
+    """transformers' Glm5NextForConditionalGeneration on the CPU in `dtype`, with hooks that record the taps."""
 
     def __init__(self, path: Path, dtype: str):
         self.torch, model_cls, proc_cls = need_hf()
