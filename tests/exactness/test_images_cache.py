@@ -1,6 +1,6 @@
 """Kept states with images at TP=1 (in-process, numpy): the prompt cache keys an image's placeholders by the image's
 digest, so a resumed image conversation restores past the image and equals a fresh engine, in memory and from
-disk after a restart; another image behind the same placeholder ids never matches; an image without a digest is
+disk after a restart, and from a keep point inside the image (the rest of its rows taken); another image behind the same placeholder ids never matches; an image without a digest is
 neither kept nor restored."""
 import dataclasses
 
@@ -29,7 +29,7 @@ PAGES, PT = 32, 16
 GREEDY = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
 
 
-def engine(ckpt, kept_pages=400, directory=None):
+def engine(ckpt, kept_pages=400, directory=None, prefill_chunk=0):
     c, ops = ckpt.config, NumpyOps()
     runner = ModelRunner(ckpt, ops, LocalComm(), PAGES, PT)
     kept = disk = planner = None
@@ -42,7 +42,7 @@ def engine(ckpt, kept_pages=400, directory=None):
         agree_index(disk, None)
         planner = planner_from(disk, 1 << 30, kept.state_bytes)
     cfg = EngineConfig(context=PAGES * PT, num_pages=PAGES, page_tokens=PT, keep_grid=c.keep_grid, parallel=2,
-                       seed=0, eos_token_ids=c.eos_token_ids, vocab_size=c.vocab_size)
+                       prefill_chunk=prefill_chunk, seed=0, eos_token_ids=c.eos_token_ids, vocab_size=c.vocab_size)
     enc = ImageEncoder(VisionTower(c.vision, vision_weights(ckpt), ops), ops)
     return Engine(runner, LocalComm(), cfg, None, kept=kept, disk=disk, planner=planner, encoder=enc)
 
@@ -91,6 +91,17 @@ def test_another_image_over_the_same_placeholders_misses(tiny_ckpt, turns):
     got, cached, _ = run(eng, nxt, other)
     fresh, _, _ = run(engine(tiny_ckpt, kept_pages=0), nxt, other)
     assert cached <= ims[0].start and got == fresh
+
+
+def test_a_keep_point_inside_the_image_resumes_with_the_rest_of_its_rows(tiny_ckpt, tiny_dir):
+    grid = tiny_ckpt.config.keep_grid
+    ids, ims = image_prompt(tiny_ckpt, tiny_dir, png(112, 150, 1), before=grid - 14)
+    assert ims[0].start < grid < ims[0].end                  # the first chunk ends inside the image
+    eng = engine(tiny_ckpt, prefill_chunk=grid)
+    run(eng, ids, ims)
+    other = ids[:ims[0].end + 1] + random_prompt(40, seed=5)  # the same image, then other text
+    got, cached, _ = run(eng, other, ims)
+    assert cached == grid and got == run(engine(tiny_ckpt, kept_pages=0), other, ims)[0]
 
 
 def test_an_image_without_a_digest_is_not_kept(tiny_ckpt, turns):
