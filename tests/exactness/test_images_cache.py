@@ -1,7 +1,7 @@
 """Kept states with images at TP=1 (in-process, numpy): the prompt cache keys an image's placeholders by the image's
-digest, so a resumed image conversation restores past the image and equals a fresh engine, in memory and from
-disk after a restart, and from a keep point inside the image (the rest of its rows taken); another image behind the same placeholder ids never matches; an image without a digest is
-neither kept nor restored."""
+digest, so a resumed image conversation restores past the image and equals a fresh engine, in memory, from disk
+after a restart, and from a keep point inside the image (the rest of its rows taken); another image behind the
+same placeholder ids never matches; an image without a digest is neither kept nor restored."""
 import dataclasses
 
 import numpy as np
