@@ -1,7 +1,7 @@
 """Image turns and the prompt cache, and remote image URLs, through the real server (`mpirun -n 2`, TP=2, numpy)
-with the openai client: a resumed image conversation restores past its image and equals a cold server's reply;
-another image in the same place misses; with --vision-urls a loopback URL (the server's own) is a 400 naming the
-address, without it a 400 naming the flag; the server serving on."""
+with the openai client: --vision-image-tokens resizes an image to fit; a resumed image conversation restores past
+its image and equals a cold server's reply; another image in the same place misses; with --vision-urls a loopback
+URL (the server's own) is a 400 naming the address, without it a 400 naming the flag; the server serving on."""
 from __future__ import annotations
 
 import openai
@@ -11,7 +11,7 @@ from cupyglm.config import preset
 from test_server_images import IMAGES, messages
 
 pytestmark = pytest.mark.mpi
-ARGS = ["--context", "512", "--parallel", "2", "--max-queue", "8"]
+ARGS = ["--context", "512", "--parallel", "2", "--max-queue", "8", "--vision-image-tokens", "16"]
 
 
 @pytest.fixture(scope="module")
@@ -44,6 +44,7 @@ def test_resumed_image_turn_equals_a_cold_server(servers):
     msgs = second_turn(kept, IMAGES[0])
     _, toks, cached, prompt = chat(kept, msgs)
     last = max(i for i, t in enumerate(prompt) if t == preset("tiny").vision.image_token_id)
+    assert 0 < prompt.count(preset("tiny").vision.image_token_id) <= 16 < 24     # resized (24 rows uncapped)
     assert cached > last
     assert toks == chat(cold, msgs)[1]
     other = [dict(m) for m in msgs]
