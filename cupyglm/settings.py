@@ -47,6 +47,8 @@ SOURCES: dict[str, str] = {
     "cuda_graphs": "CUPYGLM_CUDA_GRAPHS or --cuda-graphs (not compared: a replay computes the eager call's bits)",
     "vision": "--vision or --no-vision",
     "vision_max_images": "--vision-max-images",
+    "vision_image_tokens": "--vision-image-tokens",
+    "vision_urls": "--vision-urls",
 }
 
 # The settings that change the memory plan: field -> (flag, environment alias). The flag wins over the alias.
@@ -160,6 +162,8 @@ class Settings:
     cuda_graphs: bool | None = None       # --cuda-graphs (cuda only; not compared); None: CUPYGLM_CUDA_GRAPHS decides
     vision: bool | None = None            # image parts served; None: on when the checkpoint has a vision tower
     vision_max_images: int = 4            # images one request may hold
+    vision_image_tokens: int = 0          # most tokens one image gives (larger ones resized); 0: the checkpoint's
+    vision_urls: bool = False             # remote http(s) image URLs fetched (server.image_fetch)
 
     def __post_init__(self) -> None:
         # Direct construction gets the same checks as from_args, named by flag or variable.
@@ -185,6 +189,7 @@ class Settings:
         _int("--seed", self.seed, 0, 2**64 - 1)
         _int("--prefill-chunk", self.prefill_chunk, 0)
         _int("--vision-max-images", self.vision_max_images, 1)
+        _int("--vision-image-tokens", self.vision_image_tokens, 0)
         _int("CUPYGLM_KV_SHARE", self.kv_share, 0)
         if self.kv_host_shared and not self.kv_host:
             raise SettingsError("CUPYGLM_KV_HOST_SHARED=1 needs CUPYGLM_KV_HOST=1")
@@ -239,6 +244,8 @@ class Settings:
                    prompt_cache_disk_gib=prompt_cache_disk_gib, mtp_drafts=mtp_drafts, max_queue=max_queue,
                    seed=seed, prefill_chunk=prefill_chunk, vision=getattr(ns, "vision", None),
                    vision_max_images=_int("--vision-max-images", flag("vision_max_images", 4), 1),
+                   vision_image_tokens=_int("--vision-image-tokens", flag("vision_image_tokens", 0), 0),
+                   vision_urls=bool(getattr(ns, "vision_urls", False)),
                    **_memory_settings(ns))
 
     @classmethod
@@ -361,6 +368,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--vision", action=onoff, default=None,
                    help="serve image parts (default: on when the checkpoint has a vision tower)")
     g.add_argument("--vision-max-images", default=None, metavar="N", help="images one request may hold (default 4)")
+    g.add_argument("--vision-image-tokens", default=None, metavar="N",
+                   help="most image tokens one image gives: a larger image is resized to fit (default: the "
+                        "checkpoint's max_image_tokens)")
+    g.add_argument("--vision-urls", action="store_true", default=False,
+                   help="fetch remote http(s) image URLs (public addresses only, size and time limits)")
     m = parser.add_argument_group("memory plan (each flag wins over its environment alias)")
     m.add_argument("--host-cache", action=onoff, default=None,
                    help="the prompt-cache arena lives in pinned host memory mapped into the device "

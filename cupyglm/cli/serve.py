@@ -271,7 +271,7 @@ def _engine_hooks(world, st, state, wd, loop, served_id, host, port, t0, observe
         holder["ckpt"] = ckpt
         engine = make_engine(world, ckpt, observers)
         engine.watch = wd
-        holder["vision"] = image_prep(ckpt) if engine.encoder is not None else None
+        holder["vision"] = image_prep(ckpt, world.settings) if engine.encoder is not None else None
         return engine
 
     def on_ready(engine) -> None:        # engine thread
@@ -296,15 +296,16 @@ def _engine_hooks(world, st, state, wd, loop, served_id, host, port, t0, observe
     return factory, on_ready
 
 
-def image_prep(ckpt):
+def image_prep(ckpt, settings):
     """The server's image side of a checkpoint with a tower: its preprocessor_config.json, checked against the
-    tower's geometry."""
+    tower's geometry, capped by --vision-image-tokens; remote URLs fetched with --vision-urls."""
+    from cupyglm.server.image_fetch import Fetcher
     from cupyglm.server.images import ImagePrep
     from cupyglm.vision.processor import ProcessorConfig
 
-    proc = ProcessorConfig.from_dir(ckpt.path)
+    proc = ProcessorConfig.from_dir(ckpt.path).capped(settings.vision_image_tokens)
     proc.check_tower(ckpt.config.vision)
-    return ImagePrep(proc, ckpt.config.vision.image_token_id)
+    return ImagePrep(proc, ckpt.config.vision.image_token_id, Fetcher() if settings.vision_urls else None)
 
 
 async def _watch_stop(server, bridge, drain_s: float) -> int:

@@ -141,14 +141,14 @@ class DiskPlanner:
     def plan_load(self, cache, r, memory_len: int, protect: set[int]) -> bool:
         """Load r's longest prefix from disk when it is longer than the memory cache's; True when planned."""
         salt = df.salt_digest(r.salt)
-        key, length = self.index.longest(salt, r.prompt, len(r.prompt) - 1)
+        key, length = self.index.longest(salt, r.key, len(r.key) - 1)
         if key is None or length <= memory_len:
             return False
-        eid, drops = cache.plan_keep(r.salt, r.prompt[:length], protect | self.protected)
+        eid, drops = cache.plan_keep(r.salt, r.key[:length], protect | self.protected)
         if eid is None:
             return False
         self.index.touch(key)
-        self.note_keep(eid, r.salt, r.prompt[:length])
+        self.note_keep(eid, r.salt, r.key[:length])
         self.pending[r.id] = (eid, length, key, r)
         self._drops += drops
         self._loads.append((eid, length, bytes.fromhex(key)))

@@ -18,7 +18,7 @@ from __future__ import annotations
 import itertools
 
 from cupyglm.engine.grammar import Guides
-from cupyglm.engine.images import check_images
+from cupyglm.engine.images import check_images, request_key
 from cupyglm.engine.outputs import step_outputs
 from cupyglm.engine.record import Matchers, Record
 from cupyglm.engine.request import Request, RequestOutput
@@ -60,7 +60,8 @@ class Frontend:
         elif not 0 <= int(request_id) < 2**64:
             raise ValueError(f"request_id must be in 0..2**64-1, got {request_id}")
         max_tokens = self.scheduler.resolve_max_tokens(len(prompt), params.max_tokens)
-        req = Request(int(request_id), prompt, params, max_tokens, salt=cache_salt or "", images=images)
+        req = Request(int(request_id), prompt, params, max_tokens, salt=cache_salt or "", images=images,
+                      image_key=request_key(prompt, images) if images else None)
         matcher = None if params.guide is None else self.guides.compile(params.guide)   # ValueError first
         self.scheduler.add(req)                       # QueueFull / duplicate id raise before a seed is used
         seed = params.seed if params.seed is not None else (self.cfg.seed + next(self._seeds)) % 2**64

@@ -5,16 +5,25 @@ takes (`chunk_rows`).
 The merged rows replace the embeddings of the image's placeholder tokens one for one (`cupyglm.vision.tower`);
 the placeholders stay in the prompt's token ids, and positions stay the ordinary sequential ones. Rank 0 encodes
 each image alone (its rows depend on that image only), and the step message carries the rows to every rank
-(`cupyglm.engine.ops.image`), so no other rank needs the tower. A prompt with images is neither kept nor restored
-by the prompt cache (`cupyglm.engine.prefix_store`): its token ids alone do not name its state.
+(`cupyglm.engine.ops.image`), so no other rank needs the tower.
+
+The prompt cache keys an image prompt by `cache_tokens`: each image's placeholder run is replaced by keys drawn
+from the image's tag (a digest of its bytes and the grid it was resized to), for lookup only; the tokens fed to
+the model stay the placeholders. Two different images never share a key run, and every rank derives the same keys
+(the image op carries the tag), so the disk tier's files are named by them too. An image without a digest is
+neither kept nor restored.
 """
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 
 import numpy as np
 
 from cupyglm.backend.lanes import BF16
+
+KEY_BIT = 1 << 31                        # image keys have it set: no vocabulary reaches it, so no token equals one
+TAG_BYTES = 32
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -53,8 +62,39 @@ def check_images(prompt: tuple[int, ...], images, image_token_id: int | None) ->
     return images
 
 
+def image_tag(im: ImageInput) -> bytes:
+    """The 32 bytes naming an image's rows: its bytes' digest and its grid (a resize changes the rows); b"" when
+    the image has no digest."""
+    if not im.digest:
+        return b""
+    return hashlib.sha256(bytes(im.digest) + np.asarray(im.grid, dtype="<u4").tobytes()).digest()
+
+
+def cache_tokens(prompt, spans) -> tuple[int, ...] | None:
+    """The prompt as the prompt cache keys it: each (start, n_tokens, tag) span's placeholders replaced by n keys
+    drawn from the tag; None when a span has no tag (such a prompt is not kept)."""
+    out = list(prompt)
+    for start, n, tag in spans:
+        if not tag:
+            return None
+        raw = np.frombuffer(hashlib.shake_256(tag).digest(4 * n), dtype="<u4")
+        out[start:start + n] = (raw | np.uint32(KEY_BIT)).tolist()
+    return tuple(out)
+
+
+def request_key(prompt, images) -> tuple[int, ...] | None:
+    """Rank 0: `cache_tokens` of a prompt and its ImageInputs."""
+    return cache_tokens(prompt, [(im.start, im.n_tokens, image_tag(im)) for im in images])
+
+
+def held_key(prompt, held) -> tuple[int, ...] | None:
+    """Any rank: `cache_tokens` of a prompt and the (start, rows, tag) the image op gave it."""
+    return cache_tokens(prompt, [(start, rows.shape[0], tag) for start, rows, tag in held])
+
+
 class ImageEncoder:
-    """Rank 0's tower on its backend: an admitted request's images -> ((start, bf16 rows [n, D] on the host), ...)."""
+    """Rank 0's tower on its backend: an admitted request's images -> ((start, bf16 rows [n, D] on the host,
+    tag), ...)."""
 
     def __init__(self, tower, ops):
         self.tower, self.ops = tower, ops
@@ -65,7 +105,7 @@ class ImageEncoder:
             rows = np.asarray(self.ops.asnumpy(self.tower.encode(im.pixel_values, im.grid)))
             if rows.shape[0] != im.n_tokens:
                 raise ValueError(f"the tower gave {rows.shape[0]} rows for {im.n_tokens} image placeholders")
-            out.append((im.start, np.ascontiguousarray(rows.astype(BF16))))
+            out.append((im.start, np.ascontiguousarray(rows.astype(BF16)), image_tag(im)))
         return tuple(out)
 
 
@@ -73,7 +113,7 @@ def chunk_rows(images, start: int, count: int) -> tuple[tuple[int, np.ndarray], 
     """The image rows of positions [start, start + count) as (offset in the chunk, rows): a chunk may hold part of an
     image, its rows then the matching slice."""
     out = []
-    for at, rows in images:
+    for at, rows, *_ in images:
         lo, hi = max(at, start), min(at + rows.shape[0], start + count)
         if lo < hi:
             out.append((lo - start, rows[lo - at:hi - at]))

@@ -103,9 +103,9 @@ class PrefixStore:
     # ---- admission ---------------------------------------------------------------------------------------------
     def shares(self, r, protect: set[int]) -> int:
         """Pool pages `r` will share from the entry it resumes from (that entry joins `protect`)."""
-        if r.params.prompt_logprobs is not None or r.images:
+        if r.params.prompt_logprobs is not None or r.key is None:
             return 0
-        eid, length = self.cache.peek(r.salt, r.prompt)
+        eid, length = self.cache.peek(r.salt, r.key)
         if eid is None:
             return 0
         protect.add(eid)
@@ -121,9 +121,9 @@ class PrefixStore:
         planned (into a new memory entry, outside `protect`)."""
         if r.params.prompt_logprobs is not None:     # every prompt row's logits are needed: restore nothing
             return Found(None, 0, MISS_PROMPT_LOGPROBS)
-        if r.images:                                  # the placeholders' ids do not name the image rows
+        if r.key is None:                             # an image without a digest: nothing names its rows
             return Found(None, 0, MISS_IMAGES)
-        eid, length, miss = self.cache.lookup(r.salt, r.prompt)
+        eid, length, miss = self.cache.lookup(r.salt, r.key)
         if self._disk.plan_load(self.cache, r, length, protect):
             return Found(None, length, miss, DISK)
         return Found(eid, length, miss, MEMORY if eid is not None else "")
@@ -148,9 +148,9 @@ class PrefixStore:
     def keep(self, r, length: int, protect: set[int]) -> tuple[int | None, tuple[int, ...], list[int]]:
         """(new entry or None, the kept pages it was leased, entries dropped for it) for keeping r's state at
         `length`, after the step's leases: the new entry holds r's whole pages before the keep point."""
-        if r.images:                                  # never kept: the token ids would not name the image
+        if r.key is None:                             # never kept: nothing names the image's rows
             return None, (), []
-        tokens = r.prompt[:length]
+        tokens = r.key[:length]
         eid, evict = self.cache.plan_keep(r.salt, tokens, protect | self._disk.protected)
         for d in evict:
             self._pages.drop(d)

@@ -3,7 +3,8 @@
 Pure CPU data: the memory tier of `cupyglm.engine.prefix_store`. Every rank's `KeptStore` holds the bytes; this
 index decides, and the step message carries its decisions (restore, drop, keep) to every rank.
 
-- Lookup: per salt a radix tree over token ids; the longest kept prefix shorter than the prompt (at least one
+- Lookup: per salt a radix tree over token ids (an image's placeholders as keys its bytes name:
+  `cupyglm.engine.images.cache_tokens`); the longest kept prefix shorter than the prompt (at least one
   prompt token must run to give the first logits). A request only sees the states kept under its own salt.
 - Budget: kept pages of the arena, which this index alone allocates (lowest id first): a keep or a load names
   the arena page ids every rank copies into (`cupyglm.engine.ops.keep`, `.load`). To keep a state, entries are
@@ -29,7 +30,7 @@ MISS_SALT = "different cache_salt"
 MISS_EVICTED = "evicted"
 MISS_NONE = "no prefix"
 MISS_PROMPT_LOGPROBS = "prompt logprobs need the whole prompt prefilled"
-MISS_IMAGES = "prompts with images are not kept or restored"
+MISS_IMAGES = "prompts with an image without a digest are not kept or restored"
 _GHOSTS = 4096                        # evicted keys remembered per salt, for the "evicted" reason
 
 

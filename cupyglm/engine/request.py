@@ -44,6 +44,12 @@ class Request:
     draft_rate: float = 1.0                 # the price's acceptance average (draft.Pricer; starts optimistic)
     draft_skipped: int = 0                  # steps the price skipped drafting
     images: tuple = ()                      # images.ImageInput in prompt order (encoded when admitted)
+    image_key: tuple | None = None          # with images: the prompt as the prompt cache keys it (images.cache_tokens)
+
+    @property
+    def key(self) -> tuple[int, ...] | None:
+        """The token ids the prompt cache matches on; None: this prompt is neither kept nor restored."""
+        return self.image_key if self.images else self.prompt
 
     @property
     def prompt_len(self) -> int:

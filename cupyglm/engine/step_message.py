@@ -52,8 +52,8 @@ def assemble(step: int, stop: bool = False, new=(), images=(), cancelled=(), set
 
 def with_images(msg: StepMessage, images: dict) -> StepMessage:
     """`msg` with the image operation after its admit; `images`: admitted request -> ((first placeholder
-    position, bf16 rows), ...) the tower gave."""
-    rows = tuple((rid, start, r) for rid, got in images.items() for start, r in got)
+    position, bf16 rows, tag), ...) the tower gave."""
+    rows = tuple((rid, start, r, tag) for rid, got in images.items() for start, r, tag in got)
     if not rows:
         return msg
     at = 1 if msg.ops and isinstance(msg.ops[0], Admit) else 0

@@ -37,7 +37,7 @@ class Worker:
         self.verifier = Verifier(runner)
         self.requests: dict = {}               # request id -> admit.NewRequest
         self.states: dict = {}                 # request id -> SeqState
-        self.images: dict = {}                 # request id -> [(first placeholder position, bf16 rows)] (ops.image)
+        self.images: dict = {}                 # request id -> [(first placeholder, bf16 rows, tag)] (ops.image)
         self.step = -1
         self.check, self.sample = True, None   # this step's run options (Run.apply reads them)
 

@@ -1,10 +1,12 @@
-"""Image parts of chat messages: checked where the request is parsed (`image_part`: a `data:` URL, the count within
---vision-max-images), decoded and preprocessed in the worker pool (`ImagePrep.prompt`: Pillow, then the checkpoint's
-image processor), and the prompt's one placeholder per image repeated once per merged image row.
+"""Image parts of chat messages: checked where the request is parsed (`image_part`: a `data:` or http(s) URL, the
+count within --vision-max-images), fetched, decoded and preprocessed in the worker pool (`ImagePrep.prompt`: Pillow,
+then the checkpoint's image processor, capped by --vision-image-tokens), and the prompt's one placeholder per
+image repeated once per merged image row.
 
-Remote URLs are refused: this server fetches nothing (the image must travel inline as a `data:` URL). Every
-refusal is a 400 naming the part and the problem: a bad data URL, base64 that does not decode, a corrupt image, an
-unsupported format, a decompression bomb (Pillow's pixel limit), too many images.
+Remote URLs are refused unless --vision-urls (then `cupyglm.server.image_fetch` fetches them: public addresses
+only, size and time limits). Every refusal is a 400 naming the part and the problem: a bad data URL, base64 that
+does not decode, a remote URL refused or unfetchable, a corrupt image, an unsupported format, a decompression bomb
+(Pillow's pixel limit), too many images.
 """
 from __future__ import annotations
 
@@ -12,9 +14,11 @@ import base64
 import binascii
 import dataclasses
 import hashlib
+from typing import Any
 
 from cupyglm.engine.images import ImageInput
 from cupyglm.server.errors import ApiError, bad
+from cupyglm.server.image_fetch import FetchError
 from cupyglm.server.fields import json_kind
 from cupyglm.vision.processor import ImageError, ProcessorConfig, process_bytes
 
@@ -30,8 +34,7 @@ def image_part(pp: str, part: dict) -> dict:
         raise bad(f"{pp}.image_url", f"'{pp}.image_url' must be an object with a string 'url', got {json_kind(raw)}",
                   "invalid_type")
     if url.startswith(("http://", "https://")):
-        raise bad(f"{pp}.image_url", f"'{pp}.image_url': remote image URLs are refused (this server fetches no "
-                  "URLs); send the image inline as a data: URL (data:image/png;base64,...)", "unsupported_parameter")
+        return {"type": "image_url", "url": url, "param": pp}         # fetched (or refused) in the worker pool
     head, comma, _ = url.partition(",")
     if not url.startswith("data:") or not comma or not head.endswith(";base64"):
         scheme = url.split(":", 1)[0] if ":" in url else url[:16]
@@ -64,14 +67,29 @@ class ImagePrep:
 
     processor: ProcessorConfig
     image_token_id: int
+    fetcher: Any = None                   # image_fetch.Fetcher with --vision-urls; None: remote URLs refused
+
+    def data(self, part: dict) -> bytes:
+        """The image bytes of one part: its data URL's, or its remote URL's fetched; a 400 naming the part."""
+        pp, url = part["param"], part["url"]
+        if not url.startswith(("http://", "https://")):
+            try:
+                return base64.b64decode(url.partition(",")[2], validate=True)
+            except (binascii.Error, ValueError):
+                raise bad(f"{pp}.image_url", f"'{pp}.image_url': the data URL's base64 does not decode") from None
+        if self.fetcher is None:
+            raise bad(f"{pp}.image_url", f"'{pp}.image_url': remote image URLs are refused (this server fetches "
+                      "them only with --vision-urls); send the image inline as a data: URL "
+                      "(data:image/png;base64,...)", "unsupported_parameter")
+        try:
+            return self.fetcher.fetch(url)
+        except FetchError as e:
+            raise bad(f"{pp}.image_url", f"'{pp}.image_url': {e}") from None
 
     def decode(self, part: dict):
         """(processed image, SHA-256 of its bytes) of one image part; a 400 naming the part otherwise."""
         pp = part["param"]
-        try:
-            data = base64.b64decode(part["url"].partition(",")[2], validate=True)
-        except (binascii.Error, ValueError):
-            raise bad(f"{pp}.image_url", f"'{pp}.image_url': the data URL's base64 does not decode") from None
+        data = self.data(part)
         try:
             return process_bytes(data, self.processor), hashlib.sha256(data).digest()
         except ImageError as e:

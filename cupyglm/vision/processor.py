@@ -94,6 +94,16 @@ class ProcessorConfig:
             if len(v) != 3 or (field == "image_std" and min(v) <= 0):
                 raise ImageError(f"{PREPROCESSOR_FILE}: {field} must be three numbers (RGB), std positive")
 
+    def capped(self, max_tokens: int) -> "ProcessorConfig":
+        """This processor with at most `max_tokens` tokens an image (--vision-image-tokens; 0: as it is): a larger
+        image is resized to fit, as the published processor resizes to its own maximum."""
+        if not max_tokens or max_tokens >= self.max_image_tokens:
+            return self
+        if max_tokens < self.min_image_tokens:
+            raise ImageError(f"--vision-image-tokens {max_tokens} is below the checkpoint's min_image_tokens "
+                             f"{self.min_image_tokens} ({PREPROCESSOR_FILE})")
+        return dataclasses.replace(self, max_image_tokens=max_tokens)
+
     def to_dict(self) -> dict:
         return {"image_processor_type": "Glm5NextImageProcessor", "processor_class": "Glm5NextProcessor",
                 "do_resize": True, "do_rescale": True, "do_normalize": True, "do_convert_rgb": True,

@@ -1,7 +1,7 @@
 """Image prompts through the engine at TP=1 (in-process, numpy): the tower's rows replace the placeholders'
 embeddings (a different image gives different tokens), an image request is bit-identical alone and batched beside
-text and image requests (prefilled in one chunk or several), deterministic, and never kept or restored by the
-prompt cache."""
+text and image requests (prefilled in one chunk or several), and deterministic (kept states with images:
+test_images_cache)."""
 import hashlib
 import io
 
@@ -15,25 +15,20 @@ from cupyglm.distributed.comm import LocalComm
 from cupyglm.engine.config import EngineConfig
 from cupyglm.engine.engine import Engine
 from cupyglm.engine.images import ImageEncoder, ImageInput
-from cupyglm.engine.prompt_cache import MISS_IMAGES
 from cupyglm.engine.runner import ModelRunner
 from cupyglm.engine.sampling import SamplingParams
 from cupyglm.vision.processor import ProcessorConfig, process_bytes
 from cupyglm.vision.tower import VisionTower
 
 
-def make_engine(ckpt, parallel=4, prefill_chunk=0, cache_gib=0.0, drafts=0):
+def make_engine(ckpt, parallel=4, prefill_chunk=0, drafts=0):
     c, ops = ckpt.config, NumpyOps()
     runner = ModelRunner(ckpt, ops, LocalComm(), 96, 16, mtp=drafts > 0)
-    kept = None
-    if cache_gib:
-        from cupyglm.kv.kept import KeptStore
-        kept = KeptStore(c, ops, runner.kv, 1, int(cache_gib * 2**30))
     cfg = EngineConfig(context=256, num_pages=96, page_tokens=16, keep_grid=c.keep_grid, parallel=parallel,
                        prefill_chunk=prefill_chunk, seed=0, eos_token_ids=c.eos_token_ids, vocab_size=c.vocab_size,
                        mtp_drafts=drafts, draft_pricing=False)
     enc = ImageEncoder(VisionTower(c.vision, vision_weights(ckpt), ops), ops)
-    return Engine(runner, LocalComm(), cfg, ckpt.tokenizer, kept=kept, encoder=enc)
+    return Engine(runner, LocalComm(), cfg, ckpt.tokenizer, encoder=enc)
 
 
 def png(h, w, seed):
@@ -97,18 +92,6 @@ def test_the_image_rows_are_used(tiny_ckpt, tiny_dir, reqs):
     _, other = image_prompt(tiny_ckpt, tiny_dir, png(112, 150, 7))
     with_rows, other_rows, placeholders = run(eng, [(ids, sp, im), (ids, sp, other), (ids, sp, ())])
     assert with_rows != other_rows and with_rows != placeholders
-
-
-def test_image_prompts_are_not_kept(tiny_ckpt, reqs):
-    eng = make_engine(tiny_ckpt, cache_gib=0.01)
-    first = run(eng, [reqs[0]])
-    assert eng.cache_held[0] == 0
-    rid = eng.add_request(*reqs[0][:2], images=reqs[0][2])
-    outs = []
-    while eng.has_work():
-        outs += [o for o in eng.step() if o.request_id == rid]
-    assert [t for o in outs for t in o.new_token_ids] == first[0]
-    assert outs[-1].cached_tokens == 0 and outs[-1].cache_miss_reason == MISS_IMAGES
 
 
 def test_images_refused_by_name(tiny_ckpt, reqs):

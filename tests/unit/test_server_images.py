@@ -24,8 +24,12 @@ def test_part_forms_and_refusals():
     u = data_url(28, 28)
     assert image_part("p", {"type": "image_url", "image_url": {"url": u}})["url"] == u
     assert image_part("p", {"type": "image_url", "image_url": u})["param"] == "p"
-    for url, words in (("http://x/y.png", "remote image URLs are refused"), ("data:text/plain;base64,AA==", "media"),
-                       ("data:image/png,raw", "base64 data"), ("ftp://x", "data: URL")):
+    remote = image_part("p", {"type": "image_url", "image_url": {"url": "http://x/y.png"}})   # judged in the pool
+    with pytest.raises(ApiError, match="remote image URLs are refused .*--vision-urls") as e:
+        ImagePrep(ProcessorConfig(), image_token_id=9).decode(remote)
+    assert e.value.status == 400 and e.value.param == "p.image_url"
+    for url, words in (("data:text/plain;base64,AA==", "media"), ("data:image/png,raw", "base64 data"),
+                       ("ftp://x", "data: URL")):
         with pytest.raises(ApiError, match=words) as e:
             image_part("p", {"type": "image_url", "image_url": {"url": url}})
         assert e.value.status == 400 and e.value.param == "p.image_url"

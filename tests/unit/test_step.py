@@ -191,10 +191,15 @@ def test_image_rows_round_trip_in_bf16_bits():
     from cupyglm.engine.ops.image import Image
 
     rows = (np.arange(12, dtype=np.float32) - 5.5).reshape(3, 4).astype(BF16)
-    msg = assemble(3, new=[NewRequest(7, (1, 2, 3, 4, 5))], images=[(7, 1, rows)])
+    tag = bytes(range(32))
+    msg = assemble(3, new=[NewRequest(7, (1, 2, 3, 4, 5)), NewRequest(8, (1, 2))],
+                   images=[(7, 1, rows, tag), (8, 0, rows[:1], b"")])
     out = decode(encode(msg))
     assert [type(op).__name__ for op in out.ops] == ["Admit", "Image"]
-    (rid, start, got), = out.get(Image).entries
-    assert (rid, start) == (7, 1) and got.dtype == BF16 and got.tobytes() == rows.tobytes()
+    (rid, start, got, got_tag), (_, _, _, no_tag) = out.get(Image).entries
+    assert (rid, start, got_tag, no_tag) == (7, 1, tag, b"")
+    assert got.dtype == BF16 and got.tobytes() == rows.tobytes()
     with pytest.raises(ValueError, match="2-D bf16"):
-        encode(assemble(3, images=[(7, 1, rows.astype(np.float32))]))
+        encode(assemble(3, images=[(7, 1, rows.astype(np.float32), tag)]))
+    with pytest.raises(ValueError, match="tag has 3 bytes"):
+        encode(assemble(3, images=[(7, 1, rows, b"abc")]))

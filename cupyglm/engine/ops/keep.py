@@ -2,7 +2,8 @@
 kept (arena) pages rank 0's prompt cache leased, last of the step: after the drops and loads that free pages.
 
 Apply: the state copied into those kept pages (refused when one is not free here); with a page store the entry holds the whole pages before the keep point;
-with a disk tier the entry's tokens are noted (a later spill writes them into the file's header).
+with a disk tier the entry's tokens are noted as the prompt cache keys them (`images.held_key`: an image's
+placeholders as its tag's keys), and a later spill writes them into the file's header.
 """
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import dataclasses
 import struct
 
 from cupyglm.distributed.step import StepFormatError
+from cupyglm.engine.images import held_key
 from cupyglm.engine.ops.fields import id_entries, read_id_entries
 
 TAG = 14
@@ -35,7 +37,10 @@ class Keep:
             if state.length != length:
                 raise StepFormatError(f"rank {w.rank}: request {rid} is at position {state.length}, step {w.step} "
                                       f"keeps it at {length}")
-            w.store.keep(eid, state, tuple(w.requests[rid].prompt[:length]), pages)
+            key = held_key(w.requests[rid].prompt, w.images.get(rid, ()))
+            if key is None:
+                raise StepFormatError(f"rank {w.rank}: step {w.step} keeps request {rid}, whose image has no tag")
+            w.store.keep(eid, state, key[:length], pages)
 
 
 OP = Keep
