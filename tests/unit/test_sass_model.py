@@ -86,6 +86,15 @@ def test_gemv_lane16_counts_the_loop_of_its_row_tiles():
         assert issue[1] == issue[4]                     # one tile's loop up to 8 rows
 
 
+def test_bf16_decode_gemv_loop_loads_whole_vectors_only():
+    """The aligned rows' loop (gemv_tc.cuh's WHOLE run) holds one 16-byte load per weight column pair and row tile
+    of each 32-block, nothing read element by element: U = 2 blocks x (2 weights x 2 columns + 1 row tile)."""
+    c = calls.gemv("swiglu", "bf16", 4096, 4096, 1, 2 * 2 * 4096 * 4096, nw=2)
+    counts = c.analysis.counts
+    assert counts.tensor == 8 and counts.global_loads == 10, counts
+    assert counts.instr < 160, counts
+
+
 def test_roofline_prints_predictions_without_fixed_fractions(capsys):
     import bench.roofline as roofline
 
