@@ -70,6 +70,33 @@ struct GemvXRms {
   }
 };
 
+// Two floats rounded to a bf16 pair in one conversion (each the to_bf16 of its own value), lo in the low half.
+static __device__ __forceinline__ unsigned gnr_pack(float lo, float hi) {
+#ifdef __CUEMU__
+  return (unsigned)__bfloat16_as_ushort(to_bf16(lo)) | ((unsigned)__bfloat16_as_ushort(to_bf16(hi)) << 16);
+#else
+  unsigned d;
+  asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(d) : "f"(hi), "f"(lo));
+  return d;
+#endif
+}
+
+// GemvXRms's chunk of a whole aligned chunk (gemv_tc.cuh's WHOLE loop): rmsnorm_value's two roundings a pair at a
+// time, the row's scalar read once; every element is inside the row, so no mask.
+static __device__ __forceinline__ uint4 gtc_x_whole(const GemvXRms& xr, int c, int kk) {
+  const uint4 xv = *reinterpret_cast<const uint4*>(xr.x + (long long)c * xr.K + kk);
+  const uint4 wv = *reinterpret_cast<const uint4*>(xr.w + kk);
+  const float r = xr.scale[c];
+  const unsigned xs[4] = {xv.x, xv.y, xv.z, xv.w}, ws[4] = {wv.x, wv.y, wv.z, wv.w};
+  unsigned o[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const unsigned a = gnr_pack(gtc_lo(xs[i]) * r, gtc_hi(xs[i]) * r);
+    o[i] = gnr_pack(gtc_lo(ws[i]) * gtc_lo(a), gtc_hi(ws[i]) * gtc_hi(a));
+  }
+  return make_uint4(o[0], o[1], o[2], o[3]);
+}
+
 struct NormRowAt {            // norm_row.cuh's row reader over bf16 memory
   const __nv_bfloat16* xr;
   __device__ float operator()(int i) const { return ld_bf16(xr, i); }

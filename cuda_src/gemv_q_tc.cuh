@@ -131,7 +131,7 @@ static __device__ __forceinline__ uint4 gq_x8(const XR& xr, int c, int kk, int v
 template <int NW>
 static __device__ __forceinline__ unsigned gq_scale_codes(const GemvQSrc<NW>& src, const unsigned char* row, int i,
                                                           int c, int k) {
-  const int gk = src.K / 16, gr = k / 16;
+  const int gk = src.K >> 4, gr = (int)((unsigned)k >> 4);   // k >= 0
   if (!GQ_WHOLE_ONLY && gr >= gk) return 0u;
 #if defined(CONTROL_SCALE_NEXT_BLOCK) || defined(CONTROL_SCALE_TRANSPOSED)
   unsigned v = src.w[i].ns[dq_nvfp4_scale_at(src.e, src.n0 + c, gr, src.N, src.K)];
@@ -229,7 +229,7 @@ static __device__ __forceinline__ void gq_blocks(float (*d)[NT][4], const GemvQS
   const int rb = gq_row_bytes<F>(src.K);
 #pragma unroll 2
   for (int kb = a; kb < b; kb += 32 * C) {
-    const int kk = kb + 8 * C * t, bt = gq_row_bytes<F>(kk);
+    const int kk = kb + 8 * C * t, bt = F == GEMV_FP8 ? kk : (int)((unsigned)kk >> 1);   // kk >= 0
     uint4 w[NW][2], xc[NT][C];
     unsigned sc[NW][2];
 #pragma unroll

@@ -86,37 +86,64 @@ static __device__ __forceinline__ void gtc_block(float (*d)[4], uint4 wg, uint4 
   }
 }
 
-// One warp's slice [k0, k1): d[i][j] the D fragments (weight i, row tile j) from +0.0.  Warp-uniform bounds.
+// x row c's 8 values at kk of a whole aligned chunk (the reader's vec holds): any reader's load8 with valid 8;
+// the plain reader loads it with no checks.
+template <typename XR>
+static __device__ __forceinline__ uint4 gtc_x_whole(const XR& xr, int c, int kk) { return xr.load8(c, kk, 8); }
+static __device__ __forceinline__ uint4 gtc_x_whole(const GemvXMem& xr, int c, int kk) {
+  return *reinterpret_cast<const uint4*>(xr.x + (long long)c * xr.K + kk);
+}
+
+// The slice's 32-blocks from kb on, U at a time, into d; returns where it stopped.  WHOLE: only runs of U blocks
+// that lie inside [.., k1), every load a whole aligned chunk (src.vec and xr.vec), so the loop holds no bounds or
+// fallback code; else every block up to k1, partial chunks read element by element.  The blocks' order and steps
+// are the same either way.
+template <int NW, int NT, int U, bool WHOLE, typename XR>
+static __device__ __forceinline__ int gtc_run(float (*d)[NT][4], const GemvSrc<NW>& src, const XR& xr, int kb,
+                                              int k1, int g, int t) {
+  const long long rg = (long long)g * src.K + 8 * t, rh = (long long)(g + 8) * src.K + 8 * t;
+  const bool cg = g < src.ncols, ch = g + 8 < src.ncols;
+  for (; WHOLE ? kb + 32 * U <= k1 : kb < k1; kb += 32 * U) {
+    uint4 wg[U][NW], wh[U][NW], xc[U][NT];
+#pragma unroll
+    for (int u = 0; u < U; ++u) {            // every load of the U blocks in flight before the first mma
+      const int kb_u = kb + 32 * u, valid = WHOLE ? 8 : min(8, k1 - kb_u - 8 * t);
+#pragma unroll
+      for (int i = 0; i < NW; ++i) {
+        const __nv_bfloat16 *pg = src.w[i] + rg + kb_u, *ph = src.w[i] + rh + kb_u;
+        const uint4 z = make_uint4(0u, 0u, 0u, 0u);
+        wg[u][i] = !cg ? z : WHOLE ? *reinterpret_cast<const uint4*>(pg) : gemv_load8(pg, valid, src.vec);
+        wh[u][i] = !ch ? z : WHOLE ? *reinterpret_cast<const uint4*>(ph) : gemv_load8(ph, valid, src.vec);
+      }
+#pragma unroll
+      for (int j = 0; j < NT; ++j) {
+        const int c = g + 8 * j, kk = kb_u + 8 * t;
+        xc[u][j] = c >= src.nrows ? make_uint4(0u, 0u, 0u, 0u)
+                   : WHOLE        ? gtc_x_whole(xr, c, kk) : xr.load8(c, kk, valid);
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < U; ++u)
+      if (WHOLE || kb + 32 * u < k1)         // warp-uniform: no step past the slice's last 32-block
+#pragma unroll
+        for (int i = 0; i < NW; ++i) gtc_block<NT>(d[i], wg[u][i], wh[u][i], xc[u]);
+  }
+  return kb;
+}
+
+// One warp's slice [k0, k1): d[i][j] the D fragments (weight i, row tile j) from +0.0.  Warp-uniform bounds.  The
+// runs of whole chunks go through the WHOLE loop, the rest (a short tail, or unaligned rows) one block at a time.
 template <int NW, int NT, typename XR>
 static __device__ __forceinline__ void gtc_slice(float (*d)[NT][4], const GemvSrc<NW>& src, const XR& xr, int k0,
                                                  int k1, int lane) {
-  constexpr int U = GemvTcUnroll<NW>::U;
   const int g = lane >> 2, t = lane & 3;
 #pragma unroll
   for (int i = 0; i < NW; ++i)
 #pragma unroll
     for (int j = 0; j < NT; ++j) d[i][j][0] = d[i][j][1] = d[i][j][2] = d[i][j][3] = 0.0f;
-  const long long rg = (long long)g * src.K, rh = (long long)(g + 8) * src.K;
-  for (int kb = k0; kb < k1; kb += 32 * U) {
-    uint4 wg[U][NW], wh[U][NW], xc[U][NT];
-#pragma unroll
-    for (int u = 0; u < U; ++u) {            // every load of the U blocks in flight before the first mma
-      const int kk = kb + 32 * u + 8 * t, valid = min(8, k1 - kk);
-#pragma unroll
-      for (int i = 0; i < NW; ++i) {
-        wg[u][i] = g < src.ncols ? gemv_load8(src.w[i] + rg + kk, valid, src.vec) : make_uint4(0u, 0u, 0u, 0u);
-        wh[u][i] = g + 8 < src.ncols ? gemv_load8(src.w[i] + rh + kk, valid, src.vec) : make_uint4(0u, 0u, 0u, 0u);
-      }
-#pragma unroll
-      for (int j = 0; j < NT; ++j)
-        xc[u][j] = g + 8 * j < src.nrows ? xr.load8(g + 8 * j, kk, valid) : make_uint4(0u, 0u, 0u, 0u);
-    }
-#pragma unroll
-    for (int u = 0; u < U; ++u)
-      if (kb + 32 * u < k1)                  // warp-uniform: no step past the slice's last 32-block
-#pragma unroll
-        for (int i = 0; i < NW; ++i) gtc_block<NT>(d[i], wg[u][i], wh[u][i], xc[u]);
-  }
+  int kb = k0;
+  if (src.vec && xr.vec) kb = gtc_run<NW, NT, GemvTcUnroll<NW>::U, true>(d, src, xr, kb, k1, g, t);
+  gtc_run<NW, NT, 1, false>(d, src, xr, kb, k1, g, t);
 }
 
 // The block's rows in NT row tiles of 8: out[i] = this thread's (row threadIdx.x, column threadIdx.y) sum of

