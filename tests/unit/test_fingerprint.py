@@ -27,7 +27,7 @@ def test_model_identity_missing(tmp_path):
 
 def test_fingerprint_holds_every_agreed_setting():
     f = fp.fingerprint(Settings(kv_host=True, kv_host_shared=True), backend="numpy")
-    assert f["version"] == fp.VERSION == 4
+    assert f["version"] == fp.VERSION == 5
     assert set(f) == {"version", *fp.FIELDS}
     assert f["model"] == "builtin-tiny" and f["backend"] == "numpy"
     assert f["arithmetic"] == "arithmetic 2, tensor core sm_90"
@@ -80,6 +80,7 @@ def test_compare_kv_host_line():
     ("memory_reserve_gib", {"memory_reserve_gib": 2.0}, "--memory-reserve-gib or CUPYGLM_MEMORY_RESERVE_GIB"),
     ("max_queue", {"max_queue": 1}, "--max-queue"),
     ("seed", {"seed": 1}, "--seed"),
+    ("vision_host", {"vision_host": True}, "--vision-host or CUPYGLM_VISION_HOST"),
 ])
 def test_compare_names_the_setting_and_how_it_is_set(field, kw, how):
     assert fp.compare([base(), base(), base(**kw)]) == \
@@ -102,9 +103,9 @@ def test_compare_reports_the_lowest_rank_and_first_field():
 
 
 def test_compare_version_and_missing_keys():
-    other = dict(base(), version=5)
-    assert fp.compare([base(), other]) == ("REFUSE rank settings: rank 1's fingerprint version 5 differs from "
-                                           "rank 0's 4 (the ranks run different cupyglm builds)")
+    other = dict(base(), version=6)
+    assert fp.compare([base(), other]) == ("REFUSE rank settings: rank 1's fingerprint version 6 differs from "
+                                           "rank 0's 5 (the ranks run different cupyglm builds)")
     fewer = base()
     del fewer["seed"]
     assert fp.compare([base(), fewer]).startswith("REFUSE rank settings: rank 1's seed differs")
