@@ -133,8 +133,8 @@ def vision_arrays(cfg: ModelConfig, host: bool = False) -> list[ArraySpec]:
     tensors = [ArraySpec(s.name, s.shape, BF16) for s in vision_specs(cfg)]
     if not host or not tensors:
         return tensors
-    elements = {s.name[len(VISION_PREFIX):]: math.prod(s.shape) for s in tensors}
-    slot = max(sum(elements[n] for n in unit) for unit in tower_units(cfg.vision))
+    per_row = {s.name[len(VISION_PREFIX):]: math.prod(s.shape[1:]) for s in tensors}
+    slot = max(sum((hi - lo) * per_row[n] for n, lo, hi in unit) for unit in tower_units(cfg.vision))
     return [ArraySpec(f"vision.stage.{i}", (slot,), BF16) for i in range(2)]                # [largest unit] bf16
 
 

@@ -55,7 +55,7 @@ class VisionTower:
                         else ResidentWeights(self.ops, gemm))
 
     def tensor_names(self) -> list[str]:
-        return [n for unit in tower_units(self.cfg) for n in unit]
+        return list(dict.fromkeys(n for unit in tower_units(self.cfg) for n, _, _ in unit))
 
     def encode(self, pixel_values: np.ndarray, grid: tuple[int, int, int]):
         """pixel_values float32 [t * h * w, 3 * t * p * p] and grid (t, h, w) of ONE image -> bf16
@@ -123,9 +123,17 @@ class VisionTower:
         y = self._linear(w, y, "merger.proj", bias=False)
         y = ops.layernorm(y, w["merger.post_projection_norm.weight"], w["merger.post_projection_norm.bias"],
                           MERGER_LN_EPS)
-        w = units.next()
-        act = ops.gemm_swiglu(ops.gelu(y), w["merger.gate_proj.weight"], w["merger.up_proj.weight"], c.swiglu_limit)
-        return self._linear(units.next(), act, "merger.down_proj", bias=False)
+        y = ops.gelu(y)
+        act = self._pieces(units, "merger.gate_proj.weight",
+                           lambda w: ops.gemm_swiglu(y, w["merger.gate_proj.weight"], w["merger.up_proj.weight"],
+                                                     c.swiglu_limit))
+        return self._pieces(units, "merger.down_proj.weight",
+                            lambda w: self._linear(w, act, "merger.down_proj", bias=False))
+
+    def _pieces(self, units, name: str, op):
+        """op over each unit holding a piece (output rows) of tensor `name`: its output columns side by side."""
+        out = [op(units.next()) for _ in range(self.weights.pieces(name))]
+        return out[0] if len(out) == 1 else self.ops.xp.concatenate(out, axis=1)
 
 
 def _as_gemm(name: str, w: np.ndarray) -> np.ndarray:

@@ -16,7 +16,7 @@ from cupyglm.checkpoint.vision_weights import vision_weights
 from cupyglm.config import preset
 from cupyglm.memory import storage_of, total_bytes, vision_arrays, vision_host_arrays
 from cupyglm.vision.processor import ProcessorConfig, process_bytes
-from cupyglm.vision.staging import StagedWeights, tower_units
+from cupyglm.vision.staging import StagedWeights, tower_shapes, tower_units
 from cupyglm.vision.tower import VisionTower
 
 
@@ -29,16 +29,24 @@ def png(h: int, w: int, seed: int) -> bytes:
 def test_units_cover_every_tensor_once():
     for name in ("tiny", "glm-5.3-flash"):
         cfg = preset(name)
-        flat = [n for u in tower_units(cfg.vision) for n in u]
-        assert sorted(flat) == sorted(s.name[len(VISION_PREFIX):] for s in vision_specs(cfg))
-        assert len(flat) == len(set(flat))
+        specs = {s.name[len(VISION_PREFIX):]: s.shape for s in vision_specs(cfg)}
+        assert tower_shapes(cfg.vision) == {n: (s[0], int(np.prod(s[1:]))) if len(s) > 1 else s
+                                            for n, s in specs.items()}
+        rows = {}
+        for unit in tower_units(cfg.vision):
+            for n, lo, hi in unit:
+                assert lo == rows.get(n, 0) < hi                    # a split tensor's pieces in row order
+                rows[n] = hi
+        assert rows == {n: s[0] for n, s in specs.items()}          # every tensor, every row, once
 
 
 def test_flash_plan_counts_two_slots_not_the_tower():
     cfg, st = preset("glm-5.3-flash"), storage_of(NumpyOps())
     tower, slots = total_bytes(vision_arrays(cfg), st), total_bytes(vision_arrays(cfg, host=True), st)
     assert tower == total_bytes(vision_host_arrays(cfg), st) and round(tower / 2**30, 2) == 1.05
-    assert slots == 2 * 2 * (2 * 10240 * 4096)             # the merger's gate and up: the largest unit
+    block = 3 * 1024 * 1024 + 1024 * 1024 + 3 * 4096 * 1024 + 3 * 1024 + 1024 + 2 * 4096 + 1024 + 2 * 1024 + 2 * 64
+    assert slots == 2 * 2 * block                                # a block is the largest unit
+    assert round((tower - slots) / 2**30, 2) == 0.99
     assert vision_arrays(dataclasses.replace(cfg, vision=None), host=True) == []            # a text-only model
 
 
