@@ -30,7 +30,7 @@ import numpy as np
 
 from cupyglm.checkpoint.names import VISION_PREFIX, all_specs, layer_specs, vision_specs
 from cupyglm.config import ModelConfig
-from cupyglm.vision.staging import tower_units
+from cupyglm.vision.staging import padded, tower_units
 
 BF16 = "bf16"
 FP32 = "fp32"
@@ -134,7 +134,7 @@ def vision_arrays(cfg: ModelConfig, host: bool = False) -> list[ArraySpec]:
     if not host or not tensors:
         return tensors
     per_row = {s.name[len(VISION_PREFIX):]: math.prod(s.shape[1:]) for s in tensors}
-    slot = max(sum((hi - lo) * per_row[n] for n, lo, hi in unit) for unit in tower_units(cfg.vision))
+    slot = max(sum(padded((hi - lo) * per_row[n]) for n, lo, hi in unit) for unit in tower_units(cfg.vision))
     return [ArraySpec(f"vision.stage.{i}", (slot,), BF16) for i in range(2)]                # [largest unit] bf16
 
 

@@ -27,6 +27,7 @@ from cupyglm.config import VisionConfig
 
 SPLIT = ("merger.gate_proj.weight", "merger.up_proj.weight", "merger.down_proj.weight")   # staged by output rows
 ROW_ALIGN = 64                          # a split piece's rows: whole kernel tiles
+PIECE_ALIGN = 64                        # elements: each piece starts 128-byte aligned in its slot (vector loads)
 
 
 def tower_shapes(cfg: VisionConfig) -> dict[str, tuple[int, ...]]:
@@ -84,6 +85,11 @@ def _split(names: tuple[str, ...], shapes, limit: int) -> list[tuple[tuple[str, 
     return [tuple((n, lo, min(lo + step, rows)) for n in names) for lo in range(0, rows, step)]
 
 
+def padded(elements: int) -> int:
+    """A piece's elements in a slot, rounded up so the next piece starts aligned."""
+    return -(-elements // PIECE_ALIGN) * PIECE_ALIGN
+
+
 def pieces_of(units, name: str) -> int:
     """How many units hold a piece of tensor `name` (its chunks, one per unit)."""
     return sum(1 for u in units for n, _, _ in u if n == name)
@@ -119,15 +125,16 @@ class StagedWeights:
 
     def __init__(self, ops, weights: Mapping[str, np.ndarray], units):
         sizes = [[(hi - lo) * _elements(np.shape(weights[n])[1:]) for n, lo, hi in u] for u in units]
-        self.units, self.slot_elements = units, max(sum(s) for s in sizes)
-        self.stager = make_stager(ops, sum(sum(s) for s in sizes), self.slot_elements)
+        spans = [sum(padded(k) for k in s) for s in sizes]
+        self.units, self.slot_elements = units, max(spans)
+        self.stager = make_stager(ops, sum(spans), self.slot_elements)
         self.spans, self.views, at = [], [], 0
         for i, (unit, unit_sizes) in enumerate(zip(units, sizes)):
             slot, view, off = self.stager.slots[i % 2], {}, 0
             for (name, lo, hi), k in zip(unit, unit_sizes):
                 self.stager.host[at + off:at + off + k] = self.stager.stored(np.asarray(weights[name])[lo:hi])
                 view[name] = slot[off:off + k].reshape((hi - lo,) + tuple(np.shape(weights[name])[1:]))
-                off += k
+                off += padded(k)
             self.spans.append((at, off))
             self.views.append(view)
             at += off

@@ -15,7 +15,7 @@ from cupy_double.fixtures import cuda_double_module, cuda_ops  # noqa: F401
 from cupyglm.checkpoint.vision_weights import vision_weights
 from cupyglm.memory import vision_arrays, total_bytes, storage_of
 from cupyglm.vision.processor import ProcessorConfig, process_bytes
-from cupyglm.vision.staging import tower_units
+from cupyglm.vision.staging import padded, tower_units
 from cupyglm.vision.tower import VisionTower
 
 
@@ -43,9 +43,10 @@ def test_staged_tower_holds_two_units_and_equals_resident(cuda_ops, tiny_ckpt, t
     resident, resident_bytes = _built(cuda_ops, cfg, weights, host=False)
     staged, staged_bytes = _built(cuda_ops, cfg, weights, host=True)
     units = tower_units(cfg)
-    unit_bytes = [sum(2 * (hi - lo) * int(np.prod(weights[n].shape[1:])) for n, lo, hi in u) for u in units]
+    piece = [[(hi - lo) * int(np.prod(weights[n].shape[1:])) for n, lo, hi in u] for u in units]
+    unit_bytes = [2 * sum(padded(k) for k in u) for u in piece]       # pieces start 128-byte aligned
     st = storage_of(cuda_ops)
-    assert resident_bytes == sum(unit_bytes) == total_bytes(vision_arrays(tiny_ckpt.config, host=False), st)
+    assert resident_bytes == 2 * sum(map(sum, piece)) == total_bytes(vision_arrays(tiny_ckpt.config, host=False), st)
     assert staged_bytes == 2 * max(unit_bytes) == total_bytes(vision_arrays(tiny_ckpt.config, host=True), st)
     assert staged_bytes < resident_bytes
 

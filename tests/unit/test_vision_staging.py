@@ -59,6 +59,8 @@ def test_staged_rows_equal_resident(tiny_ckpt, tiny_dir):
     slots = staged.weights.stager.slots
     assert sum(s.nbytes for s in slots) == total_bytes(vision_arrays(tiny_ckpt.config, host=True),
                                                        storage_of(NumpyOps()))
+    for i, view in enumerate(staged.weights.views):                 # each piece 128-byte aligned in its slot
+        assert all((v.ctypes.data - slots[i % 2].ctypes.data) % 128 == 0 for v in view.values())
     want = resident.encode(img.pixel_values, img.grid)
     assert staged.encode(img.pixel_values, img.grid).tobytes() == want.tobytes()
     assert staged.encode(img.pixel_values, img.grid).tobytes() == want.tobytes()     # a second pass alike
