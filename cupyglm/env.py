@@ -16,6 +16,7 @@ VARIABLES: dict[str, tuple[str, str]] = {
     "CUPYGLM_KV_HOST": ("0", "alias of --kv-host; 1: latent KV rows live in pinned host pages mapped into every device"),
     "CUPYGLM_KV_HOST_SHARED": ("0", "alias of --kv-host-shared; 1: ranks of one host map one /dev/shm file for the host KV pages (needs --kv-host)"),
     "CUPYGLM_KV_HOST_GIB": ("", "alias of --kv-host-gib; size of the host KV pages in GiB (needs --kv-host; default one full window)"),
+    "CUPYGLM_VISION_HOST": ("0", "alias of --vision-host; 1: the vision tower's weights live in pinned host memory on rank 0, staged to the device one unit at a time into two slots"),
     "CUPYGLM_CUDA_GRAPHS": ("0", "alias of --cuda-graphs; 1: on the cuda backend, decode calls replay each layer whole (a DSA layer's FFN half alone with --kv-host) and the step's ends (embedding, lm_head) as CUDA graphs per batch bucket (no bit changes; not fingerprinted)"),
     "CUPYGLM_MEMORY_RESERVE_GIB": ("1.0", "alias of --memory-reserve-gib; memory each rank keeps free after weights, scratch and KV pages"),
     "CUPYGLM_SIM_ORDER": ("forward", "thread order of the sim backend: forward, reverse or shuffled"),

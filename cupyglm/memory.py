@@ -15,6 +15,8 @@ plan of every backend counts the bytes that backend allocates.
     kv host     with CUPYGLM_KV_HOST: latent rows in host memory; on the device the gather's slots [S, R] bf16,
                  their rows [S] i32 and a mark per host row [N] i32
     prompt cache the kept-state arena: [kept pages, page bytes] u8 (device, or host with CUPYGLM_HOST_CACHE)
+    vision       rank 0 with the tower on: every tower tensor [GEMM shape] bf16 on the device; with CUPYGLM_VISION_HOST
+                 the tensors in host memory and two device staging slots [largest unit's elements] bf16
     cuda graphs  with CUPYGLM_CUDA_GRAPHS: the KDA seats (per KDA layer 16 states and windows, per bucket the call's
                  tables) and per bucket the graphs' inputs and outputs per layer (engine/plan_graphs.py sums them)
 """
@@ -26,8 +28,9 @@ import math
 import ml_dtypes
 import numpy as np
 
-from cupyglm.checkpoint.names import all_specs, layer_specs
+from cupyglm.checkpoint.names import VISION_PREFIX, all_specs, layer_specs, vision_specs
 from cupyglm.config import ModelConfig
+from cupyglm.vision.staging import padded, tower_units
 
 BF16 = "bf16"
 FP32 = "fp32"
@@ -120,6 +123,24 @@ def weight_arrays(cfg: ModelConfig, tp: int, mtp: bool = False, quant=None) -> l
         else:
             out.append(ArraySpec(s.name, s.shard_shape(tp), FP32 if s.dtype == "F32" else BF16))
     return out
+
+
+# ---- the vision tower (rank 0) ---------------------------------------------------------------------------------
+
+def vision_arrays(cfg: ModelConfig, host: bool = False) -> list[ArraySpec]:
+    """The tower's device arrays (none without one): every tensor, or with `host` (CUPYGLM_VISION_HOST) the two
+    staging slots of the largest unit (`vision.staging.tower_units`) while the tensors live in host memory."""
+    tensors = [ArraySpec(s.name, s.shape, BF16) for s in vision_specs(cfg)]
+    if not host or not tensors:
+        return tensors
+    per_row = {s.name[len(VISION_PREFIX):]: math.prod(s.shape[1:]) for s in tensors}
+    slot = max(sum(padded((hi - lo) * per_row[n]) for n, lo, hi in unit) for unit in tower_units(cfg.vision))
+    return [ArraySpec(f"vision.stage.{i}", (slot,), BF16) for i in range(2)]                # [largest unit] bf16
+
+
+def vision_host_arrays(cfg: ModelConfig) -> list[ArraySpec]:
+    """With CUPYGLM_VISION_HOST: the tower's tensors in host memory (pinned on cuda)."""
+    return [ArraySpec(s.name, s.shape, BF16) for s in vision_specs(cfg)]
 
 
 # ---- KV pages ---------------------------------------------------------------------------------------------------

@@ -49,6 +49,7 @@ SOURCES: dict[str, str] = {
     "vision_max_images": "--vision-max-images",
     "vision_image_tokens": "--vision-image-tokens",
     "vision_urls": "--vision-urls",
+    "vision_host": "--vision-host or CUPYGLM_VISION_HOST",
 }
 
 # The settings that change the memory plan: field -> (flag, environment alias). The flag wins over the alias.
@@ -59,6 +60,7 @@ MEMORY_FLAGS: dict[str, tuple[str, str]] = {
     "kv_host_shared": ("--kv-host-shared", "CUPYGLM_KV_HOST_SHARED"),
     "kv_host_gib": ("--kv-host-gib", "CUPYGLM_KV_HOST_GIB"),
     "memory_reserve_gib": ("--memory-reserve-gib", "CUPYGLM_MEMORY_RESERVE_GIB"),
+    "vision_host": ("--vision-host", "CUPYGLM_VISION_HOST"),
     "cuda_graphs": ("--cuda-graphs", "CUPYGLM_CUDA_GRAPHS"),
 }
 
@@ -164,6 +166,7 @@ class Settings:
     vision_max_images: int = 4            # images one request may hold
     vision_image_tokens: int = 0          # most tokens one image gives (larger ones resized); 0: the checkpoint's
     vision_urls: bool = False             # remote http(s) image URLs fetched (server.image_fetch)
+    vision_host: bool = False             # CUPYGLM_VISION_HOST: the tower's weights in host memory, staged per unit
 
     def __post_init__(self) -> None:
         # Direct construction gets the same checks as from_args, named by flag or variable.
@@ -314,7 +317,7 @@ def _memory_settings(ns: argparse.Namespace) -> dict[str, Any]:
 
     # cuda_graphs stays None without its flag: engine.build.cuda_graphs reads the alias, as for direct Settings
     out: dict[str, Any] = {"host_cache": boolean("host_cache")[0], "kv_host": boolean("kv_host")[0],
-                           "cuda_graphs": getattr(ns, "cuda_graphs", None)}
+                           "vision_host": boolean("vision_host")[0], "cuda_graphs": getattr(ns, "cuda_graphs", None)}
     raw, label = given("kv_share")
     out["kv_share"] = _int(label, 0 if raw is None else raw, 0)
     out["kv_host_shared"], label = boolean("kv_host_shared")
@@ -391,5 +394,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     m.add_argument("--memory-reserve-gib", default=None, metavar="GIB",
                    help="memory each rank keeps free after weights, scratch and KV pages (default 1.0; "
                         "$CUPYGLM_MEMORY_RESERVE_GIB)")
+    m.add_argument("--vision-host", action=onoff, default=None,
+                   help="rank 0 keeps the vision tower's weights in pinned host memory and stages them to the device "
+                        "one unit at a time into two slots ($CUPYGLM_VISION_HOST)")
     m.add_argument("--cuda-graphs", action=onoff, default=None,
                    help="on the cuda backend, decode calls replay CUDA graphs (no bit changes; $CUPYGLM_CUDA_GRAPHS)")

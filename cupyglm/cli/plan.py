@@ -1,14 +1,16 @@
 """cupyglm-plan: the memory plan for any config and card size, without weights.
 
     cupyglm-plan --config glm-5.3-flash --tp 2 --card-gib 96 [--kv-host] [--context N] [--page-tokens N]
-                 [--quant fp8|nvfp4 | --model DIR] [--cuda-graphs]
+                 [--quant fp8|nvfp4 | --model DIR] [--cuda-graphs] [--no-vision | --vision-host]
 
 Weights: bf16, or a quantised checkpoint's stored bytes (packed values + scales) a rank holds: `--quant` names
 the format (the projections the published FP8 release quantises), `--model DIR` reads a checkpoint's config,
 quantisation declaration and safetensors headers (no weight is read).
 
 The plan counts every array as `cupyglm.memory` describes it at the backends' storage (--storage to state
-another). Prints the bytes per token, one plan line per rank (weights, scratch, cuda graphs when on, pages x bytes,
+another). Rank 0 holds the vision tower when the config has one (--no-vision: not served), or with --vision-host its two
+staging slots; the ranks take the fewest pages that fit any of them, as serving ranks agree.
+Prints the bytes per token, one plan line per rank (weights, vision, scratch, cuda graphs when on, pages x bytes,
 window, prompt cache, reserve, free) and the pages and window; exits 1 with `PlanError: ...` when the plan does not fit.
 """
 from __future__ import annotations
@@ -53,6 +55,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--cuda-graphs", action=argparse.BooleanOptionalAction, default=graphs,
                    help="decode calls replay CUDA graphs: their KDA seats and pools in the plan (default "
                         f"$CUPYGLM_CUDA_GRAPHS, {'on' if graphs else 'off'})")
+    p.add_argument("--vision", action=argparse.BooleanOptionalAction, default=True,
+                   help="rank 0 holds the vision tower when the config has one (default on)")
+    vhost = env.get_or("CUPYGLM_VISION_HOST") == "1"
+    p.add_argument("--vision-host", action=argparse.BooleanOptionalAction, default=vhost,
+                   help="the tower's weights in host memory, two staging slots on rank 0's card (default "
+                        f"$CUPYGLM_VISION_HOST, {'on' if vhost else 'off'})")
     p.add_argument("--weights-gib", type=float, default=None,
                    help="per-rank weights in GiB (a quantised checkpoint); default: bf16 shard shapes")
     p.add_argument("--quant", choices=("fp8", "nvfp4"), default=None,
@@ -109,14 +117,18 @@ def main(argv: list[str] | None = None) -> int:
         f"{layout.scheme.fmt} weights ({len(layout.names):,} projections packed + scales)"
     print(f"{args.config}: tp {args.tp}, card {args.card_gib:g} GiB, {st.describe()}, {weights}: {bpt:,} "
           f"bytes/token on the card ({where})")
+    kw = dict(storage=st, tp=args.tp, budget_bytes=int(args.card_gib * GIB), parallel=args.parallel,
+              context=args.context, page_tokens=args.page_tokens, kv_host=args.kv_host,
+              kv_host_bytes=None if args.kv_host_gib is None else int(args.kv_host_gib * GIB),
+              reserve_gib=args.reserve_gib, prompt_cache_gib=args.prompt_cache_gib,
+              host_cache=args.host_cache, chunk_rows=args.prefill_chunk,
+              weights=None if args.weights_gib is None else int(args.weights_gib * GIB),
+              quant=layout, graphs=args.cuda_graphs, vision_host=args.vision_host)
+    tower = args.vision and cfg.vision is not None
     try:
-        plans = [plan_memory(cfg, storage=st, tp=args.tp, rank=r, budget_bytes=int(args.card_gib * GIB), parallel=args.parallel,
-                             context=args.context, page_tokens=args.page_tokens, kv_host=args.kv_host,
-                             kv_host_bytes=None if args.kv_host_gib is None else int(args.kv_host_gib * GIB),
-                             reserve_gib=args.reserve_gib, prompt_cache_gib=args.prompt_cache_gib,
-                             host_cache=args.host_cache, chunk_rows=args.prefill_chunk,
-                             weights=None if args.weights_gib is None else int(args.weights_gib * GIB),
-                             quant=layout, graphs=args.cuda_graphs)
+        fits = [plan_memory(cfg, **{**kw, "context": 0, "kv_pages": 0}, rank=r, vision=tower and r == 0).fit_pages
+                for r in range(args.tp)]                       # the ranks agree on the fewest pages
+        plans = [plan_memory(cfg, **kw, rank=r, vision=tower and r == 0, fit_pages=min(fits))
                  for r in range(args.tp)]
     except (PlanError, ValueError) as e:
         print(f"PlanError: {e}", file=sys.stderr)

@@ -13,7 +13,7 @@ Fingerprint (a JSON object; VERSION is bumped whenever a key is added, removed o
     context, parallel, page_tokens, kv_cache, kv_pages, kv_gib, prompt_cache_gib,
     prompt_cache_disk (whether --prompt-cache-dir is set; the directory itself is not compared),
     prompt_cache_disk_gib, host_cache, kv_share, kv_host_gib, mtp_drafts, memory_reserve_gib, max_queue, seed,
-    prefill_chunk, vision, vision_max_images, vision_image_tokens, vision_urls
+    prefill_chunk, vision, vision_max_images, vision_image_tokens, vision_urls, vision_host
                         the Settings fields of those names
     kv_host             the combined kv host mode (0 off, 1 per-rank host rows, 2 shared per host), so a rank
                         that differs in CUPYGLM_KV_HOST or CUPYGLM_KV_HOST_SHARED is named by both variables
@@ -46,7 +46,7 @@ FIELDS: tuple[str, ...] = ("model", "backend", "arithmetic", "context", "paralle
                            "kv_pages", "kv_gib", "prompt_cache_gib", "prompt_cache_disk", "prompt_cache_disk_gib",
                            "host_cache", "kv_share", "kv_host", "kv_host_gib", "mtp_drafts",
                            "memory_reserve_gib", "max_queue", "seed", "prefill_chunk", "vision", "vision_max_images",
-                           "vision_image_tokens", "vision_urls")
+                           "vision_image_tokens", "vision_urls", "vision_host")
 # How the keys that are not settings come about (the rest: settings.SOURCES).
 HOW = {"arithmetic": "the cupyglm build's ARITHMETIC version and the GPU's tensor core"}
 

@@ -58,7 +58,8 @@ def plan_for(world, ckpt, ops, *, parallel: int | None = None, mtp: bool = False
               kv_host_bytes=None if st.kv_host_gib is None else int(st.kv_host_gib * GIB),
               reserve_gib=st.memory_reserve_gib, prompt_cache_gib=st.prompt_cache_gib, host_cache=st.host_cache,
               chunk_rows=chunk, mtp=mtp, pool_cap=cpu, quant=layout_of(ckpt),
-              graphs=cuda_graphs(world.backend, st.cuda_graphs))
+              graphs=cuda_graphs(world.backend, st.cuda_graphs),
+              vision=vision_on(st, cfg) and world.rank == 0, vision_host=st.vision_host)
     try:                                   # what fits this rank; refusals wait until the ranks agree
         local_fit, local_error = plan_memory(cfg, **{**kw, "context": 0, "kv_pages": 0}).fit_pages, None
     except PlanError as e:
@@ -102,8 +103,8 @@ def build(world, ckpt, *, poison: bool = False, log=log_line, observers: Observe
     st, cfg = world.settings, ckpt.config
     ops = make_ops(world.backend)
     mtp = st.mtp_drafts > 0                # the MTP head (weights, KV rows, pending row) only when drafting
-    encoder = image_encoder(world, ckpt, ops)     # before the plan: the tower's weights are not the KV pool's
-    plan = plan_for(world, ckpt, ops, mtp=mtp)
+    plan = plan_for(world, ckpt, ops, mtp=mtp)    # counts rank 0's tower (or its staging slots) as a weight
+    encoder = image_encoder(world, ckpt, ops)
     if log is not None:
         log(plan.line())
         note = unconfirmed_note(world.backend) if world.rank == 0 else None
@@ -135,16 +136,22 @@ def build(world, ckpt, *, poison: bool = False, log=log_line, observers: Observe
 
 
 def vision_on(settings, cfg) -> bool:
-    """--vision / --no-vision, default on when the checkpoint has a tower; asked for without one: refused."""
+    """--vision / --no-vision, default on when the checkpoint has a tower; asked for without one (or
+    --vision-host without the tower on): refused."""
+    from cupyglm.settings import SettingsError
+
     if settings.vision and cfg.vision is None:
-        from cupyglm.settings import SettingsError
         raise SettingsError("--vision: the checkpoint has no vision tower (no vision_config)", agreed=True)
-    return cfg.vision is not None and settings.vision is not False
+    on = cfg.vision is not None and settings.vision is not False
+    if settings.vision_host and not on:
+        why = "--no-vision" if cfg.vision is not None else "the checkpoint has none (no vision_config)"
+        raise SettingsError(f"--vision-host or CUPYGLM_VISION_HOST=1: no vision tower runs ({why})", agreed=True)
+    return on
 
 
 def image_encoder(world, ckpt, ops):
-    """Rank 0's tower (every tensor whole, on this backend) when vision is on; the other ranks take its rows from
-    the step message."""
+    """Rank 0's tower (every tensor whole, on this backend's device, or in host memory staged per unit with
+    --vision-host) when vision is on; the other ranks take its rows from the step message."""
     on = vision_on(world.settings, ckpt.config)      # every rank refuses a --vision without a tower
     if world.rank != 0 or not on:
         return None
@@ -152,7 +159,8 @@ def image_encoder(world, ckpt, ops):
     from cupyglm.engine.images import ImageEncoder
     from cupyglm.vision.tower import VisionTower
 
-    return ImageEncoder(VisionTower(ckpt.config.vision, vision_weights(ckpt), ops), ops)
+    tower = VisionTower(ckpt.config.vision, vision_weights(ckpt), ops, host=world.settings.vision_host)
+    return ImageEncoder(tower, ops)
 
 
 def build_disk(world, ckpt, kept, page_tokens: int, log, pause_s: float = 0.0):

@@ -2,6 +2,7 @@
 
     budget (card or host memory, per rank)
       - weights      (this rank's shard: the split table's shard shapes at the backend's storage)
+      - vision       (rank 0 with the tower on: the tower, or with CUPYGLM_VISION_HOST its two staging slots)
       - scratch      (activations for the step's rows + the fixed state of `parallel` sequences, their index
                       tails included: the KV store's `parallel` tail slots, kv/index_tails.py)
       - reserve      (CUPYGLM_MEMORY_RESERVE_GIB)
@@ -26,7 +27,8 @@ import numpy as np
 from cupyglm.config import ModelConfig
 from cupyglm.engine.plan_graphs import describe, graph_bytes, graph_terms
 from cupyglm.memory import (FP32, Storage, gather_arrays, host_latent_arrays, index_tail_array, kv_arrays,
-                            prompt_cache_arena, state_arrays, total_bytes, weight_arrays)
+                            prompt_cache_arena, state_arrays, total_bytes, vision_arrays, vision_host_arrays,
+                            weight_arrays)
 
 GIB = 1 << 30
 MIB = 1 << 20
@@ -125,6 +127,8 @@ class MemoryPlan:
     graph_terms: tuple = ()           # CUDA graphs: (name, bytes, exact) per term (plan_graphs.graph_terms)
     tail_bytes: int = 0               # the KV store's index-tail slots of `parallel` sequences (in the scratch:
                                       # each slot is the tails' share of one sequence's state_bytes)
+    vision_bytes: int = 0             # rank 0's tower on the card, or its staging slots with CUPYGLM_VISION_HOST
+    vision_host_bytes: int = 0        # CUPYGLM_VISION_HOST: the tower in host memory
 
     @property
     def graph_bytes(self) -> int:
@@ -152,9 +156,15 @@ class MemoryPlan:
         budget = f" of {_gib(self.budget_bytes)}" if self.budget_bytes else f" (--kv-gib {_gib(self.explicit_kv_bytes)})"
         cap = f" ({self.window_cap})" if self.window_cap else ""
         graphs = f", cuda graphs {_gib(self.graph_bytes)} ({describe(self.graph_terms)})" if self.graph_terms else ""
-        return (f"rank {self.rank} plan ({self.storage}): weights {_gib(self.weights_bytes)}, scratch "
+        return (f"rank {self.rank} plan ({self.storage}): weights {_gib(self.weights_bytes)}{self._vision()}, scratch "
                 f"{_gib(self.scratch_bytes)}{graphs}, {kv}, window {self.context:,} tokens{cap}, {cache}, reserve "
                 f"{_gib(self.reserve_bytes)}, free {_gib(self.free_bytes)}{budget}")
+
+    def _vision(self) -> str:
+        if self.vision_host_bytes:
+            return (f", vision staging {_gib(self.vision_bytes)} (tower {_gib(self.vision_host_bytes)} in host "
+                    f"memory)")
+        return f", vision tower {_gib(self.vision_bytes)}" if self.vision_bytes else ""
 
     def summary(self) -> str:
         return (f"{self.bytes_per_token:,} bytes/token, {self.page_tokens} tokens/page, "
@@ -190,13 +200,14 @@ def plan_memory(cfg: ModelConfig, *, storage: Storage, tp: int = 1, rank: int = 
                 reserve_gib: float = 1.0, prompt_cache_gib: float = 0.0, host_cache: bool = False,
                 chunk_rows: int = 2048, weights: int | None = None, quant=None,
                 mtp: bool = False, pool_cap: bool = False, fit_pages: int | None = None,
-                graphs: bool = False) -> MemoryPlan:
+                graphs: bool = False, vision: bool = False, vision_host: bool = False) -> MemoryPlan:
     """The plan of one rank, every array at the backend's `storage` (`memory.storage_of(ops)`). `budget_bytes`:
     the memory this rank plans in (card or host); `kv_budget_bytes` (--kv-gib) replaces the arithmetic with an
     explicit KV budget. `fit_pages` overrides the pages that fit (the minimum over ranks, see `agree`).
     `pool_cap` (CPU backends) sizes the pool to `parallel` full windows rather than all memory; `mtp`: the
     MTP head is built (its weights and state rows counted, and each stream's verify snapshot, engine/verify);
-    `graphs`: decode calls replay CUDA graphs (their seats and pools counted before the pages, plan_graphs.py)."""
+    `graphs`: decode calls replay CUDA graphs (their seats and pools counted before the pages, plan_graphs.py);
+    `vision`: this rank holds the tower (rank 0 with it on), `vision_host` in host memory with two staging slots."""
     if tp < 1 or parallel < 1:
         raise PlanError(f"tp and parallel must be positive (got tp {tp}, parallel {parallel})")
     page_tokens = page_tokens or cfg.page_tokens
@@ -205,6 +216,8 @@ def plan_memory(cfg: ModelConfig, *, storage: Storage, tp: int = 1, rank: int = 
     page_bytes = kv_page_bytes(cfg, page_tokens, storage, kv_host)
     host_bpt = host_kv_bytes_per_token(cfg, storage) if kv_host else 0
     wbytes = weights if weights is not None else weight_bytes(cfg, tp, storage, quant, mtp)
+    tower = total_bytes(vision_arrays(cfg, vision_host), storage) if vision else 0
+    tower_host = total_bytes(vision_host_arrays(cfg), storage) if vision and vision_host else 0
     state = fixed_state_bytes(cfg, tp, storage, mtp)
     tails = total_bytes([index_tail_array(cfg, parallel, cfg.kv_layers if mtp else cfg.dsa_layers)], storage)
     host_pages, slots, gather = _host_rows(cfg, storage, page_tokens, context, kv_host, kv_host_bytes, host_bpt)
@@ -226,9 +239,9 @@ def plan_memory(cfg: ModelConfig, *, storage: Storage, tp: int = 1, rank: int = 
         if budget_bytes is None:
             raise PlanError("no memory budget: give the card size or --kv-gib")
         budget = int(budget_bytes)
-        room = budget - wbytes - scratch - reserve - cache_here - graph
+        room = budget - wbytes - tower - scratch - reserve - cache_here - graph
         if fit_pages is None:
-            _check_room(rank, budget, room, page_bytes, wbytes=wbytes, scratch=scratch, reserve=reserve,
+            _check_room(rank, budget, room, page_bytes, wbytes=wbytes, vision=tower, scratch=scratch, reserve=reserve,
                         cache_here=cache_here, terms=terms)
     pages, fit = _pages(room, page_bytes, fit_pages, host_pages if kv_host else None, kv_pages, rank)
     window, cap = _window(cfg, context, pages * page_tokens)
@@ -241,21 +254,23 @@ def plan_memory(cfg: ModelConfig, *, storage: Storage, tp: int = 1, rank: int = 
                       bytes_per_token=page_bytes // page_tokens, host_bytes_per_token=host_bpt, fit_pages=fit,
                       num_pages=pages, context=window, window_cap=cap, free_bytes=free,
                       explicit_kv_bytes=int(kv_budget_bytes or 0), host_pages=host_pages, gather_slots=slots,
-                      gather_bytes=gather, graph_terms=terms, tail_bytes=tails)
+                      gather_bytes=gather, graph_terms=terms, tail_bytes=tails, vision_bytes=tower,
+                      vision_host_bytes=tower_host)
 
 
-def _check_room(rank: int, budget: int, room: int, page_bytes: int, *, wbytes: int, scratch: int, reserve: int,
-                cache_here: int, terms: tuple) -> None:
+def _check_room(rank: int, budget: int, room: int, page_bytes: int, *, wbytes: int, vision: int, scratch: int,
+                reserve: int, cache_here: int, terms: tuple) -> None:
     """Refuse a budget with no room for one KV page, naming what took it (the CUDA graphs when they tipped it)."""
     graph = graph_bytes(terms)
+    wbytes_text = f"{_gib(wbytes)}" + (f" + vision {_gib(vision)}" if vision else "")
     cache = f" + prompt cache {_gib(cache_here)}" if cache_here else ""
     if graph and room < page_bytes <= room + graph:
         raise PlanError(f"CUDA graphs do not fit on rank {rank}: they need {_gib(graph)} ({describe(terms)}) "
-                        f"but {_gib(room + graph)} are left after weights {_gib(wbytes)} + scratch "
+                        f"but {_gib(room + graph)} are left after weights {wbytes_text} + scratch "
                         f"{_gib(scratch)} + reserve {_gib(reserve)}" + cache
                         + f", and a KV page needs {_size(page_bytes)} more (CUPYGLM_CUDA_GRAPHS=0 runs eagerly)")
     if room < page_bytes:
-        raise PlanError(f"no room for KV pages on rank {rank}: weights {_gib(wbytes)} + scratch "
+        raise PlanError(f"no room for KV pages on rank {rank}: weights {wbytes_text} + scratch "
                         f"{_gib(scratch)} + reserve {_gib(reserve)}" + cache
                         + (f" + cuda graphs {_gib(graph)}" if graph else "")
                         + f" exceed the {_gib(budget)} budget (a quantised checkpoint: --quant, --model or "

@@ -34,6 +34,7 @@ from cupyglm.backend.lanes import BF16
 from cupyglm.backend.numpy_ops import NumpyOps
 from cupyglm.config import VisionConfig
 from cupyglm.vision import rotary
+from cupyglm.vision.staging import ResidentWeights, StagedWeights, tower_units
 
 MERGER_LN_EPS = 1e-5                    # the merger's LayerNorm: torch's default eps (the config sets none)
 
@@ -43,27 +44,18 @@ class VisionTower:
     (a backend's ops object; the numpy reference when None). Conv weights are kept as [out, in * kernel] GEMM
     weights."""
 
-    def __init__(self, cfg: VisionConfig, weights: Mapping[str, np.ndarray], ops=None):
+    def __init__(self, cfg: VisionConfig, weights: Mapping[str, np.ndarray], ops=None, host: bool = False):
         self.cfg, self.ops = cfg, ops if ops is not None else NumpyOps()
         missing = [n for n in self.tensor_names() if n not in weights]
         if missing:
             raise ValueError(f"vision tower: missing tensor model.visual.{missing[0]} ({len(missing)} missing)")
-        self.w = {n: self.ops.weight(_as_gemm(n, np.asarray(weights[n]))) for n in self.tensor_names()}
+        gemm = {n: _as_gemm(n, np.asarray(weights[n])) for n in self.tensor_names()}
+        # host: in host memory, staged one unit at a time (CUPYGLM_VISION_HOST); else on the device whole
+        self.weights = (StagedWeights(self.ops, gemm, tower_units(cfg)) if host
+                        else ResidentWeights(self.ops, gemm))
 
     def tensor_names(self) -> list[str]:
-        names = ["patch_embed.proj.weight", "patch_embed.proj.bias", "post_layernorm.weight",
-                 "downsample.weight", "downsample.bias", "merger.proj.weight", "merger.post_projection_norm.weight",
-                 "merger.post_projection_norm.bias", "merger.gate_proj.weight", "merger.up_proj.weight",
-                 "merger.down_proj.weight"]
-        for n in range(self.cfg.depth):
-            b = f"blocks.{n}"
-            names += [f"{b}.norm1.weight", f"{b}.norm2.weight", f"{b}.attn.qkv.weight", f"{b}.attn.proj.weight",
-                      f"{b}.attn.q_norm.weight", f"{b}.attn.k_norm.weight"]
-            names += [f"{b}.mlp.{p}_proj.weight" for p in ("gate", "up", "down")]
-            if self.cfg.attention_bias:
-                names += [f"{b}.attn.qkv.bias", f"{b}.attn.proj.bias"]
-                names += [f"{b}.mlp.{p}_proj.bias" for p in ("gate", "up", "down")]
-        return names
+        return list(dict.fromkeys(n for unit in tower_units(self.cfg) for n, _, _ in unit))
 
     def encode(self, pixel_values: np.ndarray, grid: tuple[int, int, int]):
         """pixel_values float32 [t * h * w, 3 * t * p * p] and grid (t, h, w) of ONE image -> bf16
@@ -75,56 +67,73 @@ class VisionTower:
             raise ValueError(f"vision tower: pixel_values {pixel_values.shape} do not match grid {grid} "
                              f"(one frame, rows of {c.in_channels * c.temporal_patch_size * c.patch_size ** 2})")
         pixels = ops.weight(np.asarray(pixel_values, np.float32).astype(BF16))   # pixel rows enter in bf16
-        x = self._linear(pixels, "patch_embed.proj")
+        units = self.weights.begin()
+        x = self._linear(units.next(), pixels, "patch_embed.proj")
         cos, sin = rotary.cos_sin(rotary.patch_positions(gh, gw, c.spatial_merge_size), c.head_dim, c.rope_theta)
         for i in range(c.depth):
-            x = self._block(x, f"blocks.{i}", cos, sin)
-        return self._merge(ops.rmsnorm(x, self.w["post_layernorm.weight"], c.rms_norm_eps))
+            x = self._block(units.next(), x, f"blocks.{i}", cos, sin)
+        rows = self._merge(units, x)
+        units.end()
+        return rows
 
     def encode_images(self, images) -> list:
         """encode of each (pixel_values, grid) in `images`, one image at a time: an image's rows never depend on
         the images beside it in the call."""
         return [self.encode(pixel_values, grid) for pixel_values, grid in images]
 
-    # ---- parts -------------------------------------------------------------------------------------------
-    def _linear(self, x, name: str, bias: bool = True, out: str = "bf16"):
+    # ---- parts (w: the tensors of the unit being run, {name: device array}) ---------------------------------
+    def _linear(self, w, x, name: str, bias: bool = True, out: str = "bf16"):
         """x @ W^T (+ b) as a prompt-role gemm; out "bf16" rounds once, "f32" keeps the sums (a residual's)."""
         if not bias:
-            return self.ops.gemm(x, self.w[f"{name}.weight"], out=out)
-        return self.ops.bias_add(self.ops.gemm(x, self.w[f"{name}.weight"]), self.w[f"{name}.bias"], out)
+            return self.ops.gemm(x, w[f"{name}.weight"], out=out)
+        return self.ops.bias_add(self.ops.gemm(x, w[f"{name}.weight"]), w[f"{name}.bias"], out)
 
-    def _block(self, x, b: str, cos: np.ndarray, sin: np.ndarray):
+    def _block(self, w, x, b: str, cos: np.ndarray, sin: np.ndarray):
         c, ops = self.cfg, self.ops
-        h = self._attention(ops.rmsnorm(x, self.w[f"{b}.norm1.weight"], c.rms_norm_eps), b, cos, sin)
+        h = self._attention(w, ops.rmsnorm(x, w[f"{b}.norm1.weight"], c.rms_norm_eps), b, cos, sin)
         x = ops.residual_add(x, h)
-        h = self._mlp(ops.rmsnorm(x, self.w[f"{b}.norm2.weight"], c.rms_norm_eps), f"{b}.mlp", c.attention_bias)
+        h = self._mlp(w, ops.rmsnorm(x, w[f"{b}.norm2.weight"], c.rms_norm_eps), f"{b}.mlp")
         return ops.residual_add(x, h)
 
-    def _attention(self, x, b: str, cos: np.ndarray, sin: np.ndarray):
+    def _attention(self, w, x, b: str, cos: np.ndarray, sin: np.ndarray):
         """The attention sublayer's fp32 output (proj's sums and bias, unrounded: residual_add rounds it)."""
         c, n = self.cfg, x.shape[0]
-        qkv = self._linear(x, f"{b}.attn.qkv", c.attention_bias).reshape(n, 3, c.num_heads, c.head_dim)
-        o = self.ops.vision_attention(qkv, self.w[f"{b}.attn.q_norm.weight"], self.w[f"{b}.attn.k_norm.weight"],
+        qkv = self._linear(w, x, f"{b}.attn.qkv", c.attention_bias).reshape(n, 3, c.num_heads, c.head_dim)
+        o = self.ops.vision_attention(qkv, w[f"{b}.attn.q_norm.weight"], w[f"{b}.attn.k_norm.weight"],
                                       c.rms_norm_eps, cos, sin, c.head_dim ** -0.5)
-        return self._linear(o, f"{b}.attn.proj", c.attention_bias, out="f32")
+        return self._linear(w, o, f"{b}.attn.proj", c.attention_bias, out="f32")
 
-    def _mlp(self, x, name: str, bias: bool, out: str = "f32"):
-        """down(swiglu(gate(x), up(x), L)): the block's fp32 sublayer output, or the merger's bf16 rows."""
-        lim = self.cfg.swiglu_limit
+    def _mlp(self, w, x, name: str):
+        """A block's down(swiglu(gate(x), up(x), L)): its fp32 sublayer output."""
+        lim, bias = self.cfg.swiglu_limit, self.cfg.attention_bias
         if bias:
-            act = self.ops.swiglu(self._linear(x, f"{name}.gate_proj"), self._linear(x, f"{name}.up_proj"), lim)
+            act = self.ops.swiglu(self._linear(w, x, f"{name}.gate_proj"), self._linear(w, x, f"{name}.up_proj"), lim)
         else:
-            act = self.ops.gemm_swiglu(x, self.w[f"{name}.gate_proj.weight"], self.w[f"{name}.up_proj.weight"], lim)
-        return self._linear(act, f"{name}.down_proj", bias, out=out)
+            act = self.ops.gemm_swiglu(x, w[f"{name}.gate_proj.weight"], w[f"{name}.up_proj.weight"], lim)
+        return self._linear(w, act, f"{name}.down_proj", bias, out="f32")
 
-    def _merge(self, x):
+    def _merge(self, units, x):
+        """post_layernorm, the 2x2 merge and the merger, each unit taken from the pass `units` as it is reached."""
         c, m, ops = self.cfg, self.cfg.spatial_merge_size, self.ops
+        w = units.next()
+        x = ops.rmsnorm(x, w["post_layernorm.weight"], c.rms_norm_eps)
         blocks = x.reshape(-1, m, m, c.hidden_size).transpose(0, 3, 1, 2).reshape(-1, c.hidden_size * m * m)
-        y = self._linear(blocks, "downsample")                                  # [tokens, out] (D, m, m) flattened
-        y = self._linear(y, "merger.proj", bias=False)
-        y = ops.layernorm(y, self.w["merger.post_projection_norm.weight"], self.w["merger.post_projection_norm.bias"],
+        y = self._linear(w, blocks, "downsample")                               # [tokens, out] (D, m, m) flattened
+        w = units.next()
+        y = self._linear(w, y, "merger.proj", bias=False)
+        y = ops.layernorm(y, w["merger.post_projection_norm.weight"], w["merger.post_projection_norm.bias"],
                           MERGER_LN_EPS)
-        return self._mlp(ops.gelu(y), "merger", bias=False, out="bf16")
+        y = ops.gelu(y)
+        act = self._pieces(units, "merger.gate_proj.weight",
+                           lambda w: ops.gemm_swiglu(y, w["merger.gate_proj.weight"], w["merger.up_proj.weight"],
+                                                     c.swiglu_limit))
+        return self._pieces(units, "merger.down_proj.weight",
+                            lambda w: self._linear(w, act, "merger.down_proj", bias=False))
+
+    def _pieces(self, units, name: str, op):
+        """op over each unit holding a piece (output rows) of tensor `name`: its output columns side by side."""
+        out = [op(units.next()) for _ in range(self.weights.pieces(name))]
+        return out[0] if len(out) == 1 else self.ops.xp.concatenate(out, axis=1)
 
 
 def _as_gemm(name: str, w: np.ndarray) -> np.ndarray:

@@ -13,6 +13,7 @@ Counters (reset per test through `cupy_double.counting()`):
   captured   operations recorded into a graph by stream capture (capture.py), not run
   graph_launches  Graph.launch calls (one host launch each); graph_kernels / graph_ops / graph_memcpys the
              RawKernels / CuPy kernels / raw copies those launches ran
+  event_records / event_waits  Event.record and Stream.wait_event calls (ordering between streams, no host sync)
   kernel_ns  nanoseconds the emulator spent running RawKernels (eager or replayed): what a GPU would do, so
              host time less this is the host's own work
 """
@@ -25,7 +26,8 @@ import weakref
 import numpy as np
 
 NAMES = ("syncs", "d2h_bytes", "h2d", "h2d_bytes", "launches", "kernels", "allocs", "collectives", "memcpys",
-         "memcpy_bytes", "captured", "graph_launches", "graph_kernels", "graph_ops", "graph_memcpys", "kernel_ns")
+         "memcpy_bytes", "captured", "graph_launches", "graph_kernels", "graph_ops", "graph_memcpys", "kernel_ns",
+         "event_records", "event_waits")
 
 
 class OutOfMemoryError(MemoryError):

@@ -1,5 +1,6 @@
 """Image parts through the real server (`mpirun -n 2`, TP=2, numpy) with the real openai client: PNG, JPEG and WebP
-data URLs; an image request's tokens equal alone and beside other requests, and run after run; each refusal a 400
+data URLs; an image request's tokens equal alone and beside other requests, and run after run, and with the tower's
+weights in host memory (CUPYGLM_VISION_HOST=1, its plan line naming the staging slots); each refusal a 400
 naming the part and the problem (bad base64, corrupt image, unsupported format, decompression bomb, too many
 images, remote URL), the server serving on after them."""
 from __future__ import annotations
@@ -89,3 +90,16 @@ def test_refusals_are_400_naming_the_problem(client, name, msgs, param, words):
     err = e.value.body
     assert e.value.status_code == 400 and err["param"] == param and words in err["message"], (name, err)
     assert len(ask(client, [{"role": "user", "content": "still serving?"}])[0]) == 8
+
+
+def test_vision_host_gives_the_same_tokens(client, start_server, server_args):
+    host = start_server(server_args, env={"CUPYGLM_VISION_HOST": "1"})
+    try:
+        assert "vision staging" in host.output and "in host memory" in host.output
+        reqs = [(messages(IMAGES[0]), None, 0.0), (messages(IMAGES[1], IMAGES[2]), 5, 0.9)]
+        with openai.OpenAI(base_url=host.url, api_key="unused", max_retries=0, timeout=60) as staged:
+            with concurrent.futures.ThreadPoolExecutor(2) as pool:
+                batched = list(pool.map(lambda r: ask(staged, *r)[0], reqs))
+            assert [ask(staged, *r)[0] for r in reqs] == [ask(client, *r)[0] for r in reqs] == batched
+    finally:
+        host.kill()

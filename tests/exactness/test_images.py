@@ -21,13 +21,13 @@ from cupyglm.vision.processor import ProcessorConfig, process_bytes
 from cupyglm.vision.tower import VisionTower
 
 
-def make_engine(ckpt, parallel=4, prefill_chunk=0, drafts=0):
+def make_engine(ckpt, parallel=4, prefill_chunk=0, drafts=0, vision_host=False):
     c, ops = ckpt.config, NumpyOps()
     runner = ModelRunner(ckpt, ops, LocalComm(), 96, 16, mtp=drafts > 0)
     cfg = EngineConfig(context=256, num_pages=96, page_tokens=16, keep_grid=c.keep_grid, parallel=parallel,
                        prefill_chunk=prefill_chunk, seed=0, eos_token_ids=c.eos_token_ids, vocab_size=c.vocab_size,
                        mtp_drafts=drafts, draft_pricing=False)
-    enc = ImageEncoder(VisionTower(c.vision, vision_weights(ckpt), ops), ops)
+    enc = ImageEncoder(VisionTower(c.vision, vision_weights(ckpt), ops, host=vision_host), ops)
     return Engine(runner, LocalComm(), cfg, ckpt.tokenizer, encoder=enc)
 
 
@@ -76,6 +76,11 @@ def test_image_alone_equals_batched_and_chunked(tiny_ckpt, reqs):
     assert run(eng, reqs) == alone
     assert run(make_engine(tiny_ckpt, prefill_chunk=64), reqs) == alone        # images split across chunks
     assert run(eng, reqs) == alone                                             # deterministic
+
+
+def test_image_tokens_equal_with_the_tower_in_host_memory(tiny_ckpt, reqs):
+    resident = run(make_engine(tiny_ckpt), reqs)
+    assert run(make_engine(tiny_ckpt, vision_host=True), reqs) == resident
 
 
 def test_image_drafted_equals_serial(tiny_ckpt, reqs):

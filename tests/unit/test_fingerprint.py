@@ -80,6 +80,7 @@ def test_compare_kv_host_line():
     ("memory_reserve_gib", {"memory_reserve_gib": 2.0}, "--memory-reserve-gib or CUPYGLM_MEMORY_RESERVE_GIB"),
     ("max_queue", {"max_queue": 1}, "--max-queue"),
     ("seed", {"seed": 1}, "--seed"),
+    ("vision_host", {"vision_host": True}, "--vision-host or CUPYGLM_VISION_HOST"),
 ])
 def test_compare_names_the_setting_and_how_it_is_set(field, kw, how):
     assert fp.compare([base(), base(), base(**kw)]) == \

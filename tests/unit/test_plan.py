@@ -155,3 +155,22 @@ def test_kv_host_counts_the_gather_and_sizes_host_pages():
     with pytest.raises(PlanError, match=r"CUPYGLM_KV_HOST_GIB=0.5 holds 85 host pages .* fewer than one "
                                         r"request's 128 \(--context 65,536 tokens\)"):
         plan_memory(FULL, kv_host=True, kv_host_bytes=GIB // 2, context=65_536, **kw)
+
+
+def test_vision_host_frees_the_tower_on_rank_0(capsys):
+    base = ["--config", "glm-5.3-flash", "--tp", "2", "--card-gib", "96", "--quant", "nvfp4", *BF16]
+    lines = {}
+    for flag in ("--no-vision-host", "--vision-host", "--no-vision"):
+        assert plan_main(base + [flag]) == 0
+        lines[flag] = capsys.readouterr()[0].splitlines()
+    pages = {f: int(ls[-1].split(" pages")[0].split(", ")[-1].replace(",", "")) for f, ls in lines.items()}
+    assert "vision tower 1.05 GiB," in lines["--no-vision-host"][1]
+    assert "vision staging 0.06 GiB (tower 1.05 GiB in host memory)," in lines["--vision-host"][1]
+    assert all("vision" not in ls[2] for ls in lines.values())                  # rank 1 holds no tower
+    assert pages["--no-vision-host"] < pages["--vision-host"] < pages["--no-vision"]   # rank 0 bounds both ranks
+    freed = (pages["--vision-host"] - pages["--no-vision-host"]) * 512 * 13056
+    assert 0.98 * GIB < freed < 0.99 * GIB + 512 * 13056
+    on, host = (plan_memory(FULL, storage=B16, tp=2, budget_bytes=96 * GIB, vision=True, vision_host=h,
+                            quant=layout_for(FULL, "nvfp4")) for h in (False, True))
+    assert on.vision_bytes - host.vision_bytes == host.vision_host_bytes - host.vision_bytes
+    assert host.vision_host_bytes == on.vision_bytes and on.vision_host_bytes == 0

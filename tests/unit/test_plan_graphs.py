@@ -61,7 +61,7 @@ def test_graphs_that_do_not_fit_are_refused_by_name():
 def test_cli_prints_the_graphs_line(capsys):
     assert plan_main(["--tp", "8", "--card-gib", "141", "--weights-gib", "70", "--cuda-graphs"]) == 0
     assert "cuda graphs 0.63 GiB (kda slots 0.27 GiB + graph pools <= 0.36 GiB)" in capsys.readouterr().out
-    assert plan_main(["--tp", "2", "--card-gib", "73.5", "--weights-gib", "70", "--cuda-graphs"]) == 1
+    assert plan_main(["--tp", "2", "--card-gib", "73.5", "--weights-gib", "70", "--cuda-graphs", "--no-vision"]) == 1
     assert "PlanError: CUDA graphs do not fit" in capsys.readouterr().err
 
 

@@ -245,13 +245,13 @@ def test_product_code_reads_no_test_only_variable():
 
 def test_memory_plan_flags_and_their_aliases():
     flags = settings("--host-cache", "--kv-share", "3", "--kv-host", "--kv-host-shared", "--kv-host-gib", "2.5",
-                     "--memory-reserve-gib", "0.5", "--cuda-graphs")
+                     "--memory-reserve-gib", "0.5", "--cuda-graphs", "--vision-host")
     aliases = settings(CUPYGLM_HOST_CACHE="1", CUPYGLM_KV_SHARE="3", CUPYGLM_KV_HOST="1", CUPYGLM_KV_HOST_SHARED="1",
-                       CUPYGLM_KV_HOST_GIB="2.5", CUPYGLM_MEMORY_RESERVE_GIB="0.5")
+                       CUPYGLM_KV_HOST_GIB="2.5", CUPYGLM_MEMORY_RESERVE_GIB="0.5", CUPYGLM_VISION_HOST="1")
     assert dataclasses.replace(flags, cuda_graphs=None) == aliases
     assert flags.cuda_graphs is True and aliases.cuda_graphs is None        # None: the alias decides at build time
     assert set(MEMORY_FLAGS) == {"host_cache", "kv_share", "kv_host", "kv_host_shared", "kv_host_gib",
-                                 "memory_reserve_gib", "cuda_graphs"}
+                                 "memory_reserve_gib", "vision_host", "cuda_graphs"}
 
 
 def test_a_flag_wins_over_its_alias_and_errors_name_the_flag():
@@ -291,3 +291,23 @@ def test_vision_flags():
     assert not vision_on(Settings(), text_only)
     with pytest.raises(SettingsError, match="--vision: the checkpoint has no vision tower"):
         vision_on(Settings(vision=True), text_only)
+
+
+def test_vision_host_flag_and_alias():
+    import dataclasses as dc
+
+    from cupyglm.config import preset
+    from cupyglm.distributed import fingerprint as fp
+    from cupyglm.engine.build import vision_on
+
+    assert settings().vision_host is False
+    by_flag, by_env = settings("--vision-host"), settings(CUPYGLM_VISION_HOST="1")
+    assert by_flag.vision_host and by_env.vision_host
+    assert fp.fingerprint(by_flag, backend="numpy") == fp.fingerprint(by_env, backend="numpy")
+    assert settings("--no-vision-host", CUPYGLM_VISION_HOST="1").vision_host is False       # the flag wins
+    with pytest.raises(SettingsError, match="CUPYGLM_VISION_HOST must be 0 or 1"):
+        settings(CUPYGLM_VISION_HOST="yes")
+    text_only = dc.replace(preset("tiny"), vision=None)
+    for s in (Settings(vision_host=True), Settings(vision_host=True, vision=False)):
+        with pytest.raises(SettingsError, match="--vision-host or CUPYGLM_VISION_HOST=1: no vision tower"):
+            vision_on(s, text_only if s.vision is None else preset("tiny"))
