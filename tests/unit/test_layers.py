@@ -31,7 +31,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("kernels/", ("cupyglm.kernels.*",)),
     ("backend/", ("cupyglm.backend.*",)),
     ("config.py", ("cupyglm.config", "cupyglm.config_hf", "cupyglm.config_vision")),
-    ("settings.py", ("cupyglm.settings",)),
+    ("settings.py", ("cupyglm.settings", "cupyglm.settings_flags")),
     ("env.py", ("cupyglm.env",)),
 )
 
