@@ -4,6 +4,7 @@ events (a wait and a release per unit), with no host sync; the rows equal the re
 merger's projections in pieces of output rows included)."""
 from __future__ import annotations
 
+import gc
 import io
 
 import numpy as np
@@ -27,6 +28,7 @@ def _image(tiny_dir):
 
 def _built(ops, cfg, weights, host):
     """(tower, device bytes its weights hold)."""
+    gc.collect()                       # an earlier test's arrays freed mid-build would cut the difference
     at = cupy_double.in_use()
     tower = VisionTower(cfg, weights, ops, host=host)
     return tower, cupy_double.in_use() - at
