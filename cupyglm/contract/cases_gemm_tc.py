@@ -8,22 +8,11 @@ rarely survives the rounding.
 """
 from __future__ import annotations
 
-import numpy as np
-
 from cupyglm.backend.lanes import bf16
 from cupyglm.backend.tc_order import tc_rows, tc_rows_batched
+from cupyglm.contract.cases_gemv import _bf, _tail
 from cupyglm.contract.registry import Case, case
 from cupyglm.kernels import ops_gemm_tc
-
-
-def _bf(rng, shape, std=1.0):
-    return bf16(rng.standard_normal(shape).astype(np.float32) * np.float32(std))
-
-
-def _tail(kn, x):
-    x = x.copy()
-    x[..., -1] = 0                             # the last K term dropped (tail off-by-one)
-    return kn.xp.asarray(x)
 
 
 def _gemm_tc_case(label: str, h: int, m: int, n: int, k: int, out: str = "f32",
