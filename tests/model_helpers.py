@@ -154,13 +154,14 @@ def check_prefill_equals_decode(model: GLMModel, tokens: np.ndarray, splits: lis
     assert not np.isnan(ref_last).any()
 
 
-def run_engine(engine, prompts, params=None, salt=None):
+def run_engine(engine, prompts, params=None, salt=None, images=None):
     """Run prompts through an engine to the end: ([tokens per prompt], [(cached_tokens, miss reason) per prompt]);
-    greedy, 4 tokens, ignore_eos unless `params` gives one SamplingParams per prompt."""
+    greedy, 4 tokens, ignore_eos unless `params` gives one SamplingParams per prompt (`images`: one tuple each)."""
     from cupyglm.engine.sampling import SamplingParams
 
     params = params or [SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)] * len(prompts)
-    ids = [engine.add_request(p, sp, cache_salt=salt) for p, sp in zip(prompts, params)]
+    images = images or [()] * len(prompts)
+    ids = [engine.add_request(p, sp, cache_salt=salt, images=im) for p, sp, im in zip(prompts, params, images)]
     toks, info = {i: [] for i in ids}, {}
     while engine.has_work():
         for out in engine.step():

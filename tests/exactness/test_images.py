@@ -19,6 +19,7 @@ from cupyglm.engine.runner import ModelRunner
 from cupyglm.engine.sampling import SamplingParams
 from cupyglm.vision.processor import ProcessorConfig, process_bytes
 from cupyglm.vision.tower import VisionTower
+from model_helpers import run_engine
 
 
 def make_engine(ckpt, parallel=4, prefill_chunk=0, drafts=0, vision_host=False):
@@ -48,13 +49,10 @@ def image_prompt(ckpt, tiny_dir, data, before=30, after=50):
 
 
 def run(engine, reqs):
-    ids = [engine.add_request(p, sp, images=im) for p, sp, im in reqs]
-    got = {i: [] for i in ids}
-    while engine.has_work():
-        for out in engine.step():
-            got[out.request_id] += out.new_token_ids
+    prompts, params, images = zip(*reqs)
+    got, _ = run_engine(engine, list(prompts), list(params), images=list(images))
     assert engine.free_pages == engine.total_pages
-    return [got[i] for i in ids]
+    return got
 
 
 GREEDY = SamplingParams(temperature=0, max_tokens=8)
