@@ -74,23 +74,17 @@ def follow_up(eng, ids, ims):
     return ids + reply + random_prompt(9, seed=4)
 
 
-def test_resumed_image_conversation_equals_fresh(tiny_ckpt, turns):
-    ids, ims, end, _ = turns
-    eng = engine(tiny_ckpt)
-    nxt = follow_up(eng, ids, ims)
-    got, cached, miss = run(eng, nxt, ims)
-    fresh, fresh_cached, _ = run(engine(tiny_ckpt, kept_pages=0), nxt, ims)
-    assert cached >= end and miss is None and fresh_cached == 0
-    assert got == fresh
-
-
-def test_another_image_over_the_same_placeholders_misses(tiny_ckpt, turns):
+@pytest.mark.parametrize("same", [True, False], ids=["same-image", "other-image"])
+def test_a_resumed_image_turn_restores_only_behind_its_own_image(tiny_ckpt, turns, same):
+    """The same image resumes past it; another image over the same placeholders misses there; both equal fresh."""
     ids, ims, end, other = turns
     eng = engine(tiny_ckpt)
     nxt = follow_up(eng, ids, ims)
-    got, cached, _ = run(eng, nxt, other)
-    fresh, _, _ = run(engine(tiny_ckpt, kept_pages=0), nxt, other)
-    assert cached <= ims[0].start and got == fresh
+    images = ims if same else other
+    got, cached, miss = run(eng, nxt, images)
+    fresh, fresh_cached, _ = run(engine(tiny_ckpt, kept_pages=0), nxt, images)
+    assert got == fresh and fresh_cached == 0
+    assert (cached >= end and miss is None) if same else cached <= ims[0].start
 
 
 def test_a_keep_point_inside_the_image_resumes_with_the_rest_of_its_rows(tiny_ckpt, tiny_dir):
