@@ -1,8 +1,8 @@
 """Settings: every serve/generate setting, from flags and the environment, in one frozen dataclass.
 
-Flags come from `add_arguments` (settings_flags.py); environment variables are read through `cupyglm.env.get` only. The settings that
-change the memory plan have a flag and an environment alias (MEMORY_FLAGS); the flag wins. Every invalid value
-raises `SettingsError` naming the flag or variable that set it. Features that are validated but not built
+Flags come from `add_arguments` (settings_flags.py); environment variables are read through `cupyglm.env.get`
+only. The settings that change the memory plan have a flag and an environment alias (MEMORY_FLAGS); the flag
+wins. Every invalid value raises `SettingsError` naming the flag or variable that set it. Features that are validated but not built
 yet, and combinations that cannot work, are refused by name in `Settings.refuse_unavailable()`, called after the
 rank handshake; nothing is accepted and ignored.
 """

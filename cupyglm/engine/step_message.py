@@ -28,15 +28,15 @@ from cupyglm.engine.ops.sync import Sync
 from cupyglm.engine.ops.unlink import Unlink
 
 
-def assemble(step: int, stop: bool = False, new=(), images=(), cancelled=(), settles=(), evicts=(), restores=(), leases=(),
-             groups=(), drops=(), keeps=(), disk=None, kept_pages=()) -> StepMessage:
+def assemble(step: int, stop: bool = False, new=(), images=(), cancelled=(), settles=(), evicts=(), restores=(),
+             leases=(), groups=(), drops=(), keeps=(), disk=None, kept_pages=()) -> StepMessage:
     """The message of these parts, in the order every rank applies them (`disk`: a disk_tier.DiskOps;
     `kept_pages` and the disk's: (entry, the kept pages rank 0 leased it) per keep and load, which a worker
     refuses when they do not fit the state)."""
     d = disk if disk is not None and not disk.empty else None
     arena = dict(kept_pages) | (dict(d.kept_pages) if d is not None else {})
-    parts = [(Admit, new), (Image, images), (Cancel, cancelled), (Settle, settles), (Evict, evicts), (Restore, restores),
-             (Lease, leases), (Run, groups), (Spill, d.spills if d else ()), (Drop, drops),
+    parts = [(Admit, new), (Image, images), (Cancel, cancelled), (Settle, settles), (Evict, evicts),
+             (Restore, restores), (Lease, leases), (Run, groups), (Spill, d.spills if d else ()), (Drop, drops),
              (Unlink, d.unlinks if d else ())]
     ops = [cls(tuple(items)) for cls, items in parts if items]
     if d is not None and d.ops & DISK_CLEAR:

@@ -67,8 +67,7 @@ class HyperConnection:
 
     def post_pre_norm(self, X, branch, post, comb, norm_w):
         """The previous sublayer's hc_post (branch: its fp32 partial, or every rank's [R, T, D] as gathered, summed in
-        rank order by the op; post/comb: its gates), then
-        this connection's pre_norm, one op -> (X', h, post', comb')."""
+        rank order by the op; post/comb: its gates), then this connection's pre_norm, one op -> (X', h, post', comb')."""
         c = self.cfg
         return self.ops.hc_post_pre_norm(X, branch, post, comb, self.fn, self.base, self.scale, norm_w,
                                          c.rms_norm_eps, c.hc_eps, c.hc_sinkhorn_iters)
@@ -99,8 +98,8 @@ class Block:
         return self.ffn(*self.attention(X, h, post, comb, segs, kv, comm), decode_rows(segs), comm, nxt)
 
     def attention(self, X, h, post, comb, segs, kv, comm) -> tuple:
-        """The attention half: attention, allgather, hc_post (the rank-order sum) fused with the FFN's hc_pre + norm -> (X', h', post',
-        comb'), the FFN half's inputs."""
+        """The attention half: attention, allgather, hc_post (the rank-order sum) fused with the FFN's hc_pre + norm
+        -> (X', h', post', comb'), the FFN half's inputs."""
         partial = self.attn(h, segs) if self.is_kda else self.attn(h, segs, kv)
         return self.hc_ffn.post_pre_norm(X, gathered(comm, partial), post, comb, self.post_norm)
 
@@ -114,7 +113,8 @@ class Block:
 
     def ffn(self, X, h, post, comb, decode: int, comm, nxt: "Block | None"):
         """The FFN half from its normed input h [T, D] bf16 (the leading `decode` rows decode/verify rows): the
-        MLP or MoE, the allgather, hc_post (the rank-order sum) fused with the next layer's hc_pre + norm -> (X', h', post', comb')."""
+        MLP or MoE, the allgather, hc_post (the rank-order sum) fused with the next layer's hc_pre + norm
+        -> (X', h', post', comb')."""
         partial = gathered(comm, self.mlp(h, decode))
         if nxt is None:
             return self.ops.hc_post(X, partial, post, comb), None, None, None
