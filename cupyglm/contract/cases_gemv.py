@@ -1,6 +1,6 @@
 """Contract cases of cuda_src/gemv.cu: the decode/verify rows of ops gemm, gemm_heads and gemm_grouped (their
 leading `decode` rows), at the shapes the tiny and full models decode at; the prompt rows of mixed calls go to
-gemm.cu, so a mixed case checks both paths in one output.
+the tensor-core gemm (gemm_tc.cu), so a mixed case checks both paths in one output.
 
 Controls (gemv_tc.cuh, the decode order of backend/tc_order.py): -DCONTROL_TC_REVERSED (a 32-block's two mma
 steps taken in the other order: the k-chain reversed), -DCONTROL_TC_IEEE (IEEE fp32 multiply-adds in place of the

@@ -1,7 +1,7 @@
 """Contract cases of cuda_src/gemv_norm.cu: ops kda_out_gemm (KDA's gated output norm computed in o_proj's GEMV
 prologue) and rmsnorm_gemm_multi (DSA's q_a norm in the prologue of q_b and wq_b), each against the reference's
 norm followed by its gemm (the numpy twins). Mixed calls send their prompt rows to kda_out / rmsnorm_rows and
-gemm.cu, so one output checks both paths.
+gemm_tc.cu, so one output checks both paths.
 
 Controls: -DCONTROL_NORM_HEAD (a KDA element normed by the next head's scalar), -DCONTROL_NORM_EPS (the RMSNorm's
 eps left out; its rows are small, so eps matters), -DCONTROL_TC_REVERSED (a 32-block's two mma steps in the other

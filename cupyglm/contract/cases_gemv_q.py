@@ -1,7 +1,7 @@
 """Contract cases of cuda_src/gemv_q.cu: the decode/verify rows (the leading `decode` rows) of ops gemm,
 gemm_grouped, gemm_swiglu and gemm_grouped_swiglu with FP8 block-scaled and NVFP4 weights, replayed by the NumPy
 reference (decode rows: backend/tc_quant.py's tensor-core order over exact bf16 weights), 0 ULPs; mixed calls
-also run the dequantising gemm.cu / gemm_swiglu.cu kernels for their prompt rows, so one output checks both.
+also run the tensor-core gemm_tc_q.cu kernels for their prompt rows, so one output checks both.
 
 Inputs as cases_gemm_q: real quantised weights whose block and group scales differ, N and K past whole FP8
 blocks, K not a multiple of 16 bytes of packed values (scalar loads) as well as 16-byte loads, several stages.

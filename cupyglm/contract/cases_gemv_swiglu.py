@@ -1,6 +1,6 @@
 """Contract cases of cuda_src/gemv_swiglu.cu: the decode/verify rows (the leading `decode` rows) of ops
 gemm_swiglu and gemm_grouped_swiglu against the unfused reference (two decode-order GEMMs rounded to bf16,
-then swiglu), with and without the swiglu limit; mixed calls also run gemm_swiglu.cu for their prompt rows.
+then swiglu), with and without the swiglu limit; mixed calls also run gemm_tc.cu and swiglu for their prompt rows.
 
 Controls: gate and up weights exchanged (the epilogue's operands swapped); for the grouped form one decode row
 routed to the wrong expert (experts no row uses have NaN weights, so reading a wrong slice shows)."""
