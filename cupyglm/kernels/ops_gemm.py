@@ -25,7 +25,7 @@ def prompt_gemm(k: Kernels, x, w, out: str):
 
 
 def prompt_grouped(k: Kernels, x, w, group, out: str):
-    """Prompt rows of the grouped GEMM on the tensor core (ids already checked): x [M, K], w [E, N, K] -> [M, N]."""
+    """Prompt rows of the grouped GEMM on the tensor core (the launcher checks the ids): x [M, K], w [E, N, K]."""
     if isinstance(w, QWeight):
         return ops_gemm_tc_q.gemm_tc_grouped_q(k, x, w, group, out=out)
     return ops_gemm_tc.gemm_tc_grouped(k, x, w, group, out=out)
@@ -101,15 +101,15 @@ def gemm_grouped(k: Kernels, x, w, group, out: str = "f32", decode: int = 0):
     m, kk = x.shape
     e, n = w.shape[0], w.shape[1]
     d = decode_rows("gemm_grouped", decode, m)
-    if d < m or not (n and kk):              # the gemv checks the ids it reads itself (no check launch)
-        guards.ids_in_range(k, "gemm_grouped", "group", group, e, "expert ids")   # no host sync of a device array
+    if not (m and n and kk):                 # no kernel reads the ids: checked here (no host sync of a device array)
+        guards.ids_in_range(k, "gemm_grouped", "group", group, e, "expert ids")
     y = k.empty((m, n), k.bf16 if suffix else np.float32)
     if m and n:
         if kk == 0:
             y[...] = 0
             return y
-        if d:
-            guard = guards.kernel_guard(k, "gemm_grouped", "group", group, e, "expert ids", own=d == m)
+        if d:                                # each kernel checks the ids it reads (no check launch for the gemv)
+            guard = guards.kernel_guard(k, "gemm_grouped", "group", group[:d], e, "expert ids", own=True)
             gemv.gemv_grouped(k, x[:d], w, group[:d], y[:d], suffix, guard)
         if d < m:
             y[d:] = prompt_grouped(k, x[d:], w, group[d:], out)

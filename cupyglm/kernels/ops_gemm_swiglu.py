@@ -57,12 +57,12 @@ def gemm_grouped_swiglu(k: Kernels, x, w_gate, w_up, group, limit, decode: int =
     m = x.shape[0]
     e, n = w_gate.shape[0], w_gate.shape[1]
     d = decode_rows("gemm_grouped_swiglu", decode, m)
-    if d < m or not n:                       # the gemv checks the ids it reads itself (no check launch)
+    if not (m and n):                        # no kernel reads the ids: checked here
         guards.ids_in_range(k, "gemm_grouped_swiglu", "group", group, e, "expert ids")
     y = k.empty((m, n), k.bf16)
     if m and n:
-        if d:
-            guard = guards.kernel_guard(k, "gemm_grouped_swiglu", "group", group, e, "expert ids", own=d == m)
+        if d:                                # each kernel checks the ids it reads (no check launch for the gemv)
+            guard = guards.kernel_guard(k, "gemm_grouped_swiglu", "group", group[:d], e, "expert ids", own=True)
             gemv.gemv_grouped_swiglu(k, x[:d], w_gate, w_up, group[:d], y[:d], _limit(limit), guard)
         if d < m:
             gate, up = (ops_gemm.prompt_grouped(k, x[d:], w, group[d:], out="bf16") for w in (w_gate, w_up))
