@@ -76,6 +76,31 @@ static __device__ __forceinline__ void gemm_tc_slice(float (*d)[4], const GemmTc
   for (; kb < k1; kb += 32) gtc_block_at<VEC>(d, tl, kb + 8 * t, min(8, k1 - kb - 8 * t));
 }
 
+// The warp's rows m0 + g, m0 + g + 8 (row M - 1 past M) and columns n0 + 8j + g (column N - 1 past N) of x [M, K]
+// and w [N, K].
+static __device__ __forceinline__ GemmTcTile gemm_tc_tile(const __nv_bfloat16* x, const __nv_bfloat16* w, int m0,
+                                                          int n0, int M, int N, int K, int g) {
+  GemmTcTile tl;
+  tl.xg = x + (long long)min(m0 + g, M - 1) * K;
+  tl.xh = x + (long long)min(m0 + g + 8, M - 1) * K;
+#pragma unroll
+  for (int j = 0; j < GTC_NT; ++j) tl.w[j] = w + (long long)min(n0 + 8 * j + g, N - 1) * K;
+  return tl;
+}
+
+// The tile's sums over all K into acc: each slice from +0.0, the slices added in slice order.
+template <bool VEC>
+static __device__ __forceinline__ void gemm_tc_sum(float (*acc)[4], const GemmTcTile& tl, int K, int t) {
+  float d[GTC_NT][4];
+  for (int k0 = 0; k0 < K; k0 += GTC_SLICE) {
+    gemm_tc_slice<VEC>(d, tl, k0, min(K, k0 + GTC_SLICE), t);
+#pragma unroll
+    for (int j = 0; j < GTC_NT; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc[j][e] = k0 == 0 ? d[j][e] : acc[j][e] + d[j][e];
+  }
+}
+
 template <bool VEC, typename Out>
 static __device__ __forceinline__ void gemm_tc_rows(
     const __nv_bfloat16* __restrict__ x,   // [H, M, K] bf16
@@ -85,21 +110,9 @@ static __device__ __forceinline__ void gemm_tc_rows(
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
   const long long h = blockIdx.z;
   const int m0 = blockIdx.y * GTC_TILE_M + 16 * (warp & 1), n0 = blockIdx.x * GTC_TILE_N + 32 * (warp >> 1);
-  const __nv_bfloat16* xh = x + h * M * (long long)K;
-  const __nv_bfloat16* wh = w + h * N * (long long)K;
-  GemmTcTile tl;
-  tl.xg = xh + (long long)min(m0 + g, M - 1) * K;
-  tl.xh = xh + (long long)min(m0 + g + 8, M - 1) * K;
-#pragma unroll
-  for (int j = 0; j < GTC_NT; ++j) tl.w[j] = wh + (long long)min(n0 + 8 * j + g, N - 1) * K;
-  float acc[GTC_NT][4], d[GTC_NT][4];
-  for (int k0 = 0; k0 < K; k0 += GTC_SLICE) {
-    gemm_tc_slice<VEC>(d, tl, k0, min(K, k0 + GTC_SLICE), t);
-#pragma unroll
-    for (int j = 0; j < GTC_NT; ++j)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) acc[j][e] = k0 == 0 ? d[j][e] : acc[j][e] + d[j][e];
-  }
+  const GemmTcTile tl = gemm_tc_tile(x + h * M * (long long)K, w + h * N * (long long)K, m0, n0, M, N, K, g);
+  float acc[GTC_NT][4];
+  gemm_tc_sum<VEC>(acc, tl, K, t);
   Out* yh = y + h * M * (long long)N;
 #pragma unroll
   for (int j = 0; j < GTC_NT; ++j)
@@ -135,4 +148,86 @@ extern "C" __global__ void __launch_bounds__(128) gemm_tc_bf16(
     __nv_bfloat16* __restrict__ y,         // [H, M, N] bf16 (the fp32 sum rounded once)
     int M, int N, int K) {
   gemm_tc_body(x, w, y, M, N, K);
+}
+
+// Grouped experts (the MoE's prompt rows): y[m, n] = sum_k x[m, k] * w[group[m], n, k], row m's bits those of
+// gemm_tc(x[m:m+1], w[group[m]]) whatever rows share the call, sorted by expert or not.  Launch as gemm_tc with
+// H = 1.  Each warp takes the distinct experts among its 16 rows in ascending id, runs its whole k-loop against
+// that expert's columns and stores the rows of that id only (an mma output depends on its own row and column, so
+// a row's bits do not depend on the other rows' experts).  A row whose id is outside [0, E) (the launcher refuses
+// those) reads nothing and gets NaN.
+#define GTC_NO_EXPERT 0x7fffffff
+
+// Row m's expert id, GTC_NO_EXPERT for a row past M or an id outside [0, E).
+static __device__ __forceinline__ int gtc_expert(const int* group, int m, int M, int E) {
+  const int e = m < M ? group[m] : -1;
+  return e >= 0 && e < E ? e : GTC_NO_EXPERT;
+}
+
+// The warp's smallest expert id above cur among each lane's two rows (warp-uniform; GTC_NO_EXPERT when none).
+static __device__ __forceinline__ int gtc_next_expert(int ea, int eb, int cur) {
+  int v = min(ea > cur ? ea : GTC_NO_EXPERT, eb > cur ? eb : GTC_NO_EXPERT);
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) v = min(v, __shfl_xor_sync(FULL_MASK, v, off));
+  return v;
+}
+
+template <bool VEC, typename Out>
+static __device__ __forceinline__ void gemm_tc_grouped_rows(
+    const __nv_bfloat16* __restrict__ x,   // [M, K] bf16
+    const __nv_bfloat16* __restrict__ w,   // [E, N, K] bf16
+    const int* __restrict__ group,         // [M] int32: expert id of each row
+    Out* __restrict__ y,                   // [M, N] fp32 or bf16
+    int M, int N, int K, int E) {
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+  const int m0 = blockIdx.y * GTC_TILE_M + 16 * (warp & 1), n0 = blockIdx.x * GTC_TILE_N + 32 * (warp >> 1);
+  const int id[2] = {gtc_expert(group, m0 + g, M, E), gtc_expert(group, m0 + g + 8, M, E)};
+  for (int ex = gtc_next_expert(id[0], id[1], -1); ex != GTC_NO_EXPERT; ex = gtc_next_expert(id[0], id[1], ex)) {
+    const GemmTcTile tl = gemm_tc_tile(x, w + (long long)ex * N * K, m0, n0, M, N, K, g);
+    float acc[GTC_NT][4];
+    gemm_tc_sum<VEC>(acc, tl, K, t);
+#pragma unroll
+    for (int j = 0; j < GTC_NT; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {      // d[e] = D[row g + 8 (e / 2)][column 2t + e % 2] of tile j
+        const int m = m0 + g + 8 * (e >> 1), n = n0 + 8 * j + 2 * t + (e & 1);
+        if (id[e >> 1] == ex && n < N) gemm_tc_store(y, (long long)m * N + n, acc[j][e]);
+      }
+  }
+#pragma unroll
+  for (int j = 0; j < GTC_NT; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int m = m0 + g + 8 * (e >> 1), n = n0 + 8 * j + 2 * t + (e & 1);
+      if (m < M && n < N && id[e >> 1] == GTC_NO_EXPERT) gemm_tc_store(y, (long long)m * N + n, NAN);
+    }
+}
+
+template <typename Out>
+static __device__ __forceinline__ void gemm_tc_grouped_body(const __nv_bfloat16* __restrict__ x,
+                                                            const __nv_bfloat16* __restrict__ w,
+                                                            const int* __restrict__ group, Out* __restrict__ y,
+                                                            int M, int N, int K, int E) {
+  if (gemv_aligned(x, w, K))             // K % 8 == 0: every expert's slice starts 16-byte aligned too
+    gemm_tc_grouped_rows<true>(x, w, group, y, M, N, K, E);
+  else
+    gemm_tc_grouped_rows<false>(x, w, group, y, M, N, K, E);
+}
+
+extern "C" __global__ void __launch_bounds__(128) gemm_tc_grouped(
+    const __nv_bfloat16* __restrict__ x,   // [M, K] bf16
+    const __nv_bfloat16* __restrict__ w,   // [E, N, K] bf16
+    const int* __restrict__ group,         // [M] int32: expert id of each row
+    float* __restrict__ y,                 // [M, N] f32
+    int M, int N, int K, int E) {
+  gemm_tc_grouped_body(x, w, group, y, M, N, K, E);
+}
+
+extern "C" __global__ void __launch_bounds__(128) gemm_tc_grouped_bf16(
+    const __nv_bfloat16* __restrict__ x,   // [M, K] bf16
+    const __nv_bfloat16* __restrict__ w,   // [E, N, K] bf16
+    const int* __restrict__ group,         // [M] int32: expert id of each row
+    __nv_bfloat16* __restrict__ y,         // [M, N] bf16 (the fp32 sum rounded once)
+    int M, int N, int K, int E) {
+  gemm_tc_grouped_body(x, w, group, y, M, N, K, E);
 }

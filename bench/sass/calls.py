@@ -46,6 +46,16 @@ def gemm_tc(m: int, n: int, k: int, stored: float, arch: str = "sm_90") -> Call:
                 l2_bytes=tile_l2_bytes(n, k, tm, tn, -(-m // tm)))
 
 
+def gemm_tc_grouped(m: int, n: int, k: int, stored: float, slices: float, arch: str = "sm_90") -> Call:
+    """gemm_tc_grouped_bf16 over M prompt rows sorted by expert over `slices` experts: the FLOPs its tensor core
+    issues (a warp's 16 rows run their k-loop once per expert among them: ceil(M / 16) + slices - 1 runs at most),
+    each used expert's weights read from HBM once, x and y once; one block per 32 x 64 output tile."""
+    runs = -(-m // 16) + max(0.0, min(slices, m) - 1)
+    flops = 2.0 * 16 * runs * n * k
+    blocks = -(-m // ops_gemm_tc.TILE_M) * -(-n // ops_gemm_tc.TILE_N)
+    return Call(analyse(K.GEMM_TC_GROUPED, arch), flops, slices * stored + m * k * 2 + m * n * 2, flops, blocks)
+
+
 def attention_decode(cfg, tp: int, rows: int, context: int, arch: str = "sm_90") -> list[Call]:
     """attention_split.cu for `rows` decode rows at `context`: each row's picked latent rows (min(context,
     index_topk) of kv_lora_rank bf16) scored and summed by its heads (q.k then P.v: 2 H R a picked row each);

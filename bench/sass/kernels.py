@@ -44,6 +44,8 @@ def gemm(form: str, fmt: str = "bf16") -> Kernel:
 
 # the prompt GEMM on the tensor core (gemm_tc.cu): 128 threads, 32 x 64 output tiles
 GEMM_TC = Kernel("gemm_tc_bf16", "gemm_tc.cu", "prompt", "flop", 128)
+# its grouped-experts form: the same tiles, each warp's k-loop once per distinct expert among its 16 rows
+GEMM_TC_GROUPED = Kernel("gemm_tc_grouped_bf16", "gemm_tc.cu", "prompt", "flop", 128)
 
 
 def attention_decode(r: int, chunk: int) -> tuple[Kernel, Kernel]:

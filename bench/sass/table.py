@@ -1,5 +1,6 @@
 """One row per modelled kernel and shape at the model's shapes: every decode GEMV form at each row count, the
-prompt GEMMs at M rows (the dense bf16 one also on the tensor core, gemm_tc), attention / indexer / KDA / norm on both paths (bench/sass_model.py prints them)."""
+prompt GEMMs at M rows (the dense and grouped bf16 ones also on the tensor core, gemm_tc.cu), attention / indexer /
+KDA / norm on both paths (bench/sass_model.py prints them)."""
 from __future__ import annotations
 
 from bench.sass import calls, hw, kernels as K
@@ -79,6 +80,9 @@ def _gemm_rows(cfg, tp, fmt, m, arch):
     if fmt == "bf16":
         n, k, st, _ = _shape(plain, stored, storage, "self_attn.o_proj.weight")
         out.append(row(calls.gemm_tc(m, n, k, st, arch), m, "dense tc", f"M {m} N {n} K {k}"))
+        n, k, st, _ = _shape(plain, stored, storage, "experts.0.down_proj.weight")
+        out.append(row(calls.gemm_tc_grouped(m, n, k, st, e, arch), m, "grouped tc",
+                       f"M {m} N {n} K {k} x {e} experts"))
     return out
 
 

@@ -4,9 +4,13 @@ decode GEMV's order), at tile edges (M % 32, N % 64), several K slices and unali
 Controls (the decode order's, gemv_tc.cuh's gtc_block): -DCONTROL_TC_REVERSED (a 32-block's two mma steps in the
 other order: the k-chain reversed), -DCONTROL_TC_TRANSPOSED (a fragment's two k halves swapped), -DCONTROL_TC_IEEE
 (IEEE fp32 multiply-adds in place of the tensor core's model); bf16 outputs drop the last K term, as a reordering
-rarely survives the rounding.
+rarely survives the rounding.  The grouped experts (gemm_tc_grouped) replay tc_rows per row against its expert's
+slice, rows in shuffled or sorted order, the experts no row uses poisoned with NaN; their controls are the order's
+variants or a misrouted row (one row's id changed).
 """
 from __future__ import annotations
+
+import numpy as np
 
 from cupyglm.backend.lanes import bf16
 from cupyglm.backend.tc_order import tc_rows, tc_rows_batched
@@ -49,3 +53,51 @@ _gemm_tc_case("ieee",        0,  17,  24,  256, "f32", "CONTROL_TC_IEEE")       
 _gemm_tc_case("heads",       3,   9,  20,  100, "f32", "CONTROL_TC_IEEE")        # per head, K % 32 = 4
 _gemm_tc_case("edges",       0,  40,  70,  600, "bf16")
 _gemm_tc_case("heads",       3,   9,  20,  100, "bf16")
+
+
+def _grouped_replay(x, w, group) -> np.ndarray:
+    """Row m: tc_rows(x[m:m+1], w[group[m]]) (taken an expert at a time: tc_rows is row by row)."""
+    y = np.zeros((x.shape[0], w.shape[1]), dtype=np.float32)
+    for e in np.unique(group):
+        rows = np.flatnonzero(group == e)
+        y[rows] = tc_rows(x[rows], w[e])
+    return y
+
+
+def _gemm_tc_grouped_case(label: str, m: int, e: int, used: int, n: int, k: int, out: str = "f32",
+                          control: str = "route", order: str = "shuffled") -> Case:
+    """m rows over the first `used` of e experts (the rest NaN), ids shuffled or sorted (the MoE's prefill order)."""
+    def make(rng):
+        w = _bf(rng, (e, n, k), k ** -0.5)
+        group = (np.arange(m) % used).astype(np.int32)
+        group = np.sort(group) if order == "sorted" else rng.permutation(group)
+        w[np.setdiff1d(np.arange(e), group)] = np.nan         # poisoned: no row may read them
+        return {"x": _bf(rng, (m, k)), "w": w, "group": group}
+
+    def run(kn, dd, variant=None):
+        kk = kn.variant(variant) if variant else kn
+        return {"y": ops_gemm_tc.gemm_tc_grouped(kk, dd["x"], dd["w"], dd["group"], out=out)}
+
+    def replay(dd):
+        y = _grouped_replay(dd["x"], dd["w"], dd["group"])
+        return {"y": bf16(y) if out == "bf16" else y}
+
+    def ctl(kn, dd):
+        if control != "route":
+            return run(kn, dd, control)
+        group = dd["group"].copy()
+        group[m // 2] = (group[m // 2] + 1) % used           # one row routed to another used expert
+        return run(kn, dict(dd, group=kn.xp.asarray(group)))
+
+    kernel = "gemm_tc_grouped" + ("_bf16" if out == "bf16" else "")
+    name = "gemm_tc_grouped" + (".bf16" if out == "bf16" else "")
+    return case(Case(f"{name}[{label}]", (kernel,), make, run, replay, ctl))
+
+
+#                      label          M   E used   N     K   out    control                  order
+_gemm_tc_grouped_case("unsorted",     40,  5,  4,  70,  600, "f32", "CONTROL_TC_REVERSED")   # edges, expert 4 absent
+_gemm_tc_grouped_case("slices",       33,  4,  3,  64, 1100, "f32", "CONTROL_TC_TRANSPOSED", "sorted")  # K % 8 = 4
+_gemm_tc_grouped_case("ieee",         17,  3,  2,  24,  256, "f32", "CONTROL_TC_IEEE")
+_gemm_tc_grouped_case("route",        50,  6,  5,  20,  100, "f32", "route", "sorted")      # K % 32 = 4, 2 absent
+_gemm_tc_grouped_case("unsorted",     40,  5,  4,  70,  600, "bf16")
+_gemm_tc_grouped_case("slices",       33,  4,  3,  64, 1100, "bf16", "route", "sorted")

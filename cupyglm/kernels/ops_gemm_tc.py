@@ -1,5 +1,6 @@
 """Launcher of cuda_src/gemm_tc.cu: the prompt-row GEMM on the tensor core (mma.m16n8k16), summing in the decode
-GEMV's order (backend/tc_order.py's tc_rows), so a row's bits equal the decode row's for the same x and w.
+GEMV's order (backend/tc_order.py's tc_rows), so a row's bits equal the decode row's for the same x and w; and its
+grouped-experts form (gemm_tc_grouped: each row against its expert's slice).
 
 Not an op of its own: the ops interface's prompt rows still sum in lane-16 order (gemm.cu) on every backend; this
 kernel is what a backend would route them to once the reference sums prompt rows in the tensor core's order too."""
@@ -7,6 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from cupyglm.kernels import guards
 from cupyglm.kernels.ops import Kernels, check, i32
 
 SRC = "gemm_tc.cu"
@@ -47,3 +49,26 @@ def gemm_tc(k: Kernels, x, w, out: str = "f32"):
             suffix = "_bf16" if out == "bf16" else ""
             k.launch(SRC, "gemm_tc" + suffix, grid(m, n, h), THREADS, (x3, w3, y, i32(m), i32(n), i32(kk)))
     return y if heads else y[0]
+
+
+def gemm_tc_grouped(k: Kernels, x, w, group, out: str = "f32"):
+    """Grouped experts: x [M, K] bf16, w [E, N, K] bf16, group [M] int32 -> [M, N] fp32 (out="bf16": rounded once
+    to bf16); row m is gemm_tc(x[m:m+1], w[group[m]]) bit for bit, rows in any order. Ids outside [0, E) are
+    refused (a host array at once, a device array by the step's device checks; such a row gets NaN)."""
+    if out not in OUTS:
+        raise ValueError(f"gemm_tc_grouped: out must be one of {OUTS}, got {out!r}")
+    check("gemm_tc_grouped", "x", x, (None, None), k.bf16)
+    check("gemm_tc_grouped", "w", w, (None, None, x.shape[1]), k.bf16)
+    check("gemm_tc_grouped", "group", group, (x.shape[0],), np.int32)
+    m, kk = x.shape
+    e, n = w.shape[0], w.shape[1]
+    guards.ids_in_range(k, "gemm_tc_grouped", "group", group, e, "expert ids")     # no host sync of a device array
+    y = k.empty((m, n), k.bf16 if out == "bf16" else np.float32)
+    if m and n:
+        if kk == 0:
+            y[...] = 0                           # an empty sum is +0.0 (bf16 +0.0 is bit pattern 0)
+        else:
+            suffix = "_bf16" if out == "bf16" else ""
+            k.launch(SRC, "gemm_tc_grouped" + suffix, grid(m, n), THREADS,
+                     (x, w, group, y, i32(m), i32(n), i32(kk), i32(e)))
+    return y
