@@ -119,7 +119,7 @@ static __device__ __forceinline__ void gemm_tc_rows(
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
   const long long h = blockIdx.z;
   const int bm = blockIdx.y * GTS_M, bn = blockIdx.x * GTS_N;
-  const GtsSrc s = gts_src(x + h * M * (long long)K, w + h * N * (long long)K, bm, bn, M, N, K);
+  GtsSrc s = gts_src(x + h * M * (long long)K, w + h * N * (long long)K, bm, bn, M, N, K);
   float acc[2][GTC_NT][4];
   gts_sum<VEC>(acc, sh, s);
   Out* yh = y + h * M * (long long)N;
@@ -146,7 +146,7 @@ static __device__ __forceinline__ void gemm_tc_body(GtsStage* sh, const __nv_bfl
     gemm_tc_rows<false>(sh, x, w, y, M, N, K);
 }
 
-extern "C" __global__ void __launch_bounds__(GTS_THREADS) gemm_tc(
+extern "C" __global__ void __launch_bounds__(GTS_THREADS, 1) gemm_tc(
     const __nv_bfloat16* __restrict__ x,   // [H, M, K] bf16
     const __nv_bfloat16* __restrict__ w,   // [H, N, K] bf16
     float* __restrict__ y,                 // [H, M, N] f32
@@ -155,7 +155,7 @@ extern "C" __global__ void __launch_bounds__(GTS_THREADS) gemm_tc(
   gemm_tc_body(reinterpret_cast<GtsStage*>(gtc_sh), x, w, y, M, N, K);
 }
 
-extern "C" __global__ void __launch_bounds__(GTS_THREADS) gemm_tc_bf16(
+extern "C" __global__ void __launch_bounds__(GTS_THREADS, 1) gemm_tc_bf16(
     const __nv_bfloat16* __restrict__ x,   // [H, M, K] bf16
     const __nv_bfloat16* __restrict__ w,   // [H, N, K] bf16
     __nv_bfloat16* __restrict__ y,         // [H, M, N] bf16 (the fp32 sum rounded once)
