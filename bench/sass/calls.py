@@ -41,7 +41,7 @@ def gemm_tc(m: int, n: int, k: int, stored: float, arch: str = "sm_90") -> Call:
     hit L2), x and y once; one block per 64 x 128 output tile, each loading its tile's rows and columns from L2
     once (staged in shared memory for its 8 warps)."""
     flops = 2.0 * m * n * k
-    tm, tn = ops_gemm_tc.TILE_M, ops_gemm_tc.TILE_N
+    tm, tn = ops_gemm_tc.DENSE_TILE_M, ops_gemm_tc.DENSE_TILE_N
     blocks = -(-m // tm) * -(-n // tn)
     return Call(analyse(K.GEMM_TC, arch), flops, stored + m * k * 2 + m * n * 2, flops, blocks,
                 l2_bytes=tile_l2_bytes(n, k, tm, tn, -(-m // tm)))
@@ -54,7 +54,7 @@ def gemm_tc_grouped(m: int, n: int, k: int, stored: float, slices: float, arch: 
     tile's rows and columns from L2 once an expert pass."""
     runs = -(-m // 16) + max(0.0, min(slices, m) - 1)
     flops = 2.0 * 16 * runs * n * k
-    tm, tn = ops_gemm_tc.GROUPED_TILE_M, ops_gemm_tc.GROUPED_TILE_N
+    tm, tn = ops_gemm_tc.TILE_M, ops_gemm_tc.TILE_N
     blocks = -(-m // tm) * -(-n // tn)
     passes = -(-m // tm) + max(0, round(min(slices, m)) - 1)
     return Call(analyse(K.GEMM_TC_GROUPED, arch), flops, slices * stored + m * k * 2 + m * n * 2, flops, blocks,

@@ -44,11 +44,11 @@ def gemm(form: str, fmt: str = "bf16") -> Kernel:
 
 
 # the prompt GEMM on the tensor core (gemm_tc.cu): 256 threads, 64 x 128 output tiles staged through shared memory
-GEMM_TC = Kernel("gemm_tc_bf16", "gemm_tc.cu", "prompt", "flop", ops_gemm_tc.THREADS[0],
-                 dyn_shared=ops_gemm_tc.SHARED)
+GEMM_TC = Kernel("gemm_tc_bf16", "gemm_tc.cu", "prompt", "flop", ops_gemm_tc.DENSE_THREADS[0],
+                 dyn_shared=ops_gemm_tc.DENSE_SHARED)
 # its grouped-experts form: 128 threads, 32 x 64 tiles loaded straight into the fragments, each warp's k-loop once
 # per distinct expert among its 16 rows
-GEMM_TC_GROUPED = Kernel("gemm_tc_grouped_bf16", "gemm_tc.cu", "prompt", "flop", ops_gemm_tc.GROUPED_THREADS[0])
+GEMM_TC_GROUPED = Kernel("gemm_tc_grouped_bf16", "gemm_tc.cu", "prompt", "flop", ops_gemm_tc.THREADS[0])
 
 
 def attention_decode(r: int, chunk: int) -> tuple[Kernel, Kernel]:

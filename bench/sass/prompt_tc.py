@@ -50,7 +50,8 @@ def gemm(fmt: str, m: int, n: int, k: int, stored: float, heads: int = 1, expert
     """One matrix [N, K] (`stored` bytes a head / expert) against M prompt rows: per head (`heads`), or grouped
     over `experts` experts (M the routed rows, sorted by expert). ("dequant", Call) first where fmt's weights
     are made bf16 by a pass of their own."""
-    tm, tn = G.TILE_M, G.TILE_N
+    dense = not experts and (fmt == "bf16" or not fused_q())   # gemm_tc's staged tile; the rest the direct one
+    tm, tn = (G.DENSE_TILE_M, G.DENSE_TILE_N) if dense else (G.TILE_M, G.TILE_N)
     copies = max(heads, round(experts))                       # weight matrices read
     tiles = -(-m // tm) + max(0, round(experts) - 1) if experts else heads * -(-m // tm)
     fused = fmt != "bf16" and fused_q()

@@ -12,14 +12,14 @@ from cupyglm.kernels import guards
 from cupyglm.kernels.ops import Kernels, check, i32
 
 SRC = "gemm_tc.cu"
-TILE_M = 64        # GTS_M: rows a block of the dense kernels
-TILE_N = 128       # GTS_N: columns a block
-THREADS = (256, 1)
-STAGES = 3         # GTS_STAGES: k-tiles in flight, each (TILE_M + TILE_N) rows of 64 bf16
-SHARED = STAGES * (TILE_M + TILE_N) * 64 * 2
-GROUPED_TILE_M = 32      # GTC_TILE_M: rows a block of the grouped kernels
-GROUPED_TILE_N = 64      # GTC_TILE_N
-GROUPED_THREADS = (128, 1)
+TILE_M = 32        # GTC_TILE_M: rows a block of the direct tile (the grouped kernels)
+TILE_N = 64        # GTC_TILE_N: columns a block
+THREADS = (128, 1)
+DENSE_TILE_M = 64        # GTS_M: rows a block of the staged tile (gemm_tc, gemm_tc_bf16)
+DENSE_TILE_N = 128       # GTS_N
+DENSE_THREADS = (256, 1)
+STAGES = 3               # GTS_STAGES: k-tiles in flight, each (DENSE_TILE_M + DENSE_TILE_N) rows of 64 bf16
+DENSE_SHARED = STAGES * (DENSE_TILE_M + DENSE_TILE_N) * 64 * 2
 MAX_GRID = 65535
 OUTS = ("f32", "bf16")
 
@@ -53,9 +53,10 @@ def gemm_tc(k: Kernels, x, w, out: str = "f32"):
         else:
             name = "gemm_tc" + ("_bf16" if out == "bf16" else "")
             fn = k.fn(SRC, name)
-            if fn.max_dynamic_shared_size_bytes < SHARED:
-                fn.max_dynamic_shared_size_bytes = SHARED
-            k.launch(SRC, name, grid(m, n, h), THREADS, (x3, w3, y, i32(m), i32(n), i32(kk)), shared_mem=SHARED)
+            if fn.max_dynamic_shared_size_bytes < DENSE_SHARED:
+                fn.max_dynamic_shared_size_bytes = DENSE_SHARED
+            k.launch(SRC, name, grid(m, n, h, DENSE_TILE_M, DENSE_TILE_N), DENSE_THREADS,
+                     (x3, w3, y, i32(m), i32(n), i32(kk)), shared_mem=DENSE_SHARED)
     return y if heads else y[0]
 
 
@@ -77,7 +78,6 @@ def gemm_tc_grouped(k: Kernels, x, w, group, out: str = "f32"):
             y[...] = 0                           # an empty sum is +0.0 (bf16 +0.0 is bit pattern 0)
         else:
             suffix = "_bf16" if out == "bf16" else ""
-            g = grid(m, n, 1, GROUPED_TILE_M, GROUPED_TILE_N)
-            k.launch(SRC, "gemm_tc_grouped" + suffix, g, GROUPED_THREADS,
+            k.launch(SRC, "gemm_tc_grouped" + suffix, grid(m, n), THREADS,
                      (x, w, group, y, i32(m), i32(n), i32(kk), i32(e)))
     return y

@@ -105,7 +105,7 @@ def test_launcher_refuses_bad_input(x, w, out, says):
 
 
 def test_grid_refuses_more_row_blocks_than_grid_y_takes():
-    assert ops_gemm_tc.grid(65, 129, 2) == (2, 2, 2)
-    assert ops_gemm_tc.grid(33, 65, 1, ops_gemm_tc.GROUPED_TILE_M, ops_gemm_tc.GROUPED_TILE_N) == (2, 2, 1)
+    assert ops_gemm_tc.grid(33, 65, 2) == (2, 2, 2)
+    assert ops_gemm_tc.grid(65, 129, 1, ops_gemm_tc.DENSE_TILE_M, ops_gemm_tc.DENSE_TILE_N) == (2, 2, 1)
     with pytest.raises(ValueError, match="65,535"):
-        ops_gemm_tc.grid(65536 * 64, 64)
+        ops_gemm_tc.grid(65536 * 32, 64)

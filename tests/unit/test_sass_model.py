@@ -167,7 +167,7 @@ def test_gemm_tc_counts_its_hmma_loop_and_is_bounded_by_its_tiles_l2_traffic():
     assert a.units_per_iter == 2 * 16 * 8 * 16 * a.counts.tensor
     b = model.bounds(c)
     assert b["tensor_bound_us"] == pytest.approx(2.0 * m * n * k / hw.TENSOR_BF16_FLOPS * 1e6)
-    tm, tn = ops_gemm_tc.TILE_M, ops_gemm_tc.TILE_N
+    tm, tn = ops_gemm_tc.DENSE_TILE_M, ops_gemm_tc.DENSE_TILE_N
     assert c.blocks == (m // tm) * (n // tn) and c.l2_bytes == c.blocks * (tm + tn) * k * 2
     assert b["l2_bound_us"] == pytest.approx(c.l2_bytes / hw.L2_BYTES_S * 1e6)
     top = max(b[f"{x}_bound_us"] for x in ("issue", "memory", "l2", "tensor"))
