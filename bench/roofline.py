@@ -12,7 +12,13 @@ formats. Per rank and step:
                  format, the touched experts grouped, attention + indexer on the DSA layers, the KDA state, two
                  norms a layer; all-reduces after o_proj and the MoE) from their SASS hot-loop counts
 A cold prefill is one pass of all its tokens through the prompt kernels (GEMMs, attention, indexer, KDA
-recurrence); its roofline is the larger of its bytes at HBM bandwidth and its FLOPs at the tensor peak.
+recurrence; lm_head on the last row), predicted twice side by side: "lane-16" (today's gemm.cu / gemm_swiglu.cu
+GEMMs and attention.cu) and "tensor core" (bench/sass/prompt_tc.py: gemm_tc dense / per-head / grouped, SwiGLU as
+two GEMMs and the elementwise kernel, NVFP4 / FP8 on gemm_tc_q or a dequantisation pass; attention_tc), each call
+the largest of its issue / HBM / L2 / tensor bounds (bench/sass/model.py); the indexer and the KDA recurrence are
+the same kernels on both. Its roofline is the larger of its bytes at HBM bandwidth and its FLOPs at the tensor
+peak. --parts adds the largest parts and, for the tensor-core path, the largest calls with the bound that limits
+them.
 Bytes per decode step of B sequences at context L on one rank (step_bytes): the rank's weights once (the
 routed experts: the expected distinct experts of B tokens' top-k, E (1 - (1 - k/E)^B) of E; the embedding B
 rows); per DSA layer and row the scored pooled keys (L / kpool rows of I bf16) and the picked latent rows
@@ -34,7 +40,8 @@ from cupyglm.checkpoint.quant import layout_for  # noqa: E402
 from cupyglm.config import preset  # noqa: E402
 from cupyglm.memory import Storage, weight_arrays  # noqa: E402
 
-from bench.sass import hw, step  # noqa: E402
+from bench.sass import hw, prompt_tc, step  # noqa: E402
+from bench.sass.model import bounds  # noqa: E402
 
 # the original system, at TP=2 on two RTX PRO 6000 cards
 ORIGINAL = {"decode tok/s": "262 / 145", "cold 32K TTFT s": 7.85}
@@ -104,18 +111,42 @@ def decode(cfg, tp: int, fmt: str, batch: int, context: int, arch: str = "sm_90"
             "predicted_ms": us / 1e3, "predicted_tok_s": batch / us * 1e6, "parts_ms": {k: v / 1e3 for k, v in parts.items()}}
 
 
-def prefill(cfg, tp: int, fmt: str, tokens: int, arch: str = "sm_90") -> dict:
-    """A cold prefill of `tokens` on one rank: predicted and roofline seconds, the predicted time by part."""
-    calls, small = step.prefill_calls(cfg, tp, fmt, tokens, arch)
+def prefill(cfg, tp: int, fmt: str, tokens: int, arch: str = "sm_90", tc: bool = False) -> dict:
+    """A cold prefill of `tokens` on one rank: predicted and roofline seconds, the predicted time by part and
+    by call kind (label, kernel, bound); tc: the prompt GEMMs and attention on the tensor core. The roofline
+    counts the lane-16 path's calls (the FLOPs the model needs, not the tiles a kernel pads to)."""
+    calls, small = step.prefill_calls(cfg, tp, fmt, tokens, arch, tc)
     us, parts = step.total_us(calls, small)
-    nbytes = sum(c.bytes for _, c in calls) + small
-    flops = sum(c.flops for _, c in calls)
+    need, _ = step.prefill_calls(cfg, tp, fmt, tokens, arch) if tc else (calls, small)
+    nbytes = sum(c.bytes for _, c in need) + small
+    flops = sum(c.flops for _, c in need)
     roof = max(nbytes / hw.HBM_BYTES_S, flops / hw.TENSOR_BF16_FLOPS)
-    return {"predicted_s": us / 1e6, "roofline_s": roof, "flops": flops, "parts_s": {k: v / 1e6 for k, v in parts.items()}}
+    kinds: dict[tuple, float] = {}
+    for label, c in calls:
+        b = bounds(c)
+        key = (label, c.analysis.kernel.name if c.analysis else "(HBM bytes)", b["bound"])
+        kinds[key] = kinds.get(key, 0.0) + b["predicted_us"] / 1e6
+    return {"predicted_s": us / 1e6, "roofline_s": roof, "flops": flops,
+            "parts_s": {k: v / 1e6 for k, v in parts.items()}, "calls_s": kinds}
 
 
-def _top(parts: dict[str, float], unit: str) -> str:
-    return ", ".join(f"{k} {v:.2f}{unit}" for k, v in sorted(parts.items(), key=lambda kv: -kv[1])[:3])
+def print_prefill(cfg, tp: int, fmt: str, tokens: int, arch: str, parts: bool) -> None:
+    """One prompt length: the lane-16 path (before) beside the tensor-core one (after), the roofline, and the
+    KDA recurrence's share of the after time."""
+    old, new = prefill(cfg, tp, fmt, tokens, arch), prefill(cfg, tp, fmt, tokens, arch, tc=True)
+    kda = new["parts_s"].get("kda state", 0.0)
+    print(f"{tp:>3} {fmt:<6} cold prefill {tokens:>7,} tokens: lane-16 {old['predicted_s']:8.2f} s, tensor core "
+          f"{new['predicted_s']:6.2f} s, roofline {new['roofline_s']:6.3f} s ({new['flops'] / 1e15:.1f} PFLOP a "
+          f"rank); KDA recurrence {kda:.2f} s ({kda / new['predicted_s']:.0%} of tensor core)")
+    if parts:
+        print(f"{'':>10} lane-16: {_top(old['parts_s'], ' s')}")
+        print(f"{'':>10} tensor core: {_top(new['parts_s'], ' s', 5)}; {prompt_tc.quant_note(fmt)}")
+        for (label, kernel, bound), t in sorted(new["calls_s"].items(), key=lambda kv: -kv[1])[:8]:
+            print(f"{'':>12} {label:<30} {kernel:<22} {t:7.3f} s  {bound}-bound")
+
+
+def _top(parts: dict[str, float], unit: str, n: int = 3) -> str:
+    return ", ".join(f"{k} {v:.2f}{unit}" for k, v in sorted(parts.items(), key=lambda kv: -kv[1])[:n])
 
 
 def main(argv=None) -> int:
@@ -148,11 +179,7 @@ def main(argv=None) -> int:
                     if a.parts:
                         print(f"{'':>10} {_top(d['parts_ms'], ' ms')}")
             for n in a.prefill:
-                p = prefill(cfg, tp, fmt, n, a.arch)
-                print(f"{tp:>3} {fmt:<6} cold prefill {n:>7,} tokens: predicted {p['predicted_s']:8.2f} s, "
-                      f"roofline {p['roofline_s']:6.3f} s ({p['flops'] / 1e15:.1f} PFLOP a rank)")
-                if a.parts:
-                    print(f"{'':>10} {_top(p['parts_s'], ' s')}")
+                print_prefill(cfg, tp, fmt, n, a.arch, a.parts)
     return 0
 
 

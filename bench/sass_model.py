@@ -1,17 +1,17 @@
 """The speed model read from the compiled kernels: every decode / prompt kernel compiled as the cuda backend
 compiles it (NVRTC, sm_90 unless --arch), its hot loop counted from the SASS (cuobjdump), and its time at the
-model's shapes on one H200: max(issue, memory, tensor bound) + launch (bench/sass/model.py states the rules).
+model's shapes on one H200: max(issue, memory, L2, tensor bound) + launch (bench/sass/model.py states the rules).
 
     python bench/sass_model.py [--config glm-5.3-flash] [--tp 2] [--rows 1 16] [--m 2048] [--context 4096]
                                [--arch sm_90] [--json]
     python bench/sass_model.py --gemm M N K [--arch sm_90] [--json]
 
 --json prints a list, one object per kernel and shape (kernel, role, rows, dtype, instr_per_unit,
-tensor_instr_per_unit, issue_bound_us, memory_bound_us, tensor_bound_us, predicted_us, bound, tensor_peak_pct
-(the call's FLOPs at the predicted time against the dense bf16 tensor peak), and the counts behind them); without
-it a table. --gemm prints only the dense bf16 prompt GEMM at that shape, lane-16 (gemm.cu) beside tensor-core
-(gemm_tc.cu). Units: a weight for the decode GEMVs, a FLOP for GEMMs, attention and the
-indexer, a state element for KDA. Disassemblies are cached by cubin hash under the cupyglm cache directory.
+tensor_instr_per_unit, issue_bound_us, memory_bound_us, l2_bound_us, tensor_bound_us, predicted_us, bound,
+tensor_peak_pct (the call's FLOPs at the predicted time against the dense bf16 tensor peak), and the counts
+behind them); without it a table. --gemm prints only the dense bf16 prompt GEMM at that shape, lane-16
+(gemm.cu) beside tensor-core (gemm_tc.cu). Units: a weight for the decode GEMVs, a FLOP for GEMMs, attention and
+the indexer, a state element for KDA. Disassemblies are cached by cubin hash under the cupyglm cache directory.
 """
 from __future__ import annotations
 
@@ -29,13 +29,14 @@ from bench.sass.table import gemm_compare, kernel_rows  # noqa: E402
 
 def print_table(rows: list[dict]) -> None:
     print(f"{'kernel':<34} {'role':<6} {'rows':>5} {'dtype':<5} {'form':<15} {'unit':<6} {'instr/u':>8} "
-          f"{'fp/u':>7} {'lds/u':>7} {'reg':>4} {'blk/SM':>6} {'issue us':>10} {'mem us':>9} {'pred us':>10} {'%peak':>6} "
-          f"bound")
+          f"{'fp/u':>7} {'lds/u':>7} {'reg':>4} {'blk/SM':>6} {'issue us':>10} {'mem us':>9} {'l2 us':>9} "
+          f"{'pred us':>10} {'%peak':>6} bound")
     for r in rows:
         print(f"{r['kernel']:<34} {r['role']:<6} {r['rows']:>5} {r['dtype']:<5} {r['form']:<15} {r['unit']:<6} "
               f"{r['instr_per_unit']:>8.4f} {r['fp_per_unit']:>7.4f} {r['shared_loads_per_unit']:>7.4f} "
               f"{r['registers']:>4} {r['blocks_per_sm']:>6} {r['issue_bound_us']:>10.1f} "
-              f"{r['memory_bound_us']:>9.1f} {r['predicted_us']:>10.1f} {r['tensor_peak_pct']:>6.1f} {r['bound']}")
+              f"{r['memory_bound_us']:>9.1f} {r['l2_bound_us']:>9.1f} {r['predicted_us']:>10.1f} "
+              f"{r['tensor_peak_pct']:>6.1f} {r['bound']}")
 
 
 def main(argv=None) -> int:

@@ -7,17 +7,24 @@
 // order.  An mma output element depends on its own row of A (x) and column of B (w) only, so a prompt row's bits
 // are the decode row's: x and w swap the A / B roles of the GEMV, not the products or their k positions.
 //
-// Launch: 128 threads (4 warps); grid (ceil(N / GTC_TILE_N), ceil(M / GTC_TILE_M), H).  A block holds a 32-row by
-// 64-column tile: warp w takes rows 16 (w % 2) .. + 16 and columns 32 (w / 2) .. + 32 (GTC_NT tiles of 8).  Lane
-// (g, t) loads 8 consecutive k (16 bytes) of rows g, g + 8 and of column g of each 8-column tile straight into its
-// fragments; rows past M and columns past N are zeros and are not stored.  Blocks split M, N and H, never K.
+// Launch (gemm_tc, gemm_tc_bf16): GTS_THREADS threads (8 warps), GTS_STAGES * sizeof(GtsStage) bytes of dynamic
+// shared memory; grid (ceil(N / GTS_N), ceil(M / GTS_M), H).  A block holds a 64-row by 128-column tile, its k-tiles
+// staged through shared memory (gemm_tc_stage.cuh); warp w takes rows 32 (w % 2) .. + 32, columns 32 (w / 2) .. + 32.
+// Blocks split M, N and H, never K.
+//
+// The grouped experts (gemm_tc_grouped, at the end) keep the direct tile: 128 threads (4 warps); grid
+// (ceil(N / GTC_TILE_N), ceil(M / GTC_TILE_M)).  A block holds a 32-row by 64-column tile: warp w takes rows
+// 16 (w % 2) .. + 16 and columns 32 (w / 2) .. + 32 (GTC_NT tiles of 8).  Lane (g, t) loads 8 consecutive k (16
+// bytes) of rows g, g + 8 and of column g of each 8-column tile straight into its fragments; rows past M and
+// columns past N read row M - 1 (column N - 1) and are not stored.
 #include "common.cuh"
 #include "mma.cuh"
 #include "gemv_tc.cuh"
+#include "gemm_tc_stage.cuh"
 
 #define GTC_TILE_M 32                  // rows a block
 #define GTC_TILE_N 64                  // columns a block
-#define GTC_NT 4                       // 8-column mma tiles a warp
+#define GTC_NT GTS_NT                  // 8-column mma tiles a warp
 #define GTC_U 4                        // 32-blocks of loads issued before their mma steps
 
 // A lane's rows and weight columns (their first k).  A row past M (column past N) reads row M - 1 (column N - 1):
@@ -101,53 +108,60 @@ static __device__ __forceinline__ void gemm_tc_sum(float (*acc)[4], const GemmTc
   }
 }
 
+// The dense tile (gemm_tc_stage.cuh): this warp's 32 x 32 outputs of the block's 64 x 128.
 template <bool VEC, typename Out>
 static __device__ __forceinline__ void gemm_tc_rows(
+    GtsStage* sh,                          // [GTS_STAGES] shared stages
     const __nv_bfloat16* __restrict__ x,   // [H, M, K] bf16
     const __nv_bfloat16* __restrict__ w,   // [H, N, K] bf16
     Out* __restrict__ y,                   // [H, M, N] fp32 or bf16
     int M, int N, int K) {
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
   const long long h = blockIdx.z;
-  const int m0 = blockIdx.y * GTC_TILE_M + 16 * (warp & 1), n0 = blockIdx.x * GTC_TILE_N + 32 * (warp >> 1);
-  const GemmTcTile tl = gemm_tc_tile(x + h * M * (long long)K, w + h * N * (long long)K, m0, n0, M, N, K, g);
-  float acc[GTC_NT][4];
-  gemm_tc_sum<VEC>(acc, tl, K, t);
+  const int bm = blockIdx.y * GTS_M, bn = blockIdx.x * GTS_N;
+  GtsSrc s = gts_src(x + h * M * (long long)K, w + h * N * (long long)K, bm, bn, M, N, K);
+  float acc[2][GTC_NT][4];
+  gts_sum<VEC>(acc, sh, s);
   Out* yh = y + h * M * (long long)N;
+  const int m0 = bm + 32 * (warp & 1), n0 = bn + 32 * (warp >> 1);
 #pragma unroll
-  for (int j = 0; j < GTC_NT; ++j)
+  for (int i = 0; i < 2; ++i)
 #pragma unroll
-    for (int e = 0; e < 4; ++e) {        // d[e] = D[row g + 8 (e / 2)][column 2t + e % 2] of tile j
-      const int m = m0 + g + 8 * (e >> 1), n = n0 + 8 * j + 2 * t + (e & 1);
-      if (m < M && n < N) gemm_tc_store(yh, (long long)m * N + n, acc[j][e]);
-    }
+    for (int j = 0; j < GTC_NT; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {      // d[e] = D[row g + 8 (e / 2)][column 2t + e % 2] of tile (i, j)
+        const int m = m0 + 16 * i + g + 8 * (e >> 1), n = n0 + 8 * j + 2 * t + (e & 1);
+        if (m < M && n < N) gemm_tc_store(yh, (long long)m * N + n, acc[i][j][e]);
+      }
 }
 
-// 16-byte loads where x, w and K allow them (block-uniform), else element loads: the same values either way.
+// 16-byte copies where x, w and K allow them (block-uniform), else element loads: the same values either way.
 template <typename Out>
-static __device__ __forceinline__ void gemm_tc_body(const __nv_bfloat16* __restrict__ x,
+static __device__ __forceinline__ void gemm_tc_body(GtsStage* sh, const __nv_bfloat16* __restrict__ x,
                                                     const __nv_bfloat16* __restrict__ w, Out* __restrict__ y, int M,
                                                     int N, int K) {
   if (gemv_aligned(x, w, K))
-    gemm_tc_rows<true>(x, w, y, M, N, K);
+    gemm_tc_rows<true>(sh, x, w, y, M, N, K);
   else
-    gemm_tc_rows<false>(x, w, y, M, N, K);
+    gemm_tc_rows<false>(sh, x, w, y, M, N, K);
 }
 
-extern "C" __global__ void __launch_bounds__(128) gemm_tc(
+extern "C" __global__ void __launch_bounds__(GTS_THREADS, 1) gemm_tc(
     const __nv_bfloat16* __restrict__ x,   // [H, M, K] bf16
     const __nv_bfloat16* __restrict__ w,   // [H, N, K] bf16
     float* __restrict__ y,                 // [H, M, N] f32
     int M, int N, int K) {
-  gemm_tc_body(x, w, y, M, N, K);
+  extern __shared__ __align__(16) unsigned char gtc_sh[];   // [GTS_STAGES] GtsStage
+  gemm_tc_body(reinterpret_cast<GtsStage*>(gtc_sh), x, w, y, M, N, K);
 }
 
-extern "C" __global__ void __launch_bounds__(128) gemm_tc_bf16(
+extern "C" __global__ void __launch_bounds__(GTS_THREADS, 1) gemm_tc_bf16(
     const __nv_bfloat16* __restrict__ x,   // [H, M, K] bf16
     const __nv_bfloat16* __restrict__ w,   // [H, N, K] bf16
     __nv_bfloat16* __restrict__ y,         // [H, M, N] bf16 (the fp32 sum rounded once)
     int M, int N, int K) {
-  gemm_tc_body(x, w, y, M, N, K);
+  extern __shared__ __align__(16) unsigned char gtc_bf16_sh[];   // [GTS_STAGES] GtsStage
+  gemm_tc_body(reinterpret_cast<GtsStage*>(gtc_bf16_sh), x, w, y, M, N, K);
 }
 
 // Grouped experts (the MoE's prompt rows): y[m, n] = sum_k x[m, k] * w[group[m], n, k], row m's bits those of

@@ -5,7 +5,7 @@ from __future__ import annotations
 from cupyglm.kernels import ops_gemm_tc
 
 from bench.sass import kernels as K
-from bench.sass.model import Call, analyse
+from bench.sass.model import Call, analyse, tile_l2_bytes
 
 OUTS = 16            # GEMV_OUTS / GEMM_OUTS: output columns a block
 ROWS = 16            # GEMV_ROWS: decode rows a block reads each weight once for
@@ -38,10 +38,27 @@ def gemm(form: str, fmt: str, m: int, n: int, k: int, stored: float, nw: int = 1
 
 def gemm_tc(m: int, n: int, k: int, stored: float, arch: str = "sm_90") -> Call:
     """gemm_tc_bf16 over M prompt rows: 2 M N K FLOPs; each weight read from HBM once (the row blocks' re-reads
-    assumed to hit L2), x and y once; one block per 32 x 64 output tile."""
+    hit L2), x and y once; one block per 64 x 128 output tile, each loading its tile's rows and columns from L2
+    once (staged in shared memory for its 8 warps)."""
     flops = 2.0 * m * n * k
-    blocks = -(-m // ops_gemm_tc.TILE_M) * -(-n // ops_gemm_tc.TILE_N)
-    return Call(analyse(K.GEMM_TC, arch), flops, stored + m * k * 2 + m * n * 2, flops, blocks)
+    tm, tn = ops_gemm_tc.DENSE_TILE_M, ops_gemm_tc.DENSE_TILE_N
+    blocks = -(-m // tm) * -(-n // tn)
+    return Call(analyse(K.GEMM_TC, arch), flops, stored + m * k * 2 + m * n * 2, flops, blocks,
+                l2_bytes=tile_l2_bytes(n, k, tm, tn, -(-m // tm)))
+
+
+def gemm_tc_grouped(m: int, n: int, k: int, stored: float, slices: float, arch: str = "sm_90") -> Call:
+    """gemm_tc_grouped_bf16 over M prompt rows sorted by expert over `slices` experts: the FLOPs its tensor core
+    issues (a warp's 16 rows run their k-loop once per expert among them: ceil(M / 16) + slices - 1 runs at most),
+    each used expert's weights read from HBM once, x and y once; one block per 32 x 64 output tile, loading its
+    tile's rows and columns from L2 once an expert pass."""
+    runs = -(-m // 16) + max(0.0, min(slices, m) - 1)
+    flops = 2.0 * 16 * runs * n * k
+    tm, tn = ops_gemm_tc.TILE_M, ops_gemm_tc.TILE_N
+    blocks = -(-m // tm) * -(-n // tn)
+    passes = -(-m // tm) + max(0, round(min(slices, m)) - 1)
+    return Call(analyse(K.GEMM_TC_GROUPED, arch), flops, slices * stored + m * k * 2 + m * n * 2, flops, blocks,
+                l2_bytes=tile_l2_bytes(n, k, tm, tn, passes))
 
 
 def gemm_tc_grouped(m: int, n: int, k: int, stored: float, slices: float, arch: str = "sm_90") -> Call:
@@ -82,13 +99,19 @@ def attention_tc_prompt(cfg, tp: int, tokens: int, arch: str = "sm_90") -> Call:
     """attention_tc.cu over a cold prompt: the FLOPs its tensor core issues, every 64-position block a row touches
     whole (QK^T and PV, 2 x 2 x 16 x 64 x R a block and 16 heads, plus the sum of P, 2 x 16 x 64 x 8). Query p
     touches p // 64 + 1 blocks below index_topk; past it, at most one block a picked pool (an upper bound).
-    Latent rows read once, queries and outputs once (attention_prompt's bytes)."""
+    Latent rows read once, queries and outputs once (attention_prompt's bytes); from L2 each block of 16 heads
+    loads every picked row (R bf16 and its position) and its queries. Fewer than 16 heads a rank fill a 16-head
+    tile (the launcher takes H % 16 == 0 only)."""
     h, r, topk = cfg.num_attention_heads // tp, cfg.kv_lora_rank, cfg.index_topk
+    groups = -(-h // 16)
     per_block = 2 * 2 * 16 * 64 * r + 2 * 16 * 64 * 8
     blocks = sum(p // 64 + 1 if p < topk else min(p // 64 + 1, topk // cfg.index_kpool + 1) for p in range(tokens))
-    flops = float(blocks * (h // 16) * per_block)
+    flops = float(blocks * groups * per_block)
     nbytes = tokens * r * 2.0 + 2 * tokens * h * r * 2.0
-    return Call(analyse(K.attention_tc_prompt(r), arch), flops, nbytes, flops, tokens * -(-h // 16))
+    full = min(tokens, topk)
+    picked = full * (full + 1) / 2 + max(0, tokens - topk) * topk
+    l2 = groups * (picked * (r * 2.0 + 8) + tokens * 16 * r * 2.0)
+    return Call(analyse(K.attention_tc_prompt(r), arch), flops, nbytes, flops, tokens * groups, l2_bytes=l2)
 
 
 def index_decode(cfg, rows: int, context: int, arch: str = "sm_90") -> Call:

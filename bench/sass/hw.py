@@ -6,6 +6,10 @@ SMS = 132                    # streaming multiprocessors
 ISSUE_SLOTS = 4              # warp schedulers an SM, one warp instruction a clock each
 CLOCK_HZ = 1.98e9            # boost clock
 HBM_BYTES_S = 4.3e12         # HBM copy bandwidth
+# L2 -> SM read bandwidth (stated, not measured here): Chips and Cheese's H100 PCIe L2 test (about 5.5 TB/s with 114
+# SMs at up to 1.755 GHz; chipsandcheese.com/2023/07/02/nvidias-h100-funny-l2-and-tons-of-bandwidth) scaled by SMs
+# x clock to the H200's 132 SMs at 1.98 GHz (7.2 TB/s), rounded down; launch/gpu-check should measure it
+L2_BYTES_S = 7.0e12
 TENSOR_BF16_FLOPS = 990e12   # dense bf16 tensor-core peak
 LAUNCH_US = 2.5              # a kernel's launch inside a captured (graph) step
 COLLECTIVE_US = 10.0         # one small all-reduce across the TP ranks (NVLink), per call

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from cupyglm.kernels import ops_attention as att
 from cupyglm.kernels import ops_attention_tc as att_tc
+from cupyglm.kernels import ops_gemm_tc
 
 from bench.sass.model import Kernel, bucket
 
@@ -42,10 +43,12 @@ def gemm(form: str, fmt: str = "bf16") -> Kernel:
     return Kernel(_q(name, fmt), file, "prompt", "mac", 256, fmt)
 
 
-# the prompt GEMM on the tensor core (gemm_tc.cu): 128 threads, 32 x 64 output tiles
-GEMM_TC = Kernel("gemm_tc_bf16", "gemm_tc.cu", "prompt", "flop", 128)
-# its grouped-experts form: the same tiles, each warp's k-loop once per distinct expert among its 16 rows
-GEMM_TC_GROUPED = Kernel("gemm_tc_grouped_bf16", "gemm_tc.cu", "prompt", "flop", 128)
+# the prompt GEMM on the tensor core (gemm_tc.cu): 256 threads, 64 x 128 output tiles staged through shared memory
+GEMM_TC = Kernel("gemm_tc_bf16", "gemm_tc.cu", "prompt", "flop", ops_gemm_tc.DENSE_THREADS[0],
+                 dyn_shared=ops_gemm_tc.DENSE_SHARED)
+# its grouped-experts form: 128 threads, 32 x 64 tiles loaded straight into the fragments, each warp's k-loop once
+# per distinct expert among its 16 rows
+GEMM_TC_GROUPED = Kernel("gemm_tc_grouped_bf16", "gemm_tc.cu", "prompt", "flop", ops_gemm_tc.THREADS[0])
 
 
 def attention_decode(r: int, chunk: int) -> tuple[Kernel, Kernel]:

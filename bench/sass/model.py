@@ -1,9 +1,18 @@
 """Counts of a kernel's compiled hot loop -> the time of one call on the H200 (bench/sass/hw.py).
 
-A call's time is the largest of three bounds, plus its launch (and a collective where the forward has one):
+A call's time is the largest of four bounds, plus its launch (and a collective where the forward has one):
   issue   units x (warp instructions a unit) / the rate the call's warps issue at
   memory  the bytes the call moves (cupyglm.memory's arrays at the model's shapes) / HBM bandwidth
+  l2      the operand bytes the call's blocks load / L2 bandwidth (hw.L2_BYTES_S), for a tiled kernel (else 0)
   tensor  the call's FLOPs / the tensor peak, for a kernel whose hot loop holds tensor-core instructions (else 0)
+The L2 bound counts what HBM bytes hide: a tiled GEMM reads each weight from HBM about once, but every block loads
+its own operands over K, so the blocks together load (tile_l2_bytes)
+  blocks x K x (TILE_M x x-bytes + TILE_N x w-bytes)     blocks = (row tiles, a head or an expert pass each)
+                                                                  x ceil(N / TILE_N)
+(the warps of one block that share a row or column tile are taken to hit L1, so a block loads its tile once);
+prefill attention on the tensor core loads, per block of 16 heads, every picked latent row (and its position).
+A call with no kernel (analysis None: an elementwise pass or a dequantisation priced at HBM alone) has only
+its memory bound.
 A unit is a weight for the decode GEMVs and a FLOP for the rest. The units of one hot-loop iteration of a warp:
   weight  32 x FADD / bucket      (each weight is added into the bucket's row accumulators of its lane's
                                    thread: a block runs its rows in the smallest of 1, 2, 4, 8, 16 row slots
@@ -126,23 +135,35 @@ def issue_rate(a: Analysis, blocks: int) -> float:
 
 @dataclass(frozen=True)
 class Call:
-    """One launch: `units` of its kernel's work, `bytes` moved, `flops`, over `blocks` blocks."""
-    analysis: Analysis
+    """One launch: `units` of its kernel's work, `bytes` moved from HBM, `flops`, over `blocks` blocks; `l2_bytes`
+    the operand bytes its blocks load (tiled kernels; 0 where the HBM bytes are the traffic). analysis None: a
+    pass priced by its bytes alone."""
+    analysis: Analysis | None
     units: float
     bytes: float
     flops: float
     blocks: int
     collective: bool = False
+    l2_bytes: float = 0.0
+
+
+def tile_l2_bytes(n: int, k: int, tile_m: int, tile_n: int, row_tiles: int, x_bytes: float = 2.0,
+                  w_bytes: float = 2.0) -> float:
+    """The operand bytes a tiled GEMM's blocks load over K: `row_tiles` row tiles (over every head / expert
+    pass) by ceil(N / tile_n) column tiles, each loading tile_m rows of x and tile_n columns of w (bytes an
+    element as stored)."""
+    return row_tiles * -(-n // tile_n) * k * (tile_m * x_bytes + tile_n * w_bytes)
 
 
 def bounds(c: Call) -> dict:
-    """issue / memory / tensor bounds, the predicted time (us) and which bound wins."""
+    """issue / memory / l2 / tensor bounds, the predicted time (us) and which bound wins."""
     a = c.analysis
-    issue = c.units * a.instr_per_unit / issue_rate(a, c.blocks) * 1e6
+    issue = c.units * a.instr_per_unit / issue_rate(a, c.blocks) * 1e6 if a else 0.0
     memory = c.bytes / hw.HBM_BYTES_S * 1e6
-    tensor = c.flops / hw.TENSOR_BF16_FLOPS * 1e6 if a.counts.tensor else 0.0
-    b = {"issue": issue, "memory": memory, "tensor": tensor}
+    l2 = c.l2_bytes / hw.L2_BYTES_S * 1e6
+    tensor = c.flops / hw.TENSOR_BF16_FLOPS * 1e6 if a and a.counts.tensor else 0.0
+    b = {"issue": issue, "memory": memory, "l2": l2, "tensor": tensor}
     bound = max(b, key=b.get)
     extra = hw.LAUNCH_US + (hw.COLLECTIVE_US if c.collective else 0.0)
-    return {"issue_bound_us": issue, "memory_bound_us": memory, "tensor_bound_us": tensor,
+    return {"issue_bound_us": issue, "memory_bound_us": memory, "l2_bound_us": l2, "tensor_bound_us": tensor,
             "predicted_us": b[bound] + extra, "bound": bound}

@@ -12,20 +12,25 @@ from cupyglm.kernels import guards
 from cupyglm.kernels.ops import Kernels, check, i32
 
 SRC = "gemm_tc.cu"
-TILE_M = 32        # GTC_TILE_M: rows a block
+TILE_M = 32        # GTC_TILE_M: rows a block of the direct tile (the grouped kernels)
 TILE_N = 64        # GTC_TILE_N: columns a block
 THREADS = (128, 1)
+DENSE_TILE_M = 64        # GTS_M: rows a block of the staged tile (gemm_tc, gemm_tc_bf16)
+DENSE_TILE_N = 128       # GTS_N
+DENSE_THREADS = (256, 1)
+STAGES = 3               # GTS_STAGES: k-tiles in flight, each (DENSE_TILE_M + DENSE_TILE_N) rows of 64 bf16
+DENSE_SHARED = STAGES * (DENSE_TILE_M + DENSE_TILE_N) * 64 * 2
 MAX_GRID = 65535
 OUTS = ("f32", "bf16")
 
 
-def grid(m: int, n: int, h: int = 1) -> tuple[int, int, int]:
-    """(column blocks, row blocks, heads): N on grid.x (2^31 - 1), the rows' 32-row blocks and H on y and z."""
-    rows = -(-m // TILE_M)
+def grid(m: int, n: int, h: int = 1, tile_m: int = TILE_M, tile_n: int = TILE_N) -> tuple[int, int, int]:
+    """(column blocks, row blocks, heads): N on grid.x (2^31 - 1), the rows' blocks and H on y and z."""
+    rows = -(-m // tile_m)
     if rows > MAX_GRID or h > MAX_GRID:
-        raise ValueError(f"gemm_tc: M={m} ({rows} row blocks of {TILE_M}) or H={h} exceeds the grid's 65,535 "
-                         f"limit; split the rows into calls of at most {MAX_GRID * TILE_M}")
-    return -(-n // TILE_N), rows, h
+        raise ValueError(f"gemm_tc: M={m} ({rows} row blocks of {tile_m}) or H={h} exceeds the grid's 65,535 "
+                         f"limit; split the rows into calls of at most {MAX_GRID * tile_m}")
+    return -(-n // tile_n), rows, h
 
 
 def gemm_tc(k: Kernels, x, w, out: str = "f32"):
@@ -46,8 +51,12 @@ def gemm_tc(k: Kernels, x, w, out: str = "f32"):
         if kk == 0:
             y[...] = 0                           # an empty sum is +0.0 (bf16 +0.0 is bit pattern 0)
         else:
-            suffix = "_bf16" if out == "bf16" else ""
-            k.launch(SRC, "gemm_tc" + suffix, grid(m, n, h), THREADS, (x3, w3, y, i32(m), i32(n), i32(kk)))
+            name = "gemm_tc" + ("_bf16" if out == "bf16" else "")
+            fn = k.fn(SRC, name)
+            if fn.max_dynamic_shared_size_bytes < DENSE_SHARED:
+                fn.max_dynamic_shared_size_bytes = DENSE_SHARED
+            k.launch(SRC, name, grid(m, n, h, DENSE_TILE_M, DENSE_TILE_N), DENSE_THREADS,
+                     (x3, w3, y, i32(m), i32(n), i32(kk)), shared_mem=DENSE_SHARED)
     return y if heads else y[0]
 
 

@@ -24,7 +24,7 @@ def _bits(a):
 
 
 @pytest.mark.parametrize("m,n,k", [(1, 8, 32), (5, 70, 600), (32, 64, 512), (33, 65, 1100), (40, 130, 1040),
-                                   (7, 9, 100)])
+                                   (7, 9, 100), (66, 129, 8), (3, 5, 5), (65, 20, 1600)])
 def test_sim_equals_tc_rows_bits(m, n, k):
     rng = np.random.default_rng(m * 1000 + k)
     x, w = _bf(rng, (m, k), 2.0), _bf(rng, (n, k), k ** -0.5)
@@ -106,5 +106,6 @@ def test_launcher_refuses_bad_input(x, w, out, says):
 
 def test_grid_refuses_more_row_blocks_than_grid_y_takes():
     assert ops_gemm_tc.grid(33, 65, 2) == (2, 2, 2)
+    assert ops_gemm_tc.grid(65, 129, 1, ops_gemm_tc.DENSE_TILE_M, ops_gemm_tc.DENSE_TILE_N) == (2, 2, 1)
     with pytest.raises(ValueError, match="65,535"):
         ops_gemm_tc.grid(65536 * 32, 64)
