@@ -2,8 +2,7 @@
 GEMV's order (backend/tc_order.py's tc_rows), so a row's bits equal the decode row's for the same x and w; and its
 grouped-experts form (gemm_tc_grouped: each row against its expert's slice).
 
-Not an op of its own: the ops interface's prompt rows still sum in lane-16 order (gemm.cu) on every backend; this
-kernel is what a backend would route them to once the reference sums prompt rows in the tensor core's order too."""
+Not an op of its own: ops_gemm sends the prompt rows of bf16 GEMMs here (their role, backend/roles.py)."""
 from __future__ import annotations
 
 import numpy as np
