@@ -74,7 +74,8 @@ static __device__ __forceinline__ unsigned gtq_scales(const GtqTile& tl, int j, 
   return v;
 #else
   const unsigned char* row = tl.s[j];
-  if (WHOLE || (tl.svec && gr + 1 < gk)) return gq_prmt(*reinterpret_cast<const unsigned short*>(row + gr), 0u, 0x4140u);
+  if (WHOLE || (tl.svec && gr + 1 < gk))                  // gr is even: a 2-byte load
+    return gq_prmt(*reinterpret_cast<const unsigned short*>(row + gr), 0u, 0x4140u);
   if (gr >= gk) return 0u;
   return row[gr] | (gr + 1 < gk ? (unsigned)row[gr + 1] << 16 : 0u);
 #endif
