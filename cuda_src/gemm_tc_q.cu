@@ -195,6 +195,16 @@ static __device__ __forceinline__ int gtq_id(const int* __restrict__ group, int 
   return e >= 0 && e < E ? e : -1;
 }
 
+// Whether a row of expert id takes the outputs of expert e's pass.  CONTROL_GROUP_STORE_ALL (planted): every row
+// of the warp does (the last expert's pass wins).
+static __device__ __forceinline__ bool gtq_mine(int id, int e) {
+#ifdef CONTROL_GROUP_STORE_ALL
+  return id >= 0;
+#else
+  return id == e;
+#endif
+}
+
 // The smallest expert above prev among the warp's 16 rows from m0 (E: none); warp-uniform.
 template <bool GROUPED>
 static __device__ __forceinline__ int gtq_next(const int* __restrict__ group, int m0, int M, int E, int prev) {
@@ -263,7 +273,7 @@ static __device__ __forceinline__ void gtq_body(const __nv_bfloat16* __restrict_
 #pragma unroll
       for (int c = 0; c < 4; ++c) {          // acc[c] = D[row g + 8 (c / 2)][column 2t + c % 2] of tile j
         const int m = m0 + g + 8 * (c >> 1), n = n0 + 8 * j + 2 * t + (c & 1);
-        if (id[c >> 1] == e && n < N)
+        if (gtq_mine(id[c >> 1], e) && n < N)
           gtq_store(y, (long long)m * N + n, F == GEMV_NVFP4 ? acc[j][c] * s2 : acc[j][c]);
       }
   }

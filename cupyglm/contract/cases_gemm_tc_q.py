@@ -8,7 +8,8 @@ shows. Planted controls, each a kernel variant, in turn per format (as cases_gem
 (CONTROL_SCALE_NEXT_BLOCK), the scale grid read transposed (CONTROL_SCALE_TRANSPOSED), NVFP4's two nibbles of a
 byte swapped (CONTROL_NIBBLE_SWAP), an A fragment's two k halves swapped (CONTROL_TC_TRANSPOSED), a block's mma
 steps reversed (CONTROL_TC_REVERSED), IEEE fp32 multiply-adds for the tensor core's model (CONTROL_TC_IEEE; the
-last two only where the output is fp32); grouped "route" cases send one row to an expert no row uses.
+last two only where the output is fp32); grouped "route" cases send one row to an expert no row uses, "store-all"
+cases store every row of a warp in each expert's pass (CONTROL_GROUP_STORE_ALL).
 """
 from __future__ import annotations
 
@@ -74,7 +75,8 @@ def _grouped(label: str, fmt: str, m: int, e: int, used: int, n: int, k: int, ou
              block=(128, 128)) -> None:
     suffix = "" if out == "f32" else "_bf16"
     kernel = f"gemm_tc_grouped_{fmt}{suffix}"
-    define = _define(kernel, fmt, out == "f32") if control == "variant" else None
+    define = (_define(kernel, fmt, out == "f32") if control == "variant"
+              else "CONTROL_GROUP_STORE_ALL" if control == "store-all" else None)
 
     def make(rng):
         group = _ids(rng, m, e, used)
@@ -121,6 +123,8 @@ for _f, _odd in (("fp8", 1100), ("nvfp4", 1104)):   # K with rows of packed byte
     _grouped("route",     _f,  37,   6,   4,  72,  512, "f32",  "route")
     _grouped("unsorted",  _f,  45,   6,   4,  70, _odd, "bf16", "variant")
     _grouped("tiny",      _f,  20,   4,   2,  33,  256, "bf16", "route", (32, 32))
+    _grouped("mixed",     _f,  48,   5,   4,  40,  256, "f32",  "store-all")  # 2+ experts in every warp
+    _grouped("mixed",     _f,  48,   5,   4,  40,  256, "bf16", "store-all")
 
 
 def _cover() -> None:
