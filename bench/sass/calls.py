@@ -2,7 +2,7 @@
 FLOPs and blocks the launcher's grid gives (cupyglm/kernels/ops_*.py)."""
 from __future__ import annotations
 
-from cupyglm.kernels import ops_gemm_tc
+from cupyglm.kernels import ops_gemm_tc, ops_gemm_tc_q
 
 from bench.sass import kernels as K
 from bench.sass.model import Call, analyse, tile_l2_bytes
@@ -44,6 +44,14 @@ def gemm_tc(m: int, n: int, k: int, stored: float, arch: str = "sm_90") -> Call:
     blocks = -(-m // tm) * -(-n // tn)
     return Call(analyse(K.GEMM_TC, arch), flops, stored + m * k * 2 + m * n * 2, flops, blocks,
                 l2_bytes=tile_l2_bytes(n, k, tm, tn, -(-m // tm)))
+
+
+def gemm_tc_q(fmt: str, m: int, n: int, k: int, stored: float, arch: str = "sm_90") -> Call:
+    """gemm_tc_{fmt}_bf16 over M prompt rows (gemm_tc_q.cu): gemm_tc's FLOPs, bytes and blocks, the weight's
+    `stored` bytes its packed values and scales."""
+    flops = 2.0 * m * n * k
+    blocks = -(-m // ops_gemm_tc_q.TILE_M) * -(-n // ops_gemm_tc_q.TILE_N)
+    return Call(analyse(K.gemm_tc_q(fmt), arch), flops, stored + m * k * 2 + m * n * 2, flops, blocks)
 
 
 def attention_decode(cfg, tp: int, rows: int, context: int, arch: str = "sm_90") -> list[Call]:

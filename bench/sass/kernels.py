@@ -46,6 +46,11 @@ def gemm(form: str, fmt: str = "bf16") -> Kernel:
 GEMM_TC = Kernel("gemm_tc_bf16", "gemm_tc.cu", "prompt", "flop", 128)
 
 
+def gemm_tc_q(fmt: str) -> Kernel:
+    """The quantised prompt GEMM on the tensor core (gemm_tc_q.cu, dense, bf16 out): gemm_tc's 32 x 64 tiles."""
+    return Kernel(f"gemm_tc_{fmt}_bf16", "gemm_tc_q.cu", "prompt", "flop", 128, fmt)
+
+
 def attention_decode(r: int, chunk: int) -> tuple[Kernel, Kernel]:
     """attention_split.cu's two kernels (scores, then P.V), with the launcher's dynamic shared memory."""
     return (Kernel("attention_chunk_scores", "attention_split.cu", "decode", "flop", 256,
