@@ -47,11 +47,13 @@ def gemm_tc(m: int, n: int, k: int, stored: float, arch: str = "sm_90") -> Call:
 
 
 def gemm_tc_q(fmt: str, m: int, n: int, k: int, stored: float, arch: str = "sm_90") -> Call:
-    """gemm_tc_{fmt}_bf16 over M prompt rows (gemm_tc_q.cu): gemm_tc's FLOPs, bytes and blocks, the weight's
-    `stored` bytes its packed values and scales."""
+    """gemm_tc_{fmt}_bf16 over M prompt rows (gemm_tc_q.cu): gemm_tc's FLOPs, bytes, blocks and L2 loads, the
+    weight's `stored` bytes its packed values and scales (their bytes an element in the tiles' loads)."""
     flops = 2.0 * m * n * k
-    blocks = -(-m // ops_gemm_tc_q.TILE_M) * -(-n // ops_gemm_tc_q.TILE_N)
-    return Call(analyse(K.gemm_tc_q(fmt), arch), flops, stored + m * k * 2 + m * n * 2, flops, blocks)
+    tm, tn = ops_gemm_tc_q.TILE_M, ops_gemm_tc_q.TILE_N
+    blocks = -(-m // tm) * -(-n // tn)
+    return Call(analyse(K.gemm_tc_q(fmt), arch), flops, stored + m * k * 2 + m * n * 2, flops, blocks,
+                l2_bytes=tile_l2_bytes(n, k, tm, tn, -(-m // tm), w_bytes=stored / (n * k)))
 
 
 def attention_decode(cfg, tp: int, rows: int, context: int, arch: str = "sm_90") -> list[Call]:
