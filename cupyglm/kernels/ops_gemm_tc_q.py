@@ -1,0 +1,86 @@
+"""Launchers of cuda_src/gemm_tc_q.cu: the prompt-row GEMM on the tensor core for quantised weights (FP8
+block-scaled, NVFP4; cupyglm.backend.qweight.QWeight), dense and grouped, summing in the quantised decode GEMV's
+order (backend/tc_quant.py's quant_rows), so a prompt row's bits equal the decode row's for the same x and w.
+
+Not ops of their own: the ops interface's prompt rows still go to the dequantising lane-16 kernels (ops_gemm_q);
+these are what a backend routes them to once the reference sums prompt rows in the tensor core's order too."""
+from __future__ import annotations
+
+import numpy as np
+
+from cupyglm.backend.qweight import QWeight
+from cupyglm.kernels import guards
+from cupyglm.kernels.ops import Kernels, check, i32
+from cupyglm.kernels.ops_gemv_q import tc_block_args, weight_args
+
+SRC = "gemm_tc_q.cu"
+TILE_M = 32        # GTQ_TILE_M: rows a block
+TILE_N = 64        # GTQ_TILE_N: columns a block
+THREADS = (128, 1)
+MAX_GRID = 65535
+OUTS = ("f32", "bf16")
+
+
+def grid(name: str, m: int, n: int) -> tuple[int, int, int]:
+    """(column blocks, row blocks, 1): N on grid.x (2^31 - 1), the rows' 32-row blocks on y (65,535)."""
+    rows = -(-m // TILE_M)
+    if rows > MAX_GRID:
+        raise ValueError(f"{name}: M={m} ({rows} row blocks of {TILE_M}) exceeds the grid's 65,535 limit; "
+                         f"split the rows into calls of at most {MAX_GRID * TILE_M}")
+    return -(-n // TILE_N), rows, 1
+
+
+def _out(name: str, out: str) -> str:
+    if out not in OUTS:
+        raise ValueError(f"{name}: out must be one of {OUTS}, got {out!r}")
+    return "_bf16" if out == "bf16" else ""
+
+
+def _x(k: Kernels, name: str, x, w) -> tuple[int, int]:
+    if not isinstance(w, QWeight):
+        raise ValueError(f"{name}: weight must be a QWeight, got {type(w).__name__}")
+    if getattr(x, "ndim", None) != 2:
+        raise ValueError(f"{name}: parameter x must be [M, K], got shape {np.shape(x)}")
+    check(name, "x", x, (None, None), k.bf16)
+    return x.shape
+
+
+def gemm_tc_q(k: Kernels, x, w: QWeight, out: str = "f32"):
+    """x [M, K] bf16 @ dequant(w [N, K]).T -> [M, N] fp32 (out="bf16": rounded once), in the quantised decode
+    order: every row's bits are tc_quant.quant_rows(x[m:m + 1], w)'s."""
+    name = f"gemm_tc_{getattr(w, 'fmt', '?')}"
+    suffix = _out(name, out)
+    m, kk = _x(k, name, x, w)
+    args = weight_args(name, w, 2, kk)
+    n = w.shape[0]
+    blocks = tc_block_args(w)
+    y = k.empty((m, n), k.bf16 if out == "bf16" else np.float32)
+    if m and n:
+        if kk == 0:
+            y[...] = 0                           # an empty sum is +0.0 (bf16 +0.0 is bit pattern 0)
+        else:
+            k.launch(SRC, name + suffix, grid(name, m, n), THREADS, (x, *args, y, i32(m), i32(n), i32(kk), *blocks))
+    return y
+
+
+def gemm_tc_grouped_q(k: Kernels, x, w: QWeight, group, out: str = "f32"):
+    """y[m] = x[m] @ dequant(w[group[m]]).T -> [M, N] fp32 (or bf16), x [M, K] bf16, w an [E, N, K] QWeight stack,
+    group [M] int32 in any order: every row's bits are quant_rows(x[m:m + 1], w[group[m]])'s. Ids outside [0, E)
+    are refused (a host array at once, a device array by a device check read after the step; their rows NaN)."""
+    name = f"gemm_tc_grouped_{getattr(w, 'fmt', '?')}"
+    suffix = _out(name, out)
+    m, kk = _x(k, name, x, w)
+    check(name, "group", group, (m,), np.int32)
+    args = weight_args(name, w, 3, kk)
+    e, n = w.shape[0], w.shape[1]
+    blocks = tc_block_args(w)
+    y = k.empty((m, n), k.bf16 if out == "bf16" else np.float32)
+    if not (m and n):
+        return y
+    guards.ids_in_range(k, name, "group", group, e, "expert ids")    # no host sync of a device array
+    if kk == 0:
+        y[...] = 0
+    else:
+        k.launch(SRC, name + suffix, grid(name, m, n), THREADS,
+                 (x, *args, group, y, i32(m), i32(n), i32(kk), i32(e), *blocks))
+    return y
