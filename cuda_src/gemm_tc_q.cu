@@ -1,56 +1,56 @@
 // gemm_tc_q.cu -- the prompt-row GEMM on the tensor core for quantised weights (DESIGN §3b): y[m, n] =
 // sum_k x[m, k] * w[e, n, k] (e = 0 dense, e = group[m] grouped) by mma.m16n8k16, fp32 out or rounded once to bf16.
 //
-// Order: the quantised decode GEMV's (cupyglm/backend/tc_quant.py quant_rows, gemv_q_tc.cuh), fixed by K alone.
-// Weights are made exact bf16 in registers by gemv_q_tc.cuh's gq_decode from the bytes as stored (dequant.cuh's
-// layouts).  K is cut into slices of GTC_SLICE added in slice order; NVFP4: a slice is one chain of 128-k blocks
-// from +0.0 and scale_2 multiplies each output once at the end; FP8: a chain restarts at every bk-block, its fp32
-// result times scale_inv of (the column's n-block, the k-block) is added in k order.  Lane (g, t) takes 32c
-// consecutive k of a block (c = 4 NVFP4, 1 FP8): step s holds k 8ct + 4s + 0..3, as the GEMV.  An mma output
-// depends on its own row of A (x) and column of B (w) only, so a prompt row's bits are the decode row's: x and w
-// swap the GEMV's A / B roles, not the products or their k positions.
+// Order: the quantised decode GEMV's (cupyglm/backend/tc_quant.py quant_rows, gemv_q_tc.cuh), fixed by K alone,
+// in its very steps: weights made exact bf16 in registers by gq_decode (the A operand, 16 columns), x rows the B
+// operand (8 rows a tile), gq_steps' mma.  K is cut into slices of GTC_SLICE added in slice order; NVFP4: a slice
+// is one chain of 128-k blocks from +0.0 and scale_2 multiplies each output once at the end; FP8: a chain restarts
+// at every bk-block, its fp32 result times scale_inv of (the column's n-block, the k-block) is added in k order.
+// Lane (g, t) loads 32c consecutive k of a block (c = 4 NVFP4, 1 FP8; step s holds k 8ct + 4s + 0..3) of columns
+// g, g + 8 and of rows g of each row tile.  An mma output depends on its own row and column only, so a prompt row's
+// bits are the decode row's whatever rows share its tile.
 //
 // Launch: 128 threads (4 warps); grid (ceil(N / 64), ceil(M / 32)).  A block holds a 32-row by 64-column tile:
-// warp w takes rows 16 (w % 2) .. + 16 and columns 32 (w / 2) .. + 32 (GTQ_NT tiles of 8); loads go straight into
-// fragments.  Blocks split M and N, never K.  Grouped: a warp loops over the distinct experts among its 16 rows in
-// ascending order, computes its tile against that expert and stores only the rows of that expert; a row whose id
-// is outside [0, E) reads nothing and gets NaN (the launcher checks the ids, kernels/guards.py).
+// warp w takes columns 16w .. + 16 (one A tile) and all 32 rows (GTQ_RT tiles of 8), so a weight made bf16 serves
+// the 32 rows; loads go straight into fragments.  Blocks split M and N, never K.  Grouped: a warp loops over the
+// distinct experts among its rows in ascending order, computes its tile against that expert and stores only the
+// rows of that expert; a row whose id is outside [0, E) reads nothing and gets NaN (the launcher checks the ids,
+// kernels/guards.py).
 #include "common.cuh"
 #include "mma.cuh"
 #include "gemv_q_tc.cuh"
 
 #define GTQ_TILE_M 32                  // rows a block
 #define GTQ_TILE_N 64                  // columns a block
-#define GTQ_NT 4                       // 8-column mma tiles a warp
+#define GTQ_RT 4                       // 8-row mma tiles a warp (the B operands)
 
-// A warp's operands against one expert: rows g, g + 8 of its 16 rows, column g of each 8-column tile.  A row past
-// M (column past N) reads row M - 1 (column N - 1): those outputs are never stored.
+// A warp's operands against one expert: row 8r + g of each row tile, columns g and g + 8 of its 16.  A row past M
+// (column past N) reads row M - 1 (column N - 1): those outputs are never stored.
 struct GtqTile {
-  const __nv_bfloat16* xg;             // row g: [K] bf16
-  const __nv_bfloat16* xh;             // row g + 8
-  const unsigned char* w[GTQ_NT];      // the columns' packed rows: [rb] bytes
-  const unsigned char* s[GTQ_NT];      // NVFP4: the columns' group-scale rows, [K / 16] e4m3
+  const __nv_bfloat16* x[GTQ_RT];      // row 8r + g: [K] bf16
+  const unsigned char* w[2];           // columns g, g + 8: their packed rows, [rb] bytes
+  const unsigned char* s[2];           // NVFP4: their group-scale rows, [K / 16] e4m3
   const unsigned char* ns;             // NVFP4 [E, N, K / 16] (the planted scale controls index it whole)
   long long e;
-  int col[GTQ_NT], N, K, rb;
+  int col[2], N, K, rb;
   bool xvec, wvec, svec;               // 16-byte x loads; whole weight loads; 2-byte scale loads
 };
 
-// FP8's block scales of the lane's output columns (8j + 2t + c of the warp's tiles).
+// FP8's block scales: the n-blocks of columns g, g + 8.
 struct GtqFp8 {
   const float* fs;                     // [E, sn, sk] fp32 weight_scale_inv
-  int nb[GTQ_NT][2], bk, sn, sk;
+  int nb[2], bk, sn, sk;
 };
 
 // The epilogue: fp32 as summed, or rounded once to bf16.
 static __device__ __forceinline__ void gtq_store(float* y, long long i, float v) { y[i] = v; }
 static __device__ __forceinline__ void gtq_store(__nv_bfloat16* y, long long i, float v) { y[i] = to_bf16(v); }
 
-// A lane's BYTES packed bytes of a row at byte b (rb a row), those past the row zero.  WHOLE: inside and aligned.
-template <int F, bool WHOLE>
+// A lane's BYTES packed bytes of a row at byte b (rb a row), those past the row zero.
+template <int F>
 static __device__ __forceinline__ uint4 gtq_wload(const unsigned char* row, int b, int rb, bool vec) {
   constexpr int n = GqFmt<F>::BYTES;
-  if (WHOLE || (vec && b + n <= rb)) {
+  if (vec && b + n <= rb) {
     if (n == 16) return *reinterpret_cast<const uint4*>(row + b);
     const uint2 v = *reinterpret_cast<const uint2*>(row + b);
     return make_uint4(v.x, v.y, 0u, 0u);
@@ -62,111 +62,128 @@ static __device__ __forceinline__ uint4 gtq_wload(const unsigned char* row, int 
   return make_uint4(q[0], q[1], q[2], q[3]);
 }
 
-// NVFP4: the e4m3 codes of the two groups of a lane's 32 k at k (k / 16 even) of tile j's column, in bytes 0 and
-// 2 (0 past K).  The controls' builds index each code through dequant.cuh.
-template <bool WHOLE>
-static __device__ __forceinline__ unsigned gtq_scales(const GtqTile& tl, int j, int k) {
+// NVFP4: the e4m3 codes of the two groups of a lane's 32 k at k (k / 16 even) of column h (g + 8h), in bytes 0
+// and 2 (0 past K).  The controls' builds index each code through dequant.cuh.
+static __device__ __forceinline__ unsigned gtq_scales(const GtqTile& tl, int h, int k) {
   const int gk = tl.K >> 4, gr = k >> 4;
-#if defined(CONTROL_SCALE_NEXT_BLOCK) || defined(CONTROL_SCALE_TRANSPOSED)
   if (gr >= gk) return 0u;
-  unsigned v = tl.ns[dq_nvfp4_scale_at(tl.e, tl.col[j], gr, tl.N, tl.K)];
-  if (gr + 1 < gk) v |= (unsigned)tl.ns[dq_nvfp4_scale_at(tl.e, tl.col[j], gr + 1, tl.N, tl.K)] << 16;
+#if defined(CONTROL_SCALE_NEXT_BLOCK) || defined(CONTROL_SCALE_TRANSPOSED)
+  unsigned v = tl.ns[dq_nvfp4_scale_at(tl.e, tl.col[h], gr, tl.N, tl.K)];
+  if (gr + 1 < gk) v |= (unsigned)tl.ns[dq_nvfp4_scale_at(tl.e, tl.col[h], gr + 1, tl.N, tl.K)] << 16;
   return v;
 #else
-  const unsigned char* row = tl.s[j];
-  if (WHOLE || (tl.svec && gr + 1 < gk))                  // gr is even: a 2-byte load
+  const unsigned char* row = tl.s[h];
+  if (tl.svec && gr + 1 < gk)                // gr is even: a 2-byte load
     return gq_prmt(*reinterpret_cast<const unsigned short*>(row + gr), 0u, 0x4140u);
-  if (gr >= gk) return 0u;
   return row[gr] | (gr + 1 < gk ? (unsigned)row[gr + 1] << 16 : 0u);
 #endif
 }
 
-// The steps of one block: xa / xb the chunks of rows g / g + 8 (A), bw[j] the B halves of tile j's column.
-// CONTROL_TC_REVERSED / CONTROL_TC_TRANSPOSED (planted) as gemv_q_tc.cuh's gq_steps.
-template <int C>
-static __device__ __forceinline__ void gtq_steps(float (*d)[4], const uint4* xa, const uint4* xb,
-                                                 const unsigned (*bw)[2 * C][2]) {
-#pragma unroll
-  for (int q = 0; q < 2 * C; ++q) {
-#ifdef CONTROL_TC_REVERSED
-    const int s = 2 * C - 1 - q;
-#else
-    const int s = q;
-#endif
-    const uint4 u = xa[s >> 1], v = xb[s >> 1];
-    const unsigned a0 = (s & 1) ? u.z : u.x, a2 = (s & 1) ? u.w : u.y;
-    const unsigned a1 = (s & 1) ? v.z : v.x, a3 = (s & 1) ? v.w : v.y;
-#pragma unroll
-    for (int j = 0; j < GTQ_NT; ++j) {
-#ifdef CONTROL_TC_TRANSPOSED
-      gtc_mma(d[j], a2, a3, a0, a1, bw[j][s][0], bw[j][s][1]);
-#else
-      gtc_mma(d[j], a0, a1, a2, a3, bw[j][s][0], bw[j][s][1]);
-#endif
-    }
-  }
+// One block's weights made bf16 (wv columns g, g + 8's bytes, sc NVFP4's group scale codes) and its steps into d.
+template <int F>
+static __device__ __forceinline__ void gtq_math(float (*d)[4], const uint4 (*xc)[GqFmt<F>::C], const uint4* wv,
+                                                const unsigned* sc) {
+  constexpr int C = GqFmt<F>::C;
+  unsigned ag[2 * C][2], ah[2 * C][2];
+  gq_decode<F>(ag, wv[0], sc[0]);
+  gq_decode<F>(ah, wv[1], sc[1]);
+  gq_steps<GTQ_RT, C>(d, ag, ah, xc);
 }
 
-// One 32c-block at kb into the chains d.  WHOLE: every load whole and inside K (no checks); else x past K, weight
-// bytes past the row and groups past K / 16 read as zero.
-template <int F, bool WHOLE>
+// One 32c-block at kb into the chains d, every load checked: x past K, weight bytes past the row and groups past
+// K / 16 read as zero.
+template <int F>
 static __device__ __forceinline__ void gtq_block(float (*d)[4], const GtqTile& tl, int kb, int t) {
   constexpr int C = GqFmt<F>::C;
   const int kk = kb + 8 * C * t, bt = F == GEMV_FP8 ? kk : kk >> 1;
-  uint4 xa[C], xb[C], wv[GTQ_NT];
-  unsigned sc[GTQ_NT];
+  uint4 xc[GTQ_RT][C], wv[2];
+  unsigned sc[2];
 #pragma unroll
-  for (int j = 0; j < GTQ_NT; ++j) {
-    wv[j] = gtq_wload<F, WHOLE>(tl.w[j], bt, tl.rb, tl.wvec);
-    sc[j] = F == GEMV_NVFP4 ? gtq_scales<WHOLE>(tl, j, kk) : 0u;
+  for (int h = 0; h < 2; ++h) {
+    wv[h] = gtq_wload<F>(tl.w[h], bt, tl.rb, tl.wvec);
+    sc[h] = F == GEMV_NVFP4 ? gtq_scales(tl, h, kk) : 0u;
   }
 #pragma unroll
   for (int q = 0; q < C; ++q) {
     const int c = kk + 8 * q, valid = min(8, tl.K - c);
-    xa[q] = WHOLE ? *reinterpret_cast<const uint4*>(tl.xg + c) : gemv_load8(tl.xg + c, valid, tl.xvec);
-    xb[q] = WHOLE ? *reinterpret_cast<const uint4*>(tl.xh + c) : gemv_load8(tl.xh + c, valid, tl.xvec);
-  }
-  unsigned bw[GTQ_NT][2 * C][2];
 #pragma unroll
-  for (int j = 0; j < GTQ_NT; ++j) gq_decode<F>(bw[j], wv[j], sc[j]);
-  gtq_steps<C>(d, xa, xb, bw);
+    for (int r = 0; r < GTQ_RT; ++r) xc[r][q] = gemv_load8(tl.x[r] + c, valid, tl.xvec);
+  }
+  gtq_math<F>(d, xc, wv, sc);
 }
 
-// One chain over the blocks of [a, b) from +0.0 into d (warp-uniform bounds): with VEC the blocks inside K
-// unchecked, the rest (a K tail, or every block without VEC) checked; ascending k either way.
+// The whole blocks from kb while they end by b (every load whole, aligned and inside K) into d, read through
+// running pointers (a bump each, the loads at fixed offsets); returns where it stopped.
+template <int F>
+static __device__ __forceinline__ int gtq_run(float (*d)[4], const GtqTile& tl, int kb, int b, int t) {
+  constexpr int C = GqFmt<F>::C, KB = 32 * C, WB = F == GEMV_FP8 ? KB : KB / 2;
+  const int kk = kb + 8 * C * t;
+  const uint4* px[GTQ_RT];                 // [4 C] 16-byte chunks a block
+  const unsigned char* pw[2];              // [WB] bytes a block
+  const unsigned short* ps[2];             // NVFP4: [KB / 32] scale pairs a block
+#pragma unroll
+  for (int r = 0; r < GTQ_RT; ++r) px[r] = reinterpret_cast<const uint4*>(tl.x[r] + kk);
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    pw[h] = tl.w[h] + (F == GEMV_FP8 ? kk : kk >> 1);
+    ps[h] = F == GEMV_NVFP4 ? reinterpret_cast<const unsigned short*>(tl.s[h] + (kk >> 4)) : nullptr;
+  }
+#pragma unroll 2
+  for (; kb + KB <= b; kb += KB) {
+    uint4 xc[GTQ_RT][C], wv[2];
+    unsigned sc[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      wv[h] = gtq_wload<F>(pw[h], 0, WB, true);
+      pw[h] += WB;
+#if defined(CONTROL_SCALE_NEXT_BLOCK) || defined(CONTROL_SCALE_TRANSPOSED)
+      sc[h] = F == GEMV_NVFP4 ? gtq_scales(tl, h, kb + 8 * C * t) : 0u;
+#else
+      sc[h] = F == GEMV_NVFP4 ? gq_prmt(*ps[h], 0u, 0x4140u) : 0u;
+#endif
+      if (F == GEMV_NVFP4) ps[h] += KB / 32;
+    }
+#pragma unroll
+    for (int r = 0; r < GTQ_RT; ++r) {
+#pragma unroll
+      for (int q = 0; q < C; ++q) xc[r][q] = px[r][q];
+      px[r] += 4 * C;
+    }
+    gtq_math<F>(d, xc, wv, sc);
+  }
+  return kb;
+}
+
+// One chain over the blocks of [a, b) from +0.0 into d (warp-uniform bounds): with VEC the whole blocks through
+// gtq_run, the rest (a K tail, or every block without VEC) checked; ascending k either way.
 template <int F, bool VEC>
 static __device__ __forceinline__ void gtq_chain(float (*d)[4], const GtqTile& tl, int a, int b, int t) {
   constexpr int KB = 32 * GqFmt<F>::C;
 #pragma unroll
-  for (int j = 0; j < GTQ_NT; ++j) d[j][0] = d[j][1] = d[j][2] = d[j][3] = 0.0f;
-  int kb = a;
-  if (VEC) {
-#pragma unroll 2
-    for (; kb + KB <= b; kb += KB) gtq_block<F, true>(d, tl, kb, t);
-  }
+  for (int r = 0; r < GTQ_RT; ++r) d[r][0] = d[r][1] = d[r][2] = d[r][3] = 0.0f;
+  const int kb = VEC ? gtq_run<F>(d, tl, a, b, t) : a;
 #pragma unroll 1
-  for (; kb < b; kb += KB) gtq_block<F, false>(d, tl, kb, t);
+  for (int k = kb; k < b; k += KB) gtq_block<F>(d, tl, k, t);
 }
 
-// FP8: the chain d times its k-block's scale (per output column) into the slice sum sl (first: sl = it).
+// FP8: the chain d times its k-block's scale (columns g, g + 8) into the slice sum sl (first: sl = it).
 static __device__ __forceinline__ void gtq_close(float (*sl)[4], const float (*d)[4], const GtqFp8& fp, long long e,
                                                  int kblk, bool first) {
+  const float s[2] = {fp.fs[dq_fp8_scale_at(e, fp.nb[0], kblk, fp.sn, fp.sk)],
+                      fp.fs[dq_fp8_scale_at(e, fp.nb[1], kblk, fp.sn, fp.sk)]};
 #pragma unroll
-  for (int j = 0; j < GTQ_NT; ++j) {
-    const float s0 = fp.fs[dq_fp8_scale_at(e, fp.nb[j][0], kblk, fp.sn, fp.sk)];
-    const float s1 = fp.fs[dq_fp8_scale_at(e, fp.nb[j][1], kblk, fp.sn, fp.sk)];
+  for (int r = 0; r < GTQ_RT; ++r)
 #pragma unroll
-    for (int c = 0; c < 4; ++c) {          // d[c] = D[row g + 8 (c / 2)][column 2t + c % 2]
-      const float p = d[j][c] * ((c & 1) ? s1 : s0);
-      sl[j][c] = first ? p : sl[j][c] + p;
+    for (int c = 0; c < 4; ++c) {          // d[c] = D[column g + 8 (c / 2)][row 2t + c % 2]
+      const float p = d[r][c] * s[c >> 1];
+      sl[r][c] = first ? p : sl[r][c] + p;
     }
-  }
 }
 
 // The warp's tile over all K into acc: slices added in order (NVFP4's scale_2 not applied).
 template <int F, bool VEC>
 static __device__ __forceinline__ void gtq_sum(float (*acc)[4], const GtqTile& tl, const GtqFp8& fp, int t) {
-  float d[GTQ_NT][4], sl[GTQ_NT][4];
+  float d[GTQ_RT][4], sl[GTQ_RT][4];
   for (int k0 = 0; k0 < tl.K; k0 += GTC_SLICE) {
     const int k1 = min(tl.K, k0 + GTC_SLICE);
     if (F == GEMV_NVFP4) {
@@ -180,9 +197,9 @@ static __device__ __forceinline__ void gtq_sum(float (*acc)[4], const GtqTile& t
       }
     }
 #pragma unroll
-    for (int j = 0; j < GTQ_NT; ++j)
+    for (int r = 0; r < GTQ_RT; ++r)
 #pragma unroll
-      for (int c = 0; c < 4; ++c) acc[j][c] = k0 == 0 ? sl[j][c] : acc[j][c] + sl[j][c];
+      for (int c = 0; c < 4; ++c) acc[r][c] = k0 == 0 ? sl[r][c] : acc[r][c] + sl[r][c];
   }
 }
 
@@ -205,12 +222,12 @@ static __device__ __forceinline__ bool gtq_mine(int id, int e) {
 #endif
 }
 
-// The smallest expert above prev among the warp's 16 rows from m0 (E: none); warp-uniform.
+// The smallest expert above prev among the block's rows from m0 (E: none); warp-uniform.
 template <bool GROUPED>
 static __device__ __forceinline__ int gtq_next(const int* __restrict__ group, int m0, int M, int E, int prev) {
   if (!GROUPED) return prev < 0 ? 0 : E;
   int e = E;
-  for (int r = 0; r < 16; ++r) {
+  for (int r = 0; r < GTQ_TILE_M; ++r) {
     const int i = gtq_id<true>(group, m0 + r, M, E);
     if (i > prev && i < e) e = i;
   }
@@ -220,9 +237,9 @@ static __device__ __forceinline__ int gtq_next(const int* __restrict__ group, in
 // The warp's operands that do not depend on the expert.
 template <int F>
 static __device__ __forceinline__ void gtq_setup(GtqTile& tl, GtqFp8& fp, const __nv_bfloat16* x, const GemvQw& w,
-                                                 int m0, int n0, int M, int N, int K, int g, int t) {
-  tl.xg = x + (long long)min(m0 + g, M - 1) * K;
-  tl.xh = x + (long long)min(m0 + g + 8, M - 1) * K;
+                                                 int m0, int n0, int M, int N, int K, int g) {
+#pragma unroll
+  for (int r = 0; r < GTQ_RT; ++r) tl.x[r] = x + (long long)min(m0 + 8 * r + g, M - 1) * K;
   tl.ns = w.ns;
   tl.N = N;
   tl.K = K;
@@ -235,11 +252,26 @@ static __device__ __forceinline__ void gtq_setup(GtqTile& tl, GtqFp8& fp, const 
   fp.sn = F == GEMV_FP8 ? (N + w.bn - 1) / w.bn : 0;
   fp.sk = F == GEMV_FP8 ? (K + w.bk - 1) / w.bk : 0;
 #pragma unroll
-  for (int j = 0; j < GTQ_NT; ++j) {
-    tl.col[j] = min(n0 + 8 * j + g, N - 1);
-    fp.nb[j][0] = F == GEMV_FP8 ? min(n0 + 8 * j + 2 * t, N - 1) / w.bn : 0;
-    fp.nb[j][1] = F == GEMV_FP8 ? min(n0 + 8 * j + 2 * t + 1, N - 1) / w.bn : 0;
+  for (int h = 0; h < 2; ++h) {
+    tl.col[h] = min(n0 + g + 8 * h, N - 1);
+    fp.nb[h] = F == GEMV_FP8 ? tl.col[h] / w.bn : 0;
   }
+}
+
+// The warp's outputs of expert e's pass into its rows of that expert (e = -1: NaN into the rows whose id is
+// outside [0, E)); NVFP4's scale_2 applied once here.
+template <int F, typename Out>
+static __device__ __forceinline__ void gtq_out(Out* __restrict__ y, const float (*acc)[4], const int (*id)[2], int e,
+                                               float s2, int m0, int n0, int N, int g, int t) {
+#pragma unroll
+  for (int r = 0; r < GTQ_RT; ++r)
+#pragma unroll
+    for (int c = 0; c < 4; ++c) {          // acc[r][c] = D[column g + 8 (c / 2)][row 2t + c % 2] of row tile r
+      const int n = n0 + g + 8 * (c >> 1), i = id[r][c & 1];
+      const float v = e < 0 ? NAN : F == GEMV_NVFP4 ? acc[r][c] * s2 : acc[r][c];
+      const long long at = (long long)(m0 + 8 * r + 2 * t + (c & 1)) * N + n;
+      if ((e < 0 ? i == -1 : gtq_mine(i, e)) && n < N) gtq_store(y, at, v);
+    }
 }
 
 template <int F, bool GROUPED, typename Out>
@@ -247,55 +279,33 @@ static __device__ __forceinline__ void gtq_body(const __nv_bfloat16* __restrict_
                                                 const int* __restrict__ group, Out* __restrict__ y, int M, int N,
                                                 int K, int E) {
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-  const int m0 = blockIdx.y * GTQ_TILE_M + 16 * (warp & 1), n0 = blockIdx.x * GTQ_TILE_N + 32 * (warp >> 1);
-  if (m0 >= M || n0 >= N) return;          // warp-uniform; the kernel has no barriers
-  const int id[2] = {gtq_id<GROUPED>(group, m0 + g, M, E), gtq_id<GROUPED>(group, m0 + g + 8, M, E)};
+  const int m0 = blockIdx.y * GTQ_TILE_M, n0 = blockIdx.x * GTQ_TILE_N + 16 * warp;
+  if (n0 >= N) return;                     // warp-uniform; the kernel has no barriers
+  int id[GTQ_RT][2];                       // the experts of the lane's output rows 8r + 2t + c (gtq_id)
+#pragma unroll
+  for (int r = 0; r < GTQ_RT; ++r)
+#pragma unroll
+    for (int c = 0; c < 2; ++c) id[r][c] = gtq_id<GROUPED>(group, m0 + 8 * r + 2 * t + c, M, E);
   GtqTile tl;
   GtqFp8 fp;
-  gtq_setup<F>(tl, fp, x, w, m0, n0, M, N, K, g, t);
+  gtq_setup<F>(tl, fp, x, w, m0, n0, M, N, K, g);
   const bool vec = tl.xvec && tl.wvec && tl.svec;
+  float acc[GTQ_RT][4] = {};
   for (int e = gtq_next<GROUPED>(group, m0, M, E, -1); e < E; e = gtq_next<GROUPED>(group, m0, M, E, e)) {
     tl.e = e;
 #pragma unroll
-    for (int j = 0; j < GTQ_NT; ++j) {
-      const long long row = (long long)e * N + tl.col[j];
-      tl.w[j] = w.v + row * tl.rb;
-      tl.s[j] = F == GEMV_NVFP4 ? w.ns + row * (K / 16) : nullptr;
+    for (int h = 0; h < 2; ++h) {
+      const long long row = (long long)e * N + tl.col[h];
+      tl.w[h] = w.v + row * tl.rb;
+      tl.s[h] = F == GEMV_NVFP4 ? w.ns + row * (K / 16) : nullptr;
     }
-    float acc[GTQ_NT][4];
     if (vec)
       gtq_sum<F, true>(acc, tl, fp, t);
     else
       gtq_sum<F, false>(acc, tl, fp, t);
-    const float s2 = F == GEMV_NVFP4 ? w.s2[e] : 1.0f;
-#pragma unroll
-    for (int j = 0; j < GTQ_NT; ++j)
-#pragma unroll
-      for (int c = 0; c < 4; ++c) {          // acc[c] = D[row g + 8 (c / 2)][column 2t + c % 2] of tile j
-        const int m = m0 + g + 8 * (c >> 1), n = n0 + 8 * j + 2 * t + (c & 1);
-        if (gtq_mine(id[c >> 1], e) && n < N)
-          gtq_store(y, (long long)m * N + n, F == GEMV_NVFP4 ? acc[j][c] * s2 : acc[j][c]);
-      }
+    gtq_out<F>(y, acc, id, e, F == GEMV_NVFP4 ? w.s2[e] : 1.0f, m0, n0, N, g, t);
   }
-#pragma unroll
-  for (int j = 0; j < GTQ_NT; ++j)
-#pragma unroll
-    for (int c = 0; c < 4; ++c) {
-      const int m = m0 + g + 8 * (c >> 1), n = n0 + 8 * j + 2 * t + (c & 1);
-      if (id[c >> 1] == -1 && n < N) gtq_store(y, (long long)m * N + n, NAN);
-    }
-}
-
-static __device__ __forceinline__ GemvQw gtq_w(const unsigned char* v, const float* fs, const unsigned char* ns,
-                                               const float* s2, int bn, int bk) {
-  GemvQw w;
-  w.v = v;
-  w.fs = fs;
-  w.ns = ns;
-  w.s2 = s2;
-  w.bn = bn;
-  w.bk = bk;
-  return w;
+  if (GROUPED) gtq_out<F>(y, acc, id, -1, 0.0f, m0, n0, N, g, t);
 }
 
 // ---- dense: x [M, K] bf16 against one weight; y [M, N] ----
@@ -306,7 +316,7 @@ extern "C" __global__ void __launch_bounds__(128) gemm_tc_nvfp4(
     const float* __restrict__ ws2,         // [1] fp32 weight_scale_2
     float* __restrict__ y,                 // [M, N] f32
     int M, int N, int K) {
-  gtq_body<GEMV_NVFP4, false>(x, gtq_w(wv, nullptr, ws, ws2, 0, 0), nullptr, y, M, N, K, 1);
+  gtq_body<GEMV_NVFP4, false>(x, GemvQw{wv, nullptr, ws, ws2, 0, 0}, nullptr, y, M, N, K, 1);
 }
 
 extern "C" __global__ void __launch_bounds__(128) gemm_tc_nvfp4_bf16(
@@ -316,7 +326,7 @@ extern "C" __global__ void __launch_bounds__(128) gemm_tc_nvfp4_bf16(
     const float* __restrict__ ws2,         // [1] fp32 weight_scale_2
     __nv_bfloat16* __restrict__ y,         // [M, N] bf16 (the fp32 result rounded once)
     int M, int N, int K) {
-  gtq_body<GEMV_NVFP4, false>(x, gtq_w(wv, nullptr, ws, ws2, 0, 0), nullptr, y, M, N, K, 1);
+  gtq_body<GEMV_NVFP4, false>(x, GemvQw{wv, nullptr, ws, ws2, 0, 0}, nullptr, y, M, N, K, 1);
 }
 
 extern "C" __global__ void __launch_bounds__(128) gemm_tc_fp8(
@@ -325,7 +335,7 @@ extern "C" __global__ void __launch_bounds__(128) gemm_tc_fp8(
     const float* __restrict__ ws,          // [ceil(N / bn), ceil(K / bk)] fp32 weight_scale_inv
     float* __restrict__ y,                 // [M, N] f32
     int M, int N, int K, int bn, int bk) {
-  gtq_body<GEMV_FP8, false>(x, gtq_w(wv, ws, nullptr, nullptr, bn, bk), nullptr, y, M, N, K, 1);
+  gtq_body<GEMV_FP8, false>(x, GemvQw{wv, ws, nullptr, nullptr, bn, bk}, nullptr, y, M, N, K, 1);
 }
 
 extern "C" __global__ void __launch_bounds__(128) gemm_tc_fp8_bf16(
@@ -334,7 +344,7 @@ extern "C" __global__ void __launch_bounds__(128) gemm_tc_fp8_bf16(
     const float* __restrict__ ws,          // [ceil(N / bn), ceil(K / bk)] fp32 weight_scale_inv
     __nv_bfloat16* __restrict__ y,         // [M, N] bf16 (the fp32 result rounded once)
     int M, int N, int K, int bn, int bk) {
-  gtq_body<GEMV_FP8, false>(x, gtq_w(wv, ws, nullptr, nullptr, bn, bk), nullptr, y, M, N, K, 1);
+  gtq_body<GEMV_FP8, false>(x, GemvQw{wv, ws, nullptr, nullptr, bn, bk}, nullptr, y, M, N, K, 1);
 }
 
 // ---- grouped: row m against expert group[m] of an [E, N, K] stack; y [M, N] ----
@@ -346,7 +356,7 @@ extern "C" __global__ void __launch_bounds__(128) gemm_tc_grouped_nvfp4(
     const int* __restrict__ group,         // [M] int32: expert id of each row (any order)
     float* __restrict__ y,                 // [M, N] f32
     int M, int N, int K, int E) {
-  gtq_body<GEMV_NVFP4, true>(x, gtq_w(wv, nullptr, ws, ws2, 0, 0), group, y, M, N, K, E);
+  gtq_body<GEMV_NVFP4, true>(x, GemvQw{wv, nullptr, ws, ws2, 0, 0}, group, y, M, N, K, E);
 }
 
 extern "C" __global__ void __launch_bounds__(128) gemm_tc_grouped_nvfp4_bf16(
@@ -357,7 +367,7 @@ extern "C" __global__ void __launch_bounds__(128) gemm_tc_grouped_nvfp4_bf16(
     const int* __restrict__ group,         // [M] int32: expert id of each row (any order)
     __nv_bfloat16* __restrict__ y,         // [M, N] bf16 (the fp32 result rounded once)
     int M, int N, int K, int E) {
-  gtq_body<GEMV_NVFP4, true>(x, gtq_w(wv, nullptr, ws, ws2, 0, 0), group, y, M, N, K, E);
+  gtq_body<GEMV_NVFP4, true>(x, GemvQw{wv, nullptr, ws, ws2, 0, 0}, group, y, M, N, K, E);
 }
 
 extern "C" __global__ void __launch_bounds__(128) gemm_tc_grouped_fp8(
@@ -367,7 +377,7 @@ extern "C" __global__ void __launch_bounds__(128) gemm_tc_grouped_fp8(
     const int* __restrict__ group,         // [M] int32: expert id of each row (any order)
     float* __restrict__ y,                 // [M, N] f32
     int M, int N, int K, int E, int bn, int bk) {
-  gtq_body<GEMV_FP8, true>(x, gtq_w(wv, ws, nullptr, nullptr, bn, bk), group, y, M, N, K, E);
+  gtq_body<GEMV_FP8, true>(x, GemvQw{wv, ws, nullptr, nullptr, bn, bk}, group, y, M, N, K, E);
 }
 
 extern "C" __global__ void __launch_bounds__(128) gemm_tc_grouped_fp8_bf16(
@@ -377,5 +387,5 @@ extern "C" __global__ void __launch_bounds__(128) gemm_tc_grouped_fp8_bf16(
     const int* __restrict__ group,         // [M] int32: expert id of each row (any order)
     __nv_bfloat16* __restrict__ y,         // [M, N] bf16 (the fp32 result rounded once)
     int M, int N, int K, int E, int bn, int bk) {
-  gtq_body<GEMV_FP8, true>(x, gtq_w(wv, ws, nullptr, nullptr, bn, bk), group, y, M, N, K, E);
+  gtq_body<GEMV_FP8, true>(x, GemvQw{wv, ws, nullptr, nullptr, bn, bk}, group, y, M, N, K, E);
 }

@@ -2,7 +2,7 @@
 FLOPs and blocks the launcher's grid gives (cupyglm/kernels/ops_*.py)."""
 from __future__ import annotations
 
-from cupyglm.kernels import ops_gemm_tc
+from cupyglm.kernels import ops_gemm_tc, ops_gemm_tc_q
 
 from bench.sass import kernels as K
 from bench.sass.model import Call, analyse, tile_l2_bytes
@@ -61,14 +61,14 @@ def gemm_tc_grouped(m: int, n: int, k: int, stored: float, slices: float, arch: 
                 l2_bytes=tile_l2_bytes(n, k, tm, tn, passes))
 
 
-def gemm_tc_grouped(m: int, n: int, k: int, stored: float, slices: float, arch: str = "sm_90") -> Call:
-    """gemm_tc_grouped_bf16 over M prompt rows sorted by expert over `slices` experts: the FLOPs its tensor core
-    issues (a warp's 16 rows run their k-loop once per expert among them: ceil(M / 16) + slices - 1 runs at most),
-    each used expert's weights read from HBM once, x and y once; one block per 32 x 64 output tile."""
-    runs = -(-m // 16) + max(0.0, min(slices, m) - 1)
-    flops = 2.0 * 16 * runs * n * k
-    blocks = -(-m // ops_gemm_tc.TILE_M) * -(-n // ops_gemm_tc.TILE_N)
-    return Call(analyse(K.GEMM_TC_GROUPED, arch), flops, slices * stored + m * k * 2 + m * n * 2, flops, blocks)
+def gemm_tc_q(fmt: str, m: int, n: int, k: int, stored: float, arch: str = "sm_90") -> Call:
+    """gemm_tc_{fmt}_bf16 over M prompt rows (gemm_tc_q.cu): gemm_tc's FLOPs, bytes, blocks and L2 loads, the
+    weight's `stored` bytes its packed values and scales (their bytes an element in the tiles' loads)."""
+    flops = 2.0 * m * n * k
+    tm, tn = ops_gemm_tc_q.TILE_M, ops_gemm_tc_q.TILE_N
+    blocks = -(-m // tm) * -(-n // tn)
+    return Call(analyse(K.gemm_tc_q(fmt), arch), flops, stored + m * k * 2 + m * n * 2, flops, blocks,
+                l2_bytes=tile_l2_bytes(n, k, tm, tn, -(-m // tm), w_bytes=stored / (n * k)))
 
 
 def attention_decode(cfg, tp: int, rows: int, context: int, arch: str = "sm_90") -> list[Call]:

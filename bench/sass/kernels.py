@@ -51,6 +51,11 @@ GEMM_TC = Kernel("gemm_tc_bf16", "gemm_tc.cu", "prompt", "flop", ops_gemm_tc.DEN
 GEMM_TC_GROUPED = Kernel("gemm_tc_grouped_bf16", "gemm_tc.cu", "prompt", "flop", ops_gemm_tc.THREADS[0])
 
 
+def gemm_tc_q(fmt: str) -> Kernel:
+    """The quantised prompt GEMM on the tensor core (gemm_tc_q.cu, dense, bf16 out): gemm_tc's 32 x 64 tiles."""
+    return Kernel(f"gemm_tc_{fmt}_bf16", "gemm_tc_q.cu", "prompt", "flop", 128, fmt)
+
+
 def attention_decode(r: int, chunk: int) -> tuple[Kernel, Kernel]:
     """attention_split.cu's two kernels (scores, then P.V), with the launcher's dynamic shared memory."""
     return (Kernel("attention_chunk_scores", "attention_split.cu", "decode", "flop", 256,

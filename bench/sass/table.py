@@ -83,6 +83,9 @@ def _gemm_rows(cfg, tp, fmt, m, arch):
         n, k, st, _ = _shape(plain, stored, storage, "experts.0.down_proj.weight")
         out.append(row(calls.gemm_tc_grouped(m, n, k, st, e, arch), m, "grouped tc",
                        f"M {m} N {n} K {k} x {e} experts"))
+    n, k, st, q = _shape(plain, stored, storage, "self_attn.o_proj.weight")
+    if fmt != "bf16" and q:
+        out.append(row(calls.gemm_tc_q(fmt, m, n, k, st, arch), m, "dense tc", f"M {m} N {n} K {k}"))
     return out
 
 

@@ -219,3 +219,19 @@ def test_prefill_on_the_tensor_core_beats_lane16_and_prints_both(capsys):
                           "--parts"]) == 0
     out = capsys.readouterr().out
     assert "lane-16" in out and "tensor core" in out and "KDA recurrence" in out and "-bound" in out
+
+
+@pytest.mark.parametrize("fmt", ["fp8", "nvfp4"])
+def test_gemm_tc_q_counts_its_hmma_loop_and_beats_the_lane16_quantised_gemm(fmt):
+    """The quantised prompt GEMM on the tensor core (gemm_tc_q.cu): its hot loop is the whole-block mma loop (HMMA,
+    no shared loads or FADDs); at M 2048 N 4096 K 8192 its issue bound is under three times its tensor bound and
+    it predicts far less time than the lane-16 dequantising gemm.cu."""
+    m, n, k = 2048, 4096, 8192
+    st = n * k * (1.0 if fmt == "fp8" else 0.5)
+    c = calls.gemm_tc_q(fmt, m, n, k, st)
+    a = c.analysis
+    assert a.kernel.name == f"gemm_tc_{fmt}_bf16" and a.counts.tensor >= 16
+    assert a.counts.fadd == a.counts.shared_loads == 0
+    b = model.bounds(c)
+    assert b["tensor_bound_us"] / b["issue_bound_us"] >= 0.35
+    assert b["predicted_us"] * 20 < model.bounds(calls.gemm("dense", fmt, m, n, k, st))["predicted_us"]
