@@ -33,7 +33,7 @@ def _dense(label: str, m: int, dec: int, n: int, k: int, limit):
     def ctl(kn, d):
         return {"y": ops_gemm_swiglu.gemm_swiglu(kn, d["x"], d["wu"], d["wg"], limit, decode=dec)}
 
-    kernels = ("gemv_swiglu_lane16",) if dec == m else ("gemv_swiglu_lane16", "gemm_swiglu_lane16")
+    kernels = ("gemv_swiglu_lane16",) if dec == m else ("gemv_swiglu_lane16", "gemm_tc_bf16", "swiglu")
     return case(Case(f"gemv_swiglu[{label}]", kernels, make, run, replay, ctl))
 
 
