@@ -46,11 +46,11 @@ def _nvfp4(shape):
 
 CALLS = {
     # kernel: (launch it at m rows, the grid it must get at m rows)
-    "gemm_tc": (lambda k, m: ops_gemm.gemm(k, _bf((m, 32)), _bf((40, 32))), lambda m: (-(-m // 32), 1, 1)),
+    "gemm_tc": (lambda k, m: ops_gemm.gemm(k, _bf((m, 32)), _bf((40, 32))), lambda m: (-(-m // 64), 1, 1)),
     "gemm_tc_bf16": (lambda k, m: ops_gemm.gemm(k, _bf((m, 32)), _bf((140, 32)), out="bf16"),
-                     lambda m: (-(-m // 32), 3, 1)),
+                     lambda m: (-(-m // 64), 2, 1)),
     "gemm_tc heads": (lambda k, m: ops_gemm.gemm_heads(k, _bf((2, m, 16)), _bf((2, 20, 16))),
-                      lambda m: (-(-m // 32), 1, 2)),
+                      lambda m: (-(-m // 64), 1, 2)),
     "gemm_tc_grouped": (lambda k, m: ops_gemm.gemm_grouped(k, _bf((m, 32)), _bf((3, 40, 32)), np.zeros(m, np.int32)),
                         lambda m: (-(-m // 32), 1, 1)),
     "gemm_tc_nvfp4": (lambda k, m: ops_gemm.gemm(k, _bf((m, 64)), _nvfp4((200, 64))), lambda m: (-(-m // 32), 4, 1)),
