@@ -1,8 +1,9 @@
 // attention_tc.cu -- absorbed MLA prefill attention on the tensor core (keys equal values): the prompt rows of the
 // op attention_paged (kernels/ops_attention.py). Reference: cupyglm/backend/tc_attention.py (the exact model). A
-// block of 4 warps takes one row and 16 heads (the mma tile's M; heads past H are zero queries, never stored): the row's positions tokens[t, :counts[t]] (strictly ascending) fall into key blocks of
-// 64 positions aligned to absolute positions; each block is staged as a 64-slot tile in shared memory (absent
-// slots zero) and merged into the online softmax in position order:
+// block of 4 warps takes one row and 16 heads (the mma tile's M; heads past H are zero queries, never stored):
+// the row's positions tokens[t, :counts[t]] (strictly ascending) fall into key blocks of 64 positions aligned to
+// absolute positions; each block is staged as a 64-slot tile in shared memory (absent slots zero) and merged into
+// the online softmax in position order:
 //   S = Q K^T   warp w the keys 16w..16w+15, a chain over R in ascending k steps of 16 from +0.0;
 //   s = S * scale (absent -inf), m' = max(m, max s), P = bf16(exp_f32(s - m')) (absent 0; warp w its own keys',
 //   staged in shared memory for every warp's P V), alpha = exp_f32(m - m');

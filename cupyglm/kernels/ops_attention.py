@@ -102,8 +102,8 @@ def _attend(k: Kernels, name: str, qa, store, rows, table, seg, pt: int, counts,
         if d:
             _split(k, qa[:d], store, rows[:d], *maps(0, d), pt, counts[:d], out[:d], scale, chunk)
         if d < t and table is not None:      # prompt rows: the tensor core on the absolute position grid
-            out[d:] = ops_attention_tc.attention_tc(k, qa[d:], store, rows[d:], table, seg[d:], pt, counts[d:],
-                                                    scale)
+            ops_attention_tc.attention_tc(k, qa[d:], store, rows[d:], table, seg[d:], pt, counts[d:], scale,
+                                          out=out[d:])
         elif d < t:
             tab, sg = maps(d, t)
             k.launch(SRC, "attention", (t - d, h), (threads,),

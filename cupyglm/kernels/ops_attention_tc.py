@@ -22,11 +22,12 @@ def shared_bytes(r: int) -> int:
     return (BLOCK + HEADS) * (r + PAD) * 2 + HEADS * (BLOCK + PAD) * 2 + WARPS * HEADS * 4 + (BLOCK + 1) * 4
 
 
-def attention_tc(k: Kernels, qa, store, tokens, table, seg, page_tokens, counts, scale):
+def attention_tc(k: Kernels, qa, store, tokens, table, seg, page_tokens, counts, scale, out=None):
     """qa [T, H, R] bf16, store [N, R] bf16, tokens [T, W] int32 positions (strictly ascending, -1 padded) mapped
     through table [S, width] int32 row seg[t] (seg [T] int32) with page_tokens tokens a page, counts [T] int32
-    -> [T, H, R] bf16. Any H (blocks of 16 heads, the last padded with zero queries), R a multiple of 64 up to 512; the positions' order and seg's range
-    are the caller's contract (checking them on the device would cost a sync)."""
+    -> [T, H, R] bf16. Any H (blocks of 16 heads, the last padded with zero queries), R a multiple of 64 up to
+    512; the positions' order and seg's range are the caller's contract (checking them on the device would cost a
+    sync). out: the [T, H, R] bf16 rows to write (a view of a call's output), else a new array."""
     xp = k.xp
     qa = check(KERNEL, "qa", xp.ascontiguousarray(qa), (None, None, None), k.bf16)
     t, h, r = qa.shape
@@ -45,7 +46,7 @@ def attention_tc(k: Kernels, qa, store, tokens, table, seg, page_tokens, counts,
         raise ValueError(f"{KERNEL}: at most {65535 * HEADS} heads (grid.y), got {h}")
     if t and 0 in table.shape:
         raise ValueError(f"{KERNEL}: an empty page table {table.shape} for {t} rows")
-    out = k.empty((t, h, r), k.bf16)
+    out = k.empty((t, h, r), k.bf16) if out is None else check(KERNEL, "out", out, (t, h, r), k.bf16)
     if t and h:
         smem = shared_bytes(r)
         fn = k.fn(SRC, KERNEL)
