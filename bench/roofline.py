@@ -136,7 +136,7 @@ def print_prefill(cfg, tp: int, fmt: str, tokens: int, arch: str, parts: bool) -
     if parts:
         print(f"{'':>10} {_top(p['parts_s'], ' s', 5)}; {prompt_tc.quant_note(fmt)}")
         for (label, kernel, bound), t in sorted(p["calls_s"].items(), key=lambda kv: -kv[1])[:8]:
-            print(f"{'':>12} {label:<30} {kernel:<22} {t:7.3f} s  {bound}-bound")
+            print(f"{'':>12} {label:<30} {kernel:<26} {t:7.3f} s  {bound}-bound")
 
 
 def _top(parts: dict[str, float], unit: str, n: int = 3) -> str:
