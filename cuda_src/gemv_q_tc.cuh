@@ -236,7 +236,7 @@ static __device__ __forceinline__ void gq_run(float (*d)[NT][4], const GemvQSrc<
                                               int b, int k1, int g, int t) {
   constexpr int C = GqFmt<F>::C;
   const int rb = gq_row_bytes<F>(src.K);
-#pragma unroll 2
+#pragma unroll(3 - NW)                     // two blocks' loads in flight for one weight (registers)
   for (; kb < b; kb += 32 * C) {
     const int kk = kb + 8 * C * t, bt = F == GEMV_FP8 ? kk : (int)((unsigned)kk >> 1);   // kk >= 0
     uint4 w[NW][2], xc[NT][C];
