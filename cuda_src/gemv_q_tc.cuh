@@ -1,13 +1,16 @@
-// gemv_q_tc.cuh -- the decode/verify GEMV for quantised weights on the tensor core (DESIGN §3b; the order of
-// cupyglm/backend/tc_quant.py, its numpy reference): gemv_tc.cuh's warp slices, mma chains and slice sums over
-// weights made exact bf16 in registers from the bytes as stored (dequant.cuh's layouts and scale indexing):
-//   NVFP4  e2m1 x its group's e4m3 scale (exact in bf16): byte lookups (prmt) and one paired bf16 multiply; the
-//          tensor scale_2 multiplies each output once.
+// gemv_q_tc.cuh -- the lane's work of the decode/verify GEMV for quantised weights on the tensor core (DESIGN §3b;
+// the order of cupyglm/backend/tc_quant.py, its numpy reference): gemv_tc.cuh's warp slices and mma chains over
+// weights made exact bf16 in registers from the bytes as stored (dequant.cuh's layouts and scale indexing;
+// gemv_q_dec.cuh's decoders):
+//   NVFP4  e2m1 x its group's e4m3 scale (exact in bf16): byte lookups (prmt) and one paired bf16 multiply by the
+//          broadcast group scale; the tensor scale_2 multiplies each output once.
 //   FP8    e4m3 (exact in bf16): bits placed and one paired multiply by 2^120; a chain restarts at every bk-block
 //          and its fp32 result, times the block's scale_inv, is added in k order.
 // Lane (g, t) of a warp loads 8c consecutive k (c = 4 NVFP4: 16 bytes; c = 1 FP8: 8 bytes) of weight columns g and
 // g + 8 and of its rows at each 32c-block of the slice; step s of the block takes k 8ct + 4s + 0..3.  Weights go
-// from global memory straight into the A fragments, x rows into the B fragments (no staging).
+// from global memory straight into the A fragments, x rows into the B fragments (no staging); runs of whole
+// aligned blocks advance pointers, U blocks' loads in flight, and hold no bounds code.  gemv_q_block.cuh sums a
+// block's slices.
 #pragma once
 #include "gemv_tc.cuh"
 #include "dequant.cuh"
@@ -100,6 +103,17 @@ static __device__ __forceinline__ unsigned gq_scale_codes(const GemvQSrc<NW>& sr
 
 // gq_scale_codes' two codes (bytes 0 and 2) in bytes 0 and 1, as gq_decode_c takes them.
 static __device__ __forceinline__ unsigned gq_scale_pair(unsigned v) { return (v & 0xffu) | ((v >> 8) & 0xff00u); }
+
+// gq_scale_codes' two codes in bytes 0 and 1 (gq_decode_c's layout): one 2-byte load where it is whole.
+template <int NW>
+static __device__ __forceinline__ unsigned gq_scale_lane(const GemvQSrc<NW>& src, const unsigned char* row, int i,
+                                                         int c, int k) {
+#if !defined(CONTROL_SCALE_NEXT_BLOCK) && !defined(CONTROL_SCALE_TRANSPOSED)
+  const int gr = (int)((unsigned)k >> 4);
+  if (GQ_WHOLE_ONLY || (src.svec && gr + 1 < (src.K >> 4))) return *reinterpret_cast<const unsigned short*>(row + gr);
+#endif
+  return gq_scale_pair(gq_scale_codes(src, row, i, c, k));
+}
 
 // gq_load and gq_scale_codes of a whole run (gq_run): every load inside the row and aligned, so no checks.
 template <int F>
@@ -247,8 +261,7 @@ static __device__ __forceinline__ void gq_run(float (*d)[NT][4], const GemvQSrc<
       for (int h = 0; h < 2; ++h) {
         w[i][h] = gq_load<F>(rg[2 * i + h], bt, rb, src.wvec);
         sc[i][h] = F != GEMV_NVFP4 ? 0u
-                                   : gq_scale_pair(gq_scale_codes(src, sr[2 * i + h], i,
-                                                                  min(g + 8 * h, src.ncols - 1), kk));
+                                   : gq_scale_lane(src, sr[2 * i + h], i, min(g + 8 * h, src.ncols - 1), kk);
       }
 #pragma unroll
     for (int j = 0; j < NT; ++j)
@@ -329,110 +342,4 @@ static __device__ __forceinline__ void gq_blocks(float (*d)[NT][4], const GemvQS
     gq_run_whole<NW, NT, F, 1>(d, src, xr, rg, sr, kb, b, g, t);
   else
     gq_run<NW, NT, F>(d, src, xr, rg, sr, kb, b, k1, g, t);
-}
-
-// One warp's slice [k0, k1): acc[i][j] the D fragments (weight i, row tile j), FP8's scaled.  Warp-uniform bounds.
-template <int NW, int NT, int F, typename XR>
-static __device__ __forceinline__ void gq_slice(float (*acc)[NT][4], const GemvQSrc<NW>& src, const XR& xr, int k0,
-                                                int k1, int lane) {
-  const int g = lane >> 2, t = lane & 3, rb = gq_row_bytes<F>(src.K), bk = src.w[0].bk, gk = src.K / 16;
-  float d[NW][NT][4];
-  const unsigned char* rg[2 * NW];
-  const unsigned char* sr[2 * NW];
-#pragma unroll
-  for (int i = 0; i < NW; ++i) {
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const long long row = src.e * src.N + src.n0 + min(g + 8 * h, src.ncols - 1);
-      rg[2 * i + h] = src.w[i].v + row * rb;
-      sr[2 * i + h] = F == GEMV_NVFP4 ? src.w[i].ns + row * gk : nullptr;
-    }
-#pragma unroll
-    for (int j = 0; j < NT; ++j)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) d[i][j][e] = acc[i][j][e] = 0.0f;
-  }
-  if (F == GEMV_NVFP4) {
-    gq_blocks<NW, NT, F>(acc, src, xr, rg, sr, k0, k1, k1, g, t);
-    return;
-  }
-  for (int a = k0; a < k1;) {                // FP8: a chain per bk-block, closed into acc in k order
-    const int b = min(k1, (a / bk + 1) * bk);
-    gq_blocks<NW, NT, F>(d, src, xr, rg, sr, a, b, k1, g, t);
-    gq_close<NW, NT>(acc, d, src, a / bk, g, a == k0);
-    a = b;
-  }
-}
-
-// As gemv_tc.cuh's gtc_rows_nt: out[i] = thread (row threadIdx.x, column threadIdx.y)'s slices of weight i added
-// in slice order (NVFP4's scale_2 not applied); 0 slices when the block has no column.  Every thread takes part.
-template <int NW, int NT, int F, typename XR>
-static __device__ __forceinline__ void gq_rows_nt(GemvTcShared<NW>& sh, const GemvQSrc<NW>& src, const XR& xr,
-                                                  float out[NW]) {
-  const int tid = threadIdx.y * 16 + threadIdx.x, warp = tid >> 5, lane = tid & 31;
-  const int g = lane >> 2, t = lane & 3, r = threadIdx.x, o = threadIdx.y;
-  const int slices = src.ncols > 0 ? (src.K + GTC_SLICE - 1) / GTC_SLICE : 0;
-#pragma unroll
-  for (int i = 0; i < NW; ++i) out[i] = 0.0f;
-  for (int s0 = 0; s0 < slices; s0 += GTC_WARPS) {
-    const int sl = s0 + warp;
-    if (sl < slices) {
-      float d[NW][NT][4];
-      gq_slice<NW, NT, F>(d, src, xr, sl * GTC_SLICE, min(src.K, (sl + 1) * GTC_SLICE), lane);
-#pragma unroll
-      for (int i = 0; i < NW; ++i)
-#pragma unroll
-        for (int j = 0; j < NT; ++j)
-#pragma unroll
-          for (int e = 0; e < 4; ++e)        // d[e] = D[column g + 8 (e / 2)][row 2t + e % 2]
-            sh.part[i][warp][8 * j + 2 * t + (e & 1)][g + 8 * (e >> 1)] = d[i][j][e];
-    }
-    __syncthreads();
-    const int n = min(GTC_WARPS, slices - s0);
-    if (r < 8 * NT)
-      for (int w = 0; w < n; ++w)
-#pragma unroll
-        for (int i = 0; i < NW; ++i) out[i] = s0 + w == 0 ? sh.part[i][w][r][o] : out[i] + sh.part[i][w][r][o];
-    __syncthreads();                         // the round is read before the next one is written
-  }
-}
-
-// The block's rows (src.nrows <= GEMV_ROWS) in 1 or 2 row tiles (gtc_tiles): out[i] as gq_rows_nt's.
-template <int NW, int F>
-static __device__ __forceinline__ void gemv_q_rows(GemvTcShared<NW>& sh, const GemvQSrc<NW>& src, float out[NW]) {
-  const GemvXMem xr = {src.x, src.K, src.xvec};
-  if (gtc_tiles(src.nrows) == 1)
-    gq_rows_nt<NW, 1, F>(sh, src, xr, out);
-  else
-    gq_rows_nt<NW, 2, F>(sh, src, xr, out);
-}
-
-// A block's source: columns from n0 of expert e of each weight (ncols = 0: nothing read).
-template <int NW, int F>
-static __device__ __forceinline__ void gemv_q_src(GemvQSrc<NW>& src, const GemvQw (&w)[NW], long long e, int n0,
-                                                  int ncols, int N, int K, const __nv_bfloat16* x) {
-  const int rb = gq_row_bytes<F>(K), n = GqFmt<F>::BYTES;
-  bool wvec = rb % n == 0, svec = F == GEMV_NVFP4 && (K / 16) % 2 == 0;
-#pragma unroll
-  for (int i = 0; i < NW; ++i) {
-    src.w[i] = w[i];
-    src.s2[i] = F == GEMV_NVFP4 && ncols > 0 ? w[i].s2[e] : 0.0f;
-    wvec = wvec && (((unsigned long long)w[i].v) % n == 0);
-    svec = svec && (F != GEMV_NVFP4 || ((unsigned long long)w[i].ns) % 2 == 0);
-  }
-  src.e = e;
-  src.n0 = n0;
-  src.ncols = ncols;
-  src.N = N;
-  src.K = K;
-  src.x = x;
-  src.xvec = gemv_aligned(x, x, K);
-  src.wvec = wvec;
-  src.svec = svec;
-}
-
-// out[i] times NVFP4's tensor scale (once per output); FP8's as summed.
-template <int NW, int F>
-static __device__ __forceinline__ float gemv_q_out(const GemvQSrc<NW>& src, const float out[NW], int i) {
-  return F == GEMV_NVFP4 ? out[i] * src.s2[i] : out[i];
 }
