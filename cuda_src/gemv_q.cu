@@ -1,4 +1,4 @@
-// gemv_q.cu -- the decode/verify GEMV for quantised weights on the tensor core (gemv_q_tc.cuh): every form of
+// gemv_q.cu -- the decode/verify GEMV for quantised weights on the tensor core (gemv_q_block.cuh): every form of
 // gemv.cu and gemv_swiglu.cu for FP8 block-scaled and NVFP4 weights read as stored, made exact bf16 in registers.
 // A row's bits are the reference's decode rows (cupyglm/backend/tc_quant.py quant_rows, then the same roundings
 // and swiglu.cuh epilogue); prompt rows go to gemm_tc_q.cu (the same order).
@@ -11,7 +11,7 @@
 // `rows` decode/verify rows; grouped grid (ceil(N / GEMV_OUTS), M), one block per run of equal expert ids as in
 // gemv.cu (an id outside [0, E) reads nothing, gets NaN and is counted into the guard slot `slot` of `flags`).
 #include "common.cuh"
-#include "gemv_q_tc.cuh"
+#include "gemv_q_block.cuh"
 #include "swiglu.cuh"
 
 static __device__ __forceinline__ void gemv_q_store(float* y, long long i, float v) { y[i] = v; }

@@ -1,16 +1,20 @@
-// gemv_q_tc.cuh -- the decode/verify GEMV for quantised weights on the tensor core (DESIGN §3b; the order of
-// cupyglm/backend/tc_quant.py, its numpy reference): gemv_tc.cuh's warp slices, mma chains and slice sums over
-// weights made exact bf16 in registers from the bytes as stored (dequant.cuh's layouts and scale indexing):
-//   NVFP4  e2m1 x its group's e4m3 scale (exact in bf16): byte lookups (prmt) and one paired bf16 multiply; the
-//          tensor scale_2 multiplies each output once.
+// gemv_q_tc.cuh -- the lane's work of the decode/verify GEMV for quantised weights on the tensor core (DESIGN §3b;
+// the order of cupyglm/backend/tc_quant.py, its numpy reference): gemv_tc.cuh's warp slices and mma chains over
+// weights made exact bf16 in registers from the bytes as stored (dequant.cuh's layouts and scale indexing;
+// gemv_q_dec.cuh's decoders):
+//   NVFP4  e2m1 x its group's e4m3 scale (exact in bf16): byte lookups (prmt) and one paired bf16 multiply by the
+//          broadcast group scale; the tensor scale_2 multiplies each output once.
 //   FP8    e4m3 (exact in bf16): bits placed and one paired multiply by 2^120; a chain restarts at every bk-block
 //          and its fp32 result, times the block's scale_inv, is added in k order.
 // Lane (g, t) of a warp loads 8c consecutive k (c = 4 NVFP4: 16 bytes; c = 1 FP8: 8 bytes) of weight columns g and
 // g + 8 and of its rows at each 32c-block of the slice; step s of the block takes k 8ct + 4s + 0..3.  Weights go
-// from global memory straight into the A fragments, x rows into the B fragments (no staging).
+// from global memory straight into the A fragments, x rows into the B fragments (no staging); runs of whole
+// aligned blocks advance pointers, U blocks' loads in flight, and hold no bounds code.  gemv_q_block.cuh sums a
+// block's slices.
 #pragma once
 #include "gemv_tc.cuh"
 #include "dequant.cuh"
+#include "gemv_q_dec.cuh"
 
 #define GEMV_FP8 0
 #define GEMV_NVFP4 1
@@ -44,54 +48,6 @@ struct GqFmt {
 
 template <int F>
 static __device__ __forceinline__ int gq_row_bytes(int K) { return F == GEMV_FP8 ? K : K / 2; }
-
-static __device__ __forceinline__ unsigned gq_prmt(unsigned a, unsigned b, unsigned s) {   // selector nibbles < 8
-#ifdef __CUEMU__
-  const unsigned long long v = ((unsigned long long)b << 32) | a;
-  unsigned r = 0u;
-  for (int i = 0; i < 4; ++i) r |= (unsigned)((v >> (8 * ((s >> (4 * i)) & 7u))) & 0xffu) << (8 * i);
-  return r;
-#else
-  return __byte_perm(a, b, s);
-#endif
-}
-
-// Two bf16 products that are exact (every use here), so any rounding gives the same bits.
-static __device__ __forceinline__ unsigned gq_bmul2(unsigned a, unsigned b) {
-#ifdef __CUEMU__
-  const unsigned lo = __float_as_uint(__uint_as_float(a << 16) * __uint_as_float(b << 16)) >> 16;
-  const unsigned hi = __float_as_uint(__uint_as_float(a & 0xffff0000u) * __uint_as_float(b & 0xffff0000u)) >> 16;
-  return lo | (hi << 16);
-#else
-  unsigned d;
-  asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(0x80008000u));
-  return d;
-#endif
-}
-
-// e4m3 codes in bytes 0 and 2 of v (bytes 1, 3 zero) -> their bf16 pair, exact: the bits as a bf16 are the value
-// x 2^-120 (bf16 subnormals for e4m3's), times 2^120.  The NaN codes read as +-480 (tc_quant.E4M3_TC).
-static __device__ __forceinline__ unsigned gq_e4m3x2(unsigned v) {
-  return gq_bmul2((v << 4) + (v & 0x00800080u) * 240u, 0x7b807b80u);
-}
-
-// 8 e2m1 codes (element j in bits 4j) -> r[j] = the bf16 pair of elements 2j, 2j + 1, exact, unscaled.  The
-// magnitude's low and high bf16 bytes by lookup (index code & 7), the sign bit ORed into the high byte.
-// CONTROL_NIBBLE_SWAP (planted): a byte's two codes read high-first.
-static __device__ __forceinline__ void gq_e2m1x8(unsigned w, unsigned r[4]) {
-#ifdef CONTROL_NIBBLE_SWAP
-  w = ((w >> 4) & 0x0f0f0f0fu) | ((w & 0x0f0f0f0fu) << 4);
-#endif
-  const unsigned sel = w & 0x77777777u, w4 = w << 4;
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {               // 0, .5, 1, 1.5, 2, 3, 4, 6: low bytes C0 80 00 00 | C0 80 40 00
-    const unsigned s = h ? sel >> 16 : sel;   // high bytes 3F 3F 3F 00 | 40 40 40 40
-    const unsigned lo = gq_prmt(0xc0800000u, 0xc0804000u, s);
-    const unsigned hi = gq_prmt(0x3f3f3f00u, 0x40404040u, s) | (gq_prmt(w4, w, h ? 0x7362u : 0x5140u) & 0x80808080u);
-    r[2 * h] = gq_prmt(lo, hi, 0x5140u);
-    r[2 * h + 1] = gq_prmt(lo, hi, 0x7362u);
-  }
-}
 
 // The speed model's compile (GEMV_BUCKET_ONLY) keeps whole vector loads only (its shapes are aligned), so its
 // disassembly holds the loop a block runs; every other compile reads partial chunks byte by byte.
@@ -145,6 +101,39 @@ static __device__ __forceinline__ unsigned gq_scale_codes(const GemvQSrc<NW>& sr
 #endif
 }
 
+// gq_scale_codes' two codes (bytes 0 and 2) in bytes 0 and 1, as gq_decode_c takes them.
+static __device__ __forceinline__ unsigned gq_scale_pair(unsigned v) { return (v & 0xffu) | ((v >> 8) & 0xff00u); }
+
+// gq_scale_codes' two codes in bytes 0 and 1 (gq_decode_c's layout): one 2-byte load where it is whole.
+template <int NW>
+static __device__ __forceinline__ unsigned gq_scale_lane(const GemvQSrc<NW>& src, const unsigned char* row, int i,
+                                                         int c, int k) {
+#if !defined(CONTROL_SCALE_NEXT_BLOCK) && !defined(CONTROL_SCALE_TRANSPOSED)
+  const int gr = (int)((unsigned)k >> 4);
+  if (GQ_WHOLE_ONLY || (src.svec && gr + 1 < (src.K >> 4))) return *reinterpret_cast<const unsigned short*>(row + gr);
+#endif
+  return gq_scale_pair(gq_scale_codes(src, row, i, c, k));
+}
+
+// gq_load and gq_scale_codes of a whole run (gq_run): every load inside the row and aligned, so no checks.
+template <int F>
+static __device__ __forceinline__ uint4 gq_load_whole(const unsigned char* row, int b) {
+  if (F == GEMV_NVFP4) return *reinterpret_cast<const uint4*>(row + b);
+  const uint2 v = *reinterpret_cast<const uint2*>(row + b);
+  return make_uint4(v.x, v.y, 0u, 0u);
+}
+
+template <int NW>
+static __device__ __forceinline__ unsigned gq_scale_whole(const GemvQSrc<NW>& src, const unsigned char* row, int i,
+                                                          int c, int k) {
+#if defined(CONTROL_SCALE_NEXT_BLOCK) || defined(CONTROL_SCALE_TRANSPOSED)
+  return gq_scale_pair(gq_scale_codes(src, row, i, c, k));
+#else
+  (void)src, (void)i, (void)c, (void)k;
+  return *reinterpret_cast<const unsigned short*>(row);
+#endif
+}
+
 // A lane's A halves of one block for weight column c: a[s][0] = k 8ct + 4s + 0, 1 and a[s][1] = + 2, 3.
 // sc: NVFP4's group scale codes (gq_scale_codes).
 template <int F>
@@ -163,9 +152,28 @@ static __device__ __forceinline__ void gq_decode(unsigned (*a)[2], uint4 v, unsi
   } else {
 #pragma unroll
     for (int q = 0; q < 2; ++q) {
-      a[q][0] = gq_e4m3x2(gq_prmt(wd[q], 0u, 0x4140u));
-      a[q][1] = gq_e4m3x2(gq_prmt(wd[q], 0u, 0x4342u));
+      a[q][0] = gq_bmul2(gq_e4m3_bits(wd[q], 0x9180u), 0x7b807b80u);
+      a[q][1] = gq_bmul2(gq_e4m3_bits(wd[q], 0xb3a2u), 0x7b807b80u);
     }
+  }
+}
+
+// gq_decode with NVFP4's scale codes in bytes 0 and 1 of sc (a whole 2-byte load), the group's scale broadcast by
+// the multiply's operand: the same A halves.
+template <int F>
+static __device__ __forceinline__ void gq_decode_c(unsigned (*a)[2], uint4 v, unsigned sc) {
+  if (F != GEMV_NVFP4) {
+    gq_decode<F>(a, v, sc);
+    return;
+  }
+  const unsigned wd[4] = {v.x, v.y, v.z, v.w}, s = gq_nv_scales(sc);
+#pragma unroll
+  for (int q = 0; q < 4; ++q) {
+    unsigned r[4];
+    gq_e2m1x8(wd[q], r);
+#pragma unroll
+    for (int j = 0; j < 4; ++j)
+      a[2 * q + (j >> 1)][j & 1] = q < 2 ? gq_bmul2h<0>(r[j], s) : gq_bmul2h<1>(r[j], s);
   }
 }
 
@@ -218,17 +226,32 @@ static __device__ __forceinline__ void gq_close(float (*acc)[NT][4], float (*d)[
   }
 }
 
-// The 32c-blocks [a, b) of a slice ending at k1 into the chains d (weight i, row tile j).  A column past ncols
-// reads column ncols - 1 and a row past nrows row nrows - 1 (an output takes only its own column and row, and
-// those are never stored), so no load waits on a predicate.
+// One block's steps for every weight: w / sc its loads (columns g, g + 8), xc the rows' chunks.
+template <int NW, int NT, int F>
+static __device__ __forceinline__ void gq_block(float (*d)[NT][4], const uint4 (*w)[2], const unsigned (*sc)[2],
+                                                const uint4 (*xc)[GqFmt<F>::C]) {
+  constexpr int C = GqFmt<F>::C;
+#pragma unroll
+  for (int i = 0; i < NW; ++i) {
+    unsigned ag[2 * C][2], ah[2 * C][2];
+    gq_decode_c<F>(ag, w[i][0], sc[i][0]);
+    gq_decode_c<F>(ah, w[i][1], sc[i][1]);
+    gq_steps<NT, C>(d[i], ag, ah, xc);
+  }
+}
+
+// The 32c-blocks [kb, b) of a slice ending at k1 into the chains d (weight i, row tile j), one at a time, any
+// alignment (a chunk past k1 reads zeros).  A column past ncols reads column ncols - 1 and a row past nrows row
+// nrows - 1 (an output takes only its own column and row, and those are never stored), so no load waits on a
+// predicate.  rg / sr: the rows (weight i, columns g, g + 8) of values and NVFP4's scales.
 template <int NW, int NT, int F, typename XR>
-static __device__ __forceinline__ void gq_blocks(float (*d)[NT][4], const GemvQSrc<NW>& src, const XR& xr,
-                                                 const unsigned char* const* rg, const unsigned char* const* sr,
-                                                 int a, int b, int k1, int g, int t) {
+static __device__ __forceinline__ void gq_run(float (*d)[NT][4], const GemvQSrc<NW>& src, const XR& xr,
+                                              const unsigned char* const* rg, const unsigned char* const* sr, int kb,
+                                              int b, int k1, int g, int t) {
   constexpr int C = GqFmt<F>::C;
   const int rb = gq_row_bytes<F>(src.K);
-#pragma unroll 2
-  for (int kb = a; kb < b; kb += 32 * C) {
+#pragma unroll(3 - NW)                     // two blocks' loads in flight for one weight (registers)
+  for (; kb < b; kb += 32 * C) {
     const int kk = kb + 8 * C * t, bt = F == GEMV_FP8 ? kk : (int)((unsigned)kk >> 1);   // kk >= 0
     uint4 w[NW][2], xc[NT][C];
     unsigned sc[NW][2];
@@ -237,125 +260,86 @@ static __device__ __forceinline__ void gq_blocks(float (*d)[NT][4], const GemvQS
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         w[i][h] = gq_load<F>(rg[2 * i + h], bt, rb, src.wvec);
-        sc[i][h] = F == GEMV_NVFP4 ? gq_scale_codes(src, sr[2 * i + h], i, min(g + 8 * h, src.ncols - 1), kk) : 0u;
+        sc[i][h] = F != GEMV_NVFP4 ? 0u
+                                   : gq_scale_lane(src, sr[2 * i + h], i, min(g + 8 * h, src.ncols - 1), kk);
       }
 #pragma unroll
     for (int j = 0; j < NT; ++j)
 #pragma unroll
       for (int q = 0; q < C; ++q)
         xc[j][q] = gq_x8(xr, min(g + 8 * j, src.nrows - 1), kk + 8 * q, min(8, k1 - kk - 8 * q));
-#pragma unroll
-    for (int i = 0; i < NW; ++i) {
-      unsigned ag[2 * C][2], ah[2 * C][2];
-      gq_decode<F>(ag, w[i][0], sc[i][0]);
-      gq_decode<F>(ah, w[i][1], sc[i][1]);
-      gq_steps<NT, C>(d[i], ag, ah, xc);
-    }
+    gq_block<NW, NT, F>(d, w, sc, xc);
   }
 }
 
-// One warp's slice [k0, k1): acc[i][j] the D fragments (weight i, row tile j), FP8's scaled.  Warp-uniform bounds.
-template <int NW, int NT, int F, typename XR>
-static __device__ __forceinline__ void gq_slice(float (*acc)[NT][4], const GemvQSrc<NW>& src, const XR& xr, int k0,
-                                                int k1, int lane) {
-  const int g = lane >> 2, t = lane & 3, rb = gq_row_bytes<F>(src.K), bk = src.w[0].bk, gk = src.K / 16;
-  float d[NW][NT][4];
-  const unsigned char* rg[2 * NW];
-  const unsigned char* sr[2 * NW];
+// gq_run over whole aligned blocks (the caller checked alignment), U at a time from kb while they lie inside
+// [.., b), through pointers that advance a run's bytes (no bounds or index code in the loop); returns where it
+// stopped.  The x rows come from memory (GemvXMem).
+template <int NW, int NT, int F, int U>
+static __device__ __forceinline__ int gq_run_whole(float (*d)[NT][4], const GemvQSrc<NW>& src, const GemvXMem& xr,
+                                                   const unsigned char* const* rg, const unsigned char* const* sr,
+                                                   int kb, int b, int g, int t) {
+  constexpr int C = GqFmt<F>::C, KB = 32 * C, WB = F == GEMV_FP8 ? KB : KB / 2;   // k and value bytes a block
+  const int kk0 = kb + 8 * C * t;
+  const unsigned char *pw[2 * NW], *ps[2 * NW];
+  const __nv_bfloat16* px[NT];
 #pragma unroll
-  for (int i = 0; i < NW; ++i) {
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const long long row = src.e * src.N + src.n0 + min(g + 8 * h, src.ncols - 1);
-      rg[2 * i + h] = src.w[i].v + row * rb;
-      sr[2 * i + h] = F == GEMV_NVFP4 ? src.w[i].ns + row * gk : nullptr;
-    }
-#pragma unroll
-    for (int j = 0; j < NT; ++j)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) d[i][j][e] = acc[i][j][e] = 0.0f;
+  for (int i = 0; i < 2 * NW; ++i) {
+    pw[i] = rg[i] + (F == GEMV_FP8 ? kk0 : kk0 >> 1);
+    ps[i] = F == GEMV_NVFP4 ? sr[i] + (kk0 >> 4) : nullptr;
   }
-  if (F == GEMV_NVFP4) {
-    gq_blocks<NW, NT, F>(acc, src, xr, rg, sr, k0, k1, k1, g, t);
-    return;
-  }
-  for (int a = k0; a < k1;) {                // FP8: a chain per bk-block, closed into acc in k order
-    const int b = min(k1, (a / bk + 1) * bk);
-    gq_blocks<NW, NT, F>(d, src, xr, rg, sr, a, b, k1, g, t);
-    gq_close<NW, NT>(acc, d, src, a / bk, g, a == k0);
-    a = b;
-  }
-}
-
-// As gemv_tc.cuh's gtc_rows_nt: out[i] = thread (row threadIdx.x, column threadIdx.y)'s slices of weight i added
-// in slice order (NVFP4's scale_2 not applied); 0 slices when the block has no column.  Every thread takes part.
-template <int NW, int NT, int F, typename XR>
-static __device__ __forceinline__ void gq_rows_nt(GemvTcShared<NW>& sh, const GemvQSrc<NW>& src, const XR& xr,
-                                                  float out[NW]) {
-  const int tid = threadIdx.y * 16 + threadIdx.x, warp = tid >> 5, lane = tid & 31;
-  const int g = lane >> 2, t = lane & 3, r = threadIdx.x, o = threadIdx.y;
-  const int slices = src.ncols > 0 ? (src.K + GTC_SLICE - 1) / GTC_SLICE : 0;
 #pragma unroll
-  for (int i = 0; i < NW; ++i) out[i] = 0.0f;
-  for (int s0 = 0; s0 < slices; s0 += GTC_WARPS) {
-    const int sl = s0 + warp;
-    if (sl < slices) {
-      float d[NW][NT][4];
-      gq_slice<NW, NT, F>(d, src, xr, sl * GTC_SLICE, min(src.K, (sl + 1) * GTC_SLICE), lane);
+  for (int j = 0; j < NT; ++j) px[j] = xr.x + (long long)min(g + 8 * j, src.nrows - 1) * xr.K + kk0;
+  for (; kb + KB * U <= b; kb += KB * U) {
+    uint4 w[U][NW][2], xc[U][NT][C];
+    unsigned sc[U][NW][2];
+#pragma unroll
+    for (int u = 0; u < U; ++u) {          // every load of the U blocks in flight before the first mma
 #pragma unroll
       for (int i = 0; i < NW; ++i)
 #pragma unroll
-        for (int j = 0; j < NT; ++j)
+        for (int h = 0; h < 2; ++h) {
+          w[u][i][h] = gq_load_whole<F>(pw[2 * i + h], WB * u);
+          sc[u][i][h] = F != GEMV_NVFP4 ? 0u
+                                        : gq_scale_whole(src, ps[2 * i + h] + KB / 16 * u, i,
+                                                         min(g + 8 * h, src.ncols - 1), kb + KB * u + 8 * C * t);
+        }
 #pragma unroll
-          for (int e = 0; e < 4; ++e)        // d[e] = D[column g + 8 (e / 2)][row 2t + e % 2]
-            sh.part[i][warp][8 * j + 2 * t + (e & 1)][g + 8 * (e >> 1)] = d[i][j][e];
+      for (int j = 0; j < NT; ++j)
+#pragma unroll
+        for (int q = 0; q < C; ++q) xc[u][j][q] = *reinterpret_cast<const uint4*>(px[j] + KB * u + 8 * q);
     }
-    __syncthreads();
-    const int n = min(GTC_WARPS, slices - s0);
-    if (r < 8 * NT)
-      for (int w = 0; w < n; ++w)
 #pragma unroll
-        for (int i = 0; i < NW; ++i) out[i] = s0 + w == 0 ? sh.part[i][w][r][o] : out[i] + sh.part[i][w][r][o];
-    __syncthreads();                         // the round is read before the next one is written
+    for (int i = 0; i < 2 * NW; ++i) {
+      pw[i] += WB * U;
+      ps[i] += KB / 16 * U;
+    }
+#pragma unroll
+    for (int j = 0; j < NT; ++j) px[j] += KB * U;
+#pragma unroll
+    for (int u = 0; u < U; ++u) gq_block<NW, NT, F>(d, w[u], sc[u], xc[u]);
   }
+  return kb;
 }
 
-// The block's rows (src.nrows <= GEMV_ROWS) in 1 or 2 row tiles (gtc_tiles): out[i] as gq_rows_nt's.
-template <int NW, int F>
-static __device__ __forceinline__ void gemv_q_rows(GemvTcShared<NW>& sh, const GemvQSrc<NW>& src, float out[NW]) {
-  const GemvXMem xr = {src.x, src.K, src.xvec};
-  if (gtc_tiles(src.nrows) == 1)
-    gq_rows_nt<NW, 1, F>(sh, src, xr, out);
+// Blocks a WHOLE run takes at a time: the loads of U blocks in flight within the register budget.
+template <int NW, int NT, int F>
+struct GqUnroll {
+  static constexpr int U = F == GEMV_FP8 ? 4 : (NT == 1 ? 2 : 0);
+};
+
+// The 32c-blocks [a, b) of a slice ending at k1 into the chains d: runs of whole blocks where every load is
+// aligned, then the rest (a short tail, or unaligned rows) one block at a time.
+template <int NW, int NT, int F, typename XR>
+static __device__ __forceinline__ void gq_blocks(float (*d)[NT][4], const GemvQSrc<NW>& src, const XR& xr,
+                                                 const unsigned char* const* rg, const unsigned char* const* sr,
+                                                 int a, int b, int k1, int g, int t) {
+  int kb = a;
+  if (GqUnroll<NW, NT, F>::U > 0 && (GQ_WHOLE_ONLY || (src.wvec && xr.vec && (F == GEMV_FP8 || src.svec))))
+    kb = gq_run_whole<NW, NT, F, GqUnroll<NW, NT, F>::U + (GqUnroll<NW, NT, F>::U == 0)>(d, src, xr, rg, sr, kb, b, g,
+                                                                                        t);
+  if (GQ_WHOLE_ONLY && GqUnroll<NW, NT, F>::U > 0)   // the speed model's compile: the tail as whole blocks too
+    gq_run_whole<NW, NT, F, 1>(d, src, xr, rg, sr, kb, b, g, t);
   else
-    gq_rows_nt<NW, 2, F>(sh, src, xr, out);
-}
-
-// A block's source: columns from n0 of expert e of each weight (ncols = 0: nothing read).
-template <int NW, int F>
-static __device__ __forceinline__ void gemv_q_src(GemvQSrc<NW>& src, const GemvQw (&w)[NW], long long e, int n0,
-                                                  int ncols, int N, int K, const __nv_bfloat16* x) {
-  const int rb = gq_row_bytes<F>(K), n = GqFmt<F>::BYTES;
-  bool wvec = rb % n == 0, svec = F == GEMV_NVFP4 && (K / 16) % 2 == 0;
-#pragma unroll
-  for (int i = 0; i < NW; ++i) {
-    src.w[i] = w[i];
-    src.s2[i] = F == GEMV_NVFP4 && ncols > 0 ? w[i].s2[e] : 0.0f;
-    wvec = wvec && (((unsigned long long)w[i].v) % n == 0);
-    svec = svec && (F != GEMV_NVFP4 || ((unsigned long long)w[i].ns) % 2 == 0);
-  }
-  src.e = e;
-  src.n0 = n0;
-  src.ncols = ncols;
-  src.N = N;
-  src.K = K;
-  src.x = x;
-  src.xvec = gemv_aligned(x, x, K);
-  src.wvec = wvec;
-  src.svec = svec;
-}
-
-// out[i] times NVFP4's tensor scale (once per output); FP8's as summed.
-template <int NW, int F>
-static __device__ __forceinline__ float gemv_q_out(const GemvQSrc<NW>& src, const float out[NW], int i) {
-  return F == GEMV_NVFP4 ? out[i] * src.s2[i] : out[i];
+    gq_run<NW, NT, F>(d, src, xr, rg, sr, kb, b, k1, g, t);
 }

@@ -1,0 +1,111 @@
+// gemv_q_block.cuh -- a block of the quantised decode/verify GEMV (gemv_q.cu's kernels): the warps' slices through
+// gemv_q_tc.cuh's block runs, their sums in slice order (gemv_tc.cuh's rounds), and the block's source and output
+// (NVFP4's tensor scale once per output).
+#pragma once
+#include "gemv_q_tc.cuh"
+
+// One warp's slice [k0, k1): acc[i][j] the D fragments (weight i, row tile j), FP8's scaled.  Warp-uniform bounds.
+template <int NW, int NT, int F, typename XR>
+static __device__ __forceinline__ void gq_slice(float (*acc)[NT][4], const GemvQSrc<NW>& src, const XR& xr, int k0,
+                                                int k1, int lane) {
+  const int g = lane >> 2, t = lane & 3, rb = gq_row_bytes<F>(src.K), bk = src.w[0].bk, gk = src.K / 16;
+  float d[NW][NT][4];
+  const unsigned char* rg[2 * NW];
+  const unsigned char* sr[2 * NW];
+#pragma unroll
+  for (int i = 0; i < NW; ++i) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const long long row = src.e * src.N + src.n0 + min(g + 8 * h, src.ncols - 1);
+      rg[2 * i + h] = src.w[i].v + row * rb;
+      sr[2 * i + h] = F == GEMV_NVFP4 ? src.w[i].ns + row * gk : nullptr;
+    }
+#pragma unroll
+    for (int j = 0; j < NT; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) d[i][j][e] = acc[i][j][e] = 0.0f;
+  }
+  if (F == GEMV_NVFP4) {
+    gq_blocks<NW, NT, F>(acc, src, xr, rg, sr, k0, k1, k1, g, t);
+    return;
+  }
+  for (int a = k0; a < k1;) {                // FP8: a chain per bk-block, closed into acc in k order
+    const int b = min(k1, (a / bk + 1) * bk);
+    gq_blocks<NW, NT, F>(d, src, xr, rg, sr, a, b, k1, g, t);
+    gq_close<NW, NT>(acc, d, src, a / bk, g, a == k0);
+    a = b;
+  }
+}
+
+// As gemv_tc.cuh's gtc_rows_nt: out[i] = thread (row threadIdx.x, column threadIdx.y)'s slices of weight i added
+// in slice order (NVFP4's scale_2 not applied); 0 slices when the block has no column.  Every thread takes part.
+template <int NW, int NT, int F, typename XR>
+static __device__ __forceinline__ void gq_rows_nt(GemvTcShared<NW>& sh, const GemvQSrc<NW>& src, const XR& xr,
+                                                  float out[NW]) {
+  const int tid = threadIdx.y * 16 + threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  const int g = lane >> 2, t = lane & 3, r = threadIdx.x, o = threadIdx.y;
+  const int slices = src.ncols > 0 ? (src.K + GTC_SLICE - 1) / GTC_SLICE : 0;
+#pragma unroll
+  for (int i = 0; i < NW; ++i) out[i] = 0.0f;
+  for (int s0 = 0; s0 < slices; s0 += GTC_WARPS) {
+    const int sl = s0 + warp;
+    if (sl < slices) {
+      float d[NW][NT][4];
+      gq_slice<NW, NT, F>(d, src, xr, sl * GTC_SLICE, min(src.K, (sl + 1) * GTC_SLICE), lane);
+#pragma unroll
+      for (int i = 0; i < NW; ++i)
+#pragma unroll
+        for (int j = 0; j < NT; ++j)
+#pragma unroll
+          for (int e = 0; e < 4; ++e)        // d[e] = D[column g + 8 (e / 2)][row 2t + e % 2]
+            sh.part[i][warp][8 * j + 2 * t + (e & 1)][g + 8 * (e >> 1)] = d[i][j][e];
+    }
+    __syncthreads();
+    const int n = min(GTC_WARPS, slices - s0);
+    if (r < 8 * NT)
+      for (int w = 0; w < n; ++w)
+#pragma unroll
+        for (int i = 0; i < NW; ++i) out[i] = s0 + w == 0 ? sh.part[i][w][r][o] : out[i] + sh.part[i][w][r][o];
+    __syncthreads();                         // the round is read before the next one is written
+  }
+}
+
+// The block's rows (src.nrows <= GEMV_ROWS) in 1 or 2 row tiles (gtc_tiles): out[i] as gq_rows_nt's.
+template <int NW, int F>
+static __device__ __forceinline__ void gemv_q_rows(GemvTcShared<NW>& sh, const GemvQSrc<NW>& src, float out[NW]) {
+  const GemvXMem xr = {src.x, src.K, src.xvec};
+  if (gtc_tiles(src.nrows) == 1)
+    gq_rows_nt<NW, 1, F>(sh, src, xr, out);
+  else
+    gq_rows_nt<NW, 2, F>(sh, src, xr, out);
+}
+
+// A block's source: columns from n0 of expert e of each weight (ncols = 0: nothing read).
+template <int NW, int F>
+static __device__ __forceinline__ void gemv_q_src(GemvQSrc<NW>& src, const GemvQw (&w)[NW], long long e, int n0,
+                                                  int ncols, int N, int K, const __nv_bfloat16* x) {
+  const int rb = gq_row_bytes<F>(K), n = GqFmt<F>::BYTES;
+  bool wvec = rb % n == 0, svec = F == GEMV_NVFP4 && (K / 16) % 2 == 0;
+#pragma unroll
+  for (int i = 0; i < NW; ++i) {
+    src.w[i] = w[i];
+    src.s2[i] = F == GEMV_NVFP4 && ncols > 0 ? w[i].s2[e] : 0.0f;
+    wvec = wvec && (((unsigned long long)w[i].v) % n == 0);
+    svec = svec && (F != GEMV_NVFP4 || ((unsigned long long)w[i].ns) % 2 == 0);
+  }
+  src.e = e;
+  src.n0 = n0;
+  src.ncols = ncols;
+  src.N = N;
+  src.K = K;
+  src.x = x;
+  src.xvec = gemv_aligned(x, x, K);
+  src.wvec = wvec;
+  src.svec = svec;
+}
+
+// out[i] times NVFP4's tensor scale (once per output); FP8's as summed.
+template <int NW, int F>
+static __device__ __forceinline__ float gemv_q_out(const GemvQSrc<NW>& src, const float out[NW], int i) {
+  return F == GEMV_NVFP4 ? out[i] * src.s2[i] : out[i];
+}
