@@ -20,6 +20,15 @@ from cupyglm.kernels import ops_gemm, ops_gemv
 REF = NumpyOps()
 
 
+def prompt_kernel(gemv: str) -> str:
+    """The tensor-core GEMM a mixed call's prompt rows take beside a decode GEMV: gemv_grouped_fp8_lane16_bf16 ->
+    gemm_tc_grouped_fp8_bf16; a SwiGLU GEMV's prompt rows run the bf16-out GEMMs (then the swiglu kernel)."""
+    name = gemv.replace("_lane16", "").replace("gemv", "gemm_tc", 1)
+    if "_swiglu" in name:
+        name = name.replace("_swiglu", "") + "_bf16"
+    return name
+
+
 def _bf(rng, shape, std=1.0):
     return bf16(rng.standard_normal(shape).astype(np.float32) * np.float32(std))
 
@@ -48,7 +57,7 @@ def _gemv_case(label: str, m: int, d: int, n: int, k: int, out: str = "f32",
             return {"y": ops_gemm.gemm(kn, _tail(kn, dd["x"]), dd["w"], out=out, decode=d)}
 
     kernel = "gemv_lane16" if out == "f32" else "gemv_lane16_bf16"
-    kernels = (kernel,) if d == m else (kernel, kernel.replace("gemv", "gemm"))
+    kernels = (kernel,) if d == m else (kernel, prompt_kernel(kernel))
     name = "gemv" if out == "f32" else "gemv.bf16"
     return case(Case(f"{name}[{label}]", kernels, make, run, replay, ctl))
 
