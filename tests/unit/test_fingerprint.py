@@ -30,7 +30,7 @@ def test_fingerprint_holds_every_agreed_setting():
     assert f["version"] == fp.VERSION == 5
     assert set(f) == {"version", *fp.FIELDS}
     assert f["model"] == "builtin-tiny" and f["backend"] == "numpy"
-    assert f["arithmetic"] == "arithmetic 2, tensor core sm_90"
+    assert f["arithmetic"] == "arithmetic 3, tensor core sm_90"
     assert f["kv_host"] == 2 and "kv_host_shared" not in f
     assert all(k in SOURCES or k in fp.HOW for k in fp.FIELDS)
     json.dumps(f)  # plain JSON values
