@@ -148,5 +148,5 @@ def test_ranks_of_another_arithmetic_are_refused_by_name():
     assert fp.compare([base(), base(), other]) == (
         "REFUSE rank settings: rank 2's arithmetic differs from rank 0's "
         "(the cupyglm build's ARITHMETIC version and the GPU's tensor core)")
-    newer = fp.fingerprint(Settings(), backend="numpy", arithmetic="arithmetic 3, tensor core sm_90")
+    newer = fp.fingerprint(Settings(), backend="numpy", arithmetic="arithmetic 4, tensor core sm_90")
     assert "rank 1's arithmetic differs" in fp.decide([fp.payload_ok(base()), fp.payload_ok(newer)])
