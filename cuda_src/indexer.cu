@@ -100,23 +100,23 @@ extern "C" __global__ void __launch_bounds__(128) index_tail_pool(
 }
 
 // scores[t, p] = sum_h hw[t, h] * relu(qscale * (qi[t, h] . pk[p])): the dots on the tensor core, the epilogue
-// and the head sum in lane-16 order (index_mma.cuh). A block of W warps stages 16 W pools' keys in shared memory
-// (dynamic: 16 W idx_ld(I) bf16) and warp w scores pools 16w .. 16w + 15 of it, row after row.
+// and the head sum in lane-16 order (index_mma.cuh). A block of W warps stages 32 W pools' keys in shared memory
+// (dynamic: 32 W idx_ld(I) bf16) and warp w scores pools 32w .. 32w + 31 of it, row after row.
 #define IDX_ROWS 16   // rows per index_scores block
 
-// Lanes 0..3 of each warp store the row's scores of its pools (s from idx_row_scores).
+// The lanes of t = 0 store the row's scores of their pools 16m + g + 8r (s from idx_row_scores).
 static __device__ __forceinline__ void idx_store(float* __restrict__ out, const float s[2][2], int p0, int P) {
   const int lane = threadIdx.x & 31;
-  if (lane >= 4) return;
-  for (int j = 0; j < 2; ++j)
-    for (int c = 0; c < 2; ++c) {
-      const int p = p0 + 8 * j + 2 * lane + c;
-      if (p < P) out[p] = s[j][c];
+  if (lane & 3) return;
+  for (int m = 0; m < 2; ++m)
+    for (int r = 0; r < 2; ++r) {
+      const int p = p0 + 16 * m + (lane >> 2) + 8 * r;
+      if (p < P) out[p] = s[m][r];
     }
 }
 
-// A block takes 16 W pools and up to IDX_ROWS rows: the keys are read once for every head of every row of the
-// block. grid (ceil(T / IDX_ROWS) * ceil(P / 16 W)) on one flat grid.x (2^31 - 1), so neither the token count nor
+// A block takes 32 W pools and up to IDX_ROWS rows: the keys are read once for every head of every row of the
+// block. grid (ceil(T / IDX_ROWS) * ceil(P / 32 W)) on one flat grid.x (2^31 - 1), so neither the token count nor
 // the pool count meets grid.y's 65,535 limit; blockDim.x = 32 W, W <= 8.
 extern "C" __global__ void __launch_bounds__(256) index_scores(
     const __nv_bfloat16* __restrict__ qi,  // [T, Hi, I] bf16
@@ -125,8 +125,8 @@ extern "C" __global__ void __launch_bounds__(256) index_scores(
     float* __restrict__ scores,            // [T, P] f32
     int T, int Hi, int I, int P, float qscale) {
   extern __shared__ __align__(16) unsigned char idx_sh[];
-  __nv_bfloat16* kt = reinterpret_cast<__nv_bfloat16*>(idx_sh);   // [16 W, ld] the block's keys
-  const int np = 16 * (blockDim.x >> 5), ld = idx_ld(I), w = threadIdx.x >> 5;
+  __nv_bfloat16* kt = reinterpret_cast<__nv_bfloat16*>(idx_sh);   // [32 W, ld] the block's keys
+  const int np = IDX_WARP_POOLS * (blockDim.x >> 5), ld = idx_ld(I), w = threadIdx.x >> 5;
   const int pblocks = (P + np - 1) / np;
   const int t0 = (int)(blockIdx.x / pblocks) * IDX_ROWS;
   const int pb = (int)(blockIdx.x % pblocks) * np;
@@ -136,8 +136,8 @@ extern "C" __global__ void __launch_bounds__(256) index_scores(
   for (int tt = 0; tt < nt; ++tt) {        // warp-uniform: every lane folds (full-mask shuffles, mma)
     const long long t = t0 + tt;
     float s[2][2];
-    idx_row_scores(s, qi + t * Hi * I, hw + t * Hi, kt + 16 * w * ld, ld, Hi, I, qscale, 1.0f);
-    idx_store(scores + t * P, s, pb + 16 * w, P);
+    idx_row_scores(s, qi + t * Hi * I, hw + t * Hi, kt + IDX_WARP_POOLS * w * ld, ld, Hi, I, qscale, 1.0f);
+    idx_store(scores + t * P, s, pb + IDX_WARP_POOLS * w, P);
   }
 }
 
@@ -145,8 +145,8 @@ extern "C" __global__ void __launch_bounds__(256) index_scores(
 // against pooled[tables[seg[t], p]] (row t's segment's pooled-key row table, model/seg_device.py). A row index
 // outside [0, R) reads a zero key (the caller pads with valid rows; the pick reads only a row's visible pools),
 // and so does every entry of a row whose segment index is outside [0, S).
-// One block per (row, 16 W pools): the block's keys of its row into shared memory, then the same warps and
-// order as index_scores. grid (T * ceil(Pw / 16 W)) on grid.x, blockDim.x = 32 W.
+// One block per (row, 32 W pools): the block's keys of its row into shared memory, then the same warps and
+// order as index_scores. grid (T * ceil(Pw / 32 W)) on grid.x, blockDim.x = 32 W.
 extern "C" __global__ void __launch_bounds__(256) index_scores_rows(
     const __nv_bfloat16* __restrict__ qi,      // [T, Hi, I] bf16
     const float* __restrict__ hw,              // [T, Hi] f32 head weights before hscale
@@ -156,8 +156,8 @@ extern "C" __global__ void __launch_bounds__(256) index_scores_rows(
     float* __restrict__ scores,                // [T, Pw] f32
     int T, int Hi, int I, int Pw, int R, int S, float qscale, float hscale) {
   extern __shared__ __align__(16) unsigned char idx_sh[];
-  __nv_bfloat16* kt = reinterpret_cast<__nv_bfloat16*>(idx_sh);   // [16 W, ld] the block's keys of its row
-  const int np = 16 * (blockDim.x >> 5), ld = idx_ld(I), w = threadIdx.x >> 5;
+  __nv_bfloat16* kt = reinterpret_cast<__nv_bfloat16*>(idx_sh);   // [32 W, ld] the block's keys of its row
+  const int np = IDX_WARP_POOLS * (blockDim.x >> 5), ld = idx_ld(I), w = threadIdx.x >> 5;
   const int pblocks = (Pw + np - 1) / np;
   const long long t = blockIdx.x / pblocks;
   const int pb = (int)(blockIdx.x % pblocks) * np;
@@ -173,6 +173,6 @@ extern "C" __global__ void __launch_bounds__(256) index_scores_rows(
   });
   __syncthreads();
   float s[2][2];
-  idx_row_scores(s, qi + t * Hi * I, hw + t * Hi, kt + 16 * w * ld, ld, Hi, I, qscale, hscale);
-  idx_store(scores + t * Pw, s, pb + 16 * w, Pw);
+  idx_row_scores(s, qi + t * Hi * I, hw + t * Hi, kt + IDX_WARP_POOLS * w * ld, ld, Hi, I, qscale, hscale);
+  idx_store(scores + t * Pw, s, pb + IDX_WARP_POOLS * w, Pw);
 }

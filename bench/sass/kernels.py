@@ -79,13 +79,13 @@ def attention_tc_prompt(r: int) -> Kernel:
 
 
 def index_decode(i: int) -> Kernel:
-    """index_scores_rows on the tensor core: ROWS_WARPS warps of 16 pools, the launcher's shared memory."""
+    """index_scores_rows on the tensor core: ROWS_WARPS warps of WARP_POOLS pools, the launcher's shared memory."""
     w = idx.ROWS_WARPS
     return Kernel("index_scores_rows", "indexer.cu", "decode", "flop", 32 * w, dyn_shared=idx.shared_bytes(i, w))
 
 
 def index_prompt(i: int) -> Kernel:
-    """index_scores on the tensor core: WARPS warps of 16 pools, the launcher's shared memory."""
+    """index_scores on the tensor core: WARPS warps of WARP_POOLS pools, the launcher's shared memory."""
     return Kernel("index_scores", "indexer.cu", "prompt", "flop", 32 * idx.WARPS,
                   dyn_shared=idx.shared_bytes(i, idx.WARPS))
 

@@ -197,8 +197,8 @@ _scores("verify",   16,  4,  32,   40, "reversed")
 _scores("prompt37", 37,  4,  32,   17, "fold")       # 3 row blocks, the last partial
 _scores("odd",       3, 20,  40,   33, "ieee")       # Hi > 16 and not a multiple (zero heads); I % 16 = 8
 _scores("full",      2, 32, 128,  600, "reversed")   # full model: 32 heads x 128, past the 512-pool dense limit
-_scores("wide",     17, 32, 128,  300, "fold")       # full model: two row blocks, three pool blocks of 128
-_scores("blocks",    5, 32, 128,  130)               # full model: pools 0 and 129 in different blocks
+_scores("wide",     17, 32, 128,  300, "fold")       # full model: two row blocks, two pool blocks of 256
+_scores("blocks",    5, 32, 128,  260)               # full model: pools 0 and 259 in different blocks
 #            label      seqs            Hi    I    Pw     R  control
 _scores_rows("decode1", (1,),            4,  32,   16,   40, "swap")    # one decode row: a width bucket of 16
 _scores_rows("decode4", (1, 1, 1, 1),    4,  32,   16,   90, "table")   # four sequences, four tables

@@ -8,16 +8,17 @@ from cupyglm.kernels.ops import Kernels, check, f32, i32, op
 
 SRC = "indexer.cu"
 F32 = np.float32
-WARPS = 8          # index_scores: warps a block, 16 pools each (their keys read once for all its rows and heads)
+WARPS = 8          # index_scores: warps a block, WARP_POOLS pools each (their keys read once for all its rows and heads)
 ROWS_WARPS = 4     # index_scores_rows: warps a block (one row)
 ROWS = 16          # IDX_ROWS: rows per index_scores block
 MAX_I = 256        # IDX_MAX_I
 PAD = 8            # IDX_PAD
+WARP_POOLS = 32    # IDX_WARP_POOLS
 
 
 def shared_bytes(i: int, warps: int) -> int:
-    """A block's dynamic shared memory: 16 pools a warp, each key's I bf16 rounded up to 16, plus the pad."""
-    return 16 * warps * (-(-i // 16) * 16 + PAD) * 2
+    """A block's dynamic shared memory: WARP_POOLS pools a warp, each key's I bf16 rounded up to 16, plus the pad."""
+    return WARP_POOLS * warps * (-(-i // 16) * 16 + PAD) * 2
 
 
 def _check_i(name: str, i: int) -> None:
@@ -63,7 +64,7 @@ def index_scores(k: Kernels, qi, hw, pk):
     pk = _arg(k, "index_scores", "pk", pk, (None, i), k.bf16)
     p = pk.shape[0]
     _check_i("index_scores", i)
-    blocks = -(-t // ROWS) * -(-p // (16 * WARPS))
+    blocks = -(-t // ROWS) * -(-p // (WARP_POOLS * WARPS))
     if blocks > 2**31 - 1:
         raise ValueError(f"index_scores: T={t} rows x {p} pools exceed the grid's 2^31 - 1 blocks")
     out = k.empty((t, p))
@@ -87,7 +88,7 @@ def index_scores_rows(k: Kernels, qi, hw, hscale: float, pooled, tables, seg):
     seg = _arg(k, name, "seg", seg, (t,), np.int32)
     s, pw = tables.shape
     _check_i(name, i)
-    blocks = t * -(-pw // (16 * ROWS_WARPS))
+    blocks = t * -(-pw // (WARP_POOLS * ROWS_WARPS))
     if blocks > 2**31 - 1:
         raise ValueError(f"{name}: T={t} rows x {pw} pools exceed the grid's 2^31 - 1 blocks")
     out = k.empty((t, pw))

@@ -54,11 +54,11 @@ CALLS = {
     "attention": (lambda k, m: ops_attention.attention(k, _bf((m, 3, 16)), _bf((8, 16)), np.zeros((m, 4), np.int32),
                                                        np.ones(m, np.int32), 0.25, 4), lambda m: (m, 3, 1)),
     "index_scores": (lambda k, m: ops_indexer.index_scores(k, _bf((m, 2, 16)), _f((m, 2)), _bf((40, 16))),
-                     lambda m: (-(-m // ops_indexer.ROWS) * -(-40 // (16 * ops_indexer.WARPS)), 1, 1)),
+                     lambda m: (-(-m // ops_indexer.ROWS) * -(-40 // (ops_indexer.WARP_POOLS * ops_indexer.WARPS)), 1, 1)),
     "index_scores_rows": (lambda k, m: ops_indexer.index_scores_rows(k, _bf((m, 2, 16)), _f((m, 2)), 0.5, _bf((40, 16)),
                                                                      np.zeros((1, 32), np.int32),
                                                                      np.zeros(m, np.int32)),
-                          lambda m: (m * -(-32 // (16 * ops_indexer.ROWS_WARPS)), 1, 1)),
+                          lambda m: (m * -(-32 // (ops_indexer.WARP_POOLS * ops_indexer.ROWS_WARPS)), 1, 1)),
     "rmsnorm_rows": (lambda k, m: ops_norm.rmsnorm(k, _bf((m, 16)), _bf((16,)), 1e-5), lambda m: (m, 1, 1)),
     "kv_read_rows": (lambda k, m: ops_kv.read_rows(k, _bf((8, 16)), np.zeros(m, np.int32)), lambda m: (m, 1, 1)),
     "kv_write_rows_rmsnorm_keys": (lambda k, m: ops_kv.write_rows_rmsnorm_keys(
