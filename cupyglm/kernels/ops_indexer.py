@@ -8,7 +8,7 @@ from cupyglm.kernels.ops import Kernels, check, f32, i32, op
 
 SRC = "indexer.cu"
 F32 = np.float32
-WARPS = 8          # index_scores: warps a block, WARP_POOLS pools each (their keys read once for all its rows and heads)
+WARPS = 8          # index_scores: warps a block, WARP_POOLS pools each (keys read once for its rows and heads)
 ROWS_WARPS = 4     # index_scores_rows: warps a block (one row)
 ROWS = 16          # IDX_ROWS: rows per index_scores block
 MAX_I = 256        # IDX_MAX_I
