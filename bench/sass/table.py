@@ -104,7 +104,7 @@ def kernel_rows(cfg, tp: int, rows=(1, 16), m: int = 2048, context: int = 4096, 
         out.append(row(calls.kda_decode(cfg, tp, r, arch), r, "kda", "state"))
         out.append(row(calls.norm(cfg, r, arch), r, "norm", f"D {cfg.hidden_size}"))
     out.append(row(calls.attention_prompt(cfg, tp, m, arch), m, "attention", f"prompt {m}"))
-    out.append(row(calls.attention_tc_prompt(cfg, tp, m, arch), m, "attention tc", f"prompt {m} (not routed)"))
+    out.append(row(calls.attention_tc_prompt(cfg, tp, m, arch), m, "attention tc", f"prompt {m}"))
     out.append(row(calls.index_prompt(cfg, m, arch), m, "indexer", f"prompt {m}"))
     out.append(row(calls.kda_prompt(cfg, tp, m, arch), m, "kda", f"prompt {m}"))
     return out
