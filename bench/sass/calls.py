@@ -53,10 +53,10 @@ def gemm_tc_grouped(m: int, n: int, k: int, stored: float, slices: float, arch: 
 
 def gemm_tc_q(fmt: str, m: int, n: int, k: int, stored: float, arch: str = "sm_90", slices: float = 0.0) -> Call:
     """gemm_tc_{fmt}_bf16 over M prompt rows (gemm_tc_q.cu): 2 M N K FLOPs, the weight's `stored` bytes (packed
-    values and scales, their bytes an element in the tiles' loads) read once, x and y once; one block per 32 x 64
-    output tile. slices > 0: gemm_tc_grouped_{fmt}_bf16 over M rows sorted by expert over `slices` experts
-    (`stored` bytes each), a block's 32 rows running their k-loop once per expert among them (ceil(M / 32) +
-    slices - 1 row-tile passes at most), the FLOPs its tensor core issues."""
+    values and scales, their bytes an element in the tiles' loads) read once, x and y once; one block per TILE_M x
+    TILE_N output tile (ops_gemm_tc_q). slices > 0: gemm_tc_grouped_{fmt}_bf16 over M rows sorted by expert over
+    `slices` experts (`stored` bytes each), a block's TILE_M rows running their k-loop once per expert among them
+    (ceil(M / TILE_M) + slices - 1 row-tile passes at most), the FLOPs its tensor core issues."""
     tm, tn = ops_gemm_tc_q.TILE_M, ops_gemm_tc_q.TILE_N
     blocks = -(-m // tm) * -(-n // tn)
     passes = -(-m // tm) + max(0, round(min(slices, m)) - 1) if slices else -(-m // tm)
