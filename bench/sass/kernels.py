@@ -65,7 +65,7 @@ def attention_prompt(r: int, chunk: int) -> Kernel:
 
 
 def attention_tc_prompt(r: int) -> Kernel:
-    """attention_tc.cu (the prompt rows' attention): a block of 4 warps per row and 16 heads, the launcher's shared memory."""
+    """attention_tc.cu (prompt rows): a block of 4 warps per row and 16 heads, the launcher's shared memory."""
     return Kernel("attention_tc", "attention_tc.cu", "prompt", "flop", att_tc.THREADS,
                   dyn_shared=att_tc.shared_bytes(r))
 
