@@ -65,11 +65,12 @@ def fp8_block(q: QWeight) -> int:
 def _fp8_slice(x, wb, scale, bn: int, bk: int, k0: int, k1: int, arch: str) -> np.ndarray:
     """One slice's fp32 result: its bk-block chains, each scaled by its column's block scale, added in order."""
     cols = np.arange(wb.shape[0]) // bn
-    y = None
-    for a in range(k0, k1, bk):
+    y, a = None, k0
+    while a < k1:                                   # a slice may start inside a block (bk not dividing SLICE_K)
         b = min(k1, (a // bk + 1) * bk)
         part = (_chain(x[:, a:b], wb[:, a:b], 1, arch) * scale[cols, a // bk][None, :]).astype(np.float32)
         y = part if y is None else (y + part).astype(np.float32)
+        a = b
     return y
 
 

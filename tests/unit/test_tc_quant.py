@@ -65,7 +65,7 @@ def test_nvfp4_short_k_is_tc_rows():
     np.testing.assert_allclose(quant_rows(x, q), tc_rows(x, wb) * q.scale2[0], rtol=1e-6)
 
 
-@pytest.mark.parametrize("block", [(128, 128), (32, 32), (16, 64)])
+@pytest.mark.parametrize("block", [(128, 128), (32, 32), (16, 64), (32, 96)])     # 96: a slice starts mid-block
 def test_fp8_blocks_scaled_in_order(block):
     rng = np.random.default_rng(3)
     q = _fp8(rng, 40, 1100, block)
@@ -78,8 +78,8 @@ def test_fp8_blocks_scaled_in_order(block):
     want = None
     for k0 in range(0, 1100, 512):
         s = None
-        for a in range(k0, min(1100, k0 + 512), bk):
-            b = min(1100, k0 + 512, a + bk)
+        for a in sorted({k0, *range(-(-k0 // bk) * bk, min(1100, k0 + 512), bk)}):
+            b = min(1100, k0 + 512, (a // bk + 1) * bk)
             part = (tc_rows(x[:, a:b], wb[:, a:b]) * q.scale[np.arange(40) // bn, a // bk]).astype(np.float32)
             s = part if s is None else (s + part).astype(np.float32)
         want = s if want is None else (want + s).astype(np.float32)
