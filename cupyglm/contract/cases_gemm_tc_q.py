@@ -97,7 +97,7 @@ def _grouped(label: str, fmt: str, m: int, e: int, used: int, n: int, k: int, ou
 
     if define is None:
         def ctl(kn, dd):
-            g = dd["group"].copy()
+            g = np.array(dd["group"] if kn.xp is np else kn.xp.asnumpy(dd["group"]))    # a host copy
             g[m // 2] = np.setdiff1d(np.arange(e), g)[0]           # one row to an expert no row uses (NaN scales)
             return run(kn, dd, kn.xp.asarray(g))
     else:
