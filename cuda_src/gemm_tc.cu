@@ -8,12 +8,12 @@
 // are the decode row's: x and w swap the A / B roles of the GEMV, not the products or their k positions.
 //
 // Launch (gemm_tc, gemm_tc_bf16): GTS_THREADS threads (8 warps), GTS_STAGES * sizeof(GtsStage) bytes of dynamic
-// shared memory; grid (ceil(N / GTS_N), ceil(M / GTS_M), H).  A block holds a 64-row by 128-column tile, its k-tiles
+// shared memory; grid (ceil(M / GTS_M), ceil(N / GTS_N), H): the rows on grid.x.  A block holds a 64-row by 128-column tile, its k-tiles
 // staged through shared memory (gemm_tc_stage.cuh); warp w takes rows 32 (w % 2) .. + 32, columns 32 (w / 2) .. + 32.
 // Blocks split M, N and H, never K.
 //
 // The grouped experts (gemm_tc_grouped, at the end) keep the direct tile: 128 threads (4 warps); grid
-// (ceil(N / GTC_TILE_N), ceil(M / GTC_TILE_M)).  A block holds a 32-row by 64-column tile: warp w takes rows
+// (ceil(M / GTC_TILE_M), ceil(N / GTC_TILE_N)).  A block holds a 32-row by 64-column tile: warp w takes rows
 // 16 (w % 2) .. + 16 and columns 32 (w / 2) .. + 32 (GTC_NT tiles of 8).  Lane (g, t) loads 8 consecutive k (16
 // bytes) of rows g, g + 8 and of column g of each 8-column tile straight into its fragments; rows past M and
 // columns past N read row M - 1 (column N - 1) and are not stored.
@@ -118,7 +118,7 @@ static __device__ __forceinline__ void gemm_tc_rows(
     int M, int N, int K) {
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
   const long long h = blockIdx.z;
-  const int bm = blockIdx.y * GTS_M, bn = blockIdx.x * GTS_N;
+  const int bm = blockIdx.x * GTS_M, bn = blockIdx.y * GTS_N;
   GtsSrc s = gts_src(x + h * M * (long long)K, w + h * N * (long long)K, bm, bn, M, N, K);
   float acc[2][GTC_NT][4];
   gts_sum<VEC>(acc, sh, s);
@@ -194,7 +194,7 @@ static __device__ __forceinline__ void gemm_tc_grouped_rows(
     Out* __restrict__ y,                   // [M, N] fp32 or bf16
     int M, int N, int K, int E) {
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-  const int m0 = blockIdx.y * GTC_TILE_M + 16 * (warp & 1), n0 = blockIdx.x * GTC_TILE_N + 32 * (warp >> 1);
+  const int m0 = blockIdx.x * GTC_TILE_M + 16 * (warp & 1), n0 = blockIdx.y * GTC_TILE_N + 32 * (warp >> 1);
   const int id[2] = {gtc_expert(group, m0 + g, M, E), gtc_expert(group, m0 + g + 8, M, E)};
   for (int ex = gtc_next_expert(id[0], id[1], -1); ex != GTC_NO_EXPERT; ex = gtc_next_expert(id[0], id[1], ex)) {
     const GemmTcTile tl = gemm_tc_tile(x, w + (long long)ex * N * K, m0, n0, M, N, K, g);

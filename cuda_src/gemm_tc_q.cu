@@ -10,7 +10,7 @@
 // g, g + 8 and of rows g of each row tile.  An mma output depends on its own row and column only, so a prompt row's
 // bits are the decode row's whatever rows share its tile.
 //
-// Launch: 128 threads (4 warps); grid (ceil(N / 64), ceil(M / 32)).  A block holds a 32-row by 64-column tile:
+// Launch: 128 threads (4 warps); grid (ceil(M / 32), ceil(N / 64)): the rows on grid.x.  A block holds a 32-row by 64-column tile:
 // warp w takes columns 16w .. + 16 (one A tile) and all 32 rows (GTQ_RT tiles of 8), so a weight made bf16 serves
 // the 32 rows; loads go straight into fragments.  Blocks split M and N, never K.  Grouped: a warp loops over the
 // distinct experts among its rows in ascending order, computes its tile against that expert and stores only the
@@ -279,7 +279,7 @@ static __device__ __forceinline__ void gtq_body(const __nv_bfloat16* __restrict_
                                                 const int* __restrict__ group, Out* __restrict__ y, int M, int N,
                                                 int K, int E) {
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-  const int m0 = blockIdx.y * GTQ_TILE_M, n0 = blockIdx.x * GTQ_TILE_N + 16 * warp;
+  const int m0 = blockIdx.x * GTQ_TILE_M, n0 = blockIdx.y * GTQ_TILE_N + 16 * warp;
   if (n0 >= N) return;                     // warp-uniform; the kernel has no barriers
   int id[GTQ_RT][2];                       // the experts of the lane's output rows 8r + 2t + c (gtq_id)
 #pragma unroll

@@ -1,4 +1,4 @@
-// gemm_tile.cuh -- what the lane-16 GEMM kernels share (gemm.cu, gemm_swiglu.cu): the block shape and the fold of
+// gemm_tile.cuh -- what the lane-16 GEMV kernels share (gemv_tile.cuh): the block shape and the fold of
 // one (row, column)'s 16 lane partials in the reference's butterfly (common.cuh), or, in the planted control variant
 // of the contract, in the wrong order (1, 2, 4, 8 instead of 8, 4, 2, 1).
 #pragma once

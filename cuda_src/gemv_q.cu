@@ -1,7 +1,7 @@
 // gemv_q.cu -- the decode/verify GEMV for quantised weights on the tensor core (gemv_q_block.cuh): every form of
 // gemv.cu and gemv_swiglu.cu for FP8 block-scaled and NVFP4 weights read as stored, made exact bf16 in registers.
 // A row's bits are the reference's decode rows (cupyglm/backend/tc_quant.py quant_rows, then the same roundings
-// and swiglu.cuh epilogue); prompt rows go to the dequantising gemm.cu kernels (lane-16).
+// and swiglu.cuh epilogue); prompt rows go to gemm_tc_q.cu (the same order).
 //
 // Layouts (cupyglm/backend/qweight.py): FP8 values [E, N, K] e4m3, scale [E, ceil(N / bn), ceil(K / bk)] fp32;
 // NVFP4 values [E, N, K / 2] (element 2i in the low nibble), scale [E, N, K / 16] e4m3, scale2 [E] fp32; E = 1

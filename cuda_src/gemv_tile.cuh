@@ -3,7 +3,7 @@
 // gemv_q_tc.cuh): one block sums up to GEMV_ROWS rows
 // against GEMV_OUTS columns of NW weights (1, or 2 for gate and up) over all of K.
 //
-// Same bits as gemm.cu (lane-16 order, cupyglm/backend/lanes.py): term k goes to lane k % 16, each lane adds its
+// The lane-16 order (cupyglm/backend/lanes.py): term k goes to lane k % 16, each lane adds its
 // terms in increasing k from +0.0, the lanes fold i += i+8, +4, +2, +1 (gemm_tile.cuh).  Only the way the values
 // reach the threads differs: a stage of TK k values of the block's columns and rows is read with 16-byte loads,
 // coalesced along k, into shared memory; thread (lane, o) then reads back exactly its lane's terms k = lane,

@@ -7,7 +7,7 @@ from cupyglm.kernels import ops_gemm_tc, ops_gemm_tc_q
 from bench.sass import kernels as K
 from bench.sass.model import Call, analyse, tile_l2_bytes
 
-OUTS = 16            # GEMV_OUTS / GEMM_OUTS: output columns a block
+OUTS = 16            # GEMV_OUTS: output columns a block
 ROWS = 16            # GEMV_ROWS: decode rows a block reads each weight once for
 
 
@@ -24,16 +24,6 @@ def gemv(form: str, fmt: str, n: int, k: int, rows: int, stored: float, nw: int 
     blocks = int(-(-n // OUTS) * groups * heads * max(1.0, round(slices)))
     flops = 2.0 * total_rows * n * k * nw
     return Call(analyse(K.gemv(form, fmt, rows), arch), units, nbytes, flops, blocks, collective)
-
-
-def gemm(form: str, fmt: str, m: int, n: int, k: int, stored: float, nw: int = 1, arch: str = "sm_90",
-         slices: float = 1.0) -> Call:
-    """A prompt GEMM of M rows (over `slices` experts' weights for the grouped forms): 2 M N K FLOPs a matrix;
-    each weight read once, x and y once."""
-    flops = 2.0 * m * n * k * nw
-    nbytes = slices * stored * nw + m * k * 2 + m * n * 2
-    blocks = -(-m // 16) * -(-n // OUTS)
-    return Call(analyse(K.gemm(form, fmt), arch), flops, nbytes, flops, blocks)
 
 
 def gemm_tc(m: int, n: int, k: int, stored: float, arch: str = "sm_90") -> Call:
@@ -61,14 +51,19 @@ def gemm_tc_grouped(m: int, n: int, k: int, stored: float, slices: float, arch: 
                 l2_bytes=tile_l2_bytes(n, k, tm, tn, passes))
 
 
-def gemm_tc_q(fmt: str, m: int, n: int, k: int, stored: float, arch: str = "sm_90") -> Call:
-    """gemm_tc_{fmt}_bf16 over M prompt rows (gemm_tc_q.cu): gemm_tc's FLOPs, bytes, blocks and L2 loads, the
-    weight's `stored` bytes its packed values and scales (their bytes an element in the tiles' loads)."""
-    flops = 2.0 * m * n * k
+def gemm_tc_q(fmt: str, m: int, n: int, k: int, stored: float, arch: str = "sm_90", slices: float = 0.0) -> Call:
+    """gemm_tc_{fmt}_bf16 over M prompt rows (gemm_tc_q.cu): 2 M N K FLOPs, the weight's `stored` bytes (packed
+    values and scales, their bytes an element in the tiles' loads) read once, x and y once; one block per TILE_M x
+    TILE_N output tile (ops_gemm_tc_q). slices > 0: gemm_tc_grouped_{fmt}_bf16 over M rows sorted by expert over
+    `slices` experts (`stored` bytes each), a block's TILE_M rows running their k-loop once per expert among them
+    (ceil(M / TILE_M) + slices - 1 row-tile passes at most), the FLOPs its tensor core issues."""
     tm, tn = ops_gemm_tc_q.TILE_M, ops_gemm_tc_q.TILE_N
     blocks = -(-m // tm) * -(-n // tn)
-    return Call(analyse(K.gemm_tc_q(fmt), arch), flops, stored + m * k * 2 + m * n * 2, flops, blocks,
-                l2_bytes=tile_l2_bytes(n, k, tm, tn, -(-m // tm), w_bytes=stored / (n * k)))
+    passes = -(-m // tm) + max(0, round(min(slices, m)) - 1) if slices else -(-m // tm)
+    flops = 2.0 * tm * passes * n * k if slices else 2.0 * m * n * k
+    nbytes = max(1.0, slices) * stored + m * k * 2 + m * n * 2
+    return Call(analyse(K.gemm_tc_q(fmt, bool(slices)), arch), flops, nbytes, flops, blocks,
+                l2_bytes=tile_l2_bytes(n, k, tm, tn, passes, w_bytes=stored / (n * k)))
 
 
 def attention_decode(cfg, tp: int, rows: int, context: int, arch: str = "sm_90") -> list[Call]:
@@ -84,22 +79,27 @@ def attention_decode(cfg, tp: int, rows: int, context: int, arch: str = "sm_90")
             Call(analyse(kp, arch), flops, rows * h * r * 2.0, flops, blocks)]
 
 
-def attention_prompt(cfg, tp: int, tokens: int, arch: str = "sm_90") -> Call:
-    """attention.cu over a cold prompt: query p attends min(p + 1, index_topk) picked rows (4 H R FLOPs each);
-    the latent rows are read once, the queries and outputs once."""
+def attention_prompt_work(cfg, tp: int, tokens: int) -> tuple[float, float]:
+    """(FLOPs, bytes) a cold prompt's attention needs: query p attends min(p + 1, index_topk) picked rows (4 H R
+    FLOPs each); the latent rows are read once, the queries and outputs once."""
     h, r, topk = cfg.num_attention_heads // tp, cfg.kv_lora_rank, cfg.index_topk
     full = min(tokens, topk)
     pairs = full * (full + 1) / 2 + max(0, tokens - topk) * topk
-    flops = 4.0 * h * r * pairs
-    nbytes = tokens * r * 2.0 + 2 * tokens * h * r * 2.0
-    return Call(analyse(K.attention_prompt(r, cfg.attn_chunk), arch), flops, nbytes, flops, tokens * h)
+    return 4.0 * h * r * pairs, tokens * r * 2.0 + 2 * tokens * h * r * 2.0
+
+
+def attention_prompt(cfg, tp: int, tokens: int, arch: str = "sm_90") -> Call:
+    """attention.cu over a cold prompt: attention_prompt_work's FLOPs and bytes, one block a row and head."""
+    flops, nbytes = attention_prompt_work(cfg, tp, tokens)
+    h = cfg.num_attention_heads // tp
+    return Call(analyse(K.attention_prompt(cfg.kv_lora_rank, cfg.attn_chunk), arch), flops, nbytes, flops, tokens * h)
 
 
 def attention_tc_prompt(cfg, tp: int, tokens: int, arch: str = "sm_90") -> Call:
     """attention_tc.cu over a cold prompt: the FLOPs its tensor core issues, every 64-position block a row touches
     whole (QK^T and PV, 2 x 2 x 16 x 64 x R a block and 16 heads, plus the sum of P, 2 x 16 x 64 x 8). Query p
     touches p // 64 + 1 blocks below index_topk; past it, at most one block a picked pool (an upper bound).
-    Latent rows read once, queries and outputs once (attention_prompt's bytes); from L2 each block of 16 heads
+    Latent rows read once, queries and outputs once (attention_prompt_work's bytes); from L2 each block of 16 heads
     loads every picked row (R bf16 and its position) and its queries. Fewer than 16 heads a rank fill a 16-head
     tile (the launcher takes H % 16 == 0 only)."""
     h, r, topk = cfg.num_attention_heads // tp, cfg.kv_lora_rank, cfg.index_topk

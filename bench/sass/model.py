@@ -18,7 +18,7 @@ A unit is a weight for the decode GEMVs and a FLOP for the rest. The units of on
                                    thread: a block runs its rows in the smallest of 1, 2, 4, 8, 16 row slots
                                    holding them, every slot of that bucket issued); on the tensor core
           256 x HMMA / tiles      (16 weights x 16 k a step, once per 8-row tile: 1 up to 8 rows, else 2)
-  mac     64 x FADD               (a lane-16 GEMM: each FADD accumulates one product, 2 FLOPs a thread)
+  mac     64 x FADD               (a scalar GEMM loop: each FADD accumulates one product, 2 FLOPs a thread)
   flop    the loop's FLOPs        (FP instructions by their width; tensor instructions by their shape)
   state   32 x per_thread         (KDA: the recurrent-state elements a thread updates an iteration)
 Instructions outside the hot loop (staging, folds, stores) are not counted: the hot loop is most of the work.

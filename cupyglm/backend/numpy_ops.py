@@ -4,7 +4,8 @@ the CUDA kernels in cuda_src/ are checked against.
 Storage: every value the model keeps in bf16 (weights, KV rows, pooled keys, the bf16 parts of the state,
 activations between ops) is an ml_dtypes.bfloat16 array (`bf16_dtype`); every op computes in float32 from the
 widened values and rounds its bf16 outputs once, where the kernel rounds (its epilogue). Every sum over a
-model dimension is in lane-16 order (backend/lanes.py) but a decode row's bf16 GEMV (backend/tc_order.py); short
+model dimension is in lane-16 order (backend/lanes.py) but the weight GEMMs' (the tensor core's order:
+backend/tc_order.py, tc_quant.py); short
 fixed sums (4 streams, 4 taps) run left to right. Each output row is computed from that row's inputs alone.
 """
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Contract cases of cuda_src/gemv_q.cu: the decode/verify rows (the leading `decode` rows) of ops gemm,
 gemm_grouped, gemm_swiglu and gemm_grouped_swiglu with FP8 block-scaled and NVFP4 weights, replayed by the NumPy
 reference (decode rows: backend/tc_quant.py's tensor-core order over exact bf16 weights), 0 ULPs; mixed calls
-also run the dequantising gemm.cu / gemm_swiglu.cu kernels for their prompt rows, so one output checks both.
+also run the tensor-core gemm_tc_q.cu kernels for their prompt rows, so one output checks both.
 
 Inputs as cases_gemm_q: real quantised weights whose block and group scales differ, N and K past whole FP8
 blocks, K not a multiple of 16 bytes of packed values (scalar loads) as well as 16-byte loads, several stages.
@@ -18,6 +18,7 @@ import numpy as np
 from cupyglm.backend.lanes import bf16
 from cupyglm.backend.numpy_ops import NumpyOps
 from cupyglm.contract.cases_gemm_q import qweight
+from cupyglm.contract.cases_gemv import prompt_kernel
 from cupyglm.backend.qweight import stack
 from cupyglm.contract.registry import Case, case
 from cupyglm.kernels import ops_gemm, ops_gemm_swiglu, ops_gemv_q
@@ -92,7 +93,7 @@ def _dense(label: str, fmt: str, m: int, d: int, n: int, k: int, out: str, block
         return {"y": REF.gemm(dd["x"], dd["w"], out=out, decode=d)}
 
     case(Case(f"gemv_{fmt}{suffix.replace('_', '.')}[{label},{_tag(define)}]",
-              _kernels(kernel, d, m, kernel.replace("gemv", "gemm")), make, run, replay,
+              _kernels(kernel, d, m, prompt_kernel(kernel)), make, run, replay,
               lambda kn, dd: run(kn.variant(define), dd)))
 
 
@@ -166,7 +167,7 @@ def _swiglu(label: str, fmt: str, m: int, d: int, e: int, used: int, n: int, k: 
             return run(kn, dd, group=_misroute(kn, dd["group"], d, used, e))
 
     case(Case(f"{kind}_{fmt}[{label},{_tag(define) if define else control}]",
-              _kernels(kernel, d, m, kernel.replace("gemv", "gemm")), make, run, replay, ctl))
+              _kernels(kernel, d, m, prompt_kernel(kernel)), make, run, replay, ctl))
 
 
 def _flags(fmt: str, m: int, e: int, n: int, k: int, bad: int) -> None:

@@ -2,8 +2,7 @@
 GEMV's order (backend/tc_order.py's tc_rows), so a row's bits equal the decode row's for the same x and w; and its
 grouped-experts form (gemm_tc_grouped: each row against its expert's slice).
 
-Not an op of its own: the ops interface's prompt rows still sum in lane-16 order (gemm.cu) on every backend; this
-kernel is what a backend would route them to once the reference sums prompt rows in the tensor core's order too."""
+Not an op of its own: ops_gemm sends the prompt rows of bf16 GEMMs here (their role, backend/roles.py)."""
 from __future__ import annotations
 
 import numpy as np
@@ -25,12 +24,12 @@ OUTS = ("f32", "bf16")
 
 
 def grid(m: int, n: int, h: int = 1, tile_m: int = TILE_M, tile_n: int = TILE_N) -> tuple[int, int, int]:
-    """(column blocks, row blocks, heads): N on grid.x (2^31 - 1), the rows' blocks and H on y and z."""
-    rows = -(-m // tile_m)
-    if rows > MAX_GRID or h > MAX_GRID:
-        raise ValueError(f"gemm_tc: M={m} ({rows} row blocks of {tile_m}) or H={h} exceeds the grid's 65,535 "
-                         f"limit; split the rows into calls of at most {MAX_GRID * tile_m}")
-    return -(-n // tile_n), rows, h
+    """(row blocks, column blocks, heads): the rows' blocks on grid.x (2^31 - 1), N's and H on y and z (65,535)."""
+    cols = -(-n // tile_n)
+    if cols > MAX_GRID or h > MAX_GRID:
+        raise ValueError(f"gemm_tc: N={n} ({cols} column blocks of {tile_n}) or H={h} exceeds the grid's 65,535 "
+                         f"limit")
+    return -(-m // tile_m), cols, h
 
 
 def gemm_tc(k: Kernels, x, w, out: str = "f32"):

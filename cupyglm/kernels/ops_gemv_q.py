@@ -1,9 +1,9 @@
 """Launchers of cuda_src/gemv_q.cu: the decode/verify GEMV for quantised weights (FP8 block-scaled, NVFP4;
 cupyglm.backend.qweight.QWeight), which streams the packed bytes and scales once per call for every 16 of the
-call's decode/verify rows and dequantises them in registers (dequant.cuh). Not ops of their own: ops_gemm_q sends
-a call's leading `decode` rows here (their role, cupyglm/backend/roles.py) and the rest to the dequantising
-gemm.cu / gemm_swiglu.cu kernels. The decode rows have the bits of the reference's tc_quant.quant_rows (the
-tensor core's order over exact bf16 weights), the prompt rows those of gemm(x, dequant(w)) (lane-16)."""
+call's decode/verify rows and dequantises them in registers (dequant.cuh). Not ops of their own: ops_gemm sends
+a call's leading `decode` rows here (their role, cupyglm/backend/roles.py) and the rest to the tensor-core GEMMs
+(ops_gemm_tc_q); both have the bits of the reference's tc_quant.quant_rows (the tensor core's order over exact
+bf16 weights)."""
 from __future__ import annotations
 
 import numpy as np

@@ -134,7 +134,7 @@ def test_grouped_launcher_refuses_bad_ids(ids, says):
     assert says in str(e.value)
 
 
-def test_grid_refuses_more_row_blocks_than_grid_y_takes():
+def test_grid_puts_rows_on_x_and_refuses_more_column_blocks_than_grid_y_takes():
     assert ops_gemm_tc_q.grid("gemm_tc_fp8", 33, 65) == (2, 2, 1)
     with pytest.raises(ValueError, match="65,535"):
-        ops_gemm_tc_q.grid("gemm_tc_fp8", 65536 * 32, 64)
+        ops_gemm_tc_q.grid("gemm_tc_fp8", 32, 65536 * 64)

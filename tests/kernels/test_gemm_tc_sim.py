@@ -104,8 +104,8 @@ def test_launcher_refuses_bad_input(x, w, out, says):
     assert says in str(e.value)
 
 
-def test_grid_refuses_more_row_blocks_than_grid_y_takes():
+def test_grid_puts_rows_on_x_and_refuses_more_column_blocks_than_grid_y_takes():
     assert ops_gemm_tc.grid(33, 65, 2) == (2, 2, 2)
     assert ops_gemm_tc.grid(65, 129, 1, ops_gemm_tc.DENSE_TILE_M, ops_gemm_tc.DENSE_TILE_N) == (2, 2, 1)
     with pytest.raises(ValueError, match="65,535"):
-        ops_gemm_tc.grid(65536 * 32, 64)
+        ops_gemm_tc.grid(32, 65536 * 64)
