@@ -40,8 +40,8 @@ from dataclasses import dataclass
 from bench.sass import hw, parse
 from bench.sass.compile import compiled
 
-GEMV_ROWS = 16       # cuda_src/gemv_tile.cuh: the row slots of a block
-BUCKETS = (1, 2, 4, 8, 16)   # gemv_tile.cuh's gemv_bucket: the row slots a block of r rows runs in
+GEMV_ROWS = 16       # cuda_src/gemv_tile.cuh: the rows of a block
+BUCKETS = (1, 2, 4, 8, 16)   # the GEMV_BUCKET_ONLY values a decode GEMV is compiled at (gemv_tc.cuh's gtc_tiles)
 
 
 def bucket(rows: int) -> int:
