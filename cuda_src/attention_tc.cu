@@ -1,14 +1,15 @@
-// attention_tc.cu -- absorbed MLA prefill attention on the tensor core (keys equal values); not yet routed into
-// the model. Reference: cupyglm/backend/tc_attention.py (the exact model). A block of 4 warps takes one row and 16
-// heads (the mma tile's M): the row's positions tokens[t, :counts[t]] (strictly ascending) fall into key blocks of
-// 64 positions aligned to absolute positions; each block is staged as a 64-slot tile in shared memory (absent
-// slots zero) and merged into the online softmax in position order:
+// attention_tc.cu -- absorbed MLA prefill attention on the tensor core (keys equal values): the prompt rows of the
+// op attention_paged (kernels/ops_attention.py). Reference: cupyglm/backend/tc_attention.py (the exact model). A
+// block of 4 warps takes one row and 16 heads (the mma tile's M; heads past H are zero queries, never stored):
+// the row's positions tokens[t, :counts[t]] (strictly ascending) fall into key blocks of 64 positions aligned to
+// absolute positions; each block is staged as a 64-slot tile in shared memory (absent slots zero) and merged into
+// the online softmax in position order:
 //   S = Q K^T   warp w the keys 16w..16w+15, a chain over R in ascending k steps of 16 from +0.0;
 //   s = S * scale (absent -inf), m' = max(m, max s), P = bf16(exp_f32(s - m')) (absent 0; warp w its own keys',
 //   staged in shared memory for every warp's P V), alpha = exp_f32(m - m');
 //   l = chain(P, ones, C = l alpha) and o = chain(P, V, C = o alpha), warp w the columns [wR/4, (w+1)R/4).
 // out = bf16(o / l). Positions map to store rows through the row's segment's page table (attention_rows.cuh).
-// R % 64 == 0, R <= ATC_MAX_R, H % 16 == 0 (the launcher checks). Storage: qa, store, out bf16; m, l, o fp32.
+// R % 64 == 0, R <= ATC_MAX_R (the launcher checks). Storage: qa, store, out bf16; m, l, o fp32.
 //
 // Planted controls: TRANSPOSED_FRAGMENT (Q's fragment loaded with each 8x8 quadrant transposed), CHAIN_REVERSED
 // (the k steps of both chains descending), IEEE_SUM (P V as an fp32 IEEE sum in key order), OFF_GRID (blocks of 64
@@ -179,7 +180,7 @@ static __device__ void atc_merge(const AtcShared& sh, int R, const float alpha[2
   }
 }
 
-// grid (T, H / 16), block 128 (ATC_WARPS warps). Dynamic shared memory: atc_shared_bytes in the launcher.
+// grid (T, ceil(H / 16)), block 128 (ATC_WARPS warps). Dynamic shared memory: atc_shared_bytes in the launcher.
 extern "C" __global__ void __launch_bounds__(128) attention_tc(
     const __nv_bfloat16* __restrict__ qa,     // [T, H, R] bf16
     const __nv_bfloat16* __restrict__ store,  // [N, R] bf16 latent rows
@@ -198,9 +199,12 @@ extern "C" __global__ void __launch_bounds__(128) attention_tc(
   sh.pmax = reinterpret_cast<float*>(sh.p + 16 * (ATC_BLOCK + ATC_PAD));
   sh.slot = reinterpret_cast<int*>(sh.pmax + ATC_WARPS * 16);
   sh.next = sh.slot + ATC_BLOCK;
-  for (int i = threadIdx.x; i < 16 * per; i += blockDim.x)
-    *reinterpret_cast<uint4*>(sh.q + (i / per) * ld + 8 * (i % per)) =
-        *reinterpret_cast<const uint4*>(qa + ((long long)t * H + h0 + i / per) * R + 8 * (i % per));
+  for (int i = threadIdx.x; i < 16 * per; i += blockDim.x) {
+    const int hq = h0 + i / per;  // a head past H: a zero query row, its output never stored
+    uint4 v = make_uint4(0u, 0u, 0u, 0u);
+    if (hq < H) v = *reinterpret_cast<const uint4*>(qa + ((long long)t * H + hq) * R + 8 * (i % per));
+    *reinterpret_cast<uint4*>(sh.q + (i / per) * ld + 8 * (i % per)) = v;
+  }
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
   float o[ATC_MAX_R / 64][2][4];
 #pragma unroll
@@ -227,7 +231,7 @@ extern "C" __global__ void __launch_bounds__(128) attention_tc(
     for (int n = 0; n < 2; ++n)
       for (int i = 0; i < 4; ++i) {
         const int r = g + 8 * (i >> 1), col = w * (R / 4) + 16 * p + 8 * n + 2 * tt + (i & 1);
-        out[((long long)t * H + h0 + r) * R + col] = to_bf16(o[p][n][i] / l[i >> 1]);
+        if (h0 + r < H) out[((long long)t * H + h0 + r) * R + col] = to_bf16(o[p][n][i] / l[i >> 1]);
       }
   }
 }

@@ -14,6 +14,7 @@ import numpy as np
 
 from cupyglm.backend.lanes import (BF16, bf16, exp_f32, f32, gemm, lane_sum, out_kind, rank_sum, rsqrt_f32, seq_sum,
                                    sigmoid_f32, stored_weight)
+from cupyglm.backend import tc_attention
 from cupyglm.backend.logits_ops import LogitsOps
 from cupyglm.backend.numpy_gather import GatherOps
 from cupyglm.backend.numpy_gemm import NumpyGemm, round_out as _round
@@ -315,7 +316,9 @@ class NumpyOps(NumpyGemm, KDAOps, MoEOps, LogitsOps, GatherOps, VisionOps):
         keys equal values), rows: [T, W] int32 physical row ids (-1 padded), counts: [T] int32.
         Online softmax over `chunk`-key chunks of the row's list, merged in list order; fp32 m, l, o;
         P rounded to bf16 before P.V and the sum l. Returns [T, H, R] bf16 (o / l). Rows [0, decode) are
-        decode/verify rows (backend/roles.py: the kernels split them by chunk; the same bits).
+        decode/verify rows (backend/roles.py: the kernels split them by chunk; the same bits). Lists of store rows
+        carry no positions, so every row here takes this order; the model's prompt rows go through
+        attention_paged (the tensor core on the position grid).
         """
         decode_rows("attention", decode, qa.shape[0])
         qa = f32(qa)
@@ -342,7 +345,15 @@ class NumpyOps(NumpyGemm, KDAOps, MoEOps, LogitsOps, GatherOps, VisionOps):
     def attention_paged(self, qa: np.ndarray, store: np.ndarray, tokens: np.ndarray, table: np.ndarray,
                         seg: np.ndarray, page_tokens: int, counts: np.ndarray, scale: float, chunk: int,
                         decode: int = 0) -> np.ndarray:
-        """attention over token lists tokens [T, W] int32 (positions, -1 padded) mapped through each row's
-        segment's page table (table [S, width] int32, seg [T] int32: paged_rows): the forward call's one row map
-        serves every DSA layer."""
-        return self.attention(qa, store, paged_rows(tokens, table, seg, page_tokens), counts, scale, chunk, decode)
+        """attention over token lists tokens [T, W] int32 (positions, strictly ascending, -1 padded) mapped through
+        each row's segment's page table (table [S, width] int32, seg [T] int32: paged_rows): the forward call's one
+        row map serves every DSA layer. Rows [0, decode) (decode/verify rows) as `attention`; the prompt rows on the
+        tensor core in key blocks on the absolute position grid (backend/tc_attention.py), so a prompt row's bits
+        do not depend on where its chunk began."""
+        d = decode_rows("attention_paged", decode, qa.shape[0])
+        rows = paged_rows(tokens, table, seg, page_tokens)
+        out = np.empty(qa.shape, dtype=BF16)
+        out[:d] = self.attention(qa[:d], store, rows[:d], counts[:d], scale, chunk, d)
+        if d < qa.shape[0]:
+            out[d:] = tc_attention.attention_tc(qa[d:], store, tokens[d:], rows[d:], counts[d:], scale)
+        return out

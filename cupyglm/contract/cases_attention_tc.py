@@ -4,7 +4,8 @@ backend/tc_attention.py, bit for bit.
 Rows of two segments (each its own shuffled page table of 16-token pages over one store; every store row no
 list reaches is NaN, entries past a row's count -1): dense causal rows of a prompt chunk that begins off the
 64-position grid, and sparse rows (random ascending positions ending at the row's own, starting off the grid,
-some blocks holding one key, some none). Heads 16 and 32 (two blocks of 16); R 64, 128 and 512 (the model's).
+some blocks holding one key, some none). Heads 16 and 32 (two blocks of 16), 4 (the tiny model's: one block, 12
+zero queries) and 20 (the second block partial); R 64, 128 and 512 (the model's).
 
 Controls (compile flags of attention_tc.cu): TRANSPOSED_FRAGMENT (Q's fragments with each 8x8 quadrant
 transposed), CHAIN_REVERSED (both chains' k steps descending), IEEE_SUM (P V summed in IEEE fp32 in key order),
@@ -98,3 +99,5 @@ _case("chain",       16, 128,  112,   4,    2,   "CHAIN_REVERSED")
 _case("ieee",        16,  64,  120,   3,    3,   "IEEE_SUM")
 _case("grid",        16,  64,   33,   2,    8,   "OFF_GRID")
 _case("full",        32, 512,  240,   2,    1,   "CHAIN_REVERSED")      # the model's R at TP=2's 32 heads
+_case("heads4",       4,  64,   70,   3,    2,   "TRANSPOSED_FRAGMENT")
+_case("heads20",     20,  64,   10,   2,    2,   "CHAIN_REVERSED")

@@ -1,12 +1,14 @@
-"""DSA attention launcher, with NumpyOps.attention's signature: the call's leading `decode` rows (decode/verify
+"""DSA attention launchers, with NumpyOps.attention's signatures: the call's leading `decode` rows (decode/verify
 rows, cupyglm/backend/roles.py) run cuda_src/attention_split.cu (all heads of a block share each latent row,
-chunks in parallel, merged in list order by the last block of each row's head group), the rest cuda_src/attention.cu (a block per row and head); the same
-bits either way."""
+chunks in parallel, merged in list order by the last block of each row's head group); the prompt rows of
+attention_paged run cuda_src/attention_tc.cu (the tensor core, key blocks on the absolute position grid), those of
+attention (store rows, no positions) cuda_src/attention.cu (a block per row and head, the decode rows' bits)."""
 from __future__ import annotations
 
 import numpy as np
 
 from cupyglm.backend.roles import decode_rows
+from cupyglm.kernels import ops_attention_tc
 from cupyglm.kernels.ops import Kernels, check, f32, i32, op
 
 SRC = "attention.cu"
@@ -62,7 +64,8 @@ def attention_paged(k: Kernels, qa, store, tokens, table, seg, page_tokens, coun
     """attention over tokens [T, W] int32 positions (-1 padded), row t's mapped through its segment's page table
     (table [S, width] int32 one row per segment, seg [T] int32 row t's segment: the call's row map):
     row = table[seg[t], p // page_tokens] * page_tokens + p % page_tokens, inside the kernels (no row array per
-    layer). seg in [0, S) is the caller's contract (checking it on the device would cost a sync)."""
+    layer). Prompt rows [decode, T) on the tensor core (attention_tc.cu: positions strictly ascending, R a multiple
+    of 64). seg in [0, S) is the caller's contract (checking it on the device would cost a sync)."""
     pt = int(page_tokens)
     if pt < 1:
         raise ValueError(f"attention_paged: page_tokens must be positive, got {pt}")
@@ -98,7 +101,10 @@ def _attend(k: Kernels, name: str, qa, store, rows, table, seg, pt: int, counts,
     if t and h:
         if d:
             _split(k, qa[:d], store, rows[:d], *maps(0, d), pt, counts[:d], out[:d], scale, chunk)
-        if d < t:
+        if d < t and table is not None:      # prompt rows: the tensor core on the absolute position grid
+            ops_attention_tc.attention_tc(k, qa[d:], store, rows[d:], table, seg[d:], pt, counts[d:], scale,
+                                          out=out[d:])
+        elif d < t:
             tab, sg = maps(d, t)
             k.launch(SRC, "attention", (t - d, h), (threads,),
                      (qa[d:], store, rows[d:], tab, sg, counts[d:], out[d:], i32(t - d), i32(h), i32(r),

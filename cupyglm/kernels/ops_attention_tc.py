@@ -1,5 +1,5 @@
 """Launcher of cuda_src/attention_tc.cu: prefill attention on the tensor core (backend/tc_attention.py is its exact
-model). Not a model op yet: the DSA layers still call attention_paged; the contract and the speed model call this."""
+model). The op attention_paged (kernels/ops_attention.py) runs its prompt rows through it."""
 from __future__ import annotations
 
 import numpy as np
@@ -22,11 +22,12 @@ def shared_bytes(r: int) -> int:
     return (BLOCK + HEADS) * (r + PAD) * 2 + HEADS * (BLOCK + PAD) * 2 + WARPS * HEADS * 4 + (BLOCK + 1) * 4
 
 
-def attention_tc(k: Kernels, qa, store, tokens, table, seg, page_tokens, counts, scale):
+def attention_tc(k: Kernels, qa, store, tokens, table, seg, page_tokens, counts, scale, out=None):
     """qa [T, H, R] bf16, store [N, R] bf16, tokens [T, W] int32 positions (strictly ascending, -1 padded) mapped
     through table [S, width] int32 row seg[t] (seg [T] int32) with page_tokens tokens a page, counts [T] int32
-    -> [T, H, R] bf16. H a multiple of 16, R a multiple of 64 up to 512; the positions' order and seg's range
-    are the caller's contract (checking them on the device would cost a sync)."""
+    -> [T, H, R] bf16. Any H (blocks of 16 heads, the last padded with zero queries), R a multiple of 64 up to
+    512; the positions' order and seg's range are the caller's contract (checking them on the device would cost a
+    sync). out: the [T, H, R] bf16 rows to write (a view of a call's output), else a new array."""
     xp = k.xp
     qa = check(KERNEL, "qa", xp.ascontiguousarray(qa), (None, None, None), k.bf16)
     t, h, r = qa.shape
@@ -38,21 +39,20 @@ def attention_tc(k: Kernels, qa, store, tokens, table, seg, page_tokens, counts,
     pt = int(page_tokens)
     if pt < 1:
         raise ValueError(f"{KERNEL}: page_tokens must be positive, got {pt}")
-    if h % HEADS:
-        raise ValueError(f"{KERNEL}: the heads ({h}) must be a multiple of {HEADS} (a block's mma tile)")
     if r % 64 or not 0 < r <= MAX_R:
         raise ValueError(f"{KERNEL}: R must be a multiple of 64 up to {MAX_R} (4 warps of 16-column pairs), got {r}")
-    if h // HEADS > 65535:
+    groups = -(-h // HEADS)                  # blocks of 16 heads (grid.y)
+    if groups > 65535:
         raise ValueError(f"{KERNEL}: at most {65535 * HEADS} heads (grid.y), got {h}")
     if t and 0 in table.shape:
         raise ValueError(f"{KERNEL}: an empty page table {table.shape} for {t} rows")
-    out = k.empty((t, h, r), k.bf16)
+    out = k.empty((t, h, r), k.bf16) if out is None else check(KERNEL, "out", out, (t, h, r), k.bf16)
     if t and h:
         smem = shared_bytes(r)
         fn = k.fn(SRC, KERNEL)
         if fn.max_dynamic_shared_size_bytes < smem:
             fn.max_dynamic_shared_size_bytes = smem
-        k.launch(SRC, KERNEL, (t, h // HEADS), (THREADS,),
+        k.launch(SRC, KERNEL, (t, groups), (THREADS,),
                  (qa, store, tokens, table, seg, counts, out, i32(t), i32(h), i32(r), i32(tokens.shape[1]),
                   f32(scale), i32(table.shape[1]), i32(pt)), shared_mem=smem)
     return out
