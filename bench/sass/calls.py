@@ -115,19 +115,28 @@ def attention_tc_prompt(cfg, tp: int, tokens: int, arch: str = "sm_90") -> Call:
 
 
 def index_decode(cfg, rows: int, context: int, arch: str = "sm_90") -> Call:
-    """index_scores_rows: each row scores its visible pooled keys (context / index_kpool of index_head_dim bf16)
-    with its index heads (2 Hi I FLOPs a key)."""
-    pools, hi, i = context // cfg.index_kpool, cfg.index_n_heads, cfg.index_head_dim
-    flops = 2.0 * rows * pools * hi * i
-    return Call(analyse(K.INDEX_DECODE, arch), flops, rows * pools * i * 2.0, flops, -(-rows // 16) * -(-pools // 16))
+    """index_scores_rows on the tensor core: each row scores its visible pooled keys (context / index_kpool of
+    index_head_dim bf16) with its index heads in 16-head tiles (2 x 16 x I FLOPs a key and tile); one block per
+    row and WARP_POOLS x ROWS_WARPS pools, each key read once."""
+    pools, i = context // cfg.index_kpool, cfg.index_head_dim
+    heads = -(-cfg.index_n_heads // 16) * 16
+    flops = 2.0 * rows * pools * heads * i
+    blocks = rows * -(-pools // (K.idx.WARP_POOLS * K.idx.ROWS_WARPS))
+    return Call(analyse(K.index_decode(i), arch), flops, rows * pools * i * 2.0, flops, blocks)
 
 
 def index_prompt(cfg, tokens: int, arch: str = "sm_90") -> Call:
-    """index_scores over a cold prompt: query p scores the p / index_kpool pooled keys before it."""
-    pools, hi, i = tokens // cfg.index_kpool, cfg.index_n_heads, cfg.index_head_dim
-    flops = 2.0 * hi * i * tokens * pools / 2
-    nbytes = pools * i * 2.0 + tokens * hi * i * 2.0
-    return Call(analyse(K.INDEX_PROMPT, arch), flops, nbytes, flops, -(-tokens // 16) * -(-pools // 16))
+    """index_scores on the tensor core over a cold prompt: query p scores the p / index_kpool pooled keys before it
+    (the blocks of pools past a row block's last query counted as skipped: half the grid). Keys and queries read
+    from HBM once; from L2 each block loads its WARP_POOLS x WARPS keys and its ROWS rows' queries (16-head tiles)."""
+    pools, i = tokens // cfg.index_kpool, cfg.index_head_dim
+    heads = -(-cfg.index_n_heads // 16) * 16
+    flops = 2.0 * heads * i * tokens * pools / 2
+    nbytes = pools * i * 2.0 + tokens * cfg.index_n_heads * i * 2.0
+    np_ = K.idx.WARP_POOLS * K.idx.WARPS
+    blocks = -(-tokens // K.idx.ROWS) * -(-pools // np_)
+    l2 = blocks / 2 * (np_ * i * 2.0 + K.idx.ROWS * cfg.index_n_heads * (i * 2.0 + 4))
+    return Call(analyse(K.index_prompt(i), arch), flops, nbytes, flops, blocks, l2_bytes=l2)
 
 
 def kda_decode(cfg, tp: int, rows: int, arch: str = "sm_90") -> Call:

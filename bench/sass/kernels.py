@@ -6,6 +6,7 @@ from __future__ import annotations
 from cupyglm.kernels import ops_attention as att
 from cupyglm.kernels import ops_attention_tc as att_tc
 from cupyglm.kernels import ops_gemm_tc, ops_gemm_tc_q
+from cupyglm.kernels import ops_indexer as idx
 
 from bench.sass.model import Kernel, bucket
 
@@ -69,8 +70,20 @@ def attention_tc_prompt(r: int) -> Kernel:
                   dyn_shared=att_tc.shared_bytes(r))
 
 
-INDEX_DECODE = Kernel("index_scores_rows", "indexer.cu", "decode", "flop", 256)
-INDEX_PROMPT = Kernel("index_scores", "indexer.cu", "prompt", "flop", 256)
+
+
+def index_decode(i: int) -> Kernel:
+    """index_scores_rows on the tensor core: ROWS_WARPS warps of WARP_POOLS pools, the launcher's shared memory."""
+    w = idx.ROWS_WARPS
+    return Kernel("index_scores_rows", "indexer.cu", "decode", "flop", 32 * w, dyn_shared=idx.shared_bytes(i, w))
+
+
+def index_prompt(i: int) -> Kernel:
+    """index_scores on the tensor core: WARPS warps of WARP_POOLS pools, the launcher's shared memory."""
+    return Kernel("index_scores", "indexer.cu", "prompt", "flop", 32 * idx.WARPS,
+                  dyn_shared=idx.shared_bytes(i, idx.WARPS))
+
+
 # kda_step's hot loop is one of its per-token loops over the lane's key columns (one element a thread)
 KDA_DECODE = Kernel("kda_step", "kda_step.cu", "decode", "state", 256, per_thread=1)
 NORM = Kernel("rmsnorm_rows", "norm.cu", "decode", "flop", 128)

@@ -4,9 +4,9 @@ the CUDA kernels in cuda_src/ are checked against.
 Storage: every value the model keeps in bf16 (weights, KV rows, pooled keys, the bf16 parts of the state,
 activations between ops) is an ml_dtypes.bfloat16 array (`bf16_dtype`); every op computes in float32 from the
 widened values and rounds its bf16 outputs once, where the kernel rounds (its epilogue). Every sum over a
-model dimension is in lane-16 order (backend/lanes.py) but the weight GEMMs' (the tensor core's order:
-backend/tc_order.py, tc_quant.py); short
-fixed sums (4 streams, 4 taps) run left to right. Each output row is computed from that row's inputs alone.
+model dimension is in lane-16 order (backend/lanes.py) but the weight GEMMs' (backend/tc_order.py, tc_quant.py)
+and the indexer's dots (backend/tc_index.py): the tensor core's chains, every row alike. Short fixed sums (4
+streams, 4 taps) run left to right. Each output row is computed from that row's inputs alone.
 """
 from __future__ import annotations
 
@@ -22,6 +22,7 @@ from cupyglm.backend.numpy_kda import KDAOps
 from cupyglm.backend.numpy_moe import MoEOps
 from cupyglm.backend.numpy_vision import VisionOps
 from cupyglm.backend.roles import decode_rows
+from cupyglm.backend.tc_index import index_dots
 
 NEG_INF = np.float32(-np.inf)
 
@@ -258,11 +259,12 @@ class NumpyOps(NumpyGemm, KDAOps, MoEOps, LogitsOps, GatherOps, VisionOps):
         """Score of every pool for every row: s = sum_h hw_h * relu(I^-0.5 * qi_h . pk).
 
         qi: [T, Hi, I] bf16, hw: [T, Hi] fp32 (already scaled), pk: [P, I] bf16 -> [T, P] fp32.
+        The dots are the tensor core's chains (backend/tc_index.py), the same for every row whatever its role.
         The caller masks pools a row cannot see.
         """
         hw = f32(hw)
-        t, h, i = qi.shape
-        dots = gemm(qi.reshape(t * h, i), pk).reshape(t, h, -1)             # [T, Hi, P]
+        i = qi.shape[2]
+        dots = index_dots(qi, pk)                                            # [T, Hi, P] the tensor core's chain
         r = np.maximum(dots * np.float32(i ** -0.5), np.float32(0.0)) * hw[:, :, None]
         return lane_sum(np.moveaxis(r, 1, 2))                                # sum over heads
 
