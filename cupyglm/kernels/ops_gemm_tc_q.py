@@ -14,7 +14,7 @@ from cupyglm.kernels.ops import Kernels, check, i32
 from cupyglm.kernels.ops_gemv_q import tc_block_args, weight_args
 
 SRC = "gemm_tc_q.cu"
-TILE_M = 32        # GTQ_TILE_M: rows a block
+TILE_M = 64        # GTQ_TILE_M: rows a block
 TILE_N = 64        # GTQ_TILE_N: columns a block
 THREADS = (128, 1)
 MAX_GRID = 65535
@@ -22,7 +22,7 @@ OUTS = ("f32", "bf16")
 
 
 def grid(name: str, m: int, n: int) -> tuple[int, int, int]:
-    """(row blocks, column blocks, 1): the rows' 32-row blocks on grid.x (2^31 - 1), N's on y (65,535)."""
+    """(row blocks, column blocks, 1): the rows' 64-row blocks on grid.x (2^31 - 1), N's on y (65,535)."""
     cols = -(-n // TILE_N)
     if cols > MAX_GRID:
         raise ValueError(f"{name}: N={n} ({cols} column blocks of {TILE_N}) exceeds the grid's 65,535 limit")
