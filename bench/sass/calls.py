@@ -12,7 +12,8 @@ ROWS = 16            # GEMV_ROWS: decode rows a block reads each weight once for
 
 
 def gemv(form: str, fmt: str, n: int, k: int, rows: int, stored: float, nw: int = 1, slices: float = 1.0,
-         heads: int = 1, out_bytes: int = 2, arch: str = "sm_90", collective: bool = False) -> Call:
+         heads: int = 1, out_bytes: int = 2, arch: str = "sm_90", collective: bool = False,
+         launched: bool = True) -> Call:
     """A decode GEMV of `rows` rows against `nw` [N, K] matrices of `stored` bytes each, for `heads` heads, or
     (grouped) over `slices` experts with `rows` rows each. Weights are read once per ROWS rows; every block's
     loop counted in the bucket of min(rows, ROWS) rows (a last group of fewer rows runs a smaller bucket: an upper
@@ -23,7 +24,12 @@ def gemv(form: str, fmt: str, n: int, k: int, rows: int, stored: float, nw: int 
     nbytes = slices * heads * stored * nw * groups + total_rows * k * 2 + total_rows * n * out_bytes
     blocks = int(-(-n // OUTS) * groups * heads * max(1.0, round(slices)))
     flops = 2.0 * total_rows * n * k * nw
-    return Call(analyse(K.gemv(form, fmt, rows), arch), units, nbytes, flops, blocks, collective)
+    return Call(analyse(K.gemv(form, fmt, rows), arch), units, nbytes, flops, blocks, collective, launched=launched)
+
+
+def launch_only() -> Call:
+    """A launch whose work is negligible at the shapes priced (routing, sorting, a row write)."""
+    return Call(None, 0.0, 0.0, 0.0, 1)
 
 
 def gemm_tc(m: int, n: int, k: int, stored: float, arch: str = "sm_90") -> Call:

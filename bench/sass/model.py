@@ -137,7 +137,7 @@ def issue_rate(a: Analysis, blocks: int) -> float:
 class Call:
     """One launch: `units` of its kernel's work, `bytes` moved from HBM, `flops`, over `blocks` blocks; `l2_bytes`
     the operand bytes its blocks load (tiled kernels; 0 where the HBM bytes are the traffic). analysis None: a
-    pass priced by its bytes alone."""
+    pass priced by its bytes alone. launched False: a part of the launch before it (a fused op's next part)."""
     analysis: Analysis | None
     units: float
     bytes: float
@@ -145,6 +145,7 @@ class Call:
     blocks: int
     collective: bool = False
     l2_bytes: float = 0.0
+    launched: bool = True
 
 
 def tile_l2_bytes(n: int, k: int, tile_m: int, tile_n: int, row_tiles: int, x_bytes: float = 2.0,
@@ -164,6 +165,6 @@ def bounds(c: Call) -> dict:
     tensor = c.flops / hw.TENSOR_BF16_FLOPS * 1e6 if a and a.counts.tensor else 0.0
     b = {"issue": issue, "memory": memory, "l2": l2, "tensor": tensor}
     bound = max(b, key=b.get)
-    extra = hw.LAUNCH_US + (hw.COLLECTIVE_US if c.collective else 0.0)
+    extra = (hw.LAUNCH_US if c.launched else 0.0) + (hw.COLLECTIVE_US if c.collective else 0.0)
     return {"issue_bound_us": issue, "memory_bound_us": memory, "l2_bound_us": l2, "tensor_bound_us": tensor,
             "predicted_us": b[bound] + extra, "bound": bound}

@@ -71,19 +71,51 @@ def _projections(cfg, tp: int, fmt: str, rows: int):
     return out, small
 
 
+# A layer's projections that one op of the model runs together (kda.py / dsa.py gemm_multi, rmsnorm_gemm_multi,
+# moe.py gemm_and_swiglu): its bf16 decode parts share one launch of the fused GEMV, a quantised part launches alone.
+_FUSED = ((re.compile(r"self_attn\.(q|k|v|f_a|g_a|b)_proj\.weight$"), "multi"),
+          (re.compile(r"self_attn\.(q_a_proj|kv_a_proj_with_mqa|indexer\.wk|indexer\.weights_proj)\.weight$"), "multi"),
+          (re.compile(r"self_attn\.(q_b_proj|indexer\.wq_b)\.weight$"), "multi rmsnorm"),
+          (re.compile(r"mlp\.(gate|shared_experts\.gate_proj)\.weight$"), "multi swiglu"))
+_IN_STEP = re.compile(r"self_attn\.(f_b|g_b)_proj\.weight$")       # read inside kda_step (no launch of their own)
+_LAYER = re.compile(r"layers\.(\d+)\.")
+
+
+def _fused(name: str, f: str) -> str | None:
+    """The fused form whose launch a bf16 projection shares, or None."""
+    return next((form for pat, form in _FUSED if pat.search(name)), None) if f == "bf16" else None
+
+
 def _decode(cfg, tp: int, fmt: str, rows: int, arch: str):
-    """(label, Call) of every projection as a decode GEMV of its form, and the bytes left to memory."""
+    """(label, Call) of every projection as a decode GEMV, in the launches the model's ops make; and the bytes
+    left to memory. Routed experts and the shared expert's down run in the MoE ops' launches (bf16: moe_experts'
+    two; quantised: the grouped SwiGLU, then the grouped down with the shared down, beside route, sort and
+    combine); kv_b as the absorbed per-head pair (two gemm_heads launches); f_b and g_b read by kda_step."""
     projections, small = _projections(cfg, tp, fmt, rows)
     slices, per = _experts(cfg, rows)
-    out = []
+    out, open_ops = [], set()
     for label, form, f, n, k, st, name in projections:
+        if _IN_STEP.search(name):
+            small += st
+            continue
         nw = 2 if form.endswith("swiglu") else 1
         if form.startswith("grouped"):
             c = calls.gemv(form, f, n, k, per, st, nw, slices, arch=arch, collective=form == "grouped" and tp > 1)
-        else:
-            coll = tp > 1 and (name.endswith("o_proj.weight") or name.endswith("mlp.down_proj.weight"))
-            c = calls.gemv(form, f, n, k, rows, st, nw, out_bytes=4 if "lm_head" in name else 2, arch=arch,
-                           collective=coll)
+            out.append((label, c))
+            if form == "grouped swiglu" and f != "bf16":   # moe_route and moe_sort before, moe_combine after
+                out += [("experts route", calls.launch_only()) for _ in range(3)]
+            continue
+        coll = tp > 1 and (name.endswith("o_proj.weight") or name.endswith("mlp.down_proj.weight"))
+        fused = _fused(name, f)
+        key = (_LAYER.search(name).group(1) if _LAYER.search(name) else "", fused)
+        in_moe = "shared_experts.down_proj" in name and f == "bf16"      # moe_experts' down_combine launch
+        c = calls.gemv(fused or form, f, n, k, rows, st, nw, out_bytes=4 if "lm_head" in name else 2, arch=arch,
+                       collective=coll, launched=not in_moe and (fused is None or key not in open_ops))
+        open_ops.add(key)
+        if name.endswith("kv_b_proj.weight"):
+            half = calls.gemv(form, f, n // 2, k, rows, st / 2, arch=arch)
+            out += [(label, half), (label, half)]
+            continue
         out.append((label, c))
     return out, small
 
@@ -140,6 +172,7 @@ def decode_calls(cfg, tp: int, fmt: str, batch: int, context: int, arch: str = "
     for _ in cfg.dsa_layers:
         out += [("attention", c) for c in calls.attention_decode(cfg, tp, batch, context, arch)]
         out.append(("indexer", calls.index_decode(cfg, batch, context, arch)))
+        out += [("indexer", calls.launch_only()) for _ in range(3)]   # kv_write_rows, index_tail_pool, dsa_pick
     out += [("kda state", calls.kda_decode(cfg, tp, batch, arch)) for _ in cfg.kda_layers]
     out += [("norms", calls.norm(cfg, batch, arch)) for _ in range(2 * cfg.num_hidden_layers)]
     return out, small
