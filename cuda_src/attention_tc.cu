@@ -51,20 +51,22 @@ struct AtcShared {
 static __device__ void atc_pick(const AtcShared& sh, const int* tokens, const int* seg, int W, int t0, int qr,
                                 int pt) {
   if (threadIdx.x == 0) {
-    int b = 0x7fffffff, lead = -1, bq[ATC_ROWS];
-    for (int q = 0; q < qr; ++q) {
+    int b = 0x7fffffff, lead = 0, bq[ATC_ROWS];
+#pragma unroll
+    for (int q = 0; q < ATC_ROWS; ++q) {
       int* s = sh.st + ATC_ST * q;
       s[0] = s[1];
-      bq[q] = s[0] < s[2] ? (tokens[(long long)(t0 + q) * W + s[0]] - s[4]) / ATC_BLOCK : 0x7fffffff;
+      bq[q] = q < qr && s[0] < s[2] ? (tokens[(long long)(t0 + q) * W + s[0]] - s[4]) / ATC_BLOCK : 0x7fffffff;
       if (bq[q] < b) { b = bq[q]; lead = q; }
     }
-    for (int q = 0; q < qr; ++q) {
+    const int any = b != 0x7fffffff, base = sh.st[ATC_ST * lead + 4], sl = pt > 0 && any ? seg[t0 + lead] : 0;
+#pragma unroll
+    for (int q = 0; q < ATC_ROWS; ++q) {
       int* s = sh.st + ATC_ST * q;
-      const int* l = sh.st + ATC_ST * lead;
-      s[3] = lead >= 0 && bq[q] == b && s[4] == l[4] && (pt <= 0 || seg[t0 + q] == seg[t0 + lead]);
+      s[3] = any && bq[q] == b && s[4] == base && (pt <= 0 || seg[t0 + q] == sl);
     }
     sh.st[ATC_ROWS * ATC_ST] = b;
-    sh.st[ATC_ROWS * ATC_ST + 1] = lead >= 0;
+    sh.st[ATC_ROWS * ATC_ST + 1] = any;
   }
   for (int i = threadIdx.x; i < ATC_ROWS * ATC_BLOCK; i += blockDim.x) {
     sh.pres[i] = 0;
@@ -184,20 +186,18 @@ static __device__ void atc_ieee(float d[4], const AtcShared& sh, int ld, int r0,
 static __device__ void atc_merge(const AtcShared& sh, int R, int mt, const float alpha[2], float l[2],
                                  float o[][2][4]) {
   const int lane = threadIdx.x & 31, kw = (threadIdx.x >> 5) & 3, ld = R + ATC_PAD, pairs = R / 64;
-  unsigned pa[4][4];
-  for (int ks = 0; ks < 4; ++ks)
-    mma_ldmatrix_x4(pa[ks], sh.p + (16 * mt + (lane & 15)) * (ATC_BLOCK + ATC_PAD) + 16 * ks + 8 * (lane >> 4));
   float lc[4] = {l[0] * alpha[0], l[0] * alpha[0], l[1] * alpha[1], l[1] * alpha[1]};
   const unsigned ones[2] = {0x3F803F80u, 0x3F803F80u};
-  for (int i = 0; i < 4; ++i) mma_m16n8k16_bf16(lc, pa[ATC_STEP(i, 4)], ones, lc);
-  l[0] = lc[0];
-  l[1] = lc[2];
 #pragma unroll
   for (int p = 0; p < ATC_MAX_R / 64; ++p)
     for (int n = 0; n < 2; ++n)
       for (int i = 0; i < 4; ++i) o[p][n][i] *= alpha[i >> 1];
-  for (int i = 0; i < 4; ++i) {
+#pragma unroll 1
+  for (int i = 0; i < 4; ++i) {  // kept a loop: one k step's loads and 17 mma an iteration
     const int ks = ATC_STEP(i, 4);
+    unsigned pa[4];
+    mma_ldmatrix_x4(pa, sh.p + (16 * mt + (lane & 15)) * (ATC_BLOCK + ATC_PAD) + 16 * ks + 8 * (lane >> 4));
+    mma_m16n8k16_bf16(lc, pa, ones, lc);
 #pragma unroll
     for (int p = 0; p < ATC_MAX_R / 64; ++p) {
       if (p >= pairs) break;
@@ -208,11 +208,13 @@ static __device__ void atc_merge(const AtcShared& sh, int R, int mt, const float
 #else
       unsigned vb[4];
       mma_ldmatrix_x4_trans(vb, sh.kv + (16 * ks + (lane & 7) + 8 * ((lane >> 3) & 1)) * ld + n0 + 8 * (lane >> 4));
-      mma_m16n8k16_bf16(o[p][0], pa[ks], vb, o[p][0]);
-      mma_m16n8k16_bf16(o[p][1], pa[ks], vb + 2, o[p][1]);
+      mma_m16n8k16_bf16(o[p][0], pa, vb, o[p][0]);
+      mma_m16n8k16_bf16(o[p][1], pa, vb + 2, o[p][1]);
 #endif
     }
   }
+  l[0] = lc[0];
+  l[1] = lc[2];
 }
 
 // The tiles' queries (tile mt: query row 16 mt / hb, heads h0 + 16 mt % hb ..; zero past H or T) and each query
