@@ -37,9 +37,9 @@ def shared_bytes(r: int) -> int:
 def attention_tc(k: Kernels, qa, store, tokens, table, seg, page_tokens, counts, scale, out=None):
     """qa [T, H, R] bf16, store [N, R] bf16, tokens [T, W] int32 positions (strictly ascending, -1 padded) mapped
     through table [S, width] int32 row seg[t] (seg [T] int32) with page_tokens tokens a page, counts [T] int32
-    -> [T, H, R] bf16. Any H (blocks of heads_a_block(H) heads, the last padded with zero queries), R a multiple of 64 up to
-    512; the positions' order and seg's range are the caller's contract (checking them on the device would cost a
-    sync). out: the [T, H, R] bf16 rows to write (a view of a call's output), else a new array."""
+    -> [T, H, R] bf16. Any H (blocks of heads_a_block(H) heads, the last padded with zero queries), R a multiple
+    of 64 up to 512; the positions' order and seg's range are the caller's contract (checking them on the device
+    would cost a sync). out: the [T, H, R] bf16 rows to write (a view of a call's output), else a new array."""
     xp = k.xp
     qa = check(KERNEL, "qa", xp.ascontiguousarray(qa), (None, None, None), k.bf16)
     t, h, r = qa.shape
