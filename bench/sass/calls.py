@@ -103,21 +103,26 @@ def attention_prompt(cfg, tp: int, tokens: int, arch: str = "sm_90") -> Call:
 
 def attention_tc_prompt(cfg, tp: int, tokens: int, arch: str = "sm_90") -> Call:
     """attention_tc.cu over a cold prompt: the FLOPs its tensor core issues, every 64-position block a row touches
-    whole (QK^T and PV, 2 x 2 x 16 x 64 x R a block and 16 heads, plus the sum of P, 2 x 16 x 64 x 8). Query p
-    touches p // 64 + 1 blocks below index_topk; past it, at most one block a picked pool (an upper bound).
-    Latent rows read once, queries and outputs once (attention_prompt_work's bytes); from L2 each block of 16 heads
-    loads every picked row (R bf16 and its position) and its queries. Fewer than 16 heads a rank fill a 16-head
-    tile (the launcher takes H % 16 == 0 only)."""
+    whole on each of its 16-row tiles (QK^T and PV, 2 x 2 x 16 x 64 x R a block and tile, plus the sum of P,
+    2 x 16 x 64 x 8; a tile whose row skips a step issues nothing). Query p touches p // 64 + 1 blocks below
+    index_topk; past it, at most one block a picked pool (an upper bound). A block of the kernel holds 32 (query
+    row, head) pairs: heads_a_block(H) heads of 32 / hb consecutive rows, which stage each key block once for all
+    of them. Latent rows read once, queries and outputs once (attention_prompt_work's bytes); from L2 each block
+    loads its queries and every picked row (R bf16 and its position) of its rows: below index_topk a row's picks
+    hold the earlier rows' (the block loads its last row's), past it none are taken as shared (an upper bound)."""
     h, r, topk = cfg.num_attention_heads // tp, cfg.kv_lora_rank, cfg.index_topk
-    groups = -(-h // 16)
+    hb = K.att_tc.heads_a_block(h)
+    qr = K.att_tc.TILE * K.att_tc.TILES // hb            # query rows a block
+    groups, tiles = -(-h // hb), -(-h // 16)            # head blocks (grid.y); 16-row tiles a row issues
     per_block = 2 * 2 * 16 * 64 * r + 2 * 16 * 64 * 8
     blocks = sum(p // 64 + 1 if p < topk else min(p // 64 + 1, topk // cfg.index_kpool + 1) for p in range(tokens))
-    flops = float(blocks * groups * per_block)
+    flops = float(blocks * tiles * per_block)
     nbytes = tokens * r * 2.0 + 2 * tokens * h * r * 2.0
-    full = min(tokens, topk)
-    picked = full * (full + 1) / 2 + max(0, tokens - topk) * topk
-    l2 = groups * (picked * (r * 2.0 + 8) + tokens * 16 * r * 2.0)
-    return Call(analyse(K.attention_tc_prompt(r), arch), flops, nbytes, flops, tokens * groups, l2_bytes=l2)
+    last = (min(p, tokens - 1) for p in range(qr - 1, tokens + qr - 1, qr))     # each block's last row
+    picked = sum(p + 1 if p < topk else qr * topk for p in last)             # its rows' picks, as loaded
+    l2 = groups * (picked * (r * 2.0 + 8) + tokens * hb * r * 2.0)
+    row_blocks = -(-tokens // qr)
+    return Call(analyse(K.attention_tc_prompt(r), arch), flops, nbytes, flops, row_blocks * groups, l2_bytes=l2)
 
 
 def index_decode(cfg, rows: int, context: int, arch: str = "sm_90") -> Call:

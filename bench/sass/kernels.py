@@ -65,7 +65,8 @@ def attention_prompt(r: int, chunk: int) -> Kernel:
 
 
 def attention_tc_prompt(r: int) -> Kernel:
-    """attention_tc.cu (prompt rows): a block of 4 warps per row and 16 heads, the launcher's shared memory."""
+    """attention_tc.cu (prompt rows): a block of 8 warps per two 16-row tiles of (query row, head) pairs, the
+    launcher's shared memory."""
     return Kernel("attention_tc", "attention_tc.cu", "prompt", "flop", att_tc.THREADS,
                   dyn_shared=att_tc.shared_bytes(r))
 

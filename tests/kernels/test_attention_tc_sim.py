@@ -31,6 +31,15 @@ def test_sim_equals_the_model_bit_for_bit(order):
     assert np.array_equal(_bits(_run(Kernels("sim", np, order=order), d)), _bits(want))
 
 
+@pytest.mark.parametrize("h, run", [(8, 3), (16, 2), (40, 1)])
+def test_rows_sharing_a_blocks_key_tiles_equal_the_model(h, run):
+    d = _inputs(np.random.default_rng(11), h, 64, 60, 5, 4, run)
+    rows = paged_rows(d["tokens"], d["table"], d["seg"], PAGE)
+    want = ta.attention_tc(d["qa"], d["store"], d["tokens"], rows, d["counts"], 0.125, arch=TC_ARCH)
+    assert op.heads_a_block(h) == (16 if h <= 16 else 32)
+    assert np.array_equal(_bits(_run(Kernels("sim", np, order="shuffled"), d)), _bits(want))
+
+
 def test_heads_past_a_block_of_16_are_padded_not_stored():
     d = _inputs(np.random.default_rng(10), 20, 64, 30, 2, 1)
     rows = paged_rows(d["tokens"], d["table"], d["seg"], PAGE)
