@@ -2,7 +2,7 @@
 FLOPs and blocks the launcher's grid gives (cupyglm/kernels/ops_*.py)."""
 from __future__ import annotations
 
-from cupyglm.kernels import ops_gemm_tc, ops_gemm_tc_q
+from cupyglm.kernels import ops_gemm_tc, ops_gemm_tc_q, ops_gemv_q
 
 from bench.sass import kernels as K
 from bench.sass.model import Call, analyse, tile_l2_bytes
@@ -22,7 +22,8 @@ def gemv(form: str, fmt: str, n: int, k: int, rows: int, stored: float, nw: int 
     units = slices * heads * n * k * nw * groups
     total_rows = rows * slices * heads
     nbytes = slices * heads * stored * nw * groups + total_rows * k * 2 + total_rows * n * out_bytes
-    blocks = int(-(-n // OUTS) * groups * heads * max(1.0, round(slices)))
+    outs = ops_gemv_q.PAIR_OUTS if form == "swiglu" and fmt != "bf16" else OUTS
+    blocks = int(-(-n // outs) * groups * heads * max(1.0, round(slices)))
     flops = 2.0 * total_rows * n * k * nw
     return Call(analyse(K.gemv(form, fmt, rows), arch), units, nbytes, flops, blocks, collective, launched=launched)
 

@@ -217,6 +217,7 @@ for _f, _odd in (("fp8", 1100), ("nvfp4", 1104)):   # K with rows of packed byte
     _swiglu("verify",      _f,  16,  16,   0,   0,  48, 608,  None, "variant")      # three stages of 256
     _swiglu("mixed",       _f,  12,   3,   0,   0, 160, 256,  2.0, "swap")          # 3 decode + 9 prompt rows
     _swiglu("long-k",      _f,   2,   2,   0,   0,  24, 2304,  2.0, "swap")         # stages of 512 / 1,024 k
+    _swiglu("tail",        _f,   5,   5,   0,   0,  20, 512,  2.0, "variant")       # a pair block of 4 columns
     _swiglu("decode-8",    _f,   8,   8,   8,   5,  64, 512,  2.0, "variant")       # one token's 8 pairs
     _swiglu("long-k",      _f,  20,  20,   4,   2,  24, 2304, None, "route")
     _swiglu("verify",      _f,  64,  64,   8,   3, 144, 256,  None, "variant")      # runs longer than 16 rows

@@ -14,6 +14,7 @@ from cupyglm.kernels.ops import Kernels, check, i32
 from cupyglm.kernels.ops_gemv import MAX_GRID, OUTS, THREADS, grid
 
 SRC = "gemv_q.cu"
+PAIR_OUTS = 8   # gemv_q.cu's GEMV_Q_PAIR_OUTS: output columns of a dense SwiGLU block (gate and up in one chain)
 
 
 def weight_args(op: str, w: QWeight, ndim: int, k_in: int) -> tuple:
@@ -96,7 +97,7 @@ def gemv_swiglu(k: Kernels, x, w_gate: QWeight, w_up: QWeight, y, rows: int, lim
     n = w_gate.shape[0]
     check(name, "y", y, (m, n), k.bf16)
     _rows(name, rows, m)
-    k.launch(SRC, name, grid(rows, n)[:2], THREADS,
+    k.launch(SRC, name, (-(-n // PAIR_OUTS), grid(rows, n)[1]), THREADS,
              (x, *ga, *ua, y, i32(m), i32(n), i32(kk), *tc_block_args(w_gate), i32(rows), *limit_args))
 
 

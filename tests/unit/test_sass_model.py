@@ -106,6 +106,28 @@ def test_bf16_decode_gemvs_issue_under_their_memory_bound(rows):
                                                                          r["memory_bound_us"])
 
 
+# the quantised forms' ceilings (issue bound / memory bound): NVFP4 decodes two codes a byte by permutes
+Q_CEILING = {"fp8": 0.4, "nvfp4": 0.85}
+
+
+@pytest.mark.parametrize("rows", (1, 16))
+@pytest.mark.parametrize("fmt", ("fp8", "nvfp4"))
+def test_quantised_decode_gemvs_issue_under_their_memory_bound(fmt, rows):
+    """Every FP8 / NVFP4 decode GEMV form at the full model's TP=2 shapes issues under its memory bound; the dense
+    SwiGLU's pair blocks (8 columns of gate and up) give its small N twice the blocks of the 16-column grid."""
+    from bench.sass.table import _gemv_rows
+    from cupyglm.config import preset
+    from cupyglm.kernels.ops_gemv_q import PAIR_OUTS
+
+    out = _gemv_rows(preset("glm-5.3-flash"), 2, fmt, rows, "sm_90")
+    assert {r["form"] for r in out} >= {"dense", "swiglu", "grouped", "grouped swiglu"}
+    for r in out:
+        assert r["issue_bound_us"] <= Q_CEILING[fmt] * r["memory_bound_us"], (r["form"], rows, r["issue_bound_us"],
+                                                                              r["memory_bound_us"])
+    c = calls.gemv("swiglu", fmt, 1024, 4096, rows, 1024 * 4096, nw=2)
+    assert c.blocks == 1024 // PAIR_OUTS
+
+
 def test_bf16_decode_gemv_loop_loads_whole_vectors_only():
     """The aligned rows' loop (gemv_tc.cuh's WHOLE run) holds one 16-byte load per weight column pair and row tile
     of each 32-block, nothing read element by element: U = 2 blocks x (2 weights x 2 columns + 1 row tile)."""
