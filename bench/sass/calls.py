@@ -35,7 +35,7 @@ def launch_only() -> Call:
 
 def gemm_tc(m: int, n: int, k: int, stored: float, arch: str = "sm_90") -> Call:
     """gemm_tc_bf16 over M prompt rows: 2 M N K FLOPs; each weight read from HBM once (the row blocks' re-reads
-    hit L2), x and y once; one block per 64 x 128 output tile, each loading its tile's rows and columns from L2
+    hit L2), x and y once; one block per 128 x 256 output tile, each loading its tile's rows and columns from L2
     once (staged in shared memory for its 8 warps)."""
     flops = 2.0 * m * n * k
     tm, tn = ops_gemm_tc.DENSE_TILE_M, ops_gemm_tc.DENSE_TILE_N
@@ -46,14 +46,13 @@ def gemm_tc(m: int, n: int, k: int, stored: float, arch: str = "sm_90") -> Call:
 
 def gemm_tc_grouped(m: int, n: int, k: int, stored: float, slices: float, arch: str = "sm_90") -> Call:
     """gemm_tc_grouped_bf16 over M prompt rows sorted by expert over `slices` experts: the FLOPs its tensor core
-    issues (a warp's 16 rows run their k-loop once per expert among them: ceil(M / 16) + slices - 1 runs at most),
-    each used expert's weights read from HBM once, x and y once; one block per 32 x 64 output tile, loading its
-    tile's rows and columns from L2 once an expert pass."""
-    runs = -(-m // 16) + max(0.0, min(slices, m) - 1)
-    flops = 2.0 * 16 * runs * n * k
-    tm, tn = ops_gemm_tc.TILE_M, ops_gemm_tc.TILE_N
-    blocks = -(-m // tm) * -(-n // tn)
+    issues (a block's 128 x 256 tile runs once per expert among its rows: ceil(M / 128) + slices - 1 row-tile
+    passes at most), each used expert's weights read from HBM once, x and y once; each pass's blocks loading their
+    tile's rows and columns from L2 once."""
+    tm, tn = ops_gemm_tc.DENSE_TILE_M, ops_gemm_tc.DENSE_TILE_N
     passes = -(-m // tm) + max(0, round(min(slices, m)) - 1)
+    flops = 2.0 * tm * passes * n * k
+    blocks = -(-m // tm) * -(-n // tn)
     return Call(analyse(K.GEMM_TC_GROUPED, arch), flops, slices * stored + m * k * 2 + m * n * 2, flops, blocks,
                 l2_bytes=tile_l2_bytes(n, k, tm, tn, passes))
 

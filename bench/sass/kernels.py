@@ -36,12 +36,12 @@ def gemv(form: str, fmt: str = "bf16", rows: int = 16) -> Kernel:
     return Kernel(name, file, "decode", "weight", 256, fmt, bucket=bucket(rows))
 
 
-# the prompt GEMM on the tensor core (gemm_tc.cu): 256 threads, 64 x 128 output tiles staged through shared memory
+# the prompt GEMM on the tensor core (gemm_tc.cu): 256 threads, 128 x 256 output tiles staged through shared memory
 GEMM_TC = Kernel("gemm_tc_bf16", "gemm_tc.cu", "prompt", "flop", ops_gemm_tc.DENSE_THREADS[0],
                  dyn_shared=ops_gemm_tc.DENSE_SHARED)
-# its grouped-experts form: 128 threads, 32 x 64 tiles loaded straight into the fragments, each warp's k-loop once
-# per distinct expert among its 16 rows
-GEMM_TC_GROUPED = Kernel("gemm_tc_grouped_bf16", "gemm_tc.cu", "prompt", "flop", ops_gemm_tc.THREADS[0])
+# its grouped-experts form: the same tile, run once per distinct expert among a block's rows
+GEMM_TC_GROUPED = Kernel("gemm_tc_grouped_bf16", "gemm_tc.cu", "prompt", "flop", ops_gemm_tc.DENSE_THREADS[0],
+                         dyn_shared=ops_gemm_tc.DENSE_SHARED)
 
 
 def gemm_tc_q(fmt: str, grouped: bool = False) -> Kernel:

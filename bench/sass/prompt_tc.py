@@ -24,9 +24,7 @@ def _kernel(fmt: str, grouped: bool) -> tuple[Kernel, tuple[int, int]]:
     """The kernel of a GEMM and its output tile (rows, columns)."""
     if fmt != "bf16":
         return K.gemm_tc_q(fmt, grouped), (GQ.TILE_M, GQ.TILE_N)
-    if grouped:
-        return K.GEMM_TC_GROUPED, (G.TILE_M, G.TILE_N)
-    return K.GEMM_TC, (G.DENSE_TILE_M, G.DENSE_TILE_N)
+    return (K.GEMM_TC_GROUPED if grouped else K.GEMM_TC), (G.DENSE_TILE_M, G.DENSE_TILE_N)
 
 
 def memory(nbytes: float) -> Call:

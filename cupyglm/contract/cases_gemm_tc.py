@@ -1,6 +1,6 @@
 """Contract cases of cuda_src/gemm_tc.cu: the prompt-row GEMM on the tensor core, replayed by tc_order.tc_rows (the
-decode GEMV's order), at tile edges (M % 64, N % 128), several k-stages (gemm_tc_stage.cuh), several K slices and
-unaligned K (element loads), per head.
+decode GEMV's order), at tile edges (M % 128, N % 256), several k-stages (gemm_tc_stage.cuh), several K slices (their
+running sums in shared memory) and unaligned K (element loads), per head.
 
 Controls (the decode order's, gemv_tc.cuh's gtc_block): -DCONTROL_TC_REVERSED (a 32-block's two mma steps in the
 other order: the k-chain reversed), -DCONTROL_TC_TRANSPOSED (a fragment's two k halves swapped), -DCONTROL_TC_IEEE
@@ -53,6 +53,7 @@ _gemm_tc_case("slices",      0,  33,  64, 1100, "f32", "CONTROL_TC_TRANSPOSED") 
 _gemm_tc_case("ieee",        0,  17,  24,  256, "f32", "CONTROL_TC_IEEE")        # one slice, one row tile
 _gemm_tc_case("heads",       3,   9,  20,  100, "f32", "CONTROL_TC_IEEE")        # per head, K % 32 = 4
 _gemm_tc_case("stages",      0,  70, 140, 1000)                                  # 16 k-stages, 16-byte copies
+_gemm_tc_case("tiles",       0, 140, 270, 1056)                                  # 2 x 2 blocks, 3 slices
 _gemm_tc_case("edges",       0,  40,  70,  600, "bf16")
 _gemm_tc_case("stages",      0,  70, 140, 1056, "bf16")                          # the last stage's 2nd block empty
 _gemm_tc_case("heads",       3,   9,  20,  100, "bf16")

@@ -46,13 +46,13 @@ def _nvfp4(shape):
 
 CALLS = {
     # kernel: (launch it at m rows, the grid it must get at m rows)
-    "gemm_tc": (lambda k, m: ops_gemm.gemm(k, _bf((m, 32)), _bf((40, 32))), lambda m: (-(-m // 64), 1, 1)),
-    "gemm_tc_bf16": (lambda k, m: ops_gemm.gemm(k, _bf((m, 32)), _bf((140, 32)), out="bf16"),
-                     lambda m: (-(-m // 64), 2, 1)),
+    "gemm_tc": (lambda k, m: ops_gemm.gemm(k, _bf((m, 32)), _bf((40, 32))), lambda m: (-(-m // 128), 1, 1)),
+    "gemm_tc_bf16": (lambda k, m: ops_gemm.gemm(k, _bf((m, 32)), _bf((300, 32)), out="bf16"),
+                     lambda m: (-(-m // 128), 2, 1)),
     "gemm_tc heads": (lambda k, m: ops_gemm.gemm_heads(k, _bf((2, m, 16)), _bf((2, 20, 16))),
-                      lambda m: (-(-m // 64), 1, 2)),
+                      lambda m: (-(-m // 128), 1, 2)),
     "gemm_tc_grouped": (lambda k, m: ops_gemm.gemm_grouped(k, _bf((m, 32)), _bf((3, 40, 32)), np.zeros(m, np.int32)),
-                        lambda m: (-(-m // 32), 1, 1)),
+                        lambda m: (-(-m // 128), 1, 1)),
     "gemm_tc_nvfp4": (lambda k, m: ops_gemm.gemm(k, _bf((m, 64)), _nvfp4((200, 64))), lambda m: (-(-m // 64), 4, 1)),
     "hc_post": (lambda k, m: ops_hc.hc_post(k, _bf((m, 4, 300)), _f((m, 300)), _f((m, 4)), _f((m, 4, 4))),
                 lambda m: (m, 2, 1)),
@@ -100,4 +100,4 @@ def test_y_and_z_do_not_grow_with_the_rows(name):
 
 def test_gemm_refuses_a_column_count_over_the_y_limit():
     with pytest.raises(ValueError, match="65,535"):
-        ops_gemm_tc.grid(4, 64 * Y_LIMIT + 1)
+        ops_gemm_tc.grid(4, 256 * Y_LIMIT + 1)
