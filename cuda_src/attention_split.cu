@@ -135,12 +135,15 @@ extern "C" __global__ void __launch_bounds__(256) attention_chunk_scores(
     }
   __syncthreads();
   const int warp = tid >> 5, wl = tid & 31;
-  for (int hh = warp; hh < nh; hh += 8) {                      // warp: head hh's tile max and its scores out
+#pragma unroll
+  for (int u = 0; u < ATT_SHG / 8; ++u) {                      // warp: heads warp, warp + 8: tile max, scores out
+    const int hh = warp + 8 * u;
     const long long th = (long long)t * H + h0 + hh;
-    const float v = wl < nk ? sp[hh][wl] : -INFINITY;
-    if (wl < nk) s[th * W + k0 + wl] = v;
-    const float mx = warp_max(v);
-    if (wl == 0) cm[th * ct + blockIdx.y] = mx;
+    const bool on = hh < nh && wl < nk;
+    const float v = on ? sp[hh][wl] : -INFINITY;
+    if (on) s[th * W + k0 + wl] = v;
+    const float mx = warp_max(v);                              // every lane of every warp (convergent)
+    if (hh < nh && wl == 0) cm[th * ct + blockIdx.y] = mx;
   }
 }
 
@@ -179,7 +182,8 @@ static __device__ void att_merge(const float* __restrict__ cm, const float* ps, 
   }
 }
 
-// grid (T, C, ceil(H / ATT_PHG) * RSL), block 256. Dynamic shared memory: chunk * ATT_PHG floats (P) + chunk ints.
+// grid (T, C, ceil(H / ATT_PHG) * RSL), block 256. Dynamic shared memory: chunk * ATT_PHG floats (P) + chunk
+// long longs (the keys' row offsets in elements).
 extern "C" __global__ void __launch_bounds__(256) attention_chunk_pv(
     const __nv_bfloat16* __restrict__ store,  // [N, R] bf16
     const int* __restrict__ rows,             // [T, W] i32 (as the scores kernel's)
@@ -195,7 +199,7 @@ extern "C" __global__ void __launch_bounds__(256) attention_chunk_pv(
     int T, int H, int R, int W, int C, int chunk, int width, int pt) {
   extern __shared__ __align__(16) float att_pv_sh[];
   float* p = att_pv_sh;                                        // [chunk, ATT_PHG] P (bf16 values), key-major
-  int* ids = (int*)(att_pv_sh + ATT_PHG * chunk);              // [chunk] row ids
+  long long* roff = (long long*)(att_pv_sh + ATT_PHG * chunk); // [chunk] the keys' row offsets id * R in store
   __shared__ float mrun[ATT_PHG];                              // the running max after chunk c, per head
   __shared__ unsigned int last;                                // this block finished (t, z) last
   const int rsl = ceil_div(R, ATT_PRB), tpc = ceil_div(chunk, ATT_SKT);
@@ -210,7 +214,8 @@ extern "C" __global__ void __launch_bounds__(256) attention_chunk_pv(
   }
   const int n = min(chunk, count - c0);
   const int tid = threadIdx.x;
-  for (int j = tid; j < n; j += blockDim.x) ids[j] = att_store_row(rows, table, seg, T, t, W, c0 + j, width, pt);
+  for (int j = tid; j < n; j += blockDim.x)
+    roff[j] = (long long)att_store_row(rows, table, seg, T, t, W, c0 + j, width, pt) * R;
   if (tid < nh) mrun[tid] = att_run_max(cm, (long long)t * H + h0 + tid, C * tpc, tpc, c);
   __syncthreads();
   for (int i = tid; i < ATT_PHG * n; i += blockDim.x) {
@@ -233,8 +238,10 @@ extern "C" __global__ void __launch_bounds__(256) attention_chunk_pv(
 #pragma unroll
     for (int e = 0; e < 4; ++e) a[hh][e] = 0.0f;
   if (r < R) {
+    const __nv_bfloat16* col = store + r;
+#pragma unroll 2
     for (int j = lane; j < n; j += 16) {                       // the lane's keys in increasing order
-      const uint2 w = *reinterpret_cast<const uint2*>(store + (long long)ids[j] * R + r);
+      const uint2 w = *reinterpret_cast<const uint2*>(col + roff[j]);
       const float v[4] = {__uint_as_float(w.x << 16), __uint_as_float(w.x & 0xffff0000u),
                           __uint_as_float(w.y << 16), __uint_as_float(w.y & 0xffff0000u)};
       const float4 p0 = *reinterpret_cast<const float4*>(&p[j * ATT_PHG]);

@@ -34,8 +34,8 @@ def split_grids(t: int, h: int, r: int, w: int, chunk: int) -> tuple[tuple[int, 
 
 
 def pv_shared(chunk: int) -> int:
-    """attention_chunk_pv's dynamic shared memory: P [chunk, PHG] f32 and the chunk's row ids [chunk] i32."""
-    return chunk * (PHG + 1) * 4
+    """attention_chunk_pv's dynamic shared memory: P [chunk, PHG] f32 and the keys' row offsets [chunk] i64."""
+    return chunk * (PHG * 4 + 8)
 
 
 def _split(k: Kernels, qa, store, rows, table, seg, pt: int, counts, out, scale: float, chunk: int) -> None:
