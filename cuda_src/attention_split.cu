@@ -103,6 +103,7 @@ extern "C" __global__ void __launch_bounds__(256) attention_chunk_scores(
     __syncthreads();                                           // kid written; the previous slice no longer read
     att_stage(qs, ks, qa, store, kid, (long long)t * H + h0, nh, nk, R, r0, rn, rp);
     __syncthreads();
+#pragma unroll 2
     for (int r = 4 * b; r < rp; r += 16) {
       float4 q[ATT_SNH], k[ATT_SNK];
 #pragma unroll
@@ -147,12 +148,14 @@ extern "C" __global__ void __launch_bounds__(256) attention_chunk_scores(
   }
 }
 
-// The running max of (t, head th) after chunk c: fmaxf from -inf over the tile maxima of chunks 0..c.
+// The running max of (t, head th) after chunk c by one warp: fmaxf from -inf over the tile maxima of chunks 0..c
+// (lanes stride the tiles, then warp_max: a max is exact in any grouping).  Every lane of the warp calls it.
 static __device__ __forceinline__ float att_run_max(const float* __restrict__ cm, long long th, int ct, int tpc,
-                                                    int c) {
+                                                    int c, bool on) {
   float m = -INFINITY;
-  for (int y = 0; y < (c + 1) * tpc; ++y) m = fmaxf(m, cm[th * ct + y]);
-  return m;
+  if (on)
+    for (int y = threadIdx.x & 31; y < (c + 1) * tpc; y += 32) m = fmaxf(m, cm[th * ct + y]);
+  return warp_max(m);
 }
 
 // The chunks of (t, heads h0..h0+nh-1, columns r0..r0+ATT_PRB-1) merged in list order; ps and pv are read through
@@ -182,8 +185,8 @@ static __device__ void att_merge(const float* __restrict__ cm, const float* ps, 
   }
 }
 
-// grid (T, C, ceil(H / ATT_PHG) * RSL), block 256. Dynamic shared memory: chunk * ATT_PHG floats (P) + chunk
-// long longs (the keys' row offsets in elements).
+// grid (T, C, ceil(H / ATT_PHG) * RSL), block 256 (8 warps: one a head for the running max). Dynamic shared memory:
+// chunk * ATT_PHG floats (P) + chunk pointers (the keys' latent rows).
 extern "C" __global__ void __launch_bounds__(256) attention_chunk_pv(
     const __nv_bfloat16* __restrict__ store,  // [N, R] bf16
     const int* __restrict__ rows,             // [T, W] i32 (as the scores kernel's)
@@ -199,7 +202,7 @@ extern "C" __global__ void __launch_bounds__(256) attention_chunk_pv(
     int T, int H, int R, int W, int C, int chunk, int width, int pt) {
   extern __shared__ __align__(16) float att_pv_sh[];
   float* p = att_pv_sh;                                        // [chunk, ATT_PHG] P (bf16 values), key-major
-  long long* roff = (long long*)(att_pv_sh + ATT_PHG * chunk); // [chunk] the keys' row offsets id * R in store
+  const __nv_bfloat16** krow = (const __nv_bfloat16**)(att_pv_sh + ATT_PHG * chunk);   // [chunk] keys' rows
   __shared__ float mrun[ATT_PHG];                              // the running max after chunk c, per head
   __shared__ unsigned int last;                                // this block finished (t, z) last
   const int rsl = ceil_div(R, ATT_PRB), tpc = ceil_div(chunk, ATT_SKT);
@@ -215,8 +218,12 @@ extern "C" __global__ void __launch_bounds__(256) attention_chunk_pv(
   const int n = min(chunk, count - c0);
   const int tid = threadIdx.x;
   for (int j = tid; j < n; j += blockDim.x)
-    roff[j] = (long long)att_store_row(rows, table, seg, T, t, W, c0 + j, width, pt) * R;
-  if (tid < nh) mrun[tid] = att_run_max(cm, (long long)t * H + h0 + tid, C * tpc, tpc, c);
+    krow[j] = store + (long long)att_store_row(rows, table, seg, T, t, W, c0 + j, width, pt) * R;
+  {                                                            // warp hh: head hh's running max (8 warps, 8 heads)
+    const int hh = tid >> 5;
+    const float m = att_run_max(cm, (long long)t * H + h0 + hh, C * tpc, tpc, c, hh < nh);
+    if (hh < nh && (tid & 31) == 0) mrun[hh] = m;
+  }
   __syncthreads();
   for (int i = tid; i < ATT_PHG * n; i += blockDim.x) {
     const int hh = i / n, j = i % n;
@@ -238,14 +245,14 @@ extern "C" __global__ void __launch_bounds__(256) attention_chunk_pv(
 #pragma unroll
     for (int e = 0; e < 4; ++e) a[hh][e] = 0.0f;
   if (r < R) {
-    const __nv_bfloat16* col = store + r;
+    const float* pj = p + lane * ATT_PHG;
 #pragma unroll 2
-    for (int j = lane; j < n; j += 16) {                       // the lane's keys in increasing order
-      const uint2 w = *reinterpret_cast<const uint2*>(col + roff[j]);
+    for (int j = lane; j < n; j += 16, pj += 16 * ATT_PHG) {   // the lane's keys in increasing order
+      const uint2 w = __ldg(reinterpret_cast<const uint2*>(krow[j] + r));   // a global load (LDG)
       const float v[4] = {__uint_as_float(w.x << 16), __uint_as_float(w.x & 0xffff0000u),
                           __uint_as_float(w.y << 16), __uint_as_float(w.y & 0xffff0000u)};
-      const float4 p0 = *reinterpret_cast<const float4*>(&p[j * ATT_PHG]);
-      const float4 p1 = *reinterpret_cast<const float4*>(&p[j * ATT_PHG + 4]);
+      const float4 p0 = *reinterpret_cast<const float4*>(pj);
+      const float4 p1 = *reinterpret_cast<const float4*>(pj + 4);
       const float ph[ATT_PHG] = {p0.x, p0.y, p0.z, p0.w, p1.x, p1.y, p1.z, p1.w};
 #pragma unroll
       for (int hh = 0; hh < ATT_PHG; ++hh)

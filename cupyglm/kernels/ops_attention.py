@@ -34,7 +34,7 @@ def split_grids(t: int, h: int, r: int, w: int, chunk: int) -> tuple[tuple[int, 
 
 
 def pv_shared(chunk: int) -> int:
-    """attention_chunk_pv's dynamic shared memory: P [chunk, PHG] f32 and the keys' row offsets [chunk] i64."""
+    """attention_chunk_pv's dynamic shared memory: P [chunk, PHG] f32 and the keys' row pointers [chunk]."""
     return chunk * (PHG * 4 + 8)
 
 
