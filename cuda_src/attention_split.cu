@@ -32,6 +32,8 @@
 #define ATT_SNK 2         // keys per scores thread
 #define ATT_PHG 8         // heads per pv block
 #define ATT_PRB 64        // latent columns per pv block (4 a thread, 16 groups)
+static_assert(ATT_PHG == 8 && ATT_PRB == 64, "attention_chunk_pv: a warp a head, 16 groups of 4 columns");
+static_assert(ATT_SHG / ATT_SNH * ATT_SKT / ATT_SNK == 64 && ATT_SKT == 32, "scores: 64 quads, a warp of keys");
 
 // 8 bf16 (one 16-byte word) -> 8 floats, exact.
 static __device__ __forceinline__ void att_unpack8(uint4 v, float* d) {
@@ -54,7 +56,10 @@ static __device__ void att_stage(float (*qs)[ATT_SRS + ATT_SPAD], float (*ks)[AT
     const int kr = row - ATT_SHG;
     const bool on = e < rn && (q ? row < nh : kr < nk);
     uint4 v = make_uint4(0u, 0u, 0u, 0u);
-    if (on) v = *reinterpret_cast<const uint4*>(q ? qa + (qrow + row) * R + r0 + e : store + (long long)kid[kr] * R + r0 + e);
+    if (on) {
+      const __nv_bfloat16* src = q ? qa + (qrow + row) * R + r0 + e : store + (long long)kid[kr] * R + r0 + e;
+      v = *reinterpret_cast<const uint4*>(src);
+    }
     att_unpack8(v, q ? &qs[row][e] : &ks[kr][e]);
   }
 }
