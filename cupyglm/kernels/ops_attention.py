@@ -1,6 +1,7 @@
 """DSA attention launchers, with NumpyOps.attention's signatures: the call's leading `decode` rows (decode/verify
-rows, cupyglm/backend/roles.py) run cuda_src/attention_split.cu (all heads of a block share each latent row,
-chunks in parallel, merged in list order by the last block of each row's head group); the prompt rows of
+rows, cupyglm/backend/roles.py) run cuda_src/attention_split.cu (scores by key tile and head group, P.V by
+chunk, head group and column slice, each loaded latent row reused from registers by several heads and keys,
+merged in list order by the last block of each row's head group and slice); the prompt rows of
 attention_paged run cuda_src/attention_tc.cu (the tensor core, key blocks on the absolute position grid), those of
 attention (store rows, no positions) cuda_src/attention.cu (a block per row and head, the decode rows' bits)."""
 from __future__ import annotations
