@@ -75,14 +75,15 @@ def gemm_tc_q(fmt: str, m: int, n: int, k: int, stored: float, arch: str = "sm_9
 def attention_decode(cfg, tp: int, rows: int, context: int, arch: str = "sm_90") -> list[Call]:
     """attention_split.cu for `rows` decode rows at `context`: each row's picked latent rows (min(context,
     index_topk) of kv_lora_rank bf16) scored and summed by its heads (q.k then P.v: 2 H R a picked row each);
-    the rows read from HBM once (the P.V pass finds them in L2)."""
+    the rows read from HBM once (the P.V pass finds them in L2); the launcher's grids (a block per key tile and
+    head group, then per chunk, head group and column slice)."""
     h, r, chunk = cfg.num_attention_heads // tp, cfg.kv_lora_rank, cfg.attn_chunk
     picked = min(context, cfg.index_topk)
     flops = 2.0 * rows * h * r * picked
-    blocks = rows * -(-picked // chunk) * -(-h // K.att.HG)
+    gs, gp = K.att.split_grids(rows, h, r, picked, chunk)
     ks, kp = K.attention_decode(r, chunk)
-    return [Call(analyse(ks, arch), flops, rows * picked * r * 2.0, flops, blocks),
-            Call(analyse(kp, arch), flops, rows * h * r * 2.0, flops, blocks)]
+    return [Call(analyse(ks, arch), flops, rows * picked * r * 2.0, flops, gs[0] * gs[1] * gs[2]),
+            Call(analyse(kp, arch), flops, rows * h * r * 2.0, flops, gp[0] * gp[1] * gp[2])]
 
 
 def attention_prompt_work(cfg, tp: int, tokens: int) -> tuple[float, float]:

@@ -52,11 +52,10 @@ def gemm_tc_q(fmt: str, grouped: bool = False) -> Kernel:
 
 
 def attention_decode(r: int, chunk: int) -> tuple[Kernel, Kernel]:
-    """attention_split.cu's two kernels (scores, then P.V), with the launcher's dynamic shared memory."""
-    return (Kernel("attention_chunk_scores", "attention_split.cu", "decode", "flop", 256,
-                   dyn_shared=((att.KT * r + 1) // 2 + att.HG * chunk) * 4),
-            Kernel("attention_chunk_pv", "attention_split.cu", "decode", "flop", 256,
-                   dyn_shared=(att.HG * chunk + chunk) * 4))
+    """attention_split.cu's two kernels (scores: static shared memory only; then P.V), with the launcher's
+    dynamic shared memory."""
+    return (Kernel("attention_chunk_scores", "attention_split.cu", "decode", "flop", 256),
+            Kernel("attention_chunk_pv", "attention_split.cu", "decode", "flop", 256, dyn_shared=att.pv_shared(chunk)))
 
 
 def attention_prompt(r: int, chunk: int) -> Kernel:

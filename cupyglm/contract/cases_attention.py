@@ -132,6 +132,9 @@ _attention("verify",    range(30, 46),          4,  64,  32,  8, 2.0, decode=16)
 _attention("mixed",     [0, 5, 77, 200],        3,  72,  20,  8, 2.0, decode=2)     # 2 decode rows, 2 prompt rows
 _attention("heads6",    [40, 90],               6,  64,  16,  8, 2.0, decode=2)     # 2 head groups, one partial
 _attention("full",      [2050, 3000],           2, 512, 512, 512, 6.0, decode=2)
+# two scores head groups (16 + 4), three pv head groups (8, 8, 4), column slices 64 + 64 + 8 (a scores slice of
+# 128 + a padded one of 8), key tiles 32 + 8 a chunk with tiles past the count
+_attention("heads20",   [60, 150],             20, 136,  40,  32, 2.0, decode=2)
 
 
 # ---- attention_paged: the lists as positions, each row mapped through its segment's page table in the kernels ----
