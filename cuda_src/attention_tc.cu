@@ -1,7 +1,7 @@
 // attention_tc.cu -- absorbed MLA prefill attention on the tensor core (keys equal values): the prompt rows of the
 // op attention_paged (kernels/ops_attention.py). Reference: cupyglm/backend/tc_attention.py (the exact model). A
 // block of 8 warps holds two 16-row mma tiles of (query row, head) pairs: hb = 16 (two rows of 16 heads) or 32 (one
-// row of 32 heads); heads past H are zero queries, never stored. Each row's positions tokens[t, :counts[t]]
+// row of 32 heads); -DATC_ONE_TILE: 4 warps, one tile, hb = 16. Heads past H are zero queries, never stored. Each row's positions tokens[t, :counts[t]]
 // (strictly ascending) fall into key blocks of 64 positions aligned to absolute positions; each step stages one
 // key block as a 64-slot tile in shared memory (absent slots zero) for the rows that touch it and share its store
 // rows (the lowest next block of any row; rows of another segment wait a step), so a block's rows read the tile
@@ -23,9 +23,15 @@
 #include "attention_rows.cuh"
 
 #define ATC_BLOCK 64      // key positions a block, on the absolute grid
+#ifdef ATC_ONE_TILE       // GPUs with 99 KB of shared memory a block: one tile of 16 heads (hb = 16), the same bits
+#define ATC_WARPS 4
+#define ATC_TILES 1
+#define ATC_ROWS 1
+#else
 #define ATC_WARPS 8       // 4 a tile: each its 16 keys of S, its quarter of the columns of o
 #define ATC_TILES 2       // 16-row mma tiles a block
 #define ATC_ROWS 2        // the most query rows a block (hb = 16)
+#endif
 #define ATC_MAX_R 512     // the widest latent row: R / 32 output tiles of 8 columns a warp
 #define ATC_PAD 8         // bf16 past each shared row, so ldmatrix's eight rows fall in different banks
 #define ATC_ST 5          // ints of a query row's state: entry j, next entry, count, active, grid base
@@ -230,7 +236,7 @@ static __device__ void atc_init(const AtcShared& sh, const __nv_bfloat16* qa, co
   }
   if (threadIdx.x < ATC_ROWS) {
     int* s = sh.st + ATC_ST * threadIdx.x;
-    const int t = t0 + threadIdx.x, n = t < T && (int)threadIdx.x < 32 / hb ? counts[t] : 0;
+    const int t = t0 + threadIdx.x, n = t < T && (int)threadIdx.x < 16 * ATC_TILES / hb ? counts[t] : 0;
     s[0] = s[1] = s[3] = 0;
     s[2] = n;
 #ifdef OFF_GRID
@@ -242,9 +248,9 @@ static __device__ void atc_init(const AtcShared& sh, const __nv_bfloat16* qa, co
   __syncthreads();
 }
 
-// grid (ceil(T / (32 / hb)), ceil(H / hb)), block 256 (ATC_WARPS warps); hb 16 or 32 heads a block (the
-// launcher's). Dynamic shared memory: atc_shared_bytes in the launcher.
-extern "C" __global__ void __launch_bounds__(256, 2) attention_tc(
+// grid (ceil(T / (16 ATC_TILES / hb)), ceil(H / hb)), block 32 ATC_WARPS; hb 16 or 16 ATC_TILES heads a block
+// (the launcher's). Dynamic shared memory: atc_shared_bytes in the launcher.
+extern "C" __global__ void __launch_bounds__(32 * ATC_WARPS, 2) attention_tc(
     const __nv_bfloat16* __restrict__ qa,     // [T, H, R] bf16
     const __nv_bfloat16* __restrict__ store,  // [N, R] bf16 latent rows
     const int* __restrict__ tokens,           // [T, W] i32 positions, strictly ascending, -1 padded
@@ -254,7 +260,7 @@ extern "C" __global__ void __launch_bounds__(256, 2) attention_tc(
     __nv_bfloat16* __restrict__ out,          // [T, H, R] bf16
     int T, int H, int R, int W, float scale, int width, int pt, int hb) {
   extern __shared__ __align__(16) unsigned char atc_sh[];
-  const int ld = R + ATC_PAD, qr = 32 / hb, t0 = qr * blockIdx.x, h0 = hb * blockIdx.y;
+  const int ld = R + ATC_PAD, qr = 16 * ATC_TILES / hb, t0 = qr * blockIdx.x, h0 = hb * blockIdx.y;
   AtcShared sh;
   sh.kv = reinterpret_cast<__nv_bfloat16*>(atc_sh);
   sh.q = sh.kv + ATC_BLOCK * ld;

@@ -9,8 +9,8 @@
 //
 // Launch (every kernel here): GTS_THREADS threads (8 warps), GTS_STAGES * sizeof(GtsStage) + sizeof(GtsAcc) bytes
 // of dynamic shared memory; grid (ceil(M / GTS_M), ceil(N / GTS_N), H): the rows on grid.x.  A block holds a
-// 128-row by 256-column tile, its k-tiles staged through shared memory (gemm_tc_stage.cuh); warp w takes rows
-// 64 (w % 2) .. + 64, columns 64 (w / 2) .. + 64.  Blocks split M, N and H, never K.  The grouped experts
+// 128-row by 256-column tile (-DGTS_SMALL: 64 x 128), its k-tiles staged through shared memory (gemm_tc_stage.cuh);
+// warp w takes rows GTS_M / 2 (w % 2) .. + GTS_M / 2, columns GTS_N / 4 (w / 2) .. + GTS_N / 4.  Blocks split M, N and H, never K.  The grouped experts
 // (gemm_tc_grouped, at the end) run the same tile once per expert among the block's rows, H = 1.
 #include "common.cuh"
 #include "mma.cuh"
@@ -29,7 +29,7 @@ static __device__ __forceinline__ int gtc_expert(const int* group, int m, int M,
   return e >= 0 && e < E ? e : GTC_NO_EXPERT;
 }
 
-// This warp's 64 x 64 outputs of the block's tile (rows from m0, columns from n0) into y [M, N]: the rows below M,
+// This warp's outputs of the block's tile (rows from m0, columns from n0) into y [M, N]: the rows below M,
 // or (group) the rows whose expert is ex.
 template <typename Out>
 static __device__ __forceinline__ void gemm_tc_put(Out* y, float (*acc)[GTS_NT][4], int m0, int n0, int M,
@@ -51,7 +51,7 @@ static __device__ __forceinline__ void gemm_tc_put(Out* y, float (*acc)[GTS_NT][
     }
 }
 
-// The dense tile (gemm_tc_stage.cuh): this warp's 64 x 64 outputs of the block's 128 x 256.
+// The dense tile (gemm_tc_stage.cuh): this warp's outputs of the block's GTS_M x GTS_N.
 template <bool VEC, typename Out>
 static __device__ __forceinline__ void gemm_tc_rows(
     unsigned char* sh,                     // [GTS_STAGES] GtsStage, then GtsAcc (shared)

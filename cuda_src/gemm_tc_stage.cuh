@@ -1,5 +1,5 @@
 // gemm_tc_stage.cuh -- gemm_tc.cu's tile (dense and grouped): a 128-row by 256-column block tile of 8 warps (64 x 64
-// each) whose x and w k-tiles are staged through shared memory (cp.async, GTS_STAGES deep), so each loaded byte feeds
+// each; GTS_SMALL: 64 x 128, warps 32 x 32) whose x and w k-tiles are staged through shared memory (cp.async, GTS_STAGES deep), so each loaded byte feeds
 // every warp that needs it.  A warp's running sums over the finished slices wait in shared memory (GtsAcc), its
 // current slice's chain in registers: both would not fit the registers.
 //
@@ -20,13 +20,20 @@
 #include "common.cuh"
 #include "gemv_tc.cuh"
 
-#define GTS_M 128                      // rows a block
-#define GTS_N 256                      // columns a block
+#ifdef GTS_SMALL                       // GPUs with 99 KB of shared memory a block: 64 x 128 (80 KB), the same bits
+#define GTS_M 64                       // rows a block
+#define GTS_N 128                      // columns a block
+#define GTS_RT 2                       // 16-row mma tiles a warp
+#define GTS_NT 4                       // 8-column mma tiles a warp
+#else
+#define GTS_M 128
+#define GTS_N 256
+#define GTS_RT 4
+#define GTS_NT 8
+#endif
 #define GTS_K 64                       // k a stage
-#define GTS_RT 4                       // 16-row mma tiles a warp
-#define GTS_NT 8                       // 8-column mma tiles a warp
 #define GTS_STAGES 2                   // stages in flight (the running sums take the rest of shared memory)
-#define GTS_THREADS 256                // 8 warps: 2 (64 rows each) x 4 (64 columns each)
+#define GTS_THREADS 256                // 8 warps: 2 (16 GTS_RT rows each) x 4 (8 GTS_NT columns each)
 #define GTS_CHUNKS (GTS_K / 8)         // 16-byte chunks a stage row
 #define GTS_XROWS (GTS_M / (GTS_THREADS / 32))            // x rows a thread copies a stage (a word of each)
 #define GTS_WROWS (GTS_N / (GTS_THREADS / GTS_CHUNKS))   // w rows a thread copies a stage
@@ -162,7 +169,7 @@ static __device__ __forceinline__ GtsLane gts_lane(int wm, int wn, int g, int t)
   return o;
 }
 
-// One 32-block (b of the stage) of the warp's 64 x 64 tile: gtc_block's two steps, row tile by row tile (each
+// One 32-block (b of the stage) of the warp's tile: gtc_block's two steps, row tile by row tile (each
 // output's chain keeps its own order).
 static __device__ __forceinline__ void gts_block(float (*d)[GTS_NT][4], const GtsStage& sh, int b, const GtsLane& o) {
   uint4 wc[GTS_NT];
@@ -175,7 +182,7 @@ static __device__ __forceinline__ void gts_block(float (*d)[GTS_NT][4], const Gt
   }
 }
 
-// The warp's 64 x 64 tile over one stage at k: each of its 32-blocks below K (block-uniform: no step past K's last
+// The warp's tile over one stage at k: each of its 32-blocks below K (block-uniform: no step past K's last
 // 32-block).  Element loads (!VEC, a rare path) take them in a loop of their own, one at a time.
 template <bool VEC>
 static __device__ __forceinline__ void gts_compute(float (*d)[GTS_NT][4], const GtsStage& sh, int k, int K,

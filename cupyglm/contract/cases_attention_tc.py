@@ -7,7 +7,8 @@ list reaches is NaN, entries past a row's count -1): dense causal rows of a prom
 some blocks holding one key, some none). R 64, 128 and 512 (the model's). A kernel block holds two rows of up to
 16 heads (H 4, the tiny model's: 12 zero queries a tile; 8, TP=8's; 16), whose rows of one segment share each
 key block's tile (neighbours of two segments take turns: seg_run rows a segment), or one row of 32 heads in two
-tiles (H 20: the second tile partial; 32, TP=2's; 40: the second block's second tile wholly past H).
+tiles (H 20: the second tile partial; 32, TP=2's; 40: the second block's second tile wholly past H). The "one."
+cases run on a device with less shared memory a block: the one-tile build (one row of 16 heads a block).
 
 Controls (compile flags of attention_tc.cu): TRANSPOSED_FRAGMENT (Q's fragments with each 8x8 quadrant
 transposed), CHAIN_REVERSED (both chains' k steps descending), IEEE_SUM (P V summed in IEEE fp32 in key order),
@@ -78,13 +79,16 @@ def _cancelling(store, table, length: int) -> None:
                 store[b, :BIG_COLS] = BF16.type(-2.0 ** 20)
 
 
-def _case(label: str, h: int, r: int, start: int, dense: int, sparse: int, control: str, seg_run: int = 1) -> Case:
+def _case(label: str, h: int, r: int, start: int, dense: int, sparse: int, control: str, seg_run: int = 1,
+          optin: int = 0) -> Case:
+    """optin > 0: the device lets a block opt in to that much shared memory (smaller GPUs: the one-tile build)."""
     scale = r ** -0.5
 
     def make(rng):
         return _inputs(rng, h, r, start, dense, sparse, seg_run)
 
     def run(k, d):
+        k = k.with_shared_optin(optin) if optin else k
         return {"o": op.attention_tc(k, d["qa"], d["store"], d["tokens"], d["table"], d["seg"], PAGE, d["counts"],
                                      scale)}
 
@@ -107,3 +111,9 @@ _case("heads20",     20,  64,   10,   2,    2,   "CHAIN_REVERSED")
 _case("pairs",        8,  64,   60,   5,    4,   "OFF_GRID",           3)   # TP=8's heads: two rows a block
 _case("pairs16",     16, 128,  100,   4,    3,   "TRANSPOSED_FRAGMENT", 2)
 _case("heads40",     40,  64,   20,   2,    1,   "TRANSPOSED_FRAGMENT")  # a 32-head block's second tile empty
+
+# one tile of 16 heads (ATC_ONE_TILE): sm_120's 99 KB at the model's R, else just the one tile's bytes
+SM120 = 101_376
+_case("one.full",    32, 512,  240,   2,    1,   "CHAIN_REVERSED",     1, SM120)
+_case("one.pairs",    8,  64,   60,   5,    4,   "OFF_GRID",           3, op.shared_bytes(64, 1))
+_case("one.heads20", 20,  64,   10,   2,    2,   "TRANSPOSED_FRAGMENT", 1, op.shared_bytes(64, 1))

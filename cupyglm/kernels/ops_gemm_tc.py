@@ -14,12 +14,22 @@ SRC = "gemm_tc.cu"
 DENSE_TILE_M = 128       # GTS_M: rows a block of the staged tile (every kernel of gemm_tc.cu)
 DENSE_TILE_N = 256       # GTS_N
 DENSE_THREADS = (256, 1)
-STAGES = 2               # GTS_STAGES: k-tiles in flight, each (DENSE_TILE_M + DENSE_TILE_N) rows of 64 bf16
-# the stages, then the running fp32 sums of the block's tile (GtsAcc): 224 KiB, under the 227 KiB opt-in limit
-DENSE_SHARED = STAGES * (DENSE_TILE_M + DENSE_TILE_N) * 64 * 2 + DENSE_TILE_M * DENSE_TILE_N * 4
+STAGES = 2               # GTS_STAGES: k-tiles in flight, each (tile M + tile N) rows of 64 bf16
+SMALL_TILE_M = 64        # -DGTS_SMALL: the tile of GPUs with less shared memory a block (the same bits)
+SMALL_TILE_N = 128
+SMALL = "GTS_SMALL"
 MAX_GRID = 65535
 MAX_K = 2 ** 23          # the staged tile's 32-bit byte offsets: 2 DENSE_TILE_N K bytes a block's w rows
 OUTS = ("f32", "bf16")
+
+
+def shared_bytes(tile_m: int, tile_n: int) -> int:
+    """The stages, then the running fp32 sums of the block's tile (GtsAcc)."""
+    return STAGES * (tile_m + tile_n) * 64 * 2 + tile_m * tile_n * 4
+
+
+DENSE_SHARED = shared_bytes(DENSE_TILE_M, DENSE_TILE_N)     # 224 KiB: sm_90 / sm_100 (the speed model's)
+SMALL_SHARED = shared_bytes(SMALL_TILE_M, SMALL_TILE_N)     # 80 KiB: fits sm_80 / sm_86 / sm_89 / sm_120's 99 KB
 
 
 def grid(m: int, n: int, h: int = 1, tile_m: int = DENSE_TILE_M, tile_n: int = DENSE_TILE_N) -> tuple[int, int, int]:
@@ -31,17 +41,29 @@ def grid(m: int, n: int, h: int = 1, tile_m: int = DENSE_TILE_M, tile_n: int = D
     return -(-m // tile_m), cols, h
 
 
+def tile(k: Kernels) -> tuple[Kernels, int, int, int]:
+    """(kernels, tile M, tile N, shared bytes): the big tile where the device's opt-in limit takes it, else the
+    GTS_SMALL build of the same file."""
+    if DENSE_SHARED <= k.shared_optin:
+        return k, DENSE_TILE_M, DENSE_TILE_N, DENSE_SHARED
+    if SMALL_SHARED <= k.shared_optin:
+        return k.variant(SMALL), SMALL_TILE_M, SMALL_TILE_N, SMALL_SHARED
+    raise ValueError(f"gemm_tc: the device's {k.shared_optin} B of shared memory a block hold no tile "
+                     f"(the smallest takes {SMALL_SHARED} B)")
+
+
 def _check_k(name: str, kk: int) -> None:
     if kk > MAX_K:
         raise ValueError(f"{name}: K={kk} exceeds {MAX_K} (the staged tile's 32-bit offsets)")
 
 
-def _launch(k: Kernels, name: str, blocks: tuple[int, int, int], args: tuple) -> None:
-    """One staged-tile launch: DENSE_THREADS threads, DENSE_SHARED bytes of dynamic shared memory (opted in)."""
-    fn = k.fn(SRC, name)
-    if fn.max_dynamic_shared_size_bytes < DENSE_SHARED:
-        fn.max_dynamic_shared_size_bytes = DENSE_SHARED
-    k.launch(SRC, name, blocks, DENSE_THREADS, args, shared_mem=DENSE_SHARED)
+def _launch(k: Kernels, name: str, m: int, n: int, h: int, args: tuple) -> None:
+    """One staged-tile launch: DENSE_THREADS threads, the tile's dynamic shared memory (opted in)."""
+    kt, tm, tn, smem = tile(k)
+    fn = kt.fn(SRC, name)
+    if fn.max_dynamic_shared_size_bytes < smem:
+        fn.max_dynamic_shared_size_bytes = smem
+    kt.launch(SRC, name, grid(m, n, h, tm, tn), DENSE_THREADS, args, shared_mem=smem)
 
 
 def gemm_tc(k: Kernels, x, w, out: str = "f32"):
@@ -63,7 +85,7 @@ def gemm_tc(k: Kernels, x, w, out: str = "f32"):
         if kk == 0:
             y[...] = 0                           # an empty sum is +0.0 (bf16 +0.0 is bit pattern 0)
         else:
-            _launch(k, "gemm_tc" + ("_bf16" if out == "bf16" else ""), grid(m, n, h),
+            _launch(k, "gemm_tc" + ("_bf16" if out == "bf16" else ""), m, n, h,
                     (x3, w3, y, i32(m), i32(n), i32(kk)))
     return y if heads else y[0]
 
@@ -86,6 +108,6 @@ def gemm_tc_grouped(k: Kernels, x, w, group, out: str = "f32"):
         if kk == 0:
             y[...] = 0                           # an empty sum is +0.0 (bf16 +0.0 is bit pattern 0)
         else:
-            _launch(k, "gemm_tc_grouped" + ("_bf16" if out == "bf16" else ""), grid(m, n),
+            _launch(k, "gemm_tc_grouped" + ("_bf16" if out == "bf16" else ""), m, n, 1,
                     (x, w, group, y, i32(m), i32(n), i32(kk), i32(e)))
     return y
