@@ -107,7 +107,8 @@ def decode(cfg, tp: int, fmt: str, batch: int, context: int, arch: str = "sm_90"
     us, parts = step.total_us(calls, small)
     roof_ms = nbytes / hw.HBM_BYTES_S * 1e3
     return {"bytes": nbytes, "roofline_ms": roof_ms, "roofline_tok_s": batch / roof_ms * 1e3,
-            "predicted_ms": us / 1e3, "predicted_tok_s": batch / us * 1e6, "parts_ms": {k: v / 1e3 for k, v in parts.items()}}
+            "predicted_ms": us / 1e3, "predicted_tok_s": batch / us * 1e6,
+            "parts_ms": {k: v / 1e3 for k, v in parts.items()}}
 
 
 def prefill(cfg, tp: int, fmt: str, tokens: int, arch: str = "sm_90") -> dict:

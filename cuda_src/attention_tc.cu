@@ -1,7 +1,8 @@
 // attention_tc.cu -- absorbed MLA prefill attention on the tensor core (keys equal values): the prompt rows of the
 // op attention_paged (kernels/ops_attention.py). Reference: cupyglm/backend/tc_attention.py (the exact model). A
 // block of 8 warps holds two 16-row mma tiles of (query row, head) pairs: hb = 16 (two rows of 16 heads) or 32 (one
-// row of 32 heads); -DATC_ONE_TILE: 4 warps, one tile, hb = 16. Heads past H are zero queries, never stored. Each row's positions tokens[t, :counts[t]]
+// row of 32 heads); -DATC_ONE_TILE: 4 warps, one tile, hb = 16. Heads past H are zero queries, never stored. Each
+// row's positions tokens[t, :counts[t]]
 // (strictly ascending) fall into key blocks of 64 positions aligned to absolute positions; each step stages one
 // key block as a 64-slot tile in shared memory (absent slots zero) for the rows that touch it and share its store
 // rows (the lowest next block of any row; rows of another segment wait a step), so a block's rows read the tile

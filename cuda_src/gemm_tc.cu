@@ -10,7 +10,8 @@
 // Launch (every kernel here): GTS_THREADS threads (8 warps), GTS_STAGES * sizeof(GtsStage) + sizeof(GtsAcc) bytes
 // of dynamic shared memory; grid (ceil(M / GTS_M), ceil(N / GTS_N), H): the rows on grid.x.  A block holds a
 // 128-row by 256-column tile (-DGTS_SMALL: 64 x 128), its k-tiles staged through shared memory (gemm_tc_stage.cuh);
-// warp w takes rows GTS_M / 2 (w % 2) .. + GTS_M / 2, columns GTS_N / 4 (w / 2) .. + GTS_N / 4.  Blocks split M, N and H, never K.  The grouped experts
+// warp w takes rows GTS_M / 2 (w % 2) .. + GTS_M / 2, columns GTS_N / 4 (w / 2) .. + GTS_N / 4.  Blocks split M, N and
+// H, never K.  The grouped experts
 // (gemm_tc_grouped, at the end) run the same tile once per expert among the block's rows, H = 1.
 #include "common.cuh"
 #include "mma.cuh"

@@ -1,5 +1,6 @@
 // gemm_tc_stage.cuh -- gemm_tc.cu's tile (dense and grouped): a 128-row by 256-column block tile of 8 warps (64 x 64
-// each; GTS_SMALL: 64 x 128, warps 32 x 32) whose x and w k-tiles are staged through shared memory (cp.async, GTS_STAGES deep), so each loaded byte feeds
+// each; GTS_SMALL: 64 x 128, warps 32 x 32) whose x and w k-tiles are staged through shared memory (cp.async,
+// GTS_STAGES deep), so each loaded byte feeds
 // every warp that needs it.  A warp's running sums over the finished slices wait in shared memory (GtsAcc), its
 // current slice's chain in registers: both would not fit the registers.
 //

@@ -38,7 +38,8 @@ struct GemvQSrc {
   int n0, ncols, nrows, N, K;
   bool xvec, wvec;          // 16-byte x loads; whole weight loads (row bytes and base aligned)
   bool svec;                // NVFP4: 2-byte group scale loads (K / 16 even, base aligned)
-  bool pair;                // NW = 1 over two weights (gemv_q_pair): column c < 8 is w[0]'s n0 + c, else wu's n0 + c - 8
+  bool pair;                // NW = 1 over two weights (gemv_q_pair): column c < 8 is w[0]'s n0 + c, else wu's
+                            // n0 + c - 8
   GemvQw wu;                // pair: the second weight
   float s2u;                // pair, NVFP4: the second weight's tensor scale
 };

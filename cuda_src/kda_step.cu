@@ -4,7 +4,8 @@
 // A block is (head h, 16 value rows vr0 ..): per chunk of up to 16 tokens it first computes the low-rank second
 // factors of its rows, a = bf16(fa f_b[h]^T) over all K key columns of the head (the decay of every column) and
 // gate_out = bf16(ga g_b^T) of its own 16 value rows (written for kda_out_gemm), with gemv_tc.cuh's body: the
-// tensor core's order and one rounding, so the bits are the reference's gemm of these rows (NumpyOps.kda_step).  Then per token
+// tensor core's order and one rounding, so the bits are the reference's gemm of these rows (NumpyOps.kda_step).  Then
+// per token
 // the conv, the q/k norms, the decay of a and the delta rule (kda_rows.cuh), as kda_conv, l2norm x2, kda_gate and
 // kda_recurrence.  Reference: NumpyOps.kda_step / kda_step_slots (cupyglm/backend/numpy_kda.py).
 // Block (16, 16): group threadIdx.y owns value row vr0 + threadIdx.y, lane threadIdx.x; every block of a head

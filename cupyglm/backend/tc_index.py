@@ -8,7 +8,8 @@ no part). Inside a block, the step's k position p holds k = 4 ((p % 8) // 2) + p
 registers a[0], a[2] of head row g (and b[0], b[1] of pool g) are the 4 consecutive k 4t .. 4t + 3 of one 8-byte
 load (mma.cuh's fragment layout; the kernel puts the keys in A and the heads in B, the same bits: the model's
 element is symmetric in its operands). The order within a block matters only where a block is split (sm_80's
-groups of 8). Each dot depends on its own head and pool only, so the rows of a call can share one chain over T * Hi rows.
+groups of 8). Each dot depends on its own head and pool only, so the rows of a call can share one chain over T * Hi
+rows.
 The epilogue (NumpyOps.index_scores) is fp32: times I^-0.5, relu, times the head weight, the head sum in lane-16
 order (head h in lane h % 16, lanes folded 8, 4, 2, 1).
 """

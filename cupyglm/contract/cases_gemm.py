@@ -2,7 +2,8 @@
 decode=0: cuda_src/gemm_tc.cu's tensor-core GEMMs): the shapes the tiny and full models run at.
 
 Controls: a kernel variant taking a 32-block's two mma steps in the other order (-DCONTROL_TC_REVERSED, the
-k-chain reversed) where K is long enough for the order to change bits; for short K (a sum of a few exact bf16 products is
+k-chain reversed) where K is long enough for the order to change bits; for short K (a sum of a few exact bf16 products
+is
 exact in fp32 whatever the order) a dropped last K term, i.e. an off-by-one in the K tail. The grouped expert
 GEMM also has a misrouted row (one row's expert id changed) as control; the weights of experts no row uses are
 NaN, so a kernel reading the wrong slice shows. The `.bf16` cases run the kernels that round the sum to bf16 in

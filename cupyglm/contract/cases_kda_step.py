@@ -5,7 +5,8 @@ kda_gate and kda_recurrence (kda_step per entry for the slots).
 Controls: kda_step with the decay's dt_bias of the next head (-DCONTROL_GATE_HEAD), the saved window read newest
 first, q's and k's heads swapped, a's column k summed from f_b's row k ^ 1 (-DCONTROL_FACTOR_ROW), f_b and g_b
 swapped, or the factors as IEEE fp32 multiply-adds in place of the tensor core's model (-DCONTROL_TC_IEEE, on
-factor rows of cancelling pairs at 2^12 between terms at 2^-12); kda_step_slots with every block writing q/k's next window at once (-DCONTROL_WINDOW_EAGER: a block of the
+factor rows of cancelling pairs at 2^12 between terms at 2^-12); kda_step_slots with every block writing q/k's next
+window at once (-DCONTROL_WINDOW_EAGER: a block of the
 same head reads it), each sequence on the next slot, a wrong factor row, f_b and g_b swapped, an entry started
 from the previous entry's state (-DCONTROL_ENTRY_CARRY: one block steps every entry) or two entries' rows swapped;
 kda_step with out= views one row early.

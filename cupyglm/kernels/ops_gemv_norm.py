@@ -1,7 +1,8 @@
 """Launchers of cuda_src/gemv_norm.cu: a norm and the decode GEMV that consumes it in one launch, the norm
 computed in the GEMV's prologue (ops kda_out_gemm: KDA's gated output norm and o_proj; rmsnorm_gemm_multi: DSA's
 q_a norm and q_b / wq_b). The call's leading `decode` rows (decode/verify rows) take the fused kernel, the prompt
-rows the norm kernel and then the tensor-core gemm, as ops_gemm does: a row's path is set by its role, never by how many rows
+rows the norm kernel and then the tensor-core gemm, as ops_gemm does: a row's path is set by its role, never by how
+many rows
 share the call; both give the bits of the norm followed by the GEMM. Quantised weights (QWeight), more heads or
 parts than the kernel holds, and empty shapes run the two ops separately (the same bits)."""
 from __future__ import annotations

@@ -57,8 +57,8 @@ def _rows(op: str, rows: int, m: int) -> None:
 
 
 def gemv(k: Kernels, x, w: QWeight, y, rows: int, suffix: str) -> None:
-    """y[:rows] = x[:rows] @ dequant(w).T in the quantised decode order (tc_quant). x [M, K] bf16, w quantised [N, K], y [M, N] (fp32,
-    or bf16 with suffix "_bf16"); rows past `rows` are left as they are."""
+    """y[:rows] = x[:rows] @ dequant(w).T in the quantised decode order (tc_quant). x [M, K] bf16, w quantised
+    [N, K], y [M, N] (fp32, or bf16 with suffix "_bf16"); rows past `rows` are left as they are."""
     name = f"gemv_{w.fmt}_lane16"
     check(name, "x", x, (None, None), k.bf16)
     m, kk = x.shape
