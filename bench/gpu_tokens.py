@@ -7,7 +7,7 @@
 
 `tokens`: greedy tokens of 3 prompts on the backend (eager, CUDA graphs, or both) and on the reference;
 identical tokens required, and the largest logit difference over the steps where both ran the same tokens.
-`invariance`: one row's GEMM output on the backend is bit-identical for batch sizes 1..max (and equals lanes.gemm).
+`invariance`: one row's GEMM output on the backend is bit-identical for batch sizes 1..max (and equals tc_rows).
 `speed`: prefill and decode tokens/s (tiny checkpoint, or the ~1B random model of bench/big_random.py, built
 once per weight format and memoized on disk), then decode of `--batch` sequences together, one runner per
 graphs mode reused for every batch size. --graphs default: CUPYGLM_CUDA_GRAPHS.
@@ -25,7 +25,8 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.big_random import RandomCheckpoint, big_config, param_count  # noqa: E402
 from cupyglm.backend import make_ops, resolve  # noqa: E402
-from cupyglm.backend.lanes import bf16, gemm as lanes_gemm  # noqa: E402
+from cupyglm.backend.lanes import bf16  # noqa: E402
+from cupyglm.backend.tc_order import tc_rows  # noqa: E402
 from cupyglm.checkpoint.loader import open_model  # noqa: E402
 from cupyglm.distributed.comm import LocalComm  # noqa: E402
 from cupyglm.engine.build import cuda_graphs  # noqa: E402
@@ -105,7 +106,7 @@ def cmd_invariance(a) -> bool:
     for k, n in ((256, 256), (1024, 96), (4096, 64)):
         x = bf16(rng.standard_normal((a.max_batch, k)).astype(np.float32))
         w = bf16((rng.standard_normal((n, k)) * k ** -0.5).astype(np.float32))
-        want = lanes_gemm(x[:1], w)[0].view(np.uint32)
+        want = tc_rows(x[:1], w)[0].view(np.uint32)
         wd = ops.weight(w)
         bad = []
         for m in range(1, a.max_batch + 1):
@@ -114,7 +115,7 @@ def cmd_invariance(a) -> bool:
                 bad.append(m)
         ok &= not bad
         print(f"K={k} N={n}: row 0 for batch sizes 1..{a.max_batch}: "
-              f"{'bit-identical, equal to lanes.gemm' if not bad else f'DIFFERS at batch sizes {bad}'}")
+              f"{'bit-identical, equal to tc_rows' if not bad else f'DIFFERS at batch sizes {bad}'}")
     print(f"RESULT invariance {'ok' if ok else 'FAIL'} {a.backend}")
     return ok
 

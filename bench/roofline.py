@@ -11,14 +11,13 @@ formats. Per rank and step:
   predicted      the sum of the step's calls (bench/sass/step.py: every projection as a GEMV of its form and
                  format, the touched experts grouped, attention + indexer on the DSA layers, the KDA state, two
                  norms a layer; all-reduces after o_proj and the MoE) from their SASS hot-loop counts
-A cold prefill is one pass of all its tokens through the prompt kernels (GEMMs, attention, indexer, KDA
-recurrence; lm_head on the last row), predicted twice side by side: "lane-16" (today's gemm.cu / gemm_swiglu.cu
-GEMMs and attention.cu) and "tensor core" (bench/sass/prompt_tc.py: gemm_tc dense / per-head / grouped, SwiGLU as
-two GEMMs and the elementwise kernel, NVFP4 / FP8 on gemm_tc_q or a dequantisation pass; attention_tc), each call
-the largest of its issue / HBM / L2 / tensor bounds (bench/sass/model.py); the indexer and the KDA recurrence are
-the same kernels on both. Its roofline is the larger of its bytes at HBM bandwidth and its FLOPs at the tensor
-peak. --parts adds the largest parts and, for the tensor-core path, the largest calls with the bound that limits
-them.
+A cold prefill is one pass of all its tokens through the prompt kernels (lm_head on the last row), predicted on
+the tensor core: the GEMMs of bench/sass/prompt_tc.py (gemm_tc dense / per-head / grouped, gemm_tc_q dense /
+grouped for NVFP4 / FP8, SwiGLU as two GEMMs and the elementwise kernel), attention_tc, the indexer and the KDA
+recurrence, each call the largest of its issue / HBM / L2 / tensor bounds (bench/sass/model.py). Its roofline is
+the larger of the bytes it needs at HBM bandwidth and the FLOPs it needs at the tensor peak (step.prefill_need:
+the model's work, not the tiles a kernel pads to). --parts adds the largest parts and the largest calls with the
+bound that limits them.
 Bytes per decode step of B sequences at context L on one rank (step_bytes): the rank's weights once (the
 routed experts: the expected distinct experts of B tokens' top-k, E (1 - (1 - k/E)^B) of E; the embedding B
 rows); per DSA layer and row the scored pooled keys (L / kpool rows of I bf16) and the picked latent rows
@@ -108,18 +107,16 @@ def decode(cfg, tp: int, fmt: str, batch: int, context: int, arch: str = "sm_90"
     us, parts = step.total_us(calls, small)
     roof_ms = nbytes / hw.HBM_BYTES_S * 1e3
     return {"bytes": nbytes, "roofline_ms": roof_ms, "roofline_tok_s": batch / roof_ms * 1e3,
-            "predicted_ms": us / 1e3, "predicted_tok_s": batch / us * 1e6, "parts_ms": {k: v / 1e3 for k, v in parts.items()}}
+            "predicted_ms": us / 1e3, "predicted_tok_s": batch / us * 1e6,
+            "parts_ms": {k: v / 1e3 for k, v in parts.items()}}
 
 
-def prefill(cfg, tp: int, fmt: str, tokens: int, arch: str = "sm_90", tc: bool = False) -> dict:
-    """A cold prefill of `tokens` on one rank: predicted and roofline seconds, the predicted time by part and
-    by call kind (label, kernel, bound); tc: the prompt GEMMs and attention on the tensor core. The roofline
-    counts the lane-16 path's calls (the FLOPs the model needs, not the tiles a kernel pads to)."""
-    calls, small = step.prefill_calls(cfg, tp, fmt, tokens, arch, tc)
+def prefill(cfg, tp: int, fmt: str, tokens: int, arch: str = "sm_90") -> dict:
+    """A cold prefill of `tokens` on one rank: predicted and roofline seconds, the FLOPs it needs, the predicted
+    time by part and by call kind (label, kernel, bound)."""
+    calls, small = step.prefill_calls(cfg, tp, fmt, tokens, arch)
     us, parts = step.total_us(calls, small)
-    need, _ = step.prefill_calls(cfg, tp, fmt, tokens, arch) if tc else (calls, small)
-    nbytes = sum(c.bytes for _, c in need) + small
-    flops = sum(c.flops for _, c in need)
+    nbytes, flops = step.prefill_need(cfg, tp, fmt, tokens, arch)
     roof = max(nbytes / hw.HBM_BYTES_S, flops / hw.TENSOR_BF16_FLOPS)
     kinds: dict[tuple, float] = {}
     for label, c in calls:
@@ -131,18 +128,16 @@ def prefill(cfg, tp: int, fmt: str, tokens: int, arch: str = "sm_90", tc: bool =
 
 
 def print_prefill(cfg, tp: int, fmt: str, tokens: int, arch: str, parts: bool) -> None:
-    """One prompt length: the lane-16 path (before) beside the tensor-core one (after), the roofline, and the
-    KDA recurrence's share of the after time."""
-    old, new = prefill(cfg, tp, fmt, tokens, arch), prefill(cfg, tp, fmt, tokens, arch, tc=True)
-    kda = new["parts_s"].get("kda state", 0.0)
-    print(f"{tp:>3} {fmt:<6} cold prefill {tokens:>7,} tokens: lane-16 {old['predicted_s']:8.2f} s, tensor core "
-          f"{new['predicted_s']:6.2f} s, roofline {new['roofline_s']:6.3f} s ({new['flops'] / 1e15:.1f} PFLOP a "
-          f"rank); KDA recurrence {kda:.2f} s ({kda / new['predicted_s']:.0%} of tensor core)")
+    """One prompt length: the predicted prefill on the tensor core, the roofline, and the KDA recurrence's share."""
+    p = prefill(cfg, tp, fmt, tokens, arch)
+    kda = p["parts_s"].get("kda state", 0.0)
+    print(f"{tp:>3} {fmt:<6} cold prefill {tokens:>7,} tokens: predicted (tensor core) {p['predicted_s']:6.2f} s, "
+          f"roofline {p['roofline_s']:6.3f} s ({p['flops'] / 1e15:.1f} PFLOP a rank); KDA recurrence {kda:.2f} s "
+          f"({kda / p['predicted_s']:.0%})")
     if parts:
-        print(f"{'':>10} lane-16: {_top(old['parts_s'], ' s')}")
-        print(f"{'':>10} tensor core: {_top(new['parts_s'], ' s', 5)}; {prompt_tc.quant_note(fmt)}")
-        for (label, kernel, bound), t in sorted(new["calls_s"].items(), key=lambda kv: -kv[1])[:8]:
-            print(f"{'':>12} {label:<30} {kernel:<22} {t:7.3f} s  {bound}-bound")
+        print(f"{'':>10} {_top(p['parts_s'], ' s', 5)}; {prompt_tc.quant_note(fmt)}")
+        for (label, kernel, bound), t in sorted(p["calls_s"].items(), key=lambda kv: -kv[1])[:8]:
+            print(f"{'':>12} {label:<30} {kernel:<26} {t:7.3f} s  {bound}-bound")
 
 
 def _top(parts: dict[str, float], unit: str, n: int = 3) -> str:

@@ -9,8 +9,8 @@ model's shapes on one H200: max(issue, memory, L2, tensor bound) + launch (bench
 --json prints a list, one object per kernel and shape (kernel, role, rows, dtype, instr_per_unit,
 tensor_instr_per_unit, issue_bound_us, memory_bound_us, l2_bound_us, tensor_bound_us, predicted_us, bound,
 tensor_peak_pct (the call's FLOPs at the predicted time against the dense bf16 tensor peak), and the counts
-behind them); without it a table. --gemm prints only the dense bf16 prompt GEMM at that shape, lane-16
-(gemm.cu) beside tensor-core (gemm_tc.cu). Units: a weight for the decode GEMVs, a FLOP for GEMMs, attention and
+behind them); without it a table. --gemm prints only the dense bf16 prompt GEMM at that shape on the tensor
+core (gemm_tc.cu). Units: a weight for the decode GEMVs, a FLOP for GEMMs, attention and
 the indexer, a state element for KDA. Disassemblies are cached by cubin hash under the cupyglm cache directory.
 """
 from __future__ import annotations
@@ -24,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from cupyglm.config import preset  # noqa: E402
 
-from bench.sass.table import gemm_compare, kernel_rows  # noqa: E402
+from bench.sass.table import gemm_rows, kernel_rows  # noqa: E402
 
 
 def print_table(rows: list[dict]) -> None:
@@ -49,11 +49,11 @@ def main(argv=None) -> int:
     ap.add_argument("--arch", default="sm_90", help="the architecture compiled for (sm_90, sm_120); timed with "
                     "the H200 figures of bench/sass/hw.py")
     ap.add_argument("--gemm", type=int, nargs=3, metavar=("M", "N", "K"), default=None,
-                    help="only the dense bf16 prompt GEMM at this shape: lane-16 beside tensor-core")
+                    help="only the dense bf16 prompt GEMM at this shape, on the tensor core")
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args(argv)
     if a.gemm:
-        rows = gemm_compare(*a.gemm, a.arch)
+        rows = gemm_rows(*a.gemm, a.arch)
     else:
         rows = kernel_rows(preset(a.config), a.tp, tuple(a.rows), a.m, a.context, a.arch)
     if a.json:

@@ -10,19 +10,19 @@
 // g, g + 8 and of rows g of each row tile.  An mma output depends on its own row and column only, so a prompt row's
 // bits are the decode row's whatever rows share its tile.
 //
-// Launch: 128 threads (4 warps); grid (ceil(N / 64), ceil(M / 32)).  A block holds a 32-row by 64-column tile:
-// warp w takes columns 16w .. + 16 (one A tile) and all 32 rows (GTQ_RT tiles of 8), so a weight made bf16 serves
-// the 32 rows; loads go straight into fragments.  Blocks split M and N, never K.  Grouped: a warp loops over the
-// distinct experts among its rows in ascending order, computes its tile against that expert and stores only the
-// rows of that expert; a row whose id is outside [0, E) reads nothing and gets NaN (the launcher checks the ids,
-// kernels/guards.py).
+// Launch: 128 threads (4 warps); grid (ceil(M / 64), ceil(N / 64)): the rows on grid.x.  A block holds a 64-row by
+// 64-column tile: warp w takes columns 16w .. + 16 (one A tile) and all 64 rows (GTQ_RT tiles of 8), so a weight
+// made bf16 serves the 64 rows; loads go straight into fragments.  Blocks split M and N, never K.  Grouped: a warp
+// loops over the distinct experts among its rows in ascending order, computes its tile against that expert and
+// stores only the rows of that expert; a row whose id is outside [0, E) reads nothing and gets NaN (the launcher
+// checks the ids, kernels/guards.py).
 #include "common.cuh"
 #include "mma.cuh"
 #include "gemv_q_tc.cuh"
 
-#define GTQ_TILE_M 32                  // rows a block
+#define GTQ_TILE_M 64                  // rows a block
 #define GTQ_TILE_N 64                  // columns a block
-#define GTQ_RT 4                       // 8-row mma tiles a warp (the B operands)
+#define GTQ_RT 8                       // 8-row mma tiles a warp (the B operands)
 
 // A warp's operands against one expert: row 8r + g of each row tile, columns g and g + 8 of its 16.  A row past M
 // (column past N) reads row M - 1 (column N - 1): those outputs are never stored.
@@ -259,18 +259,18 @@ static __device__ __forceinline__ void gtq_setup(GtqTile& tl, GtqFp8& fp, const 
 }
 
 // The warp's outputs of expert e's pass into its rows of that expert (e = -1: NaN into the rows whose id is
-// outside [0, E)); NVFP4's scale_2 applied once here.
-template <int F, typename Out>
-static __device__ __forceinline__ void gtq_out(Out* __restrict__ y, const float (*acc)[4], const int (*id)[2], int e,
-                                               float s2, int m0, int n0, int N, int g, int t) {
+// outside [0, E)); NVFP4's scale_2 applied once here.  The rows' ids are read again here, not held through K.
+template <int F, bool GROUPED, typename Out>
+static __device__ __forceinline__ void gtq_out(Out* __restrict__ y, const float (*acc)[4],
+                                               const int* __restrict__ group, int e, float s2, int m0, int n0, int M,
+                                               int N, int E, int g, int t) {
 #pragma unroll
   for (int r = 0; r < GTQ_RT; ++r)
 #pragma unroll
     for (int c = 0; c < 4; ++c) {          // acc[r][c] = D[column g + 8 (c / 2)][row 2t + c % 2] of row tile r
-      const int n = n0 + g + 8 * (c >> 1), i = id[r][c & 1];
+      const int m = m0 + 8 * r + 2 * t + (c & 1), n = n0 + g + 8 * (c >> 1), i = gtq_id<GROUPED>(group, m, M, E);
       const float v = e < 0 ? NAN : F == GEMV_NVFP4 ? acc[r][c] * s2 : acc[r][c];
-      const long long at = (long long)(m0 + 8 * r + 2 * t + (c & 1)) * N + n;
-      if ((e < 0 ? i == -1 : gtq_mine(i, e)) && n < N) gtq_store(y, at, v);
+      if ((e < 0 ? i == -1 : gtq_mine(i, e)) && n < N) gtq_store(y, (long long)m * N + n, v);
     }
 }
 
@@ -279,13 +279,8 @@ static __device__ __forceinline__ void gtq_body(const __nv_bfloat16* __restrict_
                                                 const int* __restrict__ group, Out* __restrict__ y, int M, int N,
                                                 int K, int E) {
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-  const int m0 = blockIdx.y * GTQ_TILE_M, n0 = blockIdx.x * GTQ_TILE_N + 16 * warp;
+  const int m0 = blockIdx.x * GTQ_TILE_M, n0 = blockIdx.y * GTQ_TILE_N + 16 * warp;
   if (n0 >= N) return;                     // warp-uniform; the kernel has no barriers
-  int id[GTQ_RT][2];                       // the experts of the lane's output rows 8r + 2t + c (gtq_id)
-#pragma unroll
-  for (int r = 0; r < GTQ_RT; ++r)
-#pragma unroll
-    for (int c = 0; c < 2; ++c) id[r][c] = gtq_id<GROUPED>(group, m0 + 8 * r + 2 * t + c, M, E);
   GtqTile tl;
   GtqFp8 fp;
   gtq_setup<F>(tl, fp, x, w, m0, n0, M, N, K, g);
@@ -303,9 +298,9 @@ static __device__ __forceinline__ void gtq_body(const __nv_bfloat16* __restrict_
       gtq_sum<F, true>(acc, tl, fp, t);
     else
       gtq_sum<F, false>(acc, tl, fp, t);
-    gtq_out<F>(y, acc, id, e, F == GEMV_NVFP4 ? w.s2[e] : 1.0f, m0, n0, N, g, t);
+    gtq_out<F, GROUPED>(y, acc, group, e, F == GEMV_NVFP4 ? w.s2[e] : 1.0f, m0, n0, M, N, E, g, t);
   }
-  if (GROUPED) gtq_out<F>(y, acc, id, -1, 0.0f, m0, n0, N, g, t);
+  if (GROUPED) gtq_out<F, GROUPED>(y, acc, group, -1, 0.0f, m0, n0, M, N, E, g, t);
 }
 
 // ---- dense: x [M, K] bf16 against one weight; y [M, N] ----

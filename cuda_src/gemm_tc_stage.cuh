@@ -1,5 +1,8 @@
-// gemm_tc_stage.cuh -- gemm_tc.cu's dense tile: a 64-row by 128-column block tile of 8 warps whose x and w k-tiles
-// are staged through shared memory (cp.async, GTS_STAGES deep), so each loaded byte feeds every warp that needs it.
+// gemm_tc_stage.cuh -- gemm_tc.cu's tile (dense and grouped): a 128-row by 256-column block tile of 8 warps (64 x 64
+// each; GTS_SMALL: 64 x 128, warps 32 x 32) whose x and w k-tiles are staged through shared memory (cp.async,
+// GTS_STAGES deep), so each loaded byte feeds
+// every warp that needs it.  A warp's running sums over the finished slices wait in shared memory (GtsAcc), its
+// current slice's chain in registers: both would not fit the registers.
 //
 // Order: gemm_tc.cu's (the decode GEMV's, fixed by K alone).  A stage holds GTS_K = 64 consecutive k (two 32-blocks,
 // GTS_K divides GTC_SLICE, so a stage never straddles a slice); every lane then gets from shared memory exactly
@@ -18,12 +21,20 @@
 #include "common.cuh"
 #include "gemv_tc.cuh"
 
+#ifdef GTS_SMALL                       // GPUs with 99 KB of shared memory a block: 64 x 128 (80 KB), the same bits
 #define GTS_M 64                       // rows a block
 #define GTS_N 128                      // columns a block
-#define GTS_K 64                       // k a stage
+#define GTS_RT 2                       // 16-row mma tiles a warp
 #define GTS_NT 4                       // 8-column mma tiles a warp
-#define GTS_STAGES 3                   // stages in flight
-#define GTS_THREADS 256                // 8 warps: 2 (32 rows each) x 4 (32 columns each)
+#else
+#define GTS_M 128
+#define GTS_N 256
+#define GTS_RT 4
+#define GTS_NT 8
+#endif
+#define GTS_K 64                       // k a stage
+#define GTS_STAGES 2                   // stages in flight (the running sums take the rest of shared memory)
+#define GTS_THREADS 256                // 8 warps: 2 (16 GTS_RT rows each) x 4 (8 GTS_NT columns each)
 #define GTS_CHUNKS (GTS_K / 8)         // 16-byte chunks a stage row
 #define GTS_XROWS (GTS_M / (GTS_THREADS / 32))            // x rows a thread copies a stage (a word of each)
 #define GTS_WROWS (GTS_N / (GTS_THREADS / GTS_CHUNKS))   // w rows a thread copies a stage
@@ -32,6 +43,12 @@
 struct GtsStage {
   uint4 x[GTS_M * GTS_CHUNKS];         // [GTS_M / 16][8][16] units (the layout above)
   uint4 w[GTS_N * GTS_CHUNKS];
+};
+
+// A thread's running sums (row tile i, column tile j) at float4 (GTS_NT i + j) GTS_THREADS + threadIdx.x: a warp's
+// 16-byte accesses hit consecutive addresses.
+struct GtsAcc {
+  float4 v[GTS_RT * GTS_NT * GTS_THREADS];
 };
 
 static __device__ __forceinline__ int gts_at(int r, int c) { return r * GTS_CHUNKS + (c ^ ((r & 1) << 2)); }
@@ -85,11 +102,14 @@ static __device__ __forceinline__ void gts_wait() {
 #endif
 }
 
-// What this thread copies: x rows 8 warp + q from k = 2 lane (one word of each), w rows r0 + 32 q from k = 8 c (one
-// chunk of each), and where they land (word dx[q % 2] + 64 q of x, unit dw + 256 q of w; gts_xat / gts_at).
+// What this thread copies: x rows 8 warp + q % 8 + 64 (q / 8) from k = 2 lane (one word of each), w rows r0 + 32 q
+// from k = 8 c (one chunk of each), and where they land (word dx[q % 2] + 64 (q % 8) + 2048 (q / 8) of x: row tile
+// warp / 2 + 4 (q / 8); unit dw + 256 q of w; gts_xat / gts_at).  The pieces are 32-bit byte offsets from the
+// block's first row (x0, w0; under 2 GTS_N (K + 1) < 2^32, the launcher's limit on K): fewer registers than pointers.
 struct GtsSrc {
-  const __nv_bfloat16* x[GTS_XROWS];
-  const __nv_bfloat16* w[GTS_WROWS];
+  const __nv_bfloat16* x0;
+  const __nv_bfloat16* w0;
+  unsigned x[GTS_XROWS], w[GTS_WROWS];
   int K, kx, kw, dx[2], dw;
 };
 
@@ -100,11 +120,14 @@ static __device__ __forceinline__ GtsSrc gts_src(const __nv_bfloat16* x, const _
   s.K = K;
   s.kx = 2 * l;
   s.kw = 8 * c;
-  const int ox = s.kx < K ? s.kx : 0, ow = s.kw < K ? s.kw : 0;   // a piece never below K: its row's start
+  const unsigned ox = s.kx < K ? s.kx : 0, ow = s.kw < K ? s.kw : 0;   // a piece never below K: its row's start
+  s.x0 = x + (long long)m0 * K;
+  s.w0 = w + (long long)n0 * K;
 #pragma unroll
-  for (int q = 0; q < GTS_XROWS; ++q) s.x[q] = x + (long long)min(m0 + 8 * warp + q, M - 1) * K + ox;
+  for (int q = 0; q < GTS_XROWS; ++q)
+    s.x[q] = 2u * ((unsigned)min(8 * warp + (q & 7) + 64 * (q >> 3), M - 1 - m0) * (unsigned)K + ox);
 #pragma unroll
-  for (int q = 0; q < GTS_WROWS; ++q) s.w[q] = w + (long long)min(n0 + r0 + 32 * q, N - 1) * K + ow;
+  for (int q = 0; q < GTS_WROWS; ++q) s.w[q] = 2u * ((unsigned)min(r0 + 32 * q, N - 1 - n0) * (unsigned)K + ow);
   // word l of a row is k 2l of 32-block l / 16, lane (l / 4) % 4, step (l / 2) % 2, fragment word 2 (l % 2) + half
   const int u = 4 * (2 * (l >> 4) + ((l >> 1) & 1)) + ((l >> 2) & 3), word = 2 * (l & 1) + (warp & 1);
 #pragma unroll
@@ -118,20 +141,21 @@ static __device__ __forceinline__ GtsSrc gts_src(const __nv_bfloat16* x, const _
 template <bool VEC>
 static __device__ __forceinline__ void gts_issue(GtsStage& sh, GtsSrc& s, int st) {
   const int k = GTS_K * st, vx = s.K - k - s.kx, vw = min(8, s.K - k - s.kw);
-#ifndef __CUEMU__
-#pragma unroll
-  for (int q = 0; q < GTS_XROWS; ++q) asm volatile("" : "+l"(s.x[q]));   // kept in registers, not recomputed
-#endif
+  const char* xk = reinterpret_cast<const char*>(s.x0 + (vx > 0 ? k : 0));
+  const char* wk = reinterpret_cast<const char*>(s.w0 + (vw > 0 ? k : 0));
   unsigned* sx = reinterpret_cast<unsigned*>(sh.x);
 #pragma unroll
-  for (int q = 0; q < GTS_XROWS; ++q) gts_copy4<VEC>(sx + s.dx[q & 1] + 64 * q, s.x[q] + (vx > 0 ? k : 0), vx);
+  for (int q = 0; q < GTS_XROWS; ++q)
+    gts_copy4<VEC>(sx + s.dx[q & 1] + 64 * (q & 7) + 2048 * (q >> 3),
+                   reinterpret_cast<const __nv_bfloat16*>(xk + s.x[q]), vx);
 #pragma unroll
-  for (int q = 0; q < GTS_WROWS; ++q) gts_copy<VEC>(sh.w + s.dw + 256 * q, s.w[q] + (vw > 0 ? k : 0), vw);
+  for (int q = 0; q < GTS_WROWS; ++q)
+    gts_copy<VEC>(sh.w + s.dw + 256 * q, reinterpret_cast<const __nv_bfloat16*>(wk + s.w[q]), vw);
   gts_commit();
 }
 
-// This lane's shared offsets (units) for the mma loads: x unit xo[s] + 128 i + 8 b is the step-s fragment of row
-// tile i in 32-block b; w unit wo[b] + 64 j the chunk of column g of column tile j (gts_xat / gts_at).
+// This lane's shared offsets (units) for the mma loads: x unit xo[s] + 128 i + 8 b is the step-s fragment of the
+// warp's row tile i in 32-block b; w unit wo[b] + 64 j the chunk of column g of its column tile j (gts_xat / gts_at).
 struct GtsLane {
   int xo[2], wo[2];
 };
@@ -140,29 +164,26 @@ static __device__ __forceinline__ GtsLane gts_lane(int wm, int wn, int g, int t)
   GtsLane o;
 #pragma unroll
   for (int q = 0; q < 2; ++q) {
-    o.xo[q] = gts_xat(2 * wm, g, 4 * q + t);
-    o.wo[q] = gts_at(32 * wn + g, 4 * q + t);
+    o.xo[q] = gts_xat(GTS_RT * wm, g, 4 * q + t);
+    o.wo[q] = gts_at(8 * GTS_NT * wn + g, 4 * q + t);
   }
   return o;
 }
 
-// One 32-block (b of the stage) of the warp's 32 x 32 tile: gtc_block's two steps, row tile 0 then 1 (each
+// One 32-block (b of the stage) of the warp's tile: gtc_block's two steps, row tile by row tile (each
 // output's chain keeps its own order).
 static __device__ __forceinline__ void gts_block(float (*d)[GTS_NT][4], const GtsStage& sh, int b, const GtsLane& o) {
-  uint4 xa[2], xb[2], wc[GTS_NT];
+  uint4 wc[GTS_NT];
 #pragma unroll
-  for (int i = 0; i < 2; ++i) {              // the chunks of rows g, g + 8 rebuilt from the two steps' fragments
+  for (int j = 0; j < GTS_NT; ++j) wc[j] = sh.w[(b ? o.wo[1] : o.wo[0]) + 64 * j];
+#pragma unroll
+  for (int i = 0; i < GTS_RT; ++i) {         // the chunks of rows g, g + 8 rebuilt from the two steps' fragments
     const uint4 f0 = sh.x[o.xo[0] + 128 * i + 8 * b], f1 = sh.x[o.xo[1] + 128 * i + 8 * b];
-    xa[i] = make_uint4(f0.x, f0.z, f1.x, f1.z);
-    xb[i] = make_uint4(f0.y, f0.w, f1.y, f1.w);
+    gtc_block<GTS_NT>(d[i], make_uint4(f0.x, f0.z, f1.x, f1.z), make_uint4(f0.y, f0.w, f1.y, f1.w), wc);
   }
-#pragma unroll
-  for (int j = 0; j < GTS_NT; ++j) wc[j] = sh.w[o.wo[b] + 64 * j];
-#pragma unroll
-  for (int i = 0; i < 2; ++i) gtc_block<GTS_NT>(d[i], xa[i], xb[i], wc);
 }
 
-// The warp's 32 x 32 tile over one stage at k: each of its 32-blocks below K (block-uniform: no step past K's last
+// The warp's tile over one stage at k: each of its 32-blocks below K (block-uniform: no step past K's last
 // 32-block).  Element loads (!VEC, a rare path) take them in a loop of their own, one at a time.
 template <bool VEC>
 static __device__ __forceinline__ void gts_compute(float (*d)[GTS_NT][4], const GtsStage& sh, int k, int K,
@@ -177,10 +198,26 @@ static __device__ __forceinline__ void gts_compute(float (*d)[GTS_NT][4], const 
   }
 }
 
-// The block's tile over all K into this warp's acc (row tile i, column tile j): each slice's chain from +0.0, the
+// After the slice [k0, k1) (its chain in d): the sum so far acc + d, back to acc, or left in d after the last slice.
+static __device__ __forceinline__ void gts_fold(float (*d)[GTS_NT][4], GtsAcc& acc, bool first, bool last) {
+#pragma unroll
+  for (int i = 0; i < GTS_RT; ++i)
+#pragma unroll
+    for (int j = 0; j < GTS_NT; ++j) {
+      float4& a = acc.v[(GTS_NT * i + j) * GTS_THREADS + threadIdx.x];
+      float* v = d[i][j];
+      if (!first) {
+        const float4 p = a;
+        v[0] = p.x + v[0], v[1] = p.y + v[1], v[2] = p.z + v[2], v[3] = p.w + v[3];
+      }
+      if (!last) a = make_float4(v[0], v[1], v[2], v[3]);
+    }
+}
+
+// The block's tile over all K into this warp's d (row tile i, column tile j): each slice's chain from +0.0, the
 // slices added in slice order.  Every thread takes part (barriers).
 template <bool VEC>
-static __device__ __forceinline__ void gts_sum(float (*acc)[GTS_NT][4], GtsStage* sh, GtsSrc& s) {
+static __device__ __forceinline__ void gts_sum(float (*d)[GTS_NT][4], GtsStage* sh, GtsAcc& acc, GtsSrc& s) {
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
   const int K = s.K, nst = (K + GTS_K - 1) / GTS_K;
   const GtsLane o = gts_lane(warp & 1, warp >> 1, g, t);
@@ -191,9 +228,8 @@ static __device__ __forceinline__ void gts_sum(float (*acc)[GTS_NT][4], GtsStage
   }
   int st = 0, buf = 0;
   for (int k0 = 0; k0 < K; k0 += GTC_SLICE) {
-    float d[2][GTS_NT][4];
 #pragma unroll
-    for (int i = 0; i < 2; ++i)
+    for (int i = 0; i < GTS_RT; ++i)
 #pragma unroll
       for (int j = 0; j < GTS_NT; ++j) d[i][j][0] = d[i][j][1] = d[i][j][2] = d[i][j][3] = 0.0f;
     const int k1 = min(K, k0 + GTC_SLICE);
@@ -206,11 +242,6 @@ static __device__ __forceinline__ void gts_sum(float (*acc)[GTS_NT][4], GtsStage
       gts_compute<VEC>(d, sh[buf], GTS_K * st, K, o);
       buf = buf == GTS_STAGES - 1 ? 0 : buf + 1;
     }
-#pragma unroll
-    for (int i = 0; i < 2; ++i)
-#pragma unroll
-      for (int j = 0; j < GTS_NT; ++j)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) acc[i][j][e] = k0 == 0 ? d[i][j][e] : acc[i][j][e] + d[i][j][e];
+    gts_fold(d, acc, k0 == 0, k1 == K);
   }
 }

@@ -1,18 +1,21 @@
 // gemv_q.cu -- the decode/verify GEMV for quantised weights on the tensor core (gemv_q_block.cuh): every form of
 // gemv.cu and gemv_swiglu.cu for FP8 block-scaled and NVFP4 weights read as stored, made exact bf16 in registers.
 // A row's bits are the reference's decode rows (cupyglm/backend/tc_quant.py quant_rows, then the same roundings
-// and swiglu.cuh epilogue); prompt rows go to the dequantising gemm.cu kernels (lane-16).
+// and swiglu.cuh epilogue); prompt rows go to gemm_tc_q.cu (the same order).
 //
 // Layouts (cupyglm/backend/qweight.py): FP8 values [E, N, K] e4m3, scale [E, ceil(N / bn), ceil(K / bk)] fp32;
 // NVFP4 values [E, N, K / 2] (element 2i in the low nibble), scale [E, N, K / 16] e4m3, scale2 [E] fp32; E = 1
 // for a plain projection.
 //
 // Launch: block (16, GEMV_OUTS); dense grid (ceil(N / GEMV_OUTS), ceil(rows / GEMV_ROWS)) for the call's leading
-// `rows` decode/verify rows; grouped grid (ceil(N / GEMV_OUTS), M), one block per run of equal expert ids as in
-// gemv.cu (an id outside [0, E) reads nothing, gets NaN and is counted into the guard slot `slot` of `flags`).
+// `rows` decode/verify rows (the dense SwiGLU's: ceil(N / GEMV_Q_PAIR_OUTS) column blocks); grouped grid
+// (ceil(N / GEMV_OUTS), M), one block per run of equal expert ids as in gemv.cu (an id outside [0, E) reads
+// nothing, gets NaN and is counted into the guard slot `slot` of `flags`).
 #include "common.cuh"
 #include "gemv_q_block.cuh"
 #include "swiglu.cuh"
+
+#define GEMV_Q_PAIR_OUTS 8                   // output columns of a dense SwiGLU block (ops_gemv_q.PAIR_OUTS)
 
 static __device__ __forceinline__ void gemv_q_store(float* y, long long i, float v) { y[i] = v; }
 static __device__ __forceinline__ void gemv_q_store(__nv_bfloat16* y, long long i, float v) { y[i] = to_bf16(v); }
@@ -89,22 +92,29 @@ static __device__ __forceinline__ float gemv_q_swiglu_out(const GemvQSrc<2>& src
                     limit);
 }
 
+// The dense SwiGLU in pair blocks of GEMV_Q_PAIR_OUTS columns (twice the blocks of a 16-column grid): each lane's
+// two A halves are the gate's and the up's column, so one chain serves both; the up sums reach the gate's thread
+// through shared memory.
 template <int F>
 static __device__ __forceinline__ void gemv_q_swiglu_body(const __nv_bfloat16* __restrict__ x, const GemvQw& wg,
                                                           const GemvQw& wu, __nv_bfloat16* __restrict__ y, int N,
                                                           int K, int rows, int has_limit, float limit) {
-  __shared__ __align__(16) GemvTcShared<2> sh;
-  const int n0 = blockIdx.x * GEMV_OUTS, m0 = blockIdx.y * GEMV_ROWS;
-  const GemvQw w[2] = {wg, wu};
-  GemvQSrc<2> src;
-  gemv_q_src<2, F>(src, w, 0, n0, min(GEMV_OUTS, N - n0), N, K, x);
+  __shared__ __align__(16) GemvTcShared<1> sh;
+  const int n0 = blockIdx.x * GEMV_Q_PAIR_OUTS, m0 = blockIdx.y * GEMV_ROWS;
+  const GemvQw w[1] = {wg};
+  GemvQSrc<1> src;
+  gemv_q_src<1, F>(src, w, 0, n0, min(GEMV_Q_PAIR_OUTS, N - n0), N, K, x);
+  gemv_q_pair<F>(src, wu);
   src.x = x + (long long)m0 * K;
   src.nrows = min(GEMV_ROWS, rows - m0);
-  float v[2];
-  gemv_q_rows<2, F>(sh, src, v);
+  float v[1];
+  gemv_q_rows<1, F>(sh, src, v);             // ends on a barrier: part is free
   const int lane = threadIdx.x, o = threadIdx.y, n = n0 + o;
-  if (n < N && lane < src.nrows)
-    y[(long long)(m0 + lane) * N + n] = to_bf16(gemv_q_swiglu_out<F>(src, v, has_limit, limit));
+  sh.part[0][0][lane][o] = gemv_q_pair_out<F>(src, v[0], o);
+  __syncthreads();
+  if (o < GEMV_Q_PAIR_OUTS && n < N && lane < src.nrows)
+    y[(long long)(m0 + lane) * N + n] = to_bf16(swiglu_f32(bf16_round(sh.part[0][0][lane][o]),
+                                                           bf16_round(sh.part[0][0][lane][o + 8]), has_limit, limit));
 }
 
 template <int F>

@@ -16,9 +16,11 @@ static __device__ __forceinline__ void gq_slice(float (*acc)[NT][4], const GemvQ
   for (int i = 0; i < NW; ++i) {
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      const long long row = src.e * src.N + src.n0 + min(g + 8 * h, src.ncols - 1);
-      rg[2 * i + h] = src.w[i].v + row * rb;
-      sr[2 * i + h] = F == GEMV_NVFP4 ? src.w[i].ns + row * gk : nullptr;
+      const int c = gq_lane_col(src, g, h);
+      const GemvQw& w = gq_w(src, i, c);
+      const long long row = src.e * src.N + src.n0 + gq_col(src, c);
+      rg[2 * i + h] = w.v + row * rb;
+      sr[2 * i + h] = F == GEMV_NVFP4 ? w.ns + row * gk : nullptr;
     }
 #pragma unroll
     for (int j = 0; j < NT; ++j)
@@ -93,6 +95,9 @@ static __device__ __forceinline__ void gemv_q_src(GemvQSrc<NW>& src, const GemvQ
     wvec = wvec && (((unsigned long long)w[i].v) % n == 0);
     svec = svec && (F != GEMV_NVFP4 || ((unsigned long long)w[i].ns) % 2 == 0);
   }
+  src.pair = false;
+  src.wu = w[0];
+  src.s2u = 0.0f;
   src.e = e;
   src.n0 = n0;
   src.ncols = ncols;
@@ -102,6 +107,22 @@ static __device__ __forceinline__ void gemv_q_src(GemvQSrc<NW>& src, const GemvQ
   src.xvec = gemv_aligned(x, x, K);
   src.wvec = wvec;
   src.svec = svec;
+}
+
+// gemv_q_src's source made a pair (NW = 1, ncols <= 8): the block's columns 8..15 are wu's n0.. (gemv_q_pair_out).
+template <int F>
+static __device__ __forceinline__ void gemv_q_pair(GemvQSrc<1>& src, const GemvQw& wu) {
+  src.pair = true;
+  src.wu = wu;
+  src.s2u = F == GEMV_NVFP4 && src.ncols > 0 ? wu.s2[src.e] : 0.0f;
+  src.wvec = src.wvec && ((unsigned long long)wu.v) % GqFmt<F>::BYTES == 0;
+  src.svec = src.svec && (F != GEMV_NVFP4 || ((unsigned long long)wu.ns) % 2 == 0);
+}
+
+// A pair block's output of thread column o (out as gq_rows_nt's), NVFP4's tensor scale of its weight applied.
+template <int F>
+static __device__ __forceinline__ float gemv_q_pair_out(const GemvQSrc<1>& src, float out, int o) {
+  return F == GEMV_NVFP4 ? out * (o < 8 ? src.s2[0] : src.s2u) : out;
 }
 
 // out[i] times NVFP4's tensor scale (once per output); FP8's as summed.

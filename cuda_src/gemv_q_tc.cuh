@@ -38,7 +38,25 @@ struct GemvQSrc {
   int n0, ncols, nrows, N, K;
   bool xvec, wvec;          // 16-byte x loads; whole weight loads (row bytes and base aligned)
   bool svec;                // NVFP4: 2-byte group scale loads (K / 16 even, base aligned)
+  bool pair;                // NW = 1 over two weights (gemv_q_pair): column c < 8 is w[0]'s n0 + c, else wu's
+                            // n0 + c - 8
+  GemvQw wu;                // pair: the second weight
+  float s2u;                // pair, NVFP4: the second weight's tensor scale
 };
+
+// The weight and the column (from n0) of a block's column c (pair: 8 columns of each of two weights).
+template <int NW>
+static __device__ __forceinline__ const GemvQw& gq_w(const GemvQSrc<NW>& src, int i, int c) {
+  return src.pair && c >= 8 ? src.wu : src.w[i];
+}
+template <int NW>
+static __device__ __forceinline__ int gq_col(const GemvQSrc<NW>& src, int c) { return src.pair ? c & 7 : c; }
+
+// Lane (g, .)'s block column of half h (g or g + 8), a column past ncols read as the last one.
+template <int NW>
+static __device__ __forceinline__ int gq_lane_col(const GemvQSrc<NW>& src, int g, int h) {
+  return src.pair ? min(g, src.ncols - 1) + 8 * h : min(g + 8 * h, src.ncols - 1);
+}
 
 template <int F>
 struct GqFmt {
@@ -90,8 +108,10 @@ static __device__ __forceinline__ unsigned gq_scale_codes(const GemvQSrc<NW>& sr
   const int gk = src.K >> 4, gr = (int)((unsigned)k >> 4);   // k >= 0
   if (!GQ_WHOLE_ONLY && gr >= gk) return 0u;
 #if defined(CONTROL_SCALE_NEXT_BLOCK) || defined(CONTROL_SCALE_TRANSPOSED)
-  unsigned v = src.w[i].ns[dq_nvfp4_scale_at(src.e, src.n0 + c, gr, src.N, src.K)];
-  if (gr + 1 < gk) v |= (unsigned)src.w[i].ns[dq_nvfp4_scale_at(src.e, src.n0 + c, gr + 1, src.N, src.K)] << 16;
+  const unsigned char* ns = gq_w(src, i, c).ns;
+  const int n = src.n0 + gq_col(src, c);
+  unsigned v = ns[dq_nvfp4_scale_at(src.e, n, gr, src.N, src.K)];
+  if (gr + 1 < gk) v |= (unsigned)ns[dq_nvfp4_scale_at(src.e, n, gr + 1, src.N, src.K)] << 16;
   return v;
 #else
   (void)i;
@@ -212,9 +232,10 @@ static __device__ __forceinline__ void gq_close(float (*acc)[NT][4], float (*d)[
     const int bn = src.w[i].bn, bk = src.w[i].bk, sn = (src.N + bn - 1) / bn, sk = (src.K + bk - 1) / bk;
     float s[2];
 #pragma unroll
-    for (int h = 0; h < 2; ++h)
-      s[h] = g + 8 * h < src.ncols ? src.w[i].fs[dq_fp8_scale_at(src.e, (src.n0 + g + 8 * h) / bn, kbk, sn, sk)]
-                                   : 0.0f;
+    for (int h = 0; h < 2; ++h) {
+      const int c = g + 8 * h, n = src.n0 + gq_col(src, c);
+      s[h] = (src.pair ? g : c) < src.ncols ? gq_w(src, i, c).fs[dq_fp8_scale_at(src.e, n / bn, kbk, sn, sk)] : 0.0f;
+    }
 #pragma unroll
     for (int j = 0; j < NT; ++j)
 #pragma unroll
@@ -260,8 +281,7 @@ static __device__ __forceinline__ void gq_run(float (*d)[NT][4], const GemvQSrc<
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         w[i][h] = gq_load<F>(rg[2 * i + h], bt, rb, src.wvec);
-        sc[i][h] = F != GEMV_NVFP4 ? 0u
-                                   : gq_scale_lane(src, sr[2 * i + h], i, min(g + 8 * h, src.ncols - 1), kk);
+        sc[i][h] = F != GEMV_NVFP4 ? 0u : gq_scale_lane(src, sr[2 * i + h], i, gq_lane_col(src, g, h), kk);
       }
 #pragma unroll
     for (int j = 0; j < NT; ++j)
@@ -301,8 +321,8 @@ static __device__ __forceinline__ int gq_run_whole(float (*d)[NT][4], const Gemv
         for (int h = 0; h < 2; ++h) {
           w[u][i][h] = gq_load_whole<F>(pw[2 * i + h], WB * u);
           sc[u][i][h] = F != GEMV_NVFP4 ? 0u
-                                        : gq_scale_whole(src, ps[2 * i + h] + KB / 16 * u, i,
-                                                         min(g + 8 * h, src.ncols - 1), kb + KB * u + 8 * C * t);
+                                        : gq_scale_whole(src, ps[2 * i + h] + KB / 16 * u, i, gq_lane_col(src, g, h),
+                                                         kb + KB * u + 8 * C * t);
         }
 #pragma unroll
       for (int j = 0; j < NT; ++j)

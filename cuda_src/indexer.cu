@@ -2,10 +2,11 @@
 // in place and the pools its segments' rows complete) and the score of every pool for every row (index_scores;
 // and index_scores_rows: each row against its own pools through its segment's pooled-row table).
 // Reference: NumpyOps.index_pool / index_tail_pool / index_scores / index_scores_rows in
-// cupyglm/backend/numpy_ops.py; the dots over the index head dimension and the sum over heads run in lane-16
-// order, the 4 pool members left to right.
+// cupyglm/backend/numpy_ops.py; the pool members left to right; the scores' dots on the tensor core and their head
+// sum in lane-16 order (index_mma.cuh, backend/tc_index.py).
 // Storage: index keys, gates, ape, pooled keys and index queries are bf16; head weights and scores fp32.
 #include "common.cuh"
+#include "index_mma.cuh"
 #include "index_pool.cuh"
 
 // Per pool p and channel d: pk[p, d] = bf16(idx_pool_channel(members of pool p)).  One thread per (p, d).
@@ -98,71 +99,45 @@ extern "C" __global__ void __launch_bounds__(128) index_tail_pool(
   }
 }
 
-// scores[t, p] = sum_h hw[t, h] * relu(qscale * (qi[t, h] . pk[p])), heads summed in lane-16 order (head h
-// in lane h % 16), each dot over I in lane-16 order (16 partials per thread, folded 8, 4, 2, 1).
-#define IDX_POOLS 16
-#define IDX_ROWS 16
-#define IDX_MAX_I 256  // index head dimension <= 256 (the model has 128)
+// scores[t, p] = sum_h hw[t, h] * relu(qscale * (qi[t, h] . pk[p])): the dots on the tensor core, the epilogue
+// and the head sum in lane-16 order (index_mma.cuh). A block of W warps stages 32 W pools' keys in shared memory
+// (dynamic: 32 W idx_ld(I) bf16) and warp w scores pools 32w .. 32w + 31 of it, row after row.
+#define IDX_ROWS 16   // rows per index_scores block
 
-// Lane `lane`'s partial of one (row, pool) score: heads h = lane, lane + 16, ... of the row's queries qt
-// [Hi, I] bf16 against one key (I bf16 bit patterns), each head's weight hwt[h] * hscale (hscale 1: hw as
-// given, x * 1 exact). The caller folds the 16 lanes (lane16_fold) with every thread of the group converged.
-static __device__ __forceinline__ float idx_score_lane(const __nv_bfloat16* __restrict__ qt,  // [Hi, I] bf16
-                                                       const float* __restrict__ hwt,         // [Hi] f32
-                                                       const unsigned short* key,             // [I] bf16 bits
-                                                       int Hi, int I, float qscale, float hscale, int lane) {
-  float acc = 0.0f;
-  for (int h = lane; h < Hi; h += 16) {
-    const __nv_bfloat16* qr = qt + (long long)h * I;
-    float a[16];
-#pragma unroll
-    for (int m = 0; m < 16; ++m) a[m] = 0.0f;
-    for (int k0 = 0; k0 < I; k0 += 16) {
-#pragma unroll
-      for (int m = 0; m < 16; ++m)
-        if (k0 + m < I) a[m] += ld_bf16(qr, k0 + m) * __bfloat162float(__ushort_as_bfloat16(key[k0 + m]));
+// The lanes of t = 0 store the row's scores of their pools 16m + g + 8r (s from idx_row_scores).
+static __device__ __forceinline__ void idx_store(float* __restrict__ out, const float s[2][2], int p0, int P) {
+  const int lane = threadIdx.x & 31;
+  if (lane & 3) return;
+  for (int m = 0; m < 2; ++m)
+    for (int r = 0; r < 2; ++r) {
+      const int p = p0 + 16 * m + (lane >> 2) + 8 * r;
+      if (p < P) out[p] = s[m][r];
     }
-#pragma unroll
-    for (int w = 8; w > 0; w >>= 1)
-#pragma unroll
-      for (int m = 0; m < w; ++m) a[m] = a[m] + a[m + w];
-    float z = a[0] * qscale;
-    z = (z < 0.0f) ? 0.0f : z;  // np.maximum(z, 0): NaN stays NaN
-    acc += z * (hwt[h] * hscale);
-  }
-  return acc;
 }
 
-// A block takes IDX_POOLS pools and up to IDX_ROWS rows: the pools' keys are read once into shared memory and
-// serve every head of every row of the block (a verify call's 16 rows share one read); a group of 16 threads
-// per pool, lane l computing the dots of heads l, l+16, ..., the group folding, row after row.
-// grid (ceil(T / IDX_ROWS) * ceil(P / IDX_POOLS)): one flat grid.x (2^31 - 1) over (row group, pool block), so
-// neither the token count nor the pool count meets grid.y's 65,535 limit; blockDim.x = 16 * IDX_POOLS.
-extern "C" __global__ void __launch_bounds__(16 * IDX_POOLS) index_scores(
+// A block takes 32 W pools and up to IDX_ROWS rows: the keys are read once for every head of every row of the
+// block. grid (ceil(T / IDX_ROWS) * ceil(P / 32 W)) on one flat grid.x (2^31 - 1), so neither the token count nor
+// the pool count meets grid.y's 65,535 limit; blockDim.x = 32 W, W <= 8.
+extern "C" __global__ void __launch_bounds__(256) index_scores(
     const __nv_bfloat16* __restrict__ qi,  // [T, Hi, I] bf16
     const float* __restrict__ hw,          // [T, Hi] f32
     const __nv_bfloat16* __restrict__ pk,  // [P, I] bf16
     float* __restrict__ scores,            // [T, P] f32
     int T, int Hi, int I, int P, float qscale) {
-  __shared__ unsigned short kt[IDX_POOLS][IDX_MAX_I];   // the block's pooled keys, bf16 bit patterns
-  const int pblocks = (P + IDX_POOLS - 1) / IDX_POOLS;
+  extern __shared__ __align__(16) unsigned char idx_sh[];
+  __nv_bfloat16* kt = reinterpret_cast<__nv_bfloat16*>(idx_sh);   // [32 W, ld] the block's keys
+  const int np = IDX_WARP_POOLS * (blockDim.x >> 5), ld = idx_ld(I), w = threadIdx.x >> 5;
+  const int pblocks = (P + np - 1) / np;
   const int t0 = (int)(blockIdx.x / pblocks) * IDX_ROWS;
-  const int pb = (int)(blockIdx.x % pblocks) * IDX_POOLS;
-  const int g = threadIdx.x >> 4, lane = threadIdx.x & 15;
-  const int p = pb + g;
-  for (int i = threadIdx.x; i < IDX_POOLS * I; i += blockDim.x) {
-    const int gg = i / I, d = i % I;
-    kt[gg][d] = pb + gg < P ? __bfloat16_as_ushort(pk[(long long)(pb + gg) * I + d]) : (unsigned short)0;
-  }
+  const int pb = (int)(blockIdx.x % pblocks) * np;
+  idx_stage(kt, pk, np, I, [&](int r) { return pb + r < P ? (long long)(pb + r) : -1LL; });
   __syncthreads();
   const int nt = min(IDX_ROWS, T - t0);
-  for (int tt = 0; tt < nt; ++tt) {        // block-uniform: every group folds (full-mask shuffles)
-    const int t = t0 + tt;
-    float acc = 0.0f;
-    if (p < P) acc = idx_score_lane(qi + (long long)t * Hi * I, hw + (long long)t * Hi, kt[g], Hi, I, qscale, 1.0f,
-                                    lane);
-    acc = lane16_fold(acc);
-    if (p < P && lane == 0) scores[(long long)t * P + p] = acc;
+  for (int tt = 0; tt < nt; ++tt) {        // warp-uniform: every lane folds (full-mask shuffles, mma)
+    const long long t = t0 + tt;
+    float s[2][2];
+    idx_row_scores(s, qi + t * Hi * I, hw + t * Hi, kt + IDX_WARP_POOLS * w * ld, ld, Hi, I, qscale, 1.0f);
+    idx_store(scores + t * P, s, pb + IDX_WARP_POOLS * w, P);
   }
 }
 
@@ -170,9 +145,9 @@ extern "C" __global__ void __launch_bounds__(16 * IDX_POOLS) index_scores(
 // against pooled[tables[seg[t], p]] (row t's segment's pooled-key row table, model/seg_device.py). A row index
 // outside [0, R) reads a zero key (the caller pads with valid rows; the pick reads only a row's visible pools),
 // and so does every entry of a row whose segment index is outside [0, S).
-// One block per (row, IDX_POOLS pools): the block's keys of its row into shared memory, then the same groups,
-// lanes and fold as index_scores. grid (T * ceil(Pw / IDX_POOLS)) on grid.x, blockDim.x = 16 * IDX_POOLS.
-extern "C" __global__ void __launch_bounds__(16 * IDX_POOLS) index_scores_rows(
+// One block per (row, 32 W pools): the block's keys of its row into shared memory, then the same warps and
+// order as index_scores. grid (T * ceil(Pw / 32 W)) on grid.x, blockDim.x = 32 W.
+extern "C" __global__ void __launch_bounds__(256) index_scores_rows(
     const __nv_bfloat16* __restrict__ qi,      // [T, Hi, I] bf16
     const float* __restrict__ hw,              // [T, Hi] f32 head weights before hscale
     const __nv_bfloat16* __restrict__ pooled,  // [R, I] bf16 the layer's pooled keys
@@ -180,27 +155,24 @@ extern "C" __global__ void __launch_bounds__(16 * IDX_POOLS) index_scores_rows(
     const int* __restrict__ seg,               // [T] int32 row t's segment (its row of tables)
     float* __restrict__ scores,                // [T, Pw] f32
     int T, int Hi, int I, int Pw, int R, int S, float qscale, float hscale) {
-  __shared__ unsigned short kt[IDX_POOLS][IDX_MAX_I];   // the block's keys of its row, bf16 bit patterns
-  const int pblocks = (Pw + IDX_POOLS - 1) / IDX_POOLS;
-  const int t = (int)(blockIdx.x / pblocks);
-  const int pb = (int)(blockIdx.x % pblocks) * IDX_POOLS;
-  const int g = threadIdx.x >> 4, lane = threadIdx.x & 15;
-  const int p = pb + g;
+  extern __shared__ __align__(16) unsigned char idx_sh[];
+  __nv_bfloat16* kt = reinterpret_cast<__nv_bfloat16*>(idx_sh);   // [32 W, ld] the block's keys of its row
+  const int np = IDX_WARP_POOLS * (blockDim.x >> 5), ld = idx_ld(I), w = threadIdx.x >> 5;
+  const int pblocks = (Pw + np - 1) / np;
+  const long long t = blockIdx.x / pblocks;
+  const int pb = (int)(blockIdx.x % pblocks) * np;
 #ifdef CONTROL_ROW_TABLE  // planted: row t reads the next row's table
   const int st = seg[(t + 1) % T];
 #else
   const int st = seg[t];
 #endif
   const bool in = st >= 0 && st < S;
-  for (int i = threadIdx.x; i < IDX_POOLS * I; i += blockDim.x) {
-    const int gg = i / I, d = i % I;
-    const int r = in && pb + gg < Pw ? tables[(long long)st * Pw + pb + gg] : -1;
-    kt[gg][d] = r >= 0 && r < R ? __bfloat16_as_ushort(pooled[(long long)r * I + d]) : (unsigned short)0;
-  }
+  idx_stage(kt, pooled, np, I, [&](int r) {
+    const int e = in && pb + r < Pw ? tables[(long long)st * Pw + pb + r] : -1;
+    return e >= 0 && e < R ? (long long)e : -1LL;
+  });
   __syncthreads();
-  float acc = 0.0f;
-  if (p < Pw) acc = idx_score_lane(qi + (long long)t * Hi * I, hw + (long long)t * Hi, kt[g], Hi, I, qscale, hscale,
-                                   lane);
-  acc = lane16_fold(acc);
-  if (p < Pw && lane == 0) scores[(long long)t * Pw + p] = acc;
+  float s[2][2];
+  idx_row_scores(s, qi + t * Hi * I, hw + t * Hi, kt + IDX_WARP_POOLS * w * ld, ld, Hi, I, qscale, hscale);
+  idx_store(scores + t * Pw, s, pb + IDX_WARP_POOLS * w, Pw);
 }

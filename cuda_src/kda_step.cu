@@ -3,8 +3,9 @@
 //
 // A block is (head h, 16 value rows vr0 ..): per chunk of up to 16 tokens it first computes the low-rank second
 // factors of its rows, a = bf16(fa f_b[h]^T) over all K key columns of the head (the decay of every column) and
-// gate_out = bf16(ga g_b^T) of its own 16 value rows (written for kda_out_gemm), with gemv_tile.cuh's body: the
-// lane-16 order, fold and one rounding, so the bits are the reference's gemm of these rows (NumpyOps.kda_step).  Then per token
+// gate_out = bf16(ga g_b^T) of its own 16 value rows (written for kda_out_gemm), with gemv_tc.cuh's body: the
+// tensor core's order and one rounding, so the bits are the reference's gemm of these rows (NumpyOps.kda_step).  Then
+// per token
 // the conv, the q/k norms, the decay of a and the delta rule (kda_rows.cuh), as kda_conv, l2norm x2, kda_gate and
 // kda_recurrence.  Reference: NumpyOps.kda_step / kda_step_slots (cupyglm/backend/numpy_kda.py).
 // Block (16, 16): group threadIdx.y owns value row vr0 + threadIdx.y, lane threadIdx.x; every block of a head
@@ -12,13 +13,13 @@
 // loop over the call's sequences, so a chunk of 16 rows reads it once whatever the number of sequences.
 #include "common.cuh"
 #include "exp_f32.cuh"
-#include "gemv_tile.cuh"
+#include "gemv_tc.cuh"
 #include "kda_rows.cuh"
 
 #define KDA_STEP_ROWS 16      // value rows per block (threadIdx.y)
 
 struct KdaStepShared {
-  GemvShared<1> gemv;                              // the low-rank GEMV's stage tiles, then its lane partials
+  GemvTcShared<1> gemv;                            // the low-rank GEMV's slice results
   unsigned short a[GEMV_ROWS][16 * KDA_MAX_J];     // [token of the chunk, key column] bf16 bit patterns of a
   float head[3][16 * KDA_MAX_J];                   // [q, k, g][key column] f32: one token's normed q, k and decay
 };
@@ -33,11 +34,11 @@ struct KdaLowRank {
   int r;
 };
 
-// Rows c0 .. c0 + ncols - 1 of w [., r] against tokens t0 .. t0 + nt - 1 of x [., r]: gemv_rows, the lane
-// partials left in sh.part (every thread takes part: barriers).
-static __device__ __forceinline__ void kda_lowrank_tile(GemvShared<1>& sh, const __nv_bfloat16* x,
-                                                        const __nv_bfloat16* w, long long c0, int ncols, int t0,
-                                                        int nt, int r) {
+// Rows c0 .. c0 + ncols - 1 of w [., r] against tokens t0 .. t0 + nt - 1 of x [., r]: gemv_tc_rows, this
+// thread's (token threadIdx.x, column threadIdx.y) fp32 sum returned (every thread takes part: barriers).
+static __device__ __forceinline__ float kda_lowrank_tile(GemvTcShared<1>& sh, const __nv_bfloat16* x,
+                                                         const __nv_bfloat16* w, long long c0, int ncols, int t0,
+                                                         int nt, int r) {
   GemvSrc<1> src;
   src.w[0] = w + c0 * r;
   src.x = x + (long long)t0 * r;
@@ -45,7 +46,9 @@ static __device__ __forceinline__ void kda_lowrank_tile(GemvShared<1>& sh, const
   src.nrows = nt;
   src.K = r;
   src.vec = gemv_aligned(src.x, src.w[0], r);
-  gemv_rows(sh, src);
+  float out[1];
+  gemv_tc_rows(sh, src, out);
+  return out[0];
 }
 
 // Tokens t0 .. t0 + nt - 1 (nt <= 16): a of head h into sh.a (all K columns), gate_out of value rows vr0 .. to
@@ -56,18 +59,18 @@ static __device__ __forceinline__ void kda_lowrank_chunk(KdaStepShared& sh, cons
   const int lane = threadIdx.x, o = threadIdx.y;
   for (int c = 0; c < K; c += GEMV_OUTS) {
     const int nc = min(GEMV_OUTS, K - c);
-    kda_lowrank_tile(sh.gemv, lr.fa, lr.fb, (long long)h * K + c, nc, t0, nt, lr.r);
+    const float av = kda_lowrank_tile(sh.gemv, lr.fa, lr.fb, (long long)h * K + c, nc, t0, nt, lr.r);
 #ifdef CONTROL_FACTOR_ROW
     const int col = (c + o) ^ 1;
 #else
     const int col = c + o;
 #endif
-    if (o < nc && lane < nt) sh.a[lane][col] = __bfloat16_as_ushort(to_bf16(gemm_fold16(sh.gemv.part[0][o][lane])));
+    if (o < nc && lane < nt) sh.a[lane][col] = __bfloat16_as_ushort(to_bf16(av));
   }
   const int nv = min(KDA_STEP_ROWS, K - vr0);
-  kda_lowrank_tile(sh.gemv, lr.ga, lr.gb, (long long)h * K + vr0, nv, t0, nt, lr.r);   // its barriers publish sh.a
+  const float gs = kda_lowrank_tile(sh.gemv, lr.ga, lr.gb, (long long)h * K + vr0, nv, t0, nt, lr.r);  // publishes sh.a
   if (o < nv && lane < nt) {
-    const float gv = ent != nullptr && ent[lane] < 0 ? 0.0f : gemm_fold16(sh.gemv.part[0][o][lane]);
+    const float gv = ent != nullptr && ent[lane] < 0 ? 0.0f : gs;
     lr.gate[((long long)(t0 + lane) * H + h) * K + vr0 + o] = to_bf16(gv);
   }
 }

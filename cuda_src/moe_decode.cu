@@ -27,7 +27,7 @@
 #include "moe_route.cuh"
 #include "swiglu.cuh"
 
-#define MOE_ROUTE_FLOATS ((int)(sizeof(GemvShared<2>) / 4))   // ops_moe_decode.GEMV2_SHARED: fixes MOE_ROUTE_MAX_E
+#define MOE_ROUTE_FLOATS (2 * GEMV_OUTS * GEMV_ROWS * 17)   // ops_moe_decode.ROUTE_FLOATS: fixes MOE_ROUTE_MAX_E
 #define MOE_ROUTE_WARPS 8                 // warps of a (16, GEMV_OUTS) block, each routing rows in turn
 #define MOE_ROUTE_MAX_E ((MOE_ROUTE_FLOATS - 1 - SORT_THREADS) / (2 * MOE_ROUTE_WARPS + 1))
 
@@ -75,7 +75,7 @@ extern "C" __global__ void __launch_bounds__(256) moe_route_swiglu_lane16(
   int* p_group = moe_pairs + 3 * P;
   int* p_src = moe_pairs + 4 * P;
   int* p_pos = moe_pairs + 5 * P;
-  const int tid = threadIdx.y * GEMM_LANES + threadIdx.x, warp = tid >> 5;
+  const int tid = threadIdx.y * 16 + threadIdx.x, warp = tid >> 5;
   float* score = sh.route + (long long)warp * 2 * E;
   for (int t = warp; t < T; t += MOE_ROUTE_WARPS)     // warp-uniform
     moe_route_token(logits, bias, p_ids, p_w, t, E, k, scale, score, tid & 31);
@@ -151,7 +151,7 @@ extern "C" __global__ void __launch_bounds__(256) moe_down_combine_lane16(
     gemv_dense_group(x2, w2, y2, T, N, K2, blockIdx.y - P, sh);
   __threadfence();                                    // this thread's outputs are visible before the ticket
   __syncthreads();
-  const int tid = threadIdx.y * GEMM_LANES + threadIdx.x;
+  const int tid = threadIdx.y * 16 + threadIdx.x;
 #ifdef CONTROL_MOE_FIRST_DONE             // planted: the tile's first block combines (before the others finish)
   if (tid == 0) last = atomicAdd(&tickets[blockIdx.x], 1u) == 0u;
 #else

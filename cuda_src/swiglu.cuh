@@ -1,4 +1,4 @@
-// swiglu.cuh -- SwiGLU of one (gate, up) pair, shared by moe.cu's swiglu and gemm_swiglu.cu's epilogue so both
+// swiglu.cuh -- SwiGLU of one (gate, up) pair, shared by moe.cu's swiglu and the fused decode GEMVs' epilogue so all
 // compute the same bits: bf16(silu(min(g, L))) * clip(u, -L, L) in fp32 (the caller rounds it to bf16).
 #pragma once
 #include "common.cuh"

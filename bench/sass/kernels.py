@@ -1,10 +1,12 @@
 """The kernels of the decode and prompt paths the speed model reads, with their launchers' block sizes
-(cupyglm/kernels/ops_*.py). GEMV and GEMM forms are named by (form, dtype)."""
+(cupyglm/kernels/ops_*.py). Decode GEMVs are named by (form, dtype); every prompt GEMM runs on the tensor core
+(gemm_tc.cu, gemm_tc_q.cu)."""
 from __future__ import annotations
 
 from cupyglm.kernels import ops_attention as att
 from cupyglm.kernels import ops_attention_tc as att_tc
-from cupyglm.kernels import ops_gemm_tc
+from cupyglm.kernels import ops_gemm_tc, ops_gemm_tc_q
+from cupyglm.kernels import ops_indexer as idx
 
 from bench.sass.model import Kernel, bucket
 
@@ -34,34 +36,26 @@ def gemv(form: str, fmt: str = "bf16", rows: int = 16) -> Kernel:
     return Kernel(name, file, "decode", "weight", 256, fmt, bucket=bucket(rows))
 
 
-def gemm(form: str, fmt: str = "bf16") -> Kernel:
-    """The prompt GEMM of a form: dense, grouped, swiglu, grouped swiglu (lane-16, 16 x 16 threads)."""
-    files = {"dense": ("gemm_lane16", "gemm.cu"), "grouped": ("gemm_grouped_lane16", "gemm.cu"),
-             "swiglu": ("gemm_swiglu_lane16", "gemm_swiglu.cu"),
-             "grouped swiglu": ("gemm_grouped_swiglu_lane16", "gemm_swiglu.cu")}
-    name, file = files[form]
-    return Kernel(_q(name, fmt), file, "prompt", "mac", 256, fmt)
-
-
-# the prompt GEMM on the tensor core (gemm_tc.cu): 256 threads, 64 x 128 output tiles staged through shared memory
+# the prompt GEMM on the tensor core (gemm_tc.cu): 256 threads, 128 x 256 output tiles staged through shared memory
 GEMM_TC = Kernel("gemm_tc_bf16", "gemm_tc.cu", "prompt", "flop", ops_gemm_tc.DENSE_THREADS[0],
                  dyn_shared=ops_gemm_tc.DENSE_SHARED)
-# its grouped-experts form: 128 threads, 32 x 64 tiles loaded straight into the fragments, each warp's k-loop once
-# per distinct expert among its 16 rows
-GEMM_TC_GROUPED = Kernel("gemm_tc_grouped_bf16", "gemm_tc.cu", "prompt", "flop", ops_gemm_tc.THREADS[0])
+# its grouped-experts form: the same tile, run once per distinct expert among a block's rows
+GEMM_TC_GROUPED = Kernel("gemm_tc_grouped_bf16", "gemm_tc.cu", "prompt", "flop", ops_gemm_tc.DENSE_THREADS[0],
+                         dyn_shared=ops_gemm_tc.DENSE_SHARED)
 
 
-def gemm_tc_q(fmt: str) -> Kernel:
-    """The quantised prompt GEMM on the tensor core (gemm_tc_q.cu, dense, bf16 out): gemm_tc's 32 x 64 tiles."""
-    return Kernel(f"gemm_tc_{fmt}_bf16", "gemm_tc_q.cu", "prompt", "flop", 128, fmt)
+def gemm_tc_q(fmt: str, grouped: bool = False) -> Kernel:
+    """The quantised prompt GEMM on the tensor core (gemm_tc_q.cu, bf16 out), dense or over grouped experts (rows
+    sorted by expert): 128 threads, TILE_M x TILE_N output tiles (ops_gemm_tc_q)."""
+    return Kernel(f"gemm_tc{'_grouped' if grouped else ''}_{fmt}_bf16", "gemm_tc_q.cu", "prompt", "flop",
+                  ops_gemm_tc_q.THREADS[0], fmt)
 
 
 def attention_decode(r: int, chunk: int) -> tuple[Kernel, Kernel]:
-    """attention_split.cu's two kernels (scores, then P.V), with the launcher's dynamic shared memory."""
-    return (Kernel("attention_chunk_scores", "attention_split.cu", "decode", "flop", 256,
-                   dyn_shared=((att.KT * r + 1) // 2 + att.HG * chunk) * 4),
-            Kernel("attention_chunk_pv", "attention_split.cu", "decode", "flop", 256,
-                   dyn_shared=(att.HG * chunk + chunk) * 4))
+    """attention_split.cu's two kernels (scores: static shared memory only; then P.V), with the launcher's
+    dynamic shared memory."""
+    return (Kernel("attention_chunk_scores", "attention_split.cu", "decode", "flop", 256),
+            Kernel("attention_chunk_pv", "attention_split.cu", "decode", "flop", 256, dyn_shared=att.pv_shared(chunk)))
 
 
 def attention_prompt(r: int, chunk: int) -> Kernel:
@@ -70,13 +64,26 @@ def attention_prompt(r: int, chunk: int) -> Kernel:
 
 
 def attention_tc_prompt(r: int) -> Kernel:
-    """attention_tc.cu (not yet routed): a block of 4 warps per row and 16 heads, the launcher's shared memory."""
+    """attention_tc.cu (prompt rows): a block of 8 warps per two 16-row tiles of (query row, head) pairs, the
+    launcher's shared memory."""
     return Kernel("attention_tc", "attention_tc.cu", "prompt", "flop", att_tc.THREADS,
                   dyn_shared=att_tc.shared_bytes(r))
 
 
-INDEX_DECODE = Kernel("index_scores_rows", "indexer.cu", "decode", "flop", 256)
-INDEX_PROMPT = Kernel("index_scores", "indexer.cu", "prompt", "flop", 256)
+
+
+def index_decode(i: int) -> Kernel:
+    """index_scores_rows on the tensor core: ROWS_WARPS warps of WARP_POOLS pools, the launcher's shared memory."""
+    w = idx.ROWS_WARPS
+    return Kernel("index_scores_rows", "indexer.cu", "decode", "flop", 32 * w, dyn_shared=idx.shared_bytes(i, w))
+
+
+def index_prompt(i: int) -> Kernel:
+    """index_scores on the tensor core: WARPS warps of WARP_POOLS pools, the launcher's shared memory."""
+    return Kernel("index_scores", "indexer.cu", "prompt", "flop", 32 * idx.WARPS,
+                  dyn_shared=idx.shared_bytes(i, idx.WARPS))
+
+
 # kda_step's hot loop is one of its per-token loops over the lane's key columns (one element a thread)
 KDA_DECODE = Kernel("kda_step", "kda_step.cu", "decode", "state", 256, per_thread=1)
 NORM = Kernel("rmsnorm_rows", "norm.cu", "decode", "flop", 128)

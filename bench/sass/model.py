@@ -18,7 +18,7 @@ A unit is a weight for the decode GEMVs and a FLOP for the rest. The units of on
                                    thread: a block runs its rows in the smallest of 1, 2, 4, 8, 16 row slots
                                    holding them, every slot of that bucket issued); on the tensor core
           256 x HMMA / tiles      (16 weights x 16 k a step, once per 8-row tile: 1 up to 8 rows, else 2)
-  mac     64 x FADD               (a lane-16 GEMM: each FADD accumulates one product, 2 FLOPs a thread)
+  mac     64 x FADD               (a scalar GEMM loop: each FADD accumulates one product, 2 FLOPs a thread)
   flop    the loop's FLOPs        (FP instructions by their width; tensor instructions by their shape)
   state   32 x per_thread         (KDA: the recurrent-state elements a thread updates an iteration)
 Instructions outside the hot loop (staging, folds, stores) are not counted: the hot loop is most of the work.
@@ -40,8 +40,8 @@ from dataclasses import dataclass
 from bench.sass import hw, parse
 from bench.sass.compile import compiled
 
-GEMV_ROWS = 16       # cuda_src/gemv_tile.cuh: the row slots of a block
-BUCKETS = (1, 2, 4, 8, 16)   # gemv_tile.cuh's gemv_bucket: the row slots a block of r rows runs in
+GEMV_ROWS = 16       # cuda_src/gemv_tile.cuh: the rows of a block
+BUCKETS = (1, 2, 4, 8, 16)   # the GEMV_BUCKET_ONLY values a decode GEMV is compiled at (gemv_tc.cuh's gtc_tiles)
 
 
 def bucket(rows: int) -> int:
@@ -137,7 +137,7 @@ def issue_rate(a: Analysis, blocks: int) -> float:
 class Call:
     """One launch: `units` of its kernel's work, `bytes` moved from HBM, `flops`, over `blocks` blocks; `l2_bytes`
     the operand bytes its blocks load (tiled kernels; 0 where the HBM bytes are the traffic). analysis None: a
-    pass priced by its bytes alone."""
+    pass priced by its bytes alone. launched False: a part of the launch before it (a fused op's next part)."""
     analysis: Analysis | None
     units: float
     bytes: float
@@ -145,6 +145,7 @@ class Call:
     blocks: int
     collective: bool = False
     l2_bytes: float = 0.0
+    launched: bool = True
 
 
 def tile_l2_bytes(n: int, k: int, tile_m: int, tile_n: int, row_tiles: int, x_bytes: float = 2.0,
@@ -164,6 +165,6 @@ def bounds(c: Call) -> dict:
     tensor = c.flops / hw.TENSOR_BF16_FLOPS * 1e6 if a and a.counts.tensor else 0.0
     b = {"issue": issue, "memory": memory, "l2": l2, "tensor": tensor}
     bound = max(b, key=b.get)
-    extra = hw.LAUNCH_US + (hw.COLLECTIVE_US if c.collective else 0.0)
+    extra = (hw.LAUNCH_US if c.launched else 0.0) + (hw.COLLECTIVE_US if c.collective else 0.0)
     return {"issue_bound_us": issue, "memory_bound_us": memory, "l2_bound_us": l2, "tensor_bound_us": tensor,
             "predicted_us": b[bound] + extra, "bound": bound}

@@ -1,43 +1,30 @@
-"""A cold prefill's prompt GEMMs on the tensor core (the "after" path of bench/roofline.py): gemm_tc for bf16
-weights (dense, per head, grouped experts), gemm_tc_q for NVFP4 / FP8 weights where cuda_src/gemm_tc_q.cu exists,
-else a dequantisation pass to bf16 (stored bytes read, 2 N K written, at HBM bandwidth) before gemm_tc. SwiGLU is
-two GEMMs and the elementwise swiglu kernel (moe.cu: gate and up read, the product written, at HBM bandwidth).
+"""A cold prefill's prompt GEMMs, all on the tensor core: gemm_tc for bf16 weights (dense on its staged tile,
+per head, grouped experts), gemm_tc_q for NVFP4 / FP8 weights (dense and grouped, cuda_src/gemm_tc_q.cu). SwiGLU
+is two GEMMs and the elementwise swiglu kernel (moe.cu: gate and up read, the product written, at HBM bandwidth).
 
-Every GEMM call: one block per TILE_M x TILE_N output tile (cupyglm/kernels/ops_gemm_tc.py), the tensor core
-issuing whole tiles (2 x blocks x TILE_M x TILE_N x K FLOPs); HBM bytes the weights once (per head / expert), x
-and y once; L2 bytes model.tile_l2_bytes. Grouped rows sorted by expert: a row tile straddling two experts runs
-once per expert (ceil(M / TILE_M) + experts - 1 row-tile passes)."""
+Every GEMM call: one block per TILE_M x TILE_N output tile (cupyglm/kernels/ops_gemm_tc.py, ops_gemm_tc_q.py),
+the tensor core issuing whole tiles (2 x blocks x TILE_M x TILE_N x K FLOPs); HBM bytes the weights once (per
+head / expert), x and y once; L2 bytes model.tile_l2_bytes. Grouped rows sorted by expert: a row tile straddling
+two experts runs once per expert (ceil(M / TILE_M) + experts - 1 row-tile passes)."""
 from __future__ import annotations
 
-from pathlib import Path
-
 from cupyglm.kernels import ops_gemm_tc as G
+from cupyglm.kernels import ops_gemm_tc_q as GQ
 
 from bench.sass import kernels as K
 from bench.sass.model import Call, Kernel, analyse, tile_l2_bytes
 
-Q_SRC = Path(__file__).resolve().parents[2] / "cuda_src" / "gemm_tc_q.cu"
-
-
-def fused_q() -> bool:
-    """Whether the quantised tensor-core GEMMs (gemm_tc_q.cu) are in this tree."""
-    return Q_SRC.exists()
-
 
 def quant_note(fmt: str) -> str:
     """How this path prices fmt's weights, for the printout."""
-    if fmt == "bf16":
-        return "bf16 weights on gemm_tc"
-    if fused_q():
-        return f"{fmt} weights on gemm_tc_q ({Q_SRC.name})"
-    return (f"{fmt} weights: no gemm_tc_q.cu in this tree, priced as a dequantisation pass to bf16 at HBM "
-            f"bandwidth + gemm_tc")
+    return "bf16 weights on gemm_tc" if fmt == "bf16" else f"{fmt} weights on gemm_tc_q (gemm_tc_q.cu)"
 
 
-def _kernel(fmt: str, grouped: bool) -> Kernel:
-    if fmt == "bf16" or not fused_q():
-        return getattr(K, "GEMM_TC_GROUPED", K.GEMM_TC) if grouped else K.GEMM_TC
-    return Kernel(f"gemm_tc{'_grouped' if grouped else ''}_{fmt}_bf16", Q_SRC.name, "prompt", "flop", 128, fmt)
+def _kernel(fmt: str, grouped: bool) -> tuple[Kernel, tuple[int, int]]:
+    """The kernel of a GEMM and its output tile (rows, columns)."""
+    if fmt != "bf16":
+        return K.gemm_tc_q(fmt, grouped), (GQ.TILE_M, GQ.TILE_N)
+    return (K.GEMM_TC_GROUPED if grouped else K.GEMM_TC), (G.DENSE_TILE_M, G.DENSE_TILE_N)
 
 
 def memory(nbytes: float) -> Call:
@@ -48,23 +35,15 @@ def memory(nbytes: float) -> Call:
 def gemm(fmt: str, m: int, n: int, k: int, stored: float, heads: int = 1, experts: float = 0.0,
          arch: str = "sm_90") -> list[tuple[str, Call]]:
     """One matrix [N, K] (`stored` bytes a head / expert) against M prompt rows: per head (`heads`), or grouped
-    over `experts` experts (M the routed rows, sorted by expert). ("dequant", Call) first where fmt's weights
-    are made bf16 by a pass of their own."""
-    dense = not experts and (fmt == "bf16" or not fused_q())   # gemm_tc's staged tile; the rest the direct one
-    tm, tn = (G.DENSE_TILE_M, G.DENSE_TILE_N) if dense else (G.TILE_M, G.TILE_N)
+    over `experts` experts (M the routed rows, sorted by expert)."""
+    kernel, (tm, tn) = _kernel(fmt, bool(experts))
     copies = max(heads, round(experts))                       # weight matrices read
     tiles = -(-m // tm) + max(0, round(experts) - 1) if experts else heads * -(-m // tm)
-    fused = fmt != "bf16" and fused_q()
-    w_bytes = stored / (n * k) if fused else 2.0
-    out = []
-    if fmt != "bf16" and not fused:
-        out.append(("dequant", memory(copies * (stored + 2.0 * n * k))))
+    w_bytes = stored / (n * k)                                # values and scales, as the tiles load them
     flops = 2.0 * tiles * tm * -(-n // tn) * tn * k
-    nbytes = copies * n * k * w_bytes + heads * m * (k + n) * 2.0
-    a = analyse(_kernel(fmt, bool(experts)), arch)
-    out.append(("gemm", Call(a, flops, nbytes, flops, tiles * -(-n // tn),
-                             l2_bytes=tile_l2_bytes(n, k, tm, tn, tiles, w_bytes=w_bytes))))
-    return out
+    nbytes = copies * stored + heads * m * (k + n) * 2.0
+    return [("gemm", Call(analyse(kernel, arch), flops, nbytes, flops, tiles * -(-n // tn),
+                          l2_bytes=tile_l2_bytes(n, k, tm, tn, tiles, w_bytes=w_bytes)))]
 
 
 def swiglu(fmt: str, m: int, n: int, k: int, stored: float, experts: float = 0.0,

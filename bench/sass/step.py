@@ -1,8 +1,8 @@
 """The calls of one decode step and of one cold prefill of the whole model on one TP rank, each a Call of
 bench/sass/calls.py: every projection of cupyglm.memory.weight_arrays (logical shapes from the bf16 table, stored
 bytes from the format's), the attention / indexer of the DSA layers, the KDA state of the others, two norms a
-layer. A prefill's prompt GEMMs and DSA attention run on the lane-16 kernels or on the tensor core
-(bench/sass/prompt_tc.py, attention_tc); its lm_head on the last row alone. The tensors no kernel here models
+layer. A prefill's prompt GEMMs and DSA attention run on the tensor core (bench/sass/prompt_tc.py,
+attention_tc); its lm_head on the last row alone. The tensors no kernel here models
 (hyper-connections, conv taps, biases, the embedding rows) count their bytes at HBM bandwidth."""
 from __future__ import annotations
 
@@ -45,105 +45,152 @@ def _experts(cfg, rows: int) -> tuple[float, int]:
     return slices, max(1, round(rows * k / slices))
 
 
-def _walk(cfg, tp: int, fmt: str, rows: int, path: str, arch: str):
-    """(label, Call) of every projection, and the bytes of the tensors left to memory alone. path: "gemv" (decode
-    rows), "gemm" (prompt rows, lane-16 GEMMs) or "tc" (prompt rows on the tensor core, prompt_tc). A prefill's
-    lm_head runs on its last row alone (the one whose logits are sampled)."""
+def _projections(cfg, tp: int, fmt: str, rows: int):
+    """(label, form, format, N, K, stored bytes, name) of every projection, a form of "dense", "swiglu" (a gate /
+    up pair, from gate's shape), "grouped" or "grouped swiglu" (the routed experts, one a layer from expert 0's
+    shape); and the bytes of the tensors left to memory alone (the embedding: its `rows` rows)."""
     plain, stored, storage = _tables(cfg, tp, fmt)
     out, small = [], 0.0
-    slices, per = _experts(cfg, rows)
-    gemv = path == "gemv"
     for name, a in plain.items():
         if not _projection(name, a):
             small += rows * a.shape[-1] * 2 if "embed_tokens" in name else a.nbytes(storage)
             continue
         f = fmt if stored[name] != a.nbytes(storage) else "bf16"
-        n, k = a.shape
         m = _EXPERT.search(name)
-        if m and m.group(1) != "0":
-            continue                                   # one grouped call a layer, from expert 0's shape
-        if "lm_head" in name and not gemv:
-            out.append(("lm_head", calls.gemv("dense", f, n, k, 1, stored[name], out_bytes=4, arch=arch)))
-            continue
-        if path == "tc":
-            out += _tc(cfg, tp, f, name, n, k, rows, stored[name], slices, arch)
-            continue
         if m:
-            grouped = "grouped swiglu" if m.group(2) != "down" else "grouped"
-            if m.group(2) == "up":
+            if m.group(1) != "0" or m.group(2) == "up":
                 continue
-            nw = 2 if m.group(2) == "gate" else 1
-            label = f"experts {m.group(2)}{'+up' if nw == 2 else ''}"
-            if gemv:
-                c = calls.gemv(grouped, f, n, k, per, stored[name], nw, slices, arch=arch,
-                               collective=m.group(2) == "down" and tp > 1)
-            else:
-                c = calls.gemm(grouped, f, rows * cfg.num_experts_per_tok, n, k, stored[name], nw, arch,
-                               slices=min(cfg.n_routed_experts, rows * cfg.num_experts_per_tok))
-            out.append((label, c))
+            gate = m.group(2) == "gate"
+            label, form = f"experts {m.group(2)}{'+up' if gate else ''}", "grouped swiglu" if gate else "grouped"
+        else:
+            paired = _PAIRED.search(name) and name.replace("gate_proj", "up_proj") in plain
+            if paired and ".up_proj." in name:
+                continue
+            label, form = re.sub(r"^.*layers\.\d+\.", "", name).replace(".weight", ""), "swiglu" if paired else "dense"
+        out.append((label, form, f, *a.shape, stored[name], name))
+    return out, small
+
+
+# A layer's projections that one op of the model runs together (kda.py / dsa.py gemm_multi, rmsnorm_gemm_multi,
+# moe.py gemm_and_swiglu): its bf16 decode parts share one launch of the fused GEMV, a quantised part launches alone.
+_FUSED = ((re.compile(r"self_attn\.(q|k|v|f_a|g_a|b)_proj\.weight$"), "multi"),
+          (re.compile(r"self_attn\.(q_a_proj|kv_a_proj_with_mqa|indexer\.wk|indexer\.weights_proj)\.weight$"), "multi"),
+          (re.compile(r"self_attn\.(q_b_proj|indexer\.wq_b)\.weight$"), "multi rmsnorm"),
+          (re.compile(r"mlp\.(gate|shared_experts\.gate_proj)\.weight$"), "multi swiglu"))
+_IN_STEP = re.compile(r"self_attn\.(f_b|g_b)_proj\.weight$")       # read inside kda_step (no launch of their own)
+_LAYER = re.compile(r"layers\.(\d+)\.")
+
+
+def _fused(name: str, f: str) -> str | None:
+    """The fused form whose launch a bf16 projection shares, or None."""
+    return next((form for pat, form in _FUSED if pat.search(name)), None) if f == "bf16" else None
+
+
+def _decode(cfg, tp: int, fmt: str, rows: int, arch: str):
+    """(label, Call) of every projection as a decode GEMV, in the launches the model's ops make; and the bytes
+    left to memory. Routed experts and the shared expert's down run in the MoE ops' launches (bf16: moe_experts'
+    two; quantised: the grouped SwiGLU, then the grouped down with the shared down, beside route, sort and
+    combine); kv_b as the absorbed per-head pair (two gemm_heads launches); f_b and g_b read by kda_step."""
+    projections, small = _projections(cfg, tp, fmt, rows)
+    slices, per = _experts(cfg, rows)
+    out, open_ops = [], set()
+    for label, form, f, n, k, st, name in projections:
+        if _IN_STEP.search(name):
+            small += st
             continue
-        if _PAIRED.search(name) and name.replace("gate_proj", "up_proj") in plain:
-            if ".up_proj." in name:
-                continue
-            form, nw = "swiglu", 2
-        else:
-            form, nw = "dense", 1
+        nw = 2 if form.endswith("swiglu") else 1
+        if form.startswith("grouped"):
+            c = calls.gemv(form, f, n, k, per, st, nw, slices, arch=arch, collective=form == "grouped" and tp > 1)
+            out.append((label, c))
+            if form == "grouped swiglu" and f != "bf16":   # moe_route and moe_sort before, moe_combine after
+                out += [("experts route", calls.launch_only()) for _ in range(3)]
+            continue
         coll = tp > 1 and (name.endswith("o_proj.weight") or name.endswith("mlp.down_proj.weight"))
-        label = re.sub(r"^.*layers\.\d+\.", "", name).replace(".weight", "")
-        if gemv:
-            c = calls.gemv(form, f, n, k, rows, stored[name], nw, out_bytes=4 if "lm_head" in name else 2,
-                           arch=arch, collective=coll)
-        else:
-            c = calls.gemm(form, f, rows, n, k, stored[name], nw, arch)
+        fused = _fused(name, f)
+        key = (_LAYER.search(name).group(1) if _LAYER.search(name) else "", fused)
+        in_moe = "shared_experts.down_proj" in name and f == "bf16"      # moe_experts' down_combine launch
+        c = calls.gemv(fused or form, f, n, k, rows, st, nw, out_bytes=4 if "lm_head" in name else 2, arch=arch,
+                       collective=coll, launched=not in_moe and (fused is None or key not in open_ops))
+        open_ops.add(key)
+        if name.endswith("kv_b_proj.weight"):
+            half = calls.gemv(form, f, n // 2, k, rows, st / 2, arch=arch)
+            out += [(label, half), (label, half)]
+            continue
         out.append((label, c))
     return out, small
 
 
-def _tc(cfg, tp: int, f: str, name: str, n: int, k: int, rows: int, stored: float, slices: float, arch: str):
-    """A projection's (label, Call)s on the tensor core (prompt_tc): experts grouped over their routed rows,
-    gate / up pairs as SwiGLU, kv_b as the absorbed per-head pair; dequantisation passes labelled "dequant"."""
-    m = _EXPERT.search(name)
-    label = re.sub(r"^.*layers\.\d+\.", "", name).replace(".weight", "")
-    if m:
-        if m.group(2) == "up":
-            return []
-        r = rows * cfg.num_experts_per_tok
-        got = (prompt_tc.swiglu(f, r, n, k, stored, slices, arch) if m.group(2) == "gate"
-               else prompt_tc.gemm(f, r, n, k, stored, experts=slices, arch=arch))
-        return [(lb if lb == "dequant" else f"experts {m.group(2)}{'+up' if m.group(2) == 'gate' else ''}", c)
-                for lb, c in got]
-    if _PAIRED.search(name) and name.replace("gate_proj", "up_proj") in _tables(cfg, tp, f)[0]:
-        if ".up_proj." in name:
-            return []
-        got = prompt_tc.swiglu(f, rows, n, k, stored, arch=arch)
-    elif name.endswith("kv_b_proj.weight"):
-        got = prompt_tc.per_head_absorb(cfg, tp, rows, arch)
-    else:
-        got = prompt_tc.gemm(f, rows, n, k, stored, arch=arch)
-    return [(lb if lb == "dequant" else label, c) for lb, c in got]
+def _prompt(cfg, tp: int, fmt: str, rows: int, arch: str):
+    """(label, Call)s of every projection on the tensor core (prompt_tc): experts grouped over their routed rows,
+    gate / up pairs as SwiGLU, kv_b as the absorbed per-head pair; lm_head a GEMV of the last row alone (the one
+    whose logits are sampled). And the bytes left to memory."""
+    projections, small = _projections(cfg, tp, fmt, rows)
+    slices, _ = _experts(cfg, rows)
+    out = []
+    for label, form, f, n, k, st, name in projections:
+        if "lm_head" in name:
+            out.append((label, calls.gemv("dense", f, n, k, 1, st, out_bytes=4, arch=arch)))
+            continue
+        r, e = (rows * cfg.num_experts_per_tok, slices) if form.startswith("grouped") else (rows, 0.0)
+        if form.endswith("swiglu"):
+            got = prompt_tc.swiglu(f, r, n, k, st, e, arch)
+        elif name.endswith("kv_b_proj.weight"):
+            got = prompt_tc.per_head_absorb(cfg, tp, rows, arch)
+        else:
+            got = prompt_tc.gemm(f, r, n, k, st, experts=e, arch=arch)
+        out += [(label, c) for _, c in got]
+    return out, small
+
+
+def prefill_need(cfg, tp: int, fmt: str, tokens: int, arch: str = "sm_90") -> tuple[float, float]:
+    """(HBM bytes, FLOPs) a cold prefill of `tokens` needs on one rank, not the tiles a kernel pads to: each
+    projection's stored weights once (the routed experts: min(E, tokens x top-k) of them, gate and up both), its
+    rows' x and y once and 2 M N K FLOPs a matrix (experts: the routed rows; lm_head: the last row); attention's
+    picked pairs (calls.attention_prompt_work); the indexer, KDA recurrence and norms as their calls; the tensors
+    no kernel models."""
+    projections, nbytes = _projections(cfg, tp, fmt, tokens)
+    flops = 0.0
+    for _, form, _, n, k, st, name in projections:
+        nw = 2 if form.endswith("swiglu") else 1
+        m, copies, out_bytes = tokens, 1, 2
+        if form.startswith("grouped"):
+            m = tokens * cfg.num_experts_per_tok
+            copies = min(cfg.n_routed_experts, m)
+        elif "lm_head" in name:
+            m, out_bytes = 1, 4
+        flops += 2.0 * m * n * k * nw
+        nbytes += copies * st * nw + m * k * 2 + m * n * out_bytes
+    af, ab = calls.attention_prompt_work(cfg, tp, tokens)
+    rest = _kernels(cfg, tp, tokens, arch)
+    return (nbytes + len(cfg.dsa_layers) * ab + sum(c.bytes for _, c in rest),
+            flops + len(cfg.dsa_layers) * af + sum(c.flops for _, c in rest))
 
 
 def decode_calls(cfg, tp: int, fmt: str, batch: int, context: int, arch: str = "sm_90"):
     """(label, Call) list of one decode step of `batch` rows at `context`, and the bytes left to memory."""
-    out, small = _walk(cfg, tp, fmt, batch, "gemv", arch)
+    out, small = _decode(cfg, tp, fmt, batch, arch)
     for _ in cfg.dsa_layers:
         out += [("attention", c) for c in calls.attention_decode(cfg, tp, batch, context, arch)]
         out.append(("indexer", calls.index_decode(cfg, batch, context, arch)))
+        out += [("indexer", calls.launch_only()) for _ in range(3)]   # kv_write_rows, index_tail_pool, dsa_pick
     out += [("kda state", calls.kda_decode(cfg, tp, batch, arch)) for _ in cfg.kda_layers]
     out += [("norms", calls.norm(cfg, batch, arch)) for _ in range(2 * cfg.num_hidden_layers)]
     return out, small
 
 
-def prefill_calls(cfg, tp: int, fmt: str, tokens: int, arch: str = "sm_90", tc: bool = False):
-    """(label, Call) list of one cold prefill of `tokens` tokens (one pass), and the bytes left to memory; tc:
-    the prompt GEMMs and DSA attention on the tensor-core kernels (prompt_tc, attention_tc), else lane-16."""
-    out, small = _walk(cfg, tp, fmt, tokens, "tc" if tc else "gemm", arch)
-    att = calls.attention_tc_prompt if tc else calls.attention_prompt
-    out += [("attention", att(cfg, tp, tokens, arch)) for _ in cfg.dsa_layers]
-    out += [("indexer", calls.index_prompt(cfg, tokens, arch)) for _ in cfg.dsa_layers]
+def _kernels(cfg, tp: int, tokens: int, arch: str):
+    """A cold prefill's indexer, KDA recurrence and norms (the same kernels whatever runs the GEMMs)."""
+    out = [("indexer", calls.index_prompt(cfg, tokens, arch)) for _ in cfg.dsa_layers]
     out += [("kda state", calls.kda_prompt(cfg, tp, tokens, arch)) for _ in cfg.kda_layers]
-    out += [("norms", calls.norm(cfg, tokens, arch)) for _ in range(2 * cfg.num_hidden_layers)]
-    return out, small
+    return out + [("norms", calls.norm(cfg, tokens, arch)) for _ in range(2 * cfg.num_hidden_layers)]
+
+
+def prefill_calls(cfg, tp: int, fmt: str, tokens: int, arch: str = "sm_90"):
+    """(label, Call) list of one cold prefill of `tokens` tokens (one pass), and the bytes left to memory: the
+    prompt GEMMs on the tensor core (prompt_tc), DSA attention on attention_tc."""
+    out, small = _prompt(cfg, tp, fmt, tokens, arch)
+    out += [("attention", calls.attention_tc_prompt(cfg, tp, tokens, arch)) for _ in cfg.dsa_layers]
+    return out + _kernels(cfg, tp, tokens, arch), small
 
 
 def total_us(call_list, small: float) -> tuple[float, dict[str, float]]:

@@ -1,5 +1,5 @@
 """One row per modelled kernel and shape at the model's shapes: every decode GEMV form at each row count, the
-prompt GEMMs at M rows (the dense and grouped bf16 ones also on the tensor core, gemm_tc.cu), attention / indexer /
+prompt GEMMs on the tensor core at M rows (gemm_tc.cu, gemm_tc_q.cu: dense and grouped), attention / indexer /
 KDA / norm on both paths (bench/sass_model.py prints them)."""
 from __future__ import annotations
 
@@ -66,34 +66,28 @@ def _gemv_rows(cfg, tp, fmt, rows, arch):
 
 
 def _gemm_rows(cfg, tp, fmt, m, arch):
+    """The prompt GEMMs on the tensor core at M rows: dense (o_proj) and grouped (the experts' down_proj over
+    min(E, M) experts), gemm_tc for bf16 weights, gemm_tc_q for a format's quantised ones."""
     plain, stored, storage = _tables(cfg, tp, fmt)
-    out = []
     e = min(cfg.n_routed_experts, m)
-    for form, suffix, kw in (("dense", "self_attn.o_proj.weight", {}),
-                             ("swiglu", "shared_experts.gate_proj.weight", {"nw": 2}),
-                             ("grouped", "experts.0.down_proj.weight", {"slices": e}),
-                             ("grouped swiglu", "experts.0.gate_proj.weight", {"nw": 2, "slices": e})):
-        n, k, st, q = _shape(plain, stored, storage, suffix)
-        if fmt != "bf16" and not q:
-            continue
-        out.append(row(calls.gemm(form, fmt, m, n, k, st, arch=arch, **kw), m, form, f"M {m} N {n} K {k}"))
-    if fmt == "bf16":
-        n, k, st, _ = _shape(plain, stored, storage, "self_attn.o_proj.weight")
-        out.append(row(calls.gemm_tc(m, n, k, st, arch), m, "dense tc", f"M {m} N {n} K {k}"))
-        n, k, st, _ = _shape(plain, stored, storage, "experts.0.down_proj.weight")
-        out.append(row(calls.gemm_tc_grouped(m, n, k, st, e, arch), m, "grouped tc",
-                       f"M {m} N {n} K {k} x {e} experts"))
+    out = []
     n, k, st, q = _shape(plain, stored, storage, "self_attn.o_proj.weight")
-    if fmt != "bf16" and q:
-        out.append(row(calls.gemm_tc_q(fmt, m, n, k, st, arch), m, "dense tc", f"M {m} N {n} K {k}"))
+    if fmt == "bf16":
+        out.append(row(calls.gemm_tc(m, n, k, st, arch), m, "dense", f"M {m} N {n} K {k}"))
+    elif q:
+        out.append(row(calls.gemm_tc_q(fmt, m, n, k, st, arch), m, "dense", f"M {m} N {n} K {k}"))
+    n, k, st, q = _shape(plain, stored, storage, "experts.0.down_proj.weight")
+    shape = f"M {m} N {n} K {k} x {e} experts"
+    if fmt == "bf16":
+        out.append(row(calls.gemm_tc_grouped(m, n, k, st, e, arch), m, "grouped", shape))
+    elif q:
+        out.append(row(calls.gemm_tc_q(fmt, m, n, k, st, arch, slices=e), m, "grouped", shape))
     return out
 
 
-def gemm_compare(m: int, n: int, k: int, arch: str = "sm_90") -> list[dict]:
-    """The dense bf16 prompt GEMM at one shape: the lane-16 kernel (gemm.cu) beside the tensor-core one (gemm_tc.cu)."""
-    shape, st = f"M {m} N {n} K {k}", 2.0 * n * k
-    return [row(calls.gemm("dense", "bf16", m, n, k, st, arch=arch), m, "dense", shape),
-            row(calls.gemm_tc(m, n, k, st, arch), m, "dense tc", shape)]
+def gemm_rows(m: int, n: int, k: int, arch: str = "sm_90") -> list[dict]:
+    """The dense bf16 prompt GEMM at one shape, on the tensor core (gemm_tc.cu)."""
+    return [row(calls.gemm_tc(m, n, k, 2.0 * n * k, arch), m, "dense", f"M {m} N {n} K {k}")]
 
 
 def kernel_rows(cfg, tp: int, rows=(1, 16), m: int = 2048, context: int = 4096, arch: str = "sm_90") -> list[dict]:
@@ -110,7 +104,7 @@ def kernel_rows(cfg, tp: int, rows=(1, 16), m: int = 2048, context: int = 4096, 
         out.append(row(calls.kda_decode(cfg, tp, r, arch), r, "kda", "state"))
         out.append(row(calls.norm(cfg, r, arch), r, "norm", f"D {cfg.hidden_size}"))
     out.append(row(calls.attention_prompt(cfg, tp, m, arch), m, "attention", f"prompt {m}"))
-    out.append(row(calls.attention_tc_prompt(cfg, tp, m, arch), m, "attention tc", f"prompt {m} (not routed)"))
+    out.append(row(calls.attention_tc_prompt(cfg, tp, m, arch), m, "attention tc", f"prompt {m}"))
     out.append(row(calls.index_prompt(cfg, m, arch), m, "indexer", f"prompt {m}"))
     out.append(row(calls.kda_prompt(cfg, tp, m, arch), m, "kda", f"prompt {m}"))
     return out

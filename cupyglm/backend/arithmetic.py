@@ -3,13 +3,13 @@ orders and roundings (bump it whenever any backend's order or rounding changes: 
 arithmetic are refused by name); the tensor core's architecture names the mma model the bits follow: on cuda
 the device's own (its hardware), on numpy and sim the model the CPU runs (tensor_core.DEFAULT_ARCH).
 
-    identity("numpy")  -> "arithmetic 2, tensor core sm_90"
+    identity("numpy")  -> "arithmetic 3, tensor core sm_90"
 """
 from __future__ import annotations
 
 from cupyglm.backend.tensor_core import DEFAULT_ARCH, model_for
 
-ARITHMETIC = 2
+ARITHMETIC = 3
 
 
 def tc_arch(backend: str) -> str:

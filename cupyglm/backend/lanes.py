@@ -1,5 +1,5 @@
-"""The main reduction order of cupyglm ("lane-16"), in NumPy: every sum over a model dimension uses it but a
-decode/verify row's bf16 GEMV (tc_order.py, the tensor core's decode order).
+"""The main reduction order of cupyglm ("lane-16"), in NumPy: every sum over a model dimension uses it but the
+weight GEMMs of every row (tc_order.py and tc_quant.py, the tensor core's order).
 
 A sum over K terms puts term k in lane k % 16; each lane adds its terms in increasing k from +0.0; the 16
 lanes then fold as a butterfly: lane i += lane i+8, then +4, +2, +1. The order depends only on K, never on

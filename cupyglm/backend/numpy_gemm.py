@@ -1,15 +1,16 @@
 """The GEMMs of the numpy reference (NumpyOps inherits them): gemm, gemm_heads, gemm_grouped and the gate/up +
 SwiGLU forms, each output row from its own input row.
 
-`decode` (backend/roles.py) says how many leading rows are decode/verify rows. Their GEMVs sum in the tensor
-core's decode order (bf16: backend/tc_order.py, cuda_src/gemv_tc.cuh; quantised: backend/tc_quant.py,
-cuda_src/gemv_q_tc.cuh); prompt rows keep the lane-16 order (backend/lanes.py, gemm.cu). A row's role never depends on the rows beside it.
+Every row sums in the tensor core's order (bf16: backend/tc_order.py; quantised: backend/tc_quant.py), whatever
+its role: a decode/verify row through the kernel backends' GEMVs (cuda_src/gemv_tc.cuh, gemv_q_tc.cuh), a prompt
+row through their tiled GEMMs (gemm_tc.cu, gemm_tc_q.cu). `decode` (backend/roles.py) is checked here and picks
+the kernels there; it never changes a bit.
 """
 from __future__ import annotations
 
 import numpy as np
 
-from cupyglm.backend.lanes import bf16, gemm, out_kind
+from cupyglm.backend.lanes import bf16, out_kind
 from cupyglm.backend.qweight import QWeight
 from cupyglm.backend.roles import decode_rows
 from cupyglm.backend.tc_order import tc_rows
@@ -21,14 +22,9 @@ def round_out(y: np.ndarray, out: str) -> np.ndarray:
     return bf16(y) if out == "bf16" else y
 
 
-def role_gemm(x, w, d: int) -> np.ndarray:
-    """x [M, K] @ w [N, K]^T fp32: rows [0, d) in the decode order, the rest lane-16."""
-    if d == 0:
-        return gemm(x, w)
-    rows = quant_rows if isinstance(w, QWeight) else tc_rows
-    if d == x.shape[0]:
-        return rows(x, w)
-    return np.concatenate([rows(x[:d], w), gemm(x[d:], w)])
+def tc_gemm(x, w) -> np.ndarray:
+    """x [M, K] @ w [N, K]^T fp32 in the tensor core's order: tc_rows for bf16 w, quant_rows for a QWeight."""
+    return quant_rows(x, w) if isinstance(w, QWeight) else tc_rows(x, w)
 
 
 MULTI_OUTS = ("f32", "bf16", "sigmoid_bf16")    # gemm_multi's epilogues (kinds 0, 1, 2 of gemv_multi.cu)
@@ -50,26 +46,26 @@ def multi_parts(name: str, xs, ws, outs) -> None:
 class NumpyGemm:
     def gemm(self, x: np.ndarray, w: np.ndarray, out: str = "f32", decode: int = 0) -> np.ndarray:
         """[M, K] bf16 x [N, K] bf16 -> [M, N] fp32; out="bf16" rounds it once. Rows [0, decode) are decode/verify
-        rows (the decode order), the rest prompt rows (lane-16 order over K)."""
-        d = decode_rows("gemm", decode, x.shape[0])
-        return round_out(role_gemm(x, w, d), out_kind("gemm", out))
+        rows, the rest prompt rows (the same tensor-core order either way)."""
+        decode_rows("gemm", decode, x.shape[0])
+        return round_out(tc_gemm(x, w), out_kind("gemm", out))
 
     def gemm_heads(self, x: np.ndarray, w: np.ndarray, out: str = "f32", decode: int = 0) -> np.ndarray:
         """Per-head GEMM: [H, M, K] bf16 x [H, N, K] bf16 -> [H, M, N] fp32 (or bf16 with out="bf16")."""
-        d = decode_rows("gemm_heads", decode, x.shape[1])
+        decode_rows("gemm_heads", decode, x.shape[1])
         out_kind("gemm_heads", out)
         if x.ndim != 3 or w.ndim != 3 or x.shape[0] != w.shape[0] or x.shape[2] != w.shape[2]:
             raise ValueError(f"gemm_heads: x {x.shape} and w {w.shape} disagree")
         y = np.empty((x.shape[0], x.shape[1], w.shape[1]), dtype=np.float32)
         for h in range(x.shape[0]):
-            y[h] = role_gemm(x[h], w[h], d)
+            y[h] = tc_gemm(x[h], w[h])
         return round_out(y, out)
 
     def gemm_grouped(self, x: np.ndarray, w: np.ndarray, group: np.ndarray, out: str = "f32",
                      decode: int = 0) -> np.ndarray:
         """Grouped expert GEMM: x [M, K] bf16, w [E, N, K] bf16, group [M] int32 expert of each row -> [M, N]
-        fp32 (or bf16 with out="bf16"). Row m is exactly gemm(x[m:m+1], w[group[m]], decode=int(m < decode)):
-        one gemm per expert present on its rows, scattered back."""
+        fp32 (or bf16 with out="bf16"). Row m is exactly gemm(x[m:m+1], w[group[m]]): one gemm per
+        expert present on its rows, scattered back."""
         out_kind("gemm_grouped", out)
         m, k = x.shape
         e, n, k2 = w.shape
@@ -78,7 +74,7 @@ class NumpyGemm:
         group = np.asarray(group)
         if group.shape != (m,):
             raise ValueError(f"gemm_grouped: group must have shape ({m},), got {group.shape}")
-        d = decode_rows("gemm_grouped", decode, m)
+        decode_rows("gemm_grouped", decode, m)
         y = np.empty((m, n), dtype=np.float32)
         if m == 0:
             return round_out(y, out)
@@ -87,11 +83,11 @@ class NumpyGemm:
         if m == 1 or bool((group[1:] >= group[:-1]).all()):      # sorted by expert: one slice per expert
             cuts = np.flatnonzero(group[1:] != group[:-1]) + 1
             for a, b in zip([0, *cuts.tolist()], [*cuts.tolist(), m]):
-                y[a:b] = role_gemm(x[a:b], w[group[a]], min(max(d - a, 0), b - a))
+                y[a:b] = tc_gemm(x[a:b], w[group[a]])
             return round_out(y, out)
         for ex in np.unique(group):
             rows = np.nonzero(group == ex)[0]
-            y[rows] = role_gemm(x[rows], w[ex], int((rows < d).sum()))      # ascending rows: decode ones first
+            y[rows] = tc_gemm(x[rows], w[ex])
         return round_out(y, out)
 
     def gemm_multi(self, xs: tuple, ws: tuple, outs: tuple, decode: int = 0) -> tuple:

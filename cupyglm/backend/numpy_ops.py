@@ -4,8 +4,9 @@ the CUDA kernels in cuda_src/ are checked against.
 Storage: every value the model keeps in bf16 (weights, KV rows, pooled keys, the bf16 parts of the state,
 activations between ops) is an ml_dtypes.bfloat16 array (`bf16_dtype`); every op computes in float32 from the
 widened values and rounds its bf16 outputs once, where the kernel rounds (its epilogue). Every sum over a
-model dimension is in lane-16 order (backend/lanes.py) but a decode row's bf16 GEMV (backend/tc_order.py); short
-fixed sums (4 streams, 4 taps) run left to right. Each output row is computed from that row's inputs alone.
+model dimension is in lane-16 order (backend/lanes.py) but the weight GEMMs' (backend/tc_order.py, tc_quant.py)
+and the indexer's dots (backend/tc_index.py): the tensor core's chains, every row alike. Short fixed sums (4
+streams, 4 taps) run left to right. Each output row is computed from that row's inputs alone.
 """
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import numpy as np
 
 from cupyglm.backend.lanes import (BF16, bf16, exp_f32, f32, gemm, lane_sum, out_kind, rank_sum, rsqrt_f32, seq_sum,
                                    sigmoid_f32, stored_weight)
+from cupyglm.backend import tc_attention
 from cupyglm.backend.logits_ops import LogitsOps
 from cupyglm.backend.numpy_gather import GatherOps
 from cupyglm.backend.numpy_gemm import NumpyGemm, round_out as _round
@@ -20,6 +22,7 @@ from cupyglm.backend.numpy_kda import KDAOps
 from cupyglm.backend.numpy_moe import MoEOps
 from cupyglm.backend.numpy_vision import VisionOps
 from cupyglm.backend.roles import decode_rows
+from cupyglm.backend.tc_index import index_dots
 
 NEG_INF = np.float32(-np.inf)
 
@@ -256,11 +259,12 @@ class NumpyOps(NumpyGemm, KDAOps, MoEOps, LogitsOps, GatherOps, VisionOps):
         """Score of every pool for every row: s = sum_h hw_h * relu(I^-0.5 * qi_h . pk).
 
         qi: [T, Hi, I] bf16, hw: [T, Hi] fp32 (already scaled), pk: [P, I] bf16 -> [T, P] fp32.
+        The dots are the tensor core's chains (backend/tc_index.py), the same for every row whatever its role.
         The caller masks pools a row cannot see.
         """
         hw = f32(hw)
-        t, h, i = qi.shape
-        dots = gemm(qi.reshape(t * h, i), pk).reshape(t, h, -1)             # [T, Hi, P]
+        i = qi.shape[2]
+        dots = index_dots(qi, pk)                                            # [T, Hi, P] the tensor core's chain
         r = np.maximum(dots * np.float32(i ** -0.5), np.float32(0.0)) * hw[:, :, None]
         return lane_sum(np.moveaxis(r, 1, 2))                                # sum over heads
 
@@ -314,7 +318,9 @@ class NumpyOps(NumpyGemm, KDAOps, MoEOps, LogitsOps, GatherOps, VisionOps):
         keys equal values), rows: [T, W] int32 physical row ids (-1 padded), counts: [T] int32.
         Online softmax over `chunk`-key chunks of the row's list, merged in list order; fp32 m, l, o;
         P rounded to bf16 before P.V and the sum l. Returns [T, H, R] bf16 (o / l). Rows [0, decode) are
-        decode/verify rows (backend/roles.py: the kernels split them by chunk; the same bits).
+        decode/verify rows (backend/roles.py: the kernels split them by chunk; the same bits). Lists of store rows
+        carry no positions, so every row here takes this order; the model's prompt rows go through
+        attention_paged (the tensor core on the position grid).
         """
         decode_rows("attention", decode, qa.shape[0])
         qa = f32(qa)
@@ -341,7 +347,15 @@ class NumpyOps(NumpyGemm, KDAOps, MoEOps, LogitsOps, GatherOps, VisionOps):
     def attention_paged(self, qa: np.ndarray, store: np.ndarray, tokens: np.ndarray, table: np.ndarray,
                         seg: np.ndarray, page_tokens: int, counts: np.ndarray, scale: float, chunk: int,
                         decode: int = 0) -> np.ndarray:
-        """attention over token lists tokens [T, W] int32 (positions, -1 padded) mapped through each row's
-        segment's page table (table [S, width] int32, seg [T] int32: paged_rows): the forward call's one row map
-        serves every DSA layer."""
-        return self.attention(qa, store, paged_rows(tokens, table, seg, page_tokens), counts, scale, chunk, decode)
+        """attention over token lists tokens [T, W] int32 (positions, strictly ascending, -1 padded) mapped through
+        each row's segment's page table (table [S, width] int32, seg [T] int32: paged_rows): the forward call's one
+        row map serves every DSA layer. Rows [0, decode) (decode/verify rows) as `attention`; the prompt rows on the
+        tensor core in key blocks on the absolute position grid (backend/tc_attention.py), so a prompt row's bits
+        do not depend on where its chunk began."""
+        d = decode_rows("attention_paged", decode, qa.shape[0])
+        rows = paged_rows(tokens, table, seg, page_tokens)
+        out = np.empty(qa.shape, dtype=BF16)
+        out[:d] = self.attention(qa[:d], store, rows[:d], counts[:d], scale, chunk, d)
+        if d < qa.shape[0]:
+            out[d:] = tc_attention.attention_tc(qa[d:], store, tokens[d:], rows[d:], counts[d:], scale)
+        return out

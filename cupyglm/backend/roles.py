@@ -4,9 +4,9 @@ sequence, or a call's up to 16 MTP verify rows) or a prompt row (a chunk of a pr
 A forward call puts its decode/verify rows first (model/batch.py orders the segments), so every GEMM of the
 call is told one number, `decode`: its leading rows [0, decode) are decode/verify rows, the rest prompt rows.
 The kernel backends choose each row's path by that role (the weight-streaming gemv for decode/verify rows, the
-tiled gemm for prompt rows), never by how many rows share the call. The role fixes the order: a decode row's
-bf16 GEMV sums in the tensor core's decode order (tc_order.py), a prompt row (and a quantised weight) in lane-16
-order, and the numpy reference follows the same split, so a row's bits depend on its role, never on its batch.
+tiled tensor-core gemm for prompt rows), never by how many rows share the call. Both paths sum in the tensor
+core's order (tc_order.py, tc_quant.py), so a row's bits depend neither on its role nor on its batch: a prompt
+row equals the same row decoded, and the numpy reference needs the role only to check it.
 """
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""Prefill attention on the tensor core, exactly: the CPU model of cuda_src/attention_tc.cu (not yet routed into
-the model: the DSA layers still run NumpyOps.attention).
+"""Prefill attention on the tensor core, exactly: the CPU model of cuda_src/attention_tc.cu, the numpy reference of
+the prompt rows of NumpyOps.attention_paged (the DSA layers' prompt rows; decode/verify rows keep its list order).
 
 Absorbed MLA over latent rows (keys equal values). Row t's visible keys are the positions tokens[t, :counts[t]]
 (strictly ascending, each one's store row given by rows_of). They fall into key blocks of BLOCK positions aligned

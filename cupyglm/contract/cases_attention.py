@@ -10,7 +10,9 @@ Controls: `attention[..]` with a wrong page mapping (16 list entries read anothe
 `attention_split[..]`: the leading `decode` rows as decode/verify rows (cuda_src/attention_split.cu: heads
 sharing each latent row, chunks in parallel, merged in list order), the same controls.
 `attention_paged[..]`: the lists as positions, a call of segments (table [S, width] one page table per segment,
-seg [T] each row's); controls as below, and `.seg[..]` each row reading the next segment's table (planted).
+seg [T] each row's), its prompt rows on the tensor core (cuda_src/attention_tc.cu, R a multiple of 64); controls
+as below, `.seg[..]` each row reading the next segment's table (planted) and `.tc[..]` the prompt rows' Q fragments
+loaded transposed (planted; attention_tc's own cases hold its finer controls).
 """
 from __future__ import annotations
 
@@ -130,6 +132,9 @@ _attention("verify",    range(30, 46),          4,  64,  32,  8, 2.0, decode=16)
 _attention("mixed",     [0, 5, 77, 200],        3,  72,  20,  8, 2.0, decode=2)     # 2 decode rows, 2 prompt rows
 _attention("heads6",    [40, 90],               6,  64,  16,  8, 2.0, decode=2)     # 2 head groups, one partial
 _attention("full",      [2050, 3000],           2, 512, 512, 512, 6.0, decode=2)
+# two scores head groups (16 + 4), three pv head groups (8, 8, 4), column slices 64 + 64 + 8 (a scores slice of
+# 128 + a padded one of 8), key tiles 32 + 8 a chunk with tiles past the count
+_attention("heads20",   [60, 150],             20, 136,  40,  32, 2.0, decode=2)
 
 
 # ---- attention_paged: the lists as positions, each row mapped through its segment's page table in the kernels ----
@@ -203,13 +208,18 @@ def _paged(label: str, positions, seqs: tuple[int, ...], h: int, r: int, chunk: 
     def ctl_next_seg(k, d):                            # planted: every row reads the next segment's table
         return launch(k.variant("ATT_PLANT_NEXT_SEG"), d, d["tokens"], d["table"])
 
-    kernels = (SPLIT if decode else ()) + (("attention",) if decode < len(positions) else ())
+    def ctl_fragment(k, d):                            # planted: the prompt rows' Q fragments transposed
+        return launch(k.variant("TRANSPOSED_FRAGMENT"), d, d["tokens"], d["table"])
+
+    kernels = (SPLIT if decode else ()) + (("attention_tc",) if decode < len(positions) else ())
     run = (lambda k, d: launch(k, d, d["tokens"], d["table"]))
     if decode and any(p + 1 > chunk for p in positions[:decode]):
         case(Case(f"attention_paged.last_block[{label}]", kernels, make, run, replay, ctl_first_done, ULPS, WHY))
     case(Case(f"attention_paged[{label}]", kernels, make, run, replay, ctl_table, ULPS, WHY))
-    if any(p + 1 > chunk for p in positions):
+    if any(p + 1 > chunk for p in positions[:decode]):      # the prompt rows' order does not follow the chunks
         case(Case(f"attention_paged.chunks[{label}]", kernels, make, run, replay, ctl_chunks, ULPS, WHY))
+    if decode < len(positions):
+        case(Case(f"attention_paged.tc[{label}]", kernels, make, run, replay, ctl_fragment, ULPS, WHY))
     seg = np.repeat(np.arange(len(seqs)), seqs)
     if len(set(seg[:decode])) > 1 or len(set(seg[decode:])) > 1:    # a row whose next segment is in its launch
         case(Case(f"attention_paged.seg[{label}]", kernels, make, run, replay, ctl_next_seg, ULPS, WHY))
@@ -218,7 +228,8 @@ def _paged(label: str, positions, seqs: tuple[int, ...], h: int, r: int, chunk: 
 #        label      positions                                segments      H    R  chunk npools      decode rows
 _paged("decode",    [100],                                   (1,),         4,  64,  16,  8, 2.0, decode=1)
 _paged("verify",    range(30, 46),                           (4, 4, 4, 4), 4,  64,  32,  8, 2.0, decode=16)
-_paged("mixed",     [0, 5, 77, 200],                         (1, 1, 2),    3,  72,  20,  8, 2.0, decode=2)
+_paged("mixed",     [0, 5, 77, 200],                         (1, 1, 2),    3,  64,  20,  8, 2.0, decode=2)
 _paged("prompt40",  range(40),                               (40,),        4,  64,  32,  8, 2.0)   # one table row
 _paged("prompts",   list(range(10)) + list(range(30, 42)),   (10, 12),     4,  64,  16,  8, 2.0)   # two chunks
 _paged("full",      [2050, 3000],                            (1, 1),       2, 512, 512, 512, 6.0, decode=2)
+_paged("sparse",    [2050, 3000],                            (1, 1),       2, 512, 512, 512, 6.0)   # prompt rows

@@ -1,6 +1,6 @@
-"""Contract cases of the quantised-weight kernels (FP8 block-scaled, NVFP4; cuda_src/dequant.cuh read by gemm.cu
-and gemm_swiglu.cu): replayed by the NumPy reference over the twin dequantisation (cupyglm.backend.qweight),
-0 ULPs.
+"""Contract cases of the ops gemm, gemm_grouped, gemm_swiglu and gemm_grouped_swiglu on the prompt rows of
+quantised weights (FP8 block-scaled, NVFP4; decode=0: cuda_src/gemm_tc_q.cu, then the swiglu kernel for the
+SwiGLU forms): replayed by the NumPy reference (backend/tc_quant.py's order over exact bf16 weights), 0 ULPs.
 
 Inputs: real quantised weights (cupyglm.backend.qweight.quantize_*) of random projections whose block and group
 scales differ (rows and columns scaled), N and K not multiples of the FP8 block (partial edge blocks), every
@@ -65,7 +65,7 @@ def _gemm(label: str, fmt: str, m: int, n: int, k: int, out: str, block=(128, 12
         return {"y": REF.gemm(d["x"], d["w"], out=out)}
 
     suffix = "" if out == "f32" else "_bf16"
-    _register(f"gemm_{fmt}{suffix.replace('_', '.')}.{label}", f"gemm_{fmt}_lane16{suffix}", fmt, make, run, replay)
+    _register(f"gemm_{fmt}{suffix.replace('_', '.')}.{label}", f"gemm_tc_{fmt}{suffix}", fmt, make, run, replay)
 
 
 def _experts(rng, fmt: str, e: int, n: int, k: int, block) -> QWeight:
@@ -85,7 +85,7 @@ def _grouped(label: str, fmt: str, m: int, e: int, n: int, k: int, out: str, blo
         return {"y": REF.gemm_grouped(d["x"], d["w"], d["group"], out=out)}
 
     suffix = "" if out == "f32" else "_bf16"
-    _register(f"gemm_grouped_{fmt}{suffix.replace('_', '.')}.{label}", f"gemm_grouped_{fmt}_lane16{suffix}", fmt,
+    _register(f"gemm_grouped_{fmt}{suffix.replace('_', '.')}.{label}", f"gemm_tc_grouped_{fmt}{suffix}", fmt,
               make, run, replay)
 
 
@@ -111,14 +111,14 @@ def _swiglu(label: str, fmt: str, m: int, e: int, n: int, k: int, block=(128, 12
             return {"y": REF.gemm_swiglu(d["x"], d["g"], d["u"], limit)}
         return {"y": REF.gemm_grouped_swiglu(d["x"], d["g"], d["u"], d["group"], limit)}
 
-    kind = "gemm_swiglu" if e == 0 else "gemm_grouped_swiglu"
-    _register(f"{kind}_{fmt}.{label}", f"{kind}_{fmt}_lane16", fmt, make, run, replay)
+    kind, kernel = ("gemm_swiglu", "gemm_tc") if e == 0 else ("gemm_grouped_swiglu", "gemm_tc_grouped")
+    _register(f"{kind}_{fmt}.{label}", f"{kernel}_{fmt}_bf16", fmt, make, run, replay)
 
 
 for _f in ("fp8", "nvfp4"):
     #        label        fmt  M    N    K    out
     _gemm("decode",       _f,  1, 272, 512, "f32")        # N, K past whole blocks: a partial FP8 edge block in N
-    _gemm("prompt",       _f, 19, 200, 272, "f32")        # rows not a multiple of 8; partial blocks both ways
+    _gemm("prompt",       _f, 19, 200, 272, "f32")        # rows not a multiple of 32; partial blocks both ways
     _gemm("decode",       _f,  1, 272, 512, "bf16")
     _gemm("prompt",       _f, 19, 200, 272, "bf16")
     _grouped("moe",       _f, 21, 3, 144, 256, "f32")

@@ -1,6 +1,7 @@
-"""Contract cases of cuda_src/gemm_swiglu.cu (ops gemm_swiglu, gemm_grouped_swiglu): the fused gate/up GEMMs and
-SwiGLU against the unfused reference (two lane-16 GEMMs rounded to bf16, then swiglu), with and without the
-swiglu limit (sums large enough that the clamp bites), at decode, verify and prompt shapes.
+"""Contract cases of the ops gemm_swiglu and gemm_grouped_swiglu on their prompt rows (decode=0: the gate and up
+GEMMs on the tensor core, rounded to bf16, then the swiglu kernel) against the reference (the same two GEMMs,
+then swiglu), with and without the swiglu limit (sums large enough that the clamp bites), at decode, verify and
+prompt shapes.
 
 Controls: gate and up weights exchanged (the epilogue's operands swapped), and for the grouped form one row
 routed to the wrong expert (experts no row uses have NaN weights, so reading a wrong slice shows)."""
@@ -33,7 +34,7 @@ def _dense(label: str, m: int, n: int, k: int, limit):
     def ctl(kn, d):
         return {"y": ops_gemm_swiglu.gemm_swiglu(kn, d["x"], d["wu"], d["wg"], limit)}
 
-    return case(Case(f"gemm_swiglu[{label}]", ("gemm_swiglu_lane16",), make, run, replay, ctl))
+    return case(Case(f"gemm_swiglu[{label}]", ("gemm_tc_bf16", "swiglu"), make, run, replay, ctl))
 
 
 def _grouped(label: str, m: int, e: int, used: int, n: int, k: int, limit, control: str):
@@ -62,13 +63,13 @@ def _grouped(label: str, m: int, e: int, used: int, n: int, k: int, limit, contr
             return {"y": ops_gemm_swiglu.gemm_grouped_swiglu(kn, d["x"], d["wg"], d["wu"], kn.xp.asarray(group),
                                                               limit)}
 
-    return case(Case(f"gemm_grouped_swiglu[{label}]", ("gemm_grouped_swiglu_lane16",), make, run, replay, ctl))
+    return case(Case(f"gemm_grouped_swiglu[{label}]", ("gemm_tc_grouped_bf16", "swiglu"), make, run, replay, ctl))
 
 
 #      label          M    N    K    limit
 _dense("decode",      1,  64, 256,   2.0)       # one token, the clamp bites
 _dense("verify",     16,  48, 256,  None)       # MTP verify rows, no limit
-_dense("prompt100", 100,  40, 100,   2.0)       # rows not a multiple of 8, K % 16 = 4
+_dense("prompt100", 100,  40, 100,   2.0)       # rows not a multiple of 32, K % 32 = 4
 #        label          M    E  used   N    K   limit  control
 _grouped("decode-8",    8,   8,   5,  64, 256,   2.0, "route")    # one token's 8 (row, slot) pairs
 _grouped("verify",     64,   8,   8,  32, 128,  None, "swap")

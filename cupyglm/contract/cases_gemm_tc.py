@@ -1,6 +1,6 @@
 """Contract cases of cuda_src/gemm_tc.cu: the prompt-row GEMM on the tensor core, replayed by tc_order.tc_rows (the
-decode GEMV's order), at tile edges (M % 64, N % 128), several k-stages (gemm_tc_stage.cuh), several K slices and
-unaligned K (element loads), per head.
+decode GEMV's order), at tile edges (M % 128, N % 256), several k-stages (gemm_tc_stage.cuh), several K slices (their
+running sums in shared memory) and unaligned K (element loads), per head.
 
 Controls (the decode order's, gemv_tc.cuh's gtc_block): -DCONTROL_TC_REVERSED (a 32-block's two mma steps in the
 other order: the k-chain reversed), -DCONTROL_TC_TRANSPOSED (a fragment's two k halves swapped), -DCONTROL_TC_IEEE
@@ -20,16 +20,26 @@ from cupyglm.contract.registry import Case, case
 from cupyglm.kernels import ops_gemm_tc
 
 
+SM120 = 101_376          # a block's opt-in shared memory on sm_86 / sm_89 / sm_120 (the GTS_SMALL tile)
+SM80 = 166_912
+
+
+def _dev(kn, optin: int):
+    """kn, or kn as if on a device whose blocks opt in to `optin` bytes of shared memory."""
+    return kn.with_shared_optin(optin) if optin else kn
+
+
 def _gemm_tc_case(label: str, h: int, m: int, n: int, k: int, out: str = "f32",
-                  control: str = "CONTROL_TC_REVERSED") -> Case:
-    """h = 0: the plain [M, K] x [N, K] form; h > 0: per head."""
+                  control: str = "CONTROL_TC_REVERSED", optin: int = 0) -> Case:
+    """h = 0: the plain [M, K] x [N, K] form; h > 0: per head. optin > 0: a device whose blocks opt in to that
+    much shared memory (the GTS_SMALL tile)."""
     xs, ws = ((h, m, k), (h, n, k)) if h else ((m, k), (n, k))
 
     def make(rng):
         return {"x": _bf(rng, xs), "w": _bf(rng, ws, k ** -0.5)}
 
     def run(kn, dd):
-        return {"y": ops_gemm_tc.gemm_tc(kn, dd["x"], dd["w"], out=out)}
+        return {"y": ops_gemm_tc.gemm_tc(_dev(kn, optin), dd["x"], dd["w"], out=out)}
 
     def replay(dd):
         y = tc_rows_batched(dd["x"], dd["w"]) if h else tc_rows(dd["x"], dd["w"])
@@ -37,10 +47,10 @@ def _gemm_tc_case(label: str, h: int, m: int, n: int, k: int, out: str = "f32",
 
     if out == "f32":
         def ctl(kn, dd):
-            return {"y": ops_gemm_tc.gemm_tc(kn.variant(control), dd["x"], dd["w"], out=out)}
+            return {"y": ops_gemm_tc.gemm_tc(_dev(kn.variant(control), optin), dd["x"], dd["w"], out=out)}
     else:
         def ctl(kn, dd):
-            return {"y": ops_gemm_tc.gemm_tc(kn, _tail(kn, dd["x"]), dd["w"], out=out)}
+            return {"y": ops_gemm_tc.gemm_tc(_dev(kn, optin), _tail(kn, dd["x"]), dd["w"], out=out)}
 
     kernel = "gemm_tc" if out == "f32" else "gemm_tc_bf16"
     name = "gemm_tc" + ("_heads" if h else "") + (".bf16" if out == "bf16" else "")
@@ -53,9 +63,15 @@ _gemm_tc_case("slices",      0,  33,  64, 1100, "f32", "CONTROL_TC_TRANSPOSED") 
 _gemm_tc_case("ieee",        0,  17,  24,  256, "f32", "CONTROL_TC_IEEE")        # one slice, one row tile
 _gemm_tc_case("heads",       3,   9,  20,  100, "f32", "CONTROL_TC_IEEE")        # per head, K % 32 = 4
 _gemm_tc_case("stages",      0,  70, 140, 1000)                                  # 16 k-stages, 16-byte copies
+_gemm_tc_case("tiles",       0, 140, 270, 1056)                                  # 2 x 2 blocks, 3 slices
 _gemm_tc_case("edges",       0,  40,  70,  600, "bf16")
 _gemm_tc_case("stages",      0,  70, 140, 1056, "bf16")                          # the last stage's 2nd block empty
 _gemm_tc_case("heads",       3,   9,  20,  100, "bf16")
+# the GTS_SMALL tile (64 x 128): a 99 KB (sm_120) or 163 KB (sm_80) device
+_gemm_tc_case("small.tiles", 0, 140, 270, 1056, "f32", "CONTROL_TC_REVERSED", SM120)   # 3 x 3 blocks, 3 slices
+_gemm_tc_case("small.slices", 0, 33, 64, 1100, "f32", "CONTROL_TC_TRANSPOSED", SM80)   # K % 8 = 4
+_gemm_tc_case("small.heads", 3,   9,  20,  100, "f32", "CONTROL_TC_IEEE", SM120)
+_gemm_tc_case("small.stages", 0, 70, 140, 1056, "bf16", "", SM120)
 
 
 def _grouped_replay(x, w, group) -> np.ndarray:
@@ -68,7 +84,7 @@ def _grouped_replay(x, w, group) -> np.ndarray:
 
 
 def _gemm_tc_grouped_case(label: str, m: int, e: int, used: int, n: int, k: int, out: str = "f32",
-                          control: str = "route", order: str = "shuffled") -> Case:
+                          control: str = "route", order: str = "shuffled", optin: int = 0) -> Case:
     """m rows over the first `used` of e experts (the rest NaN), ids shuffled or sorted (the MoE's prefill order)."""
     def make(rng):
         w = _bf(rng, (e, n, k), k ** -0.5)
@@ -78,7 +94,7 @@ def _gemm_tc_grouped_case(label: str, m: int, e: int, used: int, n: int, k: int,
         return {"x": _bf(rng, (m, k)), "w": w, "group": group}
 
     def run(kn, dd, variant=None):
-        kk = kn.variant(variant) if variant else kn
+        kk = _dev(kn.variant(variant) if variant else kn, optin)
         return {"y": ops_gemm_tc.gemm_tc_grouped(kk, dd["x"], dd["w"], dd["group"], out=out)}
 
     def replay(dd):
@@ -104,3 +120,5 @@ _gemm_tc_grouped_case("ieee",         17,  3,  2,  24,  256, "f32", "CONTROL_TC_
 _gemm_tc_grouped_case("route",        50,  6,  5,  20,  100, "f32", "route", "sorted")      # K % 32 = 4, 2 absent
 _gemm_tc_grouped_case("unsorted",     40,  5,  4,  70,  600, "bf16")
 _gemm_tc_grouped_case("slices",       33,  4,  3,  64, 1100, "bf16", "route", "sorted")
+_gemm_tc_grouped_case("small",        70,  5,  4, 140, 1056, "f32", "CONTROL_TC_REVERSED", "shuffled", SM120)
+_gemm_tc_grouped_case("small",        70,  5,  4, 140, 1056, "bf16", "route", "sorted", SM120)

@@ -1,6 +1,6 @@
 """Contract cases of cuda_src/gemm_tc_q.cu: the prompt-row GEMM on the tensor core for FP8 block-scaled and NVFP4
 weights, dense and grouped, replayed by tc_quant.quant_rows (the quantised decode GEMV's order) per row (grouped:
-per expert), 0 ULPs; at tile edges (M % 32, N % 64), several K slices, K past whole FP8 blocks and rows of packed
+per expert), 0 ULPs; at tile edges (M % 64, N % 64), several K slices, K past whole FP8 blocks and rows of packed
 bytes not a multiple of the load (scalar loads) as well as whole 16-byte loads, FP8 blocks of 128 and 32.
 
 Grouped inputs: ids unsorted over a subset of the experts; the experts no row uses get NaN scales, so reading one
@@ -112,7 +112,7 @@ for _f, _odd in (("fp8", 1100), ("nvfp4", 1104)):   # K with rows of packed byte
     #        label      fmt   M    N     K     out
     _dense("edges",     _f,  40,  70, _odd, "f32")               # partial tiles, three slices, scalar loads
     _dense("whole",     _f,  33,  64, 1536, "f32")               # 16-byte loads, three full slices
-    _dense("rows",      _f,  65, 136,  512, "f32")               # three row blocks, three column blocks
+    _dense("rows",      _f, 129, 136,  512, "f32")               # three row blocks, three column blocks
     _dense("tiny",      _f,   9,  20,  256, "f32", (32, 32))     # FP8 blocks of 32: a chain a 32-block
     _dense("edges",     _f,  40,  70, _odd, "bf16")
     _dense("whole",     _f,  33, 130, 1024, "bf16")

@@ -1,6 +1,6 @@
 """Contract cases of cuda_src/gemv.cu: the decode/verify rows of ops gemm, gemm_heads and gemm_grouped (their
 leading `decode` rows), at the shapes the tiny and full models decode at; the prompt rows of mixed calls go to
-gemm.cu, so a mixed case checks both paths in one output.
+the tensor-core gemm (gemm_tc.cu), so a mixed case checks both paths in one output.
 
 Controls (gemv_tc.cuh, the decode order of backend/tc_order.py): -DCONTROL_TC_REVERSED (a 32-block's two mma
 steps taken in the other order: the k-chain reversed), -DCONTROL_TC_IEEE (IEEE fp32 multiply-adds in place of the
@@ -18,6 +18,15 @@ from cupyglm.contract.registry import Case, case
 from cupyglm.kernels import ops_gemm, ops_gemv
 
 REF = NumpyOps()
+
+
+def prompt_kernel(gemv: str) -> str:
+    """The tensor-core GEMM a mixed call's prompt rows take beside a decode GEMV: gemv_grouped_fp8_lane16_bf16 ->
+    gemm_tc_grouped_fp8_bf16; a SwiGLU GEMV's prompt rows run the bf16-out GEMMs (then the swiglu kernel)."""
+    name = gemv.replace("_lane16", "").replace("gemv", "gemm_tc", 1)
+    if "_swiglu" in name:
+        name = name.replace("_swiglu", "") + "_bf16"
+    return name
 
 
 def _bf(rng, shape, std=1.0):
@@ -48,7 +57,7 @@ def _gemv_case(label: str, m: int, d: int, n: int, k: int, out: str = "f32",
             return {"y": ops_gemm.gemm(kn, _tail(kn, dd["x"]), dd["w"], out=out, decode=d)}
 
     kernel = "gemv_lane16" if out == "f32" else "gemv_lane16_bf16"
-    kernels = (kernel,) if d == m else (kernel, kernel.replace("gemv", "gemm"))
+    kernels = (kernel,) if d == m else (kernel, prompt_kernel(kernel))
     name = "gemv" if out == "f32" else "gemv.bf16"
     return case(Case(f"{name}[{label}]", kernels, make, run, replay, ctl))
 

@@ -66,7 +66,7 @@ def _multi_case(label: str, m: int, d: int, parts, shared: bool, control: str) -
                 xs.append(kn.xp.asarray(x))
             return pack(ops_gemm_multi.gemm_multi(kn, tuple(xs), ws_of(dd), outs, decode=d))
 
-    kernels = ("gemv_multi_lane16",) if d == m else ("gemv_multi_lane16", "gemm_lane16", "gemm_lane16_bf16")
+    kernels = ("gemv_multi_lane16",) if d == m else ("gemv_multi_lane16", "gemm_tc", "gemm_tc_bf16")
     return case(Case(f"gemv_multi[{label}]", kernels, make, run, replay, ctl))
 
 
@@ -107,8 +107,8 @@ def _swiglu_case(label: str, m: int, d: int, na: int, ns: int, k: int, out: str,
             return pack(ops_gemm_multi.gemm_and_swiglu(kn, dd["x"], dd["w"], out, dd["wu"], dd["wg"], limit,
                                                        decode=d))
 
-    kernels = ("gemv_multi_swiglu_lane16",) if d == m else ("gemv_multi_swiglu_lane16", "gemm_lane16",
-                                                            "gemm_swiglu_lane16")
+    kernels = ("gemv_multi_swiglu_lane16",) if d == m else ("gemv_multi_swiglu_lane16", "gemm_tc",
+                                                            "gemm_tc_bf16", "swiglu")
     return case(Case(f"gemv_multi_swiglu[{label}]", kernels, make, run, replay, ctl))
 
 

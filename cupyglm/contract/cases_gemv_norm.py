@@ -1,7 +1,7 @@
 """Contract cases of cuda_src/gemv_norm.cu: ops kda_out_gemm (KDA's gated output norm computed in o_proj's GEMV
 prologue) and rmsnorm_gemm_multi (DSA's q_a norm in the prologue of q_b and wq_b), each against the reference's
 norm followed by its gemm (the numpy twins). Mixed calls send their prompt rows to kda_out / rmsnorm_rows and
-gemm.cu, so one output checks both paths.
+gemm_tc.cu, so one output checks both paths.
 
 Controls: -DCONTROL_NORM_HEAD (a KDA element normed by the next head's scalar), -DCONTROL_NORM_EPS (the RMSNorm's
 eps left out; its rows are small, so eps matters), -DCONTROL_TC_REVERSED (a 32-block's two mma steps in the other
@@ -45,7 +45,7 @@ def _kda_case(label: str, t: int, d: int, h: int, v: int, n: int, control: str) 
         def ctl(kn, dd):
             return launch(kn.variant(VARIANT[control]), dd, dd["gate"])
 
-    kernels = ("gemv_kda_out_lane16",) if d == t else ("gemv_kda_out_lane16", "kda_out", "gemm_lane16")
+    kernels = ("gemv_kda_out_lane16",) if d == t else ("gemv_kda_out_lane16", "kda_out", "gemm_tc")
     return case(Case(f"gemv_kda_out[{label}]", kernels, make, lambda kn, dd: launch(kn, dd, dd["gate"]), replay,
                      ctl))
 
@@ -72,7 +72,7 @@ def _rms_case(label: str, t: int, d: int, k: int, parts, control: str) -> Case:
         return {f"y{p}": y for p, y in enumerate(ys)}
 
     kernels = ("gemv_multi_rmsnorm_lane16",) if d == t else ("gemv_multi_rmsnorm_lane16", "rmsnorm_rows",
-                                                            "gemm_lane16", "gemm_lane16_bf16")
+                                                            "gemm_tc", "gemm_tc_bf16")
     return case(Case(f"gemv_multi_rmsnorm[{label}]", kernels, make, launch, replay,
                      lambda kn, dd: launch(kn.variant(VARIANT[control]), dd)))
 

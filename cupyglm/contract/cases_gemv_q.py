@@ -1,7 +1,7 @@
 """Contract cases of cuda_src/gemv_q.cu: the decode/verify rows (the leading `decode` rows) of ops gemm,
 gemm_grouped, gemm_swiglu and gemm_grouped_swiglu with FP8 block-scaled and NVFP4 weights, replayed by the NumPy
 reference (decode rows: backend/tc_quant.py's tensor-core order over exact bf16 weights), 0 ULPs; mixed calls
-also run the dequantising gemm.cu / gemm_swiglu.cu kernels for their prompt rows, so one output checks both.
+also run the tensor-core gemm_tc_q.cu kernels for their prompt rows, so one output checks both.
 
 Inputs as cases_gemm_q: real quantised weights whose block and group scales differ, N and K past whole FP8
 blocks, K not a multiple of 16 bytes of packed values (scalar loads) as well as 16-byte loads, several stages.
@@ -18,6 +18,7 @@ import numpy as np
 from cupyglm.backend.lanes import bf16
 from cupyglm.backend.numpy_ops import NumpyOps
 from cupyglm.contract.cases_gemm_q import qweight
+from cupyglm.contract.cases_gemv import prompt_kernel
 from cupyglm.backend.qweight import stack
 from cupyglm.contract.registry import Case, case
 from cupyglm.kernels import ops_gemm, ops_gemm_swiglu, ops_gemv_q
@@ -92,7 +93,7 @@ def _dense(label: str, fmt: str, m: int, d: int, n: int, k: int, out: str, block
         return {"y": REF.gemm(dd["x"], dd["w"], out=out, decode=d)}
 
     case(Case(f"gemv_{fmt}{suffix.replace('_', '.')}[{label},{_tag(define)}]",
-              _kernels(kernel, d, m, kernel.replace("gemv", "gemm")), make, run, replay,
+              _kernels(kernel, d, m, prompt_kernel(kernel)), make, run, replay,
               lambda kn, dd: run(kn.variant(define), dd)))
 
 
@@ -166,7 +167,7 @@ def _swiglu(label: str, fmt: str, m: int, d: int, e: int, used: int, n: int, k: 
             return run(kn, dd, group=_misroute(kn, dd["group"], d, used, e))
 
     case(Case(f"{kind}_{fmt}[{label},{_tag(define) if define else control}]",
-              _kernels(kernel, d, m, kernel.replace("gemv", "gemm")), make, run, replay, ctl))
+              _kernels(kernel, d, m, prompt_kernel(kernel)), make, run, replay, ctl))
 
 
 def _flags(fmt: str, m: int, e: int, n: int, k: int, bad: int) -> None:
@@ -216,6 +217,7 @@ for _f, _odd in (("fp8", 1100), ("nvfp4", 1104)):   # K with rows of packed byte
     _swiglu("verify",      _f,  16,  16,   0,   0,  48, 608,  None, "variant")      # three stages of 256
     _swiglu("mixed",       _f,  12,   3,   0,   0, 160, 256,  2.0, "swap")          # 3 decode + 9 prompt rows
     _swiglu("long-k",      _f,   2,   2,   0,   0,  24, 2304,  2.0, "swap")         # stages of 512 / 1,024 k
+    _swiglu("tail",        _f,   5,   5,   0,   0,  20, 512,  2.0, "variant")       # a pair block of 4 columns
     _swiglu("decode-8",    _f,   8,   8,   8,   5,  64, 512,  2.0, "variant")       # one token's 8 pairs
     _swiglu("long-k",      _f,  20,  20,   4,   2,  24, 2304, None, "route")
     _swiglu("verify",      _f,  64,  64,   8,   3, 144, 256,  None, "variant")      # runs longer than 16 rows

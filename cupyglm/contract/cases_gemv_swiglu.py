@@ -1,6 +1,6 @@
 """Contract cases of cuda_src/gemv_swiglu.cu: the decode/verify rows (the leading `decode` rows) of ops
 gemm_swiglu and gemm_grouped_swiglu against the unfused reference (two decode-order GEMMs rounded to bf16,
-then swiglu), with and without the swiglu limit; mixed calls also run gemm_swiglu.cu for their prompt rows.
+then swiglu), with and without the swiglu limit; mixed calls also run gemm_tc.cu and swiglu for their prompt rows.
 
 Controls: gate and up weights exchanged (the epilogue's operands swapped); for the grouped form one decode row
 routed to the wrong expert (experts no row uses have NaN weights, so reading a wrong slice shows)."""
@@ -33,7 +33,7 @@ def _dense(label: str, m: int, dec: int, n: int, k: int, limit):
     def ctl(kn, d):
         return {"y": ops_gemm_swiglu.gemm_swiglu(kn, d["x"], d["wu"], d["wg"], limit, decode=dec)}
 
-    kernels = ("gemv_swiglu_lane16",) if dec == m else ("gemv_swiglu_lane16", "gemm_swiglu_lane16")
+    kernels = ("gemv_swiglu_lane16",) if dec == m else ("gemv_swiglu_lane16", "gemm_tc_bf16", "swiglu")
     return case(Case(f"gemv_swiglu[{label}]", kernels, make, run, replay, ctl))
 
 

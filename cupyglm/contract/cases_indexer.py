@@ -5,7 +5,8 @@ call: a segment table naming each sequence's tail slot) with the tail written be
 members (-DCONTROL_TAIL_EARLY), the pooled rows of two pools swapped, the rows read one early, or a segment
 writing another sequence's slot; index_scores with the pooled keys of two pools swapped (a wrong page mapping);
 index_scores_rows with each row reading the next row's segment's table (-DCONTROL_ROW_TABLE) or two pools' rows
-swapped.
+swapped; both scores kernels with a planted order of the tensor core's dots or their head sum (PLANTED). The scores
+replay by NumpyOps, whose dots are backend/tc_index.py's chains.
 """
 from __future__ import annotations
 
@@ -23,6 +24,10 @@ BF16_ULP = 1 << 16
 # emulator and NumPy). While the NumPy reference still uses np.exp (SIMD, <= 2 ULP, rounds differently) the
 # tolerances below hold; once lanes.exp_f32 (the NumPy twin) is the reference's exp they are all 0.
 EXACT_EXP = hasattr(lanes, "exp_f32")
+
+# The scores' planted orders (cuda_src/index_mma.cuh): the k chain descending, the heads' lanes folded 1, 2, 4, 8
+# after the in-thread 8, each mma step an IEEE fp32 multiply-add chain.
+PLANTED = {"reversed": "CONTROL_IDX_REVERSED", "fold": "CONTROL_IDX_FOLD", "ieee": "CONTROL_IDX_IEEE"}
 
 POOL_ULPS = 0 if EXACT_EXP else 4 * BF16_ULP
 POOL_WHY = ("the 4-way softmax's exp_f32 vs NumPy exp (<= 2 fp32 ULPs) may flip the bf16 rounding of a weight; where "
@@ -107,7 +112,7 @@ def _tail(label: str, t: int, segs: list, i: int, control: str, kp: int = 4, row
     case(Case(f"index_tail_pool[{label}]", ("index_tail_pool",), make, run, replay, ctl, POOL_ULPS, POOL_WHY))
 
 
-def _scores(label: str, t: int, hi: int, i: int, p: int) -> None:
+def _scores(label: str, t: int, hi: int, i: int, p: int, control: str = "swap") -> None:
     def make(rng):
         return {"qi": _bf(rng, (t, hi, i)), "hw": (rng.standard_normal((t, hi)) * hi ** -0.5).astype(np.float32),
                 "pk": _bf(rng, (p, i))}
@@ -118,10 +123,14 @@ def _scores(label: str, t: int, hi: int, i: int, p: int) -> None:
     def replay(d):
         return {"s": REF.index_scores(d["qi"], d["hw"], d["pk"])}
 
-    def ctl(k, d):                                     # pools 0 and p - 1 swapped
-        pk = d["pk"].copy()
-        pk[0], pk[p - 1] = d["pk"][p - 1], d["pk"][0]
-        return {"s": ops_indexer.index_scores(k, d["qi"], d["hw"], pk)}
+    if control in PLANTED:
+        def ctl(k, d):                                 # a planted order (PLANTED)
+            return {"s": ops_indexer.index_scores(k.variant(PLANTED[control]), d["qi"], d["hw"], d["pk"])}
+    else:
+        def ctl(k, d):                                 # pools 0 and p - 1 swapped
+            pk = d["pk"].copy()
+            pk[0], pk[p - 1] = d["pk"][p - 1], d["pk"][0]
+            return {"s": ops_indexer.index_scores(k, d["qi"], d["hw"], pk)}
 
     case(Case(f"index_scores[{label}]", ("index_scores",), make, run, replay, ctl))
 
@@ -152,7 +161,10 @@ def _scores_rows(label: str, seqs: tuple[int, ...], hi: int, i: int, pw: int, r:
     def replay(d):
         return call(REF.index_scores_rows, d)
 
-    if control == "table":
+    if control in PLANTED:
+        def ctl(k, d):                                 # a planted order (PLANTED)
+            return call(lambda *a: ops_indexer.index_scores_rows(k.variant(PLANTED[control]), *a), d)
+    elif control == "table":
         def ctl(k, d):                                 # row t reads row t + 1's segment's table
             return call(lambda *a: ops_indexer.index_scores_rows(k.variant("CONTROL_ROW_TABLE"), *a), d)
     else:
@@ -179,12 +191,14 @@ _tail("decode4",     4, [(0, 1, 7, 3), (1, 1, 12, 0), (2, 1, 3, 4), (3, 1, 9, 1)
 _tail("mixed",      24, [(0, 1, 11, 2), (1, 5, 2, 0), (6, 18, 0, 3)], 40, "slot")  # decode, verify, prompt rows
 _tail("strided",    24, [(0, 1, 11, 2), (1, 5, 2, 0), (6, 18, 0, 3)], 40, "swap", items=2)  # 2 blocks stride 8 items
 _tail("empty",       4, [(0, 1, 3, 1), (1, 0, 0, 2), (1, 3, 6, 0)],  32, "early")  # a segment without rows
-#        label       T  Hi    I     P
-_scores("decode",    1,  4,  32,    9)   # tiny: 9 visible pools (sparse from position 35)
-_scores("verify",   16,  4,  32,   40)
-_scores("prompt37", 37,  4,  32,   17)
-_scores("odd",       3, 20,  40,   33)   # Hi > 16 and not a multiple; I % 16 = 8
-_scores("full",      2, 32, 128,  600)   # full model: 32 heads x 128, past the 512-pool dense limit
+#        label       T  Hi    I     P  control
+_scores("decode",    1,  4,  32,    9)               # tiny: 9 visible pools (sparse from position 35)
+_scores("verify",   16,  4,  32,   40, "reversed")
+_scores("prompt37", 37,  4,  32,   17, "fold")       # 3 row blocks, the last partial
+_scores("odd",       3, 20,  40,   33, "ieee")       # Hi > 16 and not a multiple (zero heads); I % 16 = 8
+_scores("full",      2, 32, 128,  600, "reversed")   # full model: 32 heads x 128, past the 512-pool dense limit
+_scores("wide",     17, 32, 128,  300, "fold")       # full model: two row blocks, two pool blocks of 256
+_scores("blocks",    5, 32, 128,  260)               # full model: pools 0 and 259 in different blocks
 #            label      seqs            Hi    I    Pw     R  control
 _scores_rows("decode1", (1,),            4,  32,   16,   40, "swap")    # one decode row: a width bucket of 16
 _scores_rows("decode4", (1, 1, 1, 1),    4,  32,   16,   90, "table")   # four sequences, four tables
@@ -192,3 +206,6 @@ _scores_rows("mixed",   (1, 1, 7, 16),   4,  32,   32,  120, "table")   # decode
 _scores_rows("chunk",   (37,),           4,  32,   16,   50, "swap")    # one prompt chunk: 37 rows, one table
 _scores_rows("odd",     (2, 3),         20,  40,   33,   70, "table")   # Hi > 16, I % 16 = 8, Pw % 16 = 1
 _scores_rows("full",    (1, 1),         32, 128, 1024, 2100, "table")   # full model: past the 512-pool dense limit
+_scores_rows("chain",   (1, 3),         32, 128,  100,  300, "reversed")  # full model: the k chain descending
+_scores_rows("fold",    (1, 1, 7),       4,  32,   48,   90, "fold")      # the heads' lanes folded 1, 2, 4, 8
+_scores_rows("ieee",    (2, 3),         20,  40,   33,   70, "ieee")      # IEEE steps; zero heads, I % 16 = 8

@@ -3,8 +3,10 @@ second factors (a = gemm(fa, f_b), gate = gemm(ga, g_b), bf16), against the refe
 kda_gate and kda_recurrence (kda_step per entry for the slots).
 
 Controls: kda_step with the decay's dt_bias of the next head (-DCONTROL_GATE_HEAD), the saved window read newest
-first, q's and k's heads swapped, a's column k summed from f_b's row k ^ 1 (-DCONTROL_FACTOR_ROW), or f_b and g_b
-swapped; kda_step_slots with every block writing q/k's next window at once (-DCONTROL_WINDOW_EAGER: a block of the
+first, q's and k's heads swapped, a's column k summed from f_b's row k ^ 1 (-DCONTROL_FACTOR_ROW), f_b and g_b
+swapped, or the factors as IEEE fp32 multiply-adds in place of the tensor core's model (-DCONTROL_TC_IEEE, on
+factor rows of cancelling pairs at 2^12 between terms at 2^-12); kda_step_slots with every block writing q/k's next
+window at once (-DCONTROL_WINDOW_EAGER: a block of the
 same head reads it), each sequence on the next slot, a wrong factor row, f_b and g_b swapped, an entry started
 from the previous entry's state (-DCONTROL_ENTRY_CARRY: one block steps every entry) or two entries' rows swapped;
 kda_step with out= views one row early.
@@ -33,6 +35,20 @@ def _params(rng, rows: int, h: int, kd: int, r: int, taps: int) -> dict:
             "beta": REF.sigmoid(rng.standard_normal((rows, h)).astype(np.float32), out="bf16")}
 
 
+def _spread(rng, d: dict) -> dict:
+    """fa and ga as pairs of terms at 2^12 that cancel against f_b's and g_b's rows between pairs at 2^-12 that
+    do not: the tensor core's aligned, truncated groups and an IEEE sum round the small terms apart."""
+    out = dict(d)
+    for a, b in (("fa", "f_b"), ("ga", "g_b")):
+        big = (np.arange(d[a].shape[1]) // 2) % 2 == 0
+        x = d[a].astype(np.float32) * np.where(big, np.float32(2.0 ** 12), np.float32(2.0 ** -12))
+        w = d[b].copy()
+        pair = np.flatnonzero(big)[0::2]
+        x[:, pair + 1], w[:, pair + 1] = x[:, pair], -w[:, pair]
+        out[a], out[b] = bf16(x), w
+    return out
+
+
 def _factors(d: dict, control: str) -> tuple:
     """(fa, ga, f_b, g_b) as the call passes them: f_b and g_b exchanged for the "fbgb" control."""
     if control == "fbgb":
@@ -44,8 +60,9 @@ def _step(label: str, n: int, h: int, kd: int, r: int, control: str, taps: int =
     c = 3 * h * kd
 
     def make(rng):
-        return {"S": (rng.standard_normal((h, kd, kd)) * 0.3).astype(np.float32),
-                "window": _bf(rng, (taps - 1, c)), **_params(rng, n, h, kd, r, taps)}
+        d = {"S": (rng.standard_normal((h, kd, kd)) * 0.3).astype(np.float32),
+             "window": _bf(rng, (taps - 1, c)), **_params(rng, n, h, kd, r, taps)}
+        return _spread(rng, d) if control == "ieee" else d
 
     def args(d, x=None, window=None, control="none"):
         return (d["S"], d["x"] if x is None else x, d["window"] if window is None else window, d["w"],
@@ -60,10 +77,10 @@ def _step(label: str, n: int, h: int, kd: int, r: int, control: str, taps: int =
     def replay(d):
         return pack(REF.kda_step(*args(d)))
 
-    if control in ("head", "factor"):
-        define = {"head": "CONTROL_GATE_HEAD", "factor": "CONTROL_FACTOR_ROW"}[control]
+    if control in ("head", "factor", "ieee"):
+        define = {"head": "CONTROL_GATE_HEAD", "factor": "CONTROL_FACTOR_ROW", "ieee": "CONTROL_TC_IEEE"}[control]
 
-        def ctl(k, d):                                 # the decay's dt_bias of the next head; a wrong factor row
+        def ctl(k, d):                                 # next head's dt_bias; a wrong factor row; IEEE factor sums
             return pack(ops_kda.kda_step(k.variant(define), *args(d)))
     elif control == "window":
         def ctl(k, d):                                 # the saved window read newest first
@@ -163,6 +180,7 @@ _step("odd",          3,  3,  40,  40, "head")    # K % 16 = 8: lanes past K idl
 _step("rank20",       2,  3,  40,  20, "factor")  # r % 8 = 4: the factors' scalar loads
 _step("full",         2,  2, 128, 128, "swap")    # two full-size heads
 _step("taps1",        3,  2,  16,  16, "swap", 1) # no window
+_step("ieee",         2,  2,  32,  64, "ieee")    # the factors' sums in the tensor core's order
 #       label      seg [(row0, n, slot)]                                  slots  H    K    r  control
 _slots("bucket8",  [(0, 3, 2), (3, 1, 0), (4, 1, 3), (5, 1, -1), (6, 2, 1),
                     (8, 0, -1), (0, 0, -1), (0, 0, -1)],                    4,   4,  32,  32, "eager")

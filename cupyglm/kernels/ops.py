@@ -66,21 +66,49 @@ def _load_variant(backend: str, path: Path, defines: tuple[str, ...]):
     return mod
 
 
+# A block's opt-in maximum of dynamic shared memory (bytes) by architecture; sim defaults to sm_90's.
+SHARED_OPTIN = {"sm_80": 166_912, "sm_86": 101_376, "sm_89": 101_376, "sm_90": 232_448, "sm_100": 232_448,
+                "sm_120": 101_376}
+
+
 class Kernels:
     """What a launcher needs: the backend's kernel modules (one per .cu file) and its array module.
 
     `defines` (planted controls only): compile every module with these extra -D macros.
     `bf16`: the dtype of a bf16 array on this backend (ml_dtypes.bfloat16 on sim, uint16 bit patterns on cuda);
-    every launcher checks its bf16 parameters against it."""
+    every launcher checks its bf16 parameters against it.
+    `shared_optin`: the most dynamic shared memory a block may opt in to (launchers pick their tile by it); on cuda
+    the device's attribute unless given, on sim sm_90's unless given (the emulator refuses a launch above it)."""
 
-    def __init__(self, backend: str, xp, order: str | None = None, defines: tuple[str, ...] = ()):
+    def __init__(self, backend: str, xp, order: str | None = None, defines: tuple[str, ...] = (),
+                 shared_optin: int | None = None):
         self.backend, self.xp, self.order, self.defines = backend, xp, order, tuple(defines)
         self.bf16 = BF16_BITS if backend == "cuda" else BF16
+        self._optin = shared_optin
         self._fns: dict[tuple[str, str], object] = {}
+        self._variants: dict[tuple[str, ...], "Kernels"] = {}
+
+    @property
+    def shared_optin(self) -> int:
+        if self._optin is None:
+            if self.backend == "cuda":
+                self._optin = int(self.xp.cuda.Device().attributes["MaxSharedMemoryPerBlockOptin"])
+            else:
+                self._optin = SHARED_OPTIN["sm_90"]
+        return self._optin
 
     def variant(self, *defines: str) -> "Kernels":
-        """The same backend with every kernel file compiled with `-D<define>` (a mutated kernel)."""
-        return Kernels(self.backend, self.xp, self.order, self.defines + tuple(defines))
+        """The same backend with every kernel file compiled with `-D<define>` (a mutated kernel, or a smaller
+        tile); one per set of defines."""
+        v = self._variants.get(defines)
+        if v is None:
+            v = self._variants[defines] = Kernels(self.backend, self.xp, self.order, self.defines + tuple(defines),
+                                                  self._optin)
+        return v
+
+    def with_shared_optin(self, limit: int) -> "Kernels":
+        """The same backend as if the device let a block opt in to `limit` bytes (a smaller GPU's tiles)."""
+        return Kernels(self.backend, self.xp, self.order, self.defines, int(limit))
 
     def fn(self, source: str, name: str):
         f = self._fns.get((source, name))
@@ -102,6 +130,10 @@ class Kernels:
 
     def launch(self, source: str, name: str, grid, block, args, shared_mem: int = 0) -> None:
         f = self.fn(source, name)
+        if self.backend == "sim" and shared_mem > self.shared_optin:    # as the GPU's launch would fail
+            from cupyglm.kernels.sim_errors import SimLaunchError
+            raise SimLaunchError(f"{name}: {shared_mem} B of dynamic shared memory exceed the device's opt-in maximum "
+                             f"of {self.shared_optin} B")
         if self.backend == "sim" and self.order is not None:
             f(grid, block, args, shared_mem=shared_mem, order=self.order)
         else:

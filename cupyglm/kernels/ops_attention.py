@@ -1,19 +1,24 @@
-"""DSA attention launcher, with NumpyOps.attention's signature: the call's leading `decode` rows (decode/verify
-rows, cupyglm/backend/roles.py) run cuda_src/attention_split.cu (all heads of a block share each latent row,
-chunks in parallel, merged in list order by the last block of each row's head group), the rest cuda_src/attention.cu (a block per row and head); the same
-bits either way."""
+"""DSA attention launchers, with NumpyOps.attention's signatures: the call's leading `decode` rows (decode/verify
+rows, cupyglm/backend/roles.py) run cuda_src/attention_split.cu (scores by key tile and head group, P.V by
+chunk, head group and column slice, each loaded latent row reused from registers by several heads and keys,
+merged in list order by the last block of each row's head group and slice); the prompt rows of
+attention_paged run cuda_src/attention_tc.cu (the tensor core, key blocks on the absolute position grid), those of
+attention (store rows, no positions) cuda_src/attention.cu (a block per row and head, the decode rows' bits)."""
 from __future__ import annotations
 
 import numpy as np
 
 from cupyglm.backend.roles import decode_rows
+from cupyglm.kernels import ops_attention_tc
 from cupyglm.kernels.ops import Kernels, check, f32, i32, op
 
 SRC = "attention.cu"
 SRC_SPLIT = "attention_split.cu"
-HG = 4             # ATT_HG: heads per block sharing each latent row
-KT = 16            # ATT_KT: keys per shared tile of latent rows
-SPLIT_RT = 4       # ATT_SPLIT_RT: output columns per thread of attention_chunk_pv
+SHG = 16           # ATT_SHG: heads per attention_chunk_scores block
+SKT = 32           # ATT_SKT: keys per attention_chunk_scores block
+PHG = 8            # ATT_PHG: heads per attention_chunk_pv block
+PRB = 64           # ATT_PRB: latent columns per attention_chunk_pv block
+PV_SHARED_MAX = 48 * 1024
 F32 = np.float32
 
 
@@ -22,31 +27,45 @@ def _arg(k: Kernels, kernel: str, name: str, a, shape=None, dtype=F32):
     return check(kernel, name, k.xp.ascontiguousarray(a), shape, dtype)
 
 
+def split_grids(t: int, h: int, r: int, w: int, chunk: int) -> tuple[tuple[int, int, int], tuple[int, int, int]]:
+    """The grids of attention_chunk_scores (row, key tile, head group) and attention_chunk_pv (row, chunk,
+    head group x column slice) for T rows of H heads, latent R, lists of width W."""
+    c = max(1, -(-w // chunk))
+    return (t, c * -(-chunk // SKT), -(-h // SHG)), (t, c, -(-h // PHG) * -(-r // PRB))
+
+
+def pv_shared(chunk: int) -> int:
+    """attention_chunk_pv's dynamic shared memory: P [chunk, PHG] f32 and the keys' row pointers [chunk]."""
+    return chunk * (PHG * 4 + 8)
+
+
 def _split(k: Kernels, qa, store, rows, table, seg, pt: int, counts, out, scale: float, chunk: int) -> None:
-    """attention_split.cu on rows [0, T) of these (decode/verify rows): scores, then P.V per chunk with the merge
-    done by each (row, head group)'s last block;
+    """attention_split.cu on rows [0, T) of these (decode/verify rows): scores by key tile, then P.V per chunk and
+    column slice with the merge done by each (row, head group, slice)'s last block;
     pt > 0: rows hold positions mapped through table[seg[t]] (table [S, width], seg [T]: attention_rows.cuh)."""
     t, h, r = qa.shape
     w = rows.shape[1]
-    c = max(1, -(-w // chunk))
-    if r > SPLIT_RT * 256:
-        raise ValueError(f"attention: R <= {SPLIT_RT * 256} supported on decode rows, got {r}")
-    if c > 65535 or -(-h // HG) > 65535:
-        raise ValueError(f"attention: {c} chunks or {h} heads exceed the grid's 65,535 limit")
+    if r % 8:
+        raise ValueError(f"attention: decode rows need R % 8 == 0 (16-byte latent rows), got {r}")
+    if pv_shared(chunk) > PV_SHARED_MAX:
+        raise ValueError(f"attention: chunk {chunk} needs {pv_shared(chunk)} bytes of shared memory on decode rows")
+    gs, gp = split_grids(t, h, r, w, chunk)
+    if max(gs[1], gs[2], gp[2]) > 65535:
+        raise ValueError(f"attention: grids {gs} / {gp} exceed the 65,535 limit of grid.y / grid.z")
+    c = gp[1]
+    rsl = -(-r // PRB)
     s = k.empty((t, h, w), np.float32)               # scratch: scores
-    cm = k.empty((t, h, c), np.float32)              # chunk max
-    ps = k.empty((t, h, c), np.float32)              # chunk sum of P
+    cm = k.empty((t, h, gs[1]), np.float32)          # key tile max
+    ps = k.empty((t, rsl, h, c), np.float32)         # chunk sum of P, per column slice
     pv = k.empty((t, h, c, r), np.float32)           # chunk P.V
-    g = -(-h // HG)
-    done = k.empty((t, g), np.uint32)                # finished pv blocks per (row, head group), zeroed by scores
-    grid = (t, c, g)
+    done = k.empty((t, gp[2]), np.uint32)            # finished pv blocks per (row, head group, slice), zeroed by scores
     width = i32(table.shape[1])
-    k.launch(SRC_SPLIT, "attention_chunk_scores", grid, (256,),
+    k.launch(SRC_SPLIT, "attention_chunk_scores", gs, (256,),
              (qa, store, rows, table, seg, counts, s, cm, done, i32(t), i32(h), i32(r), i32(w), i32(c), f32(scale),
-              i32(chunk), width, i32(pt)), shared_mem=((KT * r + 1) // 2 + HG * chunk) * 4)
-    k.launch(SRC_SPLIT, "attention_chunk_pv", grid, (256,),
+              i32(chunk), width, i32(pt), i32(gp[2])))
+    k.launch(SRC_SPLIT, "attention_chunk_pv", gp, (256,),
              (store, rows, table, seg, counts, s, cm, ps, pv, done, out, i32(t), i32(h), i32(r), i32(w), i32(c),
-              i32(chunk), width, i32(pt)), shared_mem=(HG * chunk + chunk) * 4)
+              i32(chunk), width, i32(pt)), shared_mem=pv_shared(chunk))
 
 
 @op("attention")
@@ -62,7 +81,8 @@ def attention_paged(k: Kernels, qa, store, tokens, table, seg, page_tokens, coun
     """attention over tokens [T, W] int32 positions (-1 padded), row t's mapped through its segment's page table
     (table [S, width] int32 one row per segment, seg [T] int32 row t's segment: the call's row map):
     row = table[seg[t], p // page_tokens] * page_tokens + p % page_tokens, inside the kernels (no row array per
-    layer). seg in [0, S) is the caller's contract (checking it on the device would cost a sync)."""
+    layer). Prompt rows [decode, T) on the tensor core (attention_tc.cu: positions strictly ascending, R a multiple
+    of 64). seg in [0, S) is the caller's contract (checking it on the device would cost a sync)."""
     pt = int(page_tokens)
     if pt < 1:
         raise ValueError(f"attention_paged: page_tokens must be positive, got {pt}")
@@ -98,7 +118,10 @@ def _attend(k: Kernels, name: str, qa, store, rows, table, seg, pt: int, counts,
     if t and h:
         if d:
             _split(k, qa[:d], store, rows[:d], *maps(0, d), pt, counts[:d], out[:d], scale, chunk)
-        if d < t:
+        if d < t and table is not None:      # prompt rows: the tensor core on the absolute position grid
+            ops_attention_tc.attention_tc(k, qa[d:], store, rows[d:], table, seg[d:], pt, counts[d:], scale,
+                                          out=out[d:])
+        elif d < t:
             tab, sg = maps(d, t)
             k.launch(SRC, "attention", (t - d, h), (threads,),
                      (qa[d:], store, rows[d:], tab, sg, counts[d:], out[d:], i32(t - d), i32(h), i32(r),

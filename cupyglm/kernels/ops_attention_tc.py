@@ -1,5 +1,5 @@
 """Launcher of cuda_src/attention_tc.cu: prefill attention on the tensor core (backend/tc_attention.py is its exact
-model). Not a model op yet: the DSA layers still call attention_paged; the contract and the speed model call this."""
+model). The op attention_paged (kernels/ops_attention.py) runs its prompt rows through it."""
 from __future__ import annotations
 
 import numpy as np
@@ -8,25 +8,52 @@ from cupyglm.kernels.ops import Kernels, check, f32, i32
 
 SRC = "attention_tc.cu"
 KERNEL = "attention_tc"
-WARPS = 4              # ATC_WARPS
+WARPS = 8              # ATC_WARPS
 THREADS = 32 * WARPS
-HEADS = 16             # heads a block (the mma tile's M)
+TILE = 16              # (query row, head) pairs an mma tile (its M)
+TILES = 2              # ATC_TILES: mma tiles a block
+ROWS = 2               # ATC_ROWS: the most query rows a block (= TILES, as in the ATC_ONE_TILE build)
 BLOCK = 64             # ATC_BLOCK: key positions a block, on the absolute grid
 MAX_R = 512            # ATC_MAX_R
 PAD = 8                # ATC_PAD
+STATE = 5              # ATC_ST: ints of a query row's state
 
 
-def shared_bytes(r: int) -> int:
-    """A block's dynamic shared memory: the block's latent rows, the row's queries and the block's P (bf16, padded
-    rows), each warp's row maxima (fp32), the slot map and the next entry (int32)."""
-    return (BLOCK + HEADS) * (r + PAD) * 2 + HEADS * (BLOCK + PAD) * 2 + WARPS * HEADS * 4 + (BLOCK + 1) * 4
+ONE_TILE = "ATC_ONE_TILE"   # the variant of GPUs with less shared memory a block: 4 warps, one tile (the same bits)
 
 
-def attention_tc(k: Kernels, qa, store, tokens, table, seg, page_tokens, counts, scale):
+def heads_a_block(h: int, tiles: int = TILES) -> int:
+    """hb: 16 heads of two query rows a block where a row has at most 16 heads (the tiles share each key block's
+    tile), else 32 heads of one row; one tile: 16 heads of one row."""
+    return TILE if h <= TILE else TILE * tiles
+
+
+def shared_bytes(r: int, tiles: int = TILES) -> int:
+    """A block's dynamic shared memory: the step's latent rows, the tiles' queries and the step's P (bf16, padded
+    rows), each key quarter's row maxima (fp32), the slot map, each query row's slots and state, the step's block
+    and flag (int32). A block has as many query rows at most as tiles."""
+    rows = TILE * tiles
+    return ((BLOCK + rows) * (r + PAD) * 2 + rows * (BLOCK + PAD) * 2 + 4 * rows * 4
+            + (BLOCK + tiles * BLOCK + tiles * STATE + 2) * 4)
+
+
+def variant(k: Kernels, r: int) -> tuple[Kernels, int, int]:
+    """(kernels, tiles, threads): two tiles where the device's opt-in limit takes them at this R, else the
+    ATC_ONE_TILE build of the same file."""
+    if shared_bytes(r) <= k.shared_optin:
+        return k, TILES, THREADS
+    if shared_bytes(r, 1) <= k.shared_optin:
+        return k.variant(ONE_TILE), 1, THREADS // TILES
+    raise ValueError(f"{KERNEL}: the device's {k.shared_optin} B of shared memory a block hold no tile at R={r} "
+                     f"({shared_bytes(r, 1)} B)")
+
+
+def attention_tc(k: Kernels, qa, store, tokens, table, seg, page_tokens, counts, scale, out=None):
     """qa [T, H, R] bf16, store [N, R] bf16, tokens [T, W] int32 positions (strictly ascending, -1 padded) mapped
     through table [S, width] int32 row seg[t] (seg [T] int32) with page_tokens tokens a page, counts [T] int32
-    -> [T, H, R] bf16. H a multiple of 16, R a multiple of 64 up to 512; the positions' order and seg's range
-    are the caller's contract (checking them on the device would cost a sync)."""
+    -> [T, H, R] bf16. Any H (blocks of heads_a_block(H) heads, the last padded with zero queries), R a multiple
+    of 64 up to 512; the positions' order and seg's range are the caller's contract (checking them on the device
+    would cost a sync). out: the [T, H, R] bf16 rows to write (a view of a call's output), else a new array."""
     xp = k.xp
     qa = check(KERNEL, "qa", xp.ascontiguousarray(qa), (None, None, None), k.bf16)
     t, h, r = qa.shape
@@ -38,21 +65,22 @@ def attention_tc(k: Kernels, qa, store, tokens, table, seg, page_tokens, counts,
     pt = int(page_tokens)
     if pt < 1:
         raise ValueError(f"{KERNEL}: page_tokens must be positive, got {pt}")
-    if h % HEADS:
-        raise ValueError(f"{KERNEL}: the heads ({h}) must be a multiple of {HEADS} (a block's mma tile)")
     if r % 64 or not 0 < r <= MAX_R:
         raise ValueError(f"{KERNEL}: R must be a multiple of 64 up to {MAX_R} (4 warps of 16-column pairs), got {r}")
-    if h // HEADS > 65535:
-        raise ValueError(f"{KERNEL}: at most {65535 * HEADS} heads (grid.y), got {h}")
+    kt, tiles, threads = variant(k, r)
+    hb = heads_a_block(h, tiles)
+    groups = -(-h // hb)                     # blocks of hb heads (grid.y)
+    if groups > 65535:
+        raise ValueError(f"{KERNEL}: at most {65535 * hb} heads (grid.y), got {h}")
     if t and 0 in table.shape:
         raise ValueError(f"{KERNEL}: an empty page table {table.shape} for {t} rows")
-    out = k.empty((t, h, r), k.bf16)
+    out = k.empty((t, h, r), k.bf16) if out is None else check(KERNEL, "out", out, (t, h, r), k.bf16)
     if t and h:
-        smem = shared_bytes(r)
-        fn = k.fn(SRC, KERNEL)
+        smem = shared_bytes(r, tiles)
+        fn = kt.fn(SRC, KERNEL)
         if fn.max_dynamic_shared_size_bytes < smem:
             fn.max_dynamic_shared_size_bytes = smem
-        k.launch(SRC, KERNEL, (t, h // HEADS), (THREADS,),
-                 (qa, store, tokens, table, seg, counts, out, i32(t), i32(h), i32(r), i32(tokens.shape[1]),
-                  f32(scale), i32(table.shape[1]), i32(pt)), shared_mem=smem)
+        kt.launch(SRC, KERNEL, (-(-t // (TILE * tiles // hb)), groups), (threads,),
+                  (qa, store, tokens, table, seg, counts, out, i32(t), i32(h), i32(r), i32(tokens.shape[1]),
+                   f32(scale), i32(table.shape[1]), i32(pt), i32(hb)), shared_mem=smem)
     return out

@@ -1,6 +1,6 @@
 """Launcher of cuda_src/gemv_multi.cu: gemm_multi, several GEMMs of the same rows (one layer's projections of one
 input row, or of consecutive low-rank factors). The call's leading `decode` rows of every part go to one
-gemv_multi_lane16 launch (each part bit for bit its own gemv), the prompt rows to gemm.cu part by part, as
+gemv_multi_lane16 launch (each part bit for bit its own gemv), the prompt rows to the tensor-core gemm part by part, as
 ops_gemm does: a row's path is set by its role, never by how many rows share the call. gemm_and_swiglu: one plain
 projection and one SwiGLU pair of the same rows (the MoE router and the shared expert's gate/up) in one launch."""
 from __future__ import annotations
@@ -65,7 +65,7 @@ def gemm_multi(k: Kernels, xs, ws, outs, decode: int = 0):
         ys[p] = k.empty((m, ws[p].shape[0]), np.float32 if outs[p] == "f32" else k.bf16)
     gemv_multi(k, [xs[p] for p in fused], [ws[p] for p in fused], [ys[p] for p in fused],
                [KIND[outs[p]] for p in fused], d)
-    if d < m:                                               # the prompt rows, part by part (gemm.cu)
+    if d < m:                                               # the prompt rows, part by part (tensor-core gemm)
         for p in fused:
             ys[p][d:] = _separate(k, xs[p][d:], ws[p], outs[p], 0)
     return tuple(ys)
@@ -74,7 +74,7 @@ def gemm_multi(k: Kernels, xs, ws, outs, decode: int = 0):
 @op("gemm_and_swiglu")
 def gemm_and_swiglu(k: Kernels, x, w, out, w_gate, w_up, limit, decode: int = 0):
     """(gemm(x, w, out), gemm_swiglu(x, w_gate, w_up, limit)) of the same rows; the decode rows of both in one
-    launch (gemv_multi_swiglu_lane16), the prompt rows through gemm.cu / gemm_swiglu.cu."""
+    launch (gemv_multi_swiglu_lane16), the prompt rows through the tensor-core GEMMs."""
     from cupyglm.kernels import ops_gemm_swiglu
     x = check("gemm_and_swiglu", "x", k.xp.ascontiguousarray(x), (None, None), k.bf16)
     m, kk = x.shape
@@ -99,7 +99,7 @@ def gemm_and_swiglu(k: Kernels, x, w, out, w_gate, w_up, limit, decode: int = 0)
     k.launch(SRC, "gemv_multi_swiglu_lane16", (blocks, groups, 1), ops_gemv.THREADS,
              (x, w, ya, i32(na), i32(KIND[out]), w_gate, w_up, ys, i32(ns), i32(m), i32(kk), i32(d),
               *ops_gemm_swiglu._limit(limit)))
-    if d < m:                                               # the prompt rows (gemm.cu, gemm_swiglu.cu)
+    if d < m:                                               # the prompt rows (tensor-core GEMMs)
         ya[d:] = ops_gemm.gemm(k, x[d:], w, out=out)
         ys[d:] = ops_gemm_swiglu.gemm_swiglu(k, x[d:], w_gate, w_up, limit)
     return ya, ys

@@ -2,8 +2,7 @@
 GEMV's order (backend/tc_order.py's tc_rows), so a row's bits equal the decode row's for the same x and w; and its
 grouped-experts form (gemm_tc_grouped: each row against its expert's slice).
 
-Not an op of its own: the ops interface's prompt rows still sum in lane-16 order (gemm.cu) on every backend; this
-kernel is what a backend would route them to once the reference sums prompt rows in the tensor core's order too."""
+Not an op of its own: ops_gemm sends the prompt rows of bf16 GEMMs here (their role, backend/roles.py)."""
 from __future__ import annotations
 
 import numpy as np
@@ -12,25 +11,59 @@ from cupyglm.kernels import guards
 from cupyglm.kernels.ops import Kernels, check, i32
 
 SRC = "gemm_tc.cu"
-TILE_M = 32        # GTC_TILE_M: rows a block of the direct tile (the grouped kernels)
-TILE_N = 64        # GTC_TILE_N: columns a block
-THREADS = (128, 1)
-DENSE_TILE_M = 64        # GTS_M: rows a block of the staged tile (gemm_tc, gemm_tc_bf16)
-DENSE_TILE_N = 128       # GTS_N
+DENSE_TILE_M = 128       # GTS_M: rows a block of the staged tile (every kernel of gemm_tc.cu)
+DENSE_TILE_N = 256       # GTS_N
 DENSE_THREADS = (256, 1)
-STAGES = 3               # GTS_STAGES: k-tiles in flight, each (DENSE_TILE_M + DENSE_TILE_N) rows of 64 bf16
-DENSE_SHARED = STAGES * (DENSE_TILE_M + DENSE_TILE_N) * 64 * 2
+STAGES = 2               # GTS_STAGES: k-tiles in flight, each (tile M + tile N) rows of 64 bf16
+SMALL_TILE_M = 64        # -DGTS_SMALL: the tile of GPUs with less shared memory a block (the same bits)
+SMALL_TILE_N = 128
+SMALL = "GTS_SMALL"
 MAX_GRID = 65535
+MAX_K = 2 ** 23          # the staged tile's 32-bit byte offsets: 2 DENSE_TILE_N K bytes a block's w rows
 OUTS = ("f32", "bf16")
 
 
-def grid(m: int, n: int, h: int = 1, tile_m: int = TILE_M, tile_n: int = TILE_N) -> tuple[int, int, int]:
-    """(column blocks, row blocks, heads): N on grid.x (2^31 - 1), the rows' blocks and H on y and z."""
-    rows = -(-m // tile_m)
-    if rows > MAX_GRID or h > MAX_GRID:
-        raise ValueError(f"gemm_tc: M={m} ({rows} row blocks of {tile_m}) or H={h} exceeds the grid's 65,535 "
-                         f"limit; split the rows into calls of at most {MAX_GRID * tile_m}")
-    return -(-n // tile_n), rows, h
+def shared_bytes(tile_m: int, tile_n: int) -> int:
+    """The stages, then the running fp32 sums of the block's tile (GtsAcc)."""
+    return STAGES * (tile_m + tile_n) * 64 * 2 + tile_m * tile_n * 4
+
+
+DENSE_SHARED = shared_bytes(DENSE_TILE_M, DENSE_TILE_N)     # 224 KiB: sm_90 / sm_100 (the speed model's)
+SMALL_SHARED = shared_bytes(SMALL_TILE_M, SMALL_TILE_N)     # 80 KiB: fits sm_80 / sm_86 / sm_89 / sm_120's 99 KB
+
+
+def grid(m: int, n: int, h: int = 1, tile_m: int = DENSE_TILE_M, tile_n: int = DENSE_TILE_N) -> tuple[int, int, int]:
+    """(row blocks, column blocks, heads): the rows' blocks on grid.x (2^31 - 1), N's and H on y and z (65,535)."""
+    cols = -(-n // tile_n)
+    if cols > MAX_GRID or h > MAX_GRID:
+        raise ValueError(f"gemm_tc: N={n} ({cols} column blocks of {tile_n}) or H={h} exceeds the grid's 65,535 "
+                         f"limit")
+    return -(-m // tile_m), cols, h
+
+
+def tile(k: Kernels) -> tuple[Kernels, int, int, int]:
+    """(kernels, tile M, tile N, shared bytes): the big tile where the device's opt-in limit takes it, else the
+    GTS_SMALL build of the same file."""
+    if DENSE_SHARED <= k.shared_optin:
+        return k, DENSE_TILE_M, DENSE_TILE_N, DENSE_SHARED
+    if SMALL_SHARED <= k.shared_optin:
+        return k.variant(SMALL), SMALL_TILE_M, SMALL_TILE_N, SMALL_SHARED
+    raise ValueError(f"gemm_tc: the device's {k.shared_optin} B of shared memory a block hold no tile "
+                     f"(the smallest takes {SMALL_SHARED} B)")
+
+
+def _check_k(name: str, kk: int) -> None:
+    if kk > MAX_K:
+        raise ValueError(f"{name}: K={kk} exceeds {MAX_K} (the staged tile's 32-bit offsets)")
+
+
+def _launch(k: Kernels, name: str, m: int, n: int, h: int, args: tuple) -> None:
+    """One staged-tile launch: DENSE_THREADS threads, the tile's dynamic shared memory (opted in)."""
+    kt, tm, tn, smem = tile(k)
+    fn = kt.fn(SRC, name)
+    if fn.max_dynamic_shared_size_bytes < smem:
+        fn.max_dynamic_shared_size_bytes = smem
+    kt.launch(SRC, name, grid(m, n, h, tm, tn), DENSE_THREADS, args, shared_mem=smem)
 
 
 def gemm_tc(k: Kernels, x, w, out: str = "f32"):
@@ -46,17 +79,14 @@ def gemm_tc(k: Kernels, x, w, out: str = "f32"):
     x3, w3 = (x, w) if heads else (x[None], w[None])
     h, m, kk = x3.shape
     n = w3.shape[1]
+    _check_k("gemm_tc", kk)
     y = k.empty((h, m, n), k.bf16 if out == "bf16" else np.float32)
     if h and m and n:
         if kk == 0:
             y[...] = 0                           # an empty sum is +0.0 (bf16 +0.0 is bit pattern 0)
         else:
-            name = "gemm_tc" + ("_bf16" if out == "bf16" else "")
-            fn = k.fn(SRC, name)
-            if fn.max_dynamic_shared_size_bytes < DENSE_SHARED:
-                fn.max_dynamic_shared_size_bytes = DENSE_SHARED
-            k.launch(SRC, name, grid(m, n, h, DENSE_TILE_M, DENSE_TILE_N), DENSE_THREADS,
-                     (x3, w3, y, i32(m), i32(n), i32(kk)), shared_mem=DENSE_SHARED)
+            _launch(k, "gemm_tc" + ("_bf16" if out == "bf16" else ""), m, n, h,
+                    (x3, w3, y, i32(m), i32(n), i32(kk)))
     return y if heads else y[0]
 
 
@@ -71,13 +101,13 @@ def gemm_tc_grouped(k: Kernels, x, w, group, out: str = "f32"):
     check("gemm_tc_grouped", "group", group, (x.shape[0],), np.int32)
     m, kk = x.shape
     e, n = w.shape[0], w.shape[1]
+    _check_k("gemm_tc_grouped", kk)
     guards.ids_in_range(k, "gemm_tc_grouped", "group", group, e, "expert ids")     # no host sync of a device array
     y = k.empty((m, n), k.bf16 if out == "bf16" else np.float32)
     if m and n:
         if kk == 0:
             y[...] = 0                           # an empty sum is +0.0 (bf16 +0.0 is bit pattern 0)
         else:
-            suffix = "_bf16" if out == "bf16" else ""
-            k.launch(SRC, "gemm_tc_grouped" + suffix, grid(m, n), THREADS,
-                     (x, w, group, y, i32(m), i32(n), i32(kk), i32(e)))
+            _launch(k, "gemm_tc_grouped" + ("_bf16" if out == "bf16" else ""), m, n, 1,
+                    (x, w, group, y, i32(m), i32(n), i32(kk), i32(e)))
     return y

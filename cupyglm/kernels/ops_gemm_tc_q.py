@@ -14,7 +14,7 @@ from cupyglm.kernels.ops import Kernels, check, i32
 from cupyglm.kernels.ops_gemv_q import tc_block_args, weight_args
 
 SRC = "gemm_tc_q.cu"
-TILE_M = 32        # GTQ_TILE_M: rows a block
+TILE_M = 64        # GTQ_TILE_M: rows a block
 TILE_N = 64        # GTQ_TILE_N: columns a block
 THREADS = (128, 1)
 MAX_GRID = 65535
@@ -22,12 +22,11 @@ OUTS = ("f32", "bf16")
 
 
 def grid(name: str, m: int, n: int) -> tuple[int, int, int]:
-    """(column blocks, row blocks, 1): N on grid.x (2^31 - 1), the rows' 32-row blocks on y (65,535)."""
-    rows = -(-m // TILE_M)
-    if rows > MAX_GRID:
-        raise ValueError(f"{name}: M={m} ({rows} row blocks of {TILE_M}) exceeds the grid's 65,535 limit; "
-                         f"split the rows into calls of at most {MAX_GRID * TILE_M}")
-    return -(-n // TILE_N), rows, 1
+    """(row blocks, column blocks, 1): the rows' 64-row blocks on grid.x (2^31 - 1), N's on y (65,535)."""
+    cols = -(-n // TILE_N)
+    if cols > MAX_GRID:
+        raise ValueError(f"{name}: N={n} ({cols} column blocks of {TILE_N}) exceeds the grid's 65,535 limit")
+    return -(-m // TILE_M), cols, 1
 
 
 def _out(name: str, out: str) -> str:

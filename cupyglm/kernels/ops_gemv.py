@@ -1,9 +1,8 @@
 """Launchers of cuda_src/gemv.cu: the decode/verify GEMM, which streams each bf16 weight once per call for all of
 the call's decode/verify rows (DESIGN §3b). Not ops of their own: ops_gemm's gemm, gemm_heads and gemm_grouped
-send a call's leading `decode` rows here (the rows whose role is decode or verify) and the rest to gemm.cu, as
-ops_gemm_swiglu does with gemv_swiglu.cu / gemm_swiglu.cu, so a row's path is set by its role, never by how many
-rows share the call. Decode rows sum in the tensor core's decode order (backend/tc_order.py), prompt rows in
-lane-16 order, each the reference's bits for its role."""
+send a call's leading `decode` rows here (the rows whose role is decode or verify) and the rest to the
+tensor-core GEMMs, as ops_gemm_swiglu does with gemv_swiglu.cu, so a row's path is set by its role, never by how
+many rows share the call. Both paths sum in the tensor core's order (backend/tc_order.py): the reference's bits."""
 from __future__ import annotations
 
 import numpy as np

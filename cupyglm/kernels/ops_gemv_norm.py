@@ -1,7 +1,8 @@
 """Launchers of cuda_src/gemv_norm.cu: a norm and the decode GEMV that consumes it in one launch, the norm
 computed in the GEMV's prologue (ops kda_out_gemm: KDA's gated output norm and o_proj; rmsnorm_gemm_multi: DSA's
 q_a norm and q_b / wq_b). The call's leading `decode` rows (decode/verify rows) take the fused kernel, the prompt
-rows the norm kernel and then gemm.cu, as ops_gemm does: a row's path is set by its role, never by how many rows
+rows the norm kernel and then the tensor-core gemm, as ops_gemm does: a row's path is set by its role, never by how
+many rows
 share the call; both give the bits of the norm followed by the GEMM. Quantised weights (QWeight), more heads or
 parts than the kernel holds, and empty shapes run the two ops separately (the same bits)."""
 from __future__ import annotations
@@ -80,7 +81,7 @@ def kda_out_gemm(k: Kernels, y, w_norm, gate, eps, w, decode: int = 0):
     gate = k.xp.ascontiguousarray(gate)
     out = k.empty((t, w.shape[0]), np.float32)
     gemv_kda_out(k, y, w_norm, gate, w, out, d, eps)
-    if d < t:                                               # the prompt rows: kda_out.cu, then gemm.cu
+    if d < t:                                               # the prompt rows: kda_out.cu, then the gemm
         o = ops_kda.kda_out(k, y[d:], w_norm, gate[d:], eps)
         out[d:] = ops_gemm.gemm(k, o.reshape(t - d, h * v), w)
     return out
@@ -99,7 +100,7 @@ def rmsnorm_gemm_multi(k: Kernels, x, w_norm, eps, ws, outs, decode: int = 0):
         return ops_gemm_multi.gemm_multi(k, (xn,) * len(ws), ws, outs, decode=d)
     ys = [k.empty((m, w.shape[0]), np.float32 if o == "f32" else k.bf16) for w, o in zip(ws, outs)]
     gemv_multi_rmsnorm(k, x, w_norm, ws, ys, [ops_gemm_multi.KIND[o] for o in outs], d, eps)
-    if d < m:                                               # the prompt rows: norm.cu, then gemm.cu part by part
+    if d < m:                                               # the prompt rows: norm.cu, then the gemm part by part
         xn = ops_norm.rmsnorm(k, x[d:], w_norm, eps)
         for y, w, o in zip(ys, ws, outs):
             y[d:] = ops_gemm_multi._separate(k, xn, w, o, 0)

@@ -1,9 +1,9 @@
 """Launchers of cuda_src/gemv_q.cu: the decode/verify GEMV for quantised weights (FP8 block-scaled, NVFP4;
 cupyglm.backend.qweight.QWeight), which streams the packed bytes and scales once per call for every 16 of the
-call's decode/verify rows and dequantises them in registers (dequant.cuh). Not ops of their own: ops_gemm_q sends
-a call's leading `decode` rows here (their role, cupyglm/backend/roles.py) and the rest to the dequantising
-gemm.cu / gemm_swiglu.cu kernels. The decode rows have the bits of the reference's tc_quant.quant_rows (the
-tensor core's order over exact bf16 weights), the prompt rows those of gemm(x, dequant(w)) (lane-16)."""
+call's decode/verify rows and dequantises them in registers (dequant.cuh). Not ops of their own: ops_gemm sends
+a call's leading `decode` rows here (their role, cupyglm/backend/roles.py) and the rest to the tensor-core GEMMs
+(ops_gemm_tc_q); both have the bits of the reference's tc_quant.quant_rows (the tensor core's order over exact
+bf16 weights)."""
 from __future__ import annotations
 
 import numpy as np
@@ -14,6 +14,7 @@ from cupyglm.kernels.ops import Kernels, check, i32
 from cupyglm.kernels.ops_gemv import MAX_GRID, OUTS, THREADS, grid
 
 SRC = "gemv_q.cu"
+PAIR_OUTS = 8   # gemv_q.cu's GEMV_Q_PAIR_OUTS: output columns of a dense SwiGLU block (gate and up in one chain)
 
 
 def weight_args(op: str, w: QWeight, ndim: int, k_in: int) -> tuple:
@@ -56,8 +57,8 @@ def _rows(op: str, rows: int, m: int) -> None:
 
 
 def gemv(k: Kernels, x, w: QWeight, y, rows: int, suffix: str) -> None:
-    """y[:rows] = x[:rows] @ dequant(w).T in the quantised decode order (tc_quant). x [M, K] bf16, w quantised [N, K], y [M, N] (fp32,
-    or bf16 with suffix "_bf16"); rows past `rows` are left as they are."""
+    """y[:rows] = x[:rows] @ dequant(w).T in the quantised decode order (tc_quant). x [M, K] bf16, w quantised
+    [N, K], y [M, N] (fp32, or bf16 with suffix "_bf16"); rows past `rows` are left as they are."""
     name = f"gemv_{w.fmt}_lane16"
     check(name, "x", x, (None, None), k.bf16)
     m, kk = x.shape
@@ -96,7 +97,7 @@ def gemv_swiglu(k: Kernels, x, w_gate: QWeight, w_up: QWeight, y, rows: int, lim
     n = w_gate.shape[0]
     check(name, "y", y, (m, n), k.bf16)
     _rows(name, rows, m)
-    k.launch(SRC, name, grid(rows, n)[:2], THREADS,
+    k.launch(SRC, name, (-(-n // PAIR_OUTS), grid(rows, n)[1]), THREADS,
              (x, *ga, *ua, y, i32(m), i32(n), i32(kk), *tc_block_args(w_gate), i32(rows), *limit_args))
 
 

@@ -1,5 +1,5 @@
 """DSA indexer launchers (cuda_src/indexer.cu): index_pool, index_scores, index_scores_rows, index_tail_pool, with
-NumpyOps' signatures."""
+NumpyOps' signatures. The scores run on the tensor core (cuda_src/index_mma.cuh; backend/tc_index.py)."""
 from __future__ import annotations
 
 import numpy as np
@@ -8,9 +8,31 @@ from cupyglm.kernels.ops import Kernels, check, f32, i32, op
 
 SRC = "indexer.cu"
 F32 = np.float32
-POOLS = 16         # IDX_POOLS: pools per index_scores block (their keys read once for all its rows and heads)
+WARPS = 8          # index_scores: warps a block, WARP_POOLS pools each (keys read once for its rows and heads)
+ROWS_WARPS = 4     # index_scores_rows: warps a block (one row)
 ROWS = 16          # IDX_ROWS: rows per index_scores block
 MAX_I = 256        # IDX_MAX_I
+PAD = 8            # IDX_PAD
+WARP_POOLS = 32    # IDX_WARP_POOLS
+
+
+def shared_bytes(i: int, warps: int) -> int:
+    """A block's dynamic shared memory: WARP_POOLS pools a warp, each key's I bf16 rounded up to 16, plus the pad."""
+    return WARP_POOLS * warps * (-(-i // 16) * 16 + PAD) * 2
+
+
+def _check_i(name: str, i: int) -> None:
+    if i > MAX_I or i % 8:
+        raise ValueError(f"{name}: index head dimension a multiple of 8 up to {MAX_I} supported (16-byte key "
+                         f"copies, 8-byte query loads), got {i}")
+
+
+def _launch(k: Kernels, name: str, blocks: int, warps: int, i: int, args) -> None:
+    smem = shared_bytes(i, warps)
+    fn = k.fn(SRC, name)
+    if fn.max_dynamic_shared_size_bytes < smem:
+        fn.max_dynamic_shared_size_bytes = smem
+    k.launch(SRC, name, (blocks,), (32 * warps,), args, shared_mem=smem)
 
 
 def _arg(k: Kernels, kernel: str, name: str, a, shape=None, dtype=F32):
@@ -41,15 +63,13 @@ def index_scores(k: Kernels, qi, hw, pk):
     hw = _arg(k, "index_scores", "hw", hw, (t, h))
     pk = _arg(k, "index_scores", "pk", pk, (None, i), k.bf16)
     p = pk.shape[0]
-    if i > MAX_I:
-        raise ValueError(f"index_scores: index head dimension <= {MAX_I} supported, got {i}")
-    blocks = -(-t // ROWS) * -(-p // POOLS)
+    _check_i("index_scores", i)
+    blocks = -(-t // ROWS) * -(-p // (WARP_POOLS * WARPS))
     if blocks > 2**31 - 1:
         raise ValueError(f"index_scores: T={t} rows x {p} pools exceed the grid's 2^31 - 1 blocks")
     out = k.empty((t, p))
     if t and p:
-        k.launch(SRC, "index_scores", (blocks,), (16 * POOLS,),
-                 (qi, hw, pk, out, i32(t), i32(h), i32(i), i32(p), f32(i ** -0.5)))
+        _launch(k, "index_scores", blocks, WARPS, i, (qi, hw, pk, out, i32(t), i32(h), i32(i), i32(p), f32(i ** -0.5)))
     return out
 
 
@@ -67,16 +87,14 @@ def index_scores_rows(k: Kernels, qi, hw, hscale: float, pooled, tables, seg):
     tables = _arg(k, name, "tables", tables, (None, None), np.int32)
     seg = _arg(k, name, "seg", seg, (t,), np.int32)
     s, pw = tables.shape
-    if i > MAX_I:
-        raise ValueError(f"{name}: index head dimension <= {MAX_I} supported, got {i}")
-    blocks = t * -(-pw // POOLS)
+    _check_i(name, i)
+    blocks = t * -(-pw // (WARP_POOLS * ROWS_WARPS))
     if blocks > 2**31 - 1:
         raise ValueError(f"{name}: T={t} rows x {pw} pools exceed the grid's 2^31 - 1 blocks")
     out = k.empty((t, pw))
     if t and pw:
-        k.launch(SRC, name, (blocks,), (16 * POOLS,),
-                 (qi, hw, pooled, tables, seg, out, i32(t), i32(h), i32(i), i32(pw), i32(pooled.shape[0]), i32(s),
-                  f32(i ** -0.5), f32(hscale)))
+        _launch(k, name, blocks, ROWS_WARPS, i, (qi, hw, pooled, tables, seg, out, i32(t), i32(h), i32(i), i32(pw),
+                                                  i32(pooled.shape[0]), i32(s), f32(i ** -0.5), f32(hscale)))
     return out
 
 

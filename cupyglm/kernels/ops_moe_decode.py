@@ -14,9 +14,9 @@ from cupyglm.kernels.ops import Kernels, check, f32, i32, op
 
 SRC = "moe_decode.cu"
 F32 = np.float32
-GEMV2_SHARED = 2 * ops_gemv.OUTS * ops_gemv.ROWS * 17 * 4     # sizeof(GemvShared<2>): its part array, the larger
-ROUTE_MAX_E = (GEMV2_SHARED // 4 - 1 - ops_moe.SORT_THREADS) // (2 * 8 + 1)   # MOE_ROUTE_MAX_E
-MAX_PAIRS = 512      # T * k: 6 ints a pair of dynamic shared memory beside the static GemvShared<2> (48 KiB in all)
+ROUTE_FLOATS = 2 * ops_gemv.OUTS * ops_gemv.ROWS * 17    # moe_decode.cu's MOE_ROUTE_FLOATS: the routing scratch
+ROUTE_MAX_E = (ROUTE_FLOATS - 1 - ops_moe.SORT_THREADS) // (2 * 8 + 1)   # MOE_ROUTE_MAX_E
+MAX_PAIRS = 512      # T * k: 6 ints a pair of dynamic shared memory beside the static routing scratch (48 KiB in all)
 
 
 def fused(x, w_gate, w_up, w_down, sh_act, sh_down, topk: int, n_experts: int) -> bool:

@@ -91,8 +91,8 @@ class KVStore:
         xp = ops.xp
         if self.host is not None:
             rows = token_rows(maps, xp, tokens)                                    # [T, W] store rows
-            return attend_host(ops, self.host, layer, segs, xp.ascontiguousarray(qa), rows, counts, scale, chunk,
-                               written)
+            return attend_host(ops, self.host, layer, segs, xp.ascontiguousarray(qa), tokens, rows, counts, scale,
+                               chunk, written)
         return ops.attention_paged(xp.ascontiguousarray(qa), self.latent[layer], tokens, maps.table, maps.seg,
                                    maps.page_tokens, counts, scale, chunk, decode=decode)
 

@@ -14,8 +14,8 @@ As the published checkpoint defines it (Hugging Face's Glm5NextVisionModel; tens
 - merger: proj (no bias) -> LayerNorm (post_projection_norm, weight and bias, eps 1e-5) -> exact (erf) GELU ->
   clipped SwiGLU without biases (gate, up [projection_intermediate_size, out], down back to out).
 Numerics (every op through the backend's ops object, the text model's interface, so numpy, sim and cuda give
-the same bits): bf16 weights and activations; every linear a prompt-role gemm (lane-16 sums over K, fp32
-products) whose fp32 sums take the bias in fp32 (bias_add) and round once to bf16; a residual is residual_add
+the same bits): bf16 weights and activations; every linear a prompt-role gemm (the tensor core's order over
+K) whose fp32 sums take the bias in fp32 (bias_add) and round once to bf16; a residual is residual_add
 (bf16(x + bf16(sublayer))); norms are the rmsnorm / layernorm ops; attention is vision_attention (q/k RMSNorm,
 the rotary, exp_f32 softmax, P rounded to bf16 before P.V); the merger's GELU is the gelu op (erf_f32); SwiGLU
 is the swiglu op (gate clamped above at L, up clipped to [-L, L]). The rotary's cos/sin are NumPy's float32,

@@ -13,7 +13,8 @@ from . import capture as _capture
 from . import copies as _copies
 from .state import DEFAULT_TOTAL, STATE, OutOfMemoryError
 
-CONFIG = {"device_count": 8, "compute_capability": "90", "name": "cupy double (emulated H100)"}
+CONFIG = {"device_count": 8, "compute_capability": "90", "name": "cupy double (emulated H100)",
+          "shared_optin": 232_448}      # cudaDevAttrMaxSharedMemoryPerBlockOptin of the emulated card
 _CURRENT = {"device": 0}
 
 
@@ -49,6 +50,10 @@ class Device:
     def __init__(self, device=None):
         self.id = _CURRENT["device"] if device is None else _check(device)
         self.compute_capability = CONFIG["compute_capability"]
+
+    @property
+    def attributes(self) -> dict:
+        return {"MaxSharedMemoryPerBlockOptin": int(CONFIG["shared_optin"]), "MaxSharedMemoryPerBlock": 48 * 1024}
 
     def use(self):
         _CURRENT["device"] = self.id

@@ -12,7 +12,8 @@ CuPy's and the GPU's launch rules, enforced at every launch (RawKernel.__call__)
   int/float/bool (CuPy would pass 64 bits whatever the parameter is), a numpy array (host memory) or a
   non-contiguous view (the kernel would read it as contiguous) raise;
 * block: at most 1024 threads, x, y <= 1024, z <= 64; grid: x < 2**31, y, z <= 65535;
-* dynamic shared memory <= max_dynamic_shared_size_bytes (48 KiB unless raised), static + dynamic <= that.
+* dynamic shared memory <= max_dynamic_shared_size_bytes where raised (static + it <= the device's opt-in
+  maximum, cuda.CONFIG's shared_optin), else static + dynamic <= 48 KiB.
 Stricter than CuPy (which passes a bare pointer): an array whose dtype is not the pointer's element type
 (a float32 array to a `__nv_bfloat16*`, int64 ids to an `int*`) raises, as the kernel would misread it.
 """
@@ -28,6 +29,7 @@ from pathlib import Path
 import numpy as np
 
 from . import capture
+from . import cuda as cuda_mod
 from .array import ndarray
 from .state import STATE
 
@@ -175,10 +177,16 @@ class RawKernel:
             raise CUDADriverError(f"{bad} (kernel {self.name}: block {b} over 1024 threads or a dimension limit)")
         if g[0] >= 2**31 or g[1] > 65535 or g[2] > 65535 or min(g) < 1:
             raise CUDADriverError(f"{bad} (kernel {self.name}: grid {g} beyond (2**31-1, 65535, 65535))")
-        limit = max(self.max_dynamic_shared_size_bytes, SHARED_LIMIT)
-        if self.static_shared > SHARED_LIMIT or int(shared_mem) + self.static_shared > limit:
+        # the dynamic cap: the raised attribute, else what 48 KiB leaves past the static; a block's static + that
+        # cap within the device's opt-in maximum (cuda.CONFIG's shared_optin)
+        raised = self.max_dynamic_shared_size_bytes > SHARED_LIMIT
+        cap = self.max_dynamic_shared_size_bytes if raised else SHARED_LIMIT - self.static_shared
+        optin = max(int(cuda_mod.CONFIG["shared_optin"]), SHARED_LIMIT)
+        if self.static_shared > SHARED_LIMIT or int(shared_mem) > cap or self.static_shared + cap > optin:
+            over = self.static_shared + min(cap, optin - self.static_shared)
             raise CUDADriverError(f"{bad} (kernel {self.name}: {self.static_shared} B static + {int(shared_mem)} B "
-                                  f"dynamic shared memory over {limit} B)")
+                                  f"dynamic shared memory over {over} B)")
+        limit = max(cap, SHARED_LIMIT)
         if not isinstance(args, tuple):
             raise TypeError(f"kernel {self.name}: args must be a tuple")
         if self._types is None:

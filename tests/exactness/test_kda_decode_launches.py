@@ -75,6 +75,6 @@ def test_kda_decode_rows_three_launches(tiny_ckpt, cuda_ops, prompts):
                                           SeqInput(np.arange(3, 9, dtype=np.int32), states[-1])])
     for layer, got in per_layer.items():
         assert got["kda_step"] == 1 and got["gemv_multi_lane16"] == 1 and got["kda_recurrence"] == 1, dict(got)
-        assert got["gemm_lane16_bf16"] >= 2, dict(got)           # f_b and g_b of the prompt rows
+        assert got["gemm_tc_bf16"] >= 2, dict(got)           # f_b and g_b of the prompt rows
     for s in states:
         runner.release(s)

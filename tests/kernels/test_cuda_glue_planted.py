@@ -8,7 +8,7 @@ import pytest
 
 from cupy_double.fixtures import cuda_double  # noqa: F401
 from cupyglm.backend.lanes import bf16, to_bits
-from cupyglm.kernels import ops_gemm, ops_norm, ops_sample
+from cupyglm.kernels import ops_gemm, ops_gemm_tc, ops_norm, ops_sample
 from cupyglm.memory import BF16_STORAGE
 from cupyglm.kernels.ops import Kernels
 
@@ -44,7 +44,7 @@ def test_host_array_to_a_launcher(k):
 
 def test_python_int_kernel_argument(k, monkeypatch):
     x, w = _gemm_inputs(k.xp)
-    monkeypatch.setattr(ops_gemm, "i32", int)          # the launcher forgets np.int32
+    monkeypatch.setattr(ops_gemm_tc, "i32", int)       # the launcher forgets np.int32
     with pytest.raises(TypeError, match="Python int"):
         ops_gemm.gemm(k, x, w)
 
@@ -52,14 +52,16 @@ def test_python_int_kernel_argument(k, monkeypatch):
 def test_transposed_view(k, monkeypatch):
     x, w = _gemm_inputs(k.xp)
     xt = k.xp.ascontiguousarray(x.T).T                  # x's values, a non-contiguous view
-    monkeypatch.setattr(ops_gemm, "check", lambda kernel, param, a, *rest: a)   # the launcher skips its check
+    for m in (ops_gemm, ops_gemm_tc):                   # the launchers skip their checks
+        monkeypatch.setattr(m, "check", lambda kernel, param, a, *rest: a)
     with pytest.raises(ValueError, match="non-contiguous"):
         ops_gemm.gemm(k, xt, w)
 
 
 def test_array_of_another_dtype_than_the_pointer(k, monkeypatch):
     x, w = _gemm_inputs(k.xp)
-    monkeypatch.setattr(ops_gemm, "check", lambda kernel, param, a, *rest: a)
+    for m in (ops_gemm, ops_gemm_tc):
+        monkeypatch.setattr(m, "check", lambda kernel, param, a, *rest: a)
     with pytest.raises(TypeError, match=r"\(const __nv_bfloat16\*\): a float32 array; the kernel reads uint16"):
         ops_gemm.gemm(k, k.xp.zeros((3, 32), k.xp.float32), w)   # fp32 values handed to a bf16 parameter
 

@@ -49,7 +49,7 @@ def test_read_rows_and_gemm_grouped_ids(ops, cuda_double):
     with pytest.raises(DeviceCheckError) as e:
         ops.raise_device_errors()
     assert "read_rows: parameter rows holds ids outside [0, 8) (1 of them, the first at index 0)" in str(e.value)
-    assert "gemm_grouped: parameter group holds expert ids outside [0, 2) (1 of them, the first at index 1)" \
+    assert "gemm_tc_grouped: parameter group holds expert ids outside [0, 2) (1 of them, the first at index 1)" \
         in str(e.value)
 
 

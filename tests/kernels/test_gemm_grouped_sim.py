@@ -1,5 +1,5 @@
-"""The grouped expert GEMM (cuda_src/gemm.cu gemm_grouped_lane16) on the CPU emulator: equals the numpy
-backend's gemm_grouped bit for bit (itself row m = lanes.gemm(x[m], w[group[m]])), under every thread order,
+"""The grouped expert GEMM's prompt rows (cuda_src/gemm_tc.cu gemm_tc_grouped) on the CPU emulator: equals the numpy
+backend's gemm_grouped bit for bit (itself row m = tc_rows(x[m], w[group[m]])), under every thread order,
 and a row's result does not depend on which other rows or experts share the call."""
 from __future__ import annotations
 
@@ -8,7 +8,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from cupyglm.backend.lanes import BF16, bf16, gemm as lanes_gemm
+from cupyglm.backend.lanes import BF16, bf16
+from cupyglm.backend.tc_order import tc_rows
 from cupyglm.backend.numpy_ops import NumpyOps
 from cupyglm.kernels import ops_gemm
 from cupyglm.kernels.ops import Kernels
@@ -41,7 +42,7 @@ def _case(seed, m, e, n, k, used=None, sort=False):
     (1, 8, 64, 256, 8, False),        # decode: one (token, slot) pair
     (16, 4, 96, 256, 4, True),        # 16 rows over 4 experts, sorted as the MoE sends them
     (100, 8, 40, 160, 5, False),      # 100 rows, experts 5..7 absent, unsorted
-    (23, 6, 33, 100, 3, True),        # K % 16 = 4, N % 16 = 1
+    (23, 6, 33, 100, 3, True),        # K % 32 = 4, N % 64 = 33
     (9, 3, 17, 1000, 3, False),       # long K: the order shows in the bits
 ])
 def test_equals_numpy_reference(order, m, e, n, k, used, sort):
@@ -54,7 +55,7 @@ def test_equals_numpy_reference(order, m, e, n, k, used, sort):
 
 def test_reference_is_per_row_gemm_and_sort_free():
     x, w, group = _case(1, 40, 5, 24, 130)
-    want = np.concatenate([lanes_gemm(x[i:i + 1], w[group[i]]) for i in range(40)])
+    want = np.concatenate([tc_rows(x[i:i + 1], w[group[i]]) for i in range(40)])
     got = REF.gemm_grouped(x, w, group)
     assert np.array_equal(_bits(got), _bits(want))
     perm = np.argsort(group, kind="stable")                   # the sorted fast path gives the same rows
@@ -64,7 +65,7 @@ def test_reference_is_per_row_gemm_and_sort_free():
 def test_long_k_wrong_order_variant_differs():
     x, w, group = _case(4, 12, 3, 20, 1000)
     y = ops_gemm.gemm_grouped(K, x, w, group)
-    bad = ops_gemm.gemm_grouped(K.variant("CONTROL_WRONG_ORDER"), x, w, group)
+    bad = ops_gemm.gemm_grouped(K.variant("CONTROL_TC_REVERSED"), x, w, group)
     assert not np.array_equal(_bits(bad), _bits(y))
 
 
@@ -77,7 +78,7 @@ def test_row_bits_do_not_depend_on_other_rows_or_experts(m, e, where, kk, seed):
     ex = int(rng.integers(0, e))
     row = _bf(rng, (1, kk), 2.0)
     solo = ops_gemm.gemm_grouped(K, row, w, np.array([ex], np.int32))
-    assert np.array_equal(_bits(solo), _bits(lanes_gemm(row, w[ex])))
+    assert np.array_equal(_bits(solo), _bits(tc_rows(row, w[ex])))
     batch = _bf(rng, (m, kk), 2.0)
     group = rng.integers(0, e, m).astype(np.int32)
     at = min(int(where * m), m - 1)
@@ -92,7 +93,7 @@ def test_every_batch_size_and_neighbour_expert():
     rng = np.random.default_rng(9)
     w = _bf(rng, (4, 40, 256), 1 / 16)
     big = _bf(rng, (24, 256), 2.0)
-    want = _bits(lanes_gemm(big[:1], w[2]))[0]
+    want = _bits(tc_rows(big[:1], w[2]))[0]
     for m in range(1, 25):
         for other in range(4):
             group = np.full(m, other, np.int32)

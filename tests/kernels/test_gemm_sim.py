@@ -1,5 +1,5 @@
-"""The row-invariant GEMM (cuda_src/gemm.cu) on the CPU emulator: a row's result does not depend on how many
-rows share the call or where the row sits, and equals the numpy backend's lanes.gemm bit for bit."""
+"""The prompt rows' GEMM (ops gemm with decode=0: cuda_src/gemm_tc.cu) on the CPU emulator: a row's result does not
+depend on how many rows share the call or where the row sits, and equals the reference's tc_rows bit for bit."""
 from __future__ import annotations
 
 import numpy as np
@@ -7,7 +7,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from cupyglm.backend.lanes import BF16, bf16, gemm as lanes_gemm, gemm_batched
+from cupyglm.backend.lanes import BF16, bf16
+from cupyglm.backend.tc_order import tc_rows, tc_rows_batched
 from cupyglm.kernels import ops_gemm
 from cupyglm.kernels.ops import Kernels
 
@@ -40,28 +41,28 @@ def test_row_bits_do_not_depend_on_batch_size_or_position(weights, m, where, kk,
     batch[at] = row[0]
     y = ops_gemm.gemm(K, batch, w)
     assert np.array_equal(_bits(y[at]), _bits(solo[0])), f"row {at} of {m} differs from the row alone"
-    assert np.array_equal(_bits(y), _bits(lanes_gemm(batch, w))), "sim differs from lanes.gemm"
+    assert np.array_equal(_bits(y), _bits(tc_rows(batch, w))), "sim differs from tc_rows"
 
 
 def test_every_batch_size_1_to_64_for_one_row(weights):
     rng = np.random.default_rng(3)
     w = weights[256]
     big = _bf(rng, (64, 256), 2.0)
-    want = _bits(lanes_gemm(big[:1], w))[0]
+    want = _bits(tc_rows(big[:1], w))[0]
     for m in range(1, 65):
         y = ops_gemm.gemm(K, np.ascontiguousarray(big[:m]), w)
         assert np.array_equal(_bits(y[0]), want), f"batch size {m}"
         if m in (1, 8, 9, 17, 64):
-            assert np.array_equal(_bits(y), _bits(lanes_gemm(big[:m], w)))
+            assert np.array_equal(_bits(y), _bits(tc_rows(big[:m], w)))
 
 
-def test_long_k_equals_lanes_gemm():
-    """K long enough that the summation order shows in the bits (K = 1000, 62.5 terms per lane)."""
+def test_long_k_equals_tc_rows():
+    """K long enough that the summation order shows in the bits (K = 1000: two slices and a tail)."""
     rng = np.random.default_rng(11)
     x, w = _bf(rng, (33, 1000), 3.0), _bf(rng, (17, 1000))
     y = ops_gemm.gemm(K, x, w)
-    assert np.array_equal(_bits(y), _bits(lanes_gemm(x, w)))
-    wrong = ops_gemm.gemm(K.variant("CONTROL_WRONG_ORDER"), x, w)     # the planted mutant: a wrong fold
+    assert np.array_equal(_bits(y), _bits(tc_rows(x, w)))
+    wrong = ops_gemm.gemm(K.variant("CONTROL_TC_REVERSED"), x, w)     # the planted mutant: a reversed k-chain
     assert not np.array_equal(_bits(wrong), _bits(y))
 
 
@@ -69,7 +70,7 @@ def test_heads_equal_gemm_batched_and_per_head_gemm():
     rng = np.random.default_rng(5)
     x, w = _bf(rng, (3, 9, 70)), _bf(rng, (3, 20, 70))
     y = ops_gemm.gemm_heads(K, x, w)
-    assert np.array_equal(_bits(y), _bits(gemm_batched(x, w)))
+    assert np.array_equal(_bits(y), _bits(tc_rows_batched(x, w)))
     for h in range(3):
         assert np.array_equal(_bits(y[h]), _bits(ops_gemm.gemm(K, x[h], w[h])))
 
@@ -79,7 +80,7 @@ def test_thread_order_changes_no_bit(order):
     rng = np.random.default_rng(2)
     x, w = _bf(rng, (19, 130)), _bf(rng, (35, 130))
     y = ops_gemm.gemm(Kernels("sim", np, order=order), x, w)
-    assert np.array_equal(_bits(y), _bits(lanes_gemm(x, w)))
+    assert np.array_equal(_bits(y), _bits(tc_rows(x, w)))
 
 
 def test_wrong_calls_name_the_parameter():
@@ -105,10 +106,11 @@ def test_bf16_output_is_the_fp32_sum_rounded_once_in_the_epilogue():
     x, w = _bf(rng, (21, 300), 2.0), _bf(rng, (37, 300))
     y = ops_gemm.gemm(K, x, w, out="bf16")
     assert y.dtype == BF16
-    assert np.array_equal(y.view(np.uint16), bf16(lanes_gemm(x, w)).view(np.uint16))
+    assert np.array_equal(y.view(np.uint16), bf16(tc_rows(x, w)).view(np.uint16))
     h = ops_gemm.gemm_heads(K, x.reshape(3, 7, 300), w[:36].reshape(3, 12, 300), out="bf16")
     assert h.dtype == BF16
-    assert np.array_equal(h.view(np.uint16), bf16(gemm_batched(x.reshape(3, 7, 300), w[:36].reshape(3, 12, 300))).view(np.uint16))
+    want = bf16(tc_rows_batched(x.reshape(3, 7, 300), w[:36].reshape(3, 12, 300)))
+    assert np.array_equal(h.view(np.uint16), want.view(np.uint16))
     with pytest.raises(ValueError, match="out must be one of"):
         ops_gemm.gemm(K, x, w, out="fp16")
 

@@ -63,8 +63,8 @@ def test_kernel_gives_a_bad_id_nan_without_reading_out_of_bounds():
     x, w = _bf(rng, (m, k)), _bf(rng, (e, n, k), k ** -0.5)
     group = np.array([0, -1, 1, 2, 1, 0], np.int32)
     y = np.zeros((m, n), np.float32)
-    K.launch("gemm_tc.cu", "gemm_tc_grouped", ops_gemm_tc.grid(m, n), ops_gemm_tc.THREADS,
-             (x, w, group, y, i32(m), i32(n), i32(k), i32(e)))
+    K.launch("gemm_tc.cu", "gemm_tc_grouped", ops_gemm_tc.grid(m, n), ops_gemm_tc.DENSE_THREADS,
+             (x, w, group, y, i32(m), i32(n), i32(k), i32(e)), shared_mem=ops_gemm_tc.DENSE_SHARED)
     bad = np.array([False, True, False, True, False, False])
     assert np.isnan(y[bad]).all()
     ok = ~bad

@@ -56,7 +56,7 @@ def test_row_bits_do_not_depend_on_the_rows_beside_it(fmt):
     w = stack([qweight(rng, fmt, n, k) for _ in range(e)])
     row = _x(rng, 1, k)
     solo = quant_rows(row, w[1])
-    for m, at in ((2, 1), (33, 17), (40, 32)):
+    for m, at in ((2, 1), (40, 33), (70, 64)):
         batch = _x(rng, m, k)
         batch[at] = row[0]
         group = rng.integers(0, e, m).astype(np.int32)
@@ -134,7 +134,7 @@ def test_grouped_launcher_refuses_bad_ids(ids, says):
     assert says in str(e.value)
 
 
-def test_grid_refuses_more_row_blocks_than_grid_y_takes():
-    assert ops_gemm_tc_q.grid("gemm_tc_fp8", 33, 65) == (2, 2, 1)
+def test_grid_puts_rows_on_x_and_refuses_more_column_blocks_than_grid_y_takes():
+    assert ops_gemm_tc_q.grid("gemm_tc_fp8", 65, 65) == (2, 2, 1)
     with pytest.raises(ValueError, match="65,535"):
-        ops_gemm_tc_q.grid("gemm_tc_fp8", 65536 * 32, 64)
+        ops_gemm_tc_q.grid("gemm_tc_fp8", 32, 65536 * 64)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from cupyglm.backend.lanes import bf16
+from cupyglm.backend.lanes import BF16, bf16
 from cupyglm.backend.tc_order import tc_rows, tc_rows_batched
 from cupyglm.kernels import ops_gemm, ops_gemm_tc
 from cupyglm.kernels.ops import Kernels
@@ -24,7 +24,7 @@ def _bits(a):
 
 
 @pytest.mark.parametrize("m,n,k", [(1, 8, 32), (5, 70, 600), (32, 64, 512), (33, 65, 1100), (40, 130, 1040),
-                                   (7, 9, 100), (66, 129, 8), (3, 5, 5), (65, 20, 1600)])
+                                   (7, 9, 100), (66, 129, 8), (3, 5, 5), (65, 20, 1600), (140, 300, 1056)])
 def test_sim_equals_tc_rows_bits(m, n, k):
     rng = np.random.default_rng(m * 1000 + k)
     x, w = _bf(rng, (m, k), 2.0), _bf(rng, (n, k), k ** -0.5)
@@ -104,8 +104,14 @@ def test_launcher_refuses_bad_input(x, w, out, says):
     assert says in str(e.value)
 
 
-def test_grid_refuses_more_row_blocks_than_grid_y_takes():
-    assert ops_gemm_tc.grid(33, 65, 2) == (2, 2, 2)
-    assert ops_gemm_tc.grid(65, 129, 1, ops_gemm_tc.DENSE_TILE_M, ops_gemm_tc.DENSE_TILE_N) == (2, 2, 1)
+def test_launcher_refuses_k_past_the_tiles_32_bit_offsets():
+    x = np.zeros((1, ops_gemm_tc.MAX_K + 1), BF16)      # [1, MAX_K + 1] bf16
+    with pytest.raises(ValueError, match="K="):
+        ops_gemm_tc.gemm_tc(K, x, x)
+
+
+def test_grid_puts_rows_on_x_and_refuses_more_column_blocks_than_grid_y_takes():
+    assert ops_gemm_tc.grid(33, 65, 2, 32, 64) == (2, 2, 2)
+    assert ops_gemm_tc.grid(129, 257, 1) == (2, 2, 1)
     with pytest.raises(ValueError, match="65,535"):
-        ops_gemm_tc.grid(65536 * 32, 64)
+        ops_gemm_tc.grid(32, 65536 * 256)

@@ -44,19 +44,18 @@ def test_role_not_row_count_picks_the_kernel():
     for m in (1, 16):
         x = bf16(rng.standard_normal((m, 64)))
         ops.gemm(x, w)
-        assert _gemms(rec.take()) == ["gemm_lane16"], f"{m} prompt rows"
+        assert _gemms(rec.take()) == ["gemm_tc"], f"{m} prompt rows"
         ops.gemm(x, w, decode=m)
         assert _gemms(rec.take()) == ["gemv_lane16"], f"{m} decode rows"
     x = bf16(rng.standard_normal((9, 64)))
     y = ops.gemm(x, w, out="bf16", decode=4)
-    assert _gemms(rec.take()) == ["gemm_lane16_bf16", "gemv_lane16_bf16"]
+    assert _gemms(rec.take()) == ["gemm_tc_bf16", "gemv_lane16_bf16"]
     assert np.array_equal(bits(y), bits(NumpyOps().gemm(x, w, out="bf16", decode=4)))
 
 
 def test_norm_prologue_by_role():
     """kda_out_gemm / rmsnorm_gemm_multi: decode rows in one launch (the norm in the GEMV's prologue, no norm
-    kernel), prompt rows through the norm kernel and gemm.cu; every mix equals the numpy norm-then-gemm of the same
-    roles (the decode rows' order differs from the prompt rows')."""
+    kernel), prompt rows through the norm kernel and gemm_tc.cu; every mix equals the numpy norm-then-gemm."""
     ops, ref = SimOps(), NumpyOps()
     rec = Recorder(ops)
     rng = np.random.default_rng(1)
@@ -64,17 +63,17 @@ def test_norm_prologue_by_role():
     wn, w = bf16(1 + 0.2 * rng.standard_normal(32)), bf16(rng.standard_normal((24, 96)) * 0.1)
     x, xn = bf16(rng.standard_normal((9, 64))), bf16(1 + 0.2 * rng.standard_normal(64))
     ws = (bf16(rng.standard_normal((40, 64)) * 0.1), bf16(rng.standard_normal((16, 64)) * 0.1))
-    for d, want in ((9, ["gemv_kda_out_lane16"]), (0, ["gemm_lane16", "kda_out"]),
-                    (4, ["gemm_lane16", "gemv_kda_out_lane16", "kda_out"])):
+    for d, want in ((9, ["gemv_kda_out_lane16"]), (0, ["gemm_tc", "kda_out"]),
+                    (4, ["gemm_tc", "gemv_kda_out_lane16", "kda_out"])):
         got = ops.kda_out_gemm(y, wn, gate, 1e-5, w, decode=d)
         assert sorted(set(rec.take())) == want, d
         assert np.array_equal(bits(got), bits(ref.kda_out_gemm(y, wn, gate, 1e-5, w, decode=d)))
         assert np.array_equal(bits(got), bits(ref.gemm(ref.kda_out(y, wn, gate, 1e-5).reshape(9, 96), w, decode=d)))
-    for d, want in ((9, ["gemv_multi_rmsnorm_lane16"]), (0, ["gemm_lane16_bf16", "rmsnorm_rows"]),
-                    (2, ["gemm_lane16_bf16", "gemv_multi_rmsnorm_lane16", "rmsnorm_rows"])):
+    for d, want in ((9, ["gemv_multi_rmsnorm_lane16"]), (0, ["gemm_tc_bf16", "rmsnorm_rows"]),
+                    (2, ["gemm_tc_bf16", "gemv_multi_rmsnorm_lane16", "rmsnorm_rows"])):
         got = ops.rmsnorm_gemm_multi(x, xn, 1e-5, ws, ("bf16", "f32"), decode=d)
         names = sorted(set(rec.take()))
-        assert [n for n in names if n != "gemm_lane16"] == want, d
+        assert [n for n in names if n != "gemm_tc"] == want, d
         normed = ref.rmsnorm(x, xn, 1e-5)
         for g, wp, o in zip(got, ws, ("bf16", "f32")):
             assert np.array_equal(bits(g), bits(ref.gemm(normed, wp, out=o, decode=d)))

@@ -70,3 +70,18 @@ def test_gpu_loader_compiles_cubin_without_a_device(tmp_path, monkeypatch):
     with pytest.raises(cuda.CudaCompileError, match="undefined_identifier_in_broken_kernel"):
         cuda.compile_cubin(FIXTURES / "broken.cu", "sm_80")
     assert "cupyglm.kernels.cuda" in sys.modules
+
+
+# the builds a launcher picks on GPUs with less shared memory a block (Kernels.shared_optin)
+TILE_VARIANTS = [("gemm_tc.cu", "GTS_SMALL"), ("attention_tc.cu", "ATC_ONE_TILE")]
+
+
+@pytest.mark.parametrize("arch", nvrtc_gate.GATE_ARCHS)
+@pytest.mark.parametrize("name,define", TILE_VARIANTS, ids=[f"{n}-{d}" for n, d in TILE_VARIANTS])
+def test_tile_variant_compiles(name, define, arch):
+    from cupyglm.kernels import cuda
+
+    try:
+        assert cuda.compile_cubin(nvrtc_gate.CUDA_SRC / name, arch, (f"-D{define}",)).stat().st_size > 0
+    except cuda.CudaCompileError as e:
+        pytest.fail(f"{name} -D{define} does not compile for {arch}:\n{e}")

@@ -30,7 +30,7 @@ def test_fingerprint_holds_every_agreed_setting():
     assert f["version"] == fp.VERSION == 5
     assert set(f) == {"version", *fp.FIELDS}
     assert f["model"] == "builtin-tiny" and f["backend"] == "numpy"
-    assert f["arithmetic"] == "arithmetic 2, tensor core sm_90"
+    assert f["arithmetic"] == "arithmetic 3, tensor core sm_90"
     assert f["kv_host"] == 2 and "kv_host_shared" not in f
     assert all(k in SOURCES or k in fp.HOW for k in fp.FIELDS)
     json.dumps(f)  # plain JSON values
@@ -148,5 +148,5 @@ def test_ranks_of_another_arithmetic_are_refused_by_name():
     assert fp.compare([base(), base(), other]) == (
         "REFUSE rank settings: rank 2's arithmetic differs from rank 0's "
         "(the cupyglm build's ARITHMETIC version and the GPU's tensor core)")
-    newer = fp.fingerprint(Settings(), backend="numpy", arithmetic="arithmetic 3, tensor core sm_90")
+    newer = fp.fingerprint(Settings(), backend="numpy", arithmetic="arithmetic 4, tensor core sm_90")
     assert "rank 1's arithmetic differs" in fp.decide([fp.payload_ok(base()), fp.payload_ok(newer)])

@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 
 from cupyglm.backend.lanes import BF16
-from cupyglm.kernels import ops_attention, ops_gemm, ops_hc, ops_indexer, ops_kv, ops_moe, ops_norm
+from cupyglm.backend.qweight import QWeight
+from cupyglm.kernels import ops_attention, ops_gemm, ops_gemm_tc, ops_hc, ops_indexer, ops_kv, ops_moe, ops_norm
 from cupyglm.kernels.ops import Kernels
 
 M = 70_000
@@ -37,15 +38,22 @@ def _f(shape):
     return np.zeros(shape, np.float32)
 
 
+def _nvfp4(shape):
+    n, k = shape
+    return QWeight("nvfp4", shape, np.zeros((n, k // 2), np.uint8), np.zeros((n, k // 16), np.uint8),
+                   np.ones(1, np.float32))
+
+
 CALLS = {
     # kernel: (launch it at m rows, the grid it must get at m rows)
-    "gemm_lane16": (lambda k, m: ops_gemm.gemm(k, _bf((m, 32)), _bf((40, 32))), lambda m: (-(-m // 8), 3, 1)),
-    "gemm_lane16_bf16": (lambda k, m: ops_gemm.gemm(k, _bf((m, 32)), _bf((40, 32)), out="bf16"),
-                         lambda m: (-(-m // 8), 3, 1)),
-    "gemm_lane16 heads": (lambda k, m: ops_gemm.gemm_heads(k, _bf((2, m, 16)), _bf((2, 20, 16))),
-                          lambda m: (-(-m // 8), 2, 2)),
-    "gemm_grouped_lane16": (lambda k, m: ops_gemm.gemm_grouped(k, _bf((m, 32)), _bf((3, 40, 32)),
-                                                               np.zeros(m, np.int32)), lambda m: (-(-m // 8), 3, 1)),
+    "gemm_tc": (lambda k, m: ops_gemm.gemm(k, _bf((m, 32)), _bf((40, 32))), lambda m: (-(-m // 128), 1, 1)),
+    "gemm_tc_bf16": (lambda k, m: ops_gemm.gemm(k, _bf((m, 32)), _bf((300, 32)), out="bf16"),
+                     lambda m: (-(-m // 128), 2, 1)),
+    "gemm_tc heads": (lambda k, m: ops_gemm.gemm_heads(k, _bf((2, m, 16)), _bf((2, 20, 16))),
+                      lambda m: (-(-m // 128), 1, 2)),
+    "gemm_tc_grouped": (lambda k, m: ops_gemm.gemm_grouped(k, _bf((m, 32)), _bf((3, 40, 32)), np.zeros(m, np.int32)),
+                        lambda m: (-(-m // 128), 1, 1)),
+    "gemm_tc_nvfp4": (lambda k, m: ops_gemm.gemm(k, _bf((m, 64)), _nvfp4((200, 64))), lambda m: (-(-m // 64), 4, 1)),
     "hc_post": (lambda k, m: ops_hc.hc_post(k, _bf((m, 4, 300)), _f((m, 300)), _f((m, 4)), _f((m, 4, 4))),
                 lambda m: (m, 2, 1)),
     "stream_mean": (lambda k, m: ops_hc.stream_mean(k, _bf((m, 4, 300))), lambda m: (m, 2, 1)),
@@ -54,11 +62,12 @@ CALLS = {
     "attention": (lambda k, m: ops_attention.attention(k, _bf((m, 3, 16)), _bf((8, 16)), np.zeros((m, 4), np.int32),
                                                        np.ones(m, np.int32), 0.25, 4), lambda m: (m, 3, 1)),
     "index_scores": (lambda k, m: ops_indexer.index_scores(k, _bf((m, 2, 16)), _f((m, 2)), _bf((40, 16))),
-                     lambda m: (-(-m // 16) * 3, 1, 1)),
+                     lambda m: (-(-m // ops_indexer.ROWS) * -(-40 // (ops_indexer.WARP_POOLS * ops_indexer.WARPS)),
+                               1, 1)),
     "index_scores_rows": (lambda k, m: ops_indexer.index_scores_rows(k, _bf((m, 2, 16)), _f((m, 2)), 0.5, _bf((40, 16)),
                                                                      np.zeros((1, 32), np.int32),
                                                                      np.zeros(m, np.int32)),
-                          lambda m: (m * 2, 1, 1)),
+                          lambda m: (m * -(-32 // (ops_indexer.WARP_POOLS * ops_indexer.ROWS_WARPS)), 1, 1)),
     "rmsnorm_rows": (lambda k, m: ops_norm.rmsnorm(k, _bf((m, 16)), _bf((16,)), 1e-5), lambda m: (m, 1, 1)),
     "kv_read_rows": (lambda k, m: ops_kv.read_rows(k, _bf((8, 16)), np.zeros(m, np.int32)), lambda m: (m, 1, 1)),
     "kv_write_rows_rmsnorm_keys": (lambda k, m: ops_kv.write_rows_rmsnorm_keys(
@@ -91,4 +100,4 @@ def test_y_and_z_do_not_grow_with_the_rows(name):
 
 def test_gemm_refuses_a_column_count_over_the_y_limit():
     with pytest.raises(ValueError, match="65,535"):
-        ops_gemm.grid(4, 16 * Y_LIMIT + 1)
+        ops_gemm_tc.grid(4, 256 * Y_LIMIT + 1)

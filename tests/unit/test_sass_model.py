@@ -106,6 +106,28 @@ def test_bf16_decode_gemvs_issue_under_their_memory_bound(rows):
                                                                          r["memory_bound_us"])
 
 
+# the quantised forms' ceilings (issue bound / memory bound): NVFP4 decodes two codes a byte by permutes
+Q_CEILING = {"fp8": 0.4, "nvfp4": 0.85}
+
+
+@pytest.mark.parametrize("rows", (1, 16))
+@pytest.mark.parametrize("fmt", ("fp8", "nvfp4"))
+def test_quantised_decode_gemvs_issue_under_their_memory_bound(fmt, rows):
+    """Every FP8 / NVFP4 decode GEMV form at the full model's TP=2 shapes issues under its memory bound; the dense
+    SwiGLU's pair blocks (8 columns of gate and up) give its small N twice the blocks of the 16-column grid."""
+    from bench.sass.table import _gemv_rows
+    from cupyglm.config import preset
+    from cupyglm.kernels.ops_gemv_q import PAIR_OUTS
+
+    out = _gemv_rows(preset("glm-5.3-flash"), 2, fmt, rows, "sm_90")
+    assert {r["form"] for r in out} >= {"dense", "swiglu", "grouped", "grouped swiglu"}
+    for r in out:
+        assert r["issue_bound_us"] <= Q_CEILING[fmt] * r["memory_bound_us"], (r["form"], rows, r["issue_bound_us"],
+                                                                              r["memory_bound_us"])
+    c = calls.gemv("swiglu", fmt, 1024, 4096, rows, 1024 * 4096, nw=2)
+    assert c.blocks == 1024 // PAIR_OUTS
+
+
 def test_bf16_decode_gemv_loop_loads_whole_vectors_only():
     """The aligned rows' loop (gemv_tc.cuh's WHOLE run) holds one 16-byte load per weight column pair and row tile
     of each 32-block, nothing read element by element: U = 2 blocks x (2 weights x 2 columns + 1 row tile)."""
@@ -155,7 +177,7 @@ def test_gemm_tc_counts_its_hmma_loop_and_is_bounded_by_its_tiles_l2_traffic():
     """The prompt GEMM on the tensor core (gemm_tc.cu): the model counts its stage loop of shared-memory fragment
     loads and mma (not the element-load path), every FLOP of it an HMMA's; its blocks load blocks x (TILE_M +
     TILE_N) x K x 2 bytes from L2, and at M 1024 N 4096 K 4096 its prediction is the largest bound (L2 for 32 x 64
-    tiles), at least 5 times the lane-16 gemm.cu's share of the tensor peak (under 2%)."""
+    tiles); --gemm's row is this call's."""
     from bench.sass import table
     from cupyglm.kernels import ops_gemm_tc
 
@@ -174,21 +196,28 @@ def test_gemm_tc_counts_its_hmma_loop_and_is_bounded_by_its_tiles_l2_traffic():
     assert b["predicted_us"] == pytest.approx(top + hw.LAUNCH_US) and b[f"{b['bound']}_bound_us"] == top
     if (tm, tn) == (32, 64):
         assert b["bound"] == "l2"
-    old, tc = table.gemm_compare(m, n, k)
-    assert (old["kernel"], tc["kernel"]) == ("gemm_lane16", "gemm_tc_bf16")
-    assert old["tensor_peak_pct"] < 2.0 and tc["tensor_peak_pct"] >= 5 * old["tensor_peak_pct"]
-    assert tc["predicted_us"] == pytest.approx(b["predicted_us"])
+    (tc,) = table.gemm_rows(m, n, k)
+    assert tc["kernel"] == "gemm_tc_bf16" and tc["form"] == "dense" and tc["tensor_instr_per_unit"] > 0
+    assert tc["predicted_us"] == pytest.approx(b["predicted_us"]) and 0 < tc["tensor_peak_pct"] <= 100
 
 
-def test_kernel_rows_hold_the_tensor_core_prompt_gemm_beside_the_lane16_one():
+def test_kernel_rows_price_every_prompt_gemm_on_the_tensor_core():
+    """kernel_rows' prompt GEMMs: dense and grouped in every format, each a tensor-core kernel (gemm_tc for bf16,
+    gemm_tc_q for fp8 / nvfp4) with HMMA in its hot loop, limited by a named bound no lower than its tensor bound;
+    no lane-16 prompt kernel is left."""
     from bench.sass import table
     from cupyglm.config import preset
 
     rows = [r for r in table.kernel_rows(preset("glm-5.3-flash"), 2, (1,), 1024) if r["role"] == "prompt"]
-    dense = {r["form"]: r for r in rows if r["dtype"] == "bf16" and r["form"] in ("dense", "dense tc")}
-    assert dense["dense tc"]["kernel"] == "gemm_tc_bf16" and dense["dense tc"]["shape"] == dense["dense"]["shape"]
-    assert dense["dense tc"]["tensor_instr_per_unit"] > 0 and dense["dense"]["tensor_instr_per_unit"] == 0
-    assert dense["dense tc"]["predicted_us"] < dense["dense"]["predicted_us"]
+    gemms = {(r["dtype"], r["form"]): r for r in rows if r["kernel"].startswith("gemm")}
+    want = {("bf16", "dense"): "gemm_tc_bf16", ("bf16", "grouped"): "gemm_tc_grouped_bf16"}
+    want.update({(f, "dense"): f"gemm_tc_{f}_bf16" for f in ("fp8", "nvfp4")})
+    want.update({(f, "grouped"): f"gemm_tc_grouped_{f}_bf16" for f in ("fp8", "nvfp4")})
+    assert {key: r["kernel"] for key, r in gemms.items()} == want
+    for r in gemms.values():
+        assert r["tensor_instr_per_unit"] > 0 and r["bound"] in ("issue", "memory", "l2", "tensor")
+        assert r["predicted_us"] >= r["tensor_bound_us"] > 0
+    assert not any("lane16" in r["kernel"] for r in rows)
 
 
 def test_a_pass_without_a_kernel_is_priced_by_its_bytes_and_tiles_count_their_operands():
@@ -201,31 +230,45 @@ def test_a_pass_without_a_kernel_is_priced_by_its_bytes_and_tiles_count_their_op
     assert model.tile_l2_bytes(64, 64, 32, 64, 1, w_bytes=0.5) == 64 * (32 * 2 + 64 * 0.5)
 
 
-def test_prefill_on_the_tensor_core_beats_lane16_and_prints_both(capsys):
-    """bench/roofline.py prices a cold prefill on the lane-16 kernels and on the tensor-core ones (prompt_tc,
-    attention_tc) side by side: the tensor-core path is faster, its GEMMs are gemm_tc calls limited by a named
-    bound, and the roofline stays under both."""
+def test_prefill_runs_on_the_tensor_core_and_prints_one_prediction(capsys):
+    """bench/roofline.py prices a cold prefill on the tensor-core kernels alone (prompt_tc, attention_tc): its GEMMs
+    are gemm_tc / gemm_tc_q calls limited by a named bound, the roofline (the work the model needs:
+    step.prefill_need) stays under the prediction, and one predicted figure is printed beside it."""
     import bench.roofline as roofline
+    from bench.sass import step
     from cupyglm.config import preset
 
     cfg = preset("glm-5.3-flash")
-    old, new = (roofline.prefill(cfg, 8, "bf16", 4096, tc=tc) for tc in (False, True))
-    assert new["roofline_s"] == pytest.approx(old["roofline_s"]) and new["roofline_s"] < new["predicted_s"]
-    assert new["predicted_s"] < old["predicted_s"] / 3
-    kernels = {k[1] for k in new["calls_s"]}
-    assert "gemm_tc_bf16" in kernels and "attention_tc" in kernels and "gemm_lane16" not in kernels
-    assert all(b in ("issue", "memory", "l2", "tensor") for _, _, b in new["calls_s"])
+    p = roofline.prefill(cfg, 8, "bf16", 4096)
+    nbytes, flops = step.prefill_need(cfg, 8, "bf16", 4096)
+    assert p["flops"] == flops and p["roofline_s"] == pytest.approx(max(nbytes / hw.HBM_BYTES_S,
+                                                                         flops / hw.TENSOR_BF16_FLOPS))
+    assert p["roofline_s"] < p["predicted_s"]
+    issued = sum(c.flops for _, c in step.prefill_calls(cfg, 8, "bf16", 4096)[0])
+    assert issued >= flops                              # the tiles pad the model's FLOPs, never drop them
+    kernels = {k[1] for k in p["calls_s"]}
+    assert {"gemm_tc_bf16", "gemm_tc_grouped_bf16", "attention_tc"} <= kernels
+    assert not any("lane16" in name for name in kernels if name.startswith("gemm"))
+    assert all(b in ("issue", "memory", "l2", "tensor") for _, _, b in p["calls_s"])
+    q = {k[1] for k in roofline.prefill(cfg, 2, "nvfp4", 4096)["calls_s"]}
+    assert {"gemm_tc_nvfp4_bf16", "gemm_tc_grouped_nvfp4_bf16"} <= q
     assert roofline.main(["--tp", "8", "--quant", "bf16", "--batch", "1", "--context", "4096", "--prefill", "4096",
                           "--parts"]) == 0
     out = capsys.readouterr().out
-    assert "lane-16" in out and "tensor core" in out and "KDA recurrence" in out and "-bound" in out
+    line = next(x for x in out.splitlines() if "cold prefill" in x)
+    assert "predicted (tensor core)" in line and "roofline" in line and "lane-16" not in out
+    assert "KDA recurrence" in out and "-bound" in out
 
 
 @pytest.mark.parametrize("fmt", ["fp8", "nvfp4"])
-def test_gemm_tc_q_counts_its_hmma_loop_and_beats_the_lane16_quantised_gemm(fmt):
-    """The quantised prompt GEMM on the tensor core (gemm_tc_q.cu): its hot loop is the whole-block mma loop (HMMA,
-    no shared loads or FADDs); at M 2048 N 4096 K 8192 its issue bound is under three times its tensor bound and
-    it predicts far less time than the lane-16 dequantising gemm.cu."""
+def test_gemm_tc_q_counts_its_hmma_loop_and_prices_its_tiles(fmt):
+    """The quantised prompt GEMM on the tensor core (gemm_tc_q.cu), dense and grouped: its hot loop is the
+    whole-block mma loop (HMMA, no shared loads or FADDs); at M 2048 N 4096 K 8192 its issue bound is under three
+    times its tensor bound, its L2 bytes are row tiles x column tiles x K x (32 x 2 + 64 x the weight's stored bytes
+    an element), and its prediction is its largest bound. Grouped over 64 experts: 64 - 1 extra row-tile passes,
+    each expert's weights read once."""
+    from cupyglm.kernels import ops_gemm_tc_q as gq
+
     m, n, k = 2048, 4096, 8192
     st = n * k * (1.0 if fmt == "fp8" else 0.5)
     c = calls.gemm_tc_q(fmt, m, n, k, st)
@@ -234,4 +277,13 @@ def test_gemm_tc_q_counts_its_hmma_loop_and_beats_the_lane16_quantised_gemm(fmt)
     assert a.counts.fadd == a.counts.shared_loads == 0
     b = model.bounds(c)
     assert b["tensor_bound_us"] / b["issue_bound_us"] >= 0.35
-    assert b["predicted_us"] * 20 < model.bounds(calls.gemm("dense", fmt, m, n, k, st))["predicted_us"]
+    tm, tn = gq.TILE_M, gq.TILE_N
+    assert c.blocks == (m // tm) * (n // tn)
+    assert c.l2_bytes == pytest.approx((m // tm) * (n // tn) * k * (tm * 2 + tn * st / (n * k)))
+    top = max(b[f"{x}_bound_us"] for x in ("issue", "memory", "l2", "tensor"))
+    assert b["predicted_us"] == pytest.approx(top + hw.LAUNCH_US)
+    g = calls.gemm_tc_q(fmt, m, n, k, st, slices=64)
+    assert g.analysis.kernel.name == f"gemm_tc_grouped_{fmt}_bf16" and g.analysis.counts.tensor >= 16
+    passes = m // tm + 63
+    assert g.flops == 2.0 * tm * passes * n * k and g.bytes == 64 * st + m * (k + n) * 2
+    assert g.l2_bytes == pytest.approx(passes * (n // tn) * k * (tm * 2 + tn * st / (n * k)))

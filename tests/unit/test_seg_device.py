@@ -112,8 +112,30 @@ def test_attention_paged_equals_attention_through_rows():
     store[:] = rng.standard_normal((64, 8)).astype(np.float32)
     qa = ops.bf16_full((3, 2, 8), 0.0)
     qa[:] = rng.standard_normal((3, 2, 8)).astype(np.float32)
-    got = ops.attention_paged(qa, store, tokens, table, seg, 16, counts, 0.3, 2)
-    want = ops.attention(qa, store, paged_rows(tokens, table, seg, 16), counts, 0.3, 2)
+    got = ops.attention_paged(qa, store, tokens, table, seg, 16, counts, 0.3, 2, decode=3)   # decode rows
+    want = ops.attention(qa, store, paged_rows(tokens, table, seg, 16), counts, 0.3, 2, decode=3)
     assert np.array_equal(got.view(np.uint16), want.view(np.uint16))
     with pytest.raises(ValueError, match="seg"):
         paged_rows(tokens, table, seg[:2], 16)
+
+
+def test_attention_paged_prompt_rows_run_the_tensor_core_model():
+    """Rows past `decode` are prompt rows: backend/tc_attention.py over the same store rows; the decode row as
+    attention's list order."""
+    from cupyglm.backend import tc_attention
+
+    rng = np.random.default_rng(1)
+    ops = NumpyOps()
+    table = np.array([[2, 0, 5], [1, 3, 4]], np.int32)
+    seg = np.array([0, 1, 1], np.int32)
+    tokens = np.array([[0, 5, 20, 33], [3, 17, 40, -1], [0, 1, 2, -1]], np.int32)
+    counts = np.array([4, 3, 3], np.int32)
+    store = ops.bf16_full((96, 16), 0.0)
+    store[:] = rng.standard_normal((96, 16)).astype(np.float32)
+    qa = ops.bf16_full((3, 5, 16), 0.0)
+    qa[:] = rng.standard_normal((3, 5, 16)).astype(np.float32)
+    rows = paged_rows(tokens, table, seg, 16)
+    got = ops.attention_paged(qa, store, tokens, table, seg, 16, counts, 0.3, 2, decode=1)
+    head = ops.attention(qa[:1], store, rows[:1], counts[:1], 0.3, 2, decode=1)
+    tail = tc_attention.attention_tc(qa[1:], store, tokens[1:], rows[1:], counts[1:], 0.3)
+    assert np.array_equal(got.view(np.uint16), np.concatenate([head, tail]).view(np.uint16))
