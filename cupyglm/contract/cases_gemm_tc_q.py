@@ -18,29 +18,11 @@ import numpy as np
 from cupyglm.backend.lanes import bf16
 from cupyglm.backend.tc_quant import quant_rows
 from cupyglm.contract.cases_gemm_q import qweight
-from cupyglm.contract.cases_gemv_q import CONTROLS, _experts, _x
+from cupyglm.contract.cases_gemv_q import _define, _experts, _pool, _tag, _x
 from cupyglm.contract.registry import Case, case
 from cupyglm.kernels import ops_gemm_tc_q
 
 _USED: dict[str, list[str]] = {}
-
-
-def _pool(fmt: str, f32_out: bool) -> tuple[str, ...]:
-    """The format's planted variants (the summation-order ones only where the output is fp32: a reordered fp32
-    sum rarely survives the bf16 rounding)."""
-    return CONTROLS[fmt] if f32_out else CONTROLS[fmt][:-2]
-
-
-def _define(kernel: str, fmt: str, f32_out: bool) -> str:
-    """The kernel's next planted variant in turn; _cover adds cases for any the table leaves out."""
-    used = _USED.setdefault(kernel, [])
-    pool = _pool(fmt, f32_out)
-    used.append(pool[len(used) % len(pool)])
-    return used[-1]
-
-
-def _tag(define: str) -> str:
-    return define.removeprefix("CONTROL_").lower()
 
 
 def _out(y: np.ndarray, out: str) -> np.ndarray:
@@ -50,7 +32,7 @@ def _out(y: np.ndarray, out: str) -> np.ndarray:
 def _dense(label: str, fmt: str, m: int, n: int, k: int, out: str, block=(128, 128)) -> None:
     suffix = "" if out == "f32" else "_bf16"
     kernel = f"gemm_tc_{fmt}{suffix}"
-    define = _define(kernel, fmt, out == "f32")
+    define = _define(kernel, fmt, out == "f32", _USED)
 
     def make(rng):
         return {"x": _x(rng, m, k), "w": qweight(rng, fmt, n, k, block)}
@@ -75,7 +57,7 @@ def _grouped(label: str, fmt: str, m: int, e: int, used: int, n: int, k: int, ou
              block=(128, 128)) -> None:
     suffix = "" if out == "f32" else "_bf16"
     kernel = f"gemm_tc_grouped_{fmt}{suffix}"
-    define = (_define(kernel, fmt, out == "f32") if control == "variant"
+    define = (_define(kernel, fmt, out == "f32", _USED) if control == "variant"
               else "CONTROL_GROUP_STORE_ALL" if control == "store-all" else None)
 
     def make(rng):

@@ -36,9 +36,10 @@ def _pool(fmt: str, f32_out: bool) -> tuple[str, ...]:
     return CONTROLS[fmt] if f32_out else CONTROLS[fmt][:-2]
 
 
-def _define(kernel: str, fmt: str, f32_out: bool) -> str:
-    """The kernel's next planted variant in turn; _cover adds cases for any the table leaves out."""
-    used = _USED.setdefault(kernel, [])
+def _define(kernel: str, fmt: str, f32_out: bool, by_kernel: dict[str, list[str]] = _USED) -> str:
+    """The kernel's next planted variant in turn (kept in by_kernel, the module's own); _cover adds cases for any
+    the table leaves out."""
+    used = by_kernel.setdefault(kernel, [])
     pool = _pool(fmt, f32_out)
     used.append(pool[len(used) % len(pool)])
     return used[-1]

@@ -106,6 +106,15 @@ class Kernels:
                                                   self._optin)
         return v
 
+    def fitting(self, what: str, builds: tuple[tuple[int, tuple[str, ...]], ...]) -> tuple["Kernels", int]:
+        """(kernels, i) of the first of `builds` ((shared bytes a block, its -D defines), largest first) that the
+        device's opt-in limit takes; none fits: a ValueError naming `what` and the bytes."""
+        for i, (nbytes, defines) in enumerate(builds):
+            if nbytes <= self.shared_optin:
+                return (self.variant(*defines) if defines else self), i
+        raise ValueError(f"{what}: the device's {self.shared_optin} B of shared memory a block hold no tile "
+                         f"(the smallest takes {min(b for b, _ in builds)} B)")
+
     def with_shared_optin(self, limit: int) -> "Kernels":
         """The same backend as if the device let a block opt in to `limit` bytes (a smaller GPU's tiles)."""
         return Kernels(self.backend, self.xp, self.order, self.defines, int(limit))

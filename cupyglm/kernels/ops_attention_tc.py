@@ -40,12 +40,8 @@ def shared_bytes(r: int, tiles: int = TILES) -> int:
 def variant(k: Kernels, r: int) -> tuple[Kernels, int, int]:
     """(kernels, tiles, threads): two tiles where the device's opt-in limit takes them at this R, else the
     ATC_ONE_TILE build of the same file."""
-    if shared_bytes(r) <= k.shared_optin:
-        return k, TILES, THREADS
-    if shared_bytes(r, 1) <= k.shared_optin:
-        return k.variant(ONE_TILE), 1, THREADS // TILES
-    raise ValueError(f"{KERNEL}: the device's {k.shared_optin} B of shared memory a block hold no tile at R={r} "
-                     f"({shared_bytes(r, 1)} B)")
+    kt, i = k.fitting(f"{KERNEL} at R={r}", ((shared_bytes(r), ()), (shared_bytes(r, 1), (ONE_TILE,))))
+    return (kt, TILES, THREADS) if i == 0 else (kt, 1, THREADS // TILES)
 
 
 def attention_tc(k: Kernels, qa, store, tokens, table, seg, page_tokens, counts, scale, out=None):

@@ -44,12 +44,8 @@ def grid(m: int, n: int, h: int = 1, tile_m: int = DENSE_TILE_M, tile_n: int = D
 def tile(k: Kernels) -> tuple[Kernels, int, int, int]:
     """(kernels, tile M, tile N, shared bytes): the big tile where the device's opt-in limit takes it, else the
     GTS_SMALL build of the same file."""
-    if DENSE_SHARED <= k.shared_optin:
-        return k, DENSE_TILE_M, DENSE_TILE_N, DENSE_SHARED
-    if SMALL_SHARED <= k.shared_optin:
-        return k.variant(SMALL), SMALL_TILE_M, SMALL_TILE_N, SMALL_SHARED
-    raise ValueError(f"gemm_tc: the device's {k.shared_optin} B of shared memory a block hold no tile "
-                     f"(the smallest takes {SMALL_SHARED} B)")
+    kt, i = k.fitting("gemm_tc", ((DENSE_SHARED, ()), (SMALL_SHARED, (SMALL,))))
+    return (kt, *((DENSE_TILE_M, DENSE_TILE_N, DENSE_SHARED), (SMALL_TILE_M, SMALL_TILE_N, SMALL_SHARED))[i])
 
 
 def _check_k(name: str, kk: int) -> None:

@@ -92,6 +92,9 @@ def test_no_tile_fits_is_refused_by_name():
     rng = np.random.default_rng(2)
     with pytest.raises(ValueError, match="gemm_tc: the device's 49152 B"):
         ops_gemm_tc.gemm_tc(k, _bf(rng, (4, 64)), _bf(rng, (8, 64)))
+    small = Kernels("sim", np, shared_optin=ops_attention_tc.shared_bytes(512, 1) - 1)
+    with pytest.raises(ValueError, match=f"attention_tc at R=512: the device's {small.shared_optin} B"):
+        ops_attention_tc.variant(small, 512)
 
 
 def test_the_speed_model_prices_the_sm90_tiles():
