@@ -109,6 +109,202 @@ extern "C" __global__ void kda_recurrence(const float* __restrict__ S_in,  // [H
   kda_store_state(s, S_out, srow, lane, K, active);
 }
 
+// The delta rule with its inputs staged: a block (KDA_REC_GROUPS groups of 16 threads, R value rows a group, K =
+// 16 J) copies q, k and g of the next KDA_CHUNK tokens of its head into shared memory (cp.async, 16 bytes a copy)
+// and their v and beta through registers while it runs the current chunk from the other stage; each group then
+// runs kda_token_rows, each row's sums and state updates exactly kda_recurrence's.
+#define KDA_CHUNK 8          // tokens a stage holds
+#define KDA_REC_GROUPS 8     // groups of 16 threads a block: 128 threads
+
+template <int J, int R>
+struct KdaStage {
+  static constexpr int K = 16 * J, ROWS = KDA_REC_GROUPS * R;
+  static constexpr int QKG = KDA_CHUNK * 3 * K;            // [KDA_CHUNK][3][K] f32: q, k, g of each token
+  static constexpr int VB = KDA_CHUNK * ROWS + KDA_CHUNK;  // [KDA_CHUNK][ROWS] f32 v, then [KDA_CHUNK] f32 beta
+  static constexpr int SIZE = QKG + VB;
+  static constexpr int ITEMS = (VB + 16 * KDA_REC_GROUPS - 1) / (16 * KDA_REC_GROUPS);   // v, beta a thread
+};
+
+// q, k, g of tokens t0 .. t0 + KDA_CHUNK - 1 (zeros past n) into st: 16-byte copies when every row is aligned.
+template <int J, int R>
+static __device__ __forceinline__ void kda_stage_qkg(float* st, const float* q, const float* k, const float* g,
+                                                     int t0, int n, int H, int h, bool vec) {
+  constexpr int K = 16 * J, PIECES = 3 * K / 4;
+#pragma unroll
+  for (int i = threadIdx.x; i < KDA_CHUNK * PIECES; i += 16 * KDA_REC_GROUPS) {
+    const int t = i / PIECES, w = (i % PIECES) / (K / 4), c = 4 * (i % (K / 4));
+    const bool ok = t0 + t < n;
+    const float* src = (w == 0 ? q : w == 1 ? k : g) + ((long long)(ok ? t0 + t : 0) * H + h) * K + c;
+    float* dst = st + (t * 3 + w) * K + c;
+#ifndef __CUEMU__
+    if (vec) {
+      const unsigned a = (unsigned)__cvta_generic_to_shared(dst);
+      asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(a), "l"(src), "r"(ok ? 16 : 0));
+      continue;
+    }
+#endif
+    for (int e = 0; e < 4; ++e) dst[e] = ok ? src[e] : 0.0f;
+  }
+#ifndef __CUEMU__
+  asm volatile("cp.async.commit_group;\n" ::);
+#endif
+}
+
+// v of the block's rows and beta of tokens t0 .. t0 + KDA_CHUNK - 1 into registers (zeros past n or V).
+template <int J, int R>
+static __device__ __forceinline__ void kda_stage_vb(float (&vb)[KdaStage<J, R>::ITEMS],
+                                                    const __nv_bfloat16* v, const __nv_bfloat16* beta, int t0,
+                                                    int n, int H, int h, int V, int vr0) {
+  using S = KdaStage<J, R>;
+#pragma unroll
+  for (int it = 0; it < S::ITEMS; ++it) {
+    const int i = threadIdx.x + it * 16 * KDA_REC_GROUPS;
+    const int t = i < KDA_CHUNK * S::ROWS ? i / S::ROWS : i - KDA_CHUNK * S::ROWS, r = i % S::ROWS;
+    const long long th = (long long)(t0 + t) * H + h;
+    if (i < KDA_CHUNK * S::ROWS)
+      vb[it] = (t0 + t < n && vr0 + r < V) ? ld_bf16(v, th * V + vr0 + r) : 0.0f;
+    else
+      vb[it] = (i < S::VB && t0 + t < n) ? ld_bf16(beta, th) : 0.0f;
+  }
+}
+
+template <int J, int R>
+static __device__ __forceinline__ void kda_rec_staged(const float* S_in, const float* q, const float* k,
+                                                      const __nv_bfloat16* v, const float* g,
+                                                      const __nv_bfloat16* beta, __nv_bfloat16* y, float* S_out,
+                                                      int n, int H, int V) {
+  using S = KdaStage<J, R>;
+  constexpr int K = S::K;
+  __shared__ __align__(16) float stage[2][S::SIZE];
+  const int h = blockIdx.y, lane = threadIdx.x & 15, grp = threadIdx.x >> 4;
+  const int vr0 = blockIdx.x * S::ROWS, row0 = vr0 + grp * R;
+  float s[R][J];
+#pragma unroll
+  for (int r = 0; r < R; ++r)
+#pragma unroll
+    for (int j = 0; j < J; ++j) s[r][j] = row0 + r < V ? S_in[((long long)h * V + row0 + r) * K + lane + 16 * j] : 0.0f;
+  const bool vec = (((unsigned long long)q | (unsigned long long)k | (unsigned long long)g) & 15) == 0;
+  float vb[S::ITEMS];
+  kda_stage_qkg<J, R>(stage[0], q, k, g, 0, n, H, h, vec);
+  kda_stage_vb<J, R>(vb, v, beta, 0, n, H, h, V, vr0);
+  for (int t0 = 0; t0 < n; t0 += KDA_CHUNK) {
+    float* st = stage[(t0 / KDA_CHUNK) & 1];
+#pragma unroll
+    for (int it = 0; it < S::ITEMS; ++it) {
+      const int i = threadIdx.x + it * 16 * KDA_REC_GROUPS;
+      if (i < S::VB) st[S::QKG + i] = vb[it];
+    }
+#ifndef __CUEMU__
+    asm volatile("cp.async.wait_group 0;\n" ::);
+#endif
+    __syncthreads();   // this stage complete; the other one read by every group (free to refill)
+    if (t0 + KDA_CHUNK < n) {
+      kda_stage_qkg<J, R>(stage[((t0 / KDA_CHUNK) & 1) ^ 1], q, k, g, t0 + KDA_CHUNK, n, H, h, vec);
+      kda_stage_vb<J, R>(vb, v, beta, t0 + KDA_CHUNK, n, H, h, V, vr0);
+    }
+    const int tn = n - t0 < KDA_CHUNK ? n - t0 : KDA_CHUNK;
+    __nv_bfloat16* yt = y + ((long long)t0 * H + h) * V + row0;      // this token's y of the group's rows
+#pragma unroll 1
+    for (int t = 0; t < tn; ++t, yt += (long long)H * V) {
+      const float* qkg = st + t * 3 * K;
+      float qv[J], kv[J], gv[J], vv[R], yv[R];
+#pragma unroll
+      for (int j = 0; j < J; ++j) {
+        qv[j] = qkg[lane + 16 * j];
+        kv[j] = qkg[K + lane + 16 * j];
+        gv[j] = qkg[2 * K + lane + 16 * j];
+      }
+#pragma unroll
+      for (int r = 0; r < R; ++r) vv[r] = st[S::QKG + t * S::ROWS + grp * R + r];
+      kda_token_rows<J, R>(s, qv, kv, gv, vv, st[S::QKG + KDA_CHUNK * S::ROWS + t], yv);
+#pragma unroll
+      for (int r = 0; r < R; ++r)
+        if (lane == 0 && row0 + r < V) yt[r] = to_bf16(yv[r]);
+    }
+  }
+#pragma unroll
+  for (int r = 0; r < R; ++r)
+#pragma unroll
+    for (int j = 0; j < J; ++j)
+      if (row0 + r < V) S_out[((long long)h * V + row0 + r) * K + lane + 16 * j] = s[r][j];
+}
+
+// kda_rec_staged for K = 32 or 128 and 1, 2 or 4 value rows a group (the launcher picks by the rows there are).
+// grid (ceil(V / (8 R)), H), 128 threads.
+#define KDA_REC_ARGS S_in, q, k, v, g, beta, y, S_out, n, H, V
+extern "C" __global__ void __launch_bounds__(128) kda_recurrence_k32_r1(
+    const float* __restrict__ S_in,            // [H, V, 32] f32
+    const float* __restrict__ q,               // [n, H, 32] f32
+    const float* __restrict__ k,               // [n, H, 32] f32
+    const __nv_bfloat16* __restrict__ v,       // [n, H, V] bf16
+    const float* __restrict__ g,               // [n, H, 32] f32
+    const __nv_bfloat16* __restrict__ beta,    // [n, H] bf16
+    __nv_bfloat16* __restrict__ y,             // [n, H, V] bf16
+    float* __restrict__ S_out,                 // [H, V, 32] f32
+    int n, int H, int V) {
+  kda_rec_staged<2, 1>(KDA_REC_ARGS);
+}
+extern "C" __global__ void __launch_bounds__(128) kda_recurrence_k32_r2(
+    const float* __restrict__ S_in,            // [H, V, 32] f32
+    const float* __restrict__ q,               // [n, H, 32] f32
+    const float* __restrict__ k,               // [n, H, 32] f32
+    const __nv_bfloat16* __restrict__ v,       // [n, H, V] bf16
+    const float* __restrict__ g,               // [n, H, 32] f32
+    const __nv_bfloat16* __restrict__ beta,    // [n, H] bf16
+    __nv_bfloat16* __restrict__ y,             // [n, H, V] bf16
+    float* __restrict__ S_out,                 // [H, V, 32] f32
+    int n, int H, int V) {
+  kda_rec_staged<2, 2>(KDA_REC_ARGS);
+}
+extern "C" __global__ void __launch_bounds__(128) kda_recurrence_k32_r4(
+    const float* __restrict__ S_in,            // [H, V, 32] f32
+    const float* __restrict__ q,               // [n, H, 32] f32
+    const float* __restrict__ k,               // [n, H, 32] f32
+    const __nv_bfloat16* __restrict__ v,       // [n, H, V] bf16
+    const float* __restrict__ g,               // [n, H, 32] f32
+    const __nv_bfloat16* __restrict__ beta,    // [n, H] bf16
+    __nv_bfloat16* __restrict__ y,             // [n, H, V] bf16
+    float* __restrict__ S_out,                 // [H, V, 32] f32
+    int n, int H, int V) {
+  kda_rec_staged<2, 4>(KDA_REC_ARGS);
+}
+extern "C" __global__ void __launch_bounds__(128) kda_recurrence_k128_r1(
+    const float* __restrict__ S_in,            // [H, V, 128] f32
+    const float* __restrict__ q,               // [n, H, 128] f32
+    const float* __restrict__ k,               // [n, H, 128] f32
+    const __nv_bfloat16* __restrict__ v,       // [n, H, V] bf16
+    const float* __restrict__ g,               // [n, H, 128] f32
+    const __nv_bfloat16* __restrict__ beta,    // [n, H] bf16
+    __nv_bfloat16* __restrict__ y,             // [n, H, V] bf16
+    float* __restrict__ S_out,                 // [H, V, 128] f32
+    int n, int H, int V) {
+  kda_rec_staged<8, 1>(KDA_REC_ARGS);
+}
+extern "C" __global__ void __launch_bounds__(128) kda_recurrence_k128_r2(
+    const float* __restrict__ S_in,            // [H, V, 128] f32
+    const float* __restrict__ q,               // [n, H, 128] f32
+    const float* __restrict__ k,               // [n, H, 128] f32
+    const __nv_bfloat16* __restrict__ v,       // [n, H, V] bf16
+    const float* __restrict__ g,               // [n, H, 128] f32
+    const __nv_bfloat16* __restrict__ beta,    // [n, H] bf16
+    __nv_bfloat16* __restrict__ y,             // [n, H, V] bf16
+    float* __restrict__ S_out,                 // [H, V, 128] f32
+    int n, int H, int V) {
+  kda_rec_staged<8, 2>(KDA_REC_ARGS);
+}
+extern "C" __global__ void __launch_bounds__(128) kda_recurrence_k128_r4(
+    const float* __restrict__ S_in,            // [H, V, 128] f32
+    const float* __restrict__ q,               // [n, H, 128] f32
+    const float* __restrict__ k,               // [n, H, 128] f32
+    const __nv_bfloat16* __restrict__ v,       // [n, H, V] bf16
+    const float* __restrict__ g,               // [n, H, 128] f32
+    const __nv_bfloat16* __restrict__ beta,    // [n, H] bf16
+    __nv_bfloat16* __restrict__ y,             // [n, H, V] bf16
+    float* __restrict__ S_out,                 // [H, V, 128] f32
+    int n, int H, int V) {
+  kda_rec_staged<8, 4>(KDA_REC_ARGS);
+}
+
 // Gated RMS norm per (token, head) row of V (kda_out.cuh): out = bf16(w * (y * r) * sigmoid(gate)),
 // r = 1 / sqrt(sum(y^2) / V + eps), the sum in lane-16 order.  One group of 16 threads per row.
 extern "C" __global__ void kda_out(const __nv_bfloat16* __restrict__ y,     // [rows, V] bf16

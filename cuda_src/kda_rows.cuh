@@ -34,6 +34,39 @@ static __device__ __forceinline__ float kda_token(float* s, const float* qv, con
   return lane16_fold(acc);
 }
 
+// One token of the delta rule for R value rows of one group of 16 threads, K = 16 J key columns (no column past
+// K): each row's sums exactly kda_token's (the same operations in the same order), q, k and g read once for the R
+// rows.  s[r][j]: row r's S[h, v, lane + 16 j]; v[r]: row r's v; returns row r's y in y[r] (every lane).
+template <int J, int R>
+static __device__ __forceinline__ void kda_token_rows(float (&s)[R][J], const float (&qv)[J], const float (&kv)[J],
+                                                      const float (&gv)[J], const float (&v)[R], float beta,
+                                                      float (&y)[R]) {
+  float acc[R], u[R];
+#pragma unroll
+  for (int r = 0; r < R; ++r) acc[r] = 0.0f;
+#pragma unroll
+  for (int j = 0; j < J; ++j)
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      s[r][j] = s[r][j] * gv[j];
+      acc[r] += s[r][j] * kv[j];
+    }
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+    u[r] = (v[r] - lane16_fold(acc[r])) * beta;
+    acc[r] = 0.0f;
+  }
+#pragma unroll
+  for (int j = 0; j < J; ++j)
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      s[r][j] = s[r][j] + u[r] * kv[j];
+      acc[r] += s[r][j] * qv[j];
+    }
+#pragma unroll
+  for (int r = 0; r < R; ++r) y[r] = lane16_fold(acc[r]);
+}
+
 static __device__ __forceinline__ void kda_load_state(float* s, const float* S_in, long long srow, int lane, int K,
                                                       bool active) {
 #pragma unroll
