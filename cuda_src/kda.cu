@@ -116,6 +116,23 @@ extern "C" __global__ void kda_recurrence(const float* __restrict__ S_in,  // [H
 #define KDA_CHUNK 8          // tokens a stage holds
 #define KDA_REC_GROUPS 8     // groups of 16 threads a block: 128 threads
 
+// Planted controls of the contract (cupyglm/contract/cases_kda.py), one -D each.
+#ifdef KDA_PLANT_SHORT_TAIL      // a prompt that ends inside a stage loses its last token
+#define KDA_TAIL(tn) ((tn) < KDA_CHUNK ? (tn) - 1 : (tn))
+#else
+#define KDA_TAIL(tn) (tn)
+#endif
+#ifdef KDA_PLANT_FIRST_V         // every row of a group reads the group's first v
+#define KDA_V_ROW(r) 0
+#else
+#define KDA_V_ROW(r) (r)
+#endif
+#ifdef KDA_PLANT_WHOLE_GROUPS    // a group with fewer than R rows inside V is dropped
+#define KDA_ROW_OK(row0, r, V) ((row0) + R <= (V))
+#else
+#define KDA_ROW_OK(row0, r, V) ((row0) + (r) < (V))
+#endif
+
 template <int J, int R>
 struct KdaStage {
   static constexpr int K = 16 * J, ROWS = KDA_REC_GROUPS * R;
@@ -182,7 +199,8 @@ static __device__ __forceinline__ void kda_rec_staged(const float* S_in, const f
 #pragma unroll
   for (int r = 0; r < R; ++r)
 #pragma unroll
-    for (int j = 0; j < J; ++j) s[r][j] = row0 + r < V ? S_in[((long long)h * V + row0 + r) * K + lane + 16 * j] : 0.0f;
+    for (int j = 0; j < J; ++j)
+      s[r][j] = KDA_ROW_OK(row0, r, V) ? S_in[((long long)h * V + row0 + r) * K + lane + 16 * j] : 0.0f;
   const bool vec = (((unsigned long long)q | (unsigned long long)k | (unsigned long long)g) & 15) == 0;
   float vb[S::ITEMS];
   kda_stage_qkg<J, R>(stage[0], q, k, g, 0, n, H, h, vec);
@@ -202,7 +220,7 @@ static __device__ __forceinline__ void kda_rec_staged(const float* S_in, const f
       kda_stage_qkg<J, R>(stage[((t0 / KDA_CHUNK) & 1) ^ 1], q, k, g, t0 + KDA_CHUNK, n, H, h, vec);
       kda_stage_vb<J, R>(vb, v, beta, t0 + KDA_CHUNK, n, H, h, V, vr0);
     }
-    const int tn = n - t0 < KDA_CHUNK ? n - t0 : KDA_CHUNK;
+    const int tn = KDA_TAIL(n - t0 < KDA_CHUNK ? n - t0 : KDA_CHUNK);
     __nv_bfloat16* yt = y + ((long long)t0 * H + h) * V + row0;      // this token's y of the group's rows
 #pragma unroll 1
     for (int t = 0; t < tn; ++t, yt += (long long)H * V) {
@@ -215,18 +233,18 @@ static __device__ __forceinline__ void kda_rec_staged(const float* S_in, const f
         gv[j] = qkg[2 * K + lane + 16 * j];
       }
 #pragma unroll
-      for (int r = 0; r < R; ++r) vv[r] = st[S::QKG + t * S::ROWS + grp * R + r];
+      for (int r = 0; r < R; ++r) vv[r] = st[S::QKG + t * S::ROWS + grp * R + KDA_V_ROW(r)];
       kda_token_rows<J, R>(s, qv, kv, gv, vv, st[S::QKG + KDA_CHUNK * S::ROWS + t], yv);
 #pragma unroll
       for (int r = 0; r < R; ++r)
-        if (lane == 0 && row0 + r < V) yt[r] = to_bf16(yv[r]);
+        if (lane == 0 && KDA_ROW_OK(row0, r, V)) yt[r] = to_bf16(yv[r]);
     }
   }
 #pragma unroll
   for (int r = 0; r < R; ++r)
 #pragma unroll
     for (int j = 0; j < J; ++j)
-      if (row0 + r < V) S_out[((long long)h * V + row0 + r) * K + lane + 16 * j] = s[r][j];
+      if (KDA_ROW_OK(row0, r, V)) S_out[((long long)h * V + row0 + r) * K + lane + 16 * j] = s[r][j];
 }
 
 // kda_rec_staged for K = 32 or 128 and 1, 2 or 4 value rows a group (the launcher picks by the rows there are).
