@@ -142,25 +142,49 @@ struct KdaStage {
   static constexpr int ITEMS = (VB + 16 * KDA_REC_GROUPS - 1) / (16 * KDA_REC_GROUPS);   // v, beta a thread
 };
 
-// q, k, g of tokens t0 .. t0 + KDA_CHUNK - 1 (zeros past n) into st: 16-byte copies when every row is aligned.
-template <int J, int R>
+// q, k, g of tokens t0 .. t0 + KDA_CHUNK - 1 (zeros past n) into st, 16-byte copies (cp.async: the launcher
+// passes 16-byte aligned q, k, g): a thread copies columns c .. c + 3 of tokens tt, tt + TPP, ... of each.
+template <int J>
+struct KdaCopy {
+  static constexpr int K = 16 * J, PPT = K / 4, TPP = 16 * KDA_REC_GROUPS / PPT;   // pieces a token, tokens a pass
+  static_assert(16 * KDA_REC_GROUPS % PPT == 0, "a pass covers whole tokens");
+  int tt, c;
+  long long row, pass;     // (tt * H + h) * K + c; TPP * H * K
+};
+
+template <int J>
+static __device__ __forceinline__ KdaCopy<J> kda_copy_plan(int H, int h) {
+  using C = KdaCopy<J>;
+  KdaCopy<J> p;
+  p.tt = threadIdx.x / C::PPT;
+  p.c = 4 * (threadIdx.x % C::PPT);
+  p.row = ((long long)p.tt * H + h) * C::K + p.c;
+  p.pass = (long long)C::TPP * H * C::K;
+  return p;
+}
+
+template <int J>
 static __device__ __forceinline__ void kda_stage_qkg(float* st, const float* q, const float* k, const float* g,
-                                                     int t0, int n, int H, int h, bool vec) {
-  constexpr int K = 16 * J, PIECES = 3 * K / 4;
+                                                     const KdaCopy<J>& p, int t0, int n, int H) {
+  using C = KdaCopy<J>;
+  const long long o = (long long)t0 * H * C::K + p.row;
 #pragma unroll
-  for (int i = threadIdx.x; i < KDA_CHUNK * PIECES; i += 16 * KDA_REC_GROUPS) {
-    const int t = i / PIECES, w = (i % PIECES) / (K / 4), c = 4 * (i % (K / 4));
+  for (int it = 0; it < (KDA_CHUNK + C::TPP - 1) / C::TPP; ++it) {
+    const int t = p.tt + it * C::TPP;
+    if (t >= KDA_CHUNK) break;
     const bool ok = t0 + t < n;
-    const float* src = (w == 0 ? q : w == 1 ? k : g) + ((long long)(ok ? t0 + t : 0) * H + h) * K + c;
-    float* dst = st + (t * 3 + w) * K + c;
-#ifndef __CUEMU__
-    if (vec) {
+    const long long at = ok ? o + it * p.pass : 0;      // nothing is read past n: any address in the array
+#pragma unroll
+    for (int w = 0; w < 3; ++w) {
+      const float* src = (w == 0 ? q : w == 1 ? k : g) + at;
+      float* dst = st + (t * 3 + w) * C::K + p.c;
+#ifdef __CUEMU__
+      for (int e = 0; e < 4; ++e) dst[e] = ok ? src[e] : 0.0f;
+#else
       const unsigned a = (unsigned)__cvta_generic_to_shared(dst);
       asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(a), "l"(src), "r"(ok ? 16 : 0));
-      continue;
-    }
 #endif
-    for (int e = 0; e < 4; ++e) dst[e] = ok ? src[e] : 0.0f;
+    }
   }
 #ifndef __CUEMU__
   asm volatile("cp.async.commit_group;\n" ::);
@@ -201,9 +225,9 @@ static __device__ __forceinline__ void kda_rec_staged(const float* S_in, const f
 #pragma unroll
     for (int j = 0; j < J; ++j)
       s[r][j] = KDA_ROW_OK(row0, r, V) ? S_in[((long long)h * V + row0 + r) * K + lane + 16 * j] : 0.0f;
-  const bool vec = (((unsigned long long)q | (unsigned long long)k | (unsigned long long)g) & 15) == 0;
+  const KdaCopy<J> plan = kda_copy_plan<J>(H, h);
   float vb[S::ITEMS];
-  kda_stage_qkg<J, R>(stage[0], q, k, g, 0, n, H, h, vec);
+  kda_stage_qkg<J>(stage[0], q, k, g, plan, 0, n, H);
   kda_stage_vb<J, R>(vb, v, beta, 0, n, H, h, V, vr0);
   for (int t0 = 0; t0 < n; t0 += KDA_CHUNK) {
     float* st = stage[(t0 / KDA_CHUNK) & 1];
@@ -217,7 +241,7 @@ static __device__ __forceinline__ void kda_rec_staged(const float* S_in, const f
 #endif
     __syncthreads();   // this stage complete; the other one read by every group (free to refill)
     if (t0 + KDA_CHUNK < n) {
-      kda_stage_qkg<J, R>(stage[((t0 / KDA_CHUNK) & 1) ^ 1], q, k, g, t0 + KDA_CHUNK, n, H, h, vec);
+      kda_stage_qkg<J>(stage[((t0 / KDA_CHUNK) & 1) ^ 1], q, k, g, plan, t0 + KDA_CHUNK, n, H);
       kda_stage_vb<J, R>(vb, v, beta, t0 + KDA_CHUNK, n, H, h, V, vr0);
     }
     const int tn = KDA_TAIL(n - t0 < KDA_CHUNK ? n - t0 : KDA_CHUNK);
