@@ -1,11 +1,12 @@
 // kda.cu -- Kimi Delta Attention: short conv + SiLU (kda_conv), per-channel decay (kda_gate), L2 norm
-// (l2norm), the per-token delta rule with an fp32 state (kda_recurrence; the same recurrence for prefill and
-// decode, so a state computed by prefill equals one computed token by token; the decode steps with the conv, the
-// q/k norms, the low-rank factors and the decay fused in are in kda_step.cu), and the gated RMS norm of the output
-// (kda_out).  Reference: NumpyOps.kda_* / l2norm in cupyglm/backend/numpy_kda.py; sums over a head dimension in
-// lane-16 order, the 4 taps left to right.  Storage: bf16 for what the model keeps in bf16 (the conv input,
-// window and taps, gate inputs, v, beta, y, the norm's weight and output); fp32 for the
-// recurrent state S, the decay g and the normalised q, k.
+// (l2norm), the per-token delta rule with an fp32 state (kda_recurrence for any K; kda_recurrence_k{32,128}_r{1,2,4}
+// with the inputs staged in shared memory and R value rows a group, the same bits; the same recurrence for prefill
+// and decode, so a state computed by prefill equals one computed token by token; the decode steps with the conv,
+// the q/k norms, the low-rank factors and the decay fused in are in kda_step.cu), and the gated RMS norm of the
+// output (kda_out).  Reference: NumpyOps.kda_* / l2norm in cupyglm/backend/numpy_kda.py; sums over a head
+// dimension in lane-16 order, the 4 taps left to right.  Storage: bf16 for what the model keeps in bf16 (the conv
+// input, window and taps, gate inputs, v, beta, y, the norm's weight and output); fp32 for the recurrent state S,
+// the decay g and the normalised q, k.
 #include "common.cuh"
 #include "exp_f32.cuh"
 #include "kda_out.cuh"
@@ -249,7 +250,7 @@ static __device__ __forceinline__ void kda_rec_staged(const float* S_in, const f
 #pragma unroll 1
     for (int t = 0; t < tn; ++t, yt += (long long)H * V) {
       const float* qkg = st + t * 3 * K;
-      float qv[J], kv[J], gv[J], vv[R], yv[R];
+      float qv[J], kv[J], gv[J], vv[R];
 #pragma unroll
       for (int j = 0; j < J; ++j) {
         qv[j] = qkg[lane + 16 * j];
@@ -258,10 +259,9 @@ static __device__ __forceinline__ void kda_rec_staged(const float* S_in, const f
       }
 #pragma unroll
       for (int r = 0; r < R; ++r) vv[r] = st[S::QKG + t * S::ROWS + grp * R + KDA_V_ROW(r)];
-      kda_token_rows<J, R>(s, qv, kv, gv, vv, st[S::QKG + KDA_CHUNK * S::ROWS + t], yv);
-#pragma unroll
-      for (int r = 0; r < R; ++r)
-        if (lane == 0 && KDA_ROW_OK(row0, r, V)) yt[r] = to_bf16(yv[r]);
+      const float yv = kda_token_rows<J, R>(s, qv, kv, gv, vv, st[S::QKG + KDA_CHUNK * S::ROWS + t], lane);
+      const int r = lane / (16 / R);    // the row whose y this lane holds
+      if (lane % (16 / R) == 0 && KDA_ROW_OK(row0, r, V)) yt[r] = to_bf16(yv);
     }
   }
 #pragma unroll
