@@ -34,6 +34,66 @@ static __device__ __forceinline__ float kda_token(float* s, const float* qv, con
   return lane16_fold(acc);
 }
 
+// lane16_fold of R rows' partials a[0..R) at once (R = 1, 2, 4): at each xor step while more than one row is left,
+// the lanes with the step's bit set keep the upper half of the rows and send the lower half, so every add is one
+// of lane16_fold's (the same two operands).  Returns the total of row lane / (16 / R) (every lane of those).
+template <int R>
+static __device__ __forceinline__ float lane16_fold_rows(float (&a)[R], int lane) {
+  static_assert(R == 1 || R == 2 || R == 4, "1, 2 or 4 rows");
+  int m = R;
+#pragma unroll
+  for (int w = 8; w > 0; w >>= 1) {
+    if (m > 1) {
+      const bool up = (lane & w) != 0;
+#pragma unroll
+      for (int i = 0; i < R / 2; ++i) {
+        if (i < m / 2) {
+          const float keep = up ? a[m / 2 + i] : a[i], send = up ? a[i] : a[m / 2 + i];
+          a[i] = keep + __shfl_xor_sync(FULL_MASK, send, w, 16);
+        }
+      }
+      m /= 2;
+    } else {
+      a[0] += __shfl_xor_sync(FULL_MASK, a[0], w, 16);
+    }
+  }
+  return a[0];
+}
+
+// One token of the delta rule for R value rows of one group of 16 threads, K = 16 J key columns (no column past
+// K): each row's sums exactly kda_token's (the same operations in the same order), q, k and g read once for the R
+// rows.  s[r][j]: row r's S[h, v, lane + 16 j]; v[r]: row r's v; returns the y of row lane / (16 / R).
+template <int J, int R>
+static __device__ __forceinline__ float kda_token_rows(float (&s)[R][J], const float (&qv)[J], const float (&kv)[J],
+                                                       const float (&gv)[J], const float (&v)[R], float beta,
+                                                       int lane) {
+  float acc[R];
+#pragma unroll
+  for (int r = 0; r < R; ++r) acc[r] = 0.0f;
+#pragma unroll
+  for (int j = 0; j < J; ++j)
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      s[r][j] = s[r][j] * gv[j];
+      acc[r] += s[r][j] * kv[j];
+    }
+  const float mine = lane16_fold_rows<R>(acc, lane);
+  float u[R];
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+    u[r] = (v[r] - (R == 1 ? mine : __shfl_sync(FULL_MASK, mine, r * (16 / R), 16))) * beta;
+    acc[r] = 0.0f;
+  }
+#pragma unroll
+  for (int j = 0; j < J; ++j)
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      s[r][j] = s[r][j] + u[r] * kv[j];
+      acc[r] += s[r][j] * qv[j];
+    }
+  return lane16_fold_rows<R>(acc, lane);
+}
+
 static __device__ __forceinline__ void kda_load_state(float* s, const float* S_in, long long srow, int lane, int K,
                                                       bool active) {
 #pragma unroll

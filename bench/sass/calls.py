@@ -2,7 +2,7 @@
 FLOPs and blocks the launcher's grid gives (cupyglm/kernels/ops_*.py)."""
 from __future__ import annotations
 
-from cupyglm.kernels import ops_gemm_tc, ops_gemm_tc_q, ops_gemv_q
+from cupyglm.kernels import ops_gemm_tc, ops_gemm_tc_q, ops_gemv_q, ops_kda
 
 from bench.sass import kernels as K
 from bench.sass.model import Call, analyse, tile_l2_bytes
@@ -159,10 +159,14 @@ def kda_decode(cfg, tp: int, rows: int, arch: str = "sm_90") -> Call:
 
 
 def kda_prompt(cfg, tp: int, tokens: int, arch: str = "sm_90") -> Call:
-    """kda_recurrence over a cold prompt: every token updates the whole state; q, k, g fp32 and v bf16 read."""
+    """kda_recurrence over a cold prompt: every token updates the whole state; q, k, g fp32 and v, y bf16 read and
+    written once (each block stages its head's q, k, g; the other blocks of the head hit L2). The launcher's rows
+    a group and blocks (ops_kda.rec_rows, rec_kernel)."""
     h, d = cfg.kda_num_heads // tp, cfg.kda_head_dim
+    rows = ops_kda.rec_rows(h, d)
+    _, block_rows = ops_kda.rec_kernel(d, rows)
     nbytes = 2 * h * d * d * 4.0 + tokens * h * d * (3 * 4 + 2 * 2)
-    return Call(analyse(K.kda_prompt(d), arch), tokens * h * d * d, nbytes, 0.0, -(-d // 8) * h)
+    return Call(analyse(K.kda_prompt(d, rows), arch), tokens * h * d * d, nbytes, 0.0, -(-d // block_rows) * h)
 
 
 def norm(cfg, rows: int, arch: str = "sm_90") -> Call:

@@ -7,6 +7,7 @@ from cupyglm.kernels import ops_attention as att
 from cupyglm.kernels import ops_attention_tc as att_tc
 from cupyglm.kernels import ops_gemm_tc, ops_gemm_tc_q
 from cupyglm.kernels import ops_indexer as idx
+from cupyglm.kernels import ops_kda as kda
 
 from bench.sass.model import Kernel, bucket
 
@@ -89,6 +90,9 @@ KDA_DECODE = Kernel("kda_step", "kda_step.cu", "decode", "state", 256, per_threa
 NORM = Kernel("rmsnorm_rows", "norm.cu", "decode", "flop", 128)
 
 
-def kda_prompt(head_dim: int) -> Kernel:
-    """kda_recurrence: 16 threads a value row, each holding head_dim / 16 of its key columns."""
-    return Kernel("kda_recurrence", "kda.cu", "prompt", "state", 128, per_thread=head_dim / 16)
+def kda_prompt(head_dim: int, rows: int = 1) -> Kernel:
+    """kda_recurrence's staged form (ops_kda.rec_kernel): 16 threads a group of `rows` value rows, each holding
+    head_dim / 16 key columns of every row; its hot loop is one token of a chunk staged in shared memory."""
+    name, _ = kda.rec_kernel(head_dim, rows)
+    per_thread = head_dim / 16 * (rows if name != "kda_recurrence" else 1)
+    return Kernel(name, "kda.cu", "prompt", "state", kda.REC_THREADS, per_thread=per_thread)

@@ -2,7 +2,8 @@
 of kda_step.cu are in cases_kda_step.py).
 
 Controls: kda_conv with the saved window read newest first; kda_gate with dt_bias of the wrong head; l2norm
-reading the next row; kda_recurrence with a dropped token (its decay and update skipped: g = 1, beta = 0);
+reading the next row; kda_recurrence with a dropped token (its decay and update skipped: g = 1, beta = 0), its
+staged kernels at a given number of rows a group with a planted mistake (the cases' table says which);
 kda_out with the gates of two heads swapped.
 """
 from __future__ import annotations
@@ -122,7 +123,25 @@ def _rec(label: str, n: int, h: int, v: int, kd: int) -> None:
         y, S = ops_kda.kda_recurrence(k, d["S"], d["q"], d["k"], d["v"], g, beta)
         return {"y": y, "S": S}
 
-    case(Case(f"kda_recurrence[{label}]", ("kda_recurrence",), make, run, replay, ctl))
+    name, _ = ops_kda.rec_kernel(kd, ops_kda.rec_rows(h, v))
+    case(Case(f"kda_recurrence[{label}]", (name,), make, run, replay, ctl))
+
+
+def _rec_rows(label: str, n: int, h: int, v: int, kd: int, rows: int, plant: str) -> None:
+    """The staged kernel at `rows` value rows a group; control: its variant with the planted mistake."""
+    def make(rng):
+        return _rec_inputs(rng, n, h, v, kd)
+
+    def launch(k, d):
+        y, S = ops_kda.kda_recurrence_rows(k, d["S"], d["q"], d["k"], d["v"], d["g"], d["beta"], rows)
+        return {"y": y, "S": S}
+
+    def replay(d):
+        y, S = REF.kda_recurrence(d["S"], d["q"], d["k"], d["v"], d["g"], d["beta"])
+        return {"y": y, "S": S}
+
+    case(Case(f"kda_recurrence[{label}]", (ops_kda.rec_kernel(kd, rows)[0],), make, launch, replay,
+              lambda k, d: launch(k.variant(plant), d)))
 
 
 def _out(label: str, n: int, h: int, v: int) -> None:
@@ -167,6 +186,18 @@ _rec("verify",       16,  4,  32,  32)
 _rec("prompt37",     37,  4,  32,  32)
 _rec("odd",           3,  3,  24,  40)    # V not a multiple of 8 rows, K % 16 = 8
 _rec("full",          4,  2, 128, 128)    # two full-size heads
+# The staged kernels (KDA_CHUNK = 8 tokens a stage), controls planted in cuda_src/kda.cu: KDA_PLANT_SHORT_TAIL drops
+# the last token of a prompt that ends inside a stage, KDA_PLANT_FIRST_V gives every row of a group its first row's
+# v, KDA_PLANT_WHOLE_GROUPS drops a group that holds fewer than R rows (V not a multiple of R).
+#          label          n   H    V    K  rows  plant
+_rec_rows("tail21",      21,  2,  16, 128,  1, "KDA_PLANT_SHORT_TAIL")   # 2 stages and 5 tokens
+_rec_rows("tail13.r2",   13,  2,  32,  32,  2, "KDA_PLANT_SHORT_TAIL")
+_rec_rows("rows2",       17,  2,  32,  32,  2, "KDA_PLANT_FIRST_V")
+_rec_rows("rows4",       11,  1,  64, 128,  4, "KDA_PLANT_FIRST_V")
+_rec_rows("rows2.full",   9,  1, 128, 128,  2, "KDA_PLANT_FIRST_V")
+_rec_rows("vtail.r4",    10,  2,  30,  32,  4, "KDA_PLANT_WHOLE_GROUPS")  # 7 groups of 4 rows and one of 2
+_rec_rows("vtail.r2",     8,  1,  25, 128,  2, "KDA_PLANT_WHOLE_GROUPS")
+_rec_rows("vtail.r4.full", 3, 1,  37, 128,  4, "KDA_PLANT_WHOLE_GROUPS")
 _out("decode",        1,  4,  32)
 _out("prompt37",     37,  4,  32)
 _out("odd",           3,  3,  40)

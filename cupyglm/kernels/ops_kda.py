@@ -71,10 +71,42 @@ def l2norm(k: Kernels, x, eps, scale=None):
     return out
 
 
+STAGED_K = (32, 128)         # key columns kda_recurrence_k{K}_r{R} is built for (others: the generic kernel)
+GROUP_ROWS = (1, 2, 4)       # value rows a 16-thread group may own (R)
+REC_THREADS = 128            # KDA_REC_GROUPS groups of 16 threads
+SATURATE = 1024              # warps that give each scheduler of a 132-SM GPU two
+
+
+def rec_rows(h: int, vd: int) -> int:
+    """The value rows a group owns: the most (1, 2, 4) that leave at least SATURATE warps (a token's chain is a
+    warp's; fewer warps leave schedulers idle, more rows a group read q, k, g once for them). Any choice has the
+    same bits."""
+    warps = h * vd // 2
+    return 4 if warps >= 4 * SATURATE else 2 if warps >= 2 * SATURATE else 1
+
+
+def _aligned16(k: Kernels, a):
+    """a, or a copy of it when its data does not start on a 16-byte boundary (a view's offset)."""
+    ptr = a.data.ptr if hasattr(a.data, "ptr") else a.__array_interface__["data"][0]
+    return a if ptr % 16 == 0 else k.xp.array(a, copy=True)
+
+
+def rec_kernel(kd: int, rows: int) -> tuple[str, int]:
+    """(kernel, value rows a block) of a launch at kd key columns and `rows` rows a group."""
+    if kd in STAGED_K:
+        return f"kda_recurrence_k{kd}_r{rows}", REC_THREADS // 16 * rows
+    return "kda_recurrence", 8
+
+
 @op("kda_recurrence")
 def kda_recurrence(k: Kernels, S, q, kk, v, g, beta):
     """S: [H, V, K] fp32; q, k, g: [n, H, K] fp32; v: [n, H, V] bf16; beta: [n, H] bf16 -> (y [n, H, V] bf16,
     S' fp32)."""
+    return kda_recurrence_rows(k, S, q, kk, v, g, beta, None)
+
+
+def kda_recurrence_rows(k: Kernels, S, q, kk, v, g, beta, rows: int | None):
+    """kda_recurrence with `rows` value rows a group (1, 2, 4; None: rec_rows), the same bits for every choice."""
     S = _arg(k, "kda_recurrence", "S", S, (None, None, None))
     h, vd, kd = S.shape
     if kd > 256:
@@ -85,11 +117,17 @@ def kda_recurrence(k: Kernels, S, q, kk, v, g, beta):
     g = _arg(k, "kda_recurrence", "g", g, (n, h, kd))
     v = _arg(k, "kda_recurrence", "v", v, (n, h, vd), k.bf16)
     beta = _arg(k, "kda_recurrence", "beta", beta, (n, h), k.bf16)
+    if kd in STAGED_K:         # the staged kernels copy 16-byte pieces (cp.async)
+        q, kk, g = (_aligned16(k, a) for a in (q, kk, g))
+    rows = rec_rows(h, vd) if rows is None else rows
+    if rows not in GROUP_ROWS:
+        raise ValueError(f"kda_recurrence: 1, 2 or 4 value rows a group, got {rows}")
     y = k.empty((n, h, vd), k.bf16)
     S_out = k.empty(S.shape)
-    if h and vd:
-        k.launch(SRC, "kda_recurrence", ((vd + 7) // 8, h), (128,),
-                 (S, q, kk, v, g, beta, y, S_out, i32(n), i32(h), i32(vd), i32(kd)))
+    if h and vd and n:
+        name, block_rows = rec_kernel(kd, rows)
+        tail = (i32(n), i32(h), i32(vd)) + ((i32(kd),) if name == "kda_recurrence" else ())
+        k.launch(SRC, name, (-(-vd // block_rows), h), (REC_THREADS,), (S, q, kk, v, g, beta, y, S_out) + tail)
     else:
         S_out[...] = S
     return y, S_out

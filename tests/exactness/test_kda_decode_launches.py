@@ -74,7 +74,8 @@ def test_kda_decode_rows_three_launches(tiny_ckpt, cuda_ops, prompts):
     per_layer, _ = _kda_launches(runner, [SeqInput(np.array([toks[0]], np.int32), states[0], decode=True),
                                           SeqInput(np.arange(3, 9, dtype=np.int32), states[-1])])
     for layer, got in per_layer.items():
-        assert got["kda_step"] == 1 and got["gemv_multi_lane16"] == 1 and got["kda_recurrence"] == 1, dict(got)
+        rec = sum(c for name, c in got.items() if name.startswith("kda_recurrence"))    # any K / rows form
+        assert got["kda_step"] == 1 and got["gemv_multi_lane16"] == 1 and rec == 1, dict(got)
         assert got["gemm_tc_bf16"] >= 2, dict(got)           # f_b and g_b of the prompt rows
     for s in states:
         runner.release(s)

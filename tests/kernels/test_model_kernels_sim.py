@@ -136,6 +136,21 @@ def test_kda_recurrence_state_split_invariance(splits):
     assert not np.isnan(S_all).any()
 
 
+@pytest.mark.parametrize("rows", [1, 2, 4])
+def test_kda_recurrence_staged_equals_the_generic_kernel(rows):
+    """The staged kernel at 1, 2 or 4 value rows a group (V = 36: a last group short of rows; 19 tokens: a prompt
+    ending inside a stage; q an unaligned view, copied by the launcher) has the generic kernel's bits."""
+    n, h, vd, kd = 19, 2, 36, 128
+    S, q, k, v, g, beta = _rec_args(np.random.default_rng(6), n, h, vd, kd)
+    y0, S0 = K.empty((n, h, vd), K.bf16), K.empty(S.shape)
+    K.launch(ops_kda.SRC, "kda_recurrence", (-(-vd // 8), h), (128,),
+             (S, q, k, v, g, beta, y0, S0, np.int32(n), np.int32(h), np.int32(vd), np.int32(kd)))
+    qv = np.concatenate([np.zeros(1, np.float32), q.ravel()])[1:].reshape(q.shape)
+    assert qv.__array_interface__["data"][0] % 16
+    y, S1 = ops_kda.kda_recurrence_rows(K, S, qv, k, v, g, beta, rows)
+    assert np.array_equal(_bits(y), _bits(y0)) and np.array_equal(_bits(S1), _bits(S0))
+
+
 @pytest.mark.parametrize("splits", [[1] * 7, [7], [2, 5], [1, 1, 5]])
 def test_kda_conv_window_split_invariance(splits):
     rng = np.random.default_rng(6)
