@@ -54,8 +54,9 @@ def _experts(k: Kernels, name: str, w_gate, w_up, e: int, kk: int) -> tuple:
 
 
 def route_swiglu(k: Kernels, x, logits, bias, topk: int, scale, w_gate, w_up, limit, tiles: int, tickets=None):
-    """moe_route_swiglu_lane16 (_fp8 / _nvfp4 for quantised experts) -> (ids [T, k] int32, weights [T, k] fp32, group [T*k] int32, pos [T*k] int32,
-    a [T*k, N] bf16 the sorted pairs' activation, tickets [tiles] uint32 zeroed; `tickets` given: that buffer)."""
+    """moe_route_swiglu_lane16 (_fp8 / _nvfp4 for quantised experts) -> (ids [T, k] int32, weights [T, k] fp32,
+    group [T*k] int32, pos [T*k] int32, a [T*k, N] bf16 the sorted pairs' activation, tickets [tiles] uint32
+    zeroed; `tickets` given: that buffer)."""
     name = _name("moe_route_swiglu_lane16", _fmt(w_gate))
     t, kk = check(name, "x", x, (None, None), k.bf16).shape
     e = check(name, "logits", logits, (t, None), F32).shape[1]
@@ -78,9 +79,10 @@ def route_swiglu(k: Kernels, x, logits, bias, topk: int, scale, w_gate, w_up, li
 
 
 def down_combine(k: Kernels, a, w_down, group, pos, weights, sh_act, sh_down, tickets):
-    """moe_down_combine_lane16 (_fp8 / _nvfp4 for quantised experts): the experts' down projection of the sorted pairs a [T*k, N] bf16 (w_down [E, D, N]),
-    the shared expert's of sh_act [T, Ns] bf16 (sh_down [D, Ns]), combined in slot order -> [T, D] fp32; tickets
-    [ceil(D / 16)] uint32 must be zero (route_swiglu's)."""
+    """moe_down_combine_lane16 (_fp8 / _nvfp4 for quantised experts): the experts' down projection of the sorted
+    pairs a [T*k, N] bf16 (w_down [E, D, N]), the shared expert's of sh_act [T, Ns] bf16 (sh_down [D, Ns], bf16 or
+    as the experts), combined in slot order -> [T, D] fp32; tickets [ceil(D / 16)] uint32 must be zero
+    (route_swiglu's)."""
     fmt = _fmt(w_down)
     name = _name("moe_down_combine_lane16", fmt)
     p, kk = check(name, "a", a, (None, None), k.bf16).shape
@@ -108,17 +110,18 @@ def down_combine(k: Kernels, a, w_down, group, pos, weights, sh_act, sh_down, ti
 
 def _shared(k: Kernels, name: str, fmt: str, sh_down, d: int, k2: int) -> tuple:
     """The shared down's arguments [D, Ns]: bf16 (fmt bf16); else the quantised form's (values, scales, FP8's
-    block), the bf16 pointer and sh_q, with 1-element stand-ins for the form not read."""
+    block), the bf16 pointer and sh_q, with 1-element stand-ins (never read, never written: no kernel) for the form
+    not read."""
     if fmt == "bf16":
         return (check(name, "sh_down", sh_down, (d, k2), k.bf16),)
     if isinstance(sh_down, QWeight):
         if sh_down.fmt != fmt or tuple(sh_down.shape) != (d, k2):
             raise ValueError(f"{name}: the shared down must be {fmt} [{d}, {k2}] or bf16")
         qargs = ops_gemv_q.weight_args(name, sh_down, 2, k2) + ops_gemv_q.tc_block_args(sh_down)
-        return (*qargs, k.xp.zeros((1,), k.bf16), i32(1))
+        return (*qargs, k.empty((1,), k.bf16), i32(1))
     check(name, "sh_down", sh_down, (d, k2), k.bf16)
-    u8, one = k.xp.zeros((1,), np.uint8), k.xp.ones((1,), F32)
-    qargs = (u8, one, i32(1), i32(32)) if fmt == "fp8" else (u8, u8, one)
+    u8, f = k.empty((1,), np.uint8), k.empty((1,))
+    qargs = (u8, f, i32(1), i32(32)) if fmt == "fp8" else (u8, u8, f)
     return (*qargs, sh_down, i32(0))
 
 
