@@ -24,7 +24,8 @@
 // Launch: block (16, GEMV_OUTS).  moe_route_swiglu_lane16: grid (ceil(N / GEMV_OUTS), min(T * k, E)), dynamic
 // shared memory 6 * T * k ints, E <= MOE_ROUTE_MAX_E.  moe_down_combine_lane16: grid (ceil(N / GEMV_OUTS),
 // T * k + ceil(T / GEMV_ROWS)): block y < T * k is pair y's run (gemv_grouped_run), the rest the shared expert's
-// row groups; tickets [ceil(N / GEMV_OUTS)] zero at launch.
+// row groups; tickets [ceil(N / GEMV_OUTS)] zero at launch.  The _fp8 / _nvfp4 forms: the same grids and shared
+// memory.
 #include "common.cuh"
 #include "gemv_grouped.cuh"
 #include "moe_decode.cuh"
