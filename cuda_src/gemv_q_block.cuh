@@ -72,14 +72,22 @@ static __device__ __forceinline__ void gq_rows_nt(GemvTcShared<NW>& sh, const Ge
   }
 }
 
-// The block's rows (src.nrows <= GEMV_ROWS) in 1 or 2 row tiles (gtc_tiles): out[i] as gq_rows_nt's.
-template <int NW, int F>
-static __device__ __forceinline__ void gemv_q_rows(GemvTcShared<NW>& sh, const GemvQSrc<NW>& src, float out[NW]) {
-  const GemvXMem xr = {src.x, src.K, src.xvec};
+// The block's rows (src.nrows <= GEMV_ROWS) read through xr in 1 or 2 row tiles (gtc_tiles): out[i] as
+// gq_rows_nt's.
+template <int NW, int F, typename XR>
+static __device__ __forceinline__ void gemv_q_rows_x(GemvTcShared<NW>& sh, const GemvQSrc<NW>& src, const XR& xr,
+                                                     float out[NW]) {
   if (gtc_tiles(src.nrows) == 1)
     gq_rows_nt<NW, 1, F>(sh, src, xr, out);
   else
     gq_rows_nt<NW, 2, F>(sh, src, xr, out);
+}
+
+// gemv_q_rows_x of the rows at src.x (stride K).
+template <int NW, int F>
+static __device__ __forceinline__ void gemv_q_rows(GemvTcShared<NW>& sh, const GemvQSrc<NW>& src, float out[NW]) {
+  const GemvXMem xr = {src.x, src.K, src.xvec};
+  gemv_q_rows_x<NW, F>(sh, src, xr, out);
 }
 
 // A block's source: columns from n0 of expert e of each weight (ncols = 0: nothing read).

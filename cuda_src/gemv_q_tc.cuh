@@ -93,10 +93,17 @@ static __device__ __forceinline__ uint4 gq_load(const unsigned char* row, int b,
   return make_uint4(q[0], q[1], q[2], q[3]);
 }
 
+// x row c of a reader: memory rows at stride K (GemvXMem), or where the reader's row(c) says (a gathered row).
+static __device__ __forceinline__ const __nv_bfloat16* gq_xrow(const GemvXMem& xr, int c) {
+  return xr.x + (long long)c * xr.K;
+}
+template <typename XR>
+static __device__ __forceinline__ const __nv_bfloat16* gq_xrow(const XR& xr, int c) { return xr.row(c); }
+
 // x row c's 8 bf16 at kk through the reader (the speed model's compile: whole loads, as gq_load).
 template <typename XR>
 static __device__ __forceinline__ uint4 gq_x8(const XR& xr, int c, int kk, int valid) {
-  if (GQ_WHOLE_ONLY) return *reinterpret_cast<const uint4*>(xr.x + (long long)c * xr.K + kk);
+  if (GQ_WHOLE_ONLY) return *reinterpret_cast<const uint4*>(gq_xrow(xr, c) + kk);
   return xr.load8(c, kk, valid);
 }
 
@@ -294,9 +301,9 @@ static __device__ __forceinline__ void gq_run(float (*d)[NT][4], const GemvQSrc<
 
 // gq_run over whole aligned blocks (the caller checked alignment), U at a time from kb while they lie inside
 // [.., b), through pointers that advance a run's bytes (no bounds or index code in the loop); returns where it
-// stopped.  The x rows come from memory (GemvXMem).
-template <int NW, int NT, int F, int U>
-static __device__ __forceinline__ int gq_run_whole(float (*d)[NT][4], const GemvQSrc<NW>& src, const GemvXMem& xr,
+// stopped.  The x rows come from memory at the reader's row pointers (gq_xrow).
+template <int NW, int NT, int F, int U, typename XR>
+static __device__ __forceinline__ int gq_run_whole(float (*d)[NT][4], const GemvQSrc<NW>& src, const XR& xr,
                                                    const unsigned char* const* rg, const unsigned char* const* sr,
                                                    int kb, int b, int g, int t) {
   constexpr int C = GqFmt<F>::C, KB = 32 * C, WB = F == GEMV_FP8 ? KB : KB / 2;   // k and value bytes a block
@@ -309,7 +316,7 @@ static __device__ __forceinline__ int gq_run_whole(float (*d)[NT][4], const Gemv
     ps[i] = F == GEMV_NVFP4 ? sr[i] + (kk0 >> 4) : nullptr;
   }
 #pragma unroll
-  for (int j = 0; j < NT; ++j) px[j] = xr.x + (long long)min(g + 8 * j, src.nrows - 1) * xr.K + kk0;
+  for (int j = 0; j < NT; ++j) px[j] = gq_xrow(xr, min(g + 8 * j, src.nrows - 1)) + kk0;
   for (; kb + KB * U <= b; kb += KB * U) {
     uint4 w[U][NW][2], xc[U][NT][C];
     unsigned sc[U][NW][2];

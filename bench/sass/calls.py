@@ -13,11 +13,11 @@ ROWS = 16            # GEMV_ROWS: decode rows a block reads each weight once for
 
 def gemv(form: str, fmt: str, n: int, k: int, rows: int, stored: float, nw: int = 1, slices: float = 1.0,
          heads: int = 1, out_bytes: int = 2, arch: str = "sm_90", collective: bool = False,
-         launched: bool = True) -> Call:
+         launched: bool = True, moe: bool = False) -> Call:
     """A decode GEMV of `rows` rows against `nw` [N, K] matrices of `stored` bytes each, for `heads` heads, or
     (grouped) over `slices` experts with `rows` rows each. Weights are read once per ROWS rows; every block's
     loop counted in the bucket of min(rows, ROWS) rows (a last group of fewer rows runs a smaller bucket: an upper
-    bound past ROWS rows)."""
+    bound past ROWS rows). moe: the grouped forms run in moe_experts' fused launches (kernels.moe)."""
     groups = -(-rows // ROWS)
     units = slices * heads * n * k * nw * groups
     total_rows = rows * slices * heads
@@ -25,7 +25,8 @@ def gemv(form: str, fmt: str, n: int, k: int, rows: int, stored: float, nw: int 
     outs = ops_gemv_q.PAIR_OUTS if form == "swiglu" and fmt != "bf16" else OUTS
     blocks = int(-(-n // outs) * groups * heads * max(1.0, round(slices)))
     flops = 2.0 * total_rows * n * k * nw
-    return Call(analyse(K.gemv(form, fmt, rows), arch), units, nbytes, flops, blocks, collective, launched=launched)
+    kernel = K.moe(form, fmt, rows) if moe else K.gemv(form, fmt, rows)
+    return Call(analyse(kernel, arch), units, nbytes, flops, blocks, collective, launched=launched)
 
 
 def launch_only() -> Call:

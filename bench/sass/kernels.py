@@ -37,6 +37,14 @@ def gemv(form: str, fmt: str = "bf16", rows: int = 16) -> Kernel:
     return Kernel(name, file, "decode", "weight", 256, fmt, bucket=bucket(rows))
 
 
+def moe(form: str, fmt: str = "bf16", rows: int = 16) -> Kernel:
+    """A decode launch of op moe_experts (moe_decode.cu), counted as the GEMV whose body it runs: "grouped swiglu"
+    the routing and the experts' gate/up SwiGLU (moe_route_swiglu), "grouped" the experts' and the shared expert's
+    down projections and the combine (moe_down_combine); fp8 / nvfp4 their quantised forms."""
+    name = {"grouped swiglu": "moe_route_swiglu_lane16", "grouped": "moe_down_combine_lane16"}[form]
+    return Kernel(_q(name, fmt), "moe_decode.cu", "decode", "weight", 256, fmt, bucket=bucket(rows))
+
+
 # the prompt GEMM on the tensor core (gemm_tc.cu): 256 threads, 128 x 256 output tiles staged through shared memory
 GEMM_TC = Kernel("gemm_tc_bf16", "gemm_tc.cu", "prompt", "flop", ops_gemm_tc.DENSE_THREADS[0],
                  dyn_shared=ops_gemm_tc.DENSE_SHARED)

@@ -88,11 +88,12 @@ def _fused(name: str, f: str) -> str | None:
 
 def _decode(cfg, tp: int, fmt: str, rows: int, arch: str):
     """(label, Call) of every projection as a decode GEMV, in the launches the model's ops make; and the bytes
-    left to memory. Routed experts and the shared expert's down run in the MoE ops' launches (bf16: moe_experts'
-    two; quantised: the grouped SwiGLU, then the grouped down with the shared down, beside route, sort and
-    combine); kv_b as the absorbed per-head pair (two gemm_heads launches); f_b and g_b read by kda_step."""
+    left to memory. Routed experts run in moe_experts' two launches (routing and the gate/up SwiGLU, then the down
+    projections and the combine; bf16 or quantised), the shared expert's down in the second when stored as the
+    experts or bf16; kv_b as the absorbed per-head pair (two gemm_heads launches); f_b and g_b read by kda_step."""
     projections, small = _projections(cfg, tp, fmt, rows)
     slices, per = _experts(cfg, rows)
+    experts_f = next((f for _, form, f, *_ in projections if form.startswith("grouped")), None)
     out, open_ops = [], set()
     for label, form, f, n, k, st, name in projections:
         if _IN_STEP.search(name):
@@ -100,15 +101,14 @@ def _decode(cfg, tp: int, fmt: str, rows: int, arch: str):
             continue
         nw = 2 if form.endswith("swiglu") else 1
         if form.startswith("grouped"):
-            c = calls.gemv(form, f, n, k, per, st, nw, slices, arch=arch, collective=form == "grouped" and tp > 1)
+            c = calls.gemv(form, f, n, k, per, st, nw, slices, arch=arch, collective=form == "grouped" and tp > 1,
+                           moe=True)
             out.append((label, c))
-            if form == "grouped swiglu" and f != "bf16":   # moe_route and moe_sort before, moe_combine after
-                out += [("experts route", calls.launch_only()) for _ in range(3)]
             continue
         coll = tp > 1 and (name.endswith("o_proj.weight") or name.endswith("mlp.down_proj.weight"))
         fused = _fused(name, f)
         key = (_LAYER.search(name).group(1) if _LAYER.search(name) else "", fused)
-        in_moe = "shared_experts.down_proj" in name and f == "bf16"      # moe_experts' down_combine launch
+        in_moe = "shared_experts.down_proj" in name and f in (experts_f, "bf16")   # moe_experts' down launch
         c = calls.gemv(fused or form, f, n, k, rows, st, nw, out_bytes=4 if "lm_head" in name else 2, arch=arch,
                        collective=coll, launched=not in_moe and (fused is None or key not in open_ops))
         open_ops.add(key)

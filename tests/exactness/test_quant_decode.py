@@ -77,7 +77,8 @@ def _reference(ckpt, tp):
 
 
 def _check_launches(fmt, names):
-    """The prompt step runs the dequantising GEMM; every decode step the quantised GEMV and no gemm_* kernel."""
+    """The prompt step runs the dequantising GEMM; every decode step the quantised GEMV, the MoE's two fused
+    quantised launches (not the grouped GEMVs apart) and no gemm_* kernel."""
     for i, step in enumerate(names):
         gemms = sorted({n for n in step if n.startswith("gemm")})
         gemvq = sorted({n for n in step if n.startswith("gemv") and f"_{fmt}_" in n})
@@ -85,8 +86,10 @@ def _check_launches(fmt, names):
             assert any(f"_{fmt}_" in n for n in gemms), f"prompt step: {gemms}"
             continue
         assert not gemms, f"decode step {i} launched {gemms}"
-        for form in (f"gemv_{fmt}_lane16", f"gemv_grouped_swiglu_{fmt}_lane16", f"gemv_grouped_{fmt}_lane16"):
-            assert any(n.startswith(form) for n in gemvq), f"decode step {i}: no {form} in {gemvq}"
+        assert any(n.startswith(f"gemv_{fmt}_lane16") for n in gemvq), f"decode step {i}: no gemv_{fmt} in {gemvq}"
+        assert not any(n.startswith("gemv_grouped") for n in gemvq), f"decode step {i}: {gemvq}"
+        for name in (f"moe_route_swiglu_{fmt}_lane16", f"moe_down_combine_{fmt}_lane16"):
+            assert name in step, f"decode step {i}: no {name} in {sorted(set(step))}"
 
 
 @contextlib.contextmanager

@@ -128,6 +128,25 @@ def test_quantised_decode_gemvs_issue_under_their_memory_bound(fmt, rows):
     assert c.blocks == 1024 // PAIR_OUTS
 
 
+@pytest.mark.parametrize("fmt", ("bf16", "fp8", "nvfp4"))
+def test_a_moe_layer_decodes_in_moe_experts_two_launches(fmt):
+    """The speed model's decode step mirrors ops.moe_experts: in every format a MoE layer's routed experts are
+    moe_decode.cu's two launches (their own SASS), no routing / sort / combine launch beside them, and the shared
+    expert's down inside the second."""
+    from bench.sass import step
+    from cupyglm.config import preset
+
+    out, _ = step._decode(preset("glm-5.3-flash"), 2, fmt, 1, "sm_90")
+    layers = sum(label == "experts gate+up" for label, _ in out)
+    moe = [c for _, c in out if c.analysis is not None and c.analysis.kernel.file == "moe_decode.cu"]
+    q = "" if fmt == "bf16" else f"_{fmt}"
+    assert layers > 0 and {c.analysis.kernel.name for c in moe} == {f"moe_route_swiglu{q}_lane16",
+                                                                    f"moe_down_combine{q}_lane16"}
+    assert sum(c.launched for c in moe) == 2 * layers and all(c.analysis is not None for _, c in out)
+    shared = [c for label, c in out if "shared_experts.down_proj" in label]
+    assert len(shared) == layers and not any(c.launched for c in shared)
+
+
 def test_bf16_decode_gemv_loop_loads_whole_vectors_only():
     """The aligned rows' loop (gemv_tc.cuh's WHOLE run) holds one 16-byte load per weight column pair and row tile
     of each 32-block, nothing read element by element: U = 2 blocks x (2 weights x 2 columns + 1 row tile)."""
