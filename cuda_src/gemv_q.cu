@@ -17,9 +17,6 @@
 
 #define GEMV_Q_PAIR_OUTS 8                   // output columns of a dense SwiGLU block (ops_gemv_q.PAIR_OUTS)
 
-static __device__ __forceinline__ void gemv_q_store(float* y, long long i, float v) { y[i] = v; }
-static __device__ __forceinline__ void gemv_q_store(__nv_bfloat16* y, long long i, float v) { y[i] = to_bf16(v); }
-
 static __device__ __forceinline__ GemvQw gemv_qw_fp8(const unsigned char* v, const float* s, int bn, int bk) {
   GemvQw w = {v, s, nullptr, nullptr, bn, bk};
   return w;
@@ -39,12 +36,7 @@ static __device__ __forceinline__ void gemv_q_body(const __nv_bfloat16* __restri
   const GemvQw w[1] = {wq};
   GemvQSrc<1> src;
   gemv_q_src<1, F>(src, w, 0, n0, min(GEMV_OUTS, N - n0), N, K, x);
-  src.x = x + (long long)m0 * K;
-  src.nrows = min(GEMV_ROWS, rows - m0);
-  float v[1];
-  gemv_q_rows<1, F>(sh, src, v);
-  const int lane = threadIdx.x, o = threadIdx.y, n = n0 + o;
-  if (n < N && lane < src.nrows) gemv_q_store(y, (long long)(m0 + lane) * N + n, gemv_q_out<1, F>(src, v, 0));
+  gemv_q_group<F>(sh, src, x, y, N, K, m0, min(GEMV_ROWS, rows - m0), true);
   (void)M;
 }
 
@@ -73,16 +65,8 @@ static __device__ __forceinline__ void gemv_q_grouped_body(const __nv_bfloat16* 
   const GemvQw w[1] = {wq};
   GemvQSrc<1> src;
   gemv_q_src<1, F>(src, w, valid ? g : 0, n0, valid ? min(GEMV_OUTS, N - n0) : 0, N, K, x);
-  const int lane = threadIdx.x, o = threadIdx.y, n = n0 + o;
-  for (int m0 = blockIdx.y; m0 < end; m0 += GEMV_ROWS) {
-    const int nrows = min(GEMV_ROWS, end - m0);
-    src.x = x + (long long)m0 * K;
-    src.nrows = valid ? nrows : 0;
-    float v[1];
-    gemv_q_rows<1, F>(sh, src, v);
-    if (n < N && lane < nrows)
-      gemv_q_store(y, (long long)(m0 + lane) * N + n, valid ? gemv_q_out<1, F>(src, v, 0) : NAN);
-  }
+  for (int m0 = blockIdx.y; m0 < end; m0 += GEMV_ROWS)
+    gemv_q_group<F>(sh, src, x, y, N, K, m0, min(GEMV_ROWS, end - m0), valid);
 }
 
 template <int F>

@@ -85,33 +85,22 @@ static __device__ __forceinline__ void moe_q_grouped_run(const __nv_bfloat16* x,
   int end = m + 1;
   while (end < M && group[end] == g) ++end;
   const bool valid = g >= 0 && g < E;
-  const int n0 = blockIdx.x * GEMV_OUTS, lane = threadIdx.x, n = n0 + threadIdx.y;
+  const int n0 = blockIdx.x * GEMV_OUTS;
   const GemvQw w[1] = {wq};
   GemvQSrc<1> src;
   gemv_q_src<1, F>(src, w, valid ? g : 0, n0, valid ? min(GEMV_OUTS, N - n0) : 0, N, K, x);
-  for (int m0 = m; m0 < end; m0 += GEMV_ROWS) {
-    const int nrows = min(GEMV_ROWS, end - m0);
-    src.x = x + (long long)m0 * K;
-    src.nrows = valid ? nrows : 0;
-    float v[1];
-    gemv_q_rows<1, F>(sh, src, v);
-    if (n < N && lane < nrows) y[(long long)(m0 + lane) * N + n] = valid ? gemv_q_out<1, F>(src, v, 0) : NAN;
-  }
+  for (int m0 = m; m0 < end; m0 += GEMV_ROWS) gemv_q_group<F>(sh, src, x, y, N, K, m0, min(GEMV_ROWS, end - m0), valid);
 }
 
 // gemv_q.cu's dense body (gemv_{fmt}_lane16, fp32) for row group gi of M rows, column block blockIdx.x.
 template <int F>
 static __device__ __forceinline__ void moe_q_dense_group(const __nv_bfloat16* x, const GemvQw& wq, float* y, int M,
                                                          int N, int K, int gi, GemvTcShared<1>& sh) {
-  const int n0 = blockIdx.x * GEMV_OUTS, m0 = gi * GEMV_ROWS, lane = threadIdx.x, n = n0 + threadIdx.y;
+  const int n0 = blockIdx.x * GEMV_OUTS, m0 = gi * GEMV_ROWS;
   const GemvQw w[1] = {wq};
   GemvQSrc<1> src;
   gemv_q_src<1, F>(src, w, 0, n0, min(GEMV_OUTS, N - n0), N, K, x);
-  src.x = x + (long long)m0 * K;
-  src.nrows = min(GEMV_ROWS, M - m0);
-  float v[1];
-  gemv_q_rows<1, F>(sh, src, v);
-  if (n < N && lane < src.nrows) y[(long long)(m0 + lane) * N + n] = gemv_q_out<1, F>(src, v, 0);
+  gemv_q_group<F>(sh, src, x, y, N, K, m0, min(GEMV_ROWS, M - m0), true);
 }
 
 // After a block's outputs: the block that finishes column tile blockIdx.x last (tickets, zero at launch) combines

@@ -105,18 +105,19 @@ def _decode(cfg, tp: int, fmt: str, rows: int, arch: str):
                            moe=True)
             out.append((label, c))
             continue
-        coll = tp > 1 and (name.endswith("o_proj.weight") or name.endswith("mlp.down_proj.weight"))
-        fused = _fused(name, f)
-        key = (_LAYER.search(name).group(1) if _LAYER.search(name) else "", fused)
-        in_moe = "shared_experts.down_proj" in name and f in (experts_f, "bf16")   # moe_experts' down launch
-        c = calls.gemv(fused or form, f, n, k, rows, st, nw, out_bytes=4 if "lm_head" in name else 2, arch=arch,
-                       collective=coll, launched=not in_moe and (fused is None or key not in open_ops))
-        open_ops.add(key)
         if name.endswith("kv_b_proj.weight"):
             half = calls.gemv(form, f, n // 2, k, rows, st / 2, arch=arch)
             out += [(label, half), (label, half)]
             continue
-        out.append((label, c))
+        coll = tp > 1 and (name.endswith("o_proj.weight") or name.endswith("mlp.down_proj.weight"))
+        fused = _fused(name, f)
+        layer = _LAYER.search(name)
+        key = (layer.group(1) if layer else "", fused)
+        in_moe = "shared_experts.down_proj" in name and f in (experts_f, "bf16")   # moe_experts' down launch
+        out.append((label, calls.gemv(fused or form, f, n, k, rows, st, nw, out_bytes=4 if "lm_head" in name else 2,
+                                      arch=arch, collective=coll,
+                                      launched=not in_moe and (fused is None or key not in open_ops))))
+        open_ops.add(key)
     return out, small
 
 
