@@ -21,138 +21,7 @@
 #include "common.cuh"
 #include "mma.cuh"
 #include "gemv_q_tc.cuh"
-#include "gemm_tc_stage.cuh"
-
-#ifdef GTQ_SMALL                       // GPUs with 99 KB of shared memory a block: 64 rows (98 KB), the same bits
-#define GTQ_M 64
-#else
-#define GTQ_M 128                      // rows a block
-#endif
-#define GTQ_N 128                      // columns a block: 8 warps of 16
-#define GTQ_RT (GTQ_M / 8)             // 8-row mma tiles a warp (the B operands)
-#define GTQ_THREADS 256
-#define GTQ_SK 128                     // k a stage: one NVFP4 block, four FP8 blocks; divides GTC_SLICE
-#define GTQ_XC (GTQ_SK / 8)            // 16-byte x chunks a stage row
-#define GTQ_WC (GTQ_SK / 16)           // 16-byte weight chunks a stage column (FP8; NVFP4 uses the first half)
-
-// One stage: x rows and weight columns of GTQ_SK k, chunks placed by gtq_xat / gtq_wat (no bank conflicts in the
-// lanes' 16-byte and 8-byte loads); NVFP4's group scale codes, 8 bytes a column.
-struct GtqStage {
-  uint4 x[GTQ_M * GTQ_XC];             // [GTQ_M][GTQ_XC] bf16 chunks
-  uint4 w[GTQ_N * GTQ_WC];             // [GTQ_N][GTQ_WC] packed bytes
-  unsigned s[GTQ_N * 2];               // NVFP4: [GTQ_N][8] e4m3 codes
-};
-
-// A thread's running sums of row tile r at float4 r GTQ_THREADS + threadIdx.x.
-struct GtqAcc {
-  float4 v[GTQ_RT * GTQ_THREADS];
-};
-
-static __device__ __forceinline__ int gtq_xat(int r, int c) { return r * GTQ_XC + (c ^ ((c >> 2) & 3) ^ ((r & 1) << 2)); }
-
-template <int F>
-static __device__ __forceinline__ int gtq_wat(int n, int c) {
-  return n * GTQ_WC + (F == GEMV_FP8 ? c ^ ((n & 3) << 1) : c ^ ((n & 1) << 2));
-}
-
-// Where this thread's copies come from: x row chunks q of rows 16q + tid / 16 (chunk tid % 16), weight chunks of
-// columns (256 q + tid) / wc (chunk tid % wc; wc = 8 FP8, 4 NVFP4), NVFP4 scale word tid % 2 of column tid / 2.
-// Offsets are 32-bit, from the block's first row / column (x0, w0, s0; the launcher's limit on K): rows past M
-// (columns past N) read row M - 1 (column N - 1) and are never stored.
-struct GtqSrc {
-  const __nv_bfloat16* x0;             // row m0: [.., K] bf16
-  const unsigned char* w0;             // column n0 of expert e: [.., rb] packed bytes
-  const unsigned char* s0;             // NVFP4: column n0's scale row: [.., K / 16] e4m3
-  unsigned x[GTQ_M / 16], w[GTQ_WC / 2];
-  unsigned s;
-  int K, rb, wc, scol;
-};
-
-template <int F>
-static __device__ __forceinline__ void gtq_src(GtqSrc& s, const __nv_bfloat16* x, int m0, int n0, int M, int N,
-                                               int K) {
-  const int tid = threadIdx.x;
-  s.K = K;
-  s.rb = gq_row_bytes<F>(K);
-  s.wc = F == GEMV_FP8 ? GTQ_WC : GTQ_WC / 2;
-  s.x0 = x + (long long)m0 * K;
-#pragma unroll
-  for (int q = 0; q < GTQ_M / 16; ++q) s.x[q] = (unsigned)min(16 * q + tid / GTQ_XC, M - 1 - m0) * (unsigned)K;
-#pragma unroll
-  for (int q = 0; q < GTQ_WC / 2; ++q)
-    s.w[q] = (unsigned)min((GTQ_THREADS * q + tid) / s.wc, N - 1 - n0) * (unsigned)s.rb;
-  s.scol = min(tid / 2, N - 1 - n0);
-  s.s = (unsigned)s.scol * (unsigned)(K / 16);
-}
-
-// 16 bytes of a packed row at byte b (valid bytes of the row left from b; those past it zero).  VEC: cp.async (the
-// emulator: a plain copy), the row's bytes a multiple of 16.
-template <bool VEC>
-static __device__ __forceinline__ void gtq_copyw(uint4* dst, const unsigned char* row, int b, int valid) {
-  if (!VEC) {
-    unsigned q[4] = {0u, 0u, 0u, 0u};
-#pragma unroll
-    for (int i = 0; i < 16; ++i)
-      if (i < valid) q[i >> 2] |= (unsigned)row[b + i] << (8 * (i & 3));
-    *dst = make_uint4(q[0], q[1], q[2], q[3]);
-    return;
-  }
-  const unsigned char* src = row + (valid > 0 ? b : 0);
-#ifdef __CUEMU__
-  *dst = valid > 0 ? *reinterpret_cast<const uint4*>(src) : make_uint4(0u, 0u, 0u, 0u);
-#else
-  const unsigned a = (unsigned)__cvta_generic_to_shared(dst);
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(a), "l"(src), "r"(valid > 0 ? 16 : 0));
-#endif
-}
-
-// NVFP4: the 4 group codes from gr of column n's scale row (those past K / 16 zero).  VEC: one 4-byte cp.async
-// (K / 16 a multiple of 4); the controls' builds index each code through dequant.cuh.
-template <bool VEC>
-static __device__ __forceinline__ void gtq_copys(unsigned* dst, const unsigned char* row, const unsigned char* ns,
-                                                 long long e, int n, int gr, int N, int K) {
-  const int gk = K >> 4;
-#if defined(CONTROL_SCALE_NEXT_BLOCK) || defined(CONTROL_SCALE_TRANSPOSED)
-  unsigned v = 0u;
-  for (int i = 0; i < 4; ++i)
-    if (gr + i < gk) v |= (unsigned)ns[dq_nvfp4_scale_at(e, n, gr + i, N, K)] << (8 * i);
-  *dst = v;
-  (void)row;
-#else
-  (void)ns, (void)e, (void)n, (void)N;
-  if (!VEC) {
-    unsigned v = 0u;
-    for (int i = 0; i < 4; ++i)
-      if (gr + i < gk) v |= (unsigned)row[gr + i] << (8 * i);
-    *dst = v;
-    return;
-  }
-  const unsigned char* src = row + (gr < gk ? gr : 0);
-#ifdef __CUEMU__
-  *dst = gr < gk ? *reinterpret_cast<const unsigned*>(src) : 0u;
-#else
-  const unsigned a = (unsigned)__cvta_generic_to_shared(dst);
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(a), "l"(src), "r"(gr < gk ? 4 : 0));
-#endif
-#endif
-}
-
-// Stage st (k from GTQ_SK st) into sh: this thread's chunks, one commit group.
-template <int F, bool VEC>
-static __device__ __forceinline__ void gtq_issue(GtqStage& sh, const GtqSrc& s, const unsigned char* ns,
-                                                 long long e, int n0, int N, int st) {
-  const int tid = threadIdx.x, k = GTQ_SK * st, cx = tid % GTQ_XC, cw = tid % s.wc;
-  const int vx = s.K - k - 8 * cx, bw = (F == GEMV_FP8 ? k : k / 2) + 16 * cw;
-#pragma unroll
-  for (int q = 0; q < GTQ_M / 16; ++q)
-    gts_copy<VEC>(sh.x + gtq_xat(16 * q + tid / GTQ_XC, cx), s.x0 + s.x[q] + (vx > 0 ? k + 8 * cx : 0), vx);
-#pragma unroll
-  for (int q = 0; q < (F == GEMV_FP8 ? GTQ_WC / 2 : GTQ_WC / 4); ++q)
-    gtq_copyw<VEC>(sh.w + gtq_wat<F>((GTQ_THREADS * q + tid) / s.wc, cw), s.w0 + s.w[q], bw, s.rb - bw);
-  if (F == GEMV_NVFP4)
-    gtq_copys<VEC>(sh.s + tid, s.s0 + s.s, ns, e, n0 + s.scol, k / 16 + 4 * (tid & 1), N, s.K);
-  gts_commit();
-}
+#include "gemm_tc_q_stage.cuh"
 
 // FP8's block scales: the n-blocks of columns g, g + 8.
 struct GtqFp8 {
@@ -189,19 +58,47 @@ static __device__ __forceinline__ void gtq_block(float (*d)[4], const GtqStage& 
   }
 }
 
-// FP8: the chain d times its k-block's scale (columns g, g + 8) into the slice sum sl (first: sl = it); d to +0.0.
-static __device__ __forceinline__ void gtq_close(float (*sl)[4], float (*d)[4], const GtqFp8& fp, long long e,
-                                                 int kblk, bool first) {
+// FP8: the chain d times its k-block's scale (columns g, g + 8) added into the slice sum (first: it is the sum);
+// d back to +0.0.  The slice sum: sl in registers, or (GTQ_VSH: the big tile, whose registers are short) vs.
+static __device__ __forceinline__ void gtq_close(float (*sl)[4], GtqAcc& vs, float (*d)[4], const GtqFp8& fp,
+                                                 long long e, int kblk, bool first) {
   const float s[2] = {fp.fs[dq_fp8_scale_at(e, fp.nb[0], kblk, fp.sn, fp.sk)],
                       fp.fs[dq_fp8_scale_at(e, fp.nb[1], kblk, fp.sn, fp.sk)]};
 #pragma unroll
-  for (int r = 0; r < GTQ_RT; ++r)
+  for (int r = 0; r < GTQ_RT; ++r) {
+    float p[4];
 #pragma unroll
     for (int c = 0; c < 4; ++c) {          // d[c] = D[column g + 8 (c / 2)][row 2t + c % 2]
-      const float p = d[r][c] * s[c >> 1];
-      sl[r][c] = first ? p : sl[r][c] + p;
+      p[c] = d[r][c] * s[c >> 1];
       d[r][c] = 0.0f;
     }
+#ifdef GTQ_VSH
+    float4& a = vs.v[r * GTQ_THREADS + threadIdx.x];
+    if (!first) {
+      const float4 q = a;
+      p[0] = q.x + p[0], p[1] = q.y + p[1], p[2] = q.z + p[2], p[3] = q.w + p[3];
+    }
+    a = make_float4(p[0], p[1], p[2], p[3]);
+#else
+    (void)vs;
+#pragma unroll
+    for (int c = 0; c < 4; ++c) sl[r][c] = first ? p[c] : sl[r][c] + p[c];
+#endif
+  }
+}
+
+// FP8 after a slice's last close: its sum into d.
+static __device__ __forceinline__ void gtq_slice(float (*d)[4], const float (*sl)[4], const GtqAcc& vs) {
+#pragma unroll
+  for (int r = 0; r < GTQ_RT; ++r) {
+#ifdef GTQ_VSH
+    const float4 q = vs.v[r * GTQ_THREADS + threadIdx.x];
+    d[r][0] = q.x, d[r][1] = q.y, d[r][2] = q.z, d[r][3] = q.w;
+#else
+    (void)vs;
+    d[r][0] = sl[r][0], d[r][1] = sl[r][1], d[r][2] = sl[r][2], d[r][3] = sl[r][3];
+#endif
+  }
 }
 
 // After a slice (its sum in v): the sum so far acc + v, back to acc, or left in v after the last slice.
@@ -217,46 +114,69 @@ static __device__ __forceinline__ void gtq_fold(float (*v)[4], GtqAcc& acc, bool
   }
 }
 
-// The block's tile against expert e over all K into this warp's v (NVFP4's scale_2 not applied): stages in
-// ascending k, each slice's chains from +0.0, FP8's chains closed at every bk-block, the slices added in order.
-// Every thread takes part (barriers).
+// One stage's turn: stage st landed (every thread's copies, then a barrier that also ends stage st - 1's reads),
+// stage st + 1 issued into the other buffer.
 template <int F, bool VEC>
-static __device__ __forceinline__ void gtq_sum(float (*v)[4], GtqStage* sh, GtqAcc& acc, const GtqSrc& s,
-                                               const GtqFp8& fp, const unsigned char* ns, long long e, int n0, int N) {
+static __device__ __forceinline__ void gtq_turn(GtqStage* sh, const GtqSrc& s, const unsigned char* ns, long long e,
+                                                int n0, int N, int st, int nst) {
+  gts_wait();
+  __syncthreads();
+  if (st + 1 < nst) gtq_issue<F, VEC>(sh[(st + 1) & 1], s, ns, e, n0, N, st + 1);
+}
+
+// The block's tile against expert e over all K into this warp's d (NVFP4's scale_2 not applied; FP8: sl, acc[1] its
+// slice sums): stages in ascending k, each slice's chains from +0.0, FP8's chains closed at every bk-block,
+// the slices added in order.  The inner loop runs whole stages that hold no slice or chain boundary; a stage
+// that does (FP8 blocks below GTQ_SK, K's last stage) takes its blocks one by one.  Every thread takes part.
+template <int F, bool VEC>
+static __device__ __forceinline__ void gtq_sum(float (*d)[4], float (*sl)[4], GtqStage* sh, GtqAcc* acc,
+                                               const GtqSrc& s, const GtqFp8& fp, const unsigned char* ns,
+                                               long long e, int n0, int N) {
   constexpr int KB = 32 * GqFmt<F>::C;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3, K = s.K;
-  const int nst = (K + GTQ_SK - 1) / GTQ_SK;
-  float d[GTQ_RT][4];
+  const int nst = (K + GTQ_SK - 1) / GTQ_SK, c0 = 16 * warp;
   __syncthreads();                         // the last pass's readers of the stages are done
   gtq_issue<F, VEC>(sh[0], s, ns, e, n0, N, 0);
   int chain = 0;
-  for (int st = 0; st < nst; ++st) {
-    const int k0 = GTQ_SK * st, ks = k0 - k0 % GTC_SLICE, k1 = min(K, k0 + GTQ_SK);
+  for (int st = 0; st < nst;) {
+    const int k0 = GTQ_SK * st, ks = k0 - k0 % GTC_SLICE;
     if (k0 == ks) {
 #pragma unroll
       for (int r = 0; r < GTQ_RT; ++r) d[r][0] = d[r][1] = d[r][2] = d[r][3] = 0.0f;
       chain = k0;
+    } else if (F == GEMV_FP8 && k0 % fp.bk == 0) {
+      gtq_close(sl, acc[1], d, fp, e, chain / fp.bk, chain == ks);
+      chain = k0;
     }
-    gts_wait();
-    __syncthreads();                       // stage st landed for all; stage st - 1 read by all
-    if (st + 1 < nst) gtq_issue<F, VEC>(sh[(st + 1) & 1], s, ns, e, n0, N, st + 1);
+    int kend = min(ks + GTC_SLICE, K);     // the whole stages up to the slice's end, K or (FP8) the chain's end
+    if (F == GEMV_FP8) kend = min(kend, (k0 / fp.bk + 1) * fp.bk);
+    const int se = max(st, kend / GTQ_SK);
+    for (; st < se; ++st) {
+      gtq_turn<F, VEC>(sh, s, ns, e, n0, N, st, nst);
 #pragma unroll
-    for (int b = 0; b < GTQ_SK / KB; ++b) {
-      const int kb = k0 + KB * b;
-      if (kb < K) {                        // block-uniform
-        if (F == GEMV_FP8 && kb != chain && kb % fp.bk == 0) {
-          gtq_close(v, d, fp, e, chain / fp.bk, chain == ks);
+      for (int b = 0; b < GTQ_SK / KB; ++b) gtq_block<F>(d, sh[st & 1], b, c0, g, t);
+    }
+    if (GTQ_SK * st == k0) {               // no whole stage ran: this one by blocks
+      gtq_turn<F, VEC>(sh, s, ns, e, n0, N, st, nst);
+#pragma unroll
+      for (int b = 0; b < GTQ_SK / KB; ++b) {
+        const int kb = k0 + KB * b;
+        if (kb >= K) break;                // block-uniform
+        if (F == GEMV_FP8 && b > 0 && kb % fp.bk == 0) {
+          gtq_close(sl, acc[1], d, fp, e, chain / fp.bk, chain == ks);
           chain = kb;
         }
-        gtq_block<F>(d, sh[st & 1], b, 16 * warp, g, t);
+        gtq_block<F>(d, sh[st & 1], b, c0, g, t);
       }
+      ++st;
     }
+    const int k1 = min(K, GTQ_SK * st);
     if (k1 == K || k1 % GTC_SLICE == 0) {
-      if (F == GEMV_FP8) gtq_close(v, d, fp, e, chain / fp.bk, chain == ks);
-      else
-#pragma unroll
-        for (int r = 0; r < GTQ_RT; ++r) v[r][0] = d[r][0], v[r][1] = d[r][1], v[r][2] = d[r][2], v[r][3] = d[r][3];
-      gtq_fold(v, acc, ks == 0, k1 == K);
+      if (F == GEMV_FP8) {
+        gtq_close(sl, acc[1], d, fp, e, chain / fp.bk, chain == ks);
+        gtq_slice(d, sl, acc[1]);
+      }
+      gtq_fold(d, acc[0], ks == 0, k1 == K);
     }
   }
 }
@@ -329,16 +249,16 @@ static __device__ __forceinline__ void gtq_rows(unsigned char* sh, const __nv_bf
 #pragma unroll
   for (int h = 0; h < 2; ++h) fp.nb[h] = F == GEMV_FP8 ? min(nw + g + 8 * h, N - 1) / w.bn : 0;
   GtqStage* st = reinterpret_cast<GtqStage*>(sh);
-  GtqAcc& acc = *reinterpret_cast<GtqAcc*>(sh + 2 * sizeof(GtqStage));
-  float v[GTQ_RT][4] = {};
+  GtqAcc* acc = reinterpret_cast<GtqAcc*>(sh + 2 * sizeof(GtqStage));   // the running sums; FP8: the slice sums
+  float d[GTQ_RT][4] = {}, sl[GTQ_RT][4];
   for (int e = gtq_next<GROUPED>(group, m0, M, E, -1); e < E; e = gtq_next<GROUPED>(group, m0, M, E, e)) {
     const long long col = (long long)e * N + n0;
     s.w0 = w.v + col * s.rb;
     s.s0 = F == GEMV_NVFP4 ? w.ns + col * (K / 16) : nullptr;
-    gtq_sum<F, VEC>(v, st, acc, s, fp, w.ns, e, n0, N);
-    gtq_out<F, GROUPED>(y, v, group, e, F == GEMV_NVFP4 ? w.s2[e] : 1.0f, m0, nw, M, N, E, g, t);
+    gtq_sum<F, VEC>(d, sl, st, acc, s, fp, w.ns, e, n0, N);
+    gtq_out<F, GROUPED>(y, d, group, e, F == GEMV_NVFP4 ? w.s2[e] : 1.0f, m0, nw, M, N, E, g, t);
   }
-  if (GROUPED) gtq_out<F, GROUPED>(y, v, group, -1, 0.0f, m0, nw, M, N, E, g, t);
+  if (GROUPED) gtq_out<F, GROUPED>(y, d, group, -1, 0.0f, m0, nw, M, N, E, g, t);
 }
 
 // cp.async where x, the packed rows and NVFP4's scale rows allow 16-byte (scales 4-byte) copies (block-uniform),
@@ -362,9 +282,9 @@ extern "C" __global__ void __launch_bounds__(GTQ_THREADS, 1) gemm_tc_nvfp4(
     const unsigned char* __restrict__ wv,  // [N, K / 2] packed e2m1 (element 2i low nibble)
     const unsigned char* __restrict__ ws,  // [N, K / 16] e4m3 weight_scale
     const float* __restrict__ ws2,         // [1] fp32 weight_scale_2
-    float* __restrict__ y,              // [M, N] f32
+    float* __restrict__ y,                 // [M, N] f32
     int M, int N, int K) {
-  extern __shared__ __align__(16) unsigned char gtq_nvfp4_sh[];   // [2] GtqStage, GtqAcc
+  extern __shared__ __align__(16) unsigned char gtq_nvfp4_sh[];   // [2] GtqStage, GtqAcc (FP8 big tile: 2)
   gtq_body<GEMV_NVFP4, false>(gtq_nvfp4_sh, x, GemvQw{wv, nullptr, ws, ws2, 0, 0}, nullptr, y, M, N, K, 1);
 }
 
@@ -373,9 +293,9 @@ extern "C" __global__ void __launch_bounds__(GTQ_THREADS, 1) gemm_tc_nvfp4_bf16(
     const unsigned char* __restrict__ wv,  // [N, K / 2] packed e2m1 (element 2i low nibble)
     const unsigned char* __restrict__ ws,  // [N, K / 16] e4m3 weight_scale
     const float* __restrict__ ws2,         // [1] fp32 weight_scale_2
-    __nv_bfloat16* __restrict__ y,      // [M, N] bf16 (the fp32 result rounded once)
+    __nv_bfloat16* __restrict__ y,         // [M, N] bf16 (the fp32 result rounded once)
     int M, int N, int K) {
-  extern __shared__ __align__(16) unsigned char gtq_nvfp4_bf16_sh[];   // [2] GtqStage, GtqAcc
+  extern __shared__ __align__(16) unsigned char gtq_nvfp4_bf16_sh[];   // [2] GtqStage, GtqAcc (FP8 big tile: 2)
   gtq_body<GEMV_NVFP4, false>(gtq_nvfp4_bf16_sh, x, GemvQw{wv, nullptr, ws, ws2, 0, 0}, nullptr, y, M, N, K, 1);
 }
 
@@ -383,9 +303,9 @@ extern "C" __global__ void __launch_bounds__(GTQ_THREADS, 1) gemm_tc_fp8(
     const __nv_bfloat16* __restrict__ x,   // [M, K] bf16
     const unsigned char* __restrict__ wv,  // [N, K] e4m3 codes
     const float* __restrict__ ws,          // [ceil(N / bn), ceil(K / bk)] fp32 weight_scale_inv
-    float* __restrict__ y,              // [M, N] f32
+    float* __restrict__ y,                 // [M, N] f32
     int M, int N, int K, int bn, int bk) {
-  extern __shared__ __align__(16) unsigned char gtq_fp8_sh[];   // [2] GtqStage, GtqAcc
+  extern __shared__ __align__(16) unsigned char gtq_fp8_sh[];   // [2] GtqStage, GtqAcc (FP8 big tile: 2)
   gtq_body<GEMV_FP8, false>(gtq_fp8_sh, x, GemvQw{wv, ws, nullptr, nullptr, bn, bk}, nullptr, y, M, N, K, 1);
 }
 
@@ -393,9 +313,9 @@ extern "C" __global__ void __launch_bounds__(GTQ_THREADS, 1) gemm_tc_fp8_bf16(
     const __nv_bfloat16* __restrict__ x,   // [M, K] bf16
     const unsigned char* __restrict__ wv,  // [N, K] e4m3 codes
     const float* __restrict__ ws,          // [ceil(N / bn), ceil(K / bk)] fp32 weight_scale_inv
-    __nv_bfloat16* __restrict__ y,      // [M, N] bf16 (the fp32 result rounded once)
+    __nv_bfloat16* __restrict__ y,         // [M, N] bf16 (the fp32 result rounded once)
     int M, int N, int K, int bn, int bk) {
-  extern __shared__ __align__(16) unsigned char gtq_fp8_bf16_sh[];   // [2] GtqStage, GtqAcc
+  extern __shared__ __align__(16) unsigned char gtq_fp8_bf16_sh[];   // [2] GtqStage, GtqAcc (FP8 big tile: 2)
   gtq_body<GEMV_FP8, false>(gtq_fp8_bf16_sh, x, GemvQw{wv, ws, nullptr, nullptr, bn, bk}, nullptr, y, M, N, K, 1);
 }
 
@@ -407,9 +327,9 @@ extern "C" __global__ void __launch_bounds__(GTQ_THREADS, 1) gemm_tc_grouped_nvf
     const unsigned char* __restrict__ ws,  // [E, N, K / 16] e4m3 weight_scale
     const float* __restrict__ ws2,         // [E] fp32 weight_scale_2
     const int* __restrict__ group,         // [M] int32: expert id of each row (any order)
-    float* __restrict__ y,              // [M, N] f32
+    float* __restrict__ y,                 // [M, N] f32
     int M, int N, int K, int E) {
-  extern __shared__ __align__(16) unsigned char gtq_grouped_nvfp4_sh[];   // [2] GtqStage, GtqAcc
+  extern __shared__ __align__(16) unsigned char gtq_grouped_nvfp4_sh[];   // [2] GtqStage, GtqAcc (FP8 big tile: 2)
   gtq_body<GEMV_NVFP4, true>(gtq_grouped_nvfp4_sh, x, GemvQw{wv, nullptr, ws, ws2, 0, 0}, group, y, M, N, K, E);
 }
 
@@ -419,9 +339,9 @@ extern "C" __global__ void __launch_bounds__(GTQ_THREADS, 1) gemm_tc_grouped_nvf
     const unsigned char* __restrict__ ws,  // [E, N, K / 16] e4m3 weight_scale
     const float* __restrict__ ws2,         // [E] fp32 weight_scale_2
     const int* __restrict__ group,         // [M] int32: expert id of each row (any order)
-    __nv_bfloat16* __restrict__ y,      // [M, N] bf16 (the fp32 result rounded once)
+    __nv_bfloat16* __restrict__ y,         // [M, N] bf16 (the fp32 result rounded once)
     int M, int N, int K, int E) {
-  extern __shared__ __align__(16) unsigned char gtq_grouped_nvfp4_bf16_sh[];   // [2] GtqStage, GtqAcc
+  extern __shared__ __align__(16) unsigned char gtq_grouped_nvfp4_bf16_sh[];   // [2] GtqStage, GtqAcc (FP8 big tile: 2)
   gtq_body<GEMV_NVFP4, true>(gtq_grouped_nvfp4_bf16_sh, x, GemvQw{wv, nullptr, ws, ws2, 0, 0}, group, y, M, N, K, E);
 }
 
@@ -430,9 +350,9 @@ extern "C" __global__ void __launch_bounds__(GTQ_THREADS, 1) gemm_tc_grouped_fp8
     const unsigned char* __restrict__ wv,  // [E, N, K] e4m3 codes
     const float* __restrict__ ws,          // [E, ceil(N / bn), ceil(K / bk)] fp32 weight_scale_inv
     const int* __restrict__ group,         // [M] int32: expert id of each row (any order)
-    float* __restrict__ y,              // [M, N] f32
+    float* __restrict__ y,                 // [M, N] f32
     int M, int N, int K, int E, int bn, int bk) {
-  extern __shared__ __align__(16) unsigned char gtq_grouped_fp8_sh[];   // [2] GtqStage, GtqAcc
+  extern __shared__ __align__(16) unsigned char gtq_grouped_fp8_sh[];   // [2] GtqStage, GtqAcc (FP8 big tile: 2)
   gtq_body<GEMV_FP8, true>(gtq_grouped_fp8_sh, x, GemvQw{wv, ws, nullptr, nullptr, bn, bk}, group, y, M, N, K, E);
 }
 
@@ -441,8 +361,8 @@ extern "C" __global__ void __launch_bounds__(GTQ_THREADS, 1) gemm_tc_grouped_fp8
     const unsigned char* __restrict__ wv,  // [E, N, K] e4m3 codes
     const float* __restrict__ ws,          // [E, ceil(N / bn), ceil(K / bk)] fp32 weight_scale_inv
     const int* __restrict__ group,         // [M] int32: expert id of each row (any order)
-    __nv_bfloat16* __restrict__ y,      // [M, N] bf16 (the fp32 result rounded once)
+    __nv_bfloat16* __restrict__ y,         // [M, N] bf16 (the fp32 result rounded once)
     int M, int N, int K, int E, int bn, int bk) {
-  extern __shared__ __align__(16) unsigned char gtq_grouped_fp8_bf16_sh[];   // [2] GtqStage, GtqAcc
+  extern __shared__ __align__(16) unsigned char gtq_grouped_fp8_bf16_sh[];   // [2] GtqStage, GtqAcc (FP8 big tile: 2)
   gtq_body<GEMV_FP8, true>(gtq_grouped_fp8_bf16_sh, x, GemvQw{wv, ws, nullptr, nullptr, bn, bk}, group, y, M, N, K, E);
 }
