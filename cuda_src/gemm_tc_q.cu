@@ -153,7 +153,8 @@ static __device__ __forceinline__ void gtq_sum(float (*d)[4], float (*sl)[4], Gt
     const int se = max(st, kend / GTQ_SK);
     for (; st < se; ++st) {
       gtq_turn<F, VEC>(sh, s, ns, e, n0, N, st, nst);
-#pragma unroll
+      // FP8: two of a stage's four blocks an iteration (registers: no spills in the stage loops)
+#pragma unroll 2
       for (int b = 0; b < GTQ_SK / KB; ++b) gtq_block<F>(d, sh[st & 1], b, c0, g, t);
     }
     if (GTQ_SK * st == k0) {               // no whole stage ran: this one by blocks
