@@ -10,12 +10,12 @@
 // of rows g of each row tile.  An mma output depends on its own row and column only, so a prompt row's bits are the
 // decode row's whatever rows share its tile.
 //
-// Launch: GTQ_THREADS threads (8 warps), gtq_shared() bytes of dynamic shared memory (ops_gemm_tc_q.shared_bytes);
-// grid (ceil(M / GTQ_M), ceil(N / GTQ_N)): the rows on grid.x.  A block holds a GTQ_M-row (128; -DGTQ_SMALL 64) by
-// 128-column tile: warp w takes columns 16w .. + 16 (one A tile) and all GTQ_M rows (GTQ_RT tiles of 8), so a
-// weight made bf16 serves them all.  The x rows and the packed weights (NVFP4: and their group scales) of GTQ_SK k
-// are staged through shared memory (cp.async, two stages); the finished slices' running sums wait in shared memory
-// (GtqAcc).  Blocks split M and N, never K.  Grouped: the block loops over the distinct experts among its rows in
+// Launch: GTQ_THREADS threads (8 warps), two GtqStage then GtqAcc (FP8 on the big tile: two) of dynamic shared
+// memory (ops_gemm_tc_q.shared_bytes); grid (ceil(M / GTQ_M), ceil(N / GTQ_N)): the rows on grid.x.  A block holds
+// a GTQ_M-row (128; -DGTQ_SMALL 64) by 128-column tile: warp w takes columns 16w .. + 16 (one A tile) and all GTQ_M
+// rows (GTQ_RT tiles of 8), so a weight made bf16 serves them all.  The x rows and the packed weights (NVFP4: and
+// their group scales) of GTQ_SK k are staged through shared memory (gemm_tc_q_stage.cuh); the finished slices'
+// running sums wait in shared memory (GtqAcc).  Blocks split M and N, never K.  Grouped: the block loops over the distinct experts among its rows in
 // ascending order, computes its tile against that expert and stores only the rows of that expert; a row whose id
 // is outside [0, E) reads nothing and gets NaN (the launcher checks the ids, kernels/guards.py).
 #include "common.cuh"
