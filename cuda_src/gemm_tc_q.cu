@@ -15,9 +15,10 @@
 // a GTQ_M-row (128; -DGTQ_SMALL 64) by 128-column tile: warp w takes columns 16w .. + 16 (one A tile) and all GTQ_M
 // rows (GTQ_RT tiles of 8), so a weight made bf16 serves them all.  The x rows and the packed weights (NVFP4: and
 // their group scales) of GTQ_SK k are staged through shared memory (gemm_tc_q_stage.cuh); the finished slices'
-// running sums wait in shared memory (GtqAcc).  Blocks split M and N, never K.  Grouped: the block loops over the distinct experts among its rows in
-// ascending order, computes its tile against that expert and stores only the rows of that expert; a row whose id
-// is outside [0, E) reads nothing and gets NaN (the launcher checks the ids, kernels/guards.py).
+// running sums wait in shared memory (GtqAcc).  Blocks split M and N, never K.  Grouped: the block loops over the
+// distinct experts among its rows in ascending order, computes its tile against that expert and stores only the
+// rows of that expert; a row whose id is outside [0, E) reads nothing and gets NaN (the launcher checks the ids,
+// kernels/guards.py).
 #include "common.cuh"
 #include "mma.cuh"
 #include "gemv_q_tc.cuh"
