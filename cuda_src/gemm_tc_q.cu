@@ -252,15 +252,18 @@ static __device__ __forceinline__ void gtq_rows(unsigned char* sh, const __nv_bf
   for (int h = 0; h < 2; ++h) fp.nb[h] = F == GEMV_FP8 ? min(nw + g + 8 * h, N - 1) / w.bn : 0;
   GtqStage* st = reinterpret_cast<GtqStage*>(sh);
   GtqAcc* acc = reinterpret_cast<GtqAcc*>(sh + 2 * sizeof(GtqStage));   // the running sums; FP8: the slice sums
-  float d[GTQ_RT][4] = {}, sl[GTQ_RT][4];
   for (int e = gtq_next<GROUPED>(group, m0, M, E, -1); e < E; e = gtq_next<GROUPED>(group, m0, M, E, e)) {
     const long long col = (long long)e * N + n0;
     s.w0 = w.v + col * s.rb;
     s.s0 = F == GEMV_NVFP4 ? w.ns + col * (K / 16) : nullptr;
+    float d[GTQ_RT][4], sl[GTQ_RT][4];     // a pass's sums (FP8: sl its slice sums)
     gtq_sum<F, VEC>(d, sl, st, acc, s, fp, w.ns, e, n0, N);
     gtq_out<F, GROUPED>(y, d, group, e, F == GEMV_NVFP4 ? w.s2[e] : 1.0f, m0, nw, M, N, E, g, t);
   }
-  if (GROUPED) gtq_out<F, GROUPED>(y, d, group, -1, 0.0f, m0, nw, M, N, E, g, t);
+  if (GROUPED) {
+    const float nan[GTQ_RT][4] = {};       // unread: every stored value is NaN
+    gtq_out<F, GROUPED>(y, nan, group, -1, 0.0f, m0, nw, M, N, E, g, t);
+  }
 }
 
 // cp.async where x, the packed rows and NVFP4's scale rows allow 16-byte (scales 4-byte) copies (block-uniform),
