@@ -55,9 +55,9 @@ GEMM_TC_GROUPED = Kernel("gemm_tc_grouped_bf16", "gemm_tc.cu", "prompt", "flop",
 
 def gemm_tc_q(fmt: str, grouped: bool = False) -> Kernel:
     """The quantised prompt GEMM on the tensor core (gemm_tc_q.cu, bf16 out), dense or over grouped experts (rows
-    sorted by expert): 128 threads, TILE_M x TILE_N output tiles (ops_gemm_tc_q)."""
+    sorted by expert): 256 threads, TILE_M x TILE_N output tiles staged through shared memory (ops_gemm_tc_q)."""
     return Kernel(f"gemm_tc{'_grouped' if grouped else ''}_{fmt}_bf16", "gemm_tc_q.cu", "prompt", "flop",
-                  ops_gemm_tc_q.THREADS[0], fmt)
+                  ops_gemm_tc_q.THREADS[0], fmt, dyn_shared=ops_gemm_tc_q.SHARED[fmt])
 
 
 def attention_decode(r: int, chunk: int) -> tuple[Kernel, Kernel]:

@@ -1,7 +1,8 @@
 """Contract cases of cuda_src/gemm_tc_q.cu: the prompt-row GEMM on the tensor core for FP8 block-scaled and NVFP4
 weights, dense and grouped, replayed by tc_quant.quant_rows (the quantised decode GEMV's order) per row (grouped:
-per expert), 0 ULPs; at tile edges (M % 64, N % 64), several K slices, K past whole FP8 blocks and rows of packed
-bytes not a multiple of the load (scalar loads) as well as whole 16-byte loads, FP8 blocks of 128 and 32.
+per expert), 0 ULPs; at tile edges (M % 128, N % 128), several K slices, K past whole FP8 blocks and rows of packed
+bytes not a multiple of the load (scalar loads) as well as whole 16-byte loads, FP8 blocks of 128, 32 and 256 (a
+chain over two stages); the "small" cases run the GTQ_SMALL tile an sm_120-sized device picks (Kernels.fitting).
 
 Grouped inputs: ids unsorted over a subset of the experts; the experts no row uses get NaN scales, so reading one
 shows. Planted controls, each a kernel variant, in turn per format (as cases_gemv_q): the next block's scale
@@ -29,7 +30,15 @@ def _out(y: np.ndarray, out: str) -> np.ndarray:
     return bf16(y) if out == "bf16" else y
 
 
-def _dense(label: str, fmt: str, m: int, n: int, k: int, out: str, block=(128, 128)) -> None:
+SM120 = 101_376          # a block's opt-in shared memory on sm_86 / sm_89 / sm_120 (the GTQ_SMALL tile)
+
+
+def _dev(kn, optin: int):
+    """kn, or kn as if on a device whose blocks opt in to `optin` bytes of shared memory."""
+    return kn.with_shared_optin(optin) if optin else kn
+
+
+def _dense(label: str, fmt: str, m: int, n: int, k: int, out: str, block=(128, 128), optin: int = 0) -> None:
     suffix = "" if out == "f32" else "_bf16"
     kernel = f"gemm_tc_{fmt}{suffix}"
     define = _define(kernel, fmt, out == "f32", _USED)
@@ -38,7 +47,7 @@ def _dense(label: str, fmt: str, m: int, n: int, k: int, out: str, block=(128, 1
         return {"x": _x(rng, m, k), "w": qweight(rng, fmt, n, k, block)}
 
     def run(kn, dd):
-        return {"y": ops_gemm_tc_q.gemm_tc_q(kn, dd["x"], dd["w"].to(kn.xp), out=out)}
+        return {"y": ops_gemm_tc_q.gemm_tc_q(_dev(kn, optin), dd["x"], dd["w"].to(kn.xp), out=out)}
 
     def replay(dd):
         return {"y": _out(quant_rows(dd["x"], dd["w"]), out)}
@@ -54,7 +63,7 @@ def _ids(rng, m: int, e: int, used: int) -> np.ndarray:
 
 
 def _grouped(label: str, fmt: str, m: int, e: int, used: int, n: int, k: int, out: str, control: str,
-             block=(128, 128)) -> None:
+             block=(128, 128), optin: int = 0) -> None:
     suffix = "" if out == "f32" else "_bf16"
     kernel = f"gemm_tc_grouped_{fmt}{suffix}"
     define = (_define(kernel, fmt, out == "f32", _USED) if control == "variant"
@@ -67,7 +76,7 @@ def _grouped(label: str, fmt: str, m: int, e: int, used: int, n: int, k: int, ou
 
     def run(kn, dd, group=None):
         g = dd["group"] if group is None else group
-        return {"y": ops_gemm_tc_q.gemm_tc_grouped_q(kn, dd["x"], dd["w"].to(kn.xp), g, out=out)}
+        return {"y": ops_gemm_tc_q.gemm_tc_grouped_q(_dev(kn, optin), dd["x"], dd["w"].to(kn.xp), g, out=out)}
 
     def replay(dd):
         x, w, group = dd["x"], dd["w"], dd["group"]
@@ -107,6 +116,12 @@ for _f, _odd in (("fp8", 1100), ("nvfp4", 1104)):   # K with rows of packed byte
     _grouped("tiny",      _f,  20,   4,   2,  33,  256, "bf16", "route", (32, 32))
     _grouped("mixed",     _f,  48,   5,   4,  40,  256, "f32",  "store-all")  # 2+ experts in every warp
     _grouped("mixed",     _f,  48,   5,   4,  40,  256, "bf16", "store-all")
+    # the GTQ_SMALL tile (64 x 128) on a 99 KB (sm_120) device: three row blocks, two column blocks, three slices
+    _dense("small",       _f, 140, 136, 1536, "f32", optin=SM120)
+    _dense("small",       _f,  70, 130, _odd, "bf16", optin=SM120)
+    _grouped("small",     _f,  90,   5,   3, 140, 1024, "f32",  "variant", optin=SM120)
+
+_dense("bk256", "fp8", 40, 70, 1100, "f32", (128, 256))   # FP8 chains across stages, K's partial stage in one
 
 
 def _cover() -> None:

@@ -14,19 +14,52 @@ from cupyglm.kernels.ops import Kernels, check, i32
 from cupyglm.kernels.ops_gemv_q import tc_block_args, weight_args
 
 SRC = "gemm_tc_q.cu"
-TILE_M = 64        # GTQ_TILE_M: rows a block
-TILE_N = 64        # GTQ_TILE_N: columns a block
-THREADS = (128, 1)
+TILE_M = 128       # GTQ_M: rows a block of the staged tile
+TILE_N = 128       # GTQ_N: columns a block
+SMALL_TILE_M = 64  # -DGTQ_SMALL: the tile of GPUs with less shared memory a block (the same bits)
+SMALL = "GTQ_SMALL"
+THREADS = (256, 1)
+STAGE_K = 128      # GTQ_SK: k a stage
 MAX_GRID = 65535
+MAX_K = 2 ** 23    # the staged tile's 32-bit offsets: TILE_M K bf16 a block's x rows
 OUTS = ("f32", "bf16")
 
 
-def grid(name: str, m: int, n: int) -> tuple[int, int, int]:
-    """(row blocks, column blocks, 1): the rows' 64-row blocks on grid.x (2^31 - 1), N's on y (65,535)."""
+def shared_bytes(tile_m: int, fmt: str = "nvfp4") -> int:
+    """Two stages (x rows as bf16, weight columns at FP8's byte a k, NVFP4's group codes), then the running fp32
+    sums of the block's tile (GtqAcc); FP8 on the big tile: a second GtqAcc, its slice sums (GTQ_VSH)."""
+    sums = 2 if fmt == "fp8" and tile_m == TILE_M else 1
+    return 2 * (tile_m * STAGE_K * 2 + TILE_N * STAGE_K + TILE_N * STAGE_K // 16) + sums * tile_m * TILE_N * 4
+
+
+SHARED = {f: shared_bytes(TILE_M, f) for f in ("fp8", "nvfp4")}   # 226 / 162 KiB: sm_90 / sm_100 (the speed model's)
+SMALL_SHARED = shared_bytes(SMALL_TILE_M)    # 98 KiB: fits sm_80 / sm_86 / sm_89 / sm_120's 99 KB
+
+
+def grid(name: str, m: int, n: int, tile_m: int = TILE_M) -> tuple[int, int, int]:
+    """(row blocks, column blocks, 1): the rows' blocks on grid.x (2^31 - 1), N's on y (65,535)."""
     cols = -(-n // TILE_N)
     if cols > MAX_GRID:
         raise ValueError(f"{name}: N={n} ({cols} column blocks of {TILE_N}) exceeds the grid's 65,535 limit")
-    return -(-m // TILE_M), cols, 1
+    return -(-m // tile_m), cols, 1
+
+
+def tile(k: Kernels, fmt: str) -> tuple[Kernels, int, int]:
+    """(kernels, tile M, shared bytes) of fmt's kernels: the big tile where the device's opt-in limit takes it,
+    else the GTQ_SMALL build of the same file."""
+    kt, i = k.fitting("gemm_tc_q", ((SHARED[fmt], ()), (SMALL_SHARED, (SMALL,))))
+    return (kt, *((TILE_M, SHARED[fmt]), (SMALL_TILE_M, SMALL_SHARED))[i])
+
+
+def _launch(k: Kernels, name: str, fmt: str, m: int, n: int, kk: int, args: tuple) -> None:
+    """One staged-tile launch: THREADS threads, the tile's dynamic shared memory (opted in)."""
+    if kk > MAX_K:
+        raise ValueError(f"{name}: K={kk} exceeds {MAX_K} (the staged tile's 32-bit offsets)")
+    kt, tm, smem = tile(k, fmt)
+    fn = kt.fn(SRC, name)
+    if fn.max_dynamic_shared_size_bytes < smem:
+        fn.max_dynamic_shared_size_bytes = smem
+    kt.launch(SRC, name, grid(name, m, n, tm), THREADS, args, shared_mem=smem)
 
 
 def _out(name: str, out: str) -> str:
@@ -58,7 +91,7 @@ def gemm_tc_q(k: Kernels, x, w: QWeight, out: str = "f32"):
         if kk == 0:
             y[...] = 0                           # an empty sum is +0.0 (bf16 +0.0 is bit pattern 0)
         else:
-            k.launch(SRC, name + suffix, grid(name, m, n), THREADS, (x, *args, y, i32(m), i32(n), i32(kk), *blocks))
+            _launch(k, name + suffix, w.fmt, m, n, kk, (x, *args, y, i32(m), i32(n), i32(kk), *blocks))
     return y
 
 
@@ -80,6 +113,5 @@ def gemm_tc_grouped_q(k: Kernels, x, w: QWeight, group, out: str = "f32"):
     if kk == 0:
         y[...] = 0
     else:
-        k.launch(SRC, name + suffix, grid(name, m, n), THREADS,
-                 (x, *args, group, y, i32(m), i32(n), i32(kk), i32(e), *blocks))
+        _launch(k, name + suffix, w.fmt, m, n, kk, (x, *args, group, y, i32(m), i32(n), i32(kk), i32(e), *blocks))
     return y

@@ -135,6 +135,7 @@ def test_grouped_launcher_refuses_bad_ids(ids, says):
 
 
 def test_grid_puts_rows_on_x_and_refuses_more_column_blocks_than_grid_y_takes():
-    assert ops_gemm_tc_q.grid("gemm_tc_fp8", 65, 65) == (2, 2, 1)
+    assert ops_gemm_tc_q.grid("gemm_tc_fp8", 129, 129) == (2, 2, 1)
+    assert ops_gemm_tc_q.grid("gemm_tc_fp8", 129, 129, ops_gemm_tc_q.SMALL_TILE_M) == (3, 2, 1)
     with pytest.raises(ValueError, match="65,535"):
-        ops_gemm_tc_q.grid("gemm_tc_fp8", 32, 65536 * 64)
+        ops_gemm_tc_q.grid("gemm_tc_fp8", 32, 65536 * 128)

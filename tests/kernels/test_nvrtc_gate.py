@@ -73,7 +73,7 @@ def test_gpu_loader_compiles_cubin_without_a_device(tmp_path, monkeypatch):
 
 
 # the builds a launcher picks on GPUs with less shared memory a block (Kernels.shared_optin)
-TILE_VARIANTS = [("gemm_tc.cu", "GTS_SMALL"), ("attention_tc.cu", "ATC_ONE_TILE")]
+TILE_VARIANTS = [("gemm_tc.cu", "GTS_SMALL"), ("gemm_tc_q.cu", "GTQ_SMALL"), ("attention_tc.cu", "ATC_ONE_TILE")]
 
 
 @pytest.mark.parametrize("arch", nvrtc_gate.GATE_ARCHS)

@@ -1,5 +1,5 @@
 """The tensor-core kernels on a GPU with less shared memory a block (Kernels.shared_optin): an sm_120-sized emulator
-(101,376 B) launches gemm_tc (dense and grouped) and attention_tc within that limit, through their smaller builds,
+(101,376 B) launches gemm_tc and gemm_tc_q (dense and grouped) and attention_tc within that limit, through their smaller builds,
 with the big tiles' bits; the emulator refuses a launch above its limit, as the GPU would; the speed model keeps
 the sm_90 tiles."""
 from __future__ import annotations
@@ -9,7 +9,9 @@ import pytest
 
 from cupyglm.backend.lanes import bf16
 from cupyglm.contract.cases_attention_tc import PAGE, _inputs
-from cupyglm.kernels import ops_attention_tc, ops_gemm_tc
+from cupyglm.backend.qweight import stack
+from cupyglm.contract.cases_gemm_q import qweight
+from cupyglm.kernels import ops_attention_tc, ops_gemm_tc, ops_gemm_tc_q
 from cupyglm.kernels.ops import SHARED_OPTIN, Kernels
 from cupyglm.kernels.sim_errors import SimLaunchError
 
@@ -60,6 +62,21 @@ def test_gemm_tc_fits_sm120_with_the_big_tiles_bits(launches):
     sizes = {(lim, smem) for _, smem, lim in launches}
     assert sizes == {(SM120, ops_gemm_tc.SMALL_SHARED), (232_448, ops_gemm_tc.DENSE_SHARED)}
     assert ops_gemm_tc.SMALL_SHARED <= SM120 < ops_gemm_tc.DENSE_SHARED
+
+
+@pytest.mark.parametrize("fmt", ["fp8", "nvfp4"])
+def test_gemm_tc_q_fits_sm120_with_the_big_tiles_bits(fmt, launches):
+    rng = np.random.default_rng(4)
+    x, w = _bf(rng, (140, 640)), qweight(rng, fmt, 136, 640)
+    we, group = stack([qweight(rng, fmt, 70, 640) for _ in range(3)]), (np.arange(140) % 3).astype(np.int32)
+    big, small = Kernels("sim", np), Kernels("sim", np, shared_optin=SM120)
+    assert np.array_equal(_bits(ops_gemm_tc_q.gemm_tc_q(small, x, w, out="bf16")),
+                          _bits(ops_gemm_tc_q.gemm_tc_q(big, x, w, out="bf16")))
+    assert np.array_equal(_bits(ops_gemm_tc_q.gemm_tc_grouped_q(small, x, we, group)),
+                          _bits(ops_gemm_tc_q.gemm_tc_grouped_q(big, x, we, group)))
+    sizes = {(lim, smem) for _, smem, lim in launches}
+    assert sizes == {(SM120, ops_gemm_tc_q.SMALL_SHARED), (232_448, ops_gemm_tc_q.SHARED[fmt])}
+    assert ops_gemm_tc_q.SMALL_SHARED <= SM120 < ops_gemm_tc_q.SHARED[fmt] <= 232_448
 
 
 @pytest.mark.parametrize("h", [8, 32])

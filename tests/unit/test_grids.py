@@ -53,7 +53,7 @@ CALLS = {
                       lambda m: (-(-m // 128), 1, 2)),
     "gemm_tc_grouped": (lambda k, m: ops_gemm.gemm_grouped(k, _bf((m, 32)), _bf((3, 40, 32)), np.zeros(m, np.int32)),
                         lambda m: (-(-m // 128), 1, 1)),
-    "gemm_tc_nvfp4": (lambda k, m: ops_gemm.gemm(k, _bf((m, 64)), _nvfp4((200, 64))), lambda m: (-(-m // 64), 4, 1)),
+    "gemm_tc_nvfp4": (lambda k, m: ops_gemm.gemm(k, _bf((m, 64)), _nvfp4((300, 64))), lambda m: (-(-m // 128), 3, 1)),
     "hc_post": (lambda k, m: ops_hc.hc_post(k, _bf((m, 4, 300)), _f((m, 300)), _f((m, 4)), _f((m, 4, 4))),
                 lambda m: (m, 2, 1)),
     "stream_mean": (lambda k, m: ops_hc.stream_mean(k, _bf((m, 4, 300))), lambda m: (m, 2, 1)),
