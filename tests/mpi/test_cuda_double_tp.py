@@ -16,7 +16,7 @@ RUN = [sys.executable, str(Path(__file__).resolve().parents[1] / "cupy_double" /
 ARGS = ["--prompt", "def fib(n):", "--max-tokens", "6", "--kv-pages", "32"]
 
 
-def _run(mpirun, layout: list[str], timeout=180):
+def _run(mpirun, layout: list[str], timeout=420):
     from procjob import job_env
 
     env = job_env({"CUPYGLM_CACHE_DIR": os.environ["CUPYGLM_CACHE_DIR"]})
