@@ -148,6 +148,14 @@ class Kernels:
         else:
             f(grid, block, args, shared_mem=shared_mem)
 
+    def launch_opted(self, source: str, name: str, grid, block, args, shared_mem: int) -> None:
+        """launch with `shared_mem` bytes of dynamic shared memory, the kernel's opt-in attribute raised to it first
+        (a launch past 48 KiB needs it)."""
+        f = self.fn(source, name)
+        if f.max_dynamic_shared_size_bytes < shared_mem:
+            f.max_dynamic_shared_size_bytes = shared_mem
+        self.launch(source, name, grid, block, args, shared_mem=shared_mem)
+
 
 def check(kernel: str, param: str, a, shape: tuple | None = None, dtype=None):
     """Refuse a wrong argument before launch, naming the kernel and parameter. Returns a."""

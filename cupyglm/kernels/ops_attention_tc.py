@@ -72,11 +72,7 @@ def attention_tc(k: Kernels, qa, store, tokens, table, seg, page_tokens, counts,
         raise ValueError(f"{KERNEL}: an empty page table {table.shape} for {t} rows")
     out = k.empty((t, h, r), k.bf16) if out is None else check(KERNEL, "out", out, (t, h, r), k.bf16)
     if t and h:
-        smem = shared_bytes(r, tiles)
-        fn = kt.fn(SRC, KERNEL)
-        if fn.max_dynamic_shared_size_bytes < smem:
-            fn.max_dynamic_shared_size_bytes = smem
-        kt.launch(SRC, KERNEL, (-(-t // (TILE * tiles // hb)), groups), (threads,),
-                  (qa, store, tokens, table, seg, counts, out, i32(t), i32(h), i32(r), i32(tokens.shape[1]),
-                   f32(scale), i32(table.shape[1]), i32(pt), i32(hb)), shared_mem=smem)
+        kt.launch_opted(SRC, KERNEL, (-(-t // (TILE * tiles // hb)), groups), (threads,),
+                        (qa, store, tokens, table, seg, counts, out, i32(t), i32(h), i32(r), i32(tokens.shape[1]),
+                         f32(scale), i32(table.shape[1]), i32(pt), i32(hb)), shared_bytes(r, tiles))
     return out

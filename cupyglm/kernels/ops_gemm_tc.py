@@ -56,10 +56,7 @@ def _check_k(name: str, kk: int) -> None:
 def _launch(k: Kernels, name: str, m: int, n: int, h: int, args: tuple) -> None:
     """One staged-tile launch: DENSE_THREADS threads, the tile's dynamic shared memory (opted in)."""
     kt, tm, tn, smem = tile(k)
-    fn = kt.fn(SRC, name)
-    if fn.max_dynamic_shared_size_bytes < smem:
-        fn.max_dynamic_shared_size_bytes = smem
-    kt.launch(SRC, name, grid(m, n, h, tm, tn), DENSE_THREADS, args, shared_mem=smem)
+    kt.launch_opted(SRC, name, grid(m, n, h, tm, tn), DENSE_THREADS, args, smem)
 
 
 def gemm_tc(k: Kernels, x, w, out: str = "f32"):

@@ -56,10 +56,7 @@ def _launch(k: Kernels, name: str, fmt: str, m: int, n: int, kk: int, args: tupl
     if kk > MAX_K:
         raise ValueError(f"{name}: K={kk} exceeds {MAX_K} (the staged tile's 32-bit offsets)")
     kt, tm, smem = tile(k, fmt)
-    fn = kt.fn(SRC, name)
-    if fn.max_dynamic_shared_size_bytes < smem:
-        fn.max_dynamic_shared_size_bytes = smem
-    kt.launch(SRC, name, grid(name, m, n, tm), THREADS, args, shared_mem=smem)
+    kt.launch_opted(SRC, name, grid(name, m, n, tm), THREADS, args, smem)
 
 
 def _out(name: str, out: str) -> str:

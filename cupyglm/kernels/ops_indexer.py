@@ -28,11 +28,7 @@ def _check_i(name: str, i: int) -> None:
 
 
 def _launch(k: Kernels, name: str, blocks: int, warps: int, i: int, args) -> None:
-    smem = shared_bytes(i, warps)
-    fn = k.fn(SRC, name)
-    if fn.max_dynamic_shared_size_bytes < smem:
-        fn.max_dynamic_shared_size_bytes = smem
-    k.launch(SRC, name, (blocks,), (32 * warps,), args, shared_mem=smem)
+    k.launch_opted(SRC, name, (blocks,), (32 * warps,), args, shared_bytes(i, warps))
 
 
 def _arg(k: Kernels, kernel: str, name: str, a, shape=None, dtype=F32):
