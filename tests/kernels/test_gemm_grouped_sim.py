@@ -14,22 +14,16 @@ from cupyglm.backend.numpy_ops import NumpyOps
 from cupyglm.kernels import ops_gemm
 from cupyglm.kernels.ops import Kernels
 
+from bits import bf, bits
+
 K = Kernels("sim", np)
 REF = NumpyOps()
-
-
-def _bf(rng, shape, std=1.0):
-    return bf16(rng.standard_normal(shape).astype(np.float32) * np.float32(std))
-
-
-def _bits(a):
-    return np.ascontiguousarray(a, dtype=np.float32).view(np.uint32)
 
 
 def _case(seed, m, e, n, k, used=None, sort=False):
     rng = np.random.default_rng(seed)
     used = e if used is None else used
-    x, w = _bf(rng, (m, k), 2.0), _bf(rng, (e, n, k), k ** -0.5)
+    x, w = bf(rng, (m, k), 2.0), bf(rng, (e, n, k), k ** -0.5)
     group = rng.integers(0, used, m).astype(np.int32)
     if sort:
         group = np.sort(group)
@@ -50,23 +44,23 @@ def test_equals_numpy_reference(order, m, e, n, k, used, sort):
     y = ops_gemm.gemm_grouped(Kernels("sim", np, order=order), x, w, group)
     want = REF.gemm_grouped(x, w, group)
     assert not np.isnan(want).any()
-    assert np.array_equal(_bits(y), _bits(want))
+    assert np.array_equal(bits(y), bits(want))
 
 
 def test_reference_is_per_row_gemm_and_sort_free():
     x, w, group = _case(1, 40, 5, 24, 130)
     want = np.concatenate([tc_rows(x[i:i + 1], w[group[i]]) for i in range(40)])
     got = REF.gemm_grouped(x, w, group)
-    assert np.array_equal(_bits(got), _bits(want))
+    assert np.array_equal(bits(got), bits(want))
     perm = np.argsort(group, kind="stable")                   # the sorted fast path gives the same rows
-    assert np.array_equal(_bits(REF.gemm_grouped(x[perm], w, group[perm])), _bits(want[perm]))
+    assert np.array_equal(bits(REF.gemm_grouped(x[perm], w, group[perm])), bits(want[perm]))
 
 
 def test_long_k_wrong_order_variant_differs():
     x, w, group = _case(4, 12, 3, 20, 1000)
     y = ops_gemm.gemm_grouped(K, x, w, group)
     bad = ops_gemm.gemm_grouped(K.variant("CONTROL_TC_REVERSED"), x, w, group)
-    assert not np.array_equal(_bits(bad), _bits(y))
+    assert not np.array_equal(bits(bad), bits(y))
 
 
 @settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -74,32 +68,32 @@ def test_long_k_wrong_order_variant_differs():
        seed=st.integers(0, 2**16))
 def test_row_bits_do_not_depend_on_other_rows_or_experts(m, e, where, kk, seed):
     rng = np.random.default_rng(seed)
-    w = _bf(rng, (e, 24, kk), kk ** -0.5)
+    w = bf(rng, (e, 24, kk), kk ** -0.5)
     ex = int(rng.integers(0, e))
-    row = _bf(rng, (1, kk), 2.0)
+    row = bf(rng, (1, kk), 2.0)
     solo = ops_gemm.gemm_grouped(K, row, w, np.array([ex], np.int32))
-    assert np.array_equal(_bits(solo), _bits(tc_rows(row, w[ex])))
-    batch = _bf(rng, (m, kk), 2.0)
+    assert np.array_equal(bits(solo), bits(tc_rows(row, w[ex])))
+    batch = bf(rng, (m, kk), 2.0)
     group = rng.integers(0, e, m).astype(np.int32)
     at = min(int(where * m), m - 1)
     batch[at], group[at] = row[0], ex
     y = ops_gemm.gemm_grouped(K, batch, w, group)
-    assert np.array_equal(_bits(y[at]), _bits(solo[0])), f"row {at} of {m} differs from the row alone"
-    assert np.array_equal(_bits(y), _bits(REF.gemm_grouped(batch, w, group)))
+    assert np.array_equal(bits(y[at]), bits(solo[0])), f"row {at} of {m} differs from the row alone"
+    assert np.array_equal(bits(y), bits(REF.gemm_grouped(batch, w, group)))
 
 
 def test_every_batch_size_and_neighbour_expert():
     """One row at position 0 of 1..24 rows, the others on every other expert: its bits never move."""
     rng = np.random.default_rng(9)
-    w = _bf(rng, (4, 40, 256), 1 / 16)
-    big = _bf(rng, (24, 256), 2.0)
-    want = _bits(tc_rows(big[:1], w[2]))[0]
+    w = bf(rng, (4, 40, 256), 1 / 16)
+    big = bf(rng, (24, 256), 2.0)
+    want = bits(tc_rows(big[:1], w[2]))[0]
     for m in range(1, 25):
         for other in range(4):
             group = np.full(m, other, np.int32)
             group[0] = 2
             y = ops_gemm.gemm_grouped(K, np.ascontiguousarray(big[:m]), w, group)
-            assert np.array_equal(_bits(y[0]), want), f"batch {m}, neighbours on expert {other}"
+            assert np.array_equal(bits(y[0]), want), f"batch {m}, neighbours on expert {other}"
 
 
 def test_wrong_calls_name_the_parameter():

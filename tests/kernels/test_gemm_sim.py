@@ -12,21 +12,15 @@ from cupyglm.backend.tc_order import tc_rows, tc_rows_batched
 from cupyglm.kernels import ops_gemm
 from cupyglm.kernels.ops import Kernels
 
+from bits import bf, bits
+
 K = Kernels("sim", np)
-
-
-def _bf(rng, shape, std=1.0):
-    return bf16(rng.standard_normal(shape).astype(np.float32) * np.float32(std))
-
-
-def _bits(a):
-    return np.ascontiguousarray(a, dtype=np.float32).view(np.uint32)
 
 
 @pytest.fixture(scope="module")
 def weights():
     rng = np.random.default_rng(7)
-    return {kk: _bf(rng, (40, kk), kk ** -0.5) for kk in (100, 256)}
+    return {kk: bf(rng, (40, kk), kk ** -0.5) for kk in (100, 256)}
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -34,53 +28,53 @@ def weights():
 def test_row_bits_do_not_depend_on_batch_size_or_position(weights, m, where, kk, seed):
     rng = np.random.default_rng(seed)
     w = weights[kk]
-    row = _bf(rng, (1, kk), 2.0)
+    row = bf(rng, (1, kk), 2.0)
     solo = ops_gemm.gemm(K, row, w)
-    batch = _bf(rng, (m, kk), 2.0)
+    batch = bf(rng, (m, kk), 2.0)
     at = min(int(where * m), m - 1)
     batch[at] = row[0]
     y = ops_gemm.gemm(K, batch, w)
-    assert np.array_equal(_bits(y[at]), _bits(solo[0])), f"row {at} of {m} differs from the row alone"
-    assert np.array_equal(_bits(y), _bits(tc_rows(batch, w))), "sim differs from tc_rows"
+    assert np.array_equal(bits(y[at]), bits(solo[0])), f"row {at} of {m} differs from the row alone"
+    assert np.array_equal(bits(y), bits(tc_rows(batch, w))), "sim differs from tc_rows"
 
 
 def test_every_batch_size_1_to_64_for_one_row(weights):
     rng = np.random.default_rng(3)
     w = weights[256]
-    big = _bf(rng, (64, 256), 2.0)
-    want = _bits(tc_rows(big[:1], w))[0]
+    big = bf(rng, (64, 256), 2.0)
+    want = bits(tc_rows(big[:1], w))[0]
     for m in range(1, 65):
         y = ops_gemm.gemm(K, np.ascontiguousarray(big[:m]), w)
-        assert np.array_equal(_bits(y[0]), want), f"batch size {m}"
+        assert np.array_equal(bits(y[0]), want), f"batch size {m}"
         if m in (1, 8, 9, 17, 64):
-            assert np.array_equal(_bits(y), _bits(tc_rows(big[:m], w)))
+            assert np.array_equal(bits(y), bits(tc_rows(big[:m], w)))
 
 
 def test_long_k_equals_tc_rows():
     """K long enough that the summation order shows in the bits (K = 1000: two slices and a tail)."""
     rng = np.random.default_rng(11)
-    x, w = _bf(rng, (33, 1000), 3.0), _bf(rng, (17, 1000))
+    x, w = bf(rng, (33, 1000), 3.0), bf(rng, (17, 1000))
     y = ops_gemm.gemm(K, x, w)
-    assert np.array_equal(_bits(y), _bits(tc_rows(x, w)))
+    assert np.array_equal(bits(y), bits(tc_rows(x, w)))
     wrong = ops_gemm.gemm(K.variant("CONTROL_TC_REVERSED"), x, w)     # the planted mutant: a reversed k-chain
-    assert not np.array_equal(_bits(wrong), _bits(y))
+    assert not np.array_equal(bits(wrong), bits(y))
 
 
 def test_heads_equal_gemm_batched_and_per_head_gemm():
     rng = np.random.default_rng(5)
-    x, w = _bf(rng, (3, 9, 70)), _bf(rng, (3, 20, 70))
+    x, w = bf(rng, (3, 9, 70)), bf(rng, (3, 20, 70))
     y = ops_gemm.gemm_heads(K, x, w)
-    assert np.array_equal(_bits(y), _bits(tc_rows_batched(x, w)))
+    assert np.array_equal(bits(y), bits(tc_rows_batched(x, w)))
     for h in range(3):
-        assert np.array_equal(_bits(y[h]), _bits(ops_gemm.gemm(K, x[h], w[h])))
+        assert np.array_equal(bits(y[h]), bits(ops_gemm.gemm(K, x[h], w[h])))
 
 
 @pytest.mark.parametrize("order", ["forward", "reverse", "shuffled"])
 def test_thread_order_changes_no_bit(order):
     rng = np.random.default_rng(2)
-    x, w = _bf(rng, (19, 130)), _bf(rng, (35, 130))
+    x, w = bf(rng, (19, 130)), bf(rng, (35, 130))
     y = ops_gemm.gemm(Kernels("sim", np, order=order), x, w)
-    assert np.array_equal(_bits(y), _bits(tc_rows(x, w)))
+    assert np.array_equal(bits(y), bits(tc_rows(x, w)))
 
 
 def test_wrong_calls_name_the_parameter():
@@ -103,7 +97,7 @@ def test_empty_shapes():
 
 def test_bf16_output_is_the_fp32_sum_rounded_once_in_the_epilogue():
     rng = np.random.default_rng(13)
-    x, w = _bf(rng, (21, 300), 2.0), _bf(rng, (37, 300))
+    x, w = bf(rng, (21, 300), 2.0), bf(rng, (37, 300))
     y = ops_gemm.gemm(K, x, w, out="bf16")
     assert y.dtype == BF16
     assert np.array_equal(y.view(np.uint16), bf16(tc_rows(x, w)).view(np.uint16))

@@ -10,39 +10,32 @@ from cupyglm.backend.lanes import bf16
 from cupyglm.kernels import ops_gemm, ops_gemm_tc
 from cupyglm.kernels.ops import Kernels, i32
 
+from bits import bf, bits
+
 K = Kernels("sim", np)
-
-
-def _bf(rng, shape, std=1.0):
-    return bf16(rng.standard_normal(shape).astype(np.float32) * np.float32(std))
-
-
-def _bits(a):
-    a = np.asarray(a)
-    return a.view(np.uint16) if a.dtype.itemsize == 2 else np.ascontiguousarray(a, dtype=np.float32).view(np.uint32)
 
 
 @pytest.mark.parametrize("out", ["f32", "bf16"])
 @pytest.mark.parametrize("m,e,n,k", [(37, 4, 70, 600), (20, 3, 33, 1100), (5, 6, 9, 100)])
 def test_every_row_equals_its_experts_dense_call_and_the_decode_rows(m, e, n, k, out):
     rng = np.random.default_rng(m + k)
-    x, w = _bf(rng, (m, k)), _bf(rng, (e, n, k), k ** -0.5)
+    x, w = bf(rng, (m, k)), bf(rng, (e, n, k), k ** -0.5)
     group = rng.integers(0, e, m).astype(np.int32)
     y = ops_gemm_tc.gemm_tc_grouped(K, x, w, group, out=out)
     for r in range(m):
-        assert np.array_equal(_bits(y[r]), _bits(ops_gemm_tc.gemm_tc(K, x[r:r + 1], w[group[r]], out=out)[0])), r
-    assert np.array_equal(_bits(y), _bits(ops_gemm.gemm_grouped(K, x, w, group, out=out, decode=m)))
+        assert np.array_equal(bits(y[r]), bits(ops_gemm_tc.gemm_tc(K, x[r:r + 1], w[group[r]], out=out)[0])), r
+    assert np.array_equal(bits(y), bits(ops_gemm.gemm_grouped(K, x, w, group, out=out, decode=m)))
 
 
 def test_row_order_changes_no_bit():
     rng = np.random.default_rng(3)
     m, e, n, k = 48, 5, 40, 300
-    x, w = _bf(rng, (m, k)), _bf(rng, (e, n, k), k ** -0.5)
+    x, w = bf(rng, (m, k)), bf(rng, (e, n, k), k ** -0.5)
     group = rng.integers(0, e, m).astype(np.int32)
     order = np.argsort(group, kind="stable")
     y = ops_gemm_tc.gemm_tc_grouped(K, x, w, group)
     ys = ops_gemm_tc.gemm_tc_grouped(K, np.ascontiguousarray(x[order]), w, np.ascontiguousarray(group[order]))
-    assert np.array_equal(_bits(ys), _bits(y[order]))
+    assert np.array_equal(bits(ys), bits(y[order]))
 
 
 def test_launcher_refuses_ids_out_of_range_and_bad_shapes():
@@ -60,7 +53,7 @@ def test_kernel_gives_a_bad_id_nan_without_reading_out_of_bounds():
     report a read past w) and their rows are NaN; the other rows keep their bits."""
     rng = np.random.default_rng(8)
     m, e, n, k = 6, 2, 10, 64
-    x, w = _bf(rng, (m, k)), _bf(rng, (e, n, k), k ** -0.5)
+    x, w = bf(rng, (m, k)), bf(rng, (e, n, k), k ** -0.5)
     group = np.array([0, -1, 1, 2, 1, 0], np.int32)
     y = np.zeros((m, n), np.float32)
     K.launch("gemm_tc.cu", "gemm_tc_grouped", ops_gemm_tc.grid(m, n), ops_gemm_tc.DENSE_THREADS,
@@ -69,13 +62,13 @@ def test_kernel_gives_a_bad_id_nan_without_reading_out_of_bounds():
     assert np.isnan(y[bad]).all()
     ok = ~bad
     want = ops_gemm_tc.gemm_tc_grouped(K, x[ok], w, group[ok])
-    assert np.array_equal(_bits(y[ok]), _bits(want))
+    assert np.array_equal(bits(y[ok]), bits(want))
 
 
 def test_empty_k_is_zero_and_empty_rows_are_empty():
     x, w = bf16(np.zeros((3, 0), np.float32)), bf16(np.zeros((2, 5, 0), np.float32))
     g = np.array([1, 0, 1], np.int32)
-    assert np.array_equal(_bits(ops_gemm_tc.gemm_tc_grouped(K, x, w, g)), np.zeros((3, 5), np.uint32))
-    assert np.array_equal(_bits(ops_gemm_tc.gemm_tc_grouped(K, x, w, g, out="bf16")), np.zeros((3, 5), np.uint16))
+    assert np.array_equal(bits(ops_gemm_tc.gemm_tc_grouped(K, x, w, g)), np.zeros((3, 5), np.uint32))
+    assert np.array_equal(bits(ops_gemm_tc.gemm_tc_grouped(K, x, w, g, out="bf16")), np.zeros((3, 5), np.uint16))
     x0 = bf16(np.zeros((0, 8), np.float32))
     assert ops_gemm_tc.gemm_tc_grouped(K, x0, bf16(np.ones((2, 4, 8), np.float32)), g[:0]).shape == (0, 4)

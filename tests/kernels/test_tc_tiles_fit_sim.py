@@ -7,7 +7,6 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from cupyglm.backend.lanes import bf16
 from cupyglm.contract.cases_attention_tc import PAGE, _inputs
 from cupyglm.backend.qweight import stack
 from cupyglm.contract.cases_gemm_q import qweight
@@ -15,16 +14,9 @@ from cupyglm.kernels import ops_attention_tc, ops_gemm_tc, ops_gemm_tc_q
 from cupyglm.kernels.ops import SHARED_OPTIN, Kernels
 from cupyglm.kernels.sim_errors import SimLaunchError
 
+from bits import bf, bits
+
 SM120 = SHARED_OPTIN["sm_120"]
-
-
-def _bf(rng, shape, std=1.0):
-    return bf16(rng.standard_normal(shape).astype(np.float32) * np.float32(std))
-
-
-def _bits(a):
-    a = np.ascontiguousarray(a)
-    return a.view(np.uint16) if a.dtype.itemsize == 2 else a.view(np.uint32)
 
 
 @pytest.fixture
@@ -49,16 +41,16 @@ def test_sim_defaults_to_sm90_and_variants_keep_the_limit():
     assert small.variant("X") is small.variant("X")
 
 
-def test_gemm_tc_fits_sm120_with_the_big_tiles_bits(launches):
+def test_gemm_tc_fits_sm120_with_the_big_tilesbits(launches):
     rng = np.random.default_rng(3)
-    x, w = _bf(rng, (140, 1056)), _bf(rng, (270, 1056), 1056 ** -0.5)
-    we, group = _bf(rng, (3, 70, 1056)), (np.arange(140) % 3).astype(np.int32)
+    x, w = bf(rng, (140, 1056)), bf(rng, (270, 1056), 1056 ** -0.5)
+    we, group = bf(rng, (3, 70, 1056)), (np.arange(140) % 3).astype(np.int32)
     big, small = Kernels("sim", np), Kernels("sim", np, shared_optin=SM120)
     for out in ("f32", "bf16"):
-        assert np.array_equal(_bits(ops_gemm_tc.gemm_tc(small, x, w, out=out)),
-                              _bits(ops_gemm_tc.gemm_tc(big, x, w, out=out)))
-        assert np.array_equal(_bits(ops_gemm_tc.gemm_tc_grouped(small, x, we, group, out=out)),
-                              _bits(ops_gemm_tc.gemm_tc_grouped(big, x, we, group, out=out)))
+        assert np.array_equal(bits(ops_gemm_tc.gemm_tc(small, x, w, out=out)),
+                              bits(ops_gemm_tc.gemm_tc(big, x, w, out=out)))
+        assert np.array_equal(bits(ops_gemm_tc.gemm_tc_grouped(small, x, we, group, out=out)),
+                              bits(ops_gemm_tc.gemm_tc_grouped(big, x, we, group, out=out)))
     sizes = {(lim, smem) for _, smem, lim in launches}
     assert sizes == {(SM120, ops_gemm_tc.SMALL_SHARED), (232_448, ops_gemm_tc.DENSE_SHARED)}
     assert ops_gemm_tc.SMALL_SHARED <= SM120 < ops_gemm_tc.DENSE_SHARED
@@ -80,7 +72,7 @@ def test_gemm_tc_q_fits_sm120_with_the_big_tiles_bits(fmt, launches):
 
 
 @pytest.mark.parametrize("h", [8, 32])
-def test_attention_tc_fits_sm120_with_the_big_tiles_bits(h, launches):
+def test_attention_tc_fits_sm120_with_the_big_tilesbits(h, launches):
     d = _inputs(np.random.default_rng(5), h, 512, 240, 2, 1)
     big, small = Kernels("sim", np), Kernels("sim", np, shared_optin=SM120)
 
@@ -88,14 +80,14 @@ def test_attention_tc_fits_sm120_with_the_big_tiles_bits(h, launches):
         return ops_attention_tc.attention_tc(k, d["qa"], d["store"], d["tokens"], d["table"], d["seg"], PAGE,
                                              d["counts"], 512 ** -0.5)
 
-    assert np.array_equal(_bits(run(small)), _bits(run(big)))
+    assert np.array_equal(bits(run(small)), bits(run(big)))
     assert [smem <= lim for _, smem, lim in launches] == [True, True]
     assert launches[0][1] == ops_attention_tc.shared_bytes(512, 1) <= SM120 < ops_attention_tc.shared_bytes(512)
 
 
 def test_the_emulator_refuses_more_than_its_limit():
     rng = np.random.default_rng(1)
-    x, w = _bf(rng, (4, 64)), _bf(rng, (8, 64))
+    x, w = bf(rng, (4, 64)), bf(rng, (8, 64))
     y = np.zeros((4, 8), np.float32)
     k = Kernels("sim", np, shared_optin=SM120)
     k.fn("gemm_tc.cu", "gemm_tc").max_dynamic_shared_size_bytes = ops_gemm_tc.DENSE_SHARED
@@ -108,7 +100,7 @@ def test_no_tile_fits_is_refused_by_name():
     k = Kernels("sim", np, shared_optin=48 * 1024)
     rng = np.random.default_rng(2)
     with pytest.raises(ValueError, match="gemm_tc: the device's 49152 B"):
-        ops_gemm_tc.gemm_tc(k, _bf(rng, (4, 64)), _bf(rng, (8, 64)))
+        ops_gemm_tc.gemm_tc(k, bf(rng, (4, 64)), bf(rng, (8, 64)))
     small = Kernels("sim", np, shared_optin=ops_attention_tc.shared_bytes(512, 1) - 1)
     with pytest.raises(ValueError, match=f"attention_tc at R=512: the device's {small.shared_optin} B"):
         ops_attention_tc.variant(small, 512)
