@@ -59,13 +59,13 @@ def test_gemm_tc_fits_sm120_with_the_big_tilesbits(launches):
 @pytest.mark.parametrize("fmt", ["fp8", "nvfp4"])
 def test_gemm_tc_q_fits_sm120_with_the_big_tiles_bits(fmt, launches):
     rng = np.random.default_rng(4)
-    x, w = _bf(rng, (140, 640)), qweight(rng, fmt, 136, 640)
+    x, w = bf(rng, (140, 640)), qweight(rng, fmt, 136, 640)
     we, group = stack([qweight(rng, fmt, 70, 640) for _ in range(3)]), (np.arange(140) % 3).astype(np.int32)
     big, small = Kernels("sim", np), Kernels("sim", np, shared_optin=SM120)
-    assert np.array_equal(_bits(ops_gemm_tc_q.gemm_tc_q(small, x, w, out="bf16")),
-                          _bits(ops_gemm_tc_q.gemm_tc_q(big, x, w, out="bf16")))
-    assert np.array_equal(_bits(ops_gemm_tc_q.gemm_tc_grouped_q(small, x, we, group)),
-                          _bits(ops_gemm_tc_q.gemm_tc_grouped_q(big, x, we, group)))
+    assert np.array_equal(bits(ops_gemm_tc_q.gemm_tc_q(small, x, w, out="bf16")),
+                          bits(ops_gemm_tc_q.gemm_tc_q(big, x, w, out="bf16")))
+    assert np.array_equal(bits(ops_gemm_tc_q.gemm_tc_grouped_q(small, x, we, group)),
+                          bits(ops_gemm_tc_q.gemm_tc_grouped_q(big, x, we, group)))
     sizes = {(lim, smem) for _, smem, lim in launches}
     assert sizes == {(SM120, ops_gemm_tc_q.SMALL_SHARED), (232_448, ops_gemm_tc_q.SHARED[fmt])}
     assert ops_gemm_tc_q.SMALL_SHARED <= SM120 < ops_gemm_tc_q.SHARED[fmt] <= 232_448
