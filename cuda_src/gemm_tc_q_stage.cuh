@@ -4,6 +4,7 @@
 // row, a group past K / 16) is zero, as the decode GEMV's loads give it.
 #pragma once
 #include "common.cuh"
+#include "cp_async.cuh"
 #include "gemv_q_tc.cuh"
 #include "gemm_tc_stage.cuh"
 
@@ -87,12 +88,7 @@ static __device__ __forceinline__ void gtq_copyw(uint4* dst, const unsigned char
     return;
   }
   const unsigned char* src = row + (valid > 0 ? b : 0);
-#ifdef __CUEMU__
-  *dst = valid > 0 ? *reinterpret_cast<const uint4*>(src) : make_uint4(0u, 0u, 0u, 0u);
-#else
-  const unsigned a = (unsigned)__cvta_generic_to_shared(dst);
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(a), "l"(src), "r"(valid > 0 ? 16 : 0));
-#endif
+  cp_async16(dst, src, valid > 0);
 }
 
 // NVFP4: the 4 group codes from gr of column n's scale row (those past K / 16 zero).  VEC: one 4-byte cp.async
@@ -117,12 +113,7 @@ static __device__ __forceinline__ void gtq_copys(unsigned* dst, const unsigned c
     return;
   }
   const unsigned char* src = row + (gr < gk ? gr : 0);
-#ifdef __CUEMU__
-  *dst = gr < gk ? *reinterpret_cast<const unsigned*>(src) : 0u;
-#else
-  const unsigned a = (unsigned)__cvta_generic_to_shared(dst);
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(a), "l"(src), "r"(gr < gk ? 4 : 0));
-#endif
+  cp_async4(dst, src, gr < gk);
 #endif
 }
 

@@ -19,6 +19,7 @@
 // rule.  x is copied 4 bytes at a time (one word of one row a lane), w 16.
 #pragma once
 #include "common.cuh"
+#include "cp_async.cuh"
 #include "gemv_tc.cuh"
 
 #ifdef GTS_SMALL                       // GPUs with 99 KB of shared memory a block: 64 x 128 (80 KB), the same bits
@@ -64,12 +65,7 @@ static __device__ __forceinline__ void gts_copy(uint4* dst, const __nv_bfloat16*
     *dst = gemv_load8(src, valid, false);
     return;
   }
-#ifdef __CUEMU__
-  *dst = valid > 0 ? *reinterpret_cast<const uint4*>(src) : make_uint4(0u, 0u, 0u, 0u);
-#else
-  const unsigned a = (unsigned)__cvta_generic_to_shared(dst);
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(a), "l"(src), "r"(valid > 0 ? 16 : 0));
-#endif
+  cp_async16(dst, src, valid > 0);
 }
 
 // 4 bytes (k, k + 1 of a row) likewise; valid = the row's elements left from k.
@@ -81,26 +77,13 @@ static __device__ __forceinline__ void gts_copy4(unsigned* dst, const __nv_bfloa
     *dst = lo | hi << 16;
     return;
   }
-#ifdef __CUEMU__
-  *dst = valid > 0 ? *reinterpret_cast<const unsigned*>(src) : 0u;
-#else
-  const unsigned a = (unsigned)__cvta_generic_to_shared(dst);
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(a), "l"(src), "r"(valid > 0 ? 4 : 0));
-#endif
+  cp_async4(dst, src, valid > 0);
 }
 
-static __device__ __forceinline__ void gts_commit() {
-#ifndef __CUEMU__
-  asm volatile("cp.async.commit_group;\n" ::);
-#endif
-}
+static __device__ __forceinline__ void gts_commit() { cp_async_commit(); }
 
 // Every copy but the latest GTS_STAGES - 2 groups of this thread has landed.
-static __device__ __forceinline__ void gts_wait() {
-#ifndef __CUEMU__
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(GTS_STAGES - 2));
-#endif
-}
+static __device__ __forceinline__ void gts_wait() { cp_async_wait<GTS_STAGES - 2>(); }
 
 // What this thread copies: x rows 8 warp + q % 8 + 64 (q / 8) from k = 2 lane (one word of each), w rows r0 + 32 q
 // from k = 8 c (one chunk of each), and where they land (word dx[q % 2] + 64 (q % 8) + 2048 (q / 8) of x: row tile

@@ -8,6 +8,7 @@
 // input, window and taps, gate inputs, v, beta, y, the norm's weight and output); fp32 for the recurrent state S,
 // the decay g and the normalised q, k.
 #include "common.cuh"
+#include "cp_async.cuh"
 #include "exp_f32.cuh"
 #include "kda_out.cuh"
 #include "kda_rows.cuh"
@@ -179,17 +180,10 @@ static __device__ __forceinline__ void kda_stage_qkg(float* st, const float* q, 
     for (int w = 0; w < 3; ++w) {
       const float* src = (w == 0 ? q : w == 1 ? k : g) + at;
       float* dst = st + (t * 3 + w) * C::K + p.c;
-#ifdef __CUEMU__
-      for (int e = 0; e < 4; ++e) dst[e] = ok ? src[e] : 0.0f;
-#else
-      const unsigned a = (unsigned)__cvta_generic_to_shared(dst);
-      asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(a), "l"(src), "r"(ok ? 16 : 0));
-#endif
+      cp_async16(dst, src, ok);
     }
   }
-#ifndef __CUEMU__
-  asm volatile("cp.async.commit_group;\n" ::);
-#endif
+  cp_async_commit();
 }
 
 // v of the block's rows and beta of tokens t0 .. t0 + KDA_CHUNK - 1 into registers (zeros past n or V).
@@ -237,9 +231,7 @@ static __device__ __forceinline__ void kda_rec_staged(const float* S_in, const f
       const int i = threadIdx.x + it * 16 * KDA_REC_GROUPS;
       if (i < S::VB) st[S::QKG + i] = vb[it];
     }
-#ifndef __CUEMU__
-    asm volatile("cp.async.wait_group 0;\n" ::);
-#endif
+    cp_async_wait<0>();
     __syncthreads();   // this stage complete; the other one read by every group (free to refill)
     if (t0 + KDA_CHUNK < n) {
       kda_stage_qkg<J>(stage[((t0 / KDA_CHUNK) & 1) ^ 1], q, k, g, plan, t0 + KDA_CHUNK, n, H);
