@@ -73,8 +73,13 @@ def test_row_logits_do_not_depend_on_the_batch(sim_model, target, others, where)
     check_batch_invariant(sim_model, target, others, where)
 
 
-@pytest.mark.parametrize("splits", [[38], [1] * 38, [3, 33, 2]])
+# single-token calls at the start, around the 16-token chunk edge and across the sparse limit (35)
+ONE_AT_EDGES = [1, 1, 1, 13, 1, 1, 1, 1, 15, 1, 1, 1]
+
+
+@pytest.mark.parametrize("splits", [[38], ONE_AT_EDGES, [3, 33, 2]])
 def test_prefill_equals_decode(sim_model, splits):
-    """38 tokens (sparse from position 35) in one call, one at a time, or split: identical state, KV, logits."""
+    """38 tokens (sparse from position 35) in one call, one at a time at the edges, or split: identical state, KV,
+    logits."""
     check_prefill_equals_decode(sim_model, np.random.default_rng(11).integers(0, 496, sum(splits)).astype(np.int32),
                                 splits)
