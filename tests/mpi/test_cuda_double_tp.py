@@ -1,6 +1,7 @@
 """`mpirun -n 2 cupyglm-generate --backend cuda` through the CuPy double (tests/cupy_double/run.py installs it,
 then runs the CLI's main): the real world start, device choice and NcclComm code, NCCL carried over MPI.
-Output equal to numpy at TP=2; one visible GPU per rank works; two ranks on one GPU are refused by name."""
+Output equal to numpy at TP=2, eager and as graphs with one visible GPU per rank; two ranks on one GPU are
+refused by name."""
 from __future__ import annotations
 
 import os
@@ -46,25 +47,20 @@ def test_tp2_cuda_through_nccl_equals_numpy(mpirun, numpy_out, tmp_path):
     assert all(int(re.search(r"collectives=(\d+)", v)[1]) > 0 for v in lines.values()), lines
 
 
-def test_one_visible_gpu_per_rank(mpirun, numpy_out):
-    """As `srun --gpus-per-task=1`: each rank's CUDA_VISIBLE_DEVICES names its own one GPU (device 0 to it)."""
-    rc, out, err = _run(mpirun, ["-n", "1", "-env", "CUDA_VISIBLE_DEVICES", "0", *_cuda(), ":",
-                                 "-n", "1", "-env", "CUDA_VISIBLE_DEVICES", "1", *_cuda()])
-    assert rc == 0, err
-    assert out == numpy_out
-
-
 def test_two_ranks_on_one_visible_gpu_are_refused(mpirun, tiny_dir):
     rc, out, err = _run(mpirun, ["-n", "2", "-env", "CUDA_VISIBLE_DEVICES", "0", *_cuda()])
     assert rc != 0
     assert "REFUSE devices: rank 0: local ranks [0, 1] all see only the GPU at PCI" in err, err
 
 
-def test_tp2_cuda_graphs_equal_numpy(mpirun, numpy_out, tmp_path):
+def test_tp2_cuda_graphs_one_visible_gpu_per_rank_equal_numpy(mpirun, numpy_out, tmp_path):
     """CUPYGLM_CUDA_GRAPHS=1: decode steps replayed as graphs (every layer whole, the DSA maps padded), their
-    NCCL calls captured too."""
-    rc, out, err = _run(mpirun, ["-genv", "CUPYGLM_CUDA_GRAPHS", "1", "-n", "2", RUN[0], RUN[1], "--counts-dir",
-                                 str(tmp_path), *_cuda()[3:]])
+    NCCL calls captured too; and as `srun --gpus-per-task=1`, each rank's CUDA_VISIBLE_DEVICES names its own one
+    GPU (device 0 to it)."""
+    counted = [RUN[0], RUN[1], "--counts-dir", str(tmp_path), *_cuda()[3:]]
+    rc, out, err = _run(mpirun, ["-genv", "CUPYGLM_CUDA_GRAPHS", "1",
+                                 "-n", "1", "-env", "CUDA_VISIBLE_DEVICES", "0", *counted, ":",
+                                 "-n", "1", "-env", "CUDA_VISIBLE_DEVICES", "1", *counted])
     assert rc == 0, err
     assert out == numpy_out
     lines = {f.name: f.read_text() for f in tmp_path.iterdir()}
