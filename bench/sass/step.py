@@ -72,11 +72,13 @@ def _projections(cfg, tp: int, fmt: str, rows: int):
 
 
 # A layer's projections that one op of the model runs together (kda.py / dsa.py gemm_multi, rmsnorm_gemm_multi,
-# moe.py gemm_and_swiglu): its bf16 decode parts share one launch of the fused GEMV, a quantised part launches alone.
+# moe.py gemm_and_swiglu): its bf16 decode parts share one launch of the fused GEMV, a quantised part launches alone
+# except the shared expert's gate/up beside a bf16 router (gemv_q.cu's gemv_multi_swiglu_{fmt}, the swiglu body).
 _FUSED = ((re.compile(r"self_attn\.(q|k|v|f_a|g_a|b)_proj\.weight$"), "multi"),
           (re.compile(r"self_attn\.(q_a_proj|kv_a_proj_with_mqa|indexer\.wk|indexer\.weights_proj)\.weight$"), "multi"),
           (re.compile(r"self_attn\.(q_b_proj|indexer\.wq_b)\.weight$"), "multi rmsnorm"),
           (re.compile(r"mlp\.(gate|shared_experts\.gate_proj)\.weight$"), "multi swiglu"))
+_BESIDE = re.compile(r"mlp\.shared_experts\.gate_proj\.weight$")   # quantised: shares the router's launch
 _IN_STEP = re.compile(r"self_attn\.(f_b|g_b)_proj\.weight$")       # read inside kda_step (no launch of their own)
 _LAYER = re.compile(r"layers\.(\d+)\.")
 
@@ -84,6 +86,12 @@ _LAYER = re.compile(r"layers\.(\d+)\.")
 def _fused(name: str, f: str) -> str | None:
     """The fused form whose launch a bf16 projection shares, or None."""
     return next((form for pat, form in _FUSED if pat.search(name)), None) if f == "bf16" else None
+
+
+def _op(name: str, f: str) -> str | None:
+    """The fused op whose one launch a projection's decode rows share (bf16 parts, and a quantised shared expert
+    beside the router), or None: launched alone."""
+    return _fused(name, f) or ("multi swiglu" if _BESIDE.search(name) else None)
 
 
 def _decode(cfg, tp: int, fmt: str, rows: int, arch: str):
@@ -110,14 +118,15 @@ def _decode(cfg, tp: int, fmt: str, rows: int, arch: str):
             out += [(label, half), (label, half)]
             continue
         coll = tp > 1 and (name.endswith("o_proj.weight") or name.endswith("mlp.down_proj.weight"))
-        fused = _fused(name, f)
+        fused, shared_op = _fused(name, f), _op(name, f)
         layer = _LAYER.search(name)
-        key = (layer.group(1) if layer else "", fused)
+        key = (layer.group(1) if layer else "", shared_op)
         in_moe = "shared_experts.down_proj" in name and f in (experts_f, "bf16")   # moe_experts' down launch
         out.append((label, calls.gemv(fused or form, f, n, k, rows, st, nw, out_bytes=4 if "lm_head" in name else 2,
                                       arch=arch, collective=coll,
-                                      launched=not in_moe and (fused is None or key not in open_ops))))
-        open_ops.add(key)
+                                      launched=not in_moe and (shared_op is None or key not in open_ops))))
+        if shared_op is not None:
+            open_ops.add(key)
     return out, small
 
 

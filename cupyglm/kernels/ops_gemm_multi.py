@@ -2,7 +2,8 @@
 input row, or of consecutive low-rank factors). The call's leading `decode` rows of every part go to one
 gemv_multi_lane16 launch (each part bit for bit its own gemv), the prompt rows to the tensor-core gemm part by part, as
 ops_gemm does: a row's path is set by its role, never by how many rows share the call. gemm_and_swiglu: one plain
-projection and one SwiGLU pair of the same rows (the MoE router and the shared expert's gate/up) in one launch."""
+projection and one SwiGLU pair of the same rows (the MoE router and the shared expert's gate/up, bf16 or quantised:
+gemv_q.cu's gemv_multi_swiglu_{fmt}) in one launch."""
 from __future__ import annotations
 
 import numpy as np
@@ -81,11 +82,12 @@ def gemm_and_swiglu(k: Kernels, x, w, out, w_gate, w_up, limit, decode: int = 0)
     d = decode_rows("gemm_and_swiglu", decode, m)
     if out not in ("f32", "bf16"):
         raise ValueError(f"gemm_and_swiglu: out must be 'f32' or 'bf16', got {out!r}")
-    plain = any(isinstance(a, QWeight) for a in (w, w_gate, w_up)) or not (d and kk and w.shape[0]
-                                                                          and w_gate.shape[0])
-    if plain:
+    plain = isinstance(w, QWeight) or not (d and kk and w.shape[0] and w_gate.shape[0])
+    if plain or isinstance(w_gate, QWeight) != isinstance(w_up, QWeight):
         return (ops_gemm.gemm(k, x, w, out=out, decode=d),
                 ops_gemm_swiglu.gemm_swiglu(k, x, w_gate, w_up, limit, decode=d))
+    if isinstance(w_gate, QWeight):
+        return _and_swiglu_q(k, x, w, out, w_gate, w_up, limit, d)
     check("gemv_multi_swiglu_lane16", "w", w, (None, kk), k.bf16)
     check("gemv_multi_swiglu_lane16", "w_gate", w_gate, (None, kk), k.bf16)
     check("gemv_multi_swiglu_lane16", "w_up", w_up, tuple(w_gate.shape), k.bf16)
@@ -99,6 +101,19 @@ def gemm_and_swiglu(k: Kernels, x, w, out, w_gate, w_up, limit, decode: int = 0)
     k.launch(SRC, "gemv_multi_swiglu_lane16", (blocks, groups, 1), ops_gemv.THREADS,
              (x, w, ya, i32(na), i32(KIND[out]), w_gate, w_up, ys, i32(ns), i32(m), i32(kk), i32(d),
               *ops_gemm_swiglu._limit(limit)))
+    if d < m:                                               # the prompt rows (tensor-core GEMMs)
+        ya[d:] = ops_gemm.gemm(k, x[d:], w, out=out)
+        ys[d:] = ops_gemm_swiglu.gemm_swiglu(k, x[d:], w_gate, w_up, limit)
+    return ya, ys
+
+
+def _and_swiglu_q(k: Kernels, x, w, out, w_gate, w_up, limit, d: int):
+    """gemm_and_swiglu of a bf16 w and a quantised shared expert: the decode rows in one gemv_q.cu launch."""
+    from cupyglm.kernels import ops_gemm_swiglu, ops_gemv_q
+    m = x.shape[0]
+    ya = k.empty((m, w.shape[0]), np.float32 if out == "f32" else k.bf16)
+    ys = k.empty((m, w_gate.shape[0]), k.bf16)
+    ops_gemv_q.gemv_multi_swiglu(k, x, w, ya, KIND[out], w_gate, w_up, ys, d, ops_gemm_swiglu._limit(limit))
     if d < m:                                               # the prompt rows (tensor-core GEMMs)
         ya[d:] = ops_gemm.gemm(k, x[d:], w, out=out)
         ys[d:] = ops_gemm_swiglu.gemm_swiglu(k, x[d:], w_gate, w_up, limit)
