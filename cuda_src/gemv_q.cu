@@ -10,25 +10,11 @@
 // Launch: block (16, GEMV_OUTS); dense grid (ceil(N / GEMV_OUTS), ceil(rows / GEMV_ROWS)) for the call's leading
 // `rows` decode/verify rows (the dense SwiGLU's: ceil(N / GEMV_Q_PAIR_OUTS) column blocks); grouped grid
 // (ceil(N / GEMV_OUTS), M), one block per run of equal expert ids as in gemv.cu (an id outside [0, E) reads
-// nothing, gets NaN and is counted into the guard slot `slot` of `flags`).  gemv_multi_swiglu_{fp8,nvfp4}: a bf16
-// part (gemv_multi.cu's) in blocks [0, ceil(n_a / GEMV_OUTS)) beside the dense SwiGLU's pair blocks, one launch.
+// nothing, gets NaN and is counted into the guard slot `slot` of `flags`).  Several parts in one launch:
+// gemv_q_multi.cu.
 #include "common.cuh"
 #include "gemv_q_block.cuh"
-#include "gemv_part.cuh"
 #include "swiglu.cuh"
-
-#define GEMV_Q_PAIR_OUTS 8                   // output columns of a dense SwiGLU block (ops_gemv_q.PAIR_OUTS)
-
-static __device__ __forceinline__ GemvQw gemv_qw_fp8(const unsigned char* v, const float* s, int bn, int bk) {
-  GemvQw w = {v, s, nullptr, nullptr, bn, bk};
-  return w;
-}
-
-static __device__ __forceinline__ GemvQw gemv_qw_nvfp4(const unsigned char* v, const unsigned char* s,
-                                                      const float* s2) {
-  GemvQw w = {v, nullptr, s, s2, 1, 16};
-  return w;
-}
 
 template <int F, typename Out>
 static __device__ __forceinline__ void gemv_q_body(const __nv_bfloat16* __restrict__ x, const GemvQw& wq,
@@ -76,31 +62,6 @@ static __device__ __forceinline__ float gemv_q_swiglu_out(const GemvQSrc<2>& src
                                                           float limit) {
   return swiglu_f32(bf16_round(gemv_q_out<2, F>(src, v, 0)), bf16_round(gemv_q_out<2, F>(src, v, 1)), has_limit,
                     limit);
-}
-
-// The dense SwiGLU's pair block bx of GEMV_Q_PAIR_OUTS columns (twice the blocks of a 16-column grid): each lane's
-// two A halves are the gate's and the up's column, so one chain serves both; the up sums reach the gate's thread
-// through shared memory.
-template <int F>
-static __device__ __forceinline__ void gemv_q_swiglu_body(GemvTcShared<1>& sh, int bx,
-                                                          const __nv_bfloat16* __restrict__ x, const GemvQw& wg,
-                                                          const GemvQw& wu, __nv_bfloat16* __restrict__ y, int N,
-                                                          int K, int rows, int has_limit, float limit) {
-  const int n0 = bx * GEMV_Q_PAIR_OUTS, m0 = blockIdx.y * GEMV_ROWS;
-  const GemvQw w[1] = {wg};
-  GemvQSrc<1> src;
-  gemv_q_src<1, F>(src, w, 0, n0, min(GEMV_Q_PAIR_OUTS, N - n0), N, K, x);
-  gemv_q_pair<F>(src, wu);
-  src.x = x + (long long)m0 * K;
-  src.nrows = min(GEMV_ROWS, rows - m0);
-  float v[1];
-  gemv_q_rows<1, F>(sh, src, v);             // ends on a barrier: part is free
-  const int lane = threadIdx.x, o = threadIdx.y, n = n0 + o;
-  sh.part[0][0][lane][o] = gemv_q_pair_out<F>(src, v[0], o);
-  __syncthreads();
-  if (o < GEMV_Q_PAIR_OUTS && n < N && lane < src.nrows)
-    y[(long long)(m0 + lane) * N + n] = to_bf16(swiglu_f32(bf16_round(sh.part[0][0][lane][o]),
-                                                           bf16_round(sh.part[0][0][lane][o + 8]), has_limit, limit));
 }
 
 template <int F>
@@ -277,57 +238,4 @@ extern "C" __global__ void __launch_bounds__(256, 2) gemv_grouped_swiglu_nvfp4_l
     int slot) {                             // the slot of "group holds expert ids outside [0, E)", or -1
   gemv_q_grouped_swiglu_body<GEMV_NVFP4>(x, gemv_qw_nvfp4(wgv, wgs, wgs2), gemv_qw_nvfp4(wuv, wus, wus2), group,
                                          y, M, N, K, E, has_limit, limit, flags, slot);
-}
-
-// gemv_multi.cu's gemv_multi_swiglu_lane16 with a quantised SwiGLU: the MoE's bf16 router (gemv_part.cuh, kind_a)
-// and its quantised shared expert's gate/up (gemv_q_swiglu_body) of the same rows x in one launch, each block
-// exactly its own launch's.  Grid (ceil(n_a / GEMV_OUTS) + ceil(n_s / GEMV_Q_PAIR_OUTS), ceil(rows / GEMV_ROWS)).
-template <int F>
-static __device__ __forceinline__ void gemv_q_multi_swiglu_body(const __nv_bfloat16* __restrict__ x,
-                                                                const __nv_bfloat16* __restrict__ wa, void* ya,
-                                                                int n_a, int kind_a, const GemvQw& wg,
-                                                                const GemvQw& wu, __nv_bfloat16* __restrict__ ys,
-                                                                int n_s, int K, int rows, int has_limit, float limit) {
-  __shared__ __align__(16) GemvTcShared<1> sh;
-  const int nba = (n_a + GEMV_OUTS - 1) / GEMV_OUTS;
-  if ((int)blockIdx.x < nba) {               // uniform over the block
-    const GemvPart p = {x, wa, ya, n_a, K, kind_a};
-    gemv_multi_one(sh, p, blockIdx.x, blockIdx.y, rows);
-    return;
-  }
-  gemv_q_swiglu_body<F>(sh, blockIdx.x - nba, x, wg, wu, ys, n_s, K, rows, has_limit, limit);
-}
-
-extern "C" __global__ void __launch_bounds__(256, 2) gemv_multi_swiglu_fp8_lane16(
-    const __nv_bfloat16* __restrict__ x,    // [M, K] bf16
-    const __nv_bfloat16* __restrict__ wa,   // [n_a, K] bf16 (the router)
-    void* __restrict__ ya,                  // [M, n_a] fp32 (kind_a 0) or bf16 (1, 2): rows [0, rows)
-    int n_a, int kind_a,
-    const unsigned char* __restrict__ wgv,  // gate [n_s, K] e4m3 codes
-    const float* __restrict__ wgs,          // gate [ceil(n_s / bn), ceil(K / bk)] fp32 weight_scale_inv
-    const unsigned char* __restrict__ wuv,  // up [n_s, K] e4m3 codes
-    const float* __restrict__ wus,          // up [ceil(n_s / bn), ceil(K / bk)] fp32 weight_scale_inv
-    __nv_bfloat16* __restrict__ ys,         // [M, n_s] bf16: rows [0, rows)
-    int n_s, int M, int K, int bn, int bk, int rows, int has_limit, float limit) {
-  gemv_q_multi_swiglu_body<GEMV_FP8>(x, wa, ya, n_a, kind_a, gemv_qw_fp8(wgv, wgs, bn, bk),
-                                     gemv_qw_fp8(wuv, wus, bn, bk), ys, n_s, K, rows, has_limit, limit);
-  (void)M;
-}
-
-extern "C" __global__ void __launch_bounds__(256, 2) gemv_multi_swiglu_nvfp4_lane16(
-    const __nv_bfloat16* __restrict__ x,    // [M, K] bf16
-    const __nv_bfloat16* __restrict__ wa,   // [n_a, K] bf16 (the router)
-    void* __restrict__ ya,                  // [M, n_a] fp32 (kind_a 0) or bf16 (1, 2): rows [0, rows)
-    int n_a, int kind_a,
-    const unsigned char* __restrict__ wgv,  // gate [n_s, K / 2] packed e2m1 (element 2i low nibble)
-    const unsigned char* __restrict__ wgs,  // gate [n_s, K / 16] e4m3 weight_scale
-    const float* __restrict__ wgs2,         // gate [1] fp32 weight_scale_2
-    const unsigned char* __restrict__ wuv,  // up [n_s, K / 2] packed e2m1 (element 2i low nibble)
-    const unsigned char* __restrict__ wus,  // up [n_s, K / 16] e4m3 weight_scale
-    const float* __restrict__ wus2,         // up [1] fp32 weight_scale_2
-    __nv_bfloat16* __restrict__ ys,         // [M, n_s] bf16: rows [0, rows)
-    int n_s, int M, int K, int rows, int has_limit, float limit) {
-  gemv_q_multi_swiglu_body<GEMV_NVFP4>(x, wa, ya, n_a, kind_a, gemv_qw_nvfp4(wgv, wgs, wgs2),
-                                       gemv_qw_nvfp4(wuv, wus, wus2), ys, n_s, K, rows, has_limit, limit);
-  (void)M;
 }

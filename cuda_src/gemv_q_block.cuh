@@ -3,6 +3,9 @@
 // (NVFP4's tensor scale once per output).
 #pragma once
 #include "gemv_q_tc.cuh"
+#include "swiglu.cuh"
+
+#define GEMV_Q_PAIR_OUTS 8                   // output columns of a dense SwiGLU block (ops_gemv_q.PAIR_OUTS)
 
 // One warp's slice [k0, k1): acc[i][j] the D fragments (weight i, row tile j), FP8's scaled.  Warp-uniform bounds.
 template <int NW, int NT, int F, typename XR>
@@ -153,4 +156,40 @@ static __device__ __forceinline__ void gemv_q_group(GemvTcShared<1>& sh, GemvQSr
   gemv_q_rows<1, F>(sh, src, v);
   const int lane = threadIdx.x, n = blockIdx.x * GEMV_OUTS + threadIdx.y;
   if (n < N && lane < nrows) gemv_q_store(y, (long long)(m0 + lane) * N + n, valid ? gemv_q_out<1, F>(src, v, 0) : NAN);
+}
+
+static __device__ __forceinline__ GemvQw gemv_qw_fp8(const unsigned char* v, const float* s, int bn, int bk) {
+  GemvQw w = {v, s, nullptr, nullptr, bn, bk};
+  return w;
+}
+
+static __device__ __forceinline__ GemvQw gemv_qw_nvfp4(const unsigned char* v, const unsigned char* s,
+                                                      const float* s2) {
+  GemvQw w = {v, nullptr, s, s2, 1, 16};
+  return w;
+}
+
+// The dense SwiGLU's pair block bx of GEMV_Q_PAIR_OUTS columns (twice the blocks of a 16-column grid): each lane's
+// two A halves are the gate's and the up's column, so one chain serves both; the up sums reach the gate's thread
+// through shared memory.
+template <int F>
+static __device__ __forceinline__ void gemv_q_swiglu_body(GemvTcShared<1>& sh, int bx,
+                                                          const __nv_bfloat16* __restrict__ x, const GemvQw& wg,
+                                                          const GemvQw& wu, __nv_bfloat16* __restrict__ y, int N,
+                                                          int K, int rows, int has_limit, float limit) {
+  const int n0 = bx * GEMV_Q_PAIR_OUTS, m0 = blockIdx.y * GEMV_ROWS;
+  const GemvQw w[1] = {wg};
+  GemvQSrc<1> src;
+  gemv_q_src<1, F>(src, w, 0, n0, min(GEMV_Q_PAIR_OUTS, N - n0), N, K, x);
+  gemv_q_pair<F>(src, wu);
+  src.x = x + (long long)m0 * K;
+  src.nrows = min(GEMV_ROWS, rows - m0);
+  float v[1];
+  gemv_q_rows<1, F>(sh, src, v);             // ends on a barrier: part is free
+  const int lane = threadIdx.x, o = threadIdx.y, n = n0 + o;
+  sh.part[0][0][lane][o] = gemv_q_pair_out<F>(src, v[0], o);
+  __syncthreads();
+  if (o < GEMV_Q_PAIR_OUTS && n < N && lane < src.nrows)
+    y[(long long)(m0 + lane) * N + n] = to_bf16(swiglu_f32(bf16_round(sh.part[0][0][lane][o]),
+                                                           bf16_round(sh.part[0][0][lane][o + 8]), has_limit, limit));
 }

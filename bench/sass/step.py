@@ -72,13 +72,14 @@ def _projections(cfg, tp: int, fmt: str, rows: int):
 
 
 # A layer's projections that one op of the model runs together (kda.py / dsa.py gemm_multi, rmsnorm_gemm_multi,
-# moe.py gemm_and_swiglu): its bf16 decode parts share one launch of the fused GEMV, a quantised part launches alone
-# except the shared expert's gate/up beside a bf16 router (gemv_q.cu's gemv_multi_swiglu_{fmt}, the swiglu body).
+# moe.py gemm_and_swiglu): its bf16 decode parts share one launch of the fused GEMV; so do the quantised parts of
+# _Q_SHARED (gemv_q_multi.cu, each priced as its own body), a quantised part of any other op launches alone.
 _FUSED = ((re.compile(r"self_attn\.(q|k|v|f_a|g_a|b)_proj\.weight$"), "multi"),
           (re.compile(r"self_attn\.(q_a_proj|kv_a_proj_with_mqa|indexer\.wk|indexer\.weights_proj)\.weight$"), "multi"),
           (re.compile(r"self_attn\.(q_b_proj|indexer\.wq_b)\.weight$"), "multi rmsnorm"),
           (re.compile(r"mlp\.(gate|shared_experts\.gate_proj)\.weight$"), "multi swiglu"))
-_BESIDE = re.compile(r"mlp\.shared_experts\.gate_proj\.weight$")   # quantised: shares the router's launch
+_Q_SHARED = ((re.compile(r"mlp\.shared_experts\.gate_proj\.weight$"), "multi swiglu"),
+             (re.compile(r"self_attn\.(q_a_proj|kv_a_proj_with_mqa|indexer\.wk)\.weight$"), "multi"))
 _IN_STEP = re.compile(r"self_attn\.(f_b|g_b)_proj\.weight$")       # read inside kda_step (no launch of their own)
 _LAYER = re.compile(r"layers\.(\d+)\.")
 
@@ -89,9 +90,8 @@ def _fused(name: str, f: str) -> str | None:
 
 
 def _op(name: str, f: str) -> str | None:
-    """The fused op whose one launch a projection's decode rows share (bf16 parts, and a quantised shared expert
-    beside the router), or None: launched alone."""
-    return _fused(name, f) or ("multi swiglu" if _BESIDE.search(name) else None)
+    """The fused op whose one launch a projection's decode rows share, or None: launched alone."""
+    return _fused(name, f) or next((form for pat, form in _Q_SHARED if pat.search(name)), None)
 
 
 def _decode(cfg, tp: int, fmt: str, rows: int, arch: str):

@@ -1,8 +1,7 @@
 """Contract cases of cuda_src/gemv_q.cu: the decode/verify rows (the leading `decode` rows) of ops gemm,
-gemm_grouped, gemm_swiglu, gemm_grouped_swiglu and gemm_and_swiglu (a bf16 part beside the SwiGLU) with FP8
-block-scaled and NVFP4 weights, replayed by the NumPy reference (decode rows: backend/tc_quant.py's tensor-core
-order over exact bf16 weights), 0 ULPs; mixed calls also run the tensor-core gemm_tc_q.cu kernels for their prompt
-rows, so one output checks both.
+gemm_grouped, gemm_swiglu and gemm_grouped_swiglu with FP8 block-scaled and NVFP4 weights, replayed by the NumPy
+reference (decode rows: backend/tc_quant.py's tensor-core order over exact bf16 weights), 0 ULPs; mixed calls
+also run the tensor-core gemm_tc_q.cu kernels for their prompt rows, so one output checks both.
 
 Inputs as cases_gemm_q: real quantised weights whose block and group scales differ, N and K past whole FP8
 blocks, K not a multiple of 16 bytes of packed values (scalar loads) as well as 16-byte loads, several stages.
@@ -22,7 +21,7 @@ from cupyglm.contract.cases_gemm_q import qweight
 from cupyglm.contract.cases_gemv import prompt_kernel
 from cupyglm.backend.qweight import stack
 from cupyglm.contract.registry import Case, case
-from cupyglm.kernels import ops_gemm, ops_gemm_multi, ops_gemm_swiglu, ops_gemv_q
+from cupyglm.kernels import ops_gemm, ops_gemm_swiglu, ops_gemv_q
 
 REF = NumpyOps()
 _TC = ("CONTROL_TC_TRANSPOSED", "CONTROL_TC_REVERSED", "CONTROL_TC_IEEE")
@@ -172,30 +171,6 @@ def _swiglu(label: str, fmt: str, m: int, d: int, e: int, used: int, n: int, k: 
               _kernels(kernel, d, m, prompt_kernel(kernel)), make, run, replay, ctl))
 
 
-def _and_swiglu(label: str, fmt: str, m: int, d: int, na: int, ns: int, k: int, out: str, limit) -> None:
-    """gemm_and_swiglu of a bf16 router-like part and a quantised shared expert: one gemv_multi_swiglu_{fmt}
-    launch for the decode rows, each part against its own reference."""
-    kernel = f"gemv_multi_swiglu_{fmt}_lane16"
-    define = _define(kernel, fmt, out == "f32")
-
-    def make(rng):
-        return {"x": _x(rng, m, k, 3.0), "w": _x(rng, na, k, k ** -0.5), "g": qweight(rng, fmt, ns, k),
-                "u": qweight(rng, fmt, ns, k)}
-
-    def run(kn, dd):
-        ya, ys = ops_gemm_multi.gemm_and_swiglu(kn, dd["x"], dd["w"], out, dd["g"].to(kn.xp), dd["u"].to(kn.xp),
-                                                limit, decode=d)
-        return {"y": ya, "act": ys}
-
-    def replay(dd):
-        ya, ys = REF.gemm_and_swiglu(dd["x"], dd["w"], out, dd["g"], dd["u"], limit, decode=d)
-        return {"y": ya, "act": ys}
-
-    prompt = ("gemm_tc" if out == "f32" else "gemm_tc_bf16", f"gemm_tc_{fmt}_bf16", "swiglu")
-    case(Case(f"gemv_multi_swiglu_{fmt}[{label},{_tag(define)}]", (kernel,) + (prompt if d < m else ()), make,
-              run, replay, lambda kn, dd: run(kn.variant(define), dd)))
-
-
 def _flags(fmt: str, m: int, e: int, n: int, k: int, bad: int) -> None:
     """The grouped quantised gemv counting ids outside [0, E) into its guard slot itself (the last `bad` rows,
     sorted last as moe_sort puts them): their rows are NaN, flags = [bad, ~first bad row]. Control: slot -1."""
@@ -249,11 +224,6 @@ for _f, _odd in (("fp8", 1100), ("nvfp4", 1104)):   # K with rows of packed byte
     _swiglu("verify",      _f,  64,  64,   8,   3, 144, 256,  None, "variant")      # runs longer than 16 rows
     _swiglu("mixed",       _f,  40,  16,   8,   6,  40, 256,  2.0, "route")
     _flags(_f, 40, 3, 17, 256, 20)                              # bad runs longer than 16 rows
-    #             label       fmt   M   d  N_a  N_s    K    out    limit
-    _and_swiglu("decode",     _f,   1,  1,  64,  48, 512, "f32",  2.0)   # router of 64 experts + shared expert
-    _and_swiglu("verify",     _f,  16, 16,  24,  40, 608, "f32",  None)  # a pair block of 8 columns, 3 stages
-    _and_swiglu("rows17",     _f,  17, 17,  17,  20, 256, "bf16", 2.0)   # two row groups, partial blocks
-    _and_swiglu("mixed",      _f,  12,  3,  16,  24, 256, "f32",  2.0)   # 3 decode + 9 prompt rows
 
 
 def _cover() -> None:
@@ -261,14 +231,12 @@ def _cover() -> None:
     and two FP8 blocks each way) for each the table leaves out."""
     for kernel, used in list(_USED.items()):
         fmt = "fp8" if "_fp8_" in kernel else "nvfp4"
-        f32_out = not kernel.endswith("_bf16") and ("swiglu" not in kernel or "multi" in kernel)
+        f32_out = not kernel.endswith("_bf16") and "swiglu" not in kernel
         for define in _pool(fmt, f32_out):
             if define in used:
                 continue
             out = "f32" if f32_out else "bf16"
-            if kernel.startswith("gemv_multi_swiglu"):
-                _and_swiglu("cover", fmt, 2, 2, 24, 144, 768, "f32", 2.0)
-            elif kernel.startswith("gemv_grouped_swiglu"):
+            if kernel.startswith("gemv_grouped_swiglu"):
                 _swiglu("cover", fmt, 8, 8, 4, 3, 144, 768, 2.0, "variant")
             elif kernel.startswith("gemv_swiglu"):
                 _swiglu("cover", fmt, 2, 2, 0, 0, 144, 768, 2.0, "variant")

@@ -3,7 +3,7 @@ input row, or of consecutive low-rank factors). The call's leading `decode` rows
 gemv_multi_lane16 launch (each part bit for bit its own gemv), the prompt rows to the tensor-core gemm part by part, as
 ops_gemm does: a row's path is set by its role, never by how many rows share the call. gemm_and_swiglu: one plain
 projection and one SwiGLU pair of the same rows (the MoE router and the shared expert's gate/up, bf16 or quantised:
-gemv_q.cu's gemv_multi_swiglu_{fmt}) in one launch."""
+gemv_q_multi.cu) in one launch; a call with quantised parts runs its decode rows in one gemv_q_multi.cu launch."""
 from __future__ import annotations
 
 import numpy as np
@@ -11,7 +11,7 @@ import numpy as np
 from cupyglm.backend.numpy_gemm import MULTI_OUTS, MULTI_PARTS, multi_parts
 from cupyglm.backend.qweight import QWeight
 from cupyglm.backend.roles import decode_rows
-from cupyglm.kernels import guards, ops_gemm, ops_gemv, ops_moe
+from cupyglm.kernels import guards, ops_gemm, ops_gemv, ops_gemv_q_multi, ops_moe
 from cupyglm.kernels.ops import Kernels, check, i32, op
 
 SRC = "gemv_multi.cu"
@@ -46,6 +46,14 @@ def gemv_multi(k: Kernels, xs, ws, ys, kinds, rows: int) -> None:
     k.launch(SRC, "gemv_multi_lane16", (blocks, groups, 1), ops_gemv.THREADS, (*args, i32(m), i32(rows)))
 
 
+def _one_q_launch(ws, quant, plain) -> bool:
+    """Can the quantised parts and the bf16 parts go in one gemv_multi_{fmt} launch (one format and block, 2-d,
+    at most PARTS of each)?"""
+    first = ws[quant[0]]
+    return (len(quant) <= ops_gemv_q_multi.PARTS and len(plain) <= ops_gemv_q_multi.PARTS
+            and all(ws[p].ndim == 2 and ws[p].fmt == first.fmt and ws[p].block == first.block for p in quant))
+
+
 @op("gemm_multi")
 def gemm_multi(k: Kernels, xs, ws, outs, decode: int = 0):
     """Part p: gemm(xs[p], ws[p], outs[p]) (outs "sigmoid_bf16": bf16(sigmoid(fp32 sum))); the decode rows of
@@ -54,18 +62,26 @@ def gemm_multi(k: Kernels, xs, ws, outs, decode: int = 0):
     xs = tuple(k.xp.ascontiguousarray(x) for x in xs)
     m = xs[0].shape[0]
     d = decode_rows("gemm_multi", decode, m)
-    whole = [p for p, (x, w) in enumerate(zip(xs, ws))
-             if isinstance(w, QWeight) or x.shape[1] == 0 or w.shape[0] == 0]
-    if not d or len(whole) == len(xs):
+    apart = [p for p, (x, w) in enumerate(zip(xs, ws)) if x.shape[1] == 0 or w.shape[0] == 0]
+    quant = [p for p, w in enumerate(ws) if isinstance(w, QWeight) and p not in apart]
+    plain = [p for p in range(len(xs)) if p not in apart and p not in quant]
+    if quant and not _one_q_launch(ws, quant, plain):
+        apart = apart + quant                                # each quantised part its own launch
+        quant = []
+    if not d or len(apart) == len(xs):
         return tuple(_separate(k, x, w, o, d) for x, w, o in zip(xs, ws, outs))
     ys = [None] * len(xs)
-    for p in whole:
+    for p in apart:
         ys[p] = _separate(k, xs[p], ws[p], outs[p], d)
-    fused = [p for p in range(len(xs)) if p not in whole]
+    fused = quant + plain
     for p in fused:
         ys[p] = k.empty((m, ws[p].shape[0]), np.float32 if outs[p] == "f32" else k.bf16)
-    gemv_multi(k, [xs[p] for p in fused], [ws[p] for p in fused], [ys[p] for p in fused],
-               [KIND[outs[p]] for p in fused], d)
+    if quant:
+        ops_gemv_q_multi.gemv_multi(k, [(xs[p], ws[p], ys[p], KIND[outs[p]]) for p in quant],
+                                    [(xs[p], ws[p], ys[p], KIND[outs[p]]) for p in plain], d)
+    else:
+        gemv_multi(k, [xs[p] for p in fused], [ws[p] for p in fused], [ys[p] for p in fused],
+                   [KIND[outs[p]] for p in fused], d)
     if d < m:                                               # the prompt rows, part by part (tensor-core gemm)
         for p in fused:
             ys[p][d:] = _separate(k, xs[p][d:], ws[p], outs[p], 0)
@@ -108,12 +124,12 @@ def gemm_and_swiglu(k: Kernels, x, w, out, w_gate, w_up, limit, decode: int = 0)
 
 
 def _and_swiglu_q(k: Kernels, x, w, out, w_gate, w_up, limit, d: int):
-    """gemm_and_swiglu of a bf16 w and a quantised shared expert: the decode rows in one gemv_q.cu launch."""
-    from cupyglm.kernels import ops_gemm_swiglu, ops_gemv_q
+    """gemm_and_swiglu of a bf16 w and a quantised shared expert: the decode rows in one gemv_q_multi.cu launch."""
+    from cupyglm.kernels import ops_gemm_swiglu
     m = x.shape[0]
     ya = k.empty((m, w.shape[0]), np.float32 if out == "f32" else k.bf16)
     ys = k.empty((m, w_gate.shape[0]), k.bf16)
-    ops_gemv_q.gemv_multi_swiglu(k, x, w, ya, KIND[out], w_gate, w_up, ys, d, ops_gemm_swiglu._limit(limit))
+    ops_gemv_q_multi.gemv_multi_swiglu(k, x, w, ya, KIND[out], w_gate, w_up, ys, d, ops_gemm_swiglu._limit(limit))
     if d < m:                                               # the prompt rows (tensor-core GEMMs)
         ya[d:] = ops_gemm.gemm(k, x[d:], w, out=out)
         ys[d:] = ops_gemm_swiglu.gemm_swiglu(k, x[d:], w_gate, w_up, limit)

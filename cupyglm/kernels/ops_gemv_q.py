@@ -14,7 +14,7 @@ from cupyglm.kernels.ops import Kernels, check, i32
 from cupyglm.kernels.ops_gemv import MAX_GRID, OUTS, THREADS, grid
 
 SRC = "gemv_q.cu"
-PAIR_OUTS = 8   # gemv_q.cu's GEMV_Q_PAIR_OUTS: output columns of a dense SwiGLU block (gate and up in one chain)
+PAIR_OUTS = 8   # gemv_q_block.cuh's GEMV_Q_PAIR_OUTS: output columns of a dense SwiGLU block (gate and up in one chain)
 
 
 def weight_args(op: str, w: QWeight, ndim: int, k_in: int) -> tuple:
@@ -118,22 +118,3 @@ def gemv_grouped_swiglu(k: Kernels, x, w_gate: QWeight, w_up: QWeight, group, y,
              (x, *ga, *ua, group, y, i32(m), i32(n), i32(kk), i32(e), *tc_block_args(w_gate), *limit_args,
               guard[0], i32(guard[1])))
 
-
-def gemv_multi_swiglu(k: Kernels, x, w, ya, kind: int, w_gate: QWeight, w_up: QWeight, ys, rows: int,
-                      limit_args) -> None:
-    """ya[:rows] = x[:rows] @ w.T (bf16 w [N_a, K], gemv_multi.cu's epilogue `kind`) and ys[:rows] = the swiglu of
-    x[:rows]'s quantised gate and up projections [N_s, K], in one launch (the MoE's router and shared expert)."""
-    name = f"gemv_multi_swiglu_{w_gate.fmt}_lane16"
-    check(name, "x", x, (None, None), k.bf16)
-    same(name, w_gate, w_up)
-    m, kk = x.shape
-    check(name, "w", w, (None, kk), k.bf16)
-    ga, ua = weight_args(name, w_gate, 2, kk), weight_args(name, w_up, 2, kk)
-    na, ns = w.shape[0], w_gate.shape[0]
-    check(name, "ya", ya, (m, na), np.float32 if kind == 0 else k.bf16)
-    check(name, "ys", ys, (m, ns), k.bf16)
-    _rows(name, rows, m)
-    blocks = -(-na // OUTS) + -(-ns // PAIR_OUTS)
-    k.launch(SRC, name, (blocks, grid(rows, ns)[1]), THREADS,
-             (x, w, ya, i32(na), i32(kind), *ga, *ua, ys, i32(ns), i32(m), i32(kk), *tc_block_args(w_gate), i32(rows),
-              *limit_args))
