@@ -145,16 +145,16 @@ static __device__ __forceinline__ float gemv_q_out(const GemvQSrc<NW>& src, cons
 static __device__ __forceinline__ void gemv_q_store(float* y, long long i, float v) { y[i] = v; }
 static __device__ __forceinline__ void gemv_q_store(__nv_bfloat16* y, long long i, float v) { y[i] = to_bf16(v); }
 
-// Rows [m0, m0 + nrows) of x [M, K] bf16 (nrows <= GEMV_ROWS) against src's column block blockIdx.x, stored in y
-// [M, N]; valid false (an expert id outside [0, E)): NaN rows, no weight read (src.ncols 0).
-template <int F, typename Out>
+// Rows [m0, m0 + nrows) of x [M, K] bf16 (nrows <= GEMV_ROWS) against src's column block (from src.n0), stored in
+// y [M, N] by gemv_q_store(y, ...); valid false (an expert id outside [0, E)): NaN rows, no weight read (src.ncols 0).
+template <int F, typename Y>
 static __device__ __forceinline__ void gemv_q_group(GemvTcShared<1>& sh, GemvQSrc<1>& src, const __nv_bfloat16* x,
-                                                    Out* y, int N, int K, int m0, int nrows, bool valid) {
+                                                    Y y, int N, int K, int m0, int nrows, bool valid) {
   src.x = x + (long long)m0 * K;
   src.nrows = valid ? nrows : 0;
   float v[1];
   gemv_q_rows<1, F>(sh, src, v);
-  const int lane = threadIdx.x, n = blockIdx.x * GEMV_OUTS + threadIdx.y;
+  const int lane = threadIdx.x, n = src.n0 + threadIdx.y;
   if (n < N && lane < nrows) gemv_q_store(y, (long long)(m0 + lane) * N + n, valid ? gemv_q_out<1, F>(src, v, 0) : NAN);
 }
 

@@ -62,8 +62,12 @@ extern "C" __global__ void __launch_bounds__(256, 2) gemv_multi_swiglu_nvfp4_lan
 
 #define GEMV_Q_MULTI_PARTS 3                 // quantised parts, and bf16 parts, of gemv_multi_{fmt} (ops_gemv_q)
 
-// Column block b of quantised part p (y_p = epilogue_p of x_p's rows against w): gemv_q_body's bits, the epilogue
-// gemv_part.cuh's (kind 0 fp32, 1 bf16, 2 bf16 sigmoid).
+// A quantised part's output element: gemv_part.cuh's epilogue (kind 0 fp32, 1 bf16, 2 bf16 sigmoid).
+static __device__ __forceinline__ void gemv_q_store(const GemvPart& p, long long i, float v) {
+  gemv_part_store(p, i, v);
+}
+
+// Column block b of quantised part p (y_p = epilogue_p of x_p's rows against w): gemv_q_body's bits.
 template <int F>
 static __device__ __forceinline__ void gemv_q_part(GemvTcShared<1>& sh, const GemvQw& wq, const GemvPart& p, int b,
                                                    int rows) {
@@ -71,12 +75,7 @@ static __device__ __forceinline__ void gemv_q_part(GemvTcShared<1>& sh, const Ge
   const GemvQw w[1] = {wq};
   GemvQSrc<1> src;
   gemv_q_src<1, F>(src, w, 0, n0, min(GEMV_OUTS, p.n - n0), p.n, p.k, p.x);
-  src.x = p.x + (long long)m0 * p.k;
-  src.nrows = min(GEMV_ROWS, rows - m0);
-  float v[1];
-  gemv_q_rows<1, F>(sh, src, v);
-  const int lane = threadIdx.x, n = n0 + threadIdx.y;
-  if (n < p.n && lane < src.nrows) gemv_part_store(p, (long long)(m0 + lane) * p.n + n, gemv_q_out<1, F>(src, v, 0));
+  gemv_q_group<F>(sh, src, p.x, p, p.n, p.k, m0, min(GEMV_ROWS, rows - m0), true);
 }
 
 // Grid column blockIdx.x: the quantised parts' column blocks first, then the bf16 parts' (parts with n = 0: none).

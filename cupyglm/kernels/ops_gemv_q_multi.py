@@ -7,20 +7,17 @@ import numpy as np
 
 from cupyglm.backend.qweight import QWeight
 from cupyglm.kernels.ops import Kernels, check, i32
-from cupyglm.kernels.ops_gemv import MAX_GRID, OUTS, ROWS, THREADS
-from cupyglm.kernels.ops_gemv_q import PAIR_OUTS, same, tc_block_args, weight_args
+from cupyglm.kernels.ops_gemv import OUTS, THREADS, grid
+from cupyglm.kernels.ops_gemv_q import PAIR_OUTS, _rows, same, tc_block_args, weight_args
 
 SRC = "gemv_q_multi.cu"
 PARTS = 3       # gemv_q_multi.cu's GEMV_Q_MULTI_PARTS: quantised parts, and bf16 parts, of gemv_multi_{fmt}
 
 
 def _groups(name: str, rows: int, m: int) -> int:
-    if not 0 < rows <= m:
-        raise ValueError(f"{name}: rows must be in (0, {m}], got {rows}")
-    groups = -(-rows // ROWS)
-    if groups > MAX_GRID:
-        raise ValueError(f"{name}: {rows} decode rows exceed the grid's 65,535 row groups")
-    return groups
+    """The grid's row groups of the call's leading `rows` rows (ops_gemv_q's row check, ops_gemv.grid's limit)."""
+    _rows(name, rows, m)
+    return grid(rows, 1)[1]
 
 
 def _y(k: Kernels, name: str, label: str, y, m: int, n: int, kind: int) -> None:
