@@ -17,7 +17,7 @@
 #include "gemv_tc.cuh"
 #include "gemv_part.cuh"
 #include "kda_out.cuh"
-#include "norm_row.cuh"
+#include "gemv_norm_x.cuh"
 
 #define GEMV_NORM_HEADS 64   // gemv_kda_out_lane16: heads (H) per row at most (the scalars of a block's rows)
 #define GEMV_NORM_PARTS 4    // gemv_multi_rmsnorm_lane16: parts at most
@@ -50,56 +50,6 @@ struct GemvXKdaOut {
     }
     return gemv_pack8(h);
   }
-};
-
-// x chunk of rmsnorm(x): row c of the block.  scale: [GEMV_ROWS] shared scalars.
-struct GemvXRms {
-  const __nv_bfloat16* x;      // the block's first row of x [.., K] bf16
-  const __nv_bfloat16* w;      // [K] bf16 norm weight
-  const float* scale;
-  int K;
-  bool vec;
-  __device__ __forceinline__ uint4 load8(int c, int kk, int valid) const {
-    unsigned short xb[8], wb[8], h[8];
-    gemv_unpack8(gemv_load8(x + (long long)c * K + kk, valid, vec), xb);
-    gemv_unpack8(gemv_load8(w + kk, valid, vec), wb);
-#pragma unroll
-    for (int i = 0; i < 8; ++i)
-      h[i] = i < valid ? __bfloat16_as_ushort(rmsnorm_value(gemv_bf(xb[i]), gemv_bf(wb[i]), scale[c])) : 0;
-    return gemv_pack8(h);
-  }
-};
-
-// Two floats rounded to a bf16 pair in one conversion (each the to_bf16 of its own value), lo in the low half.
-static __device__ __forceinline__ unsigned gnr_pack(float lo, float hi) {
-#ifdef __CUEMU__
-  return (unsigned)__bfloat16_as_ushort(to_bf16(lo)) | ((unsigned)__bfloat16_as_ushort(to_bf16(hi)) << 16);
-#else
-  unsigned d;
-  asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(d) : "f"(hi), "f"(lo));
-  return d;
-#endif
-}
-
-// GemvXRms's chunk of a whole aligned chunk (gemv_tc.cuh's WHOLE loop): rmsnorm_value's two roundings a pair at a
-// time, the row's scalar read once; every element is inside the row, so no mask.
-static __device__ __forceinline__ uint4 gtc_x_whole(const GemvXRms& xr, int c, int kk) {
-  const uint4 xv = *reinterpret_cast<const uint4*>(xr.x + (long long)c * xr.K + kk);
-  const uint4 wv = *reinterpret_cast<const uint4*>(xr.w + kk);
-  const float r = xr.scale[c];
-  const unsigned xs[4] = {xv.x, xv.y, xv.z, xv.w}, ws[4] = {wv.x, wv.y, wv.z, wv.w};
-  unsigned o[4];
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const unsigned a = gnr_pack(gtc_lo(xs[i]) * r, gtc_hi(xs[i]) * r);
-    o[i] = gnr_pack(gtc_lo(ws[i]) * gtc_lo(a), gtc_hi(ws[i]) * gtc_hi(a));
-  }
-  return make_uint4(o[0], o[1], o[2], o[3]);
-}
-
-struct NormRowAt {            // norm_row.cuh's row reader over bf16 memory
-  const __nv_bfloat16* xr;
-  __device__ float operator()(int i) const { return ld_bf16(xr, i); }
 };
 
 extern "C" __global__ void __launch_bounds__(256) gemv_kda_out_lane16(
@@ -151,16 +101,6 @@ extern "C" __global__ void __launch_bounds__(256) gemv_multi_rmsnorm_lane16(
   if (p == GEMV_NORM_PARTS) return;
   __shared__ float scale[GEMV_ROWS];          // the block's rows' 1 / sqrt(mean(x^2) + eps)
   __shared__ __align__(16) GemvTcShared<1> sh;
-  const int m0 = blockIdx.y * GEMV_ROWS, c = threadIdx.y;
-  const bool active = c < min(GEMV_ROWS, rows - m0);
-  const NormRowAt rd = {x + (long long)(m0 + (active ? c : 0)) * K};
-  const float sum = lane16_fold(active ? rmsnorm_lane(rd, K, threadIdx.x) : 0.0f);   // group y: row y
-#ifdef CONTROL_NORM_EPS
-  if (active && threadIdx.x == 0) scale[c] = rmsnorm_scale(sum, K, 0.0f);
-#else
-  if (active && threadIdx.x == 0) scale[c] = rmsnorm_scale(sum, K, eps);
-#endif
-  __syncthreads();
-  const GemvXRms xr = {x + (long long)m0 * K, norm_w, scale, K, gemv_aligned(x, norm_w, K)};
+  const GemvXRms xr = gnr_rows(scale, x, norm_w, K, rows, eps);
   gemv_part_block(sh, parts[p], b, blockIdx.y, rows, xr, gemv_aligned(parts[p].w, parts[p].w, K));
 }

@@ -3,6 +3,7 @@
 // (NVFP4's tensor scale once per output).
 #pragma once
 #include "gemv_q_tc.cuh"
+#include "gemv_part.cuh"
 #include "swiglu.cuh"
 
 #define GEMV_Q_PAIR_OUTS 8                   // output columns of a dense SwiGLU block (ops_gemv_q.PAIR_OUTS)
@@ -144,18 +145,31 @@ static __device__ __forceinline__ float gemv_q_out(const GemvQSrc<NW>& src, cons
 
 static __device__ __forceinline__ void gemv_q_store(float* y, long long i, float v) { y[i] = v; }
 static __device__ __forceinline__ void gemv_q_store(__nv_bfloat16* y, long long i, float v) { y[i] = to_bf16(v); }
+// A multi launch's quantised part's output element: gemv_part.cuh's epilogue (kind 0 fp32, 1 bf16, 2 bf16 sigmoid).
+static __device__ __forceinline__ void gemv_q_store(const GemvPart& p, long long i, float v) {
+  gemv_part_store(p, i, v);
+}
 
-// Rows [m0, m0 + nrows) of x [M, K] bf16 (nrows <= GEMV_ROWS) against src's column block (from src.n0), stored in
-// y [M, N] by gemv_q_store(y, ...); valid false (an expert id outside [0, E)): NaN rows, no weight read (src.ncols 0).
+// The block's rows [m0, m0 + nrows) (nrows <= GEMV_ROWS) read through xr (row c of the block at xr's row c) against
+// src's column block (from src.n0), stored in y [M, N] by gemv_q_store(y, ...); valid false (an expert id outside
+// [0, E)): NaN rows, no weight read (src.ncols 0).
+template <int F, typename XR, typename Y>
+static __device__ __forceinline__ void gemv_q_group_x(GemvTcShared<1>& sh, GemvQSrc<1>& src, const XR& xr, Y y, int N,
+                                                      int m0, int nrows, bool valid) {
+  src.nrows = valid ? nrows : 0;
+  float v[1];
+  gemv_q_rows_x<1, F>(sh, src, xr, v);
+  const int lane = threadIdx.x, n = src.n0 + threadIdx.y;
+  if (n < N && lane < nrows) gemv_q_store(y, (long long)(m0 + lane) * N + n, valid ? gemv_q_out<1, F>(src, v, 0) : NAN);
+}
+
+// gemv_q_group_x of rows [m0, m0 + nrows) of x [M, K] bf16 in memory.
 template <int F, typename Y>
 static __device__ __forceinline__ void gemv_q_group(GemvTcShared<1>& sh, GemvQSrc<1>& src, const __nv_bfloat16* x,
                                                     Y y, int N, int K, int m0, int nrows, bool valid) {
   src.x = x + (long long)m0 * K;
-  src.nrows = valid ? nrows : 0;
-  float v[1];
-  gemv_q_rows<1, F>(sh, src, v);
-  const int lane = threadIdx.x, n = src.n0 + threadIdx.y;
-  if (n < N && lane < nrows) gemv_q_store(y, (long long)(m0 + lane) * N + n, valid ? gemv_q_out<1, F>(src, v, 0) : NAN);
+  const GemvXMem xr = {src.x, K, src.xvec};
+  gemv_q_group_x<F>(sh, src, xr, y, N, m0, nrows, valid);
 }
 
 static __device__ __forceinline__ GemvQw gemv_qw_fp8(const unsigned char* v, const float* s, int bn, int bk) {

@@ -62,11 +62,6 @@ extern "C" __global__ void __launch_bounds__(256, 2) gemv_multi_swiglu_nvfp4_lan
 
 #define GEMV_Q_MULTI_PARTS 3                 // quantised parts, and bf16 parts, of gemv_multi_{fmt} (ops_gemv_q)
 
-// A quantised part's output element: gemv_part.cuh's epilogue (kind 0 fp32, 1 bf16, 2 bf16 sigmoid).
-static __device__ __forceinline__ void gemv_q_store(const GemvPart& p, long long i, float v) {
-  gemv_part_store(p, i, v);
-}
-
 // Column block b of quantised part p (y_p = epilogue_p of x_p's rows against w): gemv_q_body's bits.
 template <int F>
 static __device__ __forceinline__ void gemv_q_part(GemvTcShared<1>& sh, const GemvQw& wq, const GemvPart& p, int b,

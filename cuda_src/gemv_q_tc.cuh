@@ -100,10 +100,18 @@ static __device__ __forceinline__ const __nv_bfloat16* gq_xrow(const GemvXMem& x
 template <typename XR>
 static __device__ __forceinline__ const __nv_bfloat16* gq_xrow(const XR& xr, int c) { return xr.row(c); }
 
+// x row c's 8 bf16 at kk of a whole aligned chunk, p = gq_xrow(xr, c) + kk: a load for readers of rows in memory; a
+// reader that computes its rows (gemv_norm_x.cuh) overloads it.
+template <typename XR>
+static __device__ __forceinline__ uint4 gq_x_whole(const XR& xr, const __nv_bfloat16* p, int c, int kk) {
+  (void)xr, (void)c, (void)kk;
+  return *reinterpret_cast<const uint4*>(p);
+}
+
 // x row c's 8 bf16 at kk through the reader (the speed model's compile: whole loads, as gq_load).
 template <typename XR>
 static __device__ __forceinline__ uint4 gq_x8(const XR& xr, int c, int kk, int valid) {
-  if (GQ_WHOLE_ONLY) return *reinterpret_cast<const uint4*>(gq_xrow(xr, c) + kk);
+  if (GQ_WHOLE_ONLY) return gq_x_whole(xr, gq_xrow(xr, c) + kk, c, kk);
   return xr.load8(c, kk, valid);
 }
 
@@ -310,13 +318,17 @@ static __device__ __forceinline__ int gq_run_whole(float (*d)[NT][4], const Gemv
   const int kk0 = kb + 8 * C * t;
   const unsigned char *pw[2 * NW], *ps[2 * NW];
   const __nv_bfloat16* px[NT];
+  int cx[NT];
 #pragma unroll
   for (int i = 0; i < 2 * NW; ++i) {
     pw[i] = rg[i] + (F == GEMV_FP8 ? kk0 : kk0 >> 1);
     ps[i] = F == GEMV_NVFP4 ? sr[i] + (kk0 >> 4) : nullptr;
   }
 #pragma unroll
-  for (int j = 0; j < NT; ++j) px[j] = gq_xrow(xr, min(g + 8 * j, src.nrows - 1)) + kk0;
+  for (int j = 0; j < NT; ++j) {
+    cx[j] = min(g + 8 * j, src.nrows - 1);
+    px[j] = gq_xrow(xr, cx[j]) + kk0;
+  }
   for (; kb + KB * U <= b; kb += KB * U) {
     uint4 w[U][NW][2], xc[U][NT][C];
     unsigned sc[U][NW][2];
@@ -334,7 +346,8 @@ static __device__ __forceinline__ int gq_run_whole(float (*d)[NT][4], const Gemv
 #pragma unroll
       for (int j = 0; j < NT; ++j)
 #pragma unroll
-        for (int q = 0; q < C; ++q) xc[u][j][q] = *reinterpret_cast<const uint4*>(px[j] + KB * u + 8 * q);
+        for (int q = 0; q < C; ++q)
+          xc[u][j][q] = gq_x_whole(xr, px[j] + KB * u + 8 * q, cx[j], kb + KB * u + 8 * C * t + 8 * q);
     }
 #pragma unroll
     for (int i = 0; i < 2 * NW; ++i) {

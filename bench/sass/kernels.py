@@ -21,8 +21,8 @@ def _q(name: str, fmt: str) -> str:
 
 def gemv(form: str, fmt: str = "bf16", rows: int = 16) -> Kernel:
     """The decode GEMV of a form: dense (also per-head, grid z), grouped (experts), swiglu, grouped swiglu,
-    multi, multi swiglu, multi rmsnorm (a norm in its prologue); bf16 only for the last three. Counted in the
-    row bucket a block of `rows` rows runs in."""
+    multi, multi swiglu, multi rmsnorm (a norm in its prologue); bf16 only for multi and multi swiglu (their
+    quantised parts are priced as the dense body). Counted in the row bucket a block of `rows` rows runs in."""
     files = {"dense": ("gemv_lane16", "gemv.cu"), "grouped": ("gemv_grouped_lane16", "gemv.cu"),
              "swiglu": ("gemv_swiglu_lane16", "gemv_swiglu.cu"),
              "grouped swiglu": ("gemv_grouped_swiglu_lane16", "gemv_swiglu.cu"),
@@ -30,6 +30,8 @@ def gemv(form: str, fmt: str = "bf16", rows: int = 16) -> Kernel:
              "multi swiglu": ("gemv_multi_swiglu_lane16", "gemv_multi.cu"),
              "multi rmsnorm": ("gemv_multi_rmsnorm_lane16", "gemv_norm.cu")}
     name, file = files[form]
+    if fmt != "bf16" and form == "multi rmsnorm":             # its quantised parts' loop: x normed chunk by chunk
+        return Kernel(_q(name, fmt), "gemv_q_norm.cu", "decode", "weight", 256, fmt, bucket=bucket(rows))
     if fmt != "bf16":
         if form.startswith("multi"):
             raise ValueError(f"gemv form {form!r} has no {fmt} kernel")

@@ -73,13 +73,15 @@ def _projections(cfg, tp: int, fmt: str, rows: int):
 
 # A layer's projections that one op of the model runs together (kda.py / dsa.py gemm_multi, rmsnorm_gemm_multi,
 # moe.py gemm_and_swiglu): its bf16 decode parts share one launch of the fused GEMV; so do the quantised parts of
-# _Q_SHARED (gemv_q_multi.cu, each priced as its own body), a quantised part of any other op launches alone.
+# _Q_SHARED (gemv_q_multi.cu, each priced as its own body; gemv_q_norm.cu, priced as its loop with the norm), a
+# quantised part of any other op launches alone.
 _FUSED = ((re.compile(r"self_attn\.(q|k|v|f_a|g_a|b)_proj\.weight$"), "multi"),
           (re.compile(r"self_attn\.(q_a_proj|kv_a_proj_with_mqa|indexer\.wk|indexer\.weights_proj)\.weight$"), "multi"),
           (re.compile(r"self_attn\.(q_b_proj|indexer\.wq_b)\.weight$"), "multi rmsnorm"),
           (re.compile(r"mlp\.(gate|shared_experts\.gate_proj)\.weight$"), "multi swiglu"))
 _Q_SHARED = ((re.compile(r"mlp\.shared_experts\.gate_proj\.weight$"), "multi swiglu"),
-             (re.compile(r"self_attn\.(q_a_proj|kv_a_proj_with_mqa|indexer\.wk)\.weight$"), "multi"))
+             (re.compile(r"self_attn\.(q_a_proj|kv_a_proj_with_mqa|indexer\.wk)\.weight$"), "multi"),
+             (re.compile(r"self_attn\.(q_b_proj|indexer\.wq_b)\.weight$"), "multi rmsnorm"))
 _IN_STEP = re.compile(r"self_attn\.(f_b|g_b)_proj\.weight$")       # read inside kda_step (no launch of their own)
 _LAYER = re.compile(r"layers\.(\d+)\.")
 
@@ -122,7 +124,8 @@ def _decode(cfg, tp: int, fmt: str, rows: int, arch: str):
         layer = _LAYER.search(name)
         key = (layer.group(1) if layer else "", shared_op)
         in_moe = "shared_experts.down_proj" in name and f in (experts_f, "bf16")   # moe_experts' down launch
-        out.append((label, calls.gemv(fused or form, f, n, k, rows, st, nw, out_bytes=4 if "lm_head" in name else 2,
+        priced = fused or ("multi rmsnorm" if shared_op == "multi rmsnorm" else form)   # its prologue's norm
+        out.append((label, calls.gemv(priced, f, n, k, rows, st, nw, out_bytes=4 if "lm_head" in name else 2,
                                       arch=arch, collective=coll,
                                       launched=not in_moe and (shared_op is None or key not in open_ops))))
         if shared_op is not None:

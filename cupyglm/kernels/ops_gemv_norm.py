@@ -1,10 +1,10 @@
 """Launchers of cuda_src/gemv_norm.cu: a norm and the decode GEMV that consumes it in one launch, the norm
 computed in the GEMV's prologue (ops kda_out_gemm: KDA's gated output norm and o_proj; rmsnorm_gemm_multi: DSA's
-q_a norm and q_b / wq_b). The call's leading `decode` rows (decode/verify rows) take the fused kernel, the prompt
-rows the norm kernel and then the tensor-core gemm, as ops_gemm does: a row's path is set by its role, never by how
-many rows
-share the call; both give the bits of the norm followed by the GEMM. Quantised weights (QWeight), more heads or
-parts than the kernel holds, and empty shapes run the two ops separately (the same bits)."""
+q_a norm and q_b / wq_b; with quantised parts cuda_src/gemv_q_norm.cu). The call's leading `decode` rows
+(decode/verify rows) take the fused kernel, the prompt rows the norm kernel and then the tensor-core gemm, as ops_gemm
+does: a row's path is set by its role, never by how many rows share the call; both give the bits of the norm followed
+by the GEMM. A quantised o_proj, more heads or parts than a kernel holds, quantised parts of two formats or blocks,
+and empty shapes run the two ops separately (the same bits)."""
 from __future__ import annotations
 
 import numpy as np
@@ -14,10 +14,13 @@ from cupyglm.backend.qweight import QWeight
 from cupyglm.backend.roles import decode_rows
 from cupyglm.kernels import ops_gemm, ops_gemm_multi, ops_gemv, ops_kda, ops_norm
 from cupyglm.kernels.ops import Kernels, check, f32, i32, op
+from cupyglm.kernels.ops_gemv_q import tc_block_args, weight_args
 
 SRC = "gemv_norm.cu"
+SRC_Q = "gemv_q_norm.cu"
 HEADS = 64        # GEMV_NORM_HEADS: heads of a KDA row the prologue holds scalars for
 PARTS = 4         # GEMV_NORM_PARTS
+Q_PARTS = 2       # GEMV_Q_NORM_PARTS: quantised parts, and bf16 parts, of gemv_multi_rmsnorm_{fmt}
 
 
 def _groups(name: str, rows: int) -> int:
@@ -69,6 +72,50 @@ def gemv_multi_rmsnorm(k: Kernels, x, w_norm, ws, ys, kinds, rows: int, eps: flo
              (x, w_norm, f32(eps), *args, i32(kk), i32(rows)))
 
 
+def gemv_multi_rmsnorm_q(k: Kernels, x, w_norm, qparts, bparts, rows: int, eps: float) -> None:
+    """As gemv_multi_rmsnorm with qparts (QWeight [N, K] of one format and block, y, kind) up to Q_PARTS and bparts
+    (bf16 w [N, K], y, kind) up to Q_PARTS, in one launch; y [M, N] fp32 for kind 0, bf16 for 1 and 2."""
+    fmt = qparts[0][0].fmt
+    name = f"gemv_multi_rmsnorm_{fmt}_lane16"
+    check(name, "x", x, (None, None), k.bf16)
+    m, kk = x.shape
+    check(name, "w_norm", w_norm, (kk,), k.bf16)
+    if not (0 < len(qparts) <= Q_PARTS and len(bparts) <= Q_PARTS):
+        raise ValueError(f"{name}: 1..{Q_PARTS} quantised and 0..{Q_PARTS} bf16 parts, got {len(qparts)}, "
+                         f"{len(bparts)}")
+    if not 0 < rows <= m:
+        raise ValueError(f"{name}: rows must be in (0, {m}], got {rows}")
+    args, blocks = [], 0
+    for p, (w, y, kind) in enumerate(qparts):
+        wa = weight_args(name, w, 2, kk)
+        if w.fmt != fmt or w.block != qparts[0][0].block:
+            raise ValueError(f"{name}: quantised parts differ in format or block")
+        check(name, f"yq{p}", y, (m, w.shape[0]), np.float32 if kind == 0 else k.bf16)
+        args += [*wa, y, i32(w.shape[0]), i32(kind)]
+        blocks += -(-w.shape[0] // ops_gemv.OUTS)
+    w0, y0 = qparts[0][0], qparts[0][1]
+    for _ in range(len(qparts), Q_PARTS):                  # unused parts: no columns, no blocks
+        args += [*weight_args(name, w0, 2, kk), y0, i32(0), i32(0)]
+    args += list(tc_block_args(w0))
+    for p, (w, y, kind) in enumerate(bparts):
+        check(name, f"w{p}", w, (None, kk), k.bf16)
+        check(name, f"y{p}", y, (m, w.shape[0]), np.float32 if kind == 0 else k.bf16)
+        args += [w, y, i32(w.shape[0]), i32(kind)]
+        blocks += -(-w.shape[0] // ops_gemv.OUTS)
+    for _ in range(len(bparts), Q_PARTS):
+        args += [x, y0, i32(0), i32(0)]
+    k.launch(SRC_Q, name, (blocks, _groups(name, rows), 1), ops_gemv.THREADS,
+             (x, w_norm, f32(eps), *args, i32(m), i32(kk), i32(rows)))
+
+
+def _q_fits(ws) -> bool:
+    """Can rmsnorm_gemm_multi's parts go in one gemv_multi_rmsnorm_{fmt} launch (quantised parts 2-d, of one
+    format and block, at most Q_PARTS quantised and Q_PARTS bf16)?"""
+    quant = [w for w in ws if isinstance(w, QWeight)]
+    return (0 < len(quant) <= Q_PARTS and len(ws) - len(quant) <= Q_PARTS
+            and all(w.ndim == 2 and w.fmt == quant[0].fmt and w.block == quant[0].block for w in quant))
+
+
 @op("kda_out_gemm")
 def kda_out_gemm(k: Kernels, y, w_norm, gate, eps, w, decode: int = 0):
     """gemm(kda_out(y, w_norm, gate, eps) viewed [T, H * V], w) fp32; the decode rows in one launch."""
@@ -94,12 +141,18 @@ def rmsnorm_gemm_multi(k: Kernels, x, w_norm, eps, ws, outs, decode: int = 0):
     multi_parts("rmsnorm_gemm_multi", (x,) * len(ws), ws, outs)
     m, kk = x.shape
     d = decode_rows("rmsnorm_gemm_multi", decode, m)
-    if (any(isinstance(w, QWeight) for w in ws) or len(ws) > PARTS or not (d and kk)
-            or not all(w.shape[0] for w in ws)):
+    quant = any(isinstance(w, QWeight) for w in ws)
+    if ((not _q_fits(ws) if quant else len(ws) > PARTS) or not (d and kk) or not all(w.shape[0] for w in ws)):
         xn = ops_norm.rmsnorm(k, x, w_norm, eps)
         return ops_gemm_multi.gemm_multi(k, (xn,) * len(ws), ws, outs, decode=d)
     ys = [k.empty((m, w.shape[0]), np.float32 if o == "f32" else k.bf16) for w, o in zip(ws, outs)]
-    gemv_multi_rmsnorm(k, x, w_norm, ws, ys, [ops_gemm_multi.KIND[o] for o in outs], d, eps)
+    kinds = [ops_gemm_multi.KIND[o] for o in outs]
+    if quant:
+        parts = list(zip(ws, ys, kinds))
+        gemv_multi_rmsnorm_q(k, x, w_norm, [t for t in parts if isinstance(t[0], QWeight)],
+                             [t for t in parts if not isinstance(t[0], QWeight)], d, eps)
+    else:
+        gemv_multi_rmsnorm(k, x, w_norm, ws, ys, kinds, d, eps)
     if d < m:                                               # the prompt rows: norm.cu, then the gemm part by part
         xn = ops_norm.rmsnorm(k, x[d:], w_norm, eps)
         for y, w, o in zip(ys, ws, outs):

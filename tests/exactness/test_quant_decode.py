@@ -78,8 +78,9 @@ def _reference(ckpt, tp):
 
 def _check_launches(fmt, names):
     """The prompt step runs the dequantising GEMM; every decode step the quantised GEMV, a DSA layer's quantised
-    and bf16 projections of one row in one launch, the MoE's router with its quantised shared expert in one launch,
-    its two fused quantised launches (not the grouped GEMVs apart) and no gemm_* kernel."""
+    and bf16 projections of one row in one launch (q_a, kv_a, wk; then q_b and wq_b behind the q_a norm), the MoE's
+    router with its quantised shared expert in one launch, its two fused quantised launches (not the grouped GEMVs
+    apart) and no gemm_* kernel."""
     for i, step in enumerate(names):
         gemms = sorted({n for n in step if n.startswith("gemm")})
         gemvq = sorted({n for n in step if n.startswith("gemv") and f"_{fmt}_" in n})
@@ -89,8 +90,8 @@ def _check_launches(fmt, names):
         assert not gemms, f"decode step {i} launched {gemms}"
         assert any(n.startswith(f"gemv_{fmt}_lane16") for n in gemvq), f"decode step {i}: no gemv_{fmt} in {gemvq}"
         assert not any(n.startswith("gemv_grouped") for n in gemvq), f"decode step {i}: {gemvq}"
-        for name in (f"gemv_multi_{fmt}_lane16", f"gemv_multi_swiglu_{fmt}_lane16", f"moe_route_swiglu_{fmt}_lane16",
-                     f"moe_down_combine_{fmt}_lane16"):
+        for name in (f"gemv_multi_{fmt}_lane16", f"gemv_multi_rmsnorm_{fmt}_lane16", f"gemv_multi_swiglu_{fmt}_lane16",
+                     f"moe_route_swiglu_{fmt}_lane16", f"moe_down_combine_{fmt}_lane16"):
             assert name in step, f"decode step {i}: no {name} in {sorted(set(step))}"
 
 
