@@ -1,5 +1,4 @@
-// kda_out.cuh -- the KDA output's gated RMS norm per (token, head) row of V, shared by kda.cu's kda_out and the
-// decode GEMV that takes it as its prologue (gemv_norm.cu's gemv_kda_out_lane16), so both give the reference's
+// kda_out.cuh -- the KDA output's gated RMS norm per (token, head) row of V (kda.cu's kda_out), the reference's
 // bits (NumpyOps.kda_out): out = bf16(w * (y * r) * sigmoid(gate)), r = 1 / sqrt(sum(y^2) / V + eps), the sum in
 // lane-16 order by one aligned group of 16 threads.
 #pragma once

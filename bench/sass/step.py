@@ -187,6 +187,7 @@ def decode_calls(cfg, tp: int, fmt: str, batch: int, context: int, arch: str = "
         out.append(("indexer", calls.index_decode(cfg, batch, context, arch)))
         out += [("indexer", calls.launch_only()) for _ in range(3)]   # kv_write_rows, index_tail_pool, dsa_pick
     out += [("kda state", calls.kda_decode(cfg, tp, batch, arch)) for _ in cfg.kda_layers]
+    out += [("norms", calls.launch_only()) for _ in cfg.kda_layers]     # kda_out, the gated norm before o_proj
     out += [("norms", calls.norm(cfg, batch, arch)) for _ in range(2 * cfg.num_hidden_layers)]
     return out, small
 

@@ -1,10 +1,9 @@
-"""Launchers of cuda_src/gemv_norm.cu: a norm and the decode GEMV that consumes it in one launch, the norm
-computed in the GEMV's prologue (ops kda_out_gemm: KDA's gated output norm and o_proj; rmsnorm_gemm_multi: DSA's
-q_a norm and q_b / wq_b; with quantised parts cuda_src/gemv_q_norm.cu). The call's leading `decode` rows
-(decode/verify rows) take the fused kernel, the prompt rows the norm kernel and then the tensor-core gemm, as ops_gemm
-does: a row's path is set by its role, never by how many rows share the call; both give the bits of the norm followed
-by the GEMM. A quantised o_proj, more heads or parts than a kernel holds, quantised parts of two formats or blocks,
-and empty shapes run the two ops separately (the same bits)."""
+"""Launchers of cuda_src/gemv_norm.cu and gemv_q_norm.cu (quantised parts): DSA's q_a norm and the decode GEMVs of
+q_b / wq_b that consume it in one launch, the norm computed in the GEMV's prologue (op rmsnorm_gemm_multi). The
+call's leading `decode` rows (decode/verify rows) take the fused kernel, the prompt rows the norm kernel and then
+the tensor-core gemm, as ops_gemm does: a row's path is set by its role, never by how many rows share the call; both
+give the bits of the norm followed by the GEMM. More parts than a kernel holds, quantised parts of two formats or
+blocks, and empty shapes run the two ops separately (the same bits)."""
 from __future__ import annotations
 
 import numpy as np
@@ -12,13 +11,12 @@ import numpy as np
 from cupyglm.backend.numpy_gemm import multi_parts
 from cupyglm.backend.qweight import QWeight
 from cupyglm.backend.roles import decode_rows
-from cupyglm.kernels import ops_gemm, ops_gemm_multi, ops_gemv, ops_kda, ops_norm
+from cupyglm.kernels import ops_gemm_multi, ops_gemv, ops_norm
 from cupyglm.kernels.ops import Kernels, check, f32, i32, op
 from cupyglm.kernels.ops_gemv_q import tc_block_args, weight_args
 
 SRC = "gemv_norm.cu"
 SRC_Q = "gemv_q_norm.cu"
-HEADS = 64        # GEMV_NORM_HEADS: heads of a KDA row the prologue holds scalars for
 PARTS = 4         # GEMV_NORM_PARTS
 Q_PARTS = 2       # GEMV_Q_NORM_PARTS: quantised parts, and bf16 parts, of gemv_multi_rmsnorm_{fmt}
 
@@ -28,25 +26,6 @@ def _groups(name: str, rows: int) -> int:
     if groups > ops_gemv.MAX_GRID:
         raise ValueError(f"{name}: {rows} decode rows exceed the grid's 65,535 row groups")
     return groups
-
-
-def gemv_kda_out(k: Kernels, y, w_norm, gate, w, out, rows: int, eps: float) -> None:
-    """out[:rows] = kda_out(y, w_norm, gate, eps)[:rows] viewed [rows, H * V] @ w.T, fp32, in the decode order. y, gate
-    [M, H, V] bf16, w_norm [V] bf16, w [N, H * V] bf16, out [M, N] fp32; H <= HEADS; rows in (0, M]."""
-    name = "gemv_kda_out_lane16"
-    check(name, "y", y, (None, None, None), k.bf16)
-    m, h, v = y.shape
-    check(name, "w_norm", w_norm, (v,), k.bf16)
-    check(name, "gate", gate, (m, h, v), k.bf16)
-    check(name, "w", w, (None, h * v), k.bf16)
-    n = w.shape[0]
-    check(name, "out", out, (m, n), np.float32)
-    if not 0 < rows <= m:
-        raise ValueError(f"{name}: rows must be in (0, {m}], got {rows}")
-    if not 0 < h <= HEADS:
-        raise ValueError(f"{name}: 1..{HEADS} heads supported, got {h}")
-    k.launch(SRC, name, (-(-n // ops_gemv.OUTS), _groups(name, rows), 1), ops_gemv.THREADS,
-             (y, w_norm, gate, w, out, i32(n), i32(h), i32(v), i32(rows), f32(eps)))
 
 
 def gemv_multi_rmsnorm(k: Kernels, x, w_norm, ws, ys, kinds, rows: int, eps: float) -> None:
@@ -114,24 +93,6 @@ def _q_fits(ws) -> bool:
     quant = [w for w in ws if isinstance(w, QWeight)]
     return (0 < len(quant) <= Q_PARTS and len(ws) - len(quant) <= Q_PARTS
             and all(w.ndim == 2 and w.fmt == quant[0].fmt and w.block == quant[0].block for w in quant))
-
-
-@op("kda_out_gemm")
-def kda_out_gemm(k: Kernels, y, w_norm, gate, eps, w, decode: int = 0):
-    """gemm(kda_out(y, w_norm, gate, eps) viewed [T, H * V], w) fp32; the decode rows in one launch."""
-    y = check("kda_out_gemm", "y", k.xp.ascontiguousarray(y), (None, None, None), k.bf16)
-    t, h, v = y.shape
-    d = decode_rows("kda_out_gemm", decode, t)
-    if isinstance(w, QWeight) or not (d and v and w.shape[0]) or h > HEADS:
-        o = ops_kda.kda_out(k, y, w_norm, gate, eps)
-        return ops_gemm.gemm(k, o.reshape(t, h * v), w, decode=d)
-    gate = k.xp.ascontiguousarray(gate)
-    out = k.empty((t, w.shape[0]), np.float32)
-    gemv_kda_out(k, y, w_norm, gate, w, out, d, eps)
-    if d < t:                                               # the prompt rows: kda_out.cu, then the gemm
-        o = ops_kda.kda_out(k, y[d:], w_norm, gate[d:], eps)
-        out[d:] = ops_gemm.gemm(k, o.reshape(t - d, h * v), w)
-    return out
 
 
 @op("rmsnorm_gemm_multi")

@@ -1,10 +1,12 @@
 """KDA launchers (cuda_src/kda.cu: kda_conv, kda_gate, l2norm, kda_recurrence, kda_out; cuda_src/kda_step.cu:
-kda_step, kda_step_slots, the decode steps with the low-rank second factors fused in), with NumpyOps' signatures.
+kda_step, kda_step_slots, the decode steps with the low-rank second factors fused in; op kda_out_gemm, kda_out then
+o_proj's GEMM), with NumpyOps' signatures.
 bf16 parameters are checked against the backend's bf16 storage (`k.bf16`); S, g, q, k are fp32."""
 from __future__ import annotations
 
 import numpy as np
 
+from cupyglm.kernels import ops_gemm
 from cupyglm.kernels.ops import Kernels, check, f32, i32, op
 
 SRC = "kda.cu"
@@ -252,3 +254,12 @@ def kda_out(k: Kernels, y, w, gate, eps):
     if rows and vd:
         k.launch(SRC, "kda_out", ((rows + 7) // 8,), (128,), (y, w, gate, out, np.int64(rows), i32(vd), f32(eps)))
     return out
+
+
+@op("kda_out_gemm")
+def kda_out_gemm(k: Kernels, y, w_norm, gate, eps, w, decode: int = 0):
+    """gemm(kda_out(y, w_norm, gate, eps) viewed [T, H * V], w) fp32, the leading `decode` rows decode rows: the
+    norm once (kda_out), then the plain GEMM. A norm in o_proj's GEMV prologue would be recomputed by every column
+    block (an exp per element), far above the weights' stream in instructions."""
+    o = kda_out(k, y, w_norm, gate, eps)
+    return ops_gemm.gemm(k, o.reshape(o.shape[0], -1), w, decode=decode)
