@@ -62,6 +62,11 @@ def _gemv_rows(cfg, tp, fmt, rows, arch):
         kva = _shape(plain, stored, storage, "self_attn.kv_a_proj_with_mqa.weight")
         out.append(row(calls.gemv("multi rmsnorm", "bf16", qa[0] + kva[0], qa[1], rows, qa[2] + kva[2], arch=arch),
                        rows, "multi rmsnorm", f"q_a+kv_a N {qa[0] + kva[0]} K {qa[1]}"))
+    else:                                    # a quantised q_b behind the q_a norm (gemv_q_norm.cu)
+        n, k, st, q = _shape(plain, stored, storage, "self_attn.q_b_proj.weight")
+        if q:
+            out.append(row(calls.gemv("multi rmsnorm", fmt, n, k, rows, st, arch=arch), rows, "multi rmsnorm",
+                           f"q_b N {n} K {k}"))
     return out
 
 
