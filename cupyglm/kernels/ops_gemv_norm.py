@@ -28,25 +28,38 @@ def _groups(name: str, rows: int) -> int:
     return groups
 
 
-def gemv_multi_rmsnorm(k: Kernels, x, w_norm, ws, ys, kinds, rows: int, eps: float) -> None:
-    """ys[p][:rows] = epilogue_p(rmsnorm(x, w_norm, eps)[:rows] @ ws[p].T) in the decode order, all parts in one launch.
-    x [M, K] bf16, w_norm [K] bf16, ws[p] [N_p, K] bf16, ys[p] [M, N_p] (fp32 for kind 0, bf16 for 1, 2)."""
-    name = "gemv_multi_rmsnorm_lane16"
-    check(name, "x", x, (None, None), k.bf16)
-    m, kk = x.shape
-    check(name, "w_norm", w_norm, (kk,), k.bf16)
-    if not 0 < len(ws) <= PARTS:
-        raise ValueError(f"{name}: 1..{PARTS} parts, got {len(ws)}")
-    if not 0 < rows <= m:
-        raise ValueError(f"{name}: rows must be in (0, {m}], got {rows}")
+def _bf16_parts(k: Kernels, name: str, parts, m: int, kk: int, slots: int, pad) -> tuple[list, int]:
+    """The (w, y, n, kind) arguments of bf16 parts (w [N, K] bf16, y [M, N] fp32 for kind 0, bf16 for 1 and 2),
+    `slots` of them with the unused ones `pad` with no columns; and the column blocks they take."""
     args, blocks = [], 0
-    for p, (w, y, kind) in enumerate(zip(ws, ys, kinds)):
+    for p, (w, y, kind) in enumerate(parts):
         check(name, f"w{p}", w, (None, kk), k.bf16)
         check(name, f"y{p}", y, (m, w.shape[0]), np.float32 if kind == 0 else k.bf16)
         args += [w, y, i32(w.shape[0]), i32(kind)]
         blocks += -(-w.shape[0] // ops_gemv.OUTS)
-    for _ in range(len(ws), PARTS):                         # unused parts: no columns, no blocks
-        args += [ws[0], ys[0], i32(0), i32(0)]
+    for _ in range(len(parts), slots):                      # unused parts: no columns, no blocks
+        args += [*pad, i32(0), i32(0)]
+    return args, blocks
+
+
+def _checked(name: str, k: Kernels, x, w_norm, rows: int) -> tuple[int, int]:
+    """(M, K) of x [M, K] bf16 with its norm weight [K] bf16 and the call's decode rows checked."""
+    check(name, "x", x, (None, None), k.bf16)
+    m, kk = x.shape
+    check(name, "w_norm", w_norm, (kk,), k.bf16)
+    if not 0 < rows <= m:
+        raise ValueError(f"{name}: rows must be in (0, {m}], got {rows}")
+    return m, kk
+
+
+def gemv_multi_rmsnorm(k: Kernels, x, w_norm, ws, ys, kinds, rows: int, eps: float) -> None:
+    """ys[p][:rows] = epilogue_p(rmsnorm(x, w_norm, eps)[:rows] @ ws[p].T) in the decode order, all parts in one launch.
+    x [M, K] bf16, w_norm [K] bf16, ws[p] [N_p, K] bf16, ys[p] [M, N_p] (fp32 for kind 0, bf16 for 1, 2)."""
+    name = "gemv_multi_rmsnorm_lane16"
+    m, kk = _checked(name, k, x, w_norm, rows)
+    if not 0 < len(ws) <= PARTS:
+        raise ValueError(f"{name}: 1..{PARTS} parts, got {len(ws)}")
+    args, blocks = _bf16_parts(k, name, list(zip(ws, ys, kinds)), m, kk, PARTS, (ws[0], ys[0]))
     k.launch(SRC, name, (blocks, _groups(name, rows), 1), ops_gemv.THREADS,
              (x, w_norm, f32(eps), *args, i32(kk), i32(rows)))
 
@@ -56,14 +69,10 @@ def gemv_multi_rmsnorm_q(k: Kernels, x, w_norm, qparts, bparts, rows: int, eps: 
     (bf16 w [N, K], y, kind) up to Q_PARTS, in one launch; y [M, N] fp32 for kind 0, bf16 for 1 and 2."""
     fmt = qparts[0][0].fmt
     name = f"gemv_multi_rmsnorm_{fmt}_lane16"
-    check(name, "x", x, (None, None), k.bf16)
-    m, kk = x.shape
-    check(name, "w_norm", w_norm, (kk,), k.bf16)
+    m, kk = _checked(name, k, x, w_norm, rows)
     if not (0 < len(qparts) <= Q_PARTS and len(bparts) <= Q_PARTS):
         raise ValueError(f"{name}: 1..{Q_PARTS} quantised and 0..{Q_PARTS} bf16 parts, got {len(qparts)}, "
                          f"{len(bparts)}")
-    if not 0 < rows <= m:
-        raise ValueError(f"{name}: rows must be in (0, {m}], got {rows}")
     args, blocks = [], 0
     for p, (w, y, kind) in enumerate(qparts):
         wa = weight_args(name, w, 2, kk)
@@ -75,16 +84,9 @@ def gemv_multi_rmsnorm_q(k: Kernels, x, w_norm, qparts, bparts, rows: int, eps: 
     w0, y0 = qparts[0][0], qparts[0][1]
     for _ in range(len(qparts), Q_PARTS):                  # unused parts: no columns, no blocks
         args += [*weight_args(name, w0, 2, kk), y0, i32(0), i32(0)]
-    args += list(tc_block_args(w0))
-    for p, (w, y, kind) in enumerate(bparts):
-        check(name, f"w{p}", w, (None, kk), k.bf16)
-        check(name, f"y{p}", y, (m, w.shape[0]), np.float32 if kind == 0 else k.bf16)
-        args += [w, y, i32(w.shape[0]), i32(kind)]
-        blocks += -(-w.shape[0] // ops_gemv.OUTS)
-    for _ in range(len(bparts), Q_PARTS):
-        args += [x, y0, i32(0), i32(0)]
-    k.launch(SRC_Q, name, (blocks, _groups(name, rows), 1), ops_gemv.THREADS,
-             (x, w_norm, f32(eps), *args, i32(m), i32(kk), i32(rows)))
+    bargs, bblocks = _bf16_parts(k, name, bparts, m, kk, Q_PARTS, (x, y0))
+    k.launch(SRC_Q, name, (blocks + bblocks, _groups(name, rows), 1), ops_gemv.THREADS,
+             (x, w_norm, f32(eps), *args, *tc_block_args(w0), *bargs, i32(m), i32(kk), i32(rows)))
 
 
 def _q_fits(ws) -> bool:
