@@ -1,4 +1,4 @@
-// gemv_q_norm.cu -- gemv_norm.cu's gemv_multi_rmsnorm_lane16 with quantised parts (DESIGN §3b): rmsnorm(x) computed
+// gemv_q_norm.cu -- gemv_norm.cu's gemv_multi_rmsnorm_lane16 with quantised parts: rmsnorm(x) computed
 // in the prologue (gemv_norm_x.cuh) and streamed through up to 2 quantised parts of one format (gemv_q_block.cuh's
 // body) and up to 2 bf16 parts (gemv_part.cuh's), each block exactly the norm launch followed by its own GEMV
 // launch: a DSA layer's quantised q_b beside the indexer's wq_b.
