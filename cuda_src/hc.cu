@@ -5,47 +5,12 @@
 // cupyglm/backend/numpy_ops.py; every sum over 4D runs in lane-16 order (backend/lanes.py), short sums over the
 // streams left to right.  Storage: the streams X, the weight fn and every stream-shaped
 // output are bf16; base and scale (stored F32), post and comb are fp32.
-#include "common.cuh"
-#include "exp_f32.cuh"
-#include "norm_row.cuh"
-
-#define HC_MAX_S 8  // streams supported by hc_pre's per-thread Sinkhorn (the model has 4)
-
-// The fp32 sublayer output read as bf16 (hc_post's branch, residual_add's partial), or, in the planted control
-// variant of the contract (-DCONTROL_UNROUNDED), read unrounded.
-static __device__ __forceinline__ float rounded(float v) {
-#ifdef CONTROL_UNROUNDED
-  return v;
-#else
-  return bf16_round(v);
-#endif
-}
-
-static __device__ __forceinline__ float ld_rounded(const float* p, long long i) { return rounded(p[i]); }
-
-// hc_post's branch at element i of its [T, D] block: the ranks' fp32 partials (branch [ranks, T, D] as gathered,
-// rank r at row r, n = T * D) added left to right in fp32, ((p0 + p1) + p2) + ..., the bits of the rank-order sum
-// (cuda_src/rank_sum.cu) before the bf16 read.  Planted control HC_PLANT_RANKS_REVERSED adds from the last rank.
-static __device__ __forceinline__ float ld_branch(const float* p, long long i, long long n, int ranks) {
-#ifdef HC_PLANT_RANKS_REVERSED
-  float acc = p[(long long)(ranks - 1) * n + i];
-  for (int r = ranks - 2; r >= 0; --r) acc = acc + p[(long long)r * n + i];
-#else
-  float acc = p[i];
-  for (int r = 1; r < ranks; ++r) acc = acc + p[(long long)r * n + i];
-#endif
-  return rounded(acc);
-}
+#include "hc_row.cuh"
 
 // One block per token row; blockDim.x a multiple of 32 (launcher: 128).  Groups of 16 threads each
 // compute one of the NM = S*(S+2) mix dots (or, as output NM, the sum of squares) in lane-16 order, thread 0
 // turns them into pre/post/comb (Sinkhorn), then all threads collapse the streams into x_out (and, when xs is
 // given, the same bf16 values into xs for a fused epilogue).  hc_sh: (NM + 1 + S) floats of shared memory.
-// X is read with plain (coherent) loads: hc_post_pre_norm passes streams its own block wrote in this launch.
-static __device__ __forceinline__ float ld_bf16_coherent(const __nv_bfloat16* p, long long i) {
-  return __bfloat162float(p[i]);
-}
-
 static __device__ __forceinline__ void hc_pre_row(const __nv_bfloat16* X, const __nv_bfloat16* __restrict__ fn,
                                                   const float* __restrict__ base, const float* __restrict__ scale,
                                                   __nv_bfloat16* __restrict__ x_out, float* __restrict__ post,
@@ -76,71 +41,10 @@ static __device__ __forceinline__ void hc_pre_row(const __nv_bfloat16* X, const 
   }
   __syncthreads();
 
-  if (tid == 0) {
-    const float r = 1.0f / sqrtf(hc_sh[NM] / (float)K + norm_eps);
-    const float sc0 = scale[0], sc1 = scale[1], sc2 = scale[2];
-    float c[HC_MAX_S][HC_MAX_S];
-    for (int i = 0; i < S; ++i) {
-      pre_sh[i] = sigmoid_f32(hc_sh[i] * r * sc0 + base[i]) + hc_eps;
-      post[(long long)t * S + i] = 2.0f * sigmoid_f32(hc_sh[S + i] * r * sc1 + base[S + i]);
-    }
-    // Row softmax + eps.
-    for (int i = 0; i < S; ++i) {
-      float lg[HC_MAX_S];
-      float m = 0.0f;
-      for (int j = 0; j < S; ++j) {
-        const int o = 2 * S + i * S + j;
-        lg[j] = hc_sh[o] * r * sc2 + base[o];
-        m = (j == 0 || lg[j] > m) ? lg[j] : m;
-      }
-      float rows = 0.0f;
-      for (int j = 0; j < S; ++j) {
-        lg[j] = exp_f32(lg[j] - m);
-        rows = (j == 0) ? lg[j] : rows + lg[j];
-      }
-      for (int j = 0; j < S; ++j) c[i][j] = lg[j] / rows + hc_eps;
-    }
-    // Columns once, then (rows, columns) iters - 1 times; sums left to right, + eps in the denominators.
-    for (int it = 0; it < iters; ++it) {
-      if (it > 0) {
-        for (int i = 0; i < S; ++i) {
-          float s = c[i][0];
-          for (int j = 1; j < S; ++j) s = s + c[i][j];
-          const float den = s + hc_eps;
-          for (int j = 0; j < S; ++j) c[i][j] = c[i][j] / den;
-        }
-      }
-      for (int j = 0; j < S; ++j) {
-        float s = c[0][j];
-        for (int i = 1; i < S; ++i) s = s + c[i][j];
-        const float den = s + hc_eps;
-        for (int i = 0; i < S; ++i) c[i][j] = c[i][j] / den;
-      }
-    }
-    if (iters <= 0) {  // the reference still normalises the columns once
-      for (int j = 0; j < S; ++j) {
-        float s = c[0][j];
-        for (int i = 1; i < S; ++i) s = s + c[i][j];
-        const float den = s + hc_eps;
-        for (int i = 0; i < S; ++i) c[i][j] = c[i][j] / den;
-      }
-    }
-    for (int i = 0; i < S; ++i)
-      for (int j = 0; j < S; ++j) comb[((long long)t * S + i) * S + j] = c[i][j];
-  }
+  if (tid == 0) hc_gates(hc_sh, base, scale, post, comb, t, S, K, norm_eps, hc_eps, iters);
   __syncthreads();
 
-  // x = bf16(((pre0 X0 + pre1 X1) + pre2 X2) + pre3 X3).
-  for (int d = tid; d < D; d += blockDim.x) {
-    float acc = pre_sh[0] * ld_bf16_coherent(xr, d);
-    for (int s = 1; s < S; ++s) acc = acc + pre_sh[s] * ld_bf16_coherent(xr, (long long)s * D + d);
-    x_out[(long long)t * D + d] = to_bf16(acc);
-#ifdef CONTROL_NORM_UNROUNDED
-    if (xs != nullptr) xs[d] = acc;                 // planted control: the norm reads the unrounded collapse
-#else
-    if (xs != nullptr) xs[d] = bf16_round(acc);     // the norm reads x exactly as stored
-#endif
-  }
+  hc_collapse(xr, pre_sh, x_out, xs, t, S, D);
 }
 
 // Dynamic shared memory: (NM + 1 + S) floats.
@@ -155,11 +59,6 @@ extern "C" __global__ void hc_pre(const __nv_bfloat16* __restrict__ X,      // [
   extern __shared__ float hc_sh[];  // [NM] mix dots, [1] sum of squares, [S] pre
   hc_pre_row(X, fn, base, scale, x_out, post, comb, S, D, norm_eps, hc_eps, iters, hc_sh, nullptr);
 }
-
-struct HcRowShared {            // the collapsed row's bf16 values, kept in shared memory as floats
-  const float* xs;
-  __device__ float operator()(int i) const { return xs[i]; }
-};
 
 // hc_pre, then the sublayer's RMSNorm of x (norm_row.cuh, NumpyOps.rmsnorm) in the same block: h = rmsnorm(x,
 // norm_w, norm_eps), the two launches' bits in one.  x_out is the collapsed row as hc_pre writes it.
@@ -180,20 +79,6 @@ extern "C" __global__ void hc_pre_norm(const __nv_bfloat16* __restrict__ X,     
   __syncthreads();                  // the whole row is in xs
   const HcRowShared rd{xs};
   rmsnorm_row(rd, norm_w, h_out + (long long)blockIdx.x * D, D, norm_eps);
-}
-
-// One element d of token t's updated streams (hc_post).
-static __device__ __forceinline__ void hc_post_at(const __nv_bfloat16* __restrict__ X, const float* __restrict__ branch,
-                                                  const float* __restrict__ post, const float* __restrict__ comb,
-                                                  __nv_bfloat16* out, int t, int T, int S, int D, int d,
-                                                  int ranks) {
-  const float b = ld_branch(branch, (long long)t * D + d, (long long)T * D, ranks);
-  const __nv_bfloat16* xr = X + (long long)t * S * D + d;
-  for (int s = 0; s < S; ++s) {
-    float acc = post[(long long)t * S + s] * b;
-    for (int j = 0; j < S; ++j) acc = acc + comb[((long long)t * S + j) * S + s] * ld_bf16(xr, (long long)j * D);
-    out[((long long)t * S + s) * D + d] = to_bf16(acc);
-  }
 }
 
 // X'[t, s, d] = bf16(post[t, s] * b + sum_j comb[t, j, s] * X[t, j, d]), j left to right, where

@@ -2,7 +2,7 @@
 FLOPs and blocks the launcher's grid gives (cupyglm/kernels/ops_*.py)."""
 from __future__ import annotations
 
-from cupyglm.kernels import ops_gemm_tc, ops_gemm_tc_q, ops_gemv_q, ops_kda
+from cupyglm.kernels import ops_gemm_tc, ops_gemm_tc_q, ops_gemv_q, ops_hc, ops_kda
 
 from bench.sass import kernels as K
 from bench.sass.model import Call, analyse, tile_l2_bytes
@@ -174,3 +174,35 @@ def norm(cfg, rows: int, arch: str = "sm_90") -> Call:
     """rmsnorm_rows over `rows` rows of hidden_size (about 4 FLOPs an element)."""
     d = cfg.hidden_size
     return Call(analyse(K.NORM, arch), 4.0 * rows * d, rows * d * 4.0, 0.0, rows)
+
+
+def _hc_shape(cfg) -> tuple[int, int, int, float]:
+    """(streams S, hidden D, K = S * D, the bytes of one fn [NM, K] bf16)."""
+    s, d = cfg.hc_mult, cfg.hidden_size
+    return s, d, s * d, s * (s + 2) * s * d * 2.0
+
+
+def hc_decode(cfg, tp: int, rows: int, arch: str = "sm_90") -> list[Call]:
+    """A sublayer's hc_post_pre_norm on `rows` decode rows, hc_split.cu's two launches: hc_post_split (an
+    elementwise pass over the streams and the ranks' partials, its bytes alone) and hc_mix_norm (NM + 1 dots of K
+    terms a row in lane-16 chains, ceil((NM + 1) / SPLIT_OUTS) blocks a row; fn from HBM once, every row's blocks
+    load it, and the tail's streams)."""
+    s, d, k, fn = _hc_shape(cfg)
+    nm = s * (s + 2)
+    post = Call(None, 0.0, rows * (2.0 * k * 2 + tp * d * 4), 0.0, rows)
+    blocks = rows * -(-(nm + 1) // ops_hc.SPLIT_OUTS)
+    mix = Call(analyse(K.hc_mix(d), arch), 2.0 * (nm + 1) * k * rows, fn + rows * (k * 2 + 2 * d * 2), 0.0, blocks,
+               l2_bytes=rows * (fn + blocks / rows * k * 2))
+    return [post, mix]
+
+
+def hc_prompt(cfg, tp: int, tokens: int, arch: str = "sm_90") -> list[Call]:
+    """A sublayer's hc_post_pre_norm on `tokens` prompt rows: hc_decode's launches up to ops_hc.SPLIT_ROWS rows,
+    else hc.cu's one block a row (each block loads all of fn)."""
+    if tokens <= ops_hc.SPLIT_ROWS:
+        return hc_decode(cfg, tp, tokens, arch)
+    s, d, k, fn = _hc_shape(cfg)
+    nm = s * (s + 2)
+    nbytes = fn + tokens * (2.0 * k * 2 + tp * d * 4 + 2 * d * 2)
+    return [Call(analyse(K.HC_ROW, arch), 2.0 * (nm + 1) * k * tokens, nbytes, 0.0, tokens,
+                 l2_bytes=tokens * (fn + k * 2))]

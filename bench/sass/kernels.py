@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from cupyglm.kernels import ops_attention as att
 from cupyglm.kernels import ops_attention_tc as att_tc
-from cupyglm.kernels import ops_gemm_tc, ops_gemm_tc_q
+from cupyglm.kernels import ops_gemm_tc, ops_gemm_tc_q, ops_hc
 from cupyglm.kernels import ops_indexer as idx
 from cupyglm.kernels import ops_kda as kda
 
@@ -98,6 +98,14 @@ def index_prompt(i: int) -> Kernel:
 # kda_step's hot loop is one of its per-token loops over the lane's key columns (one element a thread)
 KDA_DECODE = Kernel("kda_step", "kda_step.cu", "decode", "state", 256, per_thread=1)
 NORM = Kernel("rmsnorm_rows", "norm.cu", "decode", "flop", 128)
+# hc.cu's hc_post_pre_norm (prompt rows, one block a row): its hot loop the mix dots' (two loads a product)
+HC_ROW = Kernel("hc_post_pre_norm", "hc.cu", "prompt", "flop", 128, hot="dot")
+
+
+def hc_mix(d: int) -> Kernel:
+    """hc_split.cu's hc_mix_norm (decode rows): one warp a block sums the dots, its hot loop; the block's other warps
+    only stage the next chunk, so the warp is what issues (threads 32). Shared memory: the stage and the row."""
+    return Kernel("hc_mix_norm", "hc_split.cu", "decode", "flop", 32, dyn_shared=ops_hc.SPLIT_STAGE + 4 * d)
 
 
 def kda_prompt(head_dim: int, rows: int = 1) -> Kernel:

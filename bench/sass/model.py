@@ -60,6 +60,7 @@ class Kernel:
     dyn_shared: int = 0  # dynamic shared memory a block (the launcher's), bytes
     per_thread: float = 1.0   # unit "state": the elements a thread updates an iteration
     bucket: int = GEMV_ROWS   # unit "weight": the row bucket whose loop is counted (bucket())
+    hot: str = "work"         # "dot": the hot loop is the one with two global loads a product (a dot's loop)
 
 
 @dataclass(frozen=True)
@@ -112,6 +113,8 @@ def analyse(k: Kernel, arch: str = "sm_90", defines: tuple[str, ...] = ()) -> An
     if k.unit == "weight":
         only = compiled(k.file, arch, tuple(defines) + (f"GEMV_BUCKET_ONLY={k.bucket}",))
         hot = parse.hot_loop(only.functions[k.name], lambda c: c.tensor > 0 or (c.shared_loads > 0 and c.fadd > 0))
+    elif k.hot == "dot":
+        hot = parse.hot_loop(comp.functions[k.name], lambda c: c.fmul > 0 and c.global_loads == 2 * c.fmul)
     else:
         hot = parse.hot_loop(comp.functions[k.name])
     if hot is None:

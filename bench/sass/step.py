@@ -1,9 +1,10 @@
 """The calls of one decode step and of one cold prefill of the whole model on one TP rank, each a Call of
 bench/sass/calls.py: every projection of cupyglm.memory.weight_arrays (logical shapes from the bf16 table, stored
-bytes from the format's), the attention / indexer of the DSA layers, the KDA state of the others, two norms a
-layer. A prefill's prompt GEMMs and DSA attention run on the tensor core (bench/sass/prompt_tc.py,
-attention_tc); its lm_head on the last row alone. The tensors no kernel here models
-(hyper-connections, conv taps, biases, the embedding rows) count their bytes at HBM bandwidth."""
+bytes from the format's), the attention / indexer of the DSA layers, the KDA state of the others, two
+hyper-connection updates with their norm a layer (calls.hc_decode / hc_prompt, label "norms"). A prefill's prompt
+GEMMs and DSA attention run on the tensor core (bench/sass/prompt_tc.py, attention_tc); its lm_head on the last row
+alone. The tensors no kernel here models (the hyper-connections' gates, conv taps, biases, the embedding rows) count
+their bytes at HBM bandwidth."""
 from __future__ import annotations
 
 import functools
@@ -19,6 +20,7 @@ from bench.sass import calls, hw, prompt_tc
 _SCALE = re.compile(r"\.weight_scale(_inv|_2)?$")
 _EXPERT = re.compile(r"\.experts\.(\d+)\.(gate|up|down)_proj\.weight$")
 _PAIRED = re.compile(r"\.(gate|up)_proj\.weight$")
+_HC_FN = re.compile(r"\.hc_(attn|ffn)_fn$")
 
 
 @functools.lru_cache(maxsize=None)
@@ -53,7 +55,8 @@ def _projections(cfg, tp: int, fmt: str, rows: int):
     out, small = [], 0.0
     for name, a in plain.items():
         if not _projection(name, a):
-            small += rows * a.shape[-1] * 2 if "embed_tokens" in name else a.nbytes(storage)
+            if not _HC_FN.search(name):                    # fn: the hyper-connection calls' bytes (calls.hc_*)
+                small += rows * a.shape[-1] * 2 if "embed_tokens" in name else a.nbytes(storage)
             continue
         f = fmt if stored[name] != a.nbytes(storage) else "bf16"
         m = _EXPERT.search(name)
@@ -188,7 +191,7 @@ def decode_calls(cfg, tp: int, fmt: str, batch: int, context: int, arch: str = "
         out += [("indexer", calls.launch_only()) for _ in range(3)]   # kv_write_rows, index_tail_pool, dsa_pick
     out += [("kda state", calls.kda_decode(cfg, tp, batch, arch)) for _ in cfg.kda_layers]
     out += [("norms", calls.launch_only()) for _ in cfg.kda_layers]     # kda_out, the gated norm before o_proj
-    out += [("norms", calls.norm(cfg, batch, arch)) for _ in range(2 * cfg.num_hidden_layers)]
+    out += [("norms", c) for _ in range(2 * cfg.num_hidden_layers) for c in calls.hc_decode(cfg, tp, batch, arch)]
     return out, small
 
 
@@ -196,7 +199,7 @@ def _kernels(cfg, tp: int, tokens: int, arch: str):
     """A cold prefill's indexer, KDA recurrence and norms (the same kernels whatever runs the GEMMs)."""
     out = [("indexer", calls.index_prompt(cfg, tokens, arch)) for _ in cfg.dsa_layers]
     out += [("kda state", calls.kda_prompt(cfg, tp, tokens, arch)) for _ in cfg.kda_layers]
-    return out + [("norms", calls.norm(cfg, tokens, arch)) for _ in range(2 * cfg.num_hidden_layers)]
+    return out + [("norms", c) for _ in range(2 * cfg.num_hidden_layers) for c in calls.hc_prompt(cfg, tp, tokens, arch)]
 
 
 def prefill_calls(cfg, tp: int, fmt: str, tokens: int, arch: str = "sm_90"):

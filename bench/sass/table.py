@@ -1,6 +1,6 @@
 """One row per modelled kernel and shape at the model's shapes: every decode GEMV form at each row count, the
 prompt GEMMs on the tensor core at M rows (gemm_tc.cu, gemm_tc_q.cu: dense and grouped), attention / indexer /
-KDA / norm on both paths (bench/sass_model.py prints them)."""
+KDA / norm / hyper-connection on both paths (bench/sass_model.py prints them)."""
 from __future__ import annotations
 
 from bench.sass import calls, hw, kernels as K
@@ -108,8 +108,11 @@ def kernel_rows(cfg, tp: int, rows=(1, 16), m: int = 2048, context: int = 4096, 
         out.append(row(calls.index_decode(cfg, r, context, arch), r, "indexer", f"context {context}"))
         out.append(row(calls.kda_decode(cfg, tp, r, arch), r, "kda", "state"))
         out.append(row(calls.norm(cfg, r, arch), r, "norm", f"D {cfg.hidden_size}"))
+        hc = f"D {cfg.hidden_size} x {cfg.hc_mult} streams"
+        out += [row(c, r, "hc", hc) for c in calls.hc_decode(cfg, tp, r, arch) if c.analysis]
     out.append(row(calls.attention_prompt(cfg, tp, m, arch), m, "attention", f"prompt {m}"))
     out.append(row(calls.attention_tc_prompt(cfg, tp, m, arch), m, "attention tc", f"prompt {m}"))
     out.append(row(calls.index_prompt(cfg, m, arch), m, "indexer", f"prompt {m}"))
     out.append(row(calls.kda_prompt(cfg, tp, m, arch), m, "kda", f"prompt {m}"))
+    out += [row(c, m, "hc", f"prompt {m}") for c in calls.hc_prompt(cfg, tp, m, arch)]
     return out

@@ -5,7 +5,9 @@ bf16 collapsed input x, because their tolerances differ in fp32 units (see TOL b
 Controls: hc_pre and hc_pre.x with two streams swapped (one Sinkhorn step dropped is no control: 20 steps have
 converged, measured within 3 ULPs), hc_post with two streams swapped, stream_mean with the last stream dropped.
 hc_post_pre_norm's control is hc_post's (the branch read unrounded); hc_pre_norm's control is a variant whose
-fused norm reads the collapse unrounded (-DCONTROL_NORM_UNROUNDED).
+fused norm reads the collapse unrounded (-DCONTROL_NORM_UNROUNDED). Up to ops_hc.SPLIT_ROWS rows hc_post_pre_norm
+runs hc_split.cu (hc_post_split, hc_mix_norm); `hc_post_pre_norm.first[..]` plants its row's first block running
+the tail (-DCONTROL_HC_FIRST_DONE), and the prompt shapes (more rows) keep hc.cu's one-block-a-row kernel.
 hc_post.ranks and hc_post_pre_norm.ranks take the ranks' gathered partials [R, T, D] and add them in rank order
 as they read them: their control is a kernel variant adding from the last rank (-DHC_PLANT_RANKS_REVERSED); the
 partials carry large cancelling terms so that the order shows after the bf16 read (two ranks commute, so R >= 3).
@@ -140,7 +142,13 @@ def _hc_post_pre_norm(label: str, t: int, d: int, s: int = 4) -> None:
     def replay(d_):
         return pack(REF.hc_post_pre_norm(*args(d_)))
 
-    case(Case(f"hc_post_pre_norm[{label}]", ("hc_post_pre_norm",), make, run, replay, ctl, GATE_ULPS, GATE_WHY))
+    def ctl_first(k, d_):                               # the row's first block runs the tail
+        return pack(ops_hc.hc_post_pre_norm(k.variant("CONTROL_HC_FIRST_DONE"), *args(d_)))
+
+    kernels = ("hc_post_split", "hc_mix_norm") if t <= ops_hc.SPLIT_ROWS else ("hc_post_pre_norm",)
+    case(Case(f"hc_post_pre_norm[{label}]", kernels, make, run, replay, ctl, GATE_ULPS, GATE_WHY))
+    if t <= ops_hc.SPLIT_ROWS:
+        case(Case(f"hc_post_pre_norm.first[{label}]", kernels, make, run, replay, ctl_first, GATE_ULPS, GATE_WHY))
 
 
 def _hc_post(label: str, t: int, d: int, s: int = 4) -> None:
@@ -198,7 +206,7 @@ def _hc_post_ranks(r: int, t: int, d: int, s: int = 4) -> None:
     case(Case(f"hc_post.ranks[r{r}]", ("hc_post",), make, lambda k, d_: {"X": ops_hc.hc_post(k, *post_args(d_))},
               lambda d_: {"X": REF.hc_post(*post_args(d_))},
               lambda k, d_: {"X": ops_hc.hc_post(k.variant(reversed_), *post_args(d_))}))
-    case(Case(f"hc_post_pre_norm.ranks[r{r}]", ("hc_post_pre_norm",), make,
+    case(Case(f"hc_post_pre_norm.ranks[r{r}]", ("hc_post_split", "hc_mix_norm"), make,
               lambda k, d_: pack(ops_hc.hc_post_pre_norm(k, *fused_args(d_))),
               lambda d_: pack(REF.hc_post_pre_norm(*fused_args(d_))),
               lambda k, d_: pack(ops_hc.hc_post_pre_norm(k.variant(reversed_), *fused_args(d_))), GATE_ULPS, GATE_WHY))
@@ -252,6 +260,7 @@ _hc_post_pre_norm("decode", 1, 256)
 _hc_post_pre_norm("verify", 16, 256)
 _hc_post_pre_norm("odd",     3,  72)
 _hc_post_pre_norm("full",    2, 4096)
+_hc_post_pre_norm("prompt70", 70, 256)  # past SPLIT_ROWS: hc.cu's one block a row
 _hc_post("decode",     1,  256)
 _hc_post("verify",    16,  256)
 _hc_post("prompt37",  37,  256)

@@ -169,6 +169,12 @@ def check(kernel: str, param: str, a, shape: tuple | None = None, dtype=None):
     return a
 
 
+def aligned16(k: Kernels, a):
+    """a, or a copy of it when its data does not start on a 16-byte boundary (a view's offset)."""
+    ptr = a.ctypes.data if isinstance(a, np.ndarray) else a.data.ptr
+    return a if ptr % 16 == 0 else k.xp.array(a, copy=True)
+
+
 def i32(v) -> np.int32:
     return np.int32(v)
 

@@ -5,9 +5,16 @@ from __future__ import annotations
 
 import numpy as np
 
-from cupyglm.kernels.ops import Kernels, check, f32, i32, op
+from cupyglm.kernels.ops import Kernels, aligned16, check, f32, i32, op
 
 SRC = "hc.cu"
+SPLIT = "hc_split.cu"
+# hc_post_pre_norm runs hc_split.cu's two launches (a row's mix dots over several blocks) up to this many rows;
+# a prompt chunk's rows fill the GPU one block a row (hc.cu). Both give the same bits.
+SPLIT_ROWS = 64
+SPLIT_OUTS = 2                 # hc_split.cu HC_MIX_OUTS: the dots a block
+SPLIT_THREADS = 256            # hc_split.cu HC_MIX_THREADS
+SPLIT_STAGE = 3 * 16 * (4096 // 16 + 4) * 4     # hc_mix_norm's stage: HC_MIX_ROWS x 16 lanes x HC_MIX_PITCH floats
 F32 = np.float32
 MAX_SHARED = 48 * 1024     # dynamic shared memory without an opt-in
 
@@ -84,8 +91,9 @@ def hc_pre_norm(k: Kernels, X, fn, base, scale, norm_w, norm_eps, hc_eps, iters)
 
 @op("hc_post_pre_norm")
 def hc_post_pre_norm(k: Kernels, X, branch, post, comb, fn, base, scale, norm_w, norm_eps, hc_eps, iters):
-    """hc_post(X, branch, post, comb), then hc_pre_norm of the result, in one launch -> (X' [T, S, D] bf16, h
-    [T, D] bf16, post' [T, S] fp32, comb' [T, S, S] fp32). branch: [T, D] or [R, T, D] fp32 (see hc_post)."""
+    """hc_post(X, branch, post, comb), then hc_pre_norm of the result -> (X' [T, S, D] bf16, h [T, D] bf16, post'
+    [T, S] fp32, comb' [T, S, S] fp32). branch: [T, D] or [R, T, D] fp32 (see hc_post). Up to SPLIT_ROWS rows in
+    hc_split.cu's two launches, else hc.cu's one (one block a row)."""
     X = _arg(k, "hc_post_pre_norm", "X", X, (None, None, None), k.bf16)
     t, s, d, shared, fn, base, scale, norm_w = _pre_norm_args(k, "hc_post_pre_norm", X, fn, base, scale, norm_w)
     branch, ranks = _branch(k, "hc_post_pre_norm", branch, t, d)
@@ -96,11 +104,29 @@ def hc_post_pre_norm(k: Kernels, X, branch, post, comb, fn, base, scale, norm_w,
     h = k.empty((t, d), k.bf16)
     post2 = k.empty((t, s))
     comb2 = k.empty((t, s, s))
-    if t:
+    outs = (x, h, post2, comb2)
+    if t and t <= SPLIT_ROWS and (s * d) % 8 == 0 and SPLIT_STAGE + d * 4 <= k.shared_optin:
+        _split(k, X, branch, post, comb, aligned16(k, fn), base, scale, norm_w, X2, outs, ranks, norm_eps, hc_eps,
+               iters)
+    elif t:
         k.launch(SRC, "hc_post_pre_norm", (t,), (128,),
-                 (X, branch, post, comb, fn, base, scale, norm_w, X2, x, h, post2, comb2, i32(t), i32(s), i32(d),
+                 (X, branch, post, comb, fn, base, scale, norm_w, X2, *outs, i32(t), i32(s), i32(d),
                   f32(norm_eps), f32(hc_eps), i32(iters), i32(ranks)), shared_mem=shared)
     return X2, h, post2, comb2
+
+
+def _split(k: Kernels, X, branch, post, comb, fn, base, scale, norm_w, X2, outs, ranks, norm_eps, hc_eps, iters):
+    """hc_post_pre_norm's decode form (hc_split.cu): hc_post_split writes X' and zeroes the tickets, then
+    hc_mix_norm's (T, ceil((NM + 1) / SPLIT_OUTS)) blocks sum the mix dots, each row's last block the tail."""
+    t, s, d = X.shape
+    nm = s * (s + 2)
+    tickets = k.empty((t,), np.uint32)           # [T] blocks of the row done (zeroed by hc_post_split)
+    dots = k.empty((t, nm + 1))                  # [T, NM + 1] fp32 the row's mix dots and sum of squares
+    k.launch(SPLIT, "hc_post_split", (t, (d + 255) // 256), (256,),
+             (X, branch, post, comb, X2, tickets, i32(t), i32(s), i32(d), i32(ranks)))
+    k.launch_opted(SPLIT, "hc_mix_norm", (t, -(-(nm + 1) // SPLIT_OUTS)), (SPLIT_THREADS,),
+                   (X2, fn, base, scale, norm_w, dots, tickets, *outs, i32(t), i32(s), i32(d), f32(norm_eps),
+                    f32(hc_eps), i32(iters)), shared_mem=SPLIT_STAGE + d * 4)
 
 
 @op("hc_post")

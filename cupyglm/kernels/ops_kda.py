@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 
 from cupyglm.kernels import ops_gemm
-from cupyglm.kernels.ops import Kernels, check, f32, i32, op
+from cupyglm.kernels.ops import Kernels, aligned16, check, f32, i32, op
 
 SRC = "kda.cu"
 SRC_STEP = "kda_step.cu"    # kda_step, kda_step_slots
@@ -87,12 +87,6 @@ def rec_rows(h: int, vd: int) -> int:
     return 4 if warps >= 4 * SATURATE else 2 if warps >= 2 * SATURATE else 1
 
 
-def _aligned16(k: Kernels, a):
-    """a, or a copy of it when its data does not start on a 16-byte boundary (a view's offset)."""
-    ptr = a.data.ptr if hasattr(a.data, "ptr") else a.__array_interface__["data"][0]
-    return a if ptr % 16 == 0 else k.xp.array(a, copy=True)
-
-
 def rec_kernel(kd: int, rows: int) -> tuple[str, int]:
     """(kernel, value rows a block) of a launch at kd key columns and `rows` rows a group."""
     if kd in STAGED_K:
@@ -120,7 +114,7 @@ def kda_recurrence_rows(k: Kernels, S, q, kk, v, g, beta, rows: int | None):
     v = _arg(k, "kda_recurrence", "v", v, (n, h, vd), k.bf16)
     beta = _arg(k, "kda_recurrence", "beta", beta, (n, h), k.bf16)
     if kd in STAGED_K:         # the staged kernels copy 16-byte pieces (cp.async)
-        q, kk, g = (_aligned16(k, a) for a in (q, kk, g))
+        q, kk, g = (aligned16(k, a) for a in (q, kk, g))
     rows = rec_rows(h, vd) if rows is None else rows
     if rows not in GROUP_ROWS:
         raise ValueError(f"kda_recurrence: 1, 2 or 4 value rows a group, got {rows}")

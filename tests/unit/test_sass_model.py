@@ -326,3 +326,25 @@ def test_gemm_tc_q_counts_its_hmma_loop_and_prices_its_tiles(fmt):
     passes = m // tm + 63
     assert g.flops == 2.0 * tm * passes * n * k and g.bytes == 64 * st + m * (k + n) * 2
     assert g.l2_bytes == pytest.approx(passes * (n // tn) * k * (tm * 2 + tn * st / (n * k)))
+
+
+@pytest.mark.parametrize("rows", (1, 16))
+def test_a_decode_hyper_connection_step_is_priced_by_its_own_kernels(rows):
+    """A sublayer's hc_post + hc_pre + norm on decode rows is hc_split.cu's two launches, priced by their SASS (not
+    by the plain RMSNorm): its dots' loop reads four staged terms a load (under 4 instructions a term a lane) and the
+    step beats hc.cu's one block a row, whose 128 threads sum every dot of the row."""
+    from bench.sass import step
+    from cupyglm.config import preset
+
+    cfg = preset("glm-5.3-flash")
+    split = calls.hc_decode(cfg, 8, rows)
+    mix = split[1].analysis
+    assert mix.kernel.name == "hc_mix_norm" and mix.instr_per_unit * 2 * 32 < 4
+    row = model.analyse(calls.K.HC_ROW)
+    assert row.counts.global_loads == 2 * row.counts.fmul                  # hc.cu's dot loop, not its Sinkhorn
+    s, d, k, fn = calls._hc_shape(cfg)
+    one = model.Call(row, 2.0 * (s * (s + 2) + 1) * k * rows, fn, 0.0, rows)
+    assert sum(model.bounds(c)["predicted_us"] for c in split) < model.bounds(one)["predicted_us"]
+    out, _ = step.decode_calls(cfg, 8, "bf16", rows, 4096)
+    names = [c.analysis.kernel.name for label, c in out if label == "norms" and c.analysis]
+    assert names.count("hc_mix_norm") == 2 * cfg.num_hidden_layers and "rmsnorm_rows" not in names

@@ -1,7 +1,7 @@
 """What a sublayer's cross-rank sum costs on the cuda code path (the CuPy double), at TP=2 with NcclComm's own
 collective code: one collective (the allgather of the partial) and no launch of its own (hc_post, fused with the
-next hc_pre + norm, adds the ranks' parts in rank order as it reads them); a decode token makes 2 collectives a
-layer plus the lm_head's gather. The test comms gather in rank order, and hc_post's launcher refuses a branch that is
+next hc_pre + norm, adds the ranks' parts in rank order as it reads them; decode rows run its split form, hc_post_split
+then hc_mix_norm); a decode token makes 2 collectives a layer plus the lm_head's gather. The test comms gather in rank order, and hc_post's launcher refuses a branch that is
 neither [T, D] nor [R, T, D]."""
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ from cupyglm.distributed.comm import NcclComm
 from cupyglm.model.glm import SeqInput
 
 TP = 2
+SPLIT = {"hc_post_split": 1, "hc_mix_norm": 1}     # hc_post_pre_norm's decode form (hc_split.cu)
 
 
 class _MirrorNccl:
@@ -82,7 +83,7 @@ def test_attention_sublayer_is_one_gather_and_the_fused_hc_post(decode):
     assert blk.is_kda
     own, _ = _counts(lambda: blk.attn(h, call.segs))
     full, _ = _counts(lambda: blk.attention(X, h, post, comb, call.segs, model.kv, comm))
-    assert _extra(full, own) == (1, {"hc_post_pre_norm": 1}, 0, 0)
+    assert _extra(full, own) == (1, SPLIT, 0, 0)
 
 
 def test_ffn_sublayer_is_one_gather_and_the_fused_hc_post(decode):
@@ -91,7 +92,7 @@ def test_ffn_sublayer_is_one_gather_and_the_fused_hc_post(decode):
     X, h, post, comb = blk.attention(X, h, post, comb, call.segs, model.kv, comm)
     own, _ = _counts(lambda: blk.mlp(h, call.decode))
     full, _ = _counts(lambda: blk.ffn(X, h, post, comb, call.decode, comm, nxt))
-    assert _extra(full, own) == (1, {"hc_post_pre_norm": 1}, 0, 0)
+    assert _extra(full, own) == (1, SPLIT, 0, 0)
     own, _ = _counts(lambda: model.blocks[-1].mlp(h, call.decode))
     last, _ = _counts(lambda: model.blocks[-1].ffn(X, h, post, comb, call.decode, comm, None))
     assert _extra(last, own) == (1, {"hc_post": 1}, 0, 0)
