@@ -41,7 +41,7 @@ static __device__ __forceinline__ void hc_pre_row(const __nv_bfloat16* X, const 
   }
   __syncthreads();
 
-  if (tid == 0) hc_gates(hc_sh, base, scale, post, comb, t, S, K, norm_eps, hc_eps, iters);
+  hc_gates(hc_sh, base, scale, post, comb, t, S, K, norm_eps, hc_eps, iters);
   __syncthreads();
 
   hc_collapse(xr, pre_sh, x_out, xs, t, S, D);

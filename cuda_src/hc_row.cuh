@@ -1,6 +1,7 @@
 // hc_row.cuh -- one token row's hyper-connection pieces shared by hc.cu (one block a row) and hc_split.cu (the
 // decode form: a row's mix dots over several blocks): the branch read (ranks summed in rank order, rounded to bf16),
-// hc_post's element, the gates from the mix dots (sigmoid pre/post, Sinkhorn comb: one thread) and the collapse.
+// hc_post's element, the gates from the mix dots (sigmoid pre/post, Sinkhorn comb: a thread an element) and the
+// collapse.
 // Reference: NumpyOps.hc_pre / hc_post (cupyglm/backend/numpy_ops.py).
 #pragma once
 #include "common.cuh"
@@ -54,64 +55,64 @@ static __device__ __forceinline__ void hc_post_at(const __nv_bfloat16* __restric
   }
 }
 
+// One Sinkhorn normalisation of the S x S matrix cs, of its rows or its columns: thread (i, j) < S * S divides its
+// element by its line's sum (left to right, the values before this step) + eps.  Every thread calls it (barriers).
+static __device__ __forceinline__ void hc_sinkhorn_step(float* cs, int S, bool rows, float hc_eps) {
+  const int tid = threadIdx.x;
+  float v = 0.0f;
+  if (tid < S * S) {
+    const int first = rows ? tid - tid % S : tid % S, stride = rows ? 1 : S;
+    float s = cs[first];
+    for (int q = 1; q < S; ++q) s = s + cs[first + q * stride];
+    const float den = s + hc_eps;
+    v = cs[tid] / den;
+  }
+  __syncthreads();
+  if (tid < S * S) cs[tid] = v;
+  __syncthreads();
+}
+
 // Token t's gates from its mix dots hc_sh[0 .. NM - 1] and sum of squares hc_sh[NM] (over K = S * D): pre into
-// hc_sh[NM + 1 ..], post and comb to memory.  One thread.
+// hc_sh[NM + 1 ..], post and comb to memory.  Every thread calls it (barriers); thread (i, j) < S * S owns comb's
+// element (i, j) through the row softmax and the Sinkhorn steps, the bits of one thread doing them in order.
 static __device__ __forceinline__ void hc_gates(float* hc_sh, const float* __restrict__ base,
                                                 const float* __restrict__ scale, float* __restrict__ post,
                                                 float* __restrict__ comb, int t, int S, int K, float norm_eps,
                                                 float hc_eps, int iters) {
-  const int NM = S * (S + 2);
+  __shared__ float cs[HC_MAX_S * HC_MAX_S];
+  const int NM = S * (S + 2), tid = threadIdx.x;
   float* pre_sh = hc_sh + NM + 1;
   const float r = 1.0f / sqrtf(hc_sh[NM] / (float)K + norm_eps);
   const float sc0 = scale[0], sc1 = scale[1], sc2 = scale[2];
-  float c[HC_MAX_S][HC_MAX_S];
-  for (int i = 0; i < S; ++i) {
-    pre_sh[i] = sigmoid_f32(hc_sh[i] * r * sc0 + base[i]) + hc_eps;
-    post[(long long)t * S + i] = 2.0f * sigmoid_f32(hc_sh[S + i] * r * sc1 + base[S + i]);
+  if (tid < S) {
+    pre_sh[tid] = sigmoid_f32(hc_sh[tid] * r * sc0 + base[tid]) + hc_eps;
+    post[(long long)t * S + tid] = 2.0f * sigmoid_f32(hc_sh[S + tid] * r * sc1 + base[S + tid]);
   }
-  // Row softmax + eps.
-  for (int i = 0; i < S; ++i) {
+  if (tid < S * S) {                     // row softmax + eps: the row's logits, max and sum, then this element
+    const int i = tid / S, j = tid % S;
     float lg[HC_MAX_S];
     float m = 0.0f;
-    for (int j = 0; j < S; ++j) {
-      const int o = 2 * S + i * S + j;
-      lg[j] = hc_sh[o] * r * sc2 + base[o];
-      m = (j == 0 || lg[j] > m) ? lg[j] : m;
+    for (int q = 0; q < S; ++q) {
+      const int o = 2 * S + i * S + q;
+      lg[q] = hc_sh[o] * r * sc2 + base[o];
+      m = (q == 0 || lg[q] > m) ? lg[q] : m;
     }
-    float rows = 0.0f;
-    for (int j = 0; j < S; ++j) {
-      lg[j] = exp_f32(lg[j] - m);
-      rows = (j == 0) ? lg[j] : rows + lg[j];
+    float rows = 0.0f, mine = 0.0f;
+    for (int q = 0; q < S; ++q) {
+      const float e = exp_f32(lg[q] - m);
+      rows = (q == 0) ? e : rows + e;
+      mine = q == j ? e : mine;
     }
-    for (int j = 0; j < S; ++j) c[i][j] = lg[j] / rows + hc_eps;
+    cs[tid] = mine / rows + hc_eps;
   }
-  // Columns once, then (rows, columns) iters - 1 times; sums left to right, + eps in the denominators.
+  __syncthreads();
+  // Columns once, then (rows, columns) iters - 1 times; the reference normalises the columns once even for iters 0.
   for (int it = 0; it < iters; ++it) {
-    if (it > 0) {
-      for (int i = 0; i < S; ++i) {
-        float s = c[i][0];
-        for (int j = 1; j < S; ++j) s = s + c[i][j];
-        const float den = s + hc_eps;
-        for (int j = 0; j < S; ++j) c[i][j] = c[i][j] / den;
-      }
-    }
-    for (int j = 0; j < S; ++j) {
-      float s = c[0][j];
-      for (int i = 1; i < S; ++i) s = s + c[i][j];
-      const float den = s + hc_eps;
-      for (int i = 0; i < S; ++i) c[i][j] = c[i][j] / den;
-    }
+    if (it > 0) hc_sinkhorn_step(cs, S, true, hc_eps);
+    hc_sinkhorn_step(cs, S, false, hc_eps);
   }
-  if (iters <= 0) {  // the reference still normalises the columns once
-    for (int j = 0; j < S; ++j) {
-      float s = c[0][j];
-      for (int i = 1; i < S; ++i) s = s + c[i][j];
-      const float den = s + hc_eps;
-      for (int i = 0; i < S; ++i) c[i][j] = c[i][j] / den;
-    }
-  }
-  for (int i = 0; i < S; ++i)
-    for (int j = 0; j < S; ++j) comb[((long long)t * S + i) * S + j] = c[i][j];
+  if (iters <= 0) hc_sinkhorn_step(cs, S, false, hc_eps);
+  if (tid < S * S) comb[(long long)t * S * S + tid] = cs[tid];
 }
 
 // x = bf16(((pre0 X0 + pre1 X1) + pre2 X2) + pre3 X3) of token t's streams xr [S, D] into x_out (and, when xs is

@@ -138,7 +138,7 @@ hc_mix_norm(const __nv_bfloat16* X,                      // [T, S, D] bf16: X'
   const volatile float* dv = dots + (long long)t * (NM + 1);
   for (int i = tid; i <= NM; i += blockDim.x) hc_sh[i] = dv[i];
   __syncthreads();
-  if (tid == 0) hc_gates(hc_sh, base, scale, post_out, comb_out, t, S, K, norm_eps, hc_eps, iters);
+  hc_gates(hc_sh, base, scale, post_out, comb_out, t, S, K, norm_eps, hc_eps, iters);
   __syncthreads();
   hc_collapse(xr, hc_sh + NM + 1, x_out, xs, t, S, D);
   __syncthreads();
