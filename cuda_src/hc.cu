@@ -8,7 +8,7 @@
 #include "hc_row.cuh"
 
 // One block per token row; blockDim.x a multiple of 32 (launcher: 128).  Groups of 16 threads each
-// compute one of the NM = S*(S+2) mix dots (or, as output NM, the sum of squares) in lane-16 order, thread 0
+// compute one of the NM = S*(S+2) mix dots (or, as output NM, the sum of squares) in lane-16 order, hc_gates
 // turns them into pre/post/comb (Sinkhorn), then all threads collapse the streams into x_out (and, when xs is
 // given, the same bf16 values into xs for a fused epilogue).  hc_sh: (NM + 1 + S) floats of shared memory.
 static __device__ __forceinline__ void hc_pre_row(const __nv_bfloat16* X, const __nv_bfloat16* __restrict__ fn,

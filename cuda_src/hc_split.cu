@@ -5,9 +5,10 @@
 //                  the streams X'[t] and of its fn rows through shared memory (16-byte loads, the next chunk's in
 //                  flight while the current one is summed) and warp 0 sums dots o = b * HC_MIX_OUTS + (lane >> 4)
 //                  in lane-16 order (lane k % 16 adds term k in increasing k from +0.0; output NM is the sum of
-//                  squares), folded as lane16_fold; the stage holds floats lane-major, so a lane reads 4 terms a load.  The block that finishes row t last (a ticket, __threadfence
-//                  before it, volatile reads after) reads the row's dots and runs hc.cu's tail: the gates
-//                  (hc_gates), the collapse and the RMSNorm.  The dots do not depend on which block is last.
+//                  squares), folded as lane16_fold; the stage holds floats lane-major, so a lane reads 4 terms
+//                  a load.  The block that finishes row t last (a ticket, __threadfence before it, volatile reads
+//                  after) reads the row's dots and runs hc.cu's tail: the gates (hc_gates), the collapse and the
+//                  RMSNorm.  The dots do not depend on which block is last.
 // Reference: NumpyOps.hc_post_pre_norm (cupyglm/backend/numpy_ops.py).  Planted control CONTROL_HC_FIRST_DONE:
 // the row's first block runs the tail (before the others' dots are written).
 #include "hc_row.cuh"

@@ -191,7 +191,8 @@ def decode_calls(cfg, tp: int, fmt: str, batch: int, context: int, arch: str = "
         out += [("indexer", calls.launch_only()) for _ in range(3)]   # kv_write_rows, index_tail_pool, dsa_pick
     out += [("kda state", calls.kda_decode(cfg, tp, batch, arch)) for _ in cfg.kda_layers]
     out += [("norms", calls.launch_only()) for _ in cfg.kda_layers]     # kda_out, the gated norm before o_proj
-    out += [("norms", c) for _ in range(2 * cfg.num_hidden_layers) for c in calls.hc_decode(cfg, tp, batch, arch)]
+    hc = calls.hc_decode(cfg, tp, batch, arch)                         # one sublayer's calls, twice a layer
+    out += [("norms", c) for _ in range(2 * cfg.num_hidden_layers) for c in hc]
     return out, small
 
 
@@ -199,7 +200,8 @@ def _kernels(cfg, tp: int, tokens: int, arch: str):
     """A cold prefill's indexer, KDA recurrence and norms (the same kernels whatever runs the GEMMs)."""
     out = [("indexer", calls.index_prompt(cfg, tokens, arch)) for _ in cfg.dsa_layers]
     out += [("kda state", calls.kda_prompt(cfg, tp, tokens, arch)) for _ in cfg.kda_layers]
-    return out + [("norms", c) for _ in range(2 * cfg.num_hidden_layers) for c in calls.hc_prompt(cfg, tp, tokens, arch)]
+    hc = calls.hc_prompt(cfg, tp, tokens, arch)
+    return out + [("norms", c) for _ in range(2 * cfg.num_hidden_layers) for c in hc]
 
 
 def prefill_calls(cfg, tp: int, fmt: str, tokens: int, arch: str = "sm_90"):

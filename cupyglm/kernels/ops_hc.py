@@ -15,6 +15,7 @@ SPLIT_ROWS = 64
 SPLIT_OUTS = 2                 # hc_split.cu HC_MIX_OUTS: the dots a block
 SPLIT_THREADS = 256            # hc_split.cu HC_MIX_THREADS
 SPLIT_STAGE = 3 * 16 * (4096 // 16 + 4) * 4     # hc_mix_norm's stage: HC_MIX_ROWS x 16 lanes x HC_MIX_PITCH floats
+SPLIT_STATIC = 1024             # hc_mix_norm's static shared memory, rounded up (gates, Sinkhorn, the norm's lanes)
 F32 = np.float32
 MAX_SHARED = 48 * 1024     # dynamic shared memory without an opt-in
 
@@ -105,7 +106,7 @@ def hc_post_pre_norm(k: Kernels, X, branch, post, comb, fn, base, scale, norm_w,
     post2 = k.empty((t, s))
     comb2 = k.empty((t, s, s))
     outs = (x, h, post2, comb2)
-    if t and t <= SPLIT_ROWS and (s * d) % 8 == 0 and SPLIT_STAGE + d * 4 <= k.shared_optin:
+    if t and t <= SPLIT_ROWS and (s * d) % 8 == 0 and SPLIT_STAGE + d * 4 + SPLIT_STATIC <= k.shared_optin:
         _split(k, X, branch, post, comb, aligned16(k, fn), base, scale, norm_w, X2, outs, ranks, norm_eps, hc_eps,
                iters)
     elif t:

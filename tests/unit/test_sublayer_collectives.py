@@ -1,8 +1,8 @@
 """What a sublayer's cross-rank sum costs on the cuda code path (the CuPy double), at TP=2 with NcclComm's own
 collective code: one collective (the allgather of the partial) and no launch of its own (hc_post, fused with the
-next hc_pre + norm, adds the ranks' parts in rank order as it reads them; decode rows run its split form, hc_post_split
-then hc_mix_norm); a decode token makes 2 collectives a layer plus the lm_head's gather. The test comms gather in rank order, and hc_post's launcher refuses a branch that is
-neither [T, D] nor [R, T, D]."""
+next hc_pre + norm, adds the ranks' parts in rank order as it reads them; decode rows run its split form,
+hc_post_split then hc_mix_norm); a decode token makes 2 collectives a layer plus the lm_head's gather. The test comms
+gather in rank order, and hc_post's launcher refuses a branch that is neither [T, D] nor [R, T, D]."""
 from __future__ import annotations
 
 import threading
